@@ -1,0 +1,18 @@
+# braid._C, the pybind11 extension. Built into python/braid/ so that PYTHONPATH=python
+# imports the package from the source tree.
+if(BRAID_PYTHON_EXECUTABLE)
+  set(Python_EXECUTABLE ${BRAID_PYTHON_EXECUTABLE})
+  execute_process(COMMAND ${BRAID_PYTHON_EXECUTABLE} -m pybind11 --cmakedir
+    OUTPUT_VARIABLE _pybind11_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+  if(_pybind11_dir)
+    set(pybind11_DIR ${_pybind11_dir})
+  endif()
+endif()
+find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
+set(PYBIND11_FINDPYTHON ON)
+find_package(pybind11 CONFIG REQUIRED)
+file(GLOB BRAID_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/python/*.cpp)
+pybind11_add_module(_C ${BRAID_PYTHON_SOURCES})
+target_link_libraries(_C PRIVATE braid)
+target_compile_options(_C PRIVATE -Wall -Wextra -Werror)
+set_target_properties(_C PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_SOURCE_DIR}/python/braid)

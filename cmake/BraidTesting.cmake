@@ -1,0 +1,36 @@
+# braid_add_test(NAME <name> LABEL <layer> SOURCES <files...>)
+#   A GoogleTest executable registered as one ctest entry labelled with its layer
+#   (core, kernels, model, comm, tp, pp, dp, data, ckpt, cli, planner).
+# braid_add_pytest(NAME <name> LABEL <layer> FILE <tests/python/test_x.py> [TIMEOUT s])
+#   A pytest file run by the project's Python with PYTHONPATH=python.
+find_package(GTest REQUIRED)
+include(GoogleTest)
+
+function(braid_add_test)
+  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE braid GTest::gtest GTest::gtest_main)
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/cpp)
+  target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Werror)
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+    ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1")
+endfunction()
+
+function(braid_add_pytest)
+  cmake_parse_arguments(T "" "NAME;LABEL;FILE;TIMEOUT" "" ${ARGN})
+  if(NOT BRAID_PYTHON)
+    return()
+  endif()
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 900)
+  endif()
+  add_test(NAME ${T_NAME}
+    COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider ${PROJECT_SOURCE_DIR}/${T_FILE}
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+    ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1")
+endfunction()

@@ -1,0 +1,54 @@
+#pragma once
+// Internal: the op table on CUDA (cuBLASLt, cuDNN, fused kernels). Same signatures and semantics as
+// include/braid/kernels/ops.h; arguments were already checked by csrc/kernels/ops.cpp.
+
+#include "braid/kernels/ops.h"
+
+namespace braid::ops::cuda {
+void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a,
+            bool trans_b, float alpha, bool accumulate, Stream stream);
+void bias_backward(Tensor dbias, const Tensor& dout, Stream stream);
+void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream);
+void scale(Tensor out, const Tensor& x, float alpha, Stream stream);
+void cast(Tensor out, const Tensor& x, Stream stream);
+void gelu_forward(Tensor out, const Tensor& x, Stream stream);
+void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
+void swiglu_forward(Tensor out, const Tensor& x, Stream stream);
+void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
+void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
+                     Stream stream);
+void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
+                      Stream stream);
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, float eps, Stream stream);
+void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Stream stream);
+void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& weight, float eps,
+                     Stream stream);
+void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tensor& x,
+                      const Tensor& weight, const Tensor& rstd, Stream stream);
+void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset,
+                  Stream stream);
+void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset,
+                   Stream stream);
+void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight,
+                       int64_t vocab_offset, Stream stream);
+void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
+                        int64_t vocab_offset, Stream stream);
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       Stream stream);
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        Stream stream);
+void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
+                            const Tensor& targets, int64_t vocab_offset, Stream stream);
+void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
+                        const Tensor& target_logit, const Tensor& targets, Stream stream);
+void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& targets,
+                            const Tensor& max, const Tensor& sumexp, const Tensor& dloss,
+                            int64_t vocab_offset, Stream stream);
+void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Stream stream);
+void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream);
+
+}  // namespace braid::ops::cuda
