@@ -11,8 +11,20 @@ endif()
 find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
 set(PYBIND11_FINDPYTHON ON)
 find_package(pybind11 CONFIG REQUIRED)
+# DLPack's header (Debian's libdlpack-dev; .deps/ on machines without it; torch ships one too).
+if(NOT DLPACK_INCLUDE_DIR)
+  execute_process(COMMAND ${Python_EXECUTABLE} -c "import torch.utils.cpp_extension as c; print(c.include_paths()[0])"
+    OUTPUT_VARIABLE _torch_include OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+endif()
+find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h
+  HINTS ${PROJECT_SOURCE_DIR}/.deps/root/usr/include ${_torch_include})
+if(NOT DLPACK_INCLUDE_DIR)
+  message(FATAL_ERROR "dlpack/dlpack.h not found: install libdlpack-dev (scripts/bootstrap.sh does) "
+                      "or set DLPACK_INCLUDE_DIR")
+endif()
 file(GLOB BRAID_PYTHON_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/csrc/python/*.cpp)
 pybind11_add_module(_C ${BRAID_PYTHON_SOURCES})
 target_link_libraries(_C PRIVATE braid)
+target_include_directories(_C SYSTEM PRIVATE ${DLPACK_INCLUDE_DIR})
 target_compile_options(_C PRIVATE -Wall -Wextra -Werror)
 set_target_properties(_C PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_SOURCE_DIR}/python/braid)
