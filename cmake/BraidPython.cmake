@@ -11,13 +11,8 @@ endif()
 find_package(Python 3.9 REQUIRED COMPONENTS Interpreter Development.Module)
 set(PYBIND11_FINDPYTHON ON)
 find_package(pybind11 CONFIG REQUIRED)
-# DLPack's header (Debian's libdlpack-dev; .deps/ on machines without it; torch ships one too).
-if(NOT DLPACK_INCLUDE_DIR)
-  execute_process(COMMAND ${Python_EXECUTABLE} -c "import torch.utils.cpp_extension as c; print(c.include_paths()[0])"
-    OUTPUT_VARIABLE _torch_include OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
-endif()
-find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h
-  HINTS ${PROJECT_SOURCE_DIR}/.deps/root/usr/include ${_torch_include})
+# DLPack's header: Debian's libdlpack-dev, or .deps/ on machines without it (scripts/gpu_check.sh).
+find_path(DLPACK_INCLUDE_DIR dlpack/dlpack.h HINTS ${PROJECT_SOURCE_DIR}/.deps/root/usr/include)
 if(NOT DLPACK_INCLUDE_DIR)
   message(FATAL_ERROR "dlpack/dlpack.h not found: install libdlpack-dev (scripts/bootstrap.sh does) "
                       "or set DLPACK_INCLUDE_DIR")
