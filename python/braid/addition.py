@@ -1,0 +1,105 @@
+"""The embedded default dataset: integer addition written as text, byte-level tokens.
+
+Problems look like ``364+58=422``; a row of the training batch holds one problem followed by a
+newline, padded to ``SEQ_LENGTH``. Only the answer (the digits after ``=`` and the newline)
+carries loss, so the model learns to add, not to guess the operands. Pairs are split by a
+fixed hash into a training set and a held-out set that training never sees.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB_SIZE = 256          # one token per byte
+SEQ_LENGTH = 16           # "999+999=1998\n" is 13 bytes
+PAD = ord("\n")
+IGNORE = -1
+
+
+def is_held_out(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One pair in 64, chosen by a multiplicative hash of (a, b): never trained on."""
+    key = (a.astype(np.uint64) * np.uint64(1000) + b.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+    return (key >> np.uint64(58)) == 0
+
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("ascii"))
+
+
+def problem_text(a: int, b: int) -> tuple[str, str]:
+    """The prompt and the answer the model must produce (with its closing newline)."""
+    return f"{a}+{b}=", f"{a + b}\n"
+
+
+class AdditionData:
+    """Batches of training problems and the held-out evaluation problems."""
+
+    def __init__(self, digits: int = 3, seed: int = 1234):
+        self.max_operand = 10**digits
+        self.rng = np.random.default_rng(seed)
+
+    def _sample_pairs(self, n: int, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
+        a_out, b_out = [], []
+        need = n
+        while need > 0:
+            a = self.rng.integers(0, self.max_operand, size=2 * need + 64)
+            b = self.rng.integers(0, self.max_operand, size=2 * need + 64)
+            keep = is_held_out(a, b) == held_out
+            a_out.append(a[keep][:need])
+            b_out.append(b[keep][:need])
+            need -= len(a_out[-1])
+        return np.concatenate(a_out), np.concatenate(b_out)
+
+    def batch(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """ids [B, S] and next-token targets [B, S] (int32); IGNORE except on the answer."""
+        ids = np.full((batch_size, SEQ_LENGTH), PAD, dtype=np.int32)
+        targets = np.full((batch_size, SEQ_LENGTH), IGNORE, dtype=np.int32)
+        for row, (a, b) in enumerate(zip(*self._sample_pairs(batch_size, held_out=False))):
+            prompt, answer = problem_text(int(a), int(b))
+            tokens = encode(prompt + answer)
+            ids[row, : len(tokens)] = tokens
+            # position t predicts token t + 1: the answer starts after the prompt's last byte
+            start = len(prompt) - 1
+            targets[row, start : start + len(answer)] = tokens[len(prompt) :]
+        return ids, targets
+
+    def held_out_problems(self, n: int) -> list[tuple[int, int]]:
+        a, b = self._sample_pairs(n, held_out=True)
+        return [(int(x), int(y)) for x, y in zip(a, b)]
+
+
+def greedy_answers(logits_fn, problems: list[tuple[int, int]], max_answer: int = 5) -> list[str]:
+    """Greedy decoding of every problem's answer in one batch.
+
+    ``logits_fn(ids)`` maps int32 [N, SEQ_LENGTH] to logits [N, SEQ_LENGTH, V]. Rows are padded
+    on the right; causal attention makes each row's next token depend only on its prefix.
+    """
+    prompts = [encode(problem_text(a, b)[0]) for a, b in problems]
+    ids = np.full((len(problems), SEQ_LENGTH), PAD, dtype=np.int32)
+    lengths = np.array([len(p) for p in prompts])
+    for row, p in enumerate(prompts):
+        ids[row, : len(p)] = p
+    answers = [bytearray() for _ in problems]
+    done = np.zeros(len(problems), dtype=bool)
+    for _ in range(max_answer):
+        logits = logits_fn(ids)
+        rows = np.arange(len(problems))
+        positions = np.minimum(lengths - 1, SEQ_LENGTH - 1)
+        next_tokens = np.argmax(logits[rows, positions], axis=-1)
+        for row in np.nonzero(~done)[0]:
+            token = int(next_tokens[row])
+            if token == PAD or lengths[row] >= SEQ_LENGTH:
+                done[row] = True
+                continue
+            answers[row].append(token)
+            ids[row, lengths[row]] = token
+            lengths[row] += 1
+        if done.all():
+            break
+    return [bytes(a).decode("ascii", errors="replace") for a in answers]
+
+
+def accuracy(logits_fn, problems: list[tuple[int, int]]) -> float:
+    answers = greedy_answers(logits_fn, problems)
+    correct = sum(ans == str(a + b) for ans, (a, b) in zip(answers, problems))
+    return correct / max(len(problems), 1)

@@ -1,0 +1,64 @@
+"""Tensors cross into and out of braid through DLPack, zero-copy on the CPU."""
+
+import numpy as np
+import pytest
+import torch
+
+import braid
+
+
+def test_numpy_in_and_out_share_memory():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = braid.from_dlpack(a)
+    assert t.shape == [3, 4] and t.dtype == "f32" and t.device == "cpu"
+    back = np.from_dlpack(t)
+    a[1, 2] = 42.0  # one buffer: the change shows through both views
+    assert back[1, 2] == 42.0
+    assert back.__array_interface__["data"][0] == a.__array_interface__["data"][0]
+
+
+def test_torch_in_and_out_share_memory():
+    x = torch.arange(6, dtype=torch.int32)
+    t = braid.from_dlpack(x)
+    y = torch.from_dlpack(t)
+    assert y.data_ptr() == x.data_ptr()
+    x[0] = 7
+    assert int(y[0]) == 7
+    bf = torch.ones(4, dtype=torch.bfloat16)
+    assert braid.from_dlpack(bf).dtype == "bf16"
+
+
+def test_tensor_outlives_its_producer():
+    t = braid.from_dlpack(np.full(5, 3.0, dtype=np.float32))  # the array has no other reference
+    assert np.from_dlpack(t).sum() == 15.0
+
+
+def test_non_contiguous_and_unsupported_inputs_are_rejected():
+    with pytest.raises(ValueError, match="not contiguous"):
+        braid.from_dlpack(np.zeros((4, 4), dtype=np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        braid.from_dlpack(np.zeros(3, dtype=np.float64))
+    with pytest.raises(ValueError, match="DLPack"):
+        braid.from_dlpack([1, 2, 3])
+
+
+def test_parameters_are_views_into_the_model():
+    cfg = braid.TransformerConfig.preset("llama-tiny")
+    model = braid.GPTModel(cfg, device="cpu", seed=3)
+    name = "model.norm.weight"
+    w = np.from_dlpack(model.parameters()[name])
+    w[:] = 2.5
+    assert np.all(np.from_dlpack(model.parameters()[name]) == 2.5)
+    flat = np.from_dlpack(model.flat_params)
+    assert flat.size >= model.num_parameters()
+
+
+def test_config_errors_are_value_errors():
+    cfg = braid.TransformerConfig.preset("gpt2-tiny")
+    cfg.num_attention_heads = 5
+    with pytest.raises(ValueError, match="num_attention_heads|hidden_size"):
+        cfg.validate()
+    with pytest.raises(ValueError, match="preset"):
+        braid.TransformerConfig.preset("gpt5")
+    with pytest.raises(ValueError):
+        cfg.normalization = "batchnorm"

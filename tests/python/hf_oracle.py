@@ -1,0 +1,110 @@
+"""Shared by the oracle tests: tiny HF models with random weights, copied into braid.
+
+braid names parameters like HF Llama (model.layers.{i}.self_attn.q_proj.weight, ...), with
+weights [out, in]. GPT-2's HF names differ and its Conv1D weights are [in, out] with q, k, v
+fused in c_attn; `gpt2_to_braid` maps one onto the other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import transformers
+
+import braid
+
+
+def gpt2_pair(layers=2, hidden=64, heads=4, vocab=97, positions=32, seed=0):
+    torch.manual_seed(seed)
+    hf_cfg = transformers.GPT2Config(
+        vocab_size=vocab, n_positions=positions, n_embd=hidden, n_layer=layers, n_head=heads,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5,
+        activation_function="gelu_new", tie_word_embeddings=True)
+    hf = transformers.GPT2LMHeadModel(hf_cfg).float().eval()
+    with torch.no_grad():  # HF initialises biases and norms trivially; make them matter
+        for name, p in hf.named_parameters():
+            if name.endswith("bias") or ".ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    cfg = braid.TransformerConfig.preset("gpt2-tiny")
+    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = layers, hidden, heads
+    cfg.num_query_groups, cfg.ffn_hidden_size = heads, 4 * hidden
+    cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-5
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    load_into_braid(model, gpt2_to_braid(hf, layers, hidden))
+    return hf, model
+
+
+def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
+               tie=False):
+    torch.manual_seed(seed)
+    hf_cfg = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie, attention_bias=False,
+        mlp_bias=False)
+    hf_cfg._attn_implementation = "eager"
+    hf = transformers.LlamaForCausalLM(hf_cfg).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    cfg = braid.TransformerConfig.preset("llama-tiny")
+    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = layers, hidden, heads
+    cfg.num_query_groups, cfg.ffn_hidden_size = kv_heads, ffn
+    cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-5
+    cfg.tie_embeddings = tie
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
+    return hf, model
+
+
+def gpt2_to_braid(hf, layers, hidden):
+    """HF GPT-2 state -> braid names (weights transposed to [out, in], c_attn split)."""
+    sd = {n: p.detach() for n, p in hf.named_parameters()}
+    out = {"model.embed_tokens.weight": sd["transformer.wte.weight"],
+           "model.embed_positions.weight": sd["transformer.wpe.weight"],
+           "model.norm.weight": sd["transformer.ln_f.weight"],
+           "model.norm.bias": sd["transformer.ln_f.bias"]}
+    for i in range(layers):
+        h, b = f"transformer.h.{i}.", f"model.layers.{i}."
+        q, k, v = sd[h + "attn.c_attn.weight"].t().split(hidden, dim=0)
+        qb, kb, vb = sd[h + "attn.c_attn.bias"].split(hidden)
+        out.update({
+            b + "input_layernorm.weight": sd[h + "ln_1.weight"], b + "input_layernorm.bias": sd[h + "ln_1.bias"],
+            b + "self_attn.q_proj.weight": q, b + "self_attn.k_proj.weight": k, b + "self_attn.v_proj.weight": v,
+            b + "self_attn.q_proj.bias": qb, b + "self_attn.k_proj.bias": kb, b + "self_attn.v_proj.bias": vb,
+            b + "self_attn.o_proj.weight": sd[h + "attn.c_proj.weight"].t(), b + "self_attn.o_proj.bias": sd[h + "attn.c_proj.bias"],
+            b + "post_attention_layernorm.weight": sd[h + "ln_2.weight"], b + "post_attention_layernorm.bias": sd[h + "ln_2.bias"],
+            b + "mlp.up_proj.weight": sd[h + "mlp.c_fc.weight"].t(), b + "mlp.up_proj.bias": sd[h + "mlp.c_fc.bias"],
+            b + "mlp.down_proj.weight": sd[h + "mlp.c_proj.weight"].t(), b + "mlp.down_proj.bias": sd[h + "mlp.c_proj.bias"],
+        })
+    return out
+
+
+def gpt2_grads_in_braid_names(hf, layers, hidden):
+    """The HF GPT-2 model's .grad tensors under braid's names and layout."""
+    class _G:  # gpt2_to_braid reads named_parameters(); hand it the grads instead
+        def __init__(self, m):
+            self.m = m
+
+        def named_parameters(self):
+            return [(n, p.grad) for n, p in self.m.named_parameters()]
+    return gpt2_to_braid(_G(hf), layers, hidden)
+
+
+def load_into_braid(model, state):
+    params = model.parameters()
+    assert set(params) == set(state), (sorted(set(params) ^ set(state)))
+    for name, value in state.items():
+        params[name].copy_(np.ascontiguousarray(value.detach().float().numpy()))
+
+
+def braid_grads(model):
+    return {n: np.from_dlpack(g).copy() for n, g in model.gradients().items()}
+
+
+def batch(vocab, b=3, s=16, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(b, s), dtype=np.int64)
+    targets = np.concatenate([ids[:, 1:], np.full((b, 1), -1)], axis=1)
+    return ids, targets
