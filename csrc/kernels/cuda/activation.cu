@@ -1,0 +1,145 @@
+// gelu (tanh form, HF "gelu_new") and swiglu, forward and backward.
+
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/elementwise.cuh"
+
+namespace braid::ops::cuda {
+namespace {
+
+using detail::from_float;
+using detail::load_pack;
+using detail::store_pack;
+using detail::to_float;
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+
+struct GeluForwardOp {
+  __device__ float operator()(float x, int64_t) const {
+    float u = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+  }
+};
+
+struct GeluBackwardOp {  // (dout, x)
+  __device__ float operator()(float dout, float x, int64_t) const {
+    float x2 = x * x;
+    float u = kSqrt2OverPi * (x + kGeluCoeff * x2 * x);
+    float t = tanhf(u);
+    float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
+    return dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+  }
+};
+
+__device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+// x [rows, 2F] = [gate | up]; out [rows, F] = silu(gate) * up. V elements of one row per step.
+template <int V, typename T>
+__global__ void swiglu_forward_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows,
+                                      int64_t f) {
+  int64_t n = rows * f;
+  int64_t stride = int64_t(gridDim.x) * blockDim.x * V;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+    int64_t r = i / f, c = i % f;
+    const T* gate = x + r * 2 * f + c;
+    float g[V], u[V], res[V];
+    load_pack<V>(gate, g);
+    load_pack<V>(gate + f, u);
+#pragma unroll
+    for (int k = 0; k < V; ++k) res[k] = g[k] * sigmoid(g[k]) * u[k];
+    store_pack<V>(out + i, res);
+  }
+}
+
+template <int V, typename T>
+__global__ void swiglu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dout,
+                                       const T* __restrict__ x, int64_t rows, int64_t f) {
+  int64_t n = rows * f;
+  int64_t stride = int64_t(gridDim.x) * blockDim.x * V;
+  for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+    int64_t r = i / f, c = i % f;
+    int64_t gate_at = r * 2 * f + c;
+    float g[V], u[V], d[V], dg[V], du[V];
+    load_pack<V>(x + gate_at, g);
+    load_pack<V>(x + gate_at + f, u);
+    load_pack<V>(dout + i, d);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float s = sigmoid(g[k]);
+      du[k] = d[k] * g[k] * s;
+      dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+    }
+    store_pack<V>(dx + gate_at, dg);
+    store_pack<V>(dx + gate_at + f, du);
+  }
+}
+
+}  // namespace
+
+void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
+  detail::DeviceGuard guard(out.device());
+  detail::dispatch_activation(x.dtype(), "gelu_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()),
+                        out.numel(), GeluForwardOp{}, detail::cuda_stream(stream),
+                        out.device().index);
+  });
+}
+
+void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  detail::DeviceGuard guard(dx.device());
+  detail::dispatch_activation(x.dtype(), "gelu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::launch_map2(static_cast<T*>(dx.data()), static_cast<const T*>(dout.data()),
+                        static_cast<const T*>(x.data()), dx.numel(), GeluBackwardOp{},
+                        detail::cuda_stream(stream), dx.device().index);
+  });
+}
+
+void swiglu_forward(Tensor out, const Tensor& x, Stream stream) {
+  detail::DeviceGuard guard(out.device());
+  int64_t f = out.size(-1), rows = out.numel() / f;
+  cudaStream_t s = detail::cuda_stream(stream);
+  int device = out.device().index;
+  constexpr int kThreads = detail::kMapThreads;
+  detail::dispatch_activation(x.dtype(), "swiglu_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* o = static_cast<T*>(out.data());
+    const T* in = static_cast<const T*>(x.data());
+    if (detail::pack_width<T>(f, {o, in}) > 1) {
+      constexpr int V = detail::kPack<T>;
+      swiglu_forward_kernel<V, T>
+          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(o, in, rows, f);
+    } else {
+      swiglu_forward_kernel<1, T>
+          <<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(o, in, rows, f);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  detail::DeviceGuard guard(dx.device());
+  int64_t f = dout.size(-1), rows = dout.numel() / f;
+  cudaStream_t s = detail::cuda_stream(stream);
+  int device = dx.device().index;
+  constexpr int kThreads = detail::kMapThreads;
+  detail::dispatch_activation(x.dtype(), "swiglu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* d = static_cast<T*>(dx.data());
+    const T* g = static_cast<const T*>(dout.data());
+    const T* in = static_cast<const T*>(x.data());
+    if (detail::pack_width<T>(f, {d, g, in}) > 1) {
+      constexpr int V = detail::kPack<T>;
+      swiglu_backward_kernel<V, T>
+          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(d, g, in, rows,
+                                                                                  f);
+    } else {
+      swiglu_backward_kernel<1, T>
+          <<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(d, g, in, rows, f);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace braid::ops::cuda
