@@ -1,0 +1,112 @@
+// Rotary position embedding as in HF Llama (rotate_half): element i of a head pairs with
+// element i + D/2 and turns by angle pos * inv_freq[i]. The arithmetic follows the CPU
+// reference (csrc/kernels/cpu/rope.cpp): inv_freq = 1 / theta^(2i/D) computed on the host in
+// f32, angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded.
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace braid::ops::cuda {
+namespace {
+
+using detail::from_float;
+using detail::to_float;
+
+constexpr int kRopeThreads = 256;
+
+// One block per (position s, batch stride): the block's cos/sin table for position s sits in
+// shared memory; threads cover (head, i) pairs, the y dimension of the grid covers batches.
+// sign = 1 rotates by +angle (forward), -1 by -angle (backward). out may alias x.
+template <typename T>
+__global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_freq, int64_t b_len,
+                            int64_t s_len, int64_t h_len, int64_t d, int64_t position_offset,
+                            float sign) {
+  extern __shared__ float table[];  // cos [half], then sin [half]
+  const int64_t half = d / 2;
+  const int64_t s = blockIdx.x;
+  const float pos = float(position_offset + s);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = pos * inv_freq[i];
+    table[i] = float(cos(double(angle)));
+    table[half + i] = sign * float(sin(double(angle)));
+  }
+  __syncthreads();
+  const int64_t pairs = h_len * half;
+  for (int64_t b = blockIdx.y; b < b_len; b += gridDim.y) {
+    const int64_t base = (b * s_len + s) * h_len * d;
+    for (int64_t t = threadIdx.x; t < pairs; t += blockDim.x) {
+      const int64_t head = t / half, i = t % half;
+      const int64_t at = base + head * d + i;
+      const float x1 = to_float(x[at]), x2 = to_float(x[at + half]);
+      const float c = table[i], sn = table[half + i];
+      out[at] = from_float<T>(x1 * c - x2 * sn);
+      out[at + half] = from_float<T>(x2 * c + x1 * sn);
+    }
+  }
+}
+
+// inv_freq[i] = 1 / theta^(2i / d) for i < d / 2, on `device`; computed once per (theta, d)
+// and kept for the life of the process.
+const float* inv_freq_table(Device device, float theta, int64_t d) {
+  static std::mutex mutex;
+  static auto* tables = new std::map<std::tuple<int, uint32_t, int64_t>, const float*>();
+  uint32_t theta_bits;
+  std::memcpy(&theta_bits, &theta, sizeof(theta_bits));
+  std::lock_guard<std::mutex> lock(mutex);
+  auto key = std::make_tuple(device.index, theta_bits, d);
+  auto it = tables->find(key);
+  if (it != tables->end()) return it->second;
+  const int64_t half = d / 2;
+  std::vector<float> host(size_t(std::max<int64_t>(half, 1)));
+  for (int64_t i = 0; i < half; ++i) {
+    host[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(d));
+  }
+  size_t nbytes = host.size() * sizeof(float);
+  void* dev = allocator_for(device).allocate(nbytes);
+  CUDA_CHECK(cudaMemcpy(dev, host.data(), nbytes, cudaMemcpyHostToDevice));
+  const float* table = static_cast<const float*>(dev);
+  tables->emplace(key, table);
+  return table;
+}
+
+void rope(const Tensor& out, const Tensor& x, float theta, int64_t position_offset, float sign,
+          Stream stream, const char* op) {
+  detail::DeviceGuard guard(x.device());
+  const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
+  if (d == 0) return;
+  const float* inv_freq = inv_freq_table(x.device(), theta, d);
+  BRAID_CHECK(s <= INT32_MAX, op, ": sequence length ", s, " exceeds the grid");
+  dim3 grid(unsigned(s), unsigned(std::min<int64_t>(b, 1024)));
+  size_t smem = size_t(d) * sizeof(float);
+  BRAID_CHECK(smem <= 48 * 1024, op, ": head dim ", d, " is too large for the rope kernel");
+  cudaStream_t cs = detail::cuda_stream(stream);
+  detail::dispatch_activation(x.dtype(), op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(static_cast<T*>(out.data()),
+                                                     static_cast<const T*>(x.data()), inv_freq, b,
+                                                     s, h, d, position_offset, sign);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace
+
+void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset,
+                  Stream stream) {
+  rope(out, x, theta, position_offset, 1.0f, stream, "rope_forward");
+}
+
+void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset,
+                   Stream stream) {
+  // The rotation is orthogonal: its transpose turns by the opposite angle.
+  rope(dx, dout, theta, position_offset, -1.0f, stream, "rope_backward");
+}
+
+}  // namespace braid::ops::cuda
