@@ -31,6 +31,8 @@ function(braid_add_pytest)
   add_test(NAME ${T_NAME}
     COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider ${PROJECT_SOURCE_DIR}/${T_FILE}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  # PYTHONPATH is prepended to, not replaced: scripts/gpu_check.sh puts carried wheels there.
   set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1")
+    ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1"
+    ENVIRONMENT_MODIFICATION "PYTHONPATH=path_list_prepend:${PROJECT_SOURCE_DIR}/python")
 endfunction()
