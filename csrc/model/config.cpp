@@ -1,0 +1,162 @@
+#include "braid/model/config.h"
+
+#include <cmath>
+
+#include "braid/core/error.h"
+
+namespace braid::model {
+namespace {
+
+template <typename Enum, size_t N>
+void enum_from_string(std::string_view name, const char* what, const Enum (&values)[N],
+                      Enum& out) {
+  std::string valid;
+  for (Enum value : values) {
+    if (name == to_string(value)) {
+      out = value;
+      return;
+    }
+    valid += std::string(valid.empty() ? "" : ", ") + to_string(value);
+  }
+  throw ConfigError(detail::concat("unknown ", what, " '", name, "' (expected one of: ", valid, ")"),
+                    __FILE__, __LINE__);
+}
+
+void check_positive(int64_t value, const char* field) {
+  BRAID_CONFIG_CHECK(value > 0, "TransformerConfig.", field, " must be positive, got ", value);
+}
+
+}  // namespace
+
+const char* to_string(Normalization value) {
+  return value == Normalization::layernorm ? "layernorm" : "rmsnorm";
+}
+
+const char* to_string(Activation value) { return value == Activation::gelu ? "gelu" : "swiglu"; }
+
+const char* to_string(PositionEmbedding value) {
+  return value == PositionEmbedding::learned ? "learned" : "rope";
+}
+
+const char* to_string(Recompute value) {
+  switch (value) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+
+void from_string(std::string_view name, Normalization& out) {
+  static constexpr Normalization kAll[] = {Normalization::layernorm, Normalization::rmsnorm};
+  enum_from_string(name, "normalization", kAll, out);
+}
+
+void from_string(std::string_view name, Activation& out) {
+  static constexpr Activation kAll[] = {Activation::gelu, Activation::swiglu};
+  enum_from_string(name, "activation", kAll, out);
+}
+
+void from_string(std::string_view name, PositionEmbedding& out) {
+  static constexpr PositionEmbedding kAll[] = {PositionEmbedding::learned, PositionEmbedding::rope};
+  enum_from_string(name, "position_embedding", kAll, out);
+}
+
+void from_string(std::string_view name, Recompute& out) {
+  static constexpr Recompute kAll[] = {Recompute::none, Recompute::selective, Recompute::full};
+  enum_from_string(name, "recompute", kAll, out);
+}
+
+int64_t TransformerConfig::head_dim() const {
+  BRAID_CONFIG_CHECK(num_attention_heads > 0, "TransformerConfig.num_attention_heads must be ",
+                     "positive, got ", num_attention_heads);
+  return hidden_size / num_attention_heads;
+}
+
+int64_t TransformerConfig::kv_heads() const {
+  return num_query_groups == 0 ? num_attention_heads : num_query_groups;
+}
+
+void TransformerConfig::validate() const {
+  check_positive(num_layers, "num_layers");
+  check_positive(hidden_size, "hidden_size");
+  check_positive(num_attention_heads, "num_attention_heads");
+  BRAID_CONFIG_CHECK(num_query_groups >= 0, "TransformerConfig.num_query_groups must be >= 0 ",
+                     "(0: one group per head), got ", num_query_groups);
+  check_positive(ffn_hidden_size, "ffn_hidden_size");
+  check_positive(vocab_size, "vocab_size");
+  check_positive(max_position_embeddings, "max_position_embeddings");
+  BRAID_CONFIG_CHECK(hidden_size % num_attention_heads == 0, "TransformerConfig.hidden_size (",
+                     hidden_size, ") must be divisible by num_attention_heads (",
+                     num_attention_heads, ")");
+  BRAID_CONFIG_CHECK(num_attention_heads % kv_heads() == 0,
+                     "TransformerConfig.num_attention_heads (", num_attention_heads,
+                     ") must be divisible by num_query_groups (", kv_heads(), ")");
+  if (position_embedding == PositionEmbedding::rope) {
+    BRAID_CONFIG_CHECK(head_dim() % 2 == 0, "TransformerConfig.position_embedding = rope needs an ",
+                       "even head dim (hidden_size / num_attention_heads), got ", head_dim());
+    BRAID_CONFIG_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
+                       "TransformerConfig.rope_theta must be positive and finite, got ", rope_theta);
+  }
+  BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
+                     "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);
+  BRAID_CONFIG_CHECK(init_std > 0 && std::isfinite(init_std),
+                     "TransformerConfig.init_std must be positive and finite, got ", init_std);
+  BRAID_CONFIG_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
+                     "TransformerConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout);
+  BRAID_CONFIG_CHECK(attention_dropout == 0,
+                     "TransformerConfig.attention_dropout must be 0 (attention keeps only the ",
+                     "log-sum-exp, not the probabilities a dropout mask applies to), got ",
+                     attention_dropout);
+  BRAID_CONFIG_CHECK(params_dtype == DType::f32 || params_dtype == DType::bf16,
+                     "TransformerConfig.params_dtype must be f32 or bf16, got ",
+                     dtype_name(params_dtype));
+}
+
+std::vector<std::string> TransformerConfig::preset_names() {
+  return {"gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"};
+}
+
+TransformerConfig TransformerConfig::preset(const std::string& name) {
+  TransformerConfig gpt2;  // defaults are GPT-2's numerics
+  gpt2.normalization = Normalization::layernorm;
+  gpt2.activation = Activation::gelu;
+  gpt2.position_embedding = PositionEmbedding::learned;
+  gpt2.add_bias_linear = true;
+  gpt2.tie_embeddings = true;
+
+  TransformerConfig llama;
+  llama.normalization = Normalization::rmsnorm;
+  llama.activation = Activation::swiglu;
+  llama.position_embedding = PositionEmbedding::rope;
+  llama.add_bias_linear = false;
+  llama.tie_embeddings = false;
+
+  // layers, hidden, heads, query groups, ffn, vocab, positions
+  auto shaped = [](TransformerConfig base, int64_t layers, int64_t hidden, int64_t heads,
+                   int64_t groups, int64_t ffn, int64_t vocab, int64_t positions) {
+    base.num_layers = layers;
+    base.hidden_size = hidden;
+    base.num_attention_heads = heads;
+    base.num_query_groups = groups;
+    base.ffn_hidden_size = ffn;
+    base.vocab_size = vocab;
+    base.max_position_embeddings = positions;
+    return base;
+  };
+  if (name == "gpt2-tiny") return shaped(gpt2, 2, 64, 4, 0, 256, 256, 128);
+  if (name == "llama-tiny") return shaped(llama, 2, 64, 4, 2, 192, 256, 128);
+  if (name == "gpt2-124m") return shaped(gpt2, 12, 768, 12, 0, 3072, 50257, 1024);
+  if (name == "llama3-8b") {
+    TransformerConfig config = shaped(llama, 32, 4096, 32, 8, 14336, 128256, 8192);
+    config.rope_theta = 500000.0f;
+    return config;
+  }
+  std::string valid;
+  for (const std::string& n : preset_names()) valid += (valid.empty() ? "" : ", ") + n;
+  throw ConfigError(
+      detail::concat("unknown TransformerConfig preset '", name, "' (valid: ", valid, ")"),
+      __FILE__, __LINE__);
+}
+
+}  // namespace braid::model

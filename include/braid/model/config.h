@@ -1,0 +1,62 @@
+#pragma once
+// TransformerConfig: the shape and numerics of a GPT-2 / Llama style decoder, and the
+// presets braid ships. Every field is checked by validate(), which throws ConfigError
+// naming the field and the rule it broke.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "braid/core/dtype.h"
+
+namespace braid::model {
+
+enum class Normalization { layernorm, rmsnorm };
+enum class Activation { gelu, swiglu };
+enum class PositionEmbedding { learned, rope };
+// What a layer keeps for its backward (see transformer_layer.h for the exact lists).
+enum class Recompute { none, selective, full };
+
+struct TransformerConfig {
+  int64_t num_layers = 0;
+  int64_t hidden_size = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_query_groups = 0;  // key/value heads; 0 means num_attention_heads (no GQA)
+  int64_t ffn_hidden_size = 0;
+  int64_t vocab_size = 0;
+  int64_t max_position_embeddings = 0;
+  Normalization normalization = Normalization::layernorm;
+  Activation activation = Activation::gelu;
+  PositionEmbedding position_embedding = PositionEmbedding::learned;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  bool add_bias_linear = true;
+  bool tie_embeddings = true;
+  float init_std = 0.02f;
+  float hidden_dropout = 0.0f;
+  float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
+  DType params_dtype = DType::f32;
+  Recompute recompute = Recompute::none;
+
+  void validate() const;
+  int64_t head_dim() const;  // hidden_size / num_attention_heads
+  int64_t kv_heads() const;  // num_query_groups, or num_attention_heads when that is 0
+
+  // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.
+  static TransformerConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+};
+
+// Names as they appear in configs and on the command line ("layernorm", "swiglu", "rope",
+// "selective", ...). from_string throws ConfigError listing the valid names.
+const char* to_string(Normalization value);
+const char* to_string(Activation value);
+const char* to_string(PositionEmbedding value);
+const char* to_string(Recompute value);
+void from_string(std::string_view name, Normalization& out);
+void from_string(std::string_view name, Activation& out);
+void from_string(std::string_view name, PositionEmbedding& out);
+void from_string(std::string_view name, Recompute& out);
+
+}  // namespace braid::model

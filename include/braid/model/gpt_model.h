@@ -1,0 +1,93 @@
+#pragma once
+// GPTModel: embeddings, transformer blocks, final norm and LM head of one model chunk, with
+// explicit forward and backward. Parameters live in one flat buffer (params_dtype) and
+// their gradients in a mirrored f32 buffer (see parameters.h for the order).
+//
+// Activations the backward needs are kept per microbatch id, so a pipeline schedule can run
+// several forwards before their backwards; backward(m) frees microbatch m's activations.
+// config.recompute decides what each block keeps (transformer_layer.h). Across blocks the
+// model keeps, per microbatch: the ids and targets on the device, the logits [B*S, V]
+// (overwritten by their gradient in backward) and the cross-entropy statistics, and - with
+// Recompute::none only - the final norm's output and statistics.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "braid/core/tensor.h"
+#include "braid/model/config.h"
+#include "braid/model/parameters.h"
+#include "braid/model/transformer_layer.h"
+
+namespace braid::model {
+
+class GPTModel {
+ public:
+  // Validates the config (ConfigError); bf16 parameters need a CUDA device. Parameters are
+  // initialised as init.h describes.
+  GPTModel(const TransformerConfig& config, Device device, uint64_t seed);
+  ~GPTModel();
+  GPTModel(const GPTModel&) = delete;
+  GPTModel& operator=(const GPTModel&) = delete;
+
+  const TransformerConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  uint64_t seed() const { return seed_; }
+  const ParamLayout& layout() const { return layout_; }
+
+  std::vector<Parameter>& parameters() { return params_; }  // flat-buffer order
+  const std::vector<Parameter>& parameters() const { return params_; }
+  Parameter& parameter(const std::string& name);  // Error naming the unknown name
+  const Tensor& flat_params() const { return flat_params_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+  int64_t num_parameters() const { return layout_.num_parameters; }
+
+  // ids, targets: [B, S] i32 on any device (copied to the model's device if needed);
+  // targets < 0 are ignored. Returns the mean loss over the non-ignored targets (0 when there
+  // are none) and keeps what backward needs under `microbatch`, which must not hold
+  // activations already.
+  float forward(const Tensor& ids, const Tensor& targets, int microbatch = 0);
+  // Adds d(grad_scale * loss)/d(params) into the gradients (dloss = grad_scale / count per
+  // non-ignored target) and frees the microbatch's activations.
+  void backward(int microbatch = 0, float grad_scale = 1.0f);
+  // [B, S, V] f32 on the CPU; keeps no activations and applies no dropout.
+  Tensor logits(const Tensor& ids);
+  void zero_grad();
+
+  bool has_activations(int microbatch) const { return activations_.count(microbatch) > 0; }
+
+ private:
+  struct Microbatch;  // what one forward keeps for its backward (gpt_model.cpp)
+
+  void build_parameters();
+  // Checks ids (and targets, when defined) and puts them on the device.
+  Microbatch prepare(const Tensor& ids, const Tensor& targets) const;
+  Tensor final_norm(const Tensor& x, NormStats& stats) const;
+  LayerTensors layer_tensors(const Tensor& flat, int layer) const;
+  Tensor view_of(const Tensor& flat, const std::string& name) const;
+  // A run of adjacent parameters starting at `first` as one [rows, cols] (or [rows]) view.
+  Tensor fused_view(const Tensor& flat, const std::string& first, int64_t rows,
+                    int64_t cols) const;
+  DropoutContext dropout_context(uint64_t forward_index, int layer, bool training) const;
+  // Embeddings and blocks: the residual stream after the last block.
+  Tensor run_trunk(Microbatch& mb, bool training);
+  const Tensor& output_weight() const;
+  Tensor& output_grad();
+
+  TransformerConfig config_;
+  Device device_;
+  uint64_t seed_;
+  ParamLayout layout_;
+  Tensor flat_params_;
+  Tensor flat_grads_;
+  std::vector<Parameter> params_;
+  std::unordered_map<std::string, size_t> index_;
+  std::vector<TransformerLayer> layers_;
+  std::map<int, std::unique_ptr<Microbatch>> activations_;
+  uint64_t forward_count_ = 0;  // numbers the dropout streams of each training forward
+};
+
+}  // namespace braid::model

@@ -1,0 +1,63 @@
+#pragma once
+// Parameter specs and the flat-buffer layout of one model chunk.
+//
+// Names are HF Llama-style global names, so HF conversion is a rename; weights are
+// [out, in] (HF Linear layout). Flat-buffer order, per model chunk:
+//   model.embed_tokens.weight, model.embed_positions.weight (learned positions),
+//   per layer i (prefix model.layers.{i}.):
+//     input_layernorm.{weight,bias}, self_attn.{q,k,v}_proj.weight, self_attn.{q,k,v}_proj.bias,
+//     self_attn.o_proj.{weight,bias}, post_attention_layernorm.{weight,bias},
+//     mlp.{gate_proj,up_proj}.weight, mlp.{gate_proj,up_proj}.bias, mlp.down_proj.{weight,bias}
+//   model.norm.{weight,bias}, lm_head.weight (absent when embeddings are tied).
+// Biases exist when add_bias_linear; norm biases with layernorm; gate_proj with swiglu.
+//
+// Fused groups are stored back to back with no padding: q/k/v weights (one [q; k; v]
+// view is the weight of one GEMM), q/k/v biases, gate/up weights (one GEMM gives
+// [gate | up] per row, the layout ops::swiglu_forward takes) and gate/up biases. Every
+// group (a fused group or a single parameter) starts at a multiple of
+// kParamGroupAlignment elements. Gradients live in an f32 buffer at the same offsets.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "braid/core/tensor.h"
+#include "braid/model/config.h"
+
+namespace braid::model {
+
+constexpr int64_t kParamGroupAlignment = 64;
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;        // global (unsharded) shape
+  int tp_dim = -1;    // -1 replicated, 0 column-parallel (split dim 0), 1 row-parallel (dim 1)
+  int layer = -1;     // global layer index; -1 outside the transformer layers
+  bool weight_decay;  // true for the weight matrices of linear layers (incl. lm_head)
+};
+
+struct Parameter {
+  ParamSpec spec;
+  Tensor value;  // view into the flat parameter buffer (params_dtype)
+  Tensor grad;   // view into the flat f32 gradient buffer, same element offset
+};
+
+// Where each parameter sits in the flat buffer.
+struct ParamLayout {
+  std::vector<ParamSpec> specs;  // flat-buffer order
+  std::vector<int64_t> offsets;  // element offset of specs[i]
+  int64_t num_elements = 0;      // buffer size in elements, alignment padding included
+  int64_t num_parameters = 0;    // sum of the specs' element counts
+};
+
+// The specs of the whole model in flat-buffer order; allocates nothing, so it works for
+// shapes far larger than memory (Llama-3 8B). Validates the config.
+std::vector<ParamSpec> parameter_specs(const TransformerConfig& config);
+ParamLayout parameter_layout(const TransformerConfig& config);
+int64_t count_parameters(const TransformerConfig& config);
+
+// model.embed_tokens.weight and model.embed_positions.weight: excluded from weight decay
+// unless the optimizer is asked to decay embeddings.
+bool is_embedding(const ParamSpec& spec);
+
+}  // namespace braid::model

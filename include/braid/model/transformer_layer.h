@@ -1,0 +1,88 @@
+#pragma once
+// One pre-norm transformer block with explicit forward and backward:
+//   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (+ rope on q, k)
+//   attn = causal_attention(q, k, v); mid = x + dropout(attn Wo^T + bo)
+//   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | swiglu(fc1)
+//   out = mid + dropout(act W2^T + b2)
+// W1 is up_proj (gelu) or the fused [gate_proj; up_proj] weight (swiglu), so one GEMM gives
+// [gate | up] per row. q, k and v are three GEMMs on row slices of the fused [q; k; v] weight
+// because attention takes them as separate contiguous tensors and the op table has no
+// split-columns op.
+
+#include <cstdint>
+
+#include "braid/core/tensor.h"
+#include "braid/model/config.h"
+#include "braid/model/norm.h"
+
+namespace braid::model {
+
+// The weights of one block, or their f32 gradients: views into the flat buffers.
+struct LayerTensors {
+  Tensor input_norm_weight, input_norm_bias;  // bias: layernorm only
+  Tensor qkv_weight;                          // [(Hq + 2 Hkv) D, H] = [q_proj; k_proj; v_proj]
+  Tensor qkv_bias;                            // [(Hq + 2 Hkv) D], or undefined
+  Tensor o_weight, o_bias;                    // [H, Hq D], [H]
+  Tensor post_norm_weight, post_norm_bias;
+  Tensor fc1_weight, fc1_bias;  // gelu: up_proj [F, H]; swiglu: [gate_proj; up_proj] [2F, H]
+  Tensor fc2_weight, fc2_bias;  // down_proj [H, F], [H]
+};
+
+// What a block keeps for its backward, per microbatch (all [B, S, ...] in the activation
+// dtype unless noted):
+//   Recompute::none       every field.
+//   Recompute::selective  input, q, k, v (after rope), attn_out, lse, mid and fc1_out (the
+//                         pre-activation): the outputs of the GEMMs and of attention. The
+//                         backward recomputes both norms (outputs and statistics) and the
+//                         activation output from them: cheap elementwise and row-wise
+//                         work that saves 2H + F values per token.
+//   Recompute::full       input only; the backward reruns the block's forward first.
+// The recomputed values are bit-identical to the first ones, so the gradients of all three
+// policies are too (dropout masks are drawn again from the same Philox stream).
+struct LayerActivations {
+  Tensor input;  // the residual stream entering the block (kept by every policy)
+  NormStats input_norm_stats;
+  Tensor input_norm_out;
+  Tensor q, k, v;    // [B, S, Hq | Hkv, D], after rope
+  Tensor attn_out;   // [B, S, Hq, D]
+  Tensor lse;        // [B, Hq, S] f32
+  Tensor mid;        // input + attention branch: the residual input of the MLP
+  NormStats post_norm_stats;
+  Tensor post_norm_out;
+  Tensor fc1_out;  // [B, S, F | 2F]
+  Tensor act_out;  // [B, S, F]
+};
+
+// Hidden dropout of one block in one forward pass. The mask is never stored: backward
+// draws it again from (seed, offset).
+struct DropoutContext {
+  float p = 0.0f;  // 0: off (evaluation, or hidden_dropout = 0)
+  uint64_t seed = 0;
+  uint64_t attention_offset = 0;  // Philox stream of the attention output's mask
+  uint64_t mlp_offset = 0;        // Philox stream of the MLP output's mask
+};
+
+class TransformerLayer {
+ public:
+  TransformerLayer(const TransformerConfig& config, LayerTensors weights, LayerTensors grads);
+
+  // x [B, S, H] -> out [B, S, H]. Keeps what `policy` says in `saved`; nothing if nullptr.
+  Tensor forward(const Tensor& x, const DropoutContext& dropout, Recompute policy,
+                 LayerActivations* saved) const;
+
+  // dout [B, S, H] -> dx [B, S, H]; adds the parameter gradients; frees `saved`. `dropout`
+  // and `policy` must be those of the forward that filled `saved`.
+  Tensor backward(const Tensor& dout, const DropoutContext& dropout, Recompute policy,
+                  LayerActivations& saved) const;
+
+  const LayerTensors& weights() const { return w_; }
+  const LayerTensors& grads() const { return g_; }
+
+ private:
+  Tensor mlp_activation(const Tensor& fc1_out) const;
+  TransformerConfig config_;
+  LayerTensors w_;
+  LayerTensors g_;
+};
+
+}  // namespace braid::model

@@ -1,0 +1,96 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+#include <string>
+
+#include "braid/core/error.h"
+#include "braid/engine/lr_schedule.h"
+
+namespace braid::engine {
+namespace {
+
+LRSchedule schedule(LRDecayStyle style) {
+  LRSchedule s;
+  s.lr = 6e-4f;
+  s.min_lr = 6e-5f;
+  s.warmup_iters = 10;
+  s.decay_iters = 110;
+  s.style = style;
+  return s;
+}
+
+TEST(LRSchedule, LinearWarmupFromZero) {
+  for (LRDecayStyle style : {LRDecayStyle::constant, LRDecayStyle::linear, LRDecayStyle::cosine}) {
+    const LRSchedule s = schedule(style);
+    EXPECT_EQ(s.lr_at(0), 0.0f);
+    for (int64_t i = 1; i <= 10; ++i)
+      EXPECT_FLOAT_EQ(s.lr_at(i), 6e-4f * float(i) / 10.0f) << to_string(style) << " " << i;
+  }
+}
+
+TEST(LRSchedule, CosineDecayToMinLr) {
+  const LRSchedule s = schedule(LRDecayStyle::cosine);
+  for (int64_t i = 11; i <= 110; ++i) {
+    const double r = double(i - 10) / 100.0;
+    const double want = 6e-5 + (6e-4 - 6e-5) * 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+    EXPECT_NEAR(s.lr_at(i), want, 1e-7 * 6e-4) << i;
+  }
+  EXPECT_NEAR(s.lr_at(60), 0.5 * (6e-4 + 6e-5), 1e-9);  // half way
+  EXPECT_FLOAT_EQ(s.lr_at(110), 6e-5f);
+  EXPECT_EQ(s.lr_at(111), 6e-5f);
+  EXPECT_EQ(s.lr_at(100000), 6e-5f);
+}
+
+TEST(LRSchedule, LinearDecayToMinLr) {
+  const LRSchedule s = schedule(LRDecayStyle::linear);
+  for (int64_t i = 11; i <= 110; ++i) {
+    const double want = 6e-5 + (6e-4 - 6e-5) * (1.0 - double(i - 10) / 100.0);
+    EXPECT_NEAR(s.lr_at(i), want, 1e-7 * 6e-4) << i;
+  }
+  EXPECT_EQ(s.lr_at(500), 6e-5f);
+}
+
+TEST(LRSchedule, ConstantAfterWarmup) {
+  const LRSchedule s = schedule(LRDecayStyle::constant);
+  for (int64_t i : {11, 110, 111, 100000}) EXPECT_EQ(s.lr_at(i), 6e-4f) << i;
+  LRSchedule no_warmup = s;
+  no_warmup.warmup_iters = 0;
+  EXPECT_EQ(no_warmup.lr_at(0), 6e-4f);
+}
+
+TEST(LRSchedule, InvalidFieldsAreNamed) {
+  auto expect_rejected = [](LRSchedule s, const std::string& field) {
+    try {
+      s.validate();
+      ADD_FAILURE() << "accepted a bad " << field;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  LRSchedule s = schedule(LRDecayStyle::cosine);
+  EXPECT_NO_THROW(s.validate());
+  s.lr = -1;
+  expect_rejected(s, "lr");
+  s = schedule(LRDecayStyle::cosine);
+  s.min_lr = 1e-3f;  // above lr
+  expect_rejected(s, "min_lr");
+  s = schedule(LRDecayStyle::linear);
+  s.decay_iters = 10;  // not beyond warmup
+  expect_rejected(s, "decay_iters");
+  s = schedule(LRDecayStyle::cosine);
+  s.warmup_iters = -1;
+  expect_rejected(s, "warmup_iters");
+  s = schedule(LRDecayStyle::constant);
+  s.decay_iters = 0;  // irrelevant for a constant schedule
+  EXPECT_NO_THROW(s.validate());
+}
+
+TEST(LRSchedule, StyleNames) {
+  for (LRDecayStyle style : {LRDecayStyle::constant, LRDecayStyle::linear, LRDecayStyle::cosine})
+    EXPECT_EQ(lr_decay_style_from_string(to_string(style)), style);
+  EXPECT_THROW(lr_decay_style_from_string("inverse-square-root"), ConfigError);
+}
+
+}  // namespace
+}  // namespace braid::engine

@@ -1,0 +1,150 @@
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "braid/core/error.h"
+#include "braid/model/config.h"
+
+namespace braid::model {
+namespace {
+
+// Expects validate() to throw a ConfigError whose message names `field`.
+void expect_rejected(const std::function<void(TransformerConfig&)>& edit, const std::string& field,
+                     const std::string& preset = "gpt2-tiny") {
+  TransformerConfig c = TransformerConfig::preset(preset);
+  edit(c);
+  try {
+    c.validate();
+    ADD_FAILURE() << "validate() accepted a config with a bad " << field;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos)
+        << "message does not name " << field << ": " << e.what();
+  }
+}
+
+TEST(TransformerConfig, PresetsAreValid) {
+  ASSERT_EQ(TransformerConfig::preset_names().size(), 4u);
+  for (const std::string& name : TransformerConfig::preset_names()) {
+    TransformerConfig c = TransformerConfig::preset(name);
+    EXPECT_NO_THROW(c.validate()) << name;
+  }
+}
+
+TEST(TransformerConfig, Gpt2AndLlamaPresetsHaveTheirArchitectures) {
+  TransformerConfig g = TransformerConfig::preset("gpt2-124m");
+  EXPECT_EQ(g.normalization, Normalization::layernorm);
+  EXPECT_EQ(g.activation, Activation::gelu);
+  EXPECT_EQ(g.position_embedding, PositionEmbedding::learned);
+  EXPECT_TRUE(g.add_bias_linear);
+  EXPECT_TRUE(g.tie_embeddings);
+  EXPECT_EQ(g.head_dim(), 64);
+  EXPECT_EQ(g.kv_heads(), 12);
+
+  TransformerConfig l = TransformerConfig::preset("llama3-8b");
+  EXPECT_EQ(l.normalization, Normalization::rmsnorm);
+  EXPECT_EQ(l.activation, Activation::swiglu);
+  EXPECT_EQ(l.position_embedding, PositionEmbedding::rope);
+  EXPECT_FALSE(l.add_bias_linear);
+  EXPECT_FALSE(l.tie_embeddings);
+  EXPECT_EQ(l.head_dim(), 128);
+  EXPECT_EQ(l.kv_heads(), 8);
+  EXPECT_EQ(l.rope_theta, 500000.0f);
+}
+
+TEST(TransformerConfig, UnknownPresetListsTheValidNames) {
+  try {
+    TransformerConfig::preset("gpt5");
+    ADD_FAILURE() << "no error for an unknown preset";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("gpt5"), std::string::npos) << msg;
+    for (const std::string& name : TransformerConfig::preset_names())
+      EXPECT_NE(msg.find(name), std::string::npos) << msg;
+  }
+}
+
+TEST(TransformerConfig, InvalidFieldsAreNamed) {
+  expect_rejected([](auto& c) { c.num_layers = 0; }, "num_layers");
+  expect_rejected([](auto& c) { c.hidden_size = -64; }, "hidden_size");
+  expect_rejected([](auto& c) { c.num_attention_heads = 0; }, "num_attention_heads");
+  expect_rejected([](auto& c) { c.num_query_groups = -1; }, "num_query_groups");
+  expect_rejected([](auto& c) { c.ffn_hidden_size = 0; }, "ffn_hidden_size");
+  expect_rejected([](auto& c) { c.vocab_size = 0; }, "vocab_size");
+  expect_rejected([](auto& c) { c.max_position_embeddings = 0; }, "max_position_embeddings");
+  expect_rejected([](auto& c) { c.num_attention_heads = 3; }, "num_attention_heads");
+  expect_rejected([](auto& c) { c.num_query_groups = 3; }, "num_query_groups", "llama-tiny");
+  expect_rejected([](auto& c) { c.norm_eps = 0; }, "norm_eps");
+  expect_rejected([](auto& c) { c.init_std = -1; }, "init_std");
+  expect_rejected([](auto& c) { c.hidden_dropout = 1.0f; }, "hidden_dropout");
+  expect_rejected([](auto& c) { c.attention_dropout = 0.1f; }, "attention_dropout");
+  expect_rejected([](auto& c) { c.params_dtype = DType::i32; }, "params_dtype");
+  expect_rejected([](auto& c) { c.rope_theta = 0; }, "rope_theta", "llama-tiny");
+  // rope rotates pairs (i, i + D/2): an odd head dim has no such pairing.
+  expect_rejected(
+      [](auto& c) {
+        c.hidden_size = 60;
+        c.num_attention_heads = 4;
+      },
+      "position_embedding", "llama-tiny");
+}
+
+TEST(TransformerConfig, MixturesAreValid) {
+  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
+  c.normalization = Normalization::rmsnorm;
+  c.activation = Activation::swiglu;
+  c.num_query_groups = 2;
+  c.tie_embeddings = false;
+  EXPECT_NO_THROW(c.validate());
+  c = TransformerConfig::preset("llama-tiny");
+  c.add_bias_linear = true;
+  c.position_embedding = PositionEmbedding::learned;
+  c.normalization = Normalization::layernorm;
+  EXPECT_NO_THROW(c.validate());
+}
+
+TEST(TransformerConfig, EnumNamesRoundTrip) {
+  for (Normalization v : {Normalization::layernorm, Normalization::rmsnorm}) {
+    Normalization back = v == Normalization::layernorm ? Normalization::rmsnorm
+                                                       : Normalization::layernorm;
+    from_string(to_string(v), back);
+    EXPECT_EQ(back, v);
+  }
+  for (Activation v : {Activation::gelu, Activation::swiglu}) {
+    Activation back = v == Activation::gelu ? Activation::swiglu : Activation::gelu;
+    from_string(to_string(v), back);
+    EXPECT_EQ(back, v);
+  }
+  for (PositionEmbedding v : {PositionEmbedding::learned, PositionEmbedding::rope}) {
+    PositionEmbedding back =
+        v == PositionEmbedding::rope ? PositionEmbedding::learned : PositionEmbedding::rope;
+    from_string(to_string(v), back);
+    EXPECT_EQ(back, v);
+  }
+  for (Recompute v : {Recompute::none, Recompute::selective, Recompute::full}) {
+    Recompute back = v == Recompute::none ? Recompute::full : Recompute::none;
+    from_string(to_string(v), back);
+    EXPECT_EQ(back, v);
+  }
+}
+
+TEST(TransformerConfig, UnknownEnumNamesListTheValidOnes) {
+  Recompute r;
+  try {
+    from_string("partial", r);
+    ADD_FAILURE() << "no error for an unknown recompute policy";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("partial"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("selective"), std::string::npos) << msg;
+  }
+  Normalization n;
+  EXPECT_THROW(from_string("batchnorm", n), ConfigError);
+  Activation a;
+  EXPECT_THROW(from_string("relu", a), ConfigError);
+  PositionEmbedding p;
+  EXPECT_THROW(from_string("alibi", p), ConfigError);
+}
+
+}  // namespace
+}  // namespace braid::model

@@ -1,0 +1,116 @@
+// Finite-difference checks of the whole model's loss gradient, and the loss itself against a
+// host computation from the logits.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "model_test_util.h"
+
+namespace braid::model {
+namespace {
+
+using namespace testing_util;
+
+// Sets parameter `p` to host values `v`.
+void set_values(Parameter& p, const std::vector<float>& v) {
+  Tensor host = Tensor::from_blob(const_cast<float*>(v.data()), p.spec.shape, DType::f32,
+                                  Device::cpu());
+  p.value.copy_from(host);
+}
+
+// Central difference of the loss along `direction` (same size as the parameter).
+double central_difference(GPTModel& model, Parameter& p, const std::vector<float>& base,
+                     const std::vector<float>& direction, double h, const Batch& batch) {
+  std::vector<float> shifted(base.size());
+  double loss[2];
+  for (int side = 0; side < 2; ++side) {
+    const double sign = side == 0 ? 1.0 : -1.0;
+    for (size_t i = 0; i < base.size(); ++i)
+      shifted[i] = float(double(base[i]) + sign * h * double(direction[i]));
+    set_values(p, shifted);
+    loss[side] = reference_loss(model, batch);
+  }
+  set_values(p, base);
+  return (loss[0] - loss[1]) / (2 * h);
+}
+
+// Richardson extrapolation of two central differences: the O(h^2) truncation error cancels,
+// which matters for the strongly curved directions of a tiny model.
+double fd_derivative(GPTModel& model, Parameter& p, const std::vector<float>& base,
+                     const std::vector<float>& direction, double h, const Batch& batch) {
+  const double coarse = central_difference(model, p, base, direction, h, batch);
+  const double fine = central_difference(model, p, base, direction, h / 2, batch);
+  return (4 * fine - coarse) / 3;
+}
+
+void check_gradients(const TransformerConfig& config) {
+  GPTModel model(config, testing::default_test_device(), 21);
+  perturb_norms_and_biases(model, 5);
+  const Batch batch = make_batch(2, 8, config.vocab_size, 77);
+  model.zero_grad();
+  const float loss = model.forward(batch.ids, batch.targets);
+  EXPECT_NEAR(loss, reference_loss(model, batch), 1e-5 * std::abs(loss));
+  model.backward();
+
+  int checked = 0;
+  double worst = 0;
+  for (Parameter& p : model.parameters()) {
+    const std::vector<float> base = host_floats(p.value);
+    const std::vector<float> grad = host_floats(p.grad);
+    const std::string& name = p.spec.name;
+    // Along a random +-1 direction: sums many elements, so it is well above f32 noise. The
+    // absolute floor is that noise (loss rounding / h): k_proj.bias has a zero gradient in
+    // exact arithmetic (a shift of every key leaves the softmax unchanged).
+    const Tensor r = testing::random_tensor(p.spec.shape, 1000 + uint64_t(checked));
+    std::vector<float> dir(base.size());
+    double analytic = 0, gnorm = 0;
+    for (size_t i = 0; i < dir.size(); ++i) {
+      dir[i] = r.data_ptr<float>()[i] >= 0 ? 1.0f : -1.0f;
+      analytic += double(dir[i]) * grad[i];
+      gnorm += double(grad[i]) * grad[i];
+    }
+    gnorm = std::sqrt(gnorm);
+    ASSERT_GT(gnorm, 0) << name << " has a zero gradient";
+    const double numeric = fd_derivative(model, p, base, dir, 2e-3, batch);
+    EXPECT_NEAR(numeric, analytic, 1e-2 * std::abs(analytic) + 5e-5)
+        << name << " along a random direction";
+    // The two elements with the largest gradient.
+    std::vector<size_t> order(base.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    std::partial_sort(order.begin(), order.begin() + 2, order.end(),
+                      [&](size_t a, size_t b) { return std::abs(grad[a]) > std::abs(grad[b]); });
+    for (int j = 0; j < 2; ++j) {
+      std::vector<float> unit(base.size(), 0.0f);
+      unit[order[size_t(j)]] = 1.0f;
+      const double fd = fd_derivative(model, p, base, unit, 1e-2, batch);
+      const double g = grad[order[size_t(j)]];
+      EXPECT_NEAR(fd, g, 1e-2 * std::abs(g) + 5e-5) << name << " element " << order[size_t(j)];
+      worst = std::max(worst, std::abs(fd - g) / (std::abs(g) + 1e-3));
+    }
+    worst = std::max(worst, std::abs(numeric - analytic) / (std::abs(analytic) + 1e-3));
+    ++checked;
+  }
+  std::printf("largest relative finite-difference error: %.2e\n", worst);
+  EXPECT_EQ(size_t(checked), model.parameters().size());
+}
+
+TEST(Gradients, Gpt2MatchesFiniteDifferences) { check_gradients(small_gpt2()); }
+
+TEST(Gradients, LlamaWithGqaMatchesFiniteDifferences) { check_gradients(small_llama()); }
+
+TEST(Gradients, MixtureMatchesFiniteDifferences) {
+  // rmsnorm + gelu + rope + biases + tied embeddings + GQA: every switch crossed.
+  TransformerConfig c = small_gpt2();
+  c.normalization = Normalization::rmsnorm;
+  c.position_embedding = PositionEmbedding::rope;
+  c.num_query_groups = 1;
+  check_gradients(c);
+}
+
+}  // namespace
+}  // namespace braid::model

@@ -1,0 +1,202 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "braid/model/gpt_model.h"
+#include "braid/model/parameters.h"
+#include "test_devices.h"
+
+namespace braid::model {
+namespace {
+
+std::map<std::string, ParamSpec> by_name(const std::vector<ParamSpec>& specs) {
+  std::map<std::string, ParamSpec> out;
+  for (const ParamSpec& s : specs) out.emplace(s.name, s);
+  return out;
+}
+
+TEST(ParameterSpecs, Gpt2_124mHasTheKnownCount) {
+  const TransformerConfig c = TransformerConfig::preset("gpt2-124m");
+  EXPECT_EQ(count_parameters(c), 124439808);
+  const auto specs = by_name(parameter_specs(c));
+  EXPECT_EQ(specs.count("lm_head.weight"), 0u);  // tied to model.embed_tokens.weight
+  EXPECT_EQ(specs.at("model.embed_tokens.weight").shape, (Shape{50257, 768}));
+  EXPECT_EQ(specs.at("model.embed_positions.weight").shape, (Shape{1024, 768}));
+  EXPECT_EQ(specs.at("model.layers.11.self_attn.q_proj.weight").shape, (Shape{768, 768}));
+  EXPECT_EQ(specs.at("model.layers.11.self_attn.v_proj.bias").shape, (Shape{768}));
+  EXPECT_EQ(specs.at("model.layers.0.mlp.up_proj.weight").shape, (Shape{3072, 768}));
+  EXPECT_EQ(specs.at("model.layers.0.mlp.down_proj.weight").shape, (Shape{768, 3072}));
+  EXPECT_EQ(specs.count("model.layers.0.mlp.gate_proj.weight"), 0u);
+  EXPECT_EQ(specs.at("model.norm.bias").shape, (Shape{768}));
+  EXPECT_EQ(specs.size(), 2u + 12u * 16u + 2u);
+}
+
+TEST(ParameterSpecs, Llama3_8bShapesWithoutAllocating) {
+  const TransformerConfig c = TransformerConfig::preset("llama3-8b");
+  EXPECT_EQ(count_parameters(c), 8030261248);
+  const auto specs = by_name(parameter_specs(c));
+  EXPECT_EQ(specs.at("model.embed_tokens.weight").shape, (Shape{128256, 4096}));
+  EXPECT_EQ(specs.at("lm_head.weight").shape, (Shape{128256, 4096}));
+  EXPECT_EQ(specs.at("model.layers.31.self_attn.q_proj.weight").shape, (Shape{4096, 4096}));
+  EXPECT_EQ(specs.at("model.layers.31.self_attn.k_proj.weight").shape, (Shape{1024, 4096}));
+  EXPECT_EQ(specs.at("model.layers.31.self_attn.v_proj.weight").shape, (Shape{1024, 4096}));
+  EXPECT_EQ(specs.at("model.layers.31.self_attn.o_proj.weight").shape, (Shape{4096, 4096}));
+  EXPECT_EQ(specs.at("model.layers.0.mlp.gate_proj.weight").shape, (Shape{14336, 4096}));
+  EXPECT_EQ(specs.at("model.layers.0.mlp.up_proj.weight").shape, (Shape{14336, 4096}));
+  EXPECT_EQ(specs.at("model.layers.0.mlp.down_proj.weight").shape, (Shape{4096, 14336}));
+  EXPECT_EQ(specs.at("model.norm.weight").shape, (Shape{4096}));
+  EXPECT_EQ(specs.count("model.embed_positions.weight"), 0u);
+  EXPECT_EQ(specs.count("model.norm.bias"), 0u);
+  for (const auto& [name, spec] : specs)
+    EXPECT_FALSE(name.ends_with(".bias")) << name << ": Llama has no biases";
+  EXPECT_EQ(specs.size(), 1u + 32u * 9u + 2u);
+}
+
+TEST(ParameterSpecs, OrderOfOneLayer) {
+  const TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
+  const auto specs = parameter_specs(c);
+  std::vector<std::string> names;
+  for (const ParamSpec& s : specs) names.push_back(s.name);
+  const std::string p = "model.layers.1.";
+  const std::vector<std::string> layer = {
+      p + "input_layernorm.weight",          p + "input_layernorm.bias",
+      p + "self_attn.q_proj.weight",         p + "self_attn.k_proj.weight",
+      p + "self_attn.v_proj.weight",         p + "self_attn.q_proj.bias",
+      p + "self_attn.k_proj.bias",           p + "self_attn.v_proj.bias",
+      p + "self_attn.o_proj.weight",         p + "self_attn.o_proj.bias",
+      p + "post_attention_layernorm.weight", p + "post_attention_layernorm.bias",
+      p + "mlp.up_proj.weight",              p + "mlp.up_proj.bias",
+      p + "mlp.down_proj.weight",            p + "mlp.down_proj.bias"};
+  ASSERT_EQ(names.size(), 2u + 2u * 16u + 2u);
+  EXPECT_EQ(names[0], "model.embed_tokens.weight");
+  EXPECT_EQ(names[1], "model.embed_positions.weight");
+  EXPECT_EQ(std::vector<std::string>(names.begin() + 18, names.begin() + 34), layer);
+  EXPECT_EQ(names[34], "model.norm.weight");
+  EXPECT_EQ(names[35], "model.norm.bias");
+}
+
+TEST(ParameterSpecs, ShardAndDecayFlags) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.add_bias_linear = true;
+  const auto specs = by_name(parameter_specs(c));
+  const std::string p = "model.layers.0.";
+  EXPECT_EQ(specs.at("model.embed_tokens.weight").tp_dim, 0);
+  EXPECT_EQ(specs.at("lm_head.weight").tp_dim, 0);
+  EXPECT_EQ(specs.at(p + "self_attn.k_proj.weight").tp_dim, 0);
+  EXPECT_EQ(specs.at(p + "self_attn.k_proj.bias").tp_dim, 0);
+  EXPECT_EQ(specs.at(p + "self_attn.o_proj.weight").tp_dim, 1);
+  EXPECT_EQ(specs.at(p + "self_attn.o_proj.bias").tp_dim, -1);
+  EXPECT_EQ(specs.at(p + "mlp.gate_proj.weight").tp_dim, 0);
+  EXPECT_EQ(specs.at(p + "mlp.down_proj.weight").tp_dim, 1);
+  EXPECT_EQ(specs.at(p + "input_layernorm.weight").tp_dim, -1);
+  EXPECT_EQ(specs.at("model.norm.weight").tp_dim, -1);
+  for (const auto& [name, spec] : specs) {
+    const bool matrix = spec.shape.dim() == 2 && !is_embedding(spec);
+    EXPECT_EQ(spec.weight_decay, matrix) << name;
+    EXPECT_EQ(spec.layer, name.starts_with("model.layers.") ? std::stoi(name.substr(13)) : -1)
+        << name;
+  }
+  EXPECT_TRUE(is_embedding(specs.at("model.embed_tokens.weight")));
+  EXPECT_FALSE(is_embedding(specs.at("lm_head.weight")));
+}
+
+TEST(ParameterSpecs, InvalidConfigIsRejected) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_query_groups = 3;
+  EXPECT_THROW(parameter_specs(c), ConfigError);
+}
+
+class FlatBuffer : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(FlatBuffer, ViewsTileTheBufferInOrder) {
+  const TransformerConfig c = TransformerConfig::preset(GetParam());
+  GPTModel model(c, testing::default_test_device(), 7);
+  const ParamLayout& layout = model.layout();
+  std::vector<Parameter>& params = model.parameters();
+  ASSERT_EQ(params.size(), layout.specs.size());
+  const Tensor& flat = model.flat_params();
+  const Tensor& grads = model.flat_grads();
+  EXPECT_EQ(flat.numel(), layout.num_elements);
+  EXPECT_EQ(grads.numel(), layout.num_elements);
+  EXPECT_EQ(grads.dtype(), DType::f32);
+  EXPECT_EQ(model.num_parameters(), count_parameters(c));
+  int64_t end = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Parameter& p = params[i];
+    EXPECT_EQ(p.value.storage(), flat.storage()) << p.spec.name;
+    EXPECT_EQ(p.grad.storage(), grads.storage()) << p.spec.name;
+    const int64_t offset = int64_t(p.value.offset_bytes() / dtype_size(p.value.dtype()));
+    EXPECT_EQ(offset, layout.offsets[i]) << p.spec.name;
+    EXPECT_EQ(int64_t(p.grad.offset_bytes() / 4), offset) << p.spec.name;
+    EXPECT_EQ(p.value.shape(), p.spec.shape) << p.spec.name;
+    EXPECT_GE(offset, end) << p.spec.name << " overlaps its predecessor";
+    // A new group starts aligned; a fused member follows its predecessor directly.
+    if (offset != end) {
+      EXPECT_EQ(offset % kParamGroupAlignment, 0) << p.spec.name;
+      EXPECT_LT(offset - end, kParamGroupAlignment) << p.spec.name;
+    }
+    end = offset + p.spec.shape.numel();
+    EXPECT_EQ(&model.parameter(p.spec.name), &p);
+  }
+  EXPECT_LE(end, layout.num_elements);
+  EXPECT_EQ(layout.num_elements % kParamGroupAlignment, 0);
+}
+
+TEST_P(FlatBuffer, FusedGroupsAreAdjacentAndOthersAligned) {
+  TransformerConfig c = TransformerConfig::preset(GetParam());
+  c.add_bias_linear = true;
+  c.hidden_size = 40;  // sizes that are not multiples of 64 expose missing alignment
+  c.num_attention_heads = 4;
+  c.ffn_hidden_size = 72;
+  GPTModel model(c, testing::default_test_device(), 7);
+  auto offset = [&](const std::string& name) {
+    return int64_t(model.parameter(name).value.offset_bytes() / dtype_size(c.params_dtype));
+  };
+  auto numel = [&](const std::string& name) { return model.parameter(name).value.numel(); };
+  const std::string a = "model.layers.1.self_attn.", m = "model.layers.1.mlp.";
+  for (const char* kind : {"weight", "bias"}) {
+    const std::string q = a + "q_proj." + kind, k = a + "k_proj." + kind, v = a + "v_proj." + kind;
+    EXPECT_EQ(offset(q) % kParamGroupAlignment, 0) << q;
+    EXPECT_EQ(offset(k), offset(q) + numel(q)) << k;
+    EXPECT_EQ(offset(v), offset(k) + numel(k)) << v;
+  }
+  if (c.activation == Activation::swiglu) {
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string gate = m + "gate_proj." + kind, up = m + "up_proj." + kind;
+      EXPECT_EQ(offset(gate) % kParamGroupAlignment, 0) << gate;
+      EXPECT_EQ(offset(up), offset(gate) + numel(gate)) << up;
+    }
+  }
+  for (const Parameter& p : model.parameters()) {
+    const std::string& n = p.spec.name;
+    const bool member = n.find("k_proj") != std::string::npos ||
+                        n.find("v_proj") != std::string::npos ||
+                        (c.activation == Activation::swiglu && n.find("up_proj") != std::string::npos);
+    if (!member) {
+      EXPECT_EQ(offset(n) % kParamGroupAlignment, 0) << n;
+    }
+  }
+}
+
+TEST_P(FlatBuffer, UnknownParameterNameIsAnError) {
+  GPTModel model(TransformerConfig::preset(GetParam()), testing::default_test_device(), 7);
+  try {
+    model.parameter("model.layers.9.self_attn.q_proj.weight");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.9.self_attn.q_proj.weight"),
+              std::string::npos);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, FlatBuffer, ::testing::Values("gpt2-tiny", "llama-tiny"),
+                         [](const auto& info) {
+                           return info.param == "gpt2-tiny" ? std::string("gpt2")
+                                                            : std::string("llama");
+                         });
+
+}  // namespace
+}  // namespace braid::model
