@@ -16,6 +16,13 @@
 // - Parameter gradients (dweight, dbias, dW of a matmul with accumulate=true) are ADDED
 //   into their buffers, so microbatches accumulate; input gradients (dx) are overwritten.
 // - Leading dims are flattened where an op works on rows: x [..., C] is rows x C.
+// - dtypes: on the CPU every float tensor is f32 (only cast, sum_of_squares and AdamW's
+//   model_param also take bf16/f16); elsewhere an op says "<op>: bf16 is not supported on
+//   cpu". On CUDA activations are f32 or bf16, and parameters read by an op (norm weights,
+//   embedding table, matmul bias) have the activations' dtype. Ids and targets are i32.
+// - Zero-sized tensors are valid: an op whose outputs are all empty does nothing; an
+//   accumulating op with nothing to add leaves its buffers unchanged.
+// - Bad arguments throw braid::Error naming the op, the argument and its dtype and shape.
 
 #include <cstdint>
 #include <span>
@@ -28,15 +35,18 @@ namespace braid::ops {
 // ---------------------------------------------------------------- GEMM
 // out[M, N] = alpha * op(a) @ op(b) + bias[N]  (+ out, when accumulate)
 // op(a) = a^T if trans_a (a is [K, M]) else a ([M, K]); likewise b ([K, N] or, if trans_b,
-// [N, K]). Leading dims of a (not transposed) and out are flattened into M. `bias` may be
-// undefined. On CUDA a, b may be bf16 with out bf16 or f32 (f32 accumulation throughout).
+// [N, K]). Every operand is seen as a matrix [numel / last dim, last dim], so leading dims
+// flatten into rows (M of a and out; K of a transposed a, e.g. dy [B, S, N] in dW += dy^T x).
+// `bias` [N] may be undefined. On CUDA a, b are both f32 or both bf16, out is their dtype or
+// f32, bias has b's dtype (f32 accumulation throughout). K = 0 gives out = bias (or 0), plus
+// out when accumulating.
 // A linear layer with HF weight layout W [out, in]: y = x W^T + b is
 // matmul(y, x, W, b, false, true); dx = dy W is matmul(dx, dy, W, {}, false, false);
 // dW += dy^T x is matmul(dW, dy, x, {}, true, false, 1.0f, true).
 void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a,
             bool trans_b, float alpha = 1.0f, bool accumulate = false, Stream stream = {});
 
-// dbias[N] += sum over rows of dout[..., N]
+// dbias[N] (f32) += sum over rows of dout[..., N]
 void bias_backward(Tensor dbias, const Tensor& dout, Stream stream = {});
 
 // ---------------------------------------------------------------- elementwise
@@ -44,7 +54,8 @@ void bias_backward(Tensor dbias, const Tensor& dout, Stream stream = {});
 void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream = {});
 // out = alpha * x (out may alias x).
 void scale(Tensor out, const Tensor& x, float alpha, Stream stream = {});
-// out = x converted to out's dtype (f32, bf16, f16 in any direction), round to nearest even.
+// out = x converted to out's dtype (f32, bf16, f16 in any direction, same shape), round to
+// nearest even. Works on every device, the CPU included.
 void cast(Tensor out, const Tensor& x, Stream stream = {});
 
 // GPT-2's gelu (tanh approximation, HF "gelu_new").
@@ -55,15 +66,21 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
 
-// Inverted dropout: out = x * keep / (1 - p), keep drawn from Philox(seed, stream = offset,
-// index = element). The mask is never stored: backward draws it again from (seed, offset).
+// Inverted dropout: out = x * keep / (1 - p), p in [0, 1]. The mask is never stored: backward
+// draws it again from (seed, offset). Exact rule, identical on every device: element i (flat
+// index) reads word w = i % 4 of philox::random_words(seed, offset, i / 4) and is kept iff
+// philox::uniform_from_word(w) > p; kept elements are multiplied by the f32 value
+// 1.0f / (1.0f - p), dropped ones are 0 (p = 1 drops everything: out = 0).
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
                      Stream stream = {});
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
                       Stream stream = {});
 
 // ---------------------------------------------------------------- normalisation
-// x [..., C]; weight, bias [C]; mean, rstd [rows] f32 (saved for backward).
+// x [..., C]; weight, bias [C] (x's dtype); mean, rstd [rows] f32 (saved for backward);
+// dweight, dbias [C] f32, accumulated. layernorm uses the biased variance:
+// out = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+// rmsnorm (HF Llama): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& weight,
                        const Tensor& bias, float eps, Stream stream = {});
 void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dout,
@@ -77,8 +94,10 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 
 // ---------------------------------------------------------------- positions and embeddings
 // Rotary embedding as in HF Llama (rotate_half: element i pairs with i + D/2).
-// x, out [B, S, H, D]; position of row s is position_offset + s; frequencies
-// theta^(-2i/D). out may alias x. Backward rotates by the opposite angle.
+// x, out [B, S, H, D], D even; position of row s is position_offset + s. As HF computes them
+// in f32: inv_freq[i] = 1 / theta^(2i/D), angle = float(position) * inv_freq[i];
+// out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin (i < D/2).
+// out may alias x (and dx dout). Backward rotates by the opposite angle.
 void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset = 0,
                   Stream stream = {});
 void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset = 0,
@@ -86,7 +105,7 @@ void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_
 
 // out[..., C] = weight[ids[...] - vocab_offset]; weight [V_local, C]; ids i32. Ids outside
 // [vocab_offset, vocab_offset + V_local) give zero rows (vocab-parallel embedding: another
-// rank owns them). Backward adds dout rows into dweight.
+// rank owns them). out has weight's dtype. Backward adds dout rows into dweight (f32).
 void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight,
                        int64_t vocab_offset = 0, Stream stream = {});
 void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
@@ -96,7 +115,9 @@ void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
 // Causal scaled-dot-product attention with grouped-query heads.
 // q [B, S, Hq, D], k, v [B, S, Hkv, D] with Hq % Hkv == 0 (query head h reads kv head
 // h / (Hq / Hkv)); out [B, S, Hq, D]; lse [B, Hq, S] f32, the log-sum-exp of each softmax
-// row (saved for backward, as flash attention does). scale = 1/sqrt(D).
+// row (saved for backward, as flash attention does). scale = 1/sqrt(D); query position i
+// attends to key positions 0..i. Backward overwrites dq [B, S, Hq, D] and dk, dv
+// [B, S, Hkv, D] (q's dtype); `out` and `lse` are the forward's.
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        Stream stream = {});
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
@@ -104,18 +125,18 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         Stream stream = {});
 
 // ---------------------------------------------------------------- cross-entropy
-// logits [T, V_local] (this rank's vocabulary slice starts at vocab_offset); targets [T] i32,
-// negative = ignored. One online-softmax pass gives, per row, the partials a
-// vocab-parallel loss combines across ranks: row max, sum of exp(logit - max), and the
-// target's logit (0 where the target is not in this slice). All outputs [T] f32.
+// logits [T, V_local] (activation dtype; this rank's slice starts at vocab_offset); targets [T]
+// i32, negative = ignored. One online-softmax pass gives, per row, the partials a vocab-parallel
+// loss combines across ranks: row max, sum of exp(logit - max), and the target's logit (0 where the
+// target is not in this slice). All outputs [T] f32.
 void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
                             const Tensor& targets, int64_t vocab_offset = 0, Stream stream = {});
 // loss[t] = log(sumexp[t]) + max[t] - target_logit[t], and 0 where targets[t] < 0.
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
                         const Tensor& target_logit, const Tensor& targets, Stream stream = {});
 // dlogits[t, j] = dloss[t] * (exp(logits[t, j] - max[t]) / sumexp[t] - [j + vocab_offset ==
-// targets[t]]), 0 for ignored rows. max and sumexp are the (globally combined) partials.
-// dlogits may alias logits.
+// targets[t]]), 0 for ignored rows. max and sumexp are the (globally combined) partials;
+// dloss [T] f32. dlogits (logits' dtype) may alias logits.
 void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& targets,
                             const Tensor& max, const Tensor& sumexp, const Tensor& dloss,
                             int64_t vocab_offset = 0, Stream stream = {});
@@ -123,7 +144,8 @@ void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& 
 // ---------------------------------------------------------------- optimizer
 // One tensor group of a multi-tensor AdamW step: f32 master weights, f32 gradient and
 // moments of equal numel, the decoupled weight decay for this group, and optionally the
-// model's copy of the weights (bf16/f16/f32), written from the updated master weights.
+// model's copy of the weights (bf16/f16/f32, any device incl. the CPU), written from the
+// updated master weights with round-to-nearest-even. Groups with no elements are skipped.
 struct AdamWGroup {
   Tensor master;
   Tensor grad;
@@ -138,12 +160,15 @@ struct AdamWHyper {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  int64_t step = 1;          // 1-based, for bias correction
-  float grad_scale = 1.0f;   // gradients are multiplied by this first (clipping, loss scale)
+  int64_t step = 1;         // 1-based, for bias correction
+  float grad_scale = 1.0f;  // gradients are multiplied by this first (clipping, loss scale)
 };
 
 // torch.optim.AdamW semantics: p -= lr * wd * p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).  One launch for all groups on CUDA.
+// Rounded as torch does it: g = grad * grad_scale; p *= f32(1 - lr wd); m += (1 - b1)(g - m);
+// v = v b2 + (1 - b2) g g; p += (-f32(lr / bc1) * m) / (sqrt(v) / f32(sqrt(bc2)) + eps), with
+// bc1 = 1 - b1^t, bc2 = 1 - b2^t and the f32(...) scalars computed in double.
 void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Stream stream = {});
 
 // out [1] f32 = sum of squares of every element of every tensor (f32/bf16/f16 inputs,

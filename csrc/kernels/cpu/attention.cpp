@@ -1,0 +1,308 @@
+// Causal grouped-query attention on the CPU, flash-attention style: the forward keeps only the
+// log-sum-exp of each softmax row; the backward recomputes the probabilities from it.
+//
+// Work is split over (batch, head) pairs, one OpenMP loop per call. Within a pair, query rows
+// are processed in blocks of four so that each pass over the keys (held transposed, [D][S],
+// in a per-thread buffer) and each rank-4 update of dK/dV serves four rows.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/loops.h"
+
+namespace braid::ops::cpu {
+namespace {
+
+constexpr int kRows = 4;        // query rows per block
+constexpr int64_t kLanes = 16;  // column chunk of the register-blocked loops (one AVX-512 vector)
+
+int64_t round_up(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
+
+// Shapes of one call: q [B, S, Hq, D], k, v [B, S, Hkv, D].
+struct Dims {
+  int64_t b, s, hq, hkv, d;
+  int64_t ld() const { return round_up(s); }    // row length of [.][S] buffers
+  int64_t dpad() const { return round_up(d); }  // row length of [.][D] buffers
+  int64_t q_at(int64_t batch, int64_t pos, int64_t head) const {
+    return ((batch * s + pos) * hq + head) * d;
+  }
+  int64_t kv_at(int64_t batch, int64_t pos, int64_t head) const {
+    return ((batch * s + pos) * hkv + head) * d;
+  }
+};
+
+// out[r][j] = alpha * sum_{dd < d} x[r][dd] * t[dd][j] for the 4 rows r and j < round_up(n).
+// x rows are dpad apart; t and out rows ld apart. The 4 x 16 accumulators stay in registers.
+BRAID_CPU_MULTIVERSION void rows_times_transposed(float* __restrict out, const float* __restrict x,
+                                                  int64_t dpad, const float* __restrict t,
+                                                  int64_t ld, int64_t n, int64_t d, float alpha) {
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    float acc0[kLanes] = {}, acc1[kLanes] = {}, acc2[kLanes] = {}, acc3[kLanes] = {};
+    for (int64_t dd = 0; dd < d; ++dd) {
+      const float* row = t + dd * ld + j0;
+      float a0 = x[dd], a1 = x[dpad + dd], a2 = x[2 * dpad + dd], a3 = x[3 * dpad + dd];
+#pragma omp simd
+      for (int64_t l = 0; l < kLanes; ++l) {
+        acc0[l] += a0 * row[l];
+        acc1[l] += a1 * row[l];
+        acc2[l] += a2 * row[l];
+        acc3[l] += a3 * row[l];
+      }
+    }
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) {
+      out[j0 + l] = alpha * acc0[l];
+      out[ld + j0 + l] = alpha * acc1[l];
+      out[2 * ld + j0 + l] = alpha * acc2[l];
+      out[3 * ld + j0 + l] = alpha * acc3[l];
+    }
+  }
+}
+
+// acc[r][dd] = sum_{j < n} w[r][j] * y[j][dd] for the 4 rows r and dd < dpad. w rows are ld
+// apart; y and acc rows dpad apart.
+BRAID_CPU_MULTIVERSION void weights_times_rows(float* __restrict acc, const float* __restrict w,
+                                               int64_t ld, const float* __restrict y, int64_t dpad,
+                                               int64_t n) {
+  for (int64_t d0 = 0; d0 < dpad; d0 += kLanes) {
+    float acc0[kLanes] = {}, acc1[kLanes] = {}, acc2[kLanes] = {}, acc3[kLanes] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      const float* row = y + j * dpad + d0;
+      float w0 = w[j], w1 = w[ld + j], w2 = w[2 * ld + j], w3 = w[3 * ld + j];
+#pragma omp simd
+      for (int64_t l = 0; l < kLanes; ++l) {
+        acc0[l] += w0 * row[l];
+        acc1[l] += w1 * row[l];
+        acc2[l] += w2 * row[l];
+        acc3[l] += w3 * row[l];
+      }
+    }
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) {
+      acc[d0 + l] = acc0[l];
+      acc[dpad + d0 + l] = acc1[l];
+      acc[2 * dpad + d0 + l] = acc2[l];
+      acc[3 * dpad + d0 + l] = acc3[l];
+    }
+  }
+}
+
+// g[j][dd] += sum_r w[r][j] * x[r][dd] for j < n, dd < dpad (a rank-4 update). w rows are ld
+// apart; x and g rows dpad apart.
+BRAID_CPU_MULTIVERSION void add_outer4(float* __restrict g, const float* __restrict w, int64_t ld,
+                                       const float* __restrict x, int64_t dpad, int64_t n) {
+  const float* x0 = x;
+  const float* x1 = x + dpad;
+  const float* x2 = x + 2 * dpad;
+  const float* x3 = x + 3 * dpad;
+  for (int64_t j = 0; j < n; ++j) {
+    float w0 = w[j], w1 = w[ld + j], w2 = w[2 * ld + j], w3 = w[3 * ld + j];
+    float* row = g + j * dpad;
+#pragma omp simd
+    for (int64_t dd = 0; dd < dpad; ++dd) {
+      row[dd] += w0 * x0[dd] + w1 * x1[dd] + w2 * x2[dd] + w3 * x3[dd];
+    }
+  }
+}
+
+BRAID_CPU_MULTIVERSION float row_max(const float* x, int64_t n) {
+  float m = -__builtin_inff();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+// x[j] = exp(x[j] - shift) for j < n; returns their sum.
+BRAID_CPU_MULTIVERSION float exp_shifted(float* x, int64_t n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    x[j] = exp_f32(x[j] - shift);
+    sum += x[j];
+  }
+  return sum;
+}
+
+// ds[j] = p[j] * (ds[j] - delta): dS = P o (dP - rowsum(dO o O)), in place over dP.
+BRAID_CPU_MULTIVERSION void softmax_grad(float* __restrict ds, const float* __restrict p, int64_t n,
+                                         float delta) {
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (ds[j] - delta);
+}
+
+BRAID_CPU_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += a[j] * b[j];
+  return sum;
+}
+
+// Per-thread buffers, zero-filled once: the padding (columns >= S of the [.][S] buffers,
+// columns >= D of the [.][D] ones) is never written and stays zero.
+struct Scratch {
+  std::vector<float> kt, vt;   // [D][ld]: the kv head's keys / values transposed
+  std::vector<float> kp, vp;   // [S][dpad]: the kv head's keys / values
+  std::vector<float> p, dp;    // [4][ld]: probabilities, their gradient
+  std::vector<float> xq, xdo;  // [4][dpad]: the block's query / output-gradient rows
+  std::vector<float> acc;      // [4][dpad]
+  std::vector<float> dk, dv;   // [S][dpad]
+  Scratch(const Dims& m, bool backward)
+      : kt(size_t(m.d * m.ld())),
+        vp(size_t(m.s * m.dpad())),
+        p(size_t(kRows * m.ld())),
+        xq(size_t(kRows * m.dpad())),
+        acc(size_t(kRows * m.dpad())) {
+    if (backward) {
+      vt.resize(kt.size());
+      kp.resize(vp.size());
+      dp.resize(p.size());
+      xdo.resize(xq.size());
+      dk.resize(vp.size());
+      dv.resize(vp.size());
+    }
+  }
+};
+
+// One kv head's rows of k (or v) into t [D][ld] (transposed) and/or rows [S][dpad].
+void load_head(float* t, float* rows, const float* src, const Dims& m) {
+  const int64_t stride = m.hkv * m.d;
+  for (int64_t j = 0; j < m.s; ++j) {
+    for (int64_t dd = 0; dd < m.d; ++dd) {
+      float x = src[j * stride + dd];
+      if (t != nullptr) t[dd * m.ld() + j] = x;
+      if (rows != nullptr) rows[j * m.dpad() + dd] = x;
+    }
+  }
+}
+
+// The block's rows [i0, i0 + 4) of a q-shaped tensor into dst [4][dpad], times alpha; rows
+// past the sequence are zero.
+void load_block(float* dst, const float* src, int64_t i0, const Dims& m, float alpha) {
+  for (int r = 0; r < kRows; ++r) {
+    bool inside = i0 + r < m.s;
+    for (int64_t dd = 0; dd < m.d; ++dd) {
+      dst[r * m.dpad() + dd] = inside ? alpha * src[r * m.hq * m.d + dd] : 0.0f;
+    }
+  }
+}
+
+void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float* lse,
+                  const float* q, const float* k, const float* v, Scratch& w) {
+  const int64_t s = m.s, d = m.d, ld = m.ld(), dpad = m.dpad(), kvh = head / (m.hq / m.hkv);
+  const float scale = 1.0f / std::sqrt(float(d));
+  load_head(w.kt.data(), nullptr, k + m.kv_at(batch, 0, kvh), m);
+  load_head(nullptr, w.vp.data(), v + m.kv_at(batch, 0, kvh), m);
+  for (int64_t i0 = 0; i0 < s; i0 += kRows) {
+    const int64_t n = std::min(s, i0 + kRows);  // keys seen by the block's last row
+    load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
+    rows_times_transposed(w.p.data(), w.xq.data(), dpad, w.kt.data(), ld, n, d, 1.0f);
+    float inv_sum[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      float* p = w.p.data() + r * ld;
+      const int64_t seen = std::min(i0 + r + 1, n);  // causal: row i sees keys [0, i]
+      float mx = row_max(p, seen);
+      float sum = exp_shifted(p, seen, mx);
+      std::fill(p + seen, p + n, 0.0f);
+      inv_sum[r] = 1.0f / sum;
+      if (i0 + r < s) lse[(batch * m.hq + head) * s + i0 + r] = mx + std::log(sum);
+    }
+    weights_times_rows(w.acc.data(), w.p.data(), ld, w.vp.data(), dpad, n);
+    for (int r = 0; r < kRows && i0 + r < s; ++r) {
+      float* o = out + m.q_at(batch, i0 + r, head);
+      for (int64_t dd = 0; dd < d; ++dd) o[dd] = w.acc[size_t(r * dpad + dd)] * inv_sum[r];
+    }
+  }
+}
+
+// All query heads of kv head `kvh` of one batch element: dQ for them, dK and dV for kvh.
+void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, float* dk, float* dv,
+                      const float* dout, const float* q, const float* k, const float* v,
+                      const float* out, const float* lse, Scratch& w) {
+  const int64_t s = m.s, d = m.d, ld = m.ld(), dpad = m.dpad(), group = m.hq / m.hkv;
+  const float scale = 1.0f / std::sqrt(float(d));
+  load_head(w.kt.data(), w.kp.data(), k + m.kv_at(batch, 0, kvh), m);
+  load_head(w.vt.data(), nullptr, v + m.kv_at(batch, 0, kvh), m);
+  std::fill(w.dk.begin(), w.dk.end(), 0.0f);
+  std::fill(w.dv.begin(), w.dv.end(), 0.0f);
+  for (int64_t head = kvh * group; head < (kvh + 1) * group; ++head) {
+    for (int64_t i0 = 0; i0 < s; i0 += kRows) {
+      const int64_t n = std::min(s, i0 + kRows);
+      load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
+      load_block(w.xdo.data(), dout + m.q_at(batch, i0, head), i0, m, 1.0f);
+      rows_times_transposed(w.p.data(), w.xq.data(), dpad, w.kt.data(), ld, n, d, 1.0f);
+      rows_times_transposed(w.dp.data(), w.xdo.data(), dpad, w.vt.data(), ld, n, d, 1.0f);
+      for (int r = 0; r < kRows; ++r) {
+        float* p = w.p.data() + r * ld;
+        float* ds = w.dp.data() + r * ld;
+        const int64_t i = i0 + r, seen = i < s ? i + 1 : 0;
+        if (i < s) {
+          exp_shifted(p, seen, lse[(batch * m.hq + head) * s + i]);
+          float delta = dot(w.xdo.data() + r * dpad, out + m.q_at(batch, i, head), d);
+          softmax_grad(ds, p, seen, delta);
+        }
+        std::fill(p + seen, p + n, 0.0f);
+        std::fill(ds + seen, ds + n, 0.0f);
+      }
+      // dQ = scale * dS K; dK += dS^T (scale * Q); dV += P^T dO.
+      weights_times_rows(w.acc.data(), w.dp.data(), ld, w.kp.data(), dpad, n);
+      for (int r = 0; r < kRows && i0 + r < s; ++r) {
+        float* g = dq + m.q_at(batch, i0 + r, head);
+        for (int64_t dd = 0; dd < d; ++dd) g[dd] = scale * w.acc[size_t(r * dpad + dd)];
+      }
+      add_outer4(w.dk.data(), w.dp.data(), ld, w.xq.data(), dpad, n);
+      add_outer4(w.dv.data(), w.p.data(), ld, w.xdo.data(), dpad, n);
+    }
+  }
+  for (int64_t j = 0; j < s; ++j) {
+    std::copy_n(w.dk.data() + j * dpad, d, dk + m.kv_at(batch, j, kvh));
+    std::copy_n(w.dv.data() + j * dpad, d, dv + m.kv_at(batch, j, kvh));
+  }
+}
+
+// Heads below which one thread does all the work (about 2^17 multiply-adds).
+int64_t heads_per_thread(const Dims& m) {
+  return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.s * m.s * m.d));
+}
+
+Dims dims_of(const Tensor& q, const Tensor& k) {
+  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+}
+
+}  // namespace
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       Stream) {
+  const Dims m = dims_of(q, k);
+  float* o = out.data_ptr<float>();
+  float* l = lse.data_ptr<float>();
+  const float* pq = q.data_ptr<float>();
+  const float* pk = k.data_ptr<float>();
+  const float* pv = v.data_ptr<float>();
+  parallel_for(m.b * m.hq, heads_per_thread(m), [&](int64_t i0, int64_t i1) {
+    Scratch w(m, false);
+    for (int64_t i = i0; i < i1; ++i) forward_head(m, i / m.hq, i % m.hq, o, l, pq, pk, pv, w);
+  });
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        Stream) {
+  const Dims m = dims_of(q, k);
+  float* pdq = dq.data_ptr<float>();
+  float* pdk = dk.data_ptr<float>();
+  float* pdv = dv.data_ptr<float>();
+  const float* pdo = dout.data_ptr<float>();
+  const float* pq = q.data_ptr<float>();
+  const float* pk = k.data_ptr<float>();
+  const float* pv = v.data_ptr<float>();
+  const float* po = out.data_ptr<float>();
+  const float* pl = lse.data_ptr<float>();
+  parallel_for(m.b * m.hkv, heads_per_thread(m), [&](int64_t i0, int64_t i1) {
+    Scratch w(m, true);
+    for (int64_t i = i0; i < i1; ++i) {
+      backward_kv_head(m, i / m.hkv, i % m.hkv, pdq, pdk, pdv, pdo, pq, pk, pv, po, pl, w);
+    }
+  });
+}
+
+}  // namespace braid::ops::cpu

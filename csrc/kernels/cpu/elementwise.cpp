@@ -1,0 +1,176 @@
+// Elementwise ops on the CPU: add, scale, cast, gelu (tanh approximation), swiglu.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/loops.h"
+
+namespace braid::ops::cpu {
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;  // elements below which a loop stays on one thread
+
+// ---- add, scale ----
+
+BRAID_CPU_MULTIVERSION void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+BRAID_CPU_MULTIVERSION void scale_kernel(float* out, const float* x, float alpha, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = alpha * x[i];
+}
+
+// ---- cast ----
+
+// Reads element i of a float tensor of any of the three float dtypes.
+float load_float(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::f32:
+      return static_cast<const float*>(p)[i];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return f16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+void store_float(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::f32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::bf16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(v);
+      break;
+    default:
+      static_cast<uint16_t*>(p)[i] = float_to_f16(v);
+      break;
+  }
+}
+
+// ---- gelu ----
+// gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3)   (HF "gelu_new")
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+
+BRAID_CPU_MULTIVERSION void gelu_forward_kernel(float* out, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
+    out[i] = 0.5f * v * (1.0f + tanh_f32(u));
+  }
+}
+
+// d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+BRAID_CPU_MULTIVERSION void gelu_backward_kernel(float* dx, const float* dout, const float* x,
+                                                 int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
+    float t = tanh_f32(u);
+    float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * v * v);
+    dx[i] = dout[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+// ---- swiglu ----
+// Row of x: [gate (f) | up (f)]; out = silu(gate) * up, silu(g) = g * sigmoid(g).
+
+BRAID_CPU_MULTIVERSION void swiglu_forward_row(float* __restrict out, const float* __restrict x,
+                                               int64_t f) {
+  const float* gate = x;
+  const float* up = x + f;
+#pragma omp simd
+  for (int64_t j = 0; j < f; ++j) out[j] = gate[j] * sigmoid_f32(gate[j]) * up[j];
+}
+
+// d/dgate = dout * up * s (1 + g (1 - s)), d/dup = dout * g s   (s = sigmoid(g))
+BRAID_CPU_MULTIVERSION void swiglu_backward_row(float* __restrict dx, const float* __restrict dout,
+                                                const float* __restrict x, int64_t f) {
+  const float* gate = x;
+  const float* up = x + f;
+#pragma omp simd
+  for (int64_t j = 0; j < f; ++j) {
+    float g = gate[j], s = sigmoid_f32(g);
+    dx[j] = dout[j] * up[j] * s * (1.0f + g * (1.0f - s));
+    dx[f + j] = dout[j] * g * s;
+  }
+}
+
+}  // namespace
+
+BRAID_CPU_MULTIVERSION void add_into(float* out, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] += x[i];
+}
+
+void add(Tensor out, const Tensor& a, const Tensor& b, Stream) {
+  float* o = out.data_ptr<float>();
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  parallel_for(out.numel(), kGrain,
+               [&](int64_t i0, int64_t i1) { add_kernel(o + i0, pa + i0, pb + i0, i1 - i0); });
+}
+
+void scale(Tensor out, const Tensor& x, float alpha, Stream) {
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(out.numel(), kGrain,
+               [&](int64_t i0, int64_t i1) { scale_kernel(o + i0, px + i0, alpha, i1 - i0); });
+}
+
+void cast(Tensor out, const Tensor& x, Stream) {
+  if (out.dtype() == x.dtype()) {
+    if (out.data() != x.data()) std::memmove(out.data(), x.data(), out.nbytes());
+    return;
+  }
+  void* o = out.data();
+  const void* px = x.data();
+  DType to = out.dtype(), from = x.dtype();
+  parallel_for(out.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) store_float(o, to, i, load_float(px, from, i));
+  });
+}
+
+void gelu_forward(Tensor out, const Tensor& x, Stream) {
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(out.numel(), kGrain / 8,
+               [&](int64_t i0, int64_t i1) { gelu_forward_kernel(o + i0, px + i0, i1 - i0); });
+}
+
+void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
+  float* d = dx.data_ptr<float>();
+  const float* g = dout.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(dx.numel(), kGrain / 8, [&](int64_t i0, int64_t i1) {
+    gelu_backward_kernel(d + i0, g + i0, px + i0, i1 - i0);
+  });
+}
+
+void swiglu_forward(Tensor out, const Tensor& x, Stream) {
+  const int64_t f = out.size(-1), rows = out.numel() / f;
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(rows, std::max<int64_t>(1, kGrain / 8 / f), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) swiglu_forward_row(o + r * f, px + r * 2 * f, f);
+  });
+}
+
+void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
+  const int64_t f = dout.size(-1), rows = dout.numel() / f;
+  float* d = dx.data_ptr<float>();
+  const float* g = dout.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(rows, std::max<int64_t>(1, kGrain / 8 / f), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      swiglu_backward_row(d + r * 2 * f, g + r * f, px + r * 2 * f, f);
+    }
+  });
+}
+
+}  // namespace braid::ops::cpu

@@ -1,0 +1,73 @@
+// Rotary position embedding on the CPU, as HF Llama computes it (rotate_half): element i of a
+// head pairs with element i + D/2 and turns by angle pos * inv_freq[i].
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/loops.h"
+
+namespace braid::ops::cpu {
+namespace {
+
+// out = x rotated by +angle (sign = 1) or -angle (sign = -1); the table holds cos and sin of
+// the angles of one position: cos_sin[i], cos_sin[half + i].
+BRAID_CPU_MULTIVERSION void rotate_head(float* out, const float* x, const float* cos_sin,
+                                        int64_t half, float sign) {
+  const float* cs = cos_sin;
+  const float* sn = cos_sin + half;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    float x1 = x[i], x2 = x[i + half], s = sign * sn[i];
+    out[i] = x1 * cs[i] - x2 * s;
+    out[i + half] = x2 * cs[i] + x1 * s;
+  }
+}
+
+// Table [S, 2 * half]. Follows HF's float32 arithmetic: inv_freq = 1 / theta^(2i/D) and
+// angle = float(pos) * inv_freq in f32; cos and sin of that f32 angle, correctly rounded.
+std::vector<float> cos_sin_table(int64_t s_len, int64_t d, float theta, int64_t position_offset) {
+  const int64_t half = d / 2;
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(d));
+  }
+  std::vector<float> table(static_cast<size_t>(s_len * 2 * half));
+  for (int64_t s = 0; s < s_len; ++s) {
+    for (int64_t i = 0; i < half; ++i) {
+      float angle = float(position_offset + s) * inv_freq[size_t(i)];
+      table[size_t(s * 2 * half + i)] = float(std::cos(double(angle)));
+      table[size_t(s * 2 * half + half + i)] = float(std::sin(double(angle)));
+    }
+  }
+  return table;
+}
+
+void rope(Tensor out, const Tensor& x, float theta, int64_t position_offset, float sign) {
+  const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3), half = d / 2;
+  std::vector<float> table = cos_sin_table(s_len, d, theta, position_offset);
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(b * s_len, std::max<int64_t>(1, 8192 / std::max<int64_t>(h * d, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 for (int64_t r = r0; r < r1; ++r) {
+                   const float* cs = table.data() + (r % s_len) * 2 * half;
+                   for (int64_t head = 0; head < h; ++head) {
+                     int64_t at = (r * h + head) * d;
+                     rotate_head(o + at, px + at, cs, half, sign);
+                   }
+                 }
+               });
+}
+
+}  // namespace
+
+void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset, Stream) {
+  rope(out, x, theta, position_offset, 1.0f);
+}
+
+void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset, Stream) {
+  // The rotation is orthogonal: its transpose turns by the opposite angle.
+  rope(dx, dout, theta, position_offset, -1.0f);
+}
+
+}  // namespace braid::ops::cpu

@@ -1,0 +1,636 @@
+// The op table's front door: checks every argument, then dispatches on the tensors' device to
+// the CPU reference (kernels/cpu) or the CUDA implementation (kernels/cuda).
+#include "braid/kernels/ops.h"
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+#ifdef BRAID_WITH_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace braid::ops {
+namespace {
+
+#ifdef BRAID_WITH_CUDA
+#define BRAID_DISPATCH(device, fn, ...) \
+  ((device).is_cuda() ? cuda::fn(__VA_ARGS__) : cpu::fn(__VA_ARGS__))
+#else
+#define BRAID_DISPATCH(device, fn, ...) ((void)(device), cpu::fn(__VA_ARGS__))
+#endif
+
+// "bf16 [4, 8]"
+std::string describe(const Tensor& t) {
+  return std::string(dtype_name(t.dtype())) + " " + t.shape().str();
+}
+
+// A named argument of an op; `optional` ones may be undefined and are then skipped.
+struct Arg {
+  const char* name;
+  const Tensor& tensor;
+  bool optional = false;
+};
+
+// Every (defined) argument is on one device, which this build can run; returns it.
+Device device_of(const char* op, std::initializer_list<Arg> args) {
+  const Arg* first = nullptr;
+  for (const Arg& a : args) {
+    if (!a.tensor.defined()) {
+      BRAID_CHECK(a.optional, op, ": ", a.name, " is undefined");
+      continue;
+    }
+    if (first == nullptr) {
+      first = &a;
+      continue;
+    }
+    BRAID_CHECK(a.tensor.device() == first->tensor.device(), op, ": ", a.name, " is on ",
+                a.tensor.device().str(), " but ", first->name, " is on ",
+                first->tensor.device().str(), " (all tensors of one call share a device)");
+  }
+  BRAID_CHECK(first != nullptr, op, ": no tensor arguments");
+  Device device = first->tensor.device();
+#ifndef BRAID_WITH_CUDA
+  BRAID_CHECK(!device.is_cuda(), op, ": tensors are on ", device.str(),
+              " but braid was built without CUDA");
+#endif
+  return device;
+}
+
+// Activations: f32 on every device, bf16 too on CUDA.
+void check_activation(const char* op, Device device, const char* name, const Tensor& t) {
+  if (device.is_cpu()) {
+    BRAID_CHECK(t.dtype() == DType::f32, op, ": ", dtype_name(t.dtype()),
+                " is not supported on cpu (", name, " is ", describe(t),
+                "; the cpu reference computes in f32)");
+  } else {
+    BRAID_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16, op, ": ",
+                dtype_name(t.dtype()), " is not supported on cuda (", name, " is ", describe(t),
+                "; activations are f32 or bf16)");
+  }
+}
+
+void check_dtype(const char* op, const char* name, const Tensor& t, DType expected) {
+  BRAID_CHECK(t.dtype() == expected, op, ": ", name, " must be ", dtype_name(expected), ", got ",
+              describe(t));
+}
+
+void check_same_dtype(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  BRAID_CHECK(t.dtype() == ref.dtype(), op, ": ", name, " is ", describe(t), " but ", ref_name,
+              " is ", describe(ref), " (dtypes must match)");
+}
+
+void check_same_shape(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                      const Tensor& ref) {
+  BRAID_CHECK(t.shape() == ref.shape(), op, ": ", name, " is ", describe(t), " but ", ref_name,
+              " is ", describe(ref), " (shapes must match)");
+}
+
+void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
+  BRAID_CHECK(t.shape() == expected, op, ": ", name, " must be ", expected, ", got ", describe(t));
+}
+
+// Rows of a tensor seen as [rows, last dim]; a 0-d tensor is one row of one element.
+int64_t last_dim(const Tensor& t) { return t.dim() == 0 ? 1 : t.size(-1); }
+int64_t rows_of(const Tensor& t) {
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return rows;
+}
+
+// Statistics per row ([rows] f32, any shape with that many elements).
+void check_row_stat(const char* op, const char* name, const Tensor& stat, int64_t rows,
+                    const Tensor& x) {
+  check_dtype(op, name, stat, DType::f32);
+  BRAID_CHECK(stat.numel() == rows, op, ": ", name, " has ", stat.numel(), " elements but x ",
+              describe(x), " has ", rows, " rows");
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- GEMM
+
+void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bool trans_a,
+            bool trans_b, float alpha, bool accumulate, Stream stream) {
+  const char* op = "matmul";
+  Device device = device_of(op, {{"out", out}, {"a", a}, {"b", b}, {"bias", bias, true}});
+  BRAID_CHECK(a.dim() >= 1 && b.dim() >= 1 && out.dim() >= 1, op, ": a ", a.shape(), ", b ",
+              b.shape(), " and out ", out.shape(), " need at least one dim");
+  // Each operand as a matrix [numel / last dim, last dim].
+  int64_t a_rows = rows_of(a), a_cols = last_dim(a), b_rows = rows_of(b), b_cols = last_dim(b);
+  int64_t m = trans_a ? a_cols : a_rows, k = trans_a ? a_rows : a_cols;
+  int64_t kb = trans_b ? b_cols : b_rows, n = trans_b ? b_rows : b_cols;
+  BRAID_CHECK(k == kb, op, ": a ", a.shape(), (trans_a ? "^T" : ""), " and b ", b.shape(),
+              (trans_b ? "^T" : ""), " disagree on K (", k, " vs ", kb, ")");
+  BRAID_CHECK(last_dim(out) == n && out.numel() == m * n, op, ": out ", out.shape(),
+              " does not hold the [", m, ", ", n, "] product of a ", a.shape(),
+              (trans_a ? "^T" : ""), " and b ", b.shape(), (trans_b ? "^T" : ""));
+  if (bias.defined()) {
+    BRAID_CHECK(bias.numel() == n, op, ": bias ", bias.shape(), " does not match N = ", n);
+  }
+  if (device.is_cpu()) {
+    check_activation(op, device, "a", a);
+    check_activation(op, device, "b", b);
+    check_activation(op, device, "out", out);
+    if (bias.defined()) check_activation(op, device, "bias", bias);
+  } else {
+    check_activation(op, device, "a", a);
+    check_same_dtype(op, "b", b, "a", a);
+    BRAID_CHECK(out.dtype() == a.dtype() || out.dtype() == DType::f32, op, ": out is ",
+                describe(out), " but a and b are ", dtype_name(a.dtype()),
+                " (out is their dtype or f32)");
+    if (bias.defined()) check_same_dtype(op, "bias", bias, "b", b);
+  }
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, matmul, out, a, b, bias, trans_a, trans_b, alpha, accumulate, stream);
+}
+
+void bias_backward(Tensor dbias, const Tensor& dout, Stream stream) {
+  const char* op = "bias_backward";
+  Device device = device_of(op, {{"dbias", dbias}, {"dout", dout}});
+  check_dtype(op, "dbias", dbias, DType::f32);
+  check_activation(op, device, "dout", dout);
+  BRAID_CHECK(dout.dim() >= 1 && dbias.numel() == last_dim(dout), op, ": dbias ", dbias.shape(),
+              " does not match the last dim of dout ", dout.shape());
+  if (dout.numel() == 0) return;
+  BRAID_DISPATCH(device, bias_backward, dbias, dout, stream);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream) {
+  const char* op = "add";
+  Device device = device_of(op, {{"out", out}, {"a", a}, {"b", b}});
+  check_activation(op, device, "a", a);
+  check_same_dtype(op, "b", b, "a", a);
+  check_same_dtype(op, "out", out, "a", a);
+  check_same_shape(op, "b", b, "a", a);
+  check_same_shape(op, "out", out, "a", a);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, add, out, a, b, stream);
+}
+
+void scale(Tensor out, const Tensor& x, float alpha, Stream stream) {
+  const char* op = "scale";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_same_shape(op, "out", out, "x", x);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, scale, out, x, alpha, stream);
+}
+
+void cast(Tensor out, const Tensor& x, Stream stream) {
+  const char* op = "cast";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  BRAID_CHECK(is_floating(out.dtype()) && is_floating(x.dtype()), op, ": x ", describe(x),
+              " to out ", describe(out), " (cast converts between f32, bf16 and f16)");
+  check_same_shape(op, "out", out, "x", x);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, cast, out, x, stream);
+}
+
+void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
+  const char* op = "gelu_forward";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_same_shape(op, "out", out, "x", x);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, gelu_forward, out, x, stream);
+}
+
+void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  const char* op = "gelu_backward";
+  Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "dout", dout, "x", x);
+  check_same_dtype(op, "dx", dx, "x", x);
+  check_same_shape(op, "dout", dout, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  if (dx.numel() == 0) return;
+  BRAID_DISPATCH(device, gelu_backward, dx, dout, x, stream);
+}
+
+namespace {
+// x [..., 2F] and the [..., F] tensor on the other side of swiglu.
+void check_swiglu(const char* op, const Tensor& halves, const char* name, const Tensor& x) {
+  BRAID_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, op, ": x ", describe(x),
+              " must hold [gate | up] in an even last dim");
+  bool ok = halves.dim() == x.dim() && halves.size(-1) * 2 == x.size(-1);
+  for (int d = 0; ok && d + 1 < x.dim(); ++d) ok = halves.size(d) == x.size(d);
+  BRAID_CHECK(ok, op, ": ", name, " ", describe(halves), " must be x ", describe(x),
+              " with the last dim halved");
+}
+}  // namespace
+
+void swiglu_forward(Tensor out, const Tensor& x, Stream stream) {
+  const char* op = "swiglu_forward";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_swiglu(op, out, "out", x);
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, swiglu_forward, out, x, stream);
+}
+
+void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  const char* op = "swiglu_backward";
+  Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "dout", dout, "x", x);
+  check_same_dtype(op, "dx", dx, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_swiglu(op, dout, "dout", x);
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, swiglu_backward, dx, dout, x, stream);
+}
+
+void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
+                     Stream stream) {
+  const char* op = "dropout_forward";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  BRAID_CHECK(p >= 0.0f && p <= 1.0f, op, ": p = ", p, " is not in [0, 1]");
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_same_shape(op, "out", out, "x", x);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, dropout_forward, out, x, p, seed, offset, stream);
+}
+
+void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
+                      Stream stream) {
+  const char* op = "dropout_backward";
+  Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
+  BRAID_CHECK(p >= 0.0f && p <= 1.0f, op, ": p = ", p, " is not in [0, 1]");
+  check_activation(op, device, "dout", dout);
+  check_same_dtype(op, "dx", dx, "dout", dout);
+  check_same_shape(op, "dx", dx, "dout", dout);
+  if (dx.numel() == 0) return;
+  BRAID_DISPATCH(device, dropout_backward, dx, dout, p, seed, offset, stream);
+}
+
+// ---------------------------------------------------------------- normalisation
+
+namespace {
+// x [..., C] with out/dx shaped like x, and a [C] parameter of x's dtype.
+void check_norm_param(const char* op, const char* name, const Tensor& w, const Tensor& x) {
+  check_same_dtype(op, name, w, "x", x);
+  BRAID_CHECK(w.numel() == last_dim(x), op, ": ", name, " ", describe(w),
+              " does not match the last dim of x ", describe(x));
+}
+void check_norm_grad(const char* op, const char* name, const Tensor& g, const Tensor& x) {
+  check_dtype(op, name, g, DType::f32);
+  BRAID_CHECK(g.numel() == last_dim(x), op, ": ", name, " ", describe(g),
+              " does not match the last dim of x ", describe(x));
+}
+}  // namespace
+
+void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& weight,
+                       const Tensor& bias, float eps, Stream stream) {
+  const char* op = "layernorm_forward";
+  Device device = device_of(
+      op,
+      {{"out", out}, {"mean", mean}, {"rstd", rstd}, {"x", x}, {"weight", weight}, {"bias", bias}});
+  BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_same_shape(op, "out", out, "x", x);
+  check_norm_param(op, "weight", weight, x);
+  check_norm_param(op, "bias", bias, x);
+  check_row_stat(op, "mean", mean, rows_of(x), x);
+  check_row_stat(op, "rstd", rstd, rows_of(x), x);
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, layernorm_forward, out, mean, rstd, x, weight, bias, eps, stream);
+}
+
+void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dout,
+                        const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Stream stream) {
+  const char* op = "layernorm_backward";
+  Device device = device_of(op, {{"dx", dx},
+                                 {"dweight", dweight},
+                                 {"dbias", dbias},
+                                 {"dout", dout},
+                                 {"x", x},
+                                 {"weight", weight},
+                                 {"mean", mean},
+                                 {"rstd", rstd}});
+  BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "dout", dout, "x", x);
+  check_same_dtype(op, "dx", dx, "x", x);
+  check_same_shape(op, "dout", dout, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_norm_param(op, "weight", weight, x);
+  check_norm_grad(op, "dweight", dweight, x);
+  check_norm_grad(op, "dbias", dbias, x);
+  check_row_stat(op, "mean", mean, rows_of(x), x);
+  check_row_stat(op, "rstd", rstd, rows_of(x), x);
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, layernorm_backward, dx, dweight, dbias, dout, x, weight, mean, rstd,
+                 stream);
+}
+
+void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& weight, float eps,
+                     Stream stream) {
+  const char* op = "rmsnorm_forward";
+  Device device = device_of(op, {{"out", out}, {"rstd", rstd}, {"x", x}, {"weight", weight}});
+  BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "out", out, "x", x);
+  check_same_shape(op, "out", out, "x", x);
+  check_norm_param(op, "weight", weight, x);
+  check_row_stat(op, "rstd", rstd, rows_of(x), x);
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, rmsnorm_forward, out, rstd, x, weight, eps, stream);
+}
+
+void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tensor& x,
+                      const Tensor& weight, const Tensor& rstd, Stream stream) {
+  const char* op = "rmsnorm_backward";
+  Device device = device_of(op, {{"dx", dx},
+                                 {"dweight", dweight},
+                                 {"dout", dout},
+                                 {"x", x},
+                                 {"weight", weight},
+                                 {"rstd", rstd}});
+  BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
+  check_activation(op, device, "x", x);
+  check_same_dtype(op, "dout", dout, "x", x);
+  check_same_dtype(op, "dx", dx, "x", x);
+  check_same_shape(op, "dout", dout, "x", x);
+  check_same_shape(op, "dx", dx, "x", x);
+  check_norm_param(op, "weight", weight, x);
+  check_norm_grad(op, "dweight", dweight, x);
+  check_row_stat(op, "rstd", rstd, rows_of(x), x);
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, rmsnorm_backward, dx, dweight, dout, x, weight, rstd, stream);
+}
+
+// ---------------------------------------------------------------- positions and embeddings
+
+namespace {
+void check_rope(const char* op, Device device, const char* out_name, const Tensor& out,
+                const char* in_name, const Tensor& in) {
+  check_activation(op, device, in_name, in);
+  check_same_dtype(op, out_name, out, in_name, in);
+  check_same_shape(op, out_name, out, in_name, in);
+  BRAID_CHECK(in.dim() == 4 && in.size(3) % 2 == 0, op, ": ", in_name,
+              " must be [B, S, H, D] "
+              "with an even D, got ",
+              describe(in));
+}
+}  // namespace
+
+void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset,
+                  Stream stream) {
+  const char* op = "rope_forward";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  check_rope(op, device, "out", out, "x", x);
+  BRAID_CHECK(theta > 0.0f && position_offset >= 0, op, ": theta = ", theta,
+              " must be positive and position_offset = ", position_offset, " non-negative");
+  if (x.numel() == 0) return;
+  BRAID_DISPATCH(device, rope_forward, out, x, theta, position_offset, stream);
+}
+
+void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset,
+                   Stream stream) {
+  const char* op = "rope_backward";
+  Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
+  check_rope(op, device, "dx", dx, "dout", dout);
+  BRAID_CHECK(theta > 0.0f && position_offset >= 0, op, ": theta = ", theta,
+              " must be positive and position_offset = ", position_offset, " non-negative");
+  if (dout.numel() == 0) return;
+  BRAID_DISPATCH(device, rope_backward, dx, dout, theta, position_offset, stream);
+}
+
+namespace {
+// out [..., C] (the dims of ids, then C) against weight [V_local, C].
+void check_embedding(const char* op, const char* out_name, const Tensor& out, const Tensor& ids,
+                     const Tensor& weight) {
+  check_dtype(op, "ids", ids, DType::i32);
+  BRAID_CHECK(weight.dim() == 2, op, ": weight must be [V, C], got ", describe(weight));
+  bool ok = out.dim() == ids.dim() + 1 && out.size(-1) == weight.size(1);
+  for (int d = 0; ok && d < ids.dim(); ++d) ok = out.size(d) == ids.size(d);
+  BRAID_CHECK(ok, op, ": ", out_name, " ", describe(out), " must be ids ", ids.shape(),
+              " followed by C = ", weight.size(1), " (weight ", describe(weight), ")");
+}
+}  // namespace
+
+void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight, int64_t vocab_offset,
+                       Stream stream) {
+  const char* op = "embedding_forward";
+  Device device = device_of(op, {{"out", out}, {"ids", ids}, {"weight", weight}});
+  check_activation(op, device, "weight", weight);
+  check_same_dtype(op, "out", out, "weight", weight);
+  check_embedding(op, "out", out, ids, weight);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, embedding_forward, out, ids, weight, vocab_offset, stream);
+}
+
+void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_offset,
+                        Stream stream) {
+  const char* op = "embedding_backward";
+  Device device = device_of(op, {{"dweight", dweight}, {"dout", dout}, {"ids", ids}});
+  check_dtype(op, "dweight", dweight, DType::f32);
+  check_activation(op, device, "dout", dout);
+  check_embedding(op, "dout", dout, ids, dweight);
+  if (dout.numel() == 0) return;
+  BRAID_DISPATCH(device, embedding_backward, dweight, dout, ids, vocab_offset, stream);
+}
+
+// ---------------------------------------------------------------- attention
+
+namespace {
+// q [B, S, Hq, D], k, v [B, S, Hkv, D], Hq % Hkv == 0; lse [B, Hq, S] f32.
+void check_attention(const char* op, Device device, const Tensor& q, const Tensor& k,
+                     const Tensor& v, const Tensor& lse) {
+  check_activation(op, device, "q", q);
+  check_same_dtype(op, "k", k, "q", q);
+  check_same_dtype(op, "v", v, "q", q);
+  BRAID_CHECK(q.dim() == 4 && k.dim() == 4, op, ": q ", describe(q), " and k ", describe(k),
+              " must be [B, S, H, D]");
+  check_same_shape(op, "v", v, "k", k);
+  BRAID_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
+              ": q ", q.shape(), " and k ", k.shape(), " disagree on B, S or D");
+  BRAID_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, op, ": q has ", q.size(2),
+              " heads, not a multiple of the ", k.size(2), " kv heads (q ", q.shape(), ", k ",
+              k.shape(), ")");
+  check_dtype(op, "lse", lse, DType::f32);
+  check_shape(op, "lse", lse, Shape{q.size(0), q.size(2), q.size(1)});
+}
+}  // namespace
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       Stream stream) {
+  const char* op = "attention_forward";
+  Device device = device_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
+  check_attention(op, device, q, k, v, lse);
+  check_same_dtype(op, "out", out, "q", q);
+  check_same_shape(op, "out", out, "q", q);
+  if (out.numel() == 0 && lse.numel() == 0) return;
+  BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, stream);
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                        Stream stream) {
+  const char* op = "attention_backward";
+  Device device = device_of(op, {{"dq", dq},
+                                 {"dk", dk},
+                                 {"dv", dv},
+                                 {"dout", dout},
+                                 {"q", q},
+                                 {"k", k},
+                                 {"v", v},
+                                 {"out", out},
+                                 {"lse", lse}});
+  check_attention(op, device, q, k, v, lse);
+  for (const auto& [name, t] :
+       {std::pair<const char*, const Tensor&>{"dq", dq}, {"dout", dout}, {"out", out}}) {
+    check_same_dtype(op, name, t, "q", q);
+    check_same_shape(op, name, t, "q", q);
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"dk", dk}, {"dv", dv}}) {
+    check_same_dtype(op, name, t, "k", k);
+    check_same_shape(op, name, t, "k", k);
+  }
+  if (dq.numel() == 0 && dk.numel() == 0) return;
+  BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, stream);
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+namespace {
+// logits [T, V_local] (activation dtype); targets [T] i32.
+void check_logits(const char* op, Device device, const Tensor& logits, const Tensor& targets) {
+  check_activation(op, device, "logits", logits);
+  BRAID_CHECK(logits.dim() == 2, op, ": logits must be [T, V], got ", describe(logits));
+  check_dtype(op, "targets", targets, DType::i32);
+  check_shape(op, "targets", targets, Shape{logits.size(0)});
+}
+void check_row_f32(const char* op, const char* name, const Tensor& t, const Tensor& targets) {
+  check_dtype(op, name, t, DType::f32);
+  check_shape(op, name, t, targets.shape());
+}
+}  // namespace
+
+void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
+                            const Tensor& targets, int64_t vocab_offset, Stream stream) {
+  const char* op = "cross_entropy_partials";
+  Device device = device_of(op, {{"max", max},
+                                 {"sumexp", sumexp},
+                                 {"target_logit", target_logit},
+                                 {"logits", logits},
+                                 {"targets", targets}});
+  check_logits(op, device, logits, targets);
+  check_row_f32(op, "max", max, targets);
+  check_row_f32(op, "sumexp", sumexp, targets);
+  check_row_f32(op, "target_logit", target_logit, targets);
+  if (targets.numel() == 0) return;
+  BRAID_DISPATCH(device, cross_entropy_partials, max, sumexp, target_logit, logits, targets,
+                 vocab_offset, stream);
+}
+
+void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
+                        const Tensor& target_logit, const Tensor& targets, Stream stream) {
+  const char* op = "cross_entropy_loss";
+  Device device = device_of(op, {{"loss", loss},
+                                 {"max", max},
+                                 {"sumexp", sumexp},
+                                 {"target_logit", target_logit},
+                                 {"targets", targets}});
+  check_dtype(op, "targets", targets, DType::i32);
+  BRAID_CHECK(targets.dim() == 1, op, ": targets must be [T], got ", describe(targets));
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"loss", loss},
+                                {"max", max},
+                                {"sumexp", sumexp},
+                                {"target_logit", target_logit}}) {
+    check_row_f32(op, name, t, targets);
+  }
+  if (targets.numel() == 0) return;
+  BRAID_DISPATCH(device, cross_entropy_loss, loss, max, sumexp, target_logit, targets, stream);
+}
+
+void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& targets,
+                            const Tensor& max, const Tensor& sumexp, const Tensor& dloss,
+                            int64_t vocab_offset, Stream stream) {
+  const char* op = "cross_entropy_backward";
+  Device device = device_of(op, {{"dlogits", dlogits},
+                                 {"logits", logits},
+                                 {"targets", targets},
+                                 {"max", max},
+                                 {"sumexp", sumexp},
+                                 {"dloss", dloss}});
+  check_logits(op, device, logits, targets);
+  check_same_dtype(op, "dlogits", dlogits, "logits", logits);
+  check_same_shape(op, "dlogits", dlogits, "logits", logits);
+  check_row_f32(op, "max", max, targets);
+  check_row_f32(op, "sumexp", sumexp, targets);
+  check_row_f32(op, "dloss", dloss, targets);
+  if (logits.numel() == 0) return;
+  BRAID_DISPATCH(device, cross_entropy_backward, dlogits, logits, targets, max, sumexp, dloss,
+                 vocab_offset, stream);
+}
+
+// ---------------------------------------------------------------- optimizer
+
+void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Stream stream) {
+  const char* op = "adamw_step";
+  BRAID_CHECK(hyper.step >= 1, op, ": step is 1-based, got ", hyper.step);
+  BRAID_CHECK(
+      hyper.beta1 >= 0.0f && hyper.beta1 < 1.0f && hyper.beta2 >= 0.0f && hyper.beta2 < 1.0f, op,
+      ": betas (", hyper.beta1, ", ", hyper.beta2, ") must be in [0, 1)");
+  std::vector<AdamWGroup> work;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const AdamWGroup& g = groups[i];
+    std::string where = std::string(op) + " (group " + std::to_string(i) + ")";
+    const char* w = where.c_str();
+    Device device = device_of(w, {{"master", g.master},
+                                  {"grad", g.grad},
+                                  {"exp_avg", g.exp_avg},
+                                  {"exp_avg_sq", g.exp_avg_sq},
+                                  {"model_param", g.model_param, true}});
+    if (!work.empty()) {
+      BRAID_CHECK(device == work.front().master.device(), w, ": on ", device.str(),
+                  " but group 0 is on ", work.front().master.device().str());
+    }
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"master", g.master},
+                                  {"grad", g.grad},
+                                  {"exp_avg", g.exp_avg},
+                                  {"exp_avg_sq", g.exp_avg_sq}}) {
+      check_dtype(w, name, t, DType::f32);
+      BRAID_CHECK(t.numel() == g.master.numel(), w, ": ", name, " ", describe(t), " and master ",
+                  describe(g.master), " differ in numel");
+    }
+    if (g.model_param.defined()) {
+      BRAID_CHECK(is_floating(g.model_param.dtype()) && g.model_param.numel() == g.master.numel(),
+                  w, ": model_param ", describe(g.model_param),
+                  " must be a f32/bf16/f16 copy of master ", describe(g.master));
+    }
+    if (g.master.numel() > 0) work.push_back(g);
+  }
+  if (work.empty()) return;
+  BRAID_DISPATCH(work.front().master.device(), adamw_step, work, hyper, stream);
+}
+
+void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) {
+  const char* op = "sum_of_squares";
+  Device device = device_of(op, {{"out", out}});
+  check_dtype(op, "out", out, DType::f32);
+  BRAID_CHECK(out.numel() == 1, op, ": out must hold one element, got ", describe(out));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    BRAID_CHECK(t.defined(), op, ": tensor ", i, " is undefined");
+    BRAID_CHECK(t.device() == device, op, ": tensor ", i, " is on ", t.device().str(),
+                " but out is on ", device.str());
+    BRAID_CHECK(is_floating(t.dtype()), op, ": tensor ", i, " is ", describe(t),
+                " (f32, bf16 or f16)");
+  }
+  BRAID_DISPATCH(device, sum_of_squares, out, tensors, stream);
+}
+
+}  // namespace braid::ops

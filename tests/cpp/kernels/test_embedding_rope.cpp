@@ -1,0 +1,129 @@
+// Token embedding (vocab-parallel slices) and rotary position embedding (HF rotate_half).
+#include "kernel_test_util.h"
+
+namespace braid::testing {
+namespace {
+
+class EmbeddingRope : public KernelTest {};
+
+Tensor ids_tensor(const Shape& shape, const std::vector<int32_t>& ids) {
+  Tensor t = Tensor::empty(shape, DType::i32);
+  std::copy(ids.begin(), ids.end(), t.data_ptr<int32_t>());
+  return t;
+}
+
+TEST_P(EmbeddingRope, EmbeddingForwardReadsOwnSliceOnly) {
+  const int64_t v = 5, c = 12, offset = 3;  // this rank owns ids [3, 8)
+  const std::vector<int32_t> ids = {3, 7, 0, 5, 8, 3};
+  Tensor w = random_tensor({v, c}, 1);
+  Tensor out = empty({2, 3, c});
+  ops::embedding_forward(out, up(ids_tensor({2, 3}, ids)), up(w), offset);
+  std::vector<double> wv = values(seen(w)), want;
+  for (int32_t id : ids) {
+    for (int64_t j = 0; j < c; ++j) {
+      bool mine = id >= offset && id < offset + v;
+      want.push_back(mine ? wv[size_t((id - offset) * c + j)] : 0.0);
+    }
+  }
+  EXPECT_TRUE(all_close(out, want, {0, 0}));
+}
+
+TEST_P(EmbeddingRope, EmbeddingBackwardAddsRowsOfRepeatedIds) {
+  const int64_t v = 6, c = 70;
+  const std::vector<int32_t> ids = {2, 2, 0, 5, 9, 2, -1, 5};  // 9 and -1: not this slice
+  Tensor dout = random_tensor({8, c}, 2), dw0 = random_tensor({v, c}, 3);
+  Tensor dw = up_f32(dw0);
+  ops::embedding_backward(dw, up(dout), up(ids_tensor({8}, ids)));
+  std::vector<double> g = values(seen(dout)), want = values(dw0);
+  for (size_t t = 0; t < ids.size(); ++t) {
+    if (ids[t] < 0 || ids[t] >= v) continue;
+    for (int64_t j = 0; j < c; ++j) want[size_t(ids[t] * c + j)] += g[t * c + size_t(j)];
+  }
+  EXPECT_TRUE(all_close(dw, want, tol({1e-6, 1e-6}, {1e-2, 1e-2})));
+}
+
+// HF Llama: inv_freq[i] = theta^(-2i/D); out[i] = x[i] cos - x[i + D/2] sin,
+// out[i + D/2] = x[i + D/2] cos + x[i] sin, angle = position * inv_freq[i].
+std::vector<double> rope_reference(const std::vector<double>& x, int64_t b, int64_t s, int64_t h,
+                                   int64_t d, double theta, int64_t offset, double sign) {
+  std::vector<double> out(x.size());
+  for (int64_t bi = 0; bi < b; ++bi) {
+    for (int64_t si = 0; si < s; ++si) {
+      for (int64_t hi = 0; hi < h; ++hi) {
+        size_t at = size_t(((bi * s + si) * h + hi) * d);
+        for (int64_t i = 0; i < d / 2; ++i) {
+          double angle = double(offset + si) * std::pow(theta, -2.0 * double(i) / double(d));
+          double c = std::cos(angle), sn = sign * std::sin(angle);
+          double x1 = x[at + size_t(i)], x2 = x[at + size_t(i + d / 2)];
+          out[at + size_t(i)] = x1 * c - x2 * sn;
+          out[at + size_t(i + d / 2)] = x2 * c + x1 * sn;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_P(EmbeddingRope, RopeForwardAndBackward) {
+  const int64_t b = 2, s = 7, h = 3, d = 16, offset = 5;
+  const float theta = 10000.0f;
+  Tensor x = random_tensor({b, s, h, d}, 4);
+  std::vector<double> xv = values(seen(x));
+  Tensor out = empty({b, s, h, d});
+  ops::rope_forward(out, up(x), theta, offset);
+  EXPECT_TRUE(
+      all_close(out, rope_reference(xv, b, s, h, d, theta, offset, 1.0), tol({2e-6, 1e-5})));
+  // Backward is the transposed rotation, i.e. the opposite angle; in place (dx aliases dout).
+  Tensor g = up(x);
+  ops::rope_backward(g, g, theta, offset);
+  EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, theta, offset, -1.0), tol({2e-6, 1e-5})));
+}
+
+TEST_P(EmbeddingRope, RopeBackwardMatchesFiniteDifferences) {
+  GradCheck g;
+  g.inputs = {random_tensor({1, 5, 2, 8}, 5)};
+  g.wrt = {0};
+  g.samples = 80;
+  g.forward = [this](const Tensors& in) {
+    Tensor y = empty(in[0].shape());
+    ops::rope_forward(y, in[0], 500000.0f, 3);
+    return y;
+  };
+  g.backward = [this](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty(in[0].shape());
+    ops::rope_backward(dx, dy, 500000.0f, 3);
+    return Tensors{dx};
+  };
+  g.step = 1e-2;
+  g.f32_tol = {1e-3, 1e-3};
+  check_gradients(GetParam(), g);
+}
+
+TEST_P(EmbeddingRope, RopeAtLongPositionsFollowsF32Angles) {
+  // HF computes angles in f32 (position * inv_freq rounded to f32): at position 4000 that is
+  // ~1e-4 rad away from the exact angle; braid follows HF, so compare with a loose tolerance
+  // against the exact double reference and a tight one against HF's f32 recipe.
+  const int64_t d = 8, offset = 4000;
+  Tensor x = random_tensor({1, 2, 1, d}, 6);
+  Tensor out = empty({1, 2, 1, d});
+  ops::rope_forward(out, up(x), 10000.0f, offset);
+  std::vector<double> xv = values(seen(x)), hf(xv.size());
+  for (int64_t si = 0; si < 2; ++si) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      float inv_freq = 1.0f / std::pow(10000.0f, float(2 * i) / float(d));
+      float angle = float(offset + si) * inv_freq;
+      double c = std::cos(double(angle)), sn = std::sin(double(angle));
+      double x1 = xv[size_t(si * d + i)], x2 = xv[size_t(si * d + i + d / 2)];
+      hf[size_t(si * d + i)] = x1 * c - x2 * sn;
+      hf[size_t(si * d + i + d / 2)] = x2 * c + x1 * sn;
+    }
+  }
+  EXPECT_TRUE(all_close(out, hf, tol({2e-6, 1e-5})));
+  EXPECT_TRUE(
+      all_close(out, rope_reference(xv, 1, 2, 1, d, 10000.0, offset, 1.0), tol({1e-3, 1e-3})));
+}
+
+BRAID_KERNEL_TEST_SUITE(EmbeddingRope);
+
+}  // namespace
+}  // namespace braid::testing
