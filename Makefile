@@ -1,0 +1,63 @@
+# braid — the commands a person types. Each target goes through scripts/bootstrap.sh, which
+# installs only what is missing and builds incrementally, so every target works on a fresh
+# clone of a Debian 12 machine and takes seconds on a ready one.
+#
+#   make demo       train a small GPT on the CPU; ends with `demo: accuracy=… time=…s`
+#   make test       build, then every C++ and Python test through ctest (CTEST_ARGS="-L core")
+#   make sanitize   the C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make build      configure and build build/
+#   make clean      remove the build folders and the built extension
+#   make distclean  clean, plus the .venv link and .deps/ (the venvs and ccache stay in ~/.cache/braid)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := build
+.PHONY: build demo test sanitize clean distclean
+
+NPROC := $(shell nproc)
+PYTHON := .venv/bin/python
+# CI (CI=true) shows the whole build; elsewhere only bootstrap's stage lines, and the log's
+# tail when something fails.
+BOOTSTRAP := bash scripts/bootstrap.sh $(if $(CI),,--quiet)
+CTEST_ARGS ?=
+CTEST := ctest --output-on-failure --no-tests=error $(CTEST_ARGS)
+
+# CPU threads. The demo and ad-hoc runs get every core; each ctest entry sets its own
+# (OMP_NUM_THREADS=2, OPENBLAS_NUM_THREADS=1: see cmake/BraidTesting.cmake).
+export OMP_NUM_THREADS ?= $(NPROC)
+export OPENBLAS_NUM_THREADS ?= $(NPROC)
+# mpirun in tests: as root in CI and on these machines, and up to 8 ranks on 2 cores.
+ifeq ($(shell id -u),0)
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+endif
+export OMPI_MCA_rmaps_base_oversubscribe ?= 1
+
+build:
+	@bash scripts/bootstrap.sh
+
+demo:
+	@$(BOOTSTRAP)
+	@PYTHONPATH=$(CURDIR)/python $(PYTHON) -m braid.demo
+
+test:
+	@$(BOOTSTRAP)
+	@$(CTEST) --test-dir build
+
+# The sanitizers: CPU only, no Python (the interpreter and torch are not ASan-built).
+# LSan: scripts/lsan.supp names the leaks that belong to OpenMP and OpenBLAS, not to braid.
+SANITIZE_CMAKE_ARGS := -DBRAID_SANITIZE=ON -DBRAID_CUDA=OFF -DBRAID_PYTHON=OFF \
+  -DBRAID_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+sanitize:
+	@BRAID_BUILD_DIR=build-sanitize BRAID_CMAKE_ARGS="$(SANITIZE_CMAKE_ARGS)" $(BOOTSTRAP) --no-python
+	@ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1 \
+	 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	 LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan.supp:print_suppressions=0 \
+	 $(CTEST) --test-dir build-sanitize
+
+clean:
+	rm -rf build build-sanitize build-gpu python/braid/_C*.so
+
+distclean: clean
+	rm -rf .deps
+	[ ! -L .venv ] || rm -f .venv

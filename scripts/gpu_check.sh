@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# scripts/gpu_check.sh OUTDIR — build braid with CUDA (sm_90) into build-gpu/, run the whole
+# ctest suite on the GPU (BRAID_TEST_DEVICE=cuda), then benchmarks/step_bench.py in bf16,
+# all inside a time budget (default 470 s). Writes into OUTDIR:
+#   summary.txt  GPU, toolchain, pass/fail counts, failed tests, the benchmark's last lines
+#   setup.log    unpacking .deps, the carried wheels, configure
+#   build.log    the build;  ctest.log  the tests;  bench.log  the benchmark
+# Exit status 0 only when the build, every test and the benchmark passed.
+#
+# For a machine with one NVIDIA GPU, the CUDA toolkit, CMake, ninja and a Python with PyTorch,
+# numpy and pybind11 — and no package registry, OpenBLAS, GoogleTest or DLPack headers.
+# What it lacks travels in .deps/, made on a Debian 12 machine by scripts/pack_gpu_deps.sh.
+#
+# Environment:
+#   BRAID_GPU_PYTHON             the Python with PyTorch (default python3)
+#   BRAID_GPU_CHECK_BUDGET       seconds for the whole check (default 470)
+#   BRAID_GPU_CTEST_JOBS         tests run at once (default 6)
+#   BRAID_GPU_CMAKE_ARGS         extra configure arguments
+#   BRAID_GPU_CHECK_SIMULATE=1   rehearse on a machine without a GPU: the Python is .venv's,
+#                                and the system's OpenBLAS, GoogleTest, DLPack and JSON are
+#                                hidden from CMake, so that everything must come from .deps/.
+#                                The CUDA tests then fail cleanly ("no CUDA device").
+set -uo pipefail
+
+[ $# -eq 1 ] || { echo "usage: scripts/gpu_check.sh OUTDIR" >&2; exit 2; }
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$1" && out=$(cd "$1" && pwd)
+simulate=${BRAID_GPU_CHECK_SIMULATE:-0}
+budget=${BRAID_GPU_CHECK_BUDGET:-470}
+ctest_jobs=${BRAID_GPU_CTEST_JOBS:-6}
+build=$repo/build-gpu
+deps_root=$build/deps-root
+site=$build/site
+summary=$out/summary.txt
+t0=$SECONDS
+cd "$repo"
+
+left() { echo $((budget - (SECONDS - t0))); }
+say() { printf 'gpu_check: [%3ss] %s\n' "$((SECONDS - t0))" "$*" | tee -a "$out/setup.log"; }
+note() { printf '%s\n' "$*" >>"$summary"; }
+finish() {  # finish STATUS: closing lines of the summary, then exit
+  note "total: $((SECONDS - t0)) s of a $budget s budget"
+  note "result: $([ "$1" = 0 ] && echo PASS || echo FAIL)"
+  cat "$summary"
+  exit "$1"
+}
+: >"$summary"
+: >"$out/setup.log"
+
+if [ "$simulate" = 1 ]; then
+  py=${BRAID_GPU_PYTHON:-$repo/.venv/bin/python}
+else
+  py=${BRAID_GPU_PYTHON:-python3}
+fi
+py=$(command -v "$py") || { note "no Python '$py'"; finish 1; }
+
+# ---- the machine ---------------------------------------------------------------------------
+gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+      head -n 1)
+nvcc=$(command -v nvcc || true)
+if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+note "braid gpu_check $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '(no git)')$([ "$simulate" = 1 ] && echo ' (SIMULATED: no GPU expected)')"
+note "gpu: ${gpu:-none (nvidia-smi found no GPU)}"
+note "nvcc: $([ -n "$nvcc" ] && "$nvcc" --version | grep -o 'release [0-9.]*' || echo 'not found')"
+note "cmake: $(cmake --version | head -n 1)"
+note "python: $py ($("$py" -c 'import sys; print(sys.version.split()[0])'))"
+note "torch: $("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+[ -n "$nvcc" ] || { note "error: nvcc not found (PATH, /usr/local/cuda/bin)"; finish 1; }
+[ -f .deps/root.tar.xz ] || {
+  note "error: .deps/root.tar.xz missing: run scripts/pack_gpu_deps.sh where apt and PyPI work, and carry .deps"
+  finish 1
+}
+
+# ---- .deps: the prefix and the wheels ----------------------------------------------------------
+say "unpack .deps/root.tar.xz"
+rm -rf "$deps_root" "$site"
+mkdir -p "$deps_root" "$site"
+tar -C "$deps_root" -xJf .deps/root.tar.xz || { note "error: cannot unpack .deps/root.tar.xz"; finish 1; }
+
+# A carried wheel is installed only where the machine's own version differs from the pin.
+mapfile -t wheels < <("$py" - .deps/wheels <<'EOF'
+import importlib.metadata as md, pathlib, sys
+for whl in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    name, version = whl.name.split("-")[:2]
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        have = "none"
+    print(f"{name} {have} -> {version}", file=sys.stderr)
+    if have != version:
+        print(whl)
+EOF
+)
+if [ ${#wheels[@]} -gt 0 ]; then
+  say "install ${#wheels[@]} carried wheels into build-gpu/site"
+  if ! "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
+       "${wheels[@]}" >>"$out/setup.log" 2>&1; then
+    note "error: installing the carried wheels failed (setup.log)"; finish 1
+  fi
+fi
+note "carried wheels installed: ${#wheels[@]} ($(for w in "${wheels[@]}"; do basename "$w" | cut -d- -f1-2; done | paste -sd' '))"
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+# Tests use what requirements-test.txt installs, no plugins the machine happens to have.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+
+# OpenBLAS at link and run time; Debian's libgfortran only where the machine has none.
+libdir=$deps_root/usr/lib/x86_64-linux-gnu
+ld_path=$libdir/openblas-pthread
+if ! ldconfig -p 2>/dev/null | grep -q 'libgfortran\.so\.5 '; then ld_path+=:$libdir; fi
+
+# cuDNN and NCCL: the toolkit's or the system's when CMake finds them there, else those of
+# the pip wheels beside PyTorch (nvidia-cudnn-*, nvidia-nccl-*), which ship only libX.so.N.
+cuda_home=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
+purelib=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+lib_args=()
+locate() {  # locate VAR HEADER LIB: sets VAR_INCLUDE_DIR / VAR_LIBRARY from the wheels if needed
+  local var=$1 header=$2 lib=$3 d inc so
+  for d in "$cuda_home/include" "$cuda_home/targets/x86_64-linux/include" /usr/include \
+           /usr/include/x86_64-linux-gnu; do
+    [ -e "$d/$header" ] && return 0
+  done
+  inc=$(find "$purelib/nvidia" -path "*/include/$header" 2>/dev/null | head -n 1)
+  so=$(find "$purelib/nvidia" -regex ".*/$lib\.so\(\.[0-9]+\)*" 2>/dev/null | sort | head -n 1)
+  if [ -n "$inc" ] && [ -n "$so" ]; then
+    lib_args+=("-D${var}_INCLUDE_DIR=$(dirname "$inc")" "-D${var}_LIBRARY=$so")
+    ld_path+=:$(dirname "$so")
+    say "$header from $(dirname "$inc"), $(basename "$so")"
+  fi
+}
+locate CUDNN cudnn.h libcudnn
+locate NCCL nccl.h libnccl
+export LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+# ---- configure ----------------------------------------------------------------------------------
+args=(-G Ninja -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release
+      -DBRAID_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90
+      -DBRAID_PYTHON=ON -DBRAID_PYTHON_EXECUTABLE="$py" -DBRAID_TESTS=ON -DBRAID_BENCHMARKS=OFF
+      -DOPENBLAS_ROOT="$deps_root"
+      -DGTest_DIR="$libdir/cmake/GTest"
+      -DCMAKE_PREFIX_PATH="$deps_root/usr"
+      -DDLPACK_INCLUDE_DIR="$deps_root/usr/include"
+      -DCUDNN_FRONTEND_INCLUDE_DIR="$deps_root/opt/cudnn_frontend/include"
+      "${lib_args[@]}")
+if command -v ccache >/dev/null; then
+  for lang in C CXX CUDA; do
+    args+=("-DCMAKE_${lang}_COMPILER_LAUNCHER=env;CCACHE_DIR=$HOME/.cache/braid/ccache;CCACHE_BASEDIR=$repo;ccache")
+  done
+fi
+if [ "$simulate" = 1 ]; then
+  # Hide what Debian installed here, so that only .deps/ can satisfy these searches.
+  args+=("-DCMAKE_IGNORE_PATH=/usr/include;/usr/include/x86_64-linux-gnu/openblas-pthread;/usr/lib/x86_64-linux-gnu/openblas-pthread;/usr/lib/x86_64-linux-gnu/cmake/GTest;/usr/lib/x86_64-linux-gnu/cmake/dlpack;/usr/share/cmake/nlohmann_json")
+fi
+# shellcheck disable=SC2206  # word splitting of the user's extra arguments is intended
+[ -n "${BRAID_GPU_CMAKE_ARGS:-}" ] && args+=(${BRAID_GPU_CMAKE_ARGS})
+say "configure build-gpu/ (sm_90)"
+rm -f "$build/CMakeCache.txt"
+if ! cmake "${args[@]}" >>"$out/setup.log" 2>&1; then
+  note "configure: FAILED (setup.log)"
+  tail -n 25 "$out/setup.log" | sed 's/^/  | /' >>"$summary"
+  finish 1
+fi
+for var in OPENBLAS_LIBRARY GTest_DIR DLPACK_INCLUDE_DIR CUDNN_FRONTEND_INCLUDE_DIR CUDNN_LIBRARY NCCL_LIBRARY; do
+  note "  $var = $(sed -n "s/^$var:[A-Z]*=//p" "$build/CMakeCache.txt")"
+done
+
+# ---- build --------------------------------------------------------------------------------------
+# The build may take what the tests and the benchmark leave over (2 minutes).
+build_s=$(( $(left) - 120 ))
+[ "$build_s" -ge 60 ] || { note "error: only $(left) s left before the build"; finish 1; }
+say "build (-j$(nproc), $build_s s at most)"
+tb=$SECONDS
+timeout "$build_s" cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then
+  note "build: FAILED (rc $rc$([ $rc = 124 ] && echo ', out of time'), build.log) after $((SECONDS - tb)) s"
+  sed -n '/^FAILED: /,$p' "$out/build.log" | grep -v '^\[[0-9]*/[0-9]*\] ' | head -n 30 |
+    sed 's/^/  | /' >>"$summary"
+  finish 1
+fi
+note "build: ok in $((SECONDS - tb)) s"
+
+# ---- tests --------------------------------------------------------------------------------------
+test_s=$(( $(left) - 50 ))   # leaves the benchmark 50 s
+[ "$test_s" -ge 30 ] || test_s=30
+say "ctest -j$ctest_jobs with BRAID_TEST_DEVICE=cuda ($test_s s at most)"
+tt=$SECONDS
+BRAID_TEST_DEVICE=cuda timeout "$test_s" \
+  ctest --test-dir "$build" --output-on-failure -j "$ctest_jobs" >"$out/ctest.log" 2>&1
+test_rc=$?
+passed=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed' "$out/ctest.log")
+failed_names=$(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$out/ctest.log" | grep -v ' Passed' |
+               sed -E 's/^.*Test +#[0-9]+: ([^ ]+) .*$/\1/' | paste -sd' ')
+failed=$(grep -E '^ *[0-9]+/[0-9]+ Test +#[0-9]+: ' "$out/ctest.log" | grep -vc ' Passed')
+note "tests: $passed passed, $failed failed$([ $test_rc = 124 ] && echo ', stopped at the time budget') in $((SECONDS - tt)) s"
+[ -n "$failed_names" ] && note "  failed: $failed_names"
+grep -E 'tests passed, [0-9]+ tests failed' "$out/ctest.log" | sed 's/^/  ctest: /' >>"$summary"
+status=0
+[ $test_rc -eq 0 ] || status=1
+
+# ---- benchmark ----------------------------------------------------------------------------------
+if [ -f benchmarks/step_bench.py ]; then
+  bench_s=$(left)
+  [ "$bench_s" -ge 30 ] || bench_s=30
+  say "benchmarks/step_bench.py --device cuda --dtype bf16 ($bench_s s at most)"
+  PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$bench_s" \
+    "$py" benchmarks/step_bench.py --device cuda --dtype bf16 >"$out/bench.log" 2>&1
+  bench_rc=$?
+  note "benchmark: $([ $bench_rc = 0 ] && echo ok || echo "FAILED (rc $bench_rc)"); its last lines:"
+  tail -n 15 "$out/bench.log" | sed 's/^/  | /' >>"$summary"
+  [ $bench_rc -eq 0 ] || status=1
+else
+  note "benchmark: benchmarks/step_bench.py not in this tree"
+fi
+finish $status
