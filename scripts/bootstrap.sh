@@ -64,10 +64,10 @@ else
   python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     2>/dev/null || packages+=(python3-dev)
 fi
+installed=" $(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null |
+              awk '$1 == "ii" { printf "%s ", $2 }')"
 missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")
-done
+for p in "${packages[@]}"; do [[ $installed == *" $p "* ]] || missing+=("$p"); done
 if [ ${#missing[@]} -eq 0 ]; then
   stage "system packages: all ${#packages[@]} present"
 else
