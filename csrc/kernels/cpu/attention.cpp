@@ -105,13 +105,6 @@ BRAID_CPU_MULTIVERSION void add_outer4(float* __restrict g, const float* __restr
   }
 }
 
-BRAID_CPU_MULTIVERSION float row_max(const float* x, int64_t n) {
-  float m = -__builtin_inff();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
-  return m;
-}
-
 // x[j] = exp(x[j] - shift) for j < n; returns their sum.
 BRAID_CPU_MULTIVERSION float exp_shifted(float* x, int64_t n, float shift) {
   float sum = 0.0f;
@@ -163,14 +156,25 @@ struct Scratch {
   }
 };
 
-// One kv head's rows of k (or v) into t [D][ld] (transposed) and/or rows [S][dpad].
+// dst[i] = alpha * src[i], i < n.
+BRAID_CPU_MULTIVERSION void scaled_copy(float* __restrict dst, const float* __restrict src,
+                                        int64_t n, float alpha) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = alpha * src[i];
+}
+
+// One kv head's rows of k (or v) into t [D][ld] (transposed) and/or rows [S][dpad]. The
+// transpose goes in blocks of 16 positions, whose source rows stay in L1 across dd.
 void load_head(float* t, float* rows, const float* src, const Dims& m) {
   const int64_t stride = m.hkv * m.d;
-  for (int64_t j = 0; j < m.s; ++j) {
+  if (rows != nullptr) {
+    for (int64_t j = 0; j < m.s; ++j) scaled_copy(rows + j * m.dpad(), src + j * stride, m.d, 1.0f);
+  }
+  if (t == nullptr) return;
+  for (int64_t j0 = 0; j0 < m.s; j0 += kLanes) {
+    const int64_t j1 = std::min(m.s, j0 + kLanes);
     for (int64_t dd = 0; dd < m.d; ++dd) {
-      float x = src[j * stride + dd];
-      if (t != nullptr) t[dd * m.ld() + j] = x;
-      if (rows != nullptr) rows[j * m.dpad() + dd] = x;
+      for (int64_t j = j0; j < j1; ++j) t[dd * m.ld() + j] = src[j * stride + dd];
     }
   }
 }
@@ -179,9 +183,10 @@ void load_head(float* t, float* rows, const float* src, const Dims& m) {
 // past the sequence are zero.
 void load_block(float* dst, const float* src, int64_t i0, const Dims& m, float alpha) {
   for (int r = 0; r < kRows; ++r) {
-    bool inside = i0 + r < m.s;
-    for (int64_t dd = 0; dd < m.d; ++dd) {
-      dst[r * m.dpad() + dd] = inside ? alpha * src[r * m.hq * m.d + dd] : 0.0f;
+    if (i0 + r < m.s) {
+      scaled_copy(dst + r * m.dpad(), src + r * m.hq * m.d, m.d, alpha);
+    } else {
+      std::fill(dst + r * m.dpad(), dst + r * m.dpad() + m.d, 0.0f);
     }
   }
 }
@@ -200,7 +205,7 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
     for (int r = 0; r < kRows; ++r) {
       float* p = w.p.data() + r * ld;
       const int64_t seen = std::min(i0 + r + 1, n);  // causal: row i sees keys [0, i]
-      float mx = row_max(p, seen);
+      float mx = max_of(p, seen);
       float sum = exp_shifted(p, seen, mx);
       std::fill(p + seen, p + n, 0.0f);
       inv_sum[r] = 1.0f / sum;
@@ -208,8 +213,7 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
     }
     weights_times_rows(w.acc.data(), w.p.data(), ld, w.vp.data(), dpad, n);
     for (int r = 0; r < kRows && i0 + r < s; ++r) {
-      float* o = out + m.q_at(batch, i0 + r, head);
-      for (int64_t dd = 0; dd < d; ++dd) o[dd] = w.acc[size_t(r * dpad + dd)] * inv_sum[r];
+      scaled_copy(out + m.q_at(batch, i0 + r, head), w.acc.data() + r * dpad, d, inv_sum[r]);
     }
   }
 }
@@ -246,16 +250,15 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
       // dQ = scale * dS K; dK += dS^T (scale * Q); dV += P^T dO.
       weights_times_rows(w.acc.data(), w.dp.data(), ld, w.kp.data(), dpad, n);
       for (int r = 0; r < kRows && i0 + r < s; ++r) {
-        float* g = dq + m.q_at(batch, i0 + r, head);
-        for (int64_t dd = 0; dd < d; ++dd) g[dd] = scale * w.acc[size_t(r * dpad + dd)];
+        scaled_copy(dq + m.q_at(batch, i0 + r, head), w.acc.data() + r * dpad, d, scale);
       }
       add_outer4(w.dk.data(), w.dp.data(), ld, w.xq.data(), dpad, n);
       add_outer4(w.dv.data(), w.p.data(), ld, w.xdo.data(), dpad, n);
     }
   }
   for (int64_t j = 0; j < s; ++j) {
-    std::copy_n(w.dk.data() + j * dpad, d, dk + m.kv_at(batch, j, kvh));
-    std::copy_n(w.dv.data() + j * dpad, d, dv + m.kv_at(batch, j, kvh));
+    scaled_copy(dk + m.kv_at(batch, j, kvh), w.dk.data() + j * dpad, d, 1.0f);
+    scaled_copy(dv + m.kv_at(batch, j, kvh), w.dv.data() + j * dpad, d, 1.0f);
   }
 }
 

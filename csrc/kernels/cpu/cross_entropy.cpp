@@ -8,13 +8,6 @@
 namespace braid::ops::cpu {
 namespace {
 
-BRAID_CPU_MULTIVERSION float chunk_max(const float* x, int64_t n) {
-  float m = -__builtin_inff();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, x[j]);
-  return m;
-}
-
 BRAID_CPU_MULTIVERSION float chunk_sum_exp(const float* x, int64_t n, float shift) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -30,7 +23,7 @@ void row_partials(const float* x, int64_t v, float* max_out, float* sum_out) {
   double sum = 0.0;
   for (int64_t c0 = 0; c0 < v; c0 += kChunk) {
     const int64_t n = std::min(kChunk, v - c0);
-    float cm = chunk_max(x + c0, n);
+    float cm = max_of(x + c0, n);
     if (cm > m) {
       sum *= std::exp(double(m) - double(cm));
       m = cm;

@@ -108,6 +108,22 @@ BRAID_CPU_MULTIVERSION void add_into(float* out, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += x[i];
 }
 
+BRAID_CPU_MULTIVERSION float max_of(const float* x, int64_t n) {
+  // 16 independent running maxima: a plain max-reduction over floats does not vectorise.
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes];
+  for (float& l : lanes) l = -__builtin_inff();
+  const int64_t full = n / kLanes * kLanes;
+  for (int64_t i = 0; i < full; i += kLanes) {
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+  }
+  float m = -__builtin_inff();
+  for (float l : lanes) m = l > m ? l : m;
+  for (int64_t i = full; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
 void add(Tensor out, const Tensor& a, const Tensor& b, Stream) {
   float* o = out.data_ptr<float>();
   const float* pa = a.data_ptr<float>();

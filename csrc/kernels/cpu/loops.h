@@ -66,8 +66,11 @@ inline float exp_f32(float x) {
   return x > kHi ? __builtin_inff() : y;
 }
 
-// out[0, n) += x[0, n)  (defined in elementwise.cpp).
+// Defined in elementwise.cpp, vectorised:
+// out[0, n) += x[0, n)
 void add_into(float* out, const float* x, int64_t n);
+// max of x[0, n) (-inf for n = 0; NaNs are skipped, callers see them through their sums).
+float max_of(const float* x, int64_t n);
 
 // 1 / (1 + exp(-x)).
 inline float sigmoid_f32(float x) { return 1.0f / (1.0f + exp_f32(-x)); }
