@@ -5,7 +5,6 @@
 #include "braid/kernels/ops.h"
 #include "braid/model/init.h"
 #include "braid/model/linear.h"
-#include "braid/model/mixed_precision.h"
 
 namespace braid::model {
 
@@ -268,10 +267,9 @@ void GPTModel::backward(int microbatch, float grad_scale) {
     ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, 0));
     dx = d;
   }
-  const Tensor dx32 = as_f32(dx);
-  ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx32, mb.ids);
+  ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx, mb.ids);
   if (config_.position_embedding == PositionEmbedding::learned)
-    ops::embedding_backward(parameter("model.embed_positions.weight").grad, dx32, mb.positions);
+    ops::embedding_backward(parameter("model.embed_positions.weight").grad, dx, mb.positions);
   activations_.erase(it);
 }
 
@@ -282,7 +280,12 @@ Tensor GPTModel::logits(const Tensor& ids) {
   Tensor hf = final_norm(run_trunk(mb, false), stats);
   Tensor out = Tensor::empty({b, s, config_.vocab_size}, config_.params_dtype, device_);
   linear_forward(out, hf, output_weight(), {});
-  return as_f32(out).to(Device::cpu());
+  if (out.dtype() != DType::f32) {
+    Tensor f32 = Tensor::empty(out.shape(), DType::f32, device_);
+    ops::cast(f32, out);
+    out = f32;
+  }
+  return out.to(Device::cpu());
 }
 
 void GPTModel::zero_grad() { flat_grads_.zero_(); }

@@ -31,7 +31,7 @@ void init_values(std::span<float> out, const ParamSpec& spec, const TransformerC
   }
   const uint64_t stream = philox::stream_of(spec.name.c_str());
   float* data = out.data();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > (int64_t(1) << 16))
   for (int64_t i = 0; i < n; ++i) {
     philox::Words4 w = philox::random_words(seed, stream, uint64_t(start + i));
     data[i] = rule.std * philox::normal_from_words(w.x[0], w.x[1]);

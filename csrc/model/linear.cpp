@@ -1,7 +1,6 @@
 #include "braid/model/linear.h"
 
 #include "braid/kernels/ops.h"
-#include "braid/model/mixed_precision.h"
 
 namespace braid::model {
 namespace {
@@ -17,7 +16,7 @@ void linear_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dy, 
   const Tensor dy2 = rows(dy);
   if (dx.defined()) ops::matmul(rows(dx), dy2, weight, {}, false, false, 1.0f, accumulate_dx);
   ops::matmul(dweight, dy2, rows(x), {}, true, false, 1.0f, true);
-  if (dbias.defined()) ops::bias_backward(dbias, as_f32(dy2));
+  if (dbias.defined()) ops::bias_backward(dbias, dy2);
 }
 
 }  // namespace braid::model

@@ -179,11 +179,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, const DropoutContext& drop
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
   if (c.position_embedding == PositionEmbedding::rope) {
-    Tensor dq_rot = empty_like(dq), dk_rot = empty_like(dk);
-    ops::rope_backward(dq_rot, dq, c.rope_theta);
-    ops::rope_backward(dk_rot, dk, c.rope_theta);
-    dq = dq_rot;
-    dk = dk_rot;
+    ops::rope_backward(dq, dq, c.rope_theta);
+    ops::rope_backward(dk, dk, c.rope_theta);
   }
   const QKV wqkv = split_qkv(w_.qkv_weight, hq * d, hkv * d);
   const QKV gw = split_qkv(g_.qkv_weight, hq * d, hkv * d);

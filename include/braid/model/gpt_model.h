@@ -9,6 +9,13 @@
 // model keeps, per microbatch: the ids and targets on the device, the logits [B*S, V]
 // (overwritten by their gradient in backward) and the cross-entropy statistics, and - with
 // Recompute::none only - the final norm's output and statistics.
+//
+// Precision: parameters and activations have params_dtype (f32; bf16 on CUDA), norm
+// statistics, attention log-sum-exp and cross-entropy partials are f32, and every gradient
+// is accumulated in f32 by the op that produces it: matmul accumulates dW into the f32
+// buffer from bf16 inputs, and bias_backward, the norm backwards and embedding_backward
+// take bf16 activations with f32 dweight/dbias. No gradient passes through a bf16 temporary.
+// f32 master weights live in the optimizer (engine/adamw.h).
 
 #include <cstdint>
 #include <map>

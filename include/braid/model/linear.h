@@ -11,7 +11,7 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& weight, const Tenso
 
 // dx [..., in] = dy W, overwritten (or added when accumulate_dx; skipped when dx is
 // undefined). dweight [out, in] += dy^T x and dbias [out] += column sums of dy, both f32
-// (see mixed_precision.h); dbias may be undefined.
+// whatever the activation dtype; dbias may be undefined.
 void linear_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dy, const Tensor& x,
                      const Tensor& weight, bool accumulate_dx = false);
 

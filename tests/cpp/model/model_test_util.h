@@ -27,7 +27,7 @@ inline TransformerConfig small_gpt2() {
 inline TransformerConfig small_llama() {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_layers = 2;
-  c.hidden_size = 32;
+  c.hidden_size = 64;
   c.num_attention_heads = 4;
   c.num_query_groups = 2;
   c.ffn_hidden_size = 48;
