@@ -1,0 +1,110 @@
+// sum_of_squares: the squared global norm of many tensors in two deterministic passes. One
+// block per fixed chunk of one tensor writes its f32 sum (a fixed-order tree), then one block
+// adds the chunk sums in order, in double. Launch configuration does not change the result.
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace braid::ops::cuda {
+namespace {
+
+constexpr int64_t kChunk = 1 << 16;
+constexpr int kThreads = 512;
+constexpr int kFinishThreads = 1024;
+
+enum Kind : int32_t { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+struct SquaresChunk {
+  const void* data;
+  int64_t start;
+  int64_t end;
+  int32_t kind;
+  int32_t unused = 0;
+};
+
+template <typename T>
+__device__ float chunk_squares(const T* x, int64_t start, int64_t end) {
+  float sum = 0.0f;
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    float v = detail::to_float(x[i]);
+    sum += v * v;
+  }
+  return sum;
+}
+
+__global__ void squares_partials_kernel(float* __restrict__ partials,
+                                        const SquaresChunk* __restrict__ chunks) {
+  __shared__ float shared[32];
+  const SquaresChunk c = chunks[blockIdx.x];
+  float sum;
+  switch (c.kind) {
+    case kBF16: sum = chunk_squares(static_cast<const detail::bf16*>(c.data), c.start, c.end); break;
+    case kF16: sum = chunk_squares(static_cast<const detail::f16*>(c.data), c.start, c.end); break;
+    default: sum = chunk_squares(static_cast<const float*>(c.data), c.start, c.end); break;
+  }
+  sum = detail::block_sum(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__device__ __forceinline__ double warp_sum_double(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(detail::kFullMask, v, o);
+  return v;
+}
+
+__global__ void squares_finish_kernel(float* __restrict__ out, const float* __restrict__ partials,
+                                      int64_t n) {
+  __shared__ double shared[32];
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(partials[i]);
+  sum = warp_sum_double(sum);
+  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    sum = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.0;
+    sum = warp_sum_double(sum);
+    if (threadIdx.x == 0) out[0] = float(sum);
+  }
+}
+
+}  // namespace
+
+void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) {
+  detail::DeviceGuard guard(out.device());
+  cudaStream_t s = detail::cuda_stream(stream);
+  std::vector<SquaresChunk> chunks;
+  for (const Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    if (n == 0) continue;
+    int32_t kind = t.dtype() == DType::bf16 ? kBF16 : t.dtype() == DType::f16 ? kF16 : kF32;
+    BRAID_CHECK(is_floating(t.dtype()), "sum_of_squares: ", dtype_name(t.dtype()), " tensor");
+    for (int64_t start = 0; start < n; start += kChunk) {
+      chunks.push_back({t.data(), start, std::min(n, start + kChunk), kind});
+    }
+  }
+  if (chunks.empty()) {
+    CUDA_CHECK(cudaMemsetAsync(out.data(), 0, sizeof(float), s));
+    return;
+  }
+  BRAID_CHECK(chunks.size() <= size_t(INT32_MAX), "sum_of_squares: ", chunks.size(),
+              " chunks exceed the grid");
+  detail::ScratchLayout layout;
+  const size_t table_at = layout.reserve<SquaresChunk>(int64_t(chunks.size()));
+  const size_t partials_at = layout.reserve<float>(int64_t(chunks.size()));
+  void* base = detail::stream_scratch(out.device(), s, layout.bytes());
+  // From pageable memory: the call returns once `chunks` has been read.
+  CUDA_CHECK(cudaMemcpyAsync(detail::at_offset<SquaresChunk>(base, table_at), chunks.data(),
+                             chunks.size() * sizeof(SquaresChunk), cudaMemcpyHostToDevice, s));
+  float* partials = detail::at_offset<float>(base, partials_at);
+  squares_partials_kernel<<<unsigned(chunks.size()), kThreads, 0, s>>>(
+      partials, detail::at_offset<SquaresChunk>(base, table_at));
+  CUDA_CHECK_LAUNCH();
+  squares_finish_kernel<<<1, kFinishThreads, 0, s>>>(out.data_ptr<float>(), partials,
+                                                     int64_t(chunks.size()));
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace braid::ops::cuda
