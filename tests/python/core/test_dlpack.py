@@ -28,6 +28,15 @@ def test_torch_in_and_out_share_memory():
     assert braid.from_dlpack(bf).dtype == "bf16"
 
 
+def test_buffer_protocol_is_a_writable_view():
+    t = braid.from_dlpack(np.zeros(4, dtype=np.float32))
+    v = np.asarray(t)
+    v[2] = 5.0
+    assert np.from_dlpack(t)[2] == 5.0
+    bits = np.asarray(braid.from_dlpack(torch.ones(2, dtype=torch.bfloat16)))
+    assert bits.dtype == np.uint16 and bits[0] == 0x3F80
+
+
 def test_tensor_outlives_its_producer():
     t = braid.from_dlpack(np.full(5, 3.0, dtype=np.float32))  # the array has no other reference
     assert np.from_dlpack(t).sum() == 15.0
@@ -46,7 +55,7 @@ def test_parameters_are_views_into_the_model():
     cfg = braid.TransformerConfig.preset("llama-tiny")
     model = braid.GPTModel(cfg, device="cpu", seed=3)
     name = "model.norm.weight"
-    w = np.from_dlpack(model.parameters()[name])
+    w = np.asarray(model.parameters()[name])  # buffer protocol: a writable view
     w[:] = 2.5
     assert np.all(np.from_dlpack(model.parameters()[name]) == 2.5)
     flat = np.from_dlpack(model.flat_params)

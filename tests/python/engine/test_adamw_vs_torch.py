@@ -1,9 +1,14 @@
-"""Ten training steps of braid's Trainer (AdamW, constant LR, no clipping) against
-torch.optim.AdamW driving the HF model from the same weights on the same batches.
+"""braid's AdamW against torch.optim.AdamW.
 
-Weight decay applies to linear weights only: norms, biases and embeddings are excluded, as
-braid does by default. Tolerance: 10 steps of f32 with different reduction orders; AdamW
-normalises updates, so parameters agree to ~1e-5 of their scale.
+1. The optimizer alone: ten steps of braid's Trainer, and torch.optim.AdamW fed braid's own
+   gradients each step; parameters must agree to 1e-6 of their scale (same math in f32).
+2. End to end: ten steps of braid against HF transformers + torch.optim.AdamW from the same
+   weights on the same batches. Gradients differ in the last bits (different reduction
+   orders), and AdamW's m / sqrt(v) amplifies that for near-zero gradients, so parameters
+   agree to 1e-3 of their scale and losses to 1e-4 relative.
+
+Weight decay applies to linear weights (lm_head included) only: norms, biases and embeddings
+are excluded, as braid does by default.
 """
 
 import numpy as np
@@ -17,9 +22,9 @@ STEPS = 10
 LR, WD, BETAS, EPS = 3e-3, 0.1, (0.9, 0.95), 1e-8
 
 
-def torch_optimizer(hf):
+def torch_optimizer(named_parameters):
     decay, no_decay = [], []
-    for name, p in hf.named_parameters():
+    for name, p in named_parameters:
         excluded = name.endswith("bias") or "norm" in name or ".ln_" in name or "wte" in name \
             or "wpe" in name or "embed" in name
         (no_decay if excluded else decay).append(p)
@@ -32,7 +37,7 @@ def run_both(hf, model, vocab, to_braid_names):
     trainer = braid.Trainer(model, braid.AdamWConfig(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS,
                                                      weight_decay=WD, clip_grad=0.0),
                             braid.LRSchedule(lr=LR, min_lr=LR, style="constant"))
-    opt = torch_optimizer(hf)
+    opt = torch_optimizer(hf.named_parameters())
     for step in range(STEPS):
         ids, targets = batch(vocab, seed=100 + step)
         stats = trainer.train_step(ids, targets)
@@ -46,7 +51,7 @@ def run_both(hf, model, vocab, to_braid_names):
     for name, w in want.items():
         w = w.detach().numpy()
         err = np.abs(np.from_dlpack(got[name]) - w).max() / max(np.abs(w).max(), 1e-6)
-        assert err <= 1e-4, f"{name}: relative error {err:.2e} after {STEPS} steps"
+        assert err <= 1e-3, f"{name}: relative error {err:.2e} after {STEPS} steps"
 
 
 def test_gpt2_ten_steps():
@@ -72,3 +77,24 @@ def test_gradient_accumulation_equals_one_big_batch():
     pa, pb = a.parameters(), b.parameters()
     for name in pa:
         np.testing.assert_allclose(np.from_dlpack(pa[name]), np.from_dlpack(pb[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("pair", [gpt2_pair, llama_pair])
+def test_optimizer_alone_matches_torch_on_the_same_gradients(pair):
+    _, model = pair()
+    trainer = braid.Trainer(model, braid.AdamWConfig(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS,
+                                                     weight_decay=WD, clip_grad=0.0),
+                            braid.LRSchedule(lr=LR, min_lr=LR, style="constant"))
+    params = {n: torch.tensor(np.from_dlpack(t), requires_grad=True) for n, t in model.parameters().items()}
+    opt = torch_optimizer(params.items())
+    grads = model.gradients()
+    for step in range(STEPS):
+        ids, targets = batch(97, seed=200 + step)
+        trainer.train_step(ids, targets)  # leaves this step's gradients in the buffer
+        for n, p in params.items():
+            p.grad = torch.tensor(np.from_dlpack(grads[n]))
+        opt.step()
+        for n, t in model.parameters().items():
+            w = params[n].detach().numpy()
+            err = np.abs(np.from_dlpack(t) - w).max() / max(np.abs(w).max(), 1e-6)
+            assert err <= 1e-6, f"step {step} {n}: relative error {err:.2e}"

@@ -1,0 +1,26 @@
+#pragma once
+// Internal to the extension: the pieces of braid._C, one function per layer's bindings,
+// and the DLPack conversions they share. The bindings hold no logic of their own.
+
+#include <pybind11/pybind11.h>
+
+#include "braid/core/tensor.h"
+
+namespace braid::python {
+
+namespace py = pybind11;
+
+void bind_core(py::module_& m);
+void bind_model(py::module_& m);
+void bind_engine(py::module_& m);
+
+// A braid Tensor as a DLPack capsule ("dltensor"); the capsule keeps the storage alive.
+py::capsule to_dlpack(const Tensor& tensor);
+// Any object with __dlpack__ (numpy arrays, torch tensors, braid Tensors), zero-copy.
+Tensor from_dlpack(py::handle object);
+// A braid Tensor from an argument that is a braid Tensor or any DLPack producer.
+Tensor as_tensor(py::handle object);
+// Token ids or targets as int32 (int64 input, numpy's default, is narrowed with a range check).
+Tensor token_tensor(py::handle object, const char* what);
+
+}  // namespace braid::python

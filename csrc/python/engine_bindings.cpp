@@ -1,0 +1,71 @@
+// AdamW, the LR schedule and the Trainer.
+
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "braid/engine/adamw.h"
+#include "braid/engine/lr_schedule.h"
+#include "braid/engine/trainer.h"
+
+namespace braid::python {
+void bind_engine(py::module_& m) {
+  using namespace engine;
+  py::class_<AdamWConfig>(m, "AdamWConfig")
+      .def(py::init([](float lr, float beta1, float beta2, float eps, float weight_decay,
+                       float clip_grad) {
+             AdamWConfig c;
+             c.lr = lr;
+             c.beta1 = beta1;
+             c.beta2 = beta2;
+             c.eps = eps;
+             c.weight_decay = weight_decay;
+             c.clip_grad = clip_grad;
+             return c;
+           }),
+           py::arg("lr") = 1e-3f, py::arg("beta1") = 0.9f, py::arg("beta2") = 0.999f,
+           py::arg("eps") = 1e-8f, py::arg("weight_decay") = 0.01f, py::arg("clip_grad") = 1.0f)
+      .def_readwrite("lr", &AdamWConfig::lr)
+      .def_readwrite("beta1", &AdamWConfig::beta1)
+      .def_readwrite("beta2", &AdamWConfig::beta2)
+      .def_readwrite("eps", &AdamWConfig::eps)
+      .def_readwrite("weight_decay", &AdamWConfig::weight_decay)
+      .def_readwrite("clip_grad", &AdamWConfig::clip_grad);
+
+  py::class_<LRSchedule>(m, "LRSchedule")
+      .def(py::init([](float lr, float min_lr, int64_t warmup_iters, int64_t decay_iters,
+                       const std::string& style) {
+             LRSchedule s;
+             s.lr = lr;
+             s.min_lr = min_lr;
+             s.warmup_iters = warmup_iters;
+             s.decay_iters = decay_iters;
+             s.style = lr_decay_style_from_string(style);
+             return s;
+           }),
+           py::arg("lr"), py::arg("min_lr") = 0.0f, py::arg("warmup_iters") = 0,
+           py::arg("decay_iters") = 0, py::arg("style") = "cosine")
+      .def("lr_at", &LRSchedule::lr_at, py::arg("iteration"));
+
+  py::class_<StepStats>(m, "StepStats")
+      .def_readonly("loss", &StepStats::loss)
+      .def_readonly("grad_norm", &StepStats::grad_norm)
+      .def_readonly("lr", &StepStats::lr)
+      .def_readonly("seconds", &StepStats::seconds)
+      .def_readonly("tokens_per_second", &StepStats::tokens_per_second)
+      .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes);
+
+  py::class_<Trainer>(m, "Trainer", "One training step: microbatches, clipping, AdamW, LR schedule.")
+      .def(py::init<model::GPTModel&, AdamWConfig, LRSchedule>(), py::arg("model"),
+           py::arg("optimizer"), py::arg("schedule"), py::keep_alive<1, 2>())
+      .def(
+          "train_step",
+          [](Trainer& t, py::handle ids, py::handle targets, int num_microbatches) {
+            Tensor i = token_tensor(ids, "ids"), tg = token_tensor(targets, "targets");
+            py::gil_scoped_release release;
+            return t.train_step(i, tg, num_microbatches);
+          },
+          py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1)
+      .def_property_readonly("iteration", &Trainer::iteration);
+}
+
+}  // namespace braid::python

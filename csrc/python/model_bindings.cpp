@@ -1,0 +1,112 @@
+// TransformerConfig and GPTModel.
+
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "bindings.h"
+#include "braid/model/config.h"
+#include "braid/model/gpt_model.h"
+
+namespace braid::python {
+namespace {
+
+using model::GPTModel;
+using model::TransformerConfig;
+
+template <typename Enum>
+void def_enum_property(py::class_<TransformerConfig>& cls, const char* name,
+                       Enum TransformerConfig::*field) {
+  cls.def_property(
+      name, [field](const TransformerConfig& c) { return std::string(model::to_string(c.*field)); },
+      [field](TransformerConfig& c, const std::string& value) {
+        model::from_string(value, c.*field);
+      });
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<TransformerConfig> cfg(m, "TransformerConfig",
+                                    "GPT-2 / Llama model shape. Start from a preset and change fields.");
+  cfg.def(py::init<>())
+      .def_static("preset", &TransformerConfig::preset, py::arg("name"))
+      .def_static("preset_names", &TransformerConfig::preset_names)
+      .def("validate", &TransformerConfig::validate)
+      .def_property_readonly("head_dim", &TransformerConfig::head_dim)
+      .def_property_readonly("kv_heads", &TransformerConfig::kv_heads)
+      .def_readwrite("num_layers", &TransformerConfig::num_layers)
+      .def_readwrite("hidden_size", &TransformerConfig::hidden_size)
+      .def_readwrite("num_attention_heads", &TransformerConfig::num_attention_heads)
+      .def_readwrite("num_query_groups", &TransformerConfig::num_query_groups)
+      .def_readwrite("ffn_hidden_size", &TransformerConfig::ffn_hidden_size)
+      .def_readwrite("vocab_size", &TransformerConfig::vocab_size)
+      .def_readwrite("max_position_embeddings", &TransformerConfig::max_position_embeddings)
+      .def_readwrite("rope_theta", &TransformerConfig::rope_theta)
+      .def_readwrite("norm_eps", &TransformerConfig::norm_eps)
+      .def_readwrite("add_bias_linear", &TransformerConfig::add_bias_linear)
+      .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
+      .def_readwrite("init_std", &TransformerConfig::init_std)
+      .def_readwrite("hidden_dropout", &TransformerConfig::hidden_dropout)
+      .def_readwrite("attention_dropout", &TransformerConfig::attention_dropout)
+      .def_property(
+          "params_dtype", [](const TransformerConfig& c) { return dtype_name(c.params_dtype); },
+          [](TransformerConfig& c, const std::string& v) { c.params_dtype = dtype_from_name(v); });
+  def_enum_property(cfg, "normalization", &TransformerConfig::normalization);
+  def_enum_property(cfg, "activation", &TransformerConfig::activation);
+  def_enum_property(cfg, "position_embedding", &TransformerConfig::position_embedding);
+  def_enum_property(cfg, "recompute", &TransformerConfig::recompute);
+
+  py::class_<GPTModel>(m, "GPTModel", "A GPT-2 / Llama model in one process, with explicit "
+                                      "forward and backward.")
+      .def(py::init([](const TransformerConfig& config, const std::string& device, uint64_t seed) {
+             return std::make_unique<GPTModel>(config, device_from_name(device), seed);
+           }),
+           py::arg("config"), py::arg("device") = "cpu", py::arg("seed") = 1234)
+      .def_property_readonly("config", &GPTModel::config)
+      .def_property_readonly("device", [](const GPTModel& g) { return g.device().str(); })
+      .def("num_parameters", &GPTModel::num_parameters)
+      .def(
+          "forward",
+          [](GPTModel& g, py::handle ids, py::handle targets, int microbatch) {
+            Tensor i = token_tensor(ids, "ids"), t = token_tensor(targets, "targets");
+            py::gil_scoped_release release;
+            return g.forward(i, t, microbatch);
+          },
+          py::arg("ids"), py::arg("targets"), py::arg("microbatch") = 0,
+          "Mean loss over the targets that are >= 0; keeps activations for backward.")
+      .def(
+          "backward",
+          [](GPTModel& g, int microbatch, float grad_scale) {
+            py::gil_scoped_release release;
+            g.backward(microbatch, grad_scale);
+          },
+          py::arg("microbatch") = 0, py::arg("grad_scale") = 1.0f)
+      .def(
+          "logits",
+          [](GPTModel& g, py::handle ids) {
+            Tensor i = token_tensor(ids, "ids");
+            py::gil_scoped_release release;
+            return g.logits(i);
+          },
+          py::arg("ids"), "Logits [B, S, V] (f32, CPU) without keeping activations.")
+      .def("zero_grad", &GPTModel::zero_grad)
+      .def("parameters",
+           [](GPTModel& g) {
+             py::dict out;
+             for (auto& p : g.parameters()) out[py::str(p.spec.name)] = p.value;
+             return out;
+           },
+           "Parameter name -> Tensor (views into the flat buffer: writes change the model).")
+      .def("gradients",
+           [](GPTModel& g) {
+             py::dict out;
+             for (auto& p : g.parameters()) out[py::str(p.spec.name)] = p.grad;
+             return out;
+           },
+           "Parameter name -> f32 gradient Tensor (views into the flat gradient buffer).")
+      .def_property_readonly("flat_params", &GPTModel::flat_params)
+      .def_property_readonly("flat_grads", &GPTModel::flat_grads);
+}
+
+}  // namespace braid::python
