@@ -141,6 +141,9 @@ fi
 
 # Configure only when the arguments (or the venv behind .venv) changed; otherwise ninja
 # re-runs CMake by itself when a CMakeLists.txt or a globbed folder changes.
+# One build at a time per build folder (ninja has no lock of its own).
+exec 8>"$cache/logs/build-$(printf '%s' "$repo/$build_dir" | sha256sum | cut -c1-8).lock"
+flock 8
 signature=$(printf '%s\n' "${args[@]}" "${venv:-}")
 sig_file="$repo/$build_dir/.bootstrap-configure"
 if [ ! -f "$repo/$build_dir/CMakeCache.txt" ] || [ "$(cat "$sig_file" 2>/dev/null)" != "$signature" ]; then

@@ -52,7 +52,7 @@ if [ "$simulate" = 1 ]; then
 else
   py=${BRAID_GPU_PYTHON:-python3}
 fi
-py=$(command -v "$py") || { note "no Python '$py'"; finish 1; }
+py=$("$py" -c 'import sys; print(sys.executable)') || { note "no Python '$py'"; finish 1; }
 
 # ---- the machine ---------------------------------------------------------------------------
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
@@ -75,7 +75,12 @@ note "torch: $("$py" -c 'import torch; print(torch.__version__, "cuda", torch.ve
 say "unpack .deps/root.tar.xz"
 rm -rf "$deps_root" "$site"
 mkdir -p "$deps_root" "$site"
-tar -C "$deps_root" -xJf .deps/root.tar.xz || { note "error: cannot unpack .deps/root.tar.xz"; finish 1; }
+# Python's tarfile, not tar: a minimal image may lack the xz program.
+"$py" - .deps/root.tar.xz "$deps_root" <<'EOF' || { note "error: cannot unpack .deps/root.tar.xz"; finish 1; }
+import sys, tarfile
+with tarfile.open(sys.argv[1]) as tar:
+    tar.extractall(sys.argv[2], **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))
+EOF
 
 # A carried wheel is installed only where the machine's own version differs from the pin.
 mapfile -t wheels < <("$py" - .deps/wheels <<'EOF'
