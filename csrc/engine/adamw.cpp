@@ -55,8 +55,8 @@ float AdamW::grad_norm() const {
 float AdamW::clip_and_step(float lr) {
   BRAID_CHECK(std::isfinite(lr) && lr >= 0, "AdamW: learning rate must be >= 0, got ", lr);
   const float norm = grad_norm();
-  BRAID_CHECK(std::isfinite(norm), "AdamW: the global gradient norm is ", norm,
-              " at step ", step_ + 1, "; parameters were not updated");
+  BRAID_CHECK(std::isfinite(norm), "AdamW: the global gradient norm is ", norm, " at step ",
+              step_ + 1, "; parameters were not updated");
   ops::AdamWHyper hyper;
   hyper.lr = lr;
   hyper.beta1 = config_.beta1;

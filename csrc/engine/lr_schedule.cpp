@@ -9,9 +9,12 @@ namespace braid::engine {
 
 const char* to_string(LRDecayStyle style) {
   switch (style) {
-    case LRDecayStyle::constant: return "constant";
-    case LRDecayStyle::linear: return "linear";
-    case LRDecayStyle::cosine: return "cosine";
+    case LRDecayStyle::constant:
+      return "constant";
+    case LRDecayStyle::linear:
+      return "linear";
+    case LRDecayStyle::cosine:
+      return "cosine";
   }
   return "?";
 }
@@ -28,12 +31,11 @@ void LRSchedule::validate() const {
   BRAID_CONFIG_CHECK(std::isfinite(lr) && lr >= 0, "LRSchedule.lr must be >= 0, got ", lr);
   BRAID_CONFIG_CHECK(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr,
                      "LRSchedule.min_lr must be in [0, lr = ", lr, "], got ", min_lr);
-  BRAID_CONFIG_CHECK(warmup_iters >= 0, "LRSchedule.warmup_iters must be >= 0, got ",
-                     warmup_iters);
+  BRAID_CONFIG_CHECK(warmup_iters >= 0, "LRSchedule.warmup_iters must be >= 0, got ", warmup_iters);
   if (style != LRDecayStyle::constant) {
     BRAID_CONFIG_CHECK(decay_iters > warmup_iters, "LRSchedule.decay_iters (", decay_iters,
-                       ") must exceed warmup_iters (", warmup_iters, ") for ",
-                       to_string(style), " decay");
+                       ") must exceed warmup_iters (", warmup_iters, ") for ", to_string(style),
+                       " decay");
   }
 }
 

@@ -8,8 +8,7 @@ namespace braid::model {
 namespace {
 
 template <typename Enum, size_t N>
-void enum_from_string(std::string_view name, const char* what, const Enum (&values)[N],
-                      Enum& out) {
+void enum_from_string(std::string_view name, const char* what, const Enum (&values)[N], Enum& out) {
   std::string valid;
   for (Enum value : values) {
     if (name == to_string(value)) {
@@ -18,8 +17,9 @@ void enum_from_string(std::string_view name, const char* what, const Enum (&valu
     }
     valid += std::string(valid.empty() ? "" : ", ") + to_string(value);
   }
-  throw ConfigError(detail::concat("unknown ", what, " '", name, "' (expected one of: ", valid, ")"),
-                    __FILE__, __LINE__);
+  throw ConfigError(
+      detail::concat("unknown ", what, " '", name, "' (expected one of: ", valid, ")"), __FILE__,
+      __LINE__);
 }
 
 void check_positive(int64_t value, const char* field) {
@@ -40,9 +40,12 @@ const char* to_string(PositionEmbedding value) {
 
 const char* to_string(Recompute value) {
   switch (value) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
+    case Recompute::none:
+      return "none";
+    case Recompute::selective:
+      return "selective";
+    case Recompute::full:
+      return "full";
   }
   return "?";
 }
@@ -96,7 +99,8 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(head_dim() % 2 == 0, "TransformerConfig.position_embedding = rope needs an ",
                        "even head dim (hidden_size / num_attention_heads), got ", head_dim());
     BRAID_CONFIG_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
-                       "TransformerConfig.rope_theta must be positive and finite, got ", rope_theta);
+                       "TransformerConfig.rope_theta must be positive and finite, got ",
+                       rope_theta);
   }
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);

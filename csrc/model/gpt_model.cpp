@@ -9,9 +9,9 @@
 namespace braid::model {
 
 struct GPTModel::Microbatch {
-  Tensor ids;        // [B, S] i32 on the model's device
-  Tensor targets;    // [B, S] i32 on the model's device
-  Tensor positions;  // [B, S] i32, learned position embeddings only
+  Tensor ids;         // [B, S] i32 on the model's device
+  Tensor targets;     // [B, S] i32 on the model's device
+  Tensor positions;   // [B, S] i32, learned position embeddings only
   int64_t count = 0;  // non-ignored targets
   uint64_t forward_index = 0;
   std::vector<LayerActivations> layers;
@@ -138,7 +138,8 @@ Tensor GPTModel::run_trunk(Microbatch& mb, bool training) {
     for (int64_t i = 0; i < b * s; ++i) p[i] = int32_t(i % s);
     mb.positions = host.to(device_);
     Tensor pos = Tensor::empty({b, s, h}, config_.params_dtype, device_);
-    ops::embedding_forward(pos, mb.positions, view_of(flat_params_, "model.embed_positions.weight"));
+    ops::embedding_forward(pos, mb.positions,
+                           view_of(flat_params_, "model.embed_positions.weight"));
     ops::add(x, x, pos);
   }
   const DropoutContext drop = dropout_context(mb.forward_index, 0, training);
@@ -157,8 +158,8 @@ Tensor GPTModel::run_trunk(Microbatch& mb, bool training) {
 
 GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets) const {
   BRAID_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32,
-              "GPTModel: ids must be [B, S] i32, got ", ids.defined() ? dtype_name(ids.dtype()) : "",
-              ids.shape());
+              "GPTModel: ids must be [B, S] i32, got ",
+              ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());
   const int64_t b = ids.size(0), s = ids.size(1);
   BRAID_CHECK(b > 0 && s > 0, "GPTModel: empty batch ", ids.shape());
   BRAID_CHECK(s <= config_.max_position_embeddings, "GPTModel: sequence length ", s,
@@ -256,8 +257,8 @@ void GPTModel::backward(int microbatch, float grad_scale) {
 
   // Blocks, last to first.
   for (size_t l = layers_.size(); l-- > 0;) {
-    dx = layers_[l].backward(dx, dropout_context(mb.forward_index, int(l), true),
-                             config_.recompute, mb.layers[l]);
+    dx = layers_[l].backward(dx, dropout_context(mb.forward_index, int(l), true), config_.recompute,
+                             mb.layers[l]);
   }
 
   // Embeddings.

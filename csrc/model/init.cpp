@@ -21,8 +21,8 @@ InitRule init_rule(const ParamSpec& spec, const TransformerConfig& config) {
 void init_values(std::span<float> out, const ParamSpec& spec, const TransformerConfig& config,
                  uint64_t seed, int64_t start) {
   const int64_t n = int64_t(out.size());
-  BRAID_CHECK(start >= 0 && start + n <= spec.shape.numel(), "init_values: elements [", start,
-              ", ", start + n, ") out of range for ", spec.name, " ", spec.shape);
+  BRAID_CHECK(start >= 0 && start + n <= spec.shape.numel(), "init_values: elements [", start, ", ",
+              start + n, ") out of range for ", spec.name, " ", spec.shape);
   const InitRule rule = init_rule(spec, config);
   if (rule.kind != InitKind::normal) {
     const float fill = rule.kind == InitKind::ones ? 1.0f : 0.0f;

@@ -83,12 +83,11 @@ ParamLayout parameter_layout(const TransformerConfig& config) {
   const int64_t h = config.hidden_size;
   b.group({"model.embed_tokens.weight", Shape{config.vocab_size, h}, 0, -1, false});
   if (config.position_embedding == PositionEmbedding::learned)
-    b.group({"model.embed_positions.weight", Shape{config.max_position_embeddings, h}, -1, -1,
-             false});
+    b.group(
+        {"model.embed_positions.weight", Shape{config.max_position_embeddings, h}, -1, -1, false});
   for (int layer = 0; layer < int(config.num_layers); ++layer) add_layer(b, config, layer);
   add_norm(b, config, "model.norm", -1);
-  if (!config.tie_embeddings)
-    b.group({"lm_head.weight", Shape{config.vocab_size, h}, 0, -1, true});
+  if (!config.tie_embeddings) b.group({"lm_head.weight", Shape{config.vocab_size, h}, 0, -1, true});
   b.finish();
   return layout;
 }

@@ -64,14 +64,14 @@ Tensor TransformerLayer::forward(const Tensor& x, const DropoutContext& drop, Re
               c.hidden_size, "], got ", x.shape());
   const int64_t b = x.size(0), s = x.size(1), d = c.head_dim();
   const int64_t hq = c.num_attention_heads, hkv = c.kv_heads();
-  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * c.ffn_hidden_size
-                                                               : c.ffn_hidden_size;
+  const int64_t fc1_cols =
+      c.activation == Activation::swiglu ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;
   const DType dt = x.dtype();
   const Device dev = x.device();
 
   NormStats s1;
-  Tensor h1 = norm_forward(c.normalization, c.norm_eps, s1, x, w_.input_norm_weight,
-                           w_.input_norm_bias);
+  Tensor h1 =
+      norm_forward(c.normalization, c.norm_eps, s1, x, w_.input_norm_weight, w_.input_norm_bias);
   const QKV wqkv = split_qkv(w_.qkv_weight, hq * d, hkv * d);
   const QKV bqkv = split_qkv(w_.qkv_bias, hq * d, hkv * d);
   Tensor q = Tensor::empty({b, s, hq, d}, dt, dev);
@@ -95,8 +95,8 @@ Tensor TransformerLayer::forward(const Tensor& x, const DropoutContext& drop, Re
   ops::add(mid, x, a);
 
   NormStats s2;
-  Tensor h2 = norm_forward(c.normalization, c.norm_eps, s2, mid, w_.post_norm_weight,
-                           w_.post_norm_bias);
+  Tensor h2 =
+      norm_forward(c.normalization, c.norm_eps, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
   Tensor fc1 = Tensor::empty({b, s, fc1_cols}, dt, dev);
   linear_forward(fc1, h2, w_.fc1_weight, w_.fc1_bias);
   Tensor act = mlp_activation(fc1);

@@ -76,8 +76,7 @@ class GPTModel {
   LayerTensors layer_tensors(const Tensor& flat, int layer) const;
   Tensor view_of(const Tensor& flat, const std::string& name) const;
   // A run of adjacent parameters starting at `first` as one [rows, cols] (or [rows]) view.
-  Tensor fused_view(const Tensor& flat, const std::string& first, int64_t rows,
-                    int64_t cols) const;
+  Tensor fused_view(const Tensor& flat, const std::string& first, int64_t rows, int64_t cols) const;
   DropoutContext dropout_context(uint64_t forward_index, int layer, bool training) const;
   // Embeddings and blocks: the residual stream after the last block.
   Tensor run_trunk(Microbatch& mb, bool training);

@@ -43,10 +43,10 @@ struct LayerActivations {
   Tensor input;  // the residual stream entering the block (kept by every policy)
   NormStats input_norm_stats;
   Tensor input_norm_out;
-  Tensor q, k, v;    // [B, S, Hq | Hkv, D], after rope
-  Tensor attn_out;   // [B, S, Hq, D]
-  Tensor lse;        // [B, Hq, S] f32
-  Tensor mid;        // input + attention branch: the residual input of the MLP
+  Tensor q, k, v;   // [B, S, Hq | Hkv, D], after rope
+  Tensor attn_out;  // [B, S, Hq, D]
+  Tensor lse;       // [B, Hq, S] f32
+  Tensor mid;       // input + attention branch: the residual input of the MLP
   NormStats post_norm_stats;
   Tensor post_norm_out;
   Tensor fc1_out;  // [B, S, F | 2F]

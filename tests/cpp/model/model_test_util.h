@@ -69,8 +69,7 @@ inline void perturb_norms_and_biases(GPTModel& model, uint64_t seed) {
     if (!bias && !norm) continue;
     Tensor host = p.value.to(Device::cpu());
     const Tensor r = testing::random_tensor(p.spec.shape, seed++, 0.2f);
-    for (int64_t i = 0; i < host.numel(); ++i)
-      host.data_ptr<float>()[i] += r.data_ptr<float>()[i];
+    for (int64_t i = 0; i < host.numel(); ++i) host.data_ptr<float>()[i] += r.data_ptr<float>()[i];
     p.value.copy_from(host);
   }
 }

@@ -105,8 +105,8 @@ TEST(TransformerConfig, MixturesAreValid) {
 
 TEST(TransformerConfig, EnumNamesRoundTrip) {
   for (Normalization v : {Normalization::layernorm, Normalization::rmsnorm}) {
-    Normalization back = v == Normalization::layernorm ? Normalization::rmsnorm
-                                                       : Normalization::layernorm;
+    Normalization back =
+        v == Normalization::layernorm ? Normalization::rmsnorm : Normalization::layernorm;
     from_string(to_string(v), back);
     EXPECT_EQ(back, v);
   }

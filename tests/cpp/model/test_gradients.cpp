@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <vector>
 
@@ -18,14 +18,14 @@ using namespace testing_util;
 
 // Sets parameter `p` to host values `v`.
 void set_values(Parameter& p, const std::vector<float>& v) {
-  Tensor host = Tensor::from_blob(const_cast<float*>(v.data()), p.spec.shape, DType::f32,
-                                  Device::cpu());
+  Tensor host =
+      Tensor::from_blob(const_cast<float*>(v.data()), p.spec.shape, DType::f32, Device::cpu());
   p.value.copy_from(host);
 }
 
 // Central difference of the loss along `direction` (same size as the parameter).
 double central_difference(GPTModel& model, Parameter& p, const std::vector<float>& base,
-                     const std::vector<float>& direction, double h, const Batch& batch) {
+                          const std::vector<float>& direction, double h, const Batch& batch) {
   std::vector<float> shifted(base.size());
   double loss[2];
   for (int side = 0; side < 2; ++side) {
@@ -78,8 +78,7 @@ void check_gradients(const TransformerConfig& config) {
     ASSERT_GT(gnorm, 0) << name << " has a zero gradient";
     const double numeric = fd_derivative(model, p, base, dir, 2e-3, batch);
     const double tol = 1e-2 * std::abs(analytic) + 5e-5;
-    EXPECT_NEAR(numeric, analytic, tol)
-        << name << " along a random direction";
+    EXPECT_NEAR(numeric, analytic, tol) << name << " along a random direction";
     // The two elements with the largest gradient.
     std::vector<size_t> order(base.size());
     std::iota(order.begin(), order.end(), size_t(0));

@@ -66,7 +66,8 @@ TEST(Microbatches, GradScaleScalesTheGradient) {
   quarter.forward(batch.ids, batch.targets);
   quarter.backward(0, 0.25f);
   const auto a = host_floats(one.flat_grads()), b = host_floats(quarter.flat_grads());
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(b[i], 0.25f * a[i], 1e-6f * (1 + std::abs(a[i])));
+  for (size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(b[i], 0.25f * a[i], 1e-6f * (1 + std::abs(a[i])));
 }
 
 TEST(Microbatches, MisuseIsAnError) {
@@ -104,7 +105,7 @@ TEST(Microbatches, DropoutChangesTheTrainingLossOnly) {
   const float again = model.forward(batch.ids, batch.targets);
   model.backward();
   EXPECT_NE(train, float(reference_loss(model, batch)));  // logits() applies no dropout
-  EXPECT_NE(train, again);                                  // a new mask every forward
+  EXPECT_NE(train, again);                                // a new mask every forward
 }
 
 }  // namespace

@@ -61,15 +61,22 @@ TEST(ParameterSpecs, OrderOfOneLayer) {
   std::vector<std::string> names;
   for (const ParamSpec& s : specs) names.push_back(s.name);
   const std::string p = "model.layers.1.";
-  const std::vector<std::string> layer = {
-      p + "input_layernorm.weight",          p + "input_layernorm.bias",
-      p + "self_attn.q_proj.weight",         p + "self_attn.k_proj.weight",
-      p + "self_attn.v_proj.weight",         p + "self_attn.q_proj.bias",
-      p + "self_attn.k_proj.bias",           p + "self_attn.v_proj.bias",
-      p + "self_attn.o_proj.weight",         p + "self_attn.o_proj.bias",
-      p + "post_attention_layernorm.weight", p + "post_attention_layernorm.bias",
-      p + "mlp.up_proj.weight",              p + "mlp.up_proj.bias",
-      p + "mlp.down_proj.weight",            p + "mlp.down_proj.bias"};
+  const std::vector<std::string> layer = {p + "input_layernorm.weight",
+                                          p + "input_layernorm.bias",
+                                          p + "self_attn.q_proj.weight",
+                                          p + "self_attn.k_proj.weight",
+                                          p + "self_attn.v_proj.weight",
+                                          p + "self_attn.q_proj.bias",
+                                          p + "self_attn.k_proj.bias",
+                                          p + "self_attn.v_proj.bias",
+                                          p + "self_attn.o_proj.weight",
+                                          p + "self_attn.o_proj.bias",
+                                          p + "post_attention_layernorm.weight",
+                                          p + "post_attention_layernorm.bias",
+                                          p + "mlp.up_proj.weight",
+                                          p + "mlp.up_proj.bias",
+                                          p + "mlp.down_proj.weight",
+                                          p + "mlp.down_proj.bias"};
   ASSERT_EQ(names.size(), 2u + 2u * 16u + 2u);
   EXPECT_EQ(names[0], "model.embed_tokens.weight");
   EXPECT_EQ(names[1], "model.embed_positions.weight");
@@ -172,9 +179,9 @@ TEST_P(FlatBuffer, FusedGroupsAreAdjacentAndOthersAligned) {
   }
   for (const Parameter& p : model.parameters()) {
     const std::string& n = p.spec.name;
-    const bool member = n.find("k_proj") != std::string::npos ||
-                        n.find("v_proj") != std::string::npos ||
-                        (c.activation == Activation::swiglu && n.find("up_proj") != std::string::npos);
+    const bool member =
+        n.find("k_proj") != std::string::npos || n.find("v_proj") != std::string::npos ||
+        (c.activation == Activation::swiglu && n.find("up_proj") != std::string::npos);
     if (!member) {
       EXPECT_EQ(offset(n) % kParamGroupAlignment, 0) << n;
     }
