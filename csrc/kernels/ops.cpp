@@ -88,6 +88,13 @@ void check_same_shape(const char* op, const char* name, const Tensor& t, const c
               " is ", describe(ref), " (shapes must match)");
 }
 
+// Same dtype and shape as a reference argument (outputs and gradients of elementwise ops).
+void check_like(const char* op, const char* name, const Tensor& t, const char* ref_name,
+                const Tensor& ref) {
+  check_same_dtype(op, name, t, ref_name, ref);
+  check_same_shape(op, name, t, ref_name, ref);
+}
+
 void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
   BRAID_CHECK(t.shape() == expected, op, ": ", name, " must be ", expected, ", got ", describe(t));
 }
@@ -164,10 +171,8 @@ void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream) {
   const char* op = "add";
   Device device = device_of(op, {{"out", out}, {"a", a}, {"b", b}});
   check_activation(op, device, "a", a);
-  check_same_dtype(op, "b", b, "a", a);
-  check_same_dtype(op, "out", out, "a", a);
-  check_same_shape(op, "b", b, "a", a);
-  check_same_shape(op, "out", out, "a", a);
+  check_like(op, "b", b, "a", a);
+  check_like(op, "out", out, "a", a);
   if (out.numel() == 0) return;
   BRAID_DISPATCH(device, add, out, a, b, stream);
 }
@@ -176,8 +181,7 @@ void scale(Tensor out, const Tensor& x, float alpha, Stream stream) {
   const char* op = "scale";
   Device device = device_of(op, {{"out", out}, {"x", x}});
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "out", out, "x", x);
-  check_same_shape(op, "out", out, "x", x);
+  check_like(op, "out", out, "x", x);
   if (out.numel() == 0) return;
   BRAID_DISPATCH(device, scale, out, x, alpha, stream);
 }
@@ -196,8 +200,7 @@ void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
   const char* op = "gelu_forward";
   Device device = device_of(op, {{"out", out}, {"x", x}});
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "out", out, "x", x);
-  check_same_shape(op, "out", out, "x", x);
+  check_like(op, "out", out, "x", x);
   if (out.numel() == 0) return;
   BRAID_DISPATCH(device, gelu_forward, out, x, stream);
 }
@@ -206,10 +209,8 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream
   const char* op = "gelu_backward";
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "dout", dout, "x", x);
-  check_same_dtype(op, "dx", dx, "x", x);
-  check_same_shape(op, "dout", dout, "x", x);
-  check_same_shape(op, "dx", dx, "x", x);
+  check_like(op, "dout", dout, "x", x);
+  check_like(op, "dx", dx, "x", x);
   if (dx.numel() == 0) return;
   BRAID_DISPATCH(device, gelu_backward, dx, dout, x, stream);
 }
@@ -241,8 +242,7 @@ void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stre
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});
   check_activation(op, device, "x", x);
   check_same_dtype(op, "dout", dout, "x", x);
-  check_same_dtype(op, "dx", dx, "x", x);
-  check_same_shape(op, "dx", dx, "x", x);
+  check_like(op, "dx", dx, "x", x);
   check_swiglu(op, dout, "dout", x);
   if (x.numel() == 0) return;
   BRAID_DISPATCH(device, swiglu_backward, dx, dout, x, stream);
@@ -254,8 +254,7 @@ void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64
   Device device = device_of(op, {{"out", out}, {"x", x}});
   BRAID_CHECK(p >= 0.0f && p <= 1.0f, op, ": p = ", p, " is not in [0, 1]");
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "out", out, "x", x);
-  check_same_shape(op, "out", out, "x", x);
+  check_like(op, "out", out, "x", x);
   if (out.numel() == 0) return;
   BRAID_DISPATCH(device, dropout_forward, out, x, p, seed, offset, stream);
 }
@@ -266,8 +265,7 @@ void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uin
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
   BRAID_CHECK(p >= 0.0f && p <= 1.0f, op, ": p = ", p, " is not in [0, 1]");
   check_activation(op, device, "dout", dout);
-  check_same_dtype(op, "dx", dx, "dout", dout);
-  check_same_shape(op, "dx", dx, "dout", dout);
+  check_like(op, "dx", dx, "dout", dout);
   if (dx.numel() == 0) return;
   BRAID_DISPATCH(device, dropout_backward, dx, dout, p, seed, offset, stream);
 }
@@ -296,8 +294,7 @@ void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& x, co
       {{"out", out}, {"mean", mean}, {"rstd", rstd}, {"x", x}, {"weight", weight}, {"bias", bias}});
   BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "out", out, "x", x);
-  check_same_shape(op, "out", out, "x", x);
+  check_like(op, "out", out, "x", x);
   check_norm_param(op, "weight", weight, x);
   check_norm_param(op, "bias", bias, x);
   check_row_stat(op, "mean", mean, rows_of(x), x);
@@ -320,10 +317,8 @@ void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& d
                                  {"rstd", rstd}});
   BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "dout", dout, "x", x);
-  check_same_dtype(op, "dx", dx, "x", x);
-  check_same_shape(op, "dout", dout, "x", x);
-  check_same_shape(op, "dx", dx, "x", x);
+  check_like(op, "dout", dout, "x", x);
+  check_like(op, "dx", dx, "x", x);
   check_norm_param(op, "weight", weight, x);
   check_norm_grad(op, "dweight", dweight, x);
   check_norm_grad(op, "dbias", dbias, x);
@@ -340,8 +335,7 @@ void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& wei
   Device device = device_of(op, {{"out", out}, {"rstd", rstd}, {"x", x}, {"weight", weight}});
   BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "out", out, "x", x);
-  check_same_shape(op, "out", out, "x", x);
+  check_like(op, "out", out, "x", x);
   check_norm_param(op, "weight", weight, x);
   check_row_stat(op, "rstd", rstd, rows_of(x), x);
   if (x.numel() == 0) return;
@@ -359,10 +353,8 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
                                  {"rstd", rstd}});
   BRAID_CHECK(x.dim() >= 1, op, ": x must have at least one dim, got ", describe(x));
   check_activation(op, device, "x", x);
-  check_same_dtype(op, "dout", dout, "x", x);
-  check_same_dtype(op, "dx", dx, "x", x);
-  check_same_shape(op, "dout", dout, "x", x);
-  check_same_shape(op, "dx", dx, "x", x);
+  check_like(op, "dout", dout, "x", x);
+  check_like(op, "dx", dx, "x", x);
   check_norm_param(op, "weight", weight, x);
   check_norm_grad(op, "dweight", dweight, x);
   check_row_stat(op, "rstd", rstd, rows_of(x), x);
@@ -376,8 +368,7 @@ namespace {
 void check_rope(const char* op, Device device, const char* out_name, const Tensor& out,
                 const char* in_name, const Tensor& in) {
   check_activation(op, device, in_name, in);
-  check_same_dtype(op, out_name, out, in_name, in);
-  check_same_shape(op, out_name, out, in_name, in);
+  check_like(op, out_name, out, in_name, in);
   BRAID_CHECK(in.dim() == 4 && in.size(3) % 2 == 0, op, ": ", in_name,
               " must be [B, S, H, D] "
               "with an even D, got ",
@@ -469,8 +460,7 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   const char* op = "attention_forward";
   Device device = device_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
   check_attention(op, device, q, k, v, lse);
-  check_same_dtype(op, "out", out, "q", q);
-  check_same_shape(op, "out", out, "q", q);
+  check_like(op, "out", out, "q", q);
   if (out.numel() == 0 && lse.numel() == 0) return;
   BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, stream);
 }
@@ -491,12 +481,10 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   check_attention(op, device, q, k, v, lse);
   for (const auto& [name, t] :
        {std::pair<const char*, const Tensor&>{"dq", dq}, {"dout", dout}, {"out", out}}) {
-    check_same_dtype(op, name, t, "q", q);
-    check_same_shape(op, name, t, "q", q);
+    check_like(op, name, t, "q", q);
   }
   for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"dk", dk}, {"dv", dv}}) {
-    check_same_dtype(op, name, t, "k", k);
-    check_same_shape(op, name, t, "k", k);
+    check_like(op, name, t, "k", k);
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
   BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, stream);
@@ -566,8 +554,7 @@ void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& 
                                  {"sumexp", sumexp},
                                  {"dloss", dloss}});
   check_logits(op, device, logits, targets);
-  check_same_dtype(op, "dlogits", dlogits, "logits", logits);
-  check_same_shape(op, "dlogits", dlogits, "logits", logits);
+  check_like(op, "dlogits", dlogits, "logits", logits);
   check_row_f32(op, "max", max, targets);
   check_row_f32(op, "sumexp", sumexp, targets);
   check_row_f32(op, "dloss", dloss, targets);
