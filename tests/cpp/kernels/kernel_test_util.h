@@ -116,13 +116,24 @@ template <typename F>
   return ::testing::AssertionFailure() << "no braid::Error (expected one naming " << needle << ")";
 }
 
+// Allocation beside an argument of a GradCheck lambda (which runs on the device under test and,
+// for bf16 references, on the CPU): ref's device, and ref's dtype or f32.
+inline Tensor empty_as(const Tensor& ref, const Shape& shape) {
+  return Tensor::empty(shape, ref.dtype(), ref.device());
+}
+inline Tensor f32_as(const Tensor& ref, const Shape& shape) {
+  return Tensor::empty(shape, DType::f32, ref.device());
+}
+inline Tensor zeros_f32_as(const Tensor& ref, const Shape& shape) {
+  return Tensor::zeros(shape, DType::f32, ref.device());
+}
+
 // A backward check. `forward` maps device inputs to one device output; `backward` maps device
 // inputs and the output's gradient to the gradients of inputs[wrt[0]], inputs[wrt[1]], ...
 // The objective is sum(out * w) for random w, so the output gradient is w.
 struct GradCheck {
   Tensors inputs;             // host f32 (or i32) tensors
   std::vector<int> wrt;       // inputs with a gradient, in the order backward returns them
-  std::vector<int> keep_f32;  // float inputs that stay f32 on bf16 runs (statistics)
   std::function<Tensor(const Tensors&)> forward;
   std::function<Tensors(const Tensors&, const Tensor&)> backward;
   double step = 1e-2;              // finite-difference step (f32 runs)
@@ -133,10 +144,7 @@ struct GradCheck {
 
 inline Tensors upload_all(const GradCheck& g, Device device, DType dtype) {
   Tensors out;
-  for (size_t i = 0; i < g.inputs.size(); ++i) {
-    bool keep = std::find(g.keep_f32.begin(), g.keep_f32.end(), int(i)) != g.keep_f32.end();
-    out.push_back(upload(g.inputs[i], device, keep ? DType::f32 : dtype));
-  }
+  for (const Tensor& t : g.inputs) out.push_back(upload(t, device, dtype));
   return out;
 }
 

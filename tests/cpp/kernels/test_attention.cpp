@@ -96,15 +96,16 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
                 random_tensor({a.b, a.s, a.hkv, a.d}, seed++)};
     g.wrt = {0, 1, 2};
     g.samples = 32;
-    g.forward = [this, a](const Tensors& in) {
-      Tensor out = empty({a.b, a.s, a.hq, a.d}), lse = empty_f32({a.b, a.hq, a.s});
+    g.forward = [a](const Tensors& in) {
+      Tensor out = empty_as(in[0], {a.b, a.s, a.hq, a.d}), lse = f32_as(in[0], {a.b, a.hq, a.s});
       ops::attention_forward(out, lse, in[0], in[1], in[2]);
       return out;
     };
-    g.backward = [this, a](const Tensors& in, const Tensor& dout) {
-      Tensor out = empty({a.b, a.s, a.hq, a.d}), lse = empty_f32({a.b, a.hq, a.s});
+    g.backward = [a](const Tensors& in, const Tensor& dout) {
+      Tensor out = empty_as(in[0], {a.b, a.s, a.hq, a.d}), lse = f32_as(in[0], {a.b, a.hq, a.s});
       ops::attention_forward(out, lse, in[0], in[1], in[2]);
-      Tensor dq = empty(in[0].shape()), dk = empty(in[1].shape()), dv = empty(in[2].shape());
+      Tensor dq = empty_as(in[0], in[0].shape()), dk = empty_as(in[0], in[1].shape()),
+             dv = empty_as(in[0], in[2].shape());
       ops::attention_backward(dq, dk, dv, dout, in[0], in[1], in[2], out, lse);
       return Tensors{dq, dk, dv};
     };

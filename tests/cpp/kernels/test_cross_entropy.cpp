@@ -71,17 +71,18 @@ TEST_P(CrossEntropy, GradientMatchesFiniteDifferences) {
   g.inputs = {random_tensor({kT, kV}, 3, 3.0f), targets_tensor()};
   g.wrt = {0};
   g.samples = 64;
-  g.forward = [this](const Tensors& in) {
-    Tensor mx = empty_f32({kT}), se = empty_f32({kT}), tl = empty_f32({kT}), loss = empty_f32({kT});
+  g.forward = [](const Tensors& in) {
+    Tensor mx = f32_as(in[0], {kT}), se = f32_as(in[0], {kT}), tl = f32_as(in[0], {kT}),
+           loss = f32_as(in[0], {kT});
     ops::cross_entropy_partials(mx, se, tl, in[0], in[1]);
     ops::cross_entropy_loss(loss, mx, se, tl, in[1]);
     return loss;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dloss) {
-    Tensor mx = empty_f32({kT}), se = empty_f32({kT}), tl = empty_f32({kT});
+  g.backward = [](const Tensors& in, const Tensor& dloss) {
+    Tensor mx = f32_as(in[0], {kT}), se = f32_as(in[0], {kT}), tl = f32_as(in[0], {kT});
     ops::cross_entropy_partials(mx, se, tl, in[0], in[1]);
-    Tensor d32 = upload(download(dloss), device(), DType::f32);  // dloss is always f32
-    Tensor dlogits = empty(in[0].shape());
+    Tensor d32 = upload(download(dloss), in[0].device(), DType::f32);  // dloss is always f32
+    Tensor dlogits = empty_as(in[0], in[0].shape());
     ops::cross_entropy_backward(dlogits, in[0], in[1], mx, se, d32);
     return Tensors{dlogits};
   };

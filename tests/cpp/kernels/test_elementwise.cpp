@@ -85,13 +85,13 @@ TEST_P(Elementwise, GeluBackwardMatchesFiniteDifferences) {
   g.inputs = {random_tensor({5, 37}, 4, 4.0f)};
   g.wrt = {0};
   g.samples = 64;
-  g.forward = [this](const Tensors& in) {
-    Tensor y = empty(in[0].shape());
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], in[0].shape());
     ops::gelu_forward(y, in[0]);
     return y;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dy) {
-    Tensor dx = empty(in[0].shape());
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty_as(in[0], in[0].shape());
     ops::gelu_backward(dx, dy, in[0]);
     return Tensors{dx};
   };
@@ -119,13 +119,13 @@ TEST_P(Elementwise, SwigluBackwardMatchesFiniteDifferences) {
   g.inputs = {random_tensor({4, 2 * 23}, 6, 3.0f)};
   g.wrt = {0};
   g.samples = 64;
-  g.forward = [this](const Tensors& in) {
-    Tensor y = empty({4, 23});
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], {4, 23});
     ops::swiglu_forward(y, in[0]);
     return y;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dy) {
-    Tensor dx = empty(in[0].shape());
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty_as(in[0], in[0].shape());
     ops::swiglu_backward(dx, dy, in[0]);
     return Tensors{dx};
   };

@@ -84,13 +84,13 @@ TEST_P(EmbeddingRope, RopeBackwardMatchesFiniteDifferences) {
   g.inputs = {random_tensor({1, 5, 2, 8}, 5)};
   g.wrt = {0};
   g.samples = 80;
-  g.forward = [this](const Tensors& in) {
-    Tensor y = empty(in[0].shape());
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], in[0].shape());
     ops::rope_forward(y, in[0], 500000.0f, 3);
     return y;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dy) {
-    Tensor dx = empty(in[0].shape());
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty_as(in[0], in[0].shape());
     ops::rope_backward(dx, dy, 500000.0f, 3);
     return Tensors{dx};
   };

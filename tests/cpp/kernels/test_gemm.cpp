@@ -119,13 +119,14 @@ TEST_P(Gemm, LinearLayerRecipesMatchFiniteDifferences) {
   GradCheck g;
   g.inputs = {random_tensor({2, 6, 10}, 12), random_tensor({7, 10}, 13), random_tensor({7}, 14)};
   g.wrt = {0, 1, 2};
-  g.forward = [this](const Tensors& in) {
-    Tensor y = empty({2, 6, 7});
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], {2, 6, 7});
     ops::matmul(y, in[0], in[1], in[2], false, true);
     return y;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dy) {
-    Tensor dx = empty({2, 6, 10}), dw = zeros_f32({7, 10}), db = zeros_f32({7});
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty_as(in[0], {2, 6, 10}), dw = zeros_f32_as(in[0], {7, 10}),
+           db = zeros_f32_as(in[0], {7});
     ops::matmul(dx, dy, in[1], Tensor(), false, false);
     ops::matmul(dw, dy, in[0], Tensor(), true, false, 1.0f, true);
     ops::bias_backward(db, dy);

@@ -39,15 +39,18 @@ TEST_P(Norm, LayernormBackwardMatchesFiniteDifferences) {
   GradCheck g;
   g.inputs = {random_tensor({kRows, kC}, 4, 2.0f), random_tensor({kC}, 5), random_tensor({kC}, 6)};
   g.wrt = {0, 1, 2};
-  g.forward = [this](const Tensors& in) {
-    Tensor y = empty({kRows, kC}), mean = empty_f32({kRows}), rstd = empty_f32({kRows});
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], {kRows, kC}), mean = f32_as(in[0], {kRows}),
+           rstd = f32_as(in[0], {kRows});
     ops::layernorm_forward(y, mean, rstd, in[0], in[1], in[2], 1e-5f);
     return y;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dy) {
-    Tensor y = empty({kRows, kC}), mean = empty_f32({kRows}), rstd = empty_f32({kRows});
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor y = empty_as(in[0], {kRows, kC}), mean = f32_as(in[0], {kRows}),
+           rstd = f32_as(in[0], {kRows});
     ops::layernorm_forward(y, mean, rstd, in[0], in[1], in[2], 1e-5f);
-    Tensor dx = empty({kRows, kC}), dw = zeros_f32({kC}), db = zeros_f32({kC});
+    Tensor dx = empty_as(in[0], {kRows, kC}), dw = zeros_f32_as(in[0], {kC}),
+           db = zeros_f32_as(in[0], {kC});
     ops::layernorm_backward(dx, dw, db, dy, in[0], in[1], mean, rstd);
     return Tensors{dx, dw, db};
   };
@@ -100,15 +103,15 @@ TEST_P(Norm, RmsnormBackwardMatchesFiniteDifferences) {
   GradCheck g;
   g.inputs = {random_tensor({kRows, kC}, 13, 2.0f), random_tensor({kC}, 14)};
   g.wrt = {0, 1};
-  g.forward = [this](const Tensors& in) {
-    Tensor y = empty({kRows, kC}), rstd = empty_f32({kRows});
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], {kRows, kC}), rstd = f32_as(in[0], {kRows});
     ops::rmsnorm_forward(y, rstd, in[0], in[1], 1e-6f);
     return y;
   };
-  g.backward = [this](const Tensors& in, const Tensor& dy) {
-    Tensor y = empty({kRows, kC}), rstd = empty_f32({kRows});
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor y = empty_as(in[0], {kRows, kC}), rstd = f32_as(in[0], {kRows});
     ops::rmsnorm_forward(y, rstd, in[0], in[1], 1e-6f);
-    Tensor dx = empty({kRows, kC}), dw = zeros_f32({kC});
+    Tensor dx = empty_as(in[0], {kRows, kC}), dw = zeros_f32_as(in[0], {kC});
     ops::rmsnorm_backward(dx, dw, dy, in[0], in[1], rstd);
     return Tensors{dx, dw};
   };
