@@ -249,12 +249,13 @@ void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& d
     const T* dy = static_cast<const T*>(dout.data());
     const T* px = static_cast<const T*>(x.data());
     const T* w = static_cast<const T*>(weight.data());
+    // Parameter gradients first: they read dout and x, which dx may overwrite.
+    detail::column_sums_add<2>({{dweight.data_ptr<float>(), dbias.data_ptr<float>()}}, rows, c,
+                               LayernormParamGrads<T>{dy, px, mu, rs, c}, x.device(), s);
     launch_rows<T>(rows, c, {d, dy, px, w}, x.device(), [&](auto v, unsigned blocks) {
       layernorm_backward_kernel<decltype(v)::value, T>
           <<<blocks, kNormThreads, 0, s>>>(d, dy, px, w, mu, rs, rows, c);
     });
-    detail::column_sums_add<2>({{dweight.data_ptr<float>(), dbias.data_ptr<float>()}}, rows, c,
-                               LayernormParamGrads<T>{dy, px, mu, rs, c}, x.device(), s);
   });
 }
 
@@ -287,12 +288,12 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
     const T* dy = static_cast<const T*>(dout.data());
     const T* px = static_cast<const T*>(x.data());
     const T* w = static_cast<const T*>(weight.data());
+    detail::column_sums_add<1>({{dweight.data_ptr<float>()}}, rows, c,
+                               RmsnormParamGrad<T>{dy, px, rs, c}, x.device(), s);
     launch_rows<T>(rows, c, {d, dy, px, w}, x.device(), [&](auto v, unsigned blocks) {
       rmsnorm_backward_kernel<decltype(v)::value, T>
           <<<blocks, kNormThreads, 0, s>>>(d, dy, px, w, rs, rows, c);
     });
-    detail::column_sums_add<1>({{dweight.data_ptr<float>()}}, rows, c,
-                               RmsnormParamGrad<T>{dy, px, rs, c}, x.device(), s);
   });
 }
 

@@ -1,6 +1,8 @@
 // sum_of_squares: the squared global norm of many tensors in two deterministic passes. One
-// block per fixed chunk of one tensor writes its f32 sum (a fixed-order tree), then one block
-// adds the chunk sums in order, in double. Launch configuration does not change the result.
+// block per fixed chunk of one tensor writes the chunk's sum (a fixed-order tree), then one
+// block adds the chunk sums in order. Squares of f32/bf16/f16 values are exact in double and
+// are summed in double, as on the CPU: the reduction's rounding stays far below f32's, and the
+// launch configuration does not change the result.
 
 #include <cstring>
 #include <vector>
@@ -25,49 +27,57 @@ struct SquaresChunk {
   int32_t unused = 0;
 };
 
-template <typename T>
-__device__ float chunk_squares(const T* x, int64_t start, int64_t end) {
-  float sum = 0.0f;
-  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
-    float v = detail::to_float(x[i]);
-    sum += v * v;
-  }
-  return sum;
-}
-
-__global__ void squares_partials_kernel(float* __restrict__ partials,
-                                        const SquaresChunk* __restrict__ chunks) {
-  __shared__ float shared[32];
-  const SquaresChunk c = chunks[blockIdx.x];
-  float sum;
-  switch (c.kind) {
-    case kBF16: sum = chunk_squares(static_cast<const detail::bf16*>(c.data), c.start, c.end); break;
-    case kF16: sum = chunk_squares(static_cast<const detail::f16*>(c.data), c.start, c.end); break;
-    default: sum = chunk_squares(static_cast<const float*>(c.data), c.start, c.end); break;
-  }
-  sum = detail::block_sum(sum, shared);
-  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
-}
-
 __device__ __forceinline__ double warp_sum_double(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(detail::kFullMask, v, o);
   return v;
 }
 
-__global__ void squares_finish_kernel(float* __restrict__ out, const float* __restrict__ partials,
+// Sum over the block, valid in thread 0. `shared` holds >= 32 doubles.
+__device__ double block_sum_double(double v, double* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum_double(v);
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = 0.0;
+  if (warp == 0) {
+    v = lane < int(blockDim.x / 32) ? shared[lane] : 0.0;
+    v = warp_sum_double(v);
+  }
+  return v;
+}
+
+template <typename T>
+__device__ double chunk_squares(const T* x, int64_t start, int64_t end) {
+  double sum = 0.0;
+  for (int64_t i = start + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = detail::to_float(x[i]);
+    sum += v * v;
+  }
+  return sum;
+}
+
+__global__ void squares_partials_kernel(double* __restrict__ partials,
+                                        const SquaresChunk* __restrict__ chunks) {
+  __shared__ double shared[32];
+  const SquaresChunk c = chunks[blockIdx.x];
+  double sum;
+  switch (c.kind) {
+    case kBF16: sum = chunk_squares(static_cast<const detail::bf16*>(c.data), c.start, c.end); break;
+    case kF16: sum = chunk_squares(static_cast<const detail::f16*>(c.data), c.start, c.end); break;
+    default: sum = chunk_squares(static_cast<const float*>(c.data), c.start, c.end); break;
+  }
+  sum = block_sum_double(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = sum;
+}
+
+__global__ void squares_finish_kernel(float* __restrict__ out, const double* __restrict__ partials,
                                       int64_t n) {
   __shared__ double shared[32];
   double sum = 0.0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(partials[i]);
-  sum = warp_sum_double(sum);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = sum;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    sum = threadIdx.x < blockDim.x / 32 ? shared[threadIdx.x] : 0.0;
-    sum = warp_sum_double(sum);
-    if (threadIdx.x == 0) out[0] = float(sum);
-  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += partials[i];
+  sum = block_sum_double(sum, shared);
+  if (threadIdx.x == 0) out[0] = float(sum);
 }
 
 }  // namespace
@@ -93,12 +103,12 @@ void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) 
               " chunks exceed the grid");
   detail::ScratchLayout layout;
   const size_t table_at = layout.reserve<SquaresChunk>(int64_t(chunks.size()));
-  const size_t partials_at = layout.reserve<float>(int64_t(chunks.size()));
+  const size_t partials_at = layout.reserve<double>(int64_t(chunks.size()));
   void* base = detail::stream_scratch(out.device(), s, layout.bytes());
   // From pageable memory: the call returns once `chunks` has been read.
   CUDA_CHECK(cudaMemcpyAsync(detail::at_offset<SquaresChunk>(base, table_at), chunks.data(),
                              chunks.size() * sizeof(SquaresChunk), cudaMemcpyHostToDevice, s));
-  float* partials = detail::at_offset<float>(base, partials_at);
+  double* partials = detail::at_offset<double>(base, partials_at);
   squares_partials_kernel<<<unsigned(chunks.size()), kThreads, 0, s>>>(
       partials, detail::at_offset<SquaresChunk>(base, table_at));
   CUDA_CHECK_LAUNCH();
