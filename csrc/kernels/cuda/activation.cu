@@ -80,9 +80,8 @@ void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
   detail::DeviceGuard guard(out.device());
   detail::dispatch_activation(x.dtype(), "gelu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()),
-                        out.numel(), GeluForwardOp{}, detail::cuda_stream(stream),
-                        out.device().index);
+    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
+                        GeluForwardOp{}, detail::cuda_stream(stream), out.device().index);
   });
 }
 
@@ -132,8 +131,7 @@ void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stre
     if (detail::pack_width<T>(f, {d, g, in}) > 1) {
       constexpr int V = detail::kPack<T>;
       swiglu_backward_kernel<V, T>
-          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(d, g, in, rows,
-                                                                                  f);
+          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(d, g, in, rows, f);
     } else {
       swiglu_backward_kernel<1, T>
           <<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(d, g, in, rows, f);

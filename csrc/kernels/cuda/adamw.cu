@@ -65,10 +65,17 @@ __device__ __forceinline__ void adamw_elements(const AdamWGroupDesc& g, int64_t 
   *reinterpret_cast<P*>(g.exp_avg + i) = m;
   *reinterpret_cast<P*>(g.exp_avg_sq + i) = v;
   switch (g.model_copy) {
-    case kCopyF32: *reinterpret_cast<P*>(static_cast<float*>(g.model) + i) = p; break;
-    case kCopyBF16: detail::store_pack<N>(static_cast<detail::bf16*>(g.model) + i, p.v); break;
-    case kCopyF16: detail::store_pack<N>(static_cast<detail::f16*>(g.model) + i, p.v); break;
-    default: break;
+    case kCopyF32:
+      *reinterpret_cast<P*>(static_cast<float*>(g.model) + i) = p;
+      break;
+    case kCopyBF16:
+      detail::store_pack<N>(static_cast<detail::bf16*>(g.model) + i, p.v);
+      break;
+    case kCopyF16:
+      detail::store_pack<N>(static_cast<detail::f16*>(g.model) + i, p.v);
+      break;
+    default:
+      break;
   }
 }
 
@@ -88,9 +95,7 @@ __global__ void adamw_kernel(const AdamWGroupDesc* __restrict__ groups,
   for (int64_t j = i + threadIdx.x; j < end; j += blockDim.x) adamw_elements<1>(g, j, c);
 }
 
-bool aligned_to(const void* p, size_t bytes) {
-  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
-}
+bool aligned_to(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
@@ -125,10 +130,19 @@ void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Str
     size_t model_pack = 16;
     if (g.model_param.defined()) {
       switch (g.model_param.dtype()) {
-        case DType::f32: d.model_copy = kCopyF32; break;
-        case DType::bf16: d.model_copy = kCopyBF16; model_pack = 8; break;
-        case DType::f16: d.model_copy = kCopyF16; model_pack = 8; break;
-        default: BRAID_FAIL("adamw_step: model_param is ", dtype_name(g.model_param.dtype()));
+        case DType::f32:
+          d.model_copy = kCopyF32;
+          break;
+        case DType::bf16:
+          d.model_copy = kCopyBF16;
+          model_pack = 8;
+          break;
+        case DType::f16:
+          d.model_copy = kCopyF16;
+          model_pack = 8;
+          break;
+        default:
+          BRAID_FAIL("adamw_step: model_param is ", dtype_name(g.model_param.dtype()));
       }
     }
     d.packed = detail::aligned16(d.master) && detail::aligned16(d.grad) &&

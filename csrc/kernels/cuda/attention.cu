@@ -40,8 +40,8 @@ struct Dims {
 // rows positions [pos0, pos0 + rows) of head `head` of a [B, S, heads, D] tensor into dst
 // (row stride ld), times alpha; rows past the sequence are zero.
 template <typename T>
-__device__ void load_rows(float* dst, int ld, const T* src, const Dims& m, int64_t b,
-                          int64_t pos0, int rows, int64_t head, int64_t heads, float alpha) {
+__device__ void load_rows(float* dst, int ld, const T* src, const Dims& m, int64_t b, int64_t pos0,
+                          int rows, int64_t head, int64_t heads, float alpha) {
   for (int idx = threadIdx.x; idx < rows * m.d; idx += blockDim.x) {
     const int r = idx / m.d, dd = idx % m.d;
     const int64_t pos = pos0 + r;
@@ -59,8 +59,8 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int d) {
 // acc[c] += sum over the 32 lanes' weights w (one per row of `rows`, row stride ld) of
 // w * rows[lane'][lane + 32 c]: the lane owns columns lane, lane + 32, ...
 template <int kChunks>
-__device__ __forceinline__ void add_weighted_rows(float (&acc)[kChunks], float w,
-                                                  const float* rows, int ld, int d) {
+__device__ __forceinline__ void add_weighted_rows(float (&acc)[kChunks], float w, const float* rows,
+                                                  int ld, int d) {
   const int lane = threadIdx.x % 32;
   for (int jj = 0; jj < kTile; ++jj) {
     const float wj = __shfl_sync(kFullMask, w, jj);
@@ -76,9 +76,8 @@ __device__ __forceinline__ void add_weighted_rows(float (&acc)[kChunks], float w
 // grid (B * Hq, query blocks); shared: q [16][d], k [32][d + 1], v [32][d].
 template <int kChunks, typename T>
 __global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(T* __restrict__ out, float* __restrict__ lse,
-                             const T* __restrict__ q, const T* __restrict__ k,
-                             const T* __restrict__ v, Dims m) {
+    attention_forward_kernel(T* __restrict__ out, float* __restrict__ lse, const T* __restrict__ q,
+                             const T* __restrict__ k, const T* __restrict__ v, Dims m) {
   extern __shared__ float smem[];
   const int d = m.d;
   float* q_s = smem;
@@ -223,9 +222,8 @@ __global__ void __launch_bounds__(kThreads)
 template <int kChunks, typename T>
 __global__ void __launch_bounds__(kThreads)
     attention_dkdv_kernel(T* __restrict__ dk, T* __restrict__ dv, const T* __restrict__ dout,
-                          const T* __restrict__ q, const T* __restrict__ k,
-                          const T* __restrict__ v, const float* __restrict__ lse,
-                          const float* __restrict__ delta, Dims m) {
+                          const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ lse, const float* __restrict__ delta, Dims m) {
   extern __shared__ float smem[];
   const int d = m.d;
   float* k_s = smem;
@@ -293,8 +291,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
-  return {q.size(0), q.size(1), q.size(2), k.size(2), int(q.size(3)),
-          1.0f / std::sqrt(float(q.size(3)))};
+  return {q.size(0), q.size(1),      q.size(2),
+          k.size(2), int(q.size(3)), 1.0f / std::sqrt(float(q.size(3)))};
 }
 
 // Calls f(std::integral_constant<int, kChunks>) with the smallest kChunks covering d.
@@ -319,8 +317,7 @@ void reserve_shared(Kernel kernel, size_t bytes, int device, const char* op) {
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   BRAID_CHECK(bytes <= size_t(optin), op, ": head dim needs ", bytes,
               " bytes of shared memory, the device allows ", optin);
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  int(bytes)));
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 void check_dims(const Dims& m, const char* op) {
@@ -376,8 +373,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
     const T* pv = static_cast<const T*>(v.data());
     constexpr int kDeltaThreads = 256;
     attention_delta_kernel<T>
-        <<<detail::grid_for(m.b * m.s * m.hq * 32, kDeltaThreads, device), kDeltaThreads, 0,
-           s>>>(delta, pdo, static_cast<const T*>(out.data()), m);
+        <<<detail::grid_for(m.b * m.s * m.hq * 32, kDeltaThreads, device), kDeltaThreads, 0, s>>>(
+            delta, pdo, static_cast<const T*>(out.data()), m);
     CUDA_CHECK_LAUNCH();
     dispatch_chunks(m.d, [&](auto chunks) {
       constexpr int kChunks = decltype(chunks)::value;

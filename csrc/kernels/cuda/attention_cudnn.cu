@@ -104,8 +104,8 @@ std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& graph, con
 float attention_scale(int64_t d) { return 1.0f / std::sqrt(float(d)); }
 
 // Builds the forward graph; `reason` says why when it returns null.
-std::shared_ptr<fe::graph::Graph> build_forward(const Shape4& m, DType dtype,
-                                                cudnnHandle_t handle, std::string& reason) {
+std::shared_ptr<fe::graph::Graph> build_forward(const Shape4& m, DType dtype, cudnnHandle_t handle,
+                                                std::string& reason) {
   auto graph = new_graph(dtype);
   auto q = input(*graph, "Q", kQ, m.q_dims(), m.q_strides());
   auto k = input(*graph, "K", kK, m.kv_dims(), m.kv_strides());
@@ -130,9 +130,8 @@ std::shared_ptr<fe::graph::Graph> build_forward(const Shape4& m, DType dtype,
   return graph;
 }
 
-std::shared_ptr<fe::graph::Graph> build_backward(const Shape4& m, DType dtype,
-                                                 cudnnHandle_t handle, bool deterministic,
-                                                 std::string& reason) {
+std::shared_ptr<fe::graph::Graph> build_backward(const Shape4& m, DType dtype, cudnnHandle_t handle,
+                                                 bool deterministic, std::string& reason) {
   auto graph = new_graph(dtype);
   auto q = input(*graph, "Q", kQ, m.q_dims(), m.q_strides());
   auto k = input(*graph, "K", kK, m.kv_dims(), m.kv_strides());
@@ -217,9 +216,8 @@ bool eligible(const Tensor& q, std::initializer_list<const Tensor*> tensors) {
 
 void execute(CachedGraph& cached, DeviceHandle& h, const Device& device, cudaStream_t stream,
              std::unordered_map<int64_t, void*>& pack) {
-  void* workspace = cached.workspace > 0
-                        ? stream_scratch(device, stream, size_t(cached.workspace))
-                        : nullptr;
+  void* workspace =
+      cached.workspace > 0 ? stream_scratch(device, stream, size_t(cached.workspace)) : nullptr;
   std::lock_guard<std::mutex> lock(h.mutex);
   CUDNN_CHECK(cudnnSetStream(h.handle, stream));
   CUDNN_CHECK(cached.graph->execute(h.handle, pack, workspace));
@@ -227,8 +225,8 @@ void execute(CachedGraph& cached, DeviceHandle& h, const Device& device, cudaStr
 
 }  // namespace
 
-bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                             const Tensor& k, const Tensor& v, cudaStream_t stream) {
+bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, cudaStream_t stream) {
   if (!eligible(q, {&out, &lse, &q, &k, &v})) return false;
   const int device = q.device().index;
   DeviceHandle& h = device_handle(device);
@@ -242,9 +240,8 @@ bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 }
 
 bool cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                              cudaStream_t stream) {
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, cudaStream_t stream) {
   if (!eligible(q, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) return false;
   const int device = q.device().index;
   DeviceHandle& h = device_handle(device);
@@ -252,9 +249,9 @@ bool cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
   CachedGraph& cached = cached_graph(key, h);
   if (!cached.graph) return false;
   std::unordered_map<int64_t, void*> pack = {
-      {kQ, q.data()},     {kK, k.data()},       {kV, v.data()},
-      {kO, out.data()},   {kDO, dout.data()},   {kStats, lse.data()},
-      {kDQ, dq.data()},   {kDK, dk.data()},     {kDV, dv.data()}};
+      {kQ, q.data()},   {kK, k.data()},     {kV, v.data()},
+      {kO, out.data()}, {kDO, dout.data()}, {kStats, lse.data()},
+      {kDQ, dq.data()}, {kDK, dk.data()},   {kDV, dv.data()}};
   execute(cached, h, q.device(), stream, pack);
   return true;
 }

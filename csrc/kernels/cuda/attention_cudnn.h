@@ -11,12 +11,11 @@
 
 namespace braid::ops::cuda::detail {
 
-bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q,
-                             const Tensor& k, const Tensor& v, cudaStream_t stream);
+bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                             const Tensor& v, cudaStream_t stream);
 
 bool cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                              cudaStream_t stream);
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, cudaStream_t stream);
 
 }  // namespace braid::ops::cuda::detail

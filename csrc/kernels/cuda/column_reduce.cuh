@@ -76,8 +76,8 @@ void column_sums_add(ColumnOutputs<kOuts> outputs, int64_t rows, int64_t cols, S
       stream_scratch(device, stream, size_t(kOuts) * size_t(splits) * size_t(cols) * 4));
   dim3 grid(unsigned(ceil_div(cols, kColumnTile)), unsigned(splits));
   dim3 block(kColumnTile, kColumnRows);
-  column_partials_kernel<kOuts><<<grid, block, 0, stream>>>(partials, rows, cols, rows_per_split,
-                                                            source);
+  column_partials_kernel<kOuts>
+      <<<grid, block, 0, stream>>>(partials, rows, cols, rows_per_split, source);
   CUDA_CHECK_LAUNCH();
   constexpr int kThreads = 256;
   column_finish_kernel<kOuts><<<unsigned(ceil_div(cols, kThreads)), kThreads, 0, stream>>>(

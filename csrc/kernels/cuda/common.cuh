@@ -53,9 +53,14 @@ struct Tag {
 template <typename F>
 void dispatch_activation(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::f32: f(Tag<float>{}); return;
-    case DType::bf16: f(Tag<bf16>{}); return;
-    default: BRAID_FAIL(op, ": activations are f32 or bf16 on cuda, got ", dtype_name(dtype));
+    case DType::f32:
+      f(Tag<float>{});
+      return;
+    case DType::bf16:
+      f(Tag<bf16>{});
+      return;
+    default:
+      BRAID_FAIL(op, ": activations are f32 or bf16 on cuda, got ", dtype_name(dtype));
   }
 }
 
@@ -63,10 +68,17 @@ void dispatch_activation(DType dtype, const char* op, F&& f) {
 template <typename F>
 void dispatch_floating(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::f32: f(Tag<float>{}); return;
-    case DType::bf16: f(Tag<bf16>{}); return;
-    case DType::f16: f(Tag<f16>{}); return;
-    default: BRAID_FAIL(op, ": expected f32, bf16 or f16, got ", dtype_name(dtype));
+    case DType::f32:
+      f(Tag<float>{});
+      return;
+    case DType::bf16:
+      f(Tag<bf16>{});
+      return;
+    case DType::f16:
+      f(Tag<f16>{});
+      return;
+    default:
+      BRAID_FAIL(op, ": expected f32, bf16 or f16, got ", dtype_name(dtype));
   }
 }
 

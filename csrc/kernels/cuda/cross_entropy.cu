@@ -43,9 +43,8 @@ __global__ void cross_entropy_partials_kernel(float* __restrict__ max_out,
                                               float* __restrict__ sumexp_out,
                                               float* __restrict__ target_logit,
                                               const T* __restrict__ logits,
-                                              const int32_t* __restrict__ targets,
-                                              int64_t tokens, int64_t v_local,
-                                              int64_t vocab_offset) {
+                                              const int32_t* __restrict__ targets, int64_t tokens,
+                                              int64_t v_local, int64_t vocab_offset) {
   __shared__ float shared_max[32], shared_sum[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
@@ -75,8 +74,7 @@ __global__ void cross_entropy_partials_kernel(float* __restrict__ max_out,
       sumexp_out[t] = total.sum;
       const int64_t target = targets[t];
       const int64_t local = target - vocab_offset;
-      target_logit[t] =
-          target >= 0 && local >= 0 && local < v_local ? to_float(row[local]) : 0.0f;
+      target_logit[t] = target >= 0 && local >= 0 && local < v_local ? to_float(row[local]) : 0.0f;
     }
     __syncthreads();  // shared_* are reused by the next row
   }
@@ -154,8 +152,8 @@ void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
   detail::DeviceGuard guard(loss.device());
   const int64_t tokens = targets.numel();
   constexpr int kThreads = 256;
-  cross_entropy_loss_kernel<<<detail::grid_for(tokens, kThreads, loss.device().index), kThreads,
-                              0, detail::cuda_stream(stream)>>>(
+  cross_entropy_loss_kernel<<<detail::grid_for(tokens, kThreads, loss.device().index), kThreads, 0,
+                              detail::cuda_stream(stream)>>>(
       loss.data_ptr<float>(), max.data_ptr<float>(), sumexp.data_ptr<float>(),
       target_logit.data_ptr<float>(), targets.data_ptr<int32_t>(), tokens);
   CUDA_CHECK_LAUNCH();

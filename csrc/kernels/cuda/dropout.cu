@@ -19,8 +19,8 @@ __device__ __forceinline__ float dropout_element(float x, uint32_t word, float p
 
 // kPacked: x and out are aligned to four elements, so full groups move as one pack.
 template <bool kPacked, typename T>
-__global__ void dropout_kernel(T* out, const T* x, int64_t n, float p, float scale,
-                               uint64_t seed, uint64_t offset) {
+__global__ void dropout_kernel(T* out, const T* x, int64_t n, float p, float scale, uint64_t seed,
+                               uint64_t offset) {
   int64_t groups = (n + 3) / 4;
   int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
@@ -52,11 +52,10 @@ void dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_
     T* o = static_cast<T*>(out.data());
     const T* in = static_cast<const T*>(x.data());
     if (detail::aligned_to(o, 4 * sizeof(T)) && detail::aligned_to(in, 4 * sizeof(T))) {
-      dropout_kernel<true><<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed,
-                                                                  offset);
+      dropout_kernel<true><<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed, offset);
     } else {
-      dropout_kernel<false><<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed,
-                                                                   offset);
+      dropout_kernel<false>
+          <<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed, offset);
     }
     CUDA_CHECK_LAUNCH();
   });

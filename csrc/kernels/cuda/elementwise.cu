@@ -35,9 +35,8 @@ void scale(Tensor out, const Tensor& x, float alpha, Stream stream) {
   detail::DeviceGuard guard(out.device());
   detail::dispatch_activation(out.dtype(), "scale", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()),
-                        out.numel(), ScaleOp{alpha}, detail::cuda_stream(stream),
-                        out.device().index);
+    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
+                        ScaleOp{alpha}, detail::cuda_stream(stream), out.device().index);
   });
 }
 

@@ -53,8 +53,7 @@ template <typename TOut, typename TIn, typename Op>
 void launch_map1(TOut* out, const TIn* x, int64_t n, Op op, cudaStream_t stream, int device) {
   constexpr int V = std::min(kPack<TOut>, kPack<TIn>);
   if (n % V == 0 && aligned_to(out, V * sizeof(TOut)) && aligned_to(x, V * sizeof(TIn))) {
-    map1_kernel<V><<<grid_for(n / V, kMapThreads, device), kMapThreads, 0, stream>>>(out, x, n,
-                                                                                     op);
+    map1_kernel<V><<<grid_for(n / V, kMapThreads, device), kMapThreads, 0, stream>>>(out, x, n, op);
   } else {
     map1_kernel<1><<<grid_for(n, kMapThreads, device), kMapThreads, 0, stream>>>(out, x, n, op);
   }
@@ -66,11 +65,10 @@ void launch_map2(T* out, const T* a, const T* b, int64_t n, Op op, cudaStream_t 
                  int device) {
   constexpr int V = kPack<T>;
   if (n % V == 0 && aligned16(out) && aligned16(a) && aligned16(b)) {
-    map2_kernel<V><<<grid_for(n / V, kMapThreads, device), kMapThreads, 0, stream>>>(out, a, b,
-                                                                                     n, op);
+    map2_kernel<V>
+        <<<grid_for(n / V, kMapThreads, device), kMapThreads, 0, stream>>>(out, a, b, n, op);
   } else {
-    map2_kernel<1><<<grid_for(n, kMapThreads, device), kMapThreads, 0, stream>>>(out, a, b, n,
-                                                                                 op);
+    map2_kernel<1><<<grid_for(n, kMapThreads, device), kMapThreads, 0, stream>>>(out, a, b, n, op);
   }
   CUDA_CHECK_LAUNCH();
 }

@@ -52,11 +52,10 @@ __global__ void embedding_keys_kernel(uint32_t* __restrict__ keys, int32_t* __re
 // A block per run start p of the sorted keys: sums dout over the run's tokens (in token
 // order, the sort is stable) column by column, then adds the sums into dweight's row.
 template <typename T>
-__global__ void embedding_backward_kernel(float* __restrict__ dweight,
-                                          const T* __restrict__ dout,
+__global__ void embedding_backward_kernel(float* __restrict__ dweight, const T* __restrict__ dout,
                                           const uint32_t* __restrict__ keys,
-                                          const int32_t* __restrict__ tokens_of,
-                                          int64_t tokens, int64_t c, uint32_t v_local) {
+                                          const int32_t* __restrict__ tokens_of, int64_t tokens,
+                                          int64_t c, uint32_t v_local) {
   for (int64_t p = blockIdx.x; p < tokens; p += gridDim.x) {
     const uint32_t key = keys[p];
     if (key >= v_local || (p > 0 && keys[p - 1] == key)) continue;
@@ -91,19 +90,20 @@ void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight, int6
     const int32_t* id = ids.data_ptr<int32_t>();
     if (detail::pack_width<T>(c, {o, w}) > 1) {
       constexpr int V = detail::kPack<T>;
-      embedding_forward_kernel<V, T><<<detail::grid_for(tokens * c / V, kThreads, device),
-                                       kThreads, 0, s>>>(o, id, w, tokens, c, v_local,
-                                                         vocab_offset);
+      embedding_forward_kernel<V, T>
+          <<<detail::grid_for(tokens * c / V, kThreads, device), kThreads, 0, s>>>(
+              o, id, w, tokens, c, v_local, vocab_offset);
     } else {
-      embedding_forward_kernel<1, T><<<detail::grid_for(tokens * c, kThreads, device), kThreads,
-                                       0, s>>>(o, id, w, tokens, c, v_local, vocab_offset);
+      embedding_forward_kernel<1, T>
+          <<<detail::grid_for(tokens * c, kThreads, device), kThreads, 0, s>>>(
+              o, id, w, tokens, c, v_local, vocab_offset);
     }
     CUDA_CHECK_LAUNCH();
   });
 }
 
-void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
-                        int64_t vocab_offset, Stream stream) {
+void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_offset,
+                        Stream stream) {
   detail::DeviceGuard guard(dweight.device());
   const int64_t tokens = ids.numel(), v_local = dweight.size(0), c = dweight.size(1);
   BRAID_CHECK(tokens <= INT32_MAX && v_local < INT32_MAX, "embedding_backward: ", tokens,

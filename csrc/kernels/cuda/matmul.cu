@@ -29,10 +29,14 @@ constexpr size_t kMaxWorkspace = size_t(32) << 20;  // what cuBLAS suggests for 
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: BRAID_FAIL("matmul: no cuBLAS type for ", dtype_name(t));
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      BRAID_FAIL("matmul: no cuBLAS type for ", dtype_name(t));
   }
 }
 
@@ -73,7 +77,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;
-  bool found = false;  // the heuristic returned an algorithm
+  bool found = false;                             // the heuristic returned an algorithm
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;  // the heuristic's answer when it did not
   std::mutex mutex;
 
@@ -92,18 +96,18 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, cublasLtHandle_t handle, con
   CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS A is our b
   cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLAS B is our a
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                              sizeof(op_a)));
-  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                              sizeof(op_b)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (key.bias_epilogue) {
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
                                                 &epilogue, sizeof(epilogue)));
     if (key.bias != key.out) {  // the default bias type is D's
       int32_t bias_type = int32_t(cuda_type(key.bias));
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                  &bias_type, sizeof(bias_type)));
     }
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                 &bias, sizeof(bias)));
@@ -112,10 +116,10 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, cublasLtHandle_t handle, con
   const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
   // cuBLAS B = a: [M, K] column-major (a row-major [K, M]) if trans_a, else [K, M] (a [M, K]).
   const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->a, cuda_type(key.ab), a_rows, a_cols,
-                                          int64_t(a_rows)));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->b, cuda_type(key.ab), b_rows, b_cols,
-                                          int64_t(b_rows)));
+  CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->a, cuda_type(key.ab), a_rows, a_cols, int64_t(a_rows)));
+  CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->b, cuda_type(key.ab), b_rows, b_cols, int64_t(b_rows)));
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->d, cuda_type(key.out), uint64_t(key.n),
                                           uint64_t(key.m), key.n));
 
@@ -132,9 +136,8 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, cublasLtHandle_t handle, con
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_out);
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
-  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b,
-                                                         plan->d, plan->d, pref, 1, &result,
-                                                         &returned);
+  cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan->desc, plan->a, plan->b, plan->d, plan->d, pref, 1, &result, &returned);
   cublasLtMatmulPreferenceDestroy(pref);
   if (status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     plan->algo = result.algo;
@@ -210,9 +213,19 @@ void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bo
 
   const int device = out.device().index;
   cublasLtHandle_t handle = lt_handle(device);
-  PlanKey key{device, m, n, k, trans_a, trans_b, bias.defined(), a.dtype(), out.dtype(),
-              bias.defined() ? bias.dtype() : out.dtype(), alignment_of(a.data()),
-              alignment_of(b.data()), alignment_of(out.data()),
+  PlanKey key{device,
+              m,
+              n,
+              k,
+              trans_a,
+              trans_b,
+              bias.defined(),
+              a.dtype(),
+              out.dtype(),
+              bias.defined() ? bias.dtype() : out.dtype(),
+              alignment_of(a.data()),
+              alignment_of(b.data()),
+              alignment_of(out.data()),
               bias.defined() ? alignment_of(bias.data()) : 256u};
   Plan* plan = cached_plan(key, handle, bias.defined() ? bias.data() : nullptr);
   bool separate_bias = false;
@@ -223,21 +236,20 @@ void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bo
     plan = cached_plan(key, handle, nullptr);
     separate_bias = true;
   }
-  BRAID_CHECK(plan->found, "matmul: cuBLASLt has no algorithm for [", m, ", ", k, "] x [", k,
-              ", ", n, "] (", dtype_name(a.dtype()), " -> ", dtype_name(out.dtype()),
+  BRAID_CHECK(plan->found, "matmul: cuBLASLt has no algorithm for [", m, ", ", k, "] x [", k, ", ",
+              n, "] (", dtype_name(a.dtype()), " -> ", dtype_name(out.dtype()),
               trans_a ? ", a^T" : "", trans_b ? ", b^T" : "",
               "): ", cublasLtGetStatusString(plan->status));
 
-  void* workspace = plan->workspace > 0
-                        ? detail::stream_scratch(out.device(), s, plan->workspace)
-                        : nullptr;
+  void* workspace =
+      plan->workspace > 0 ? detail::stream_scratch(out.device(), s, plan->workspace) : nullptr;
   const float beta = accumulate ? 1.0f : 0.0f;
   {
     std::lock_guard<std::mutex> lock(plan->mutex);
     if (key.bias_epilogue) {
       const void* bias_ptr = bias.data();
-      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
-          plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr)));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &bias_ptr, sizeof(bias_ptr)));
     }
     CUBLAS_CHECK(cublasLtMatmul(handle, plan->desc, &alpha, b.data(), plan->a, a.data(), plan->b,
                                 &beta, out.data(), plan->d, out.data(), plan->d, &plan->algo,

@@ -18,7 +18,7 @@ constexpr int kRowsPerBlock = kNormThreads / 32;
 
 // Warp-per-row loop: `row` is this warp's row, `lane` its lane; the row's elements are
 // visited V at a time starting at lane * V.
-#define BRAID_FOR_ROWS(rows)                                                                 \
+#define BRAID_FOR_ROWS(rows)                                                               \
   for (int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32; row < (rows); \
        row += int64_t(gridDim.x) * kRowsPerBlock)
 
@@ -70,8 +70,7 @@ template <int V, typename T>
 __global__ void layernorm_backward_kernel(T* __restrict__ dx, const T* __restrict__ dout,
                                           const T* __restrict__ x, const T* __restrict__ weight,
                                           const float* __restrict__ mean,
-                                          const float* __restrict__ rstd, int64_t rows,
-                                          int64_t c) {
+                                          const float* __restrict__ rstd, int64_t rows, int64_t c) {
   const int lane = threadIdx.x % 32;
   BRAID_FOR_ROWS(rows) {
     const T* xr = x + row * c;
@@ -157,8 +156,7 @@ __global__ void rmsnorm_forward_kernel(T* __restrict__ out, float* __restrict__ 
 template <int V, typename T>
 __global__ void rmsnorm_backward_kernel(T* __restrict__ dx, const T* __restrict__ dout,
                                         const T* __restrict__ x, const T* __restrict__ weight,
-                                        const float* __restrict__ rstd, int64_t rows,
-                                        int64_t c) {
+                                        const float* __restrict__ rstd, int64_t rows, int64_t c) {
   const int lane = threadIdx.x % 32;
   BRAID_FOR_ROWS(rows) {
     const T* xr = x + row * c;
@@ -270,8 +268,8 @@ void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& wei
     const T* px = static_cast<const T*>(x.data());
     const T* w = static_cast<const T*>(weight.data());
     launch_rows<T>(rows, c, {o, px, w}, x.device(), [&](auto v, unsigned blocks) {
-      rmsnorm_forward_kernel<decltype(v)::value, T><<<blocks, kNormThreads, 0, s>>>(
-          o, rstd.data_ptr<float>(), px, w, rows, c, eps);
+      rmsnorm_forward_kernel<decltype(v)::value, T>
+          <<<blocks, kNormThreads, 0, s>>>(o, rstd.data_ptr<float>(), px, w, rows, c, eps);
     });
   });
 }

@@ -63,9 +63,15 @@ __global__ void squares_partials_kernel(double* __restrict__ partials,
   const SquaresChunk c = chunks[blockIdx.x];
   double sum;
   switch (c.kind) {
-    case kBF16: sum = chunk_squares(static_cast<const detail::bf16*>(c.data), c.start, c.end); break;
-    case kF16: sum = chunk_squares(static_cast<const detail::f16*>(c.data), c.start, c.end); break;
-    default: sum = chunk_squares(static_cast<const float*>(c.data), c.start, c.end); break;
+    case kBF16:
+      sum = chunk_squares(static_cast<const detail::bf16*>(c.data), c.start, c.end);
+      break;
+    case kF16:
+      sum = chunk_squares(static_cast<const detail::f16*>(c.data), c.start, c.end);
+      break;
+    default:
+      sum = chunk_squares(static_cast<const float*>(c.data), c.start, c.end);
+      break;
   }
   sum = block_sum_double(sum, shared);
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;

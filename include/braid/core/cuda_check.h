@@ -11,14 +11,14 @@
 
 #include "braid/core/error.h"
 
-#define CUDA_CHECK(call)                                                                 \
-  do {                                                                                   \
-    cudaError_t braid_status_ = (call);                                                  \
-    if (braid_status_ != cudaSuccess) [[unlikely]] {                                     \
-      (void)cudaGetLastError();                                                          \
-      BRAID_FAIL("CUDA error ", cudaGetErrorName(braid_status_), " (",                   \
-                 cudaGetErrorString(braid_status_), ") in ", #call);                     \
-    }                                                                                    \
+#define CUDA_CHECK(call)                                               \
+  do {                                                                 \
+    cudaError_t braid_status_ = (call);                                \
+    if (braid_status_ != cudaSuccess) [[unlikely]] {                   \
+      (void)cudaGetLastError();                                        \
+      BRAID_FAIL("CUDA error ", cudaGetErrorName(braid_status_), " (", \
+                 cudaGetErrorString(braid_status_), ") in ", #call);   \
+    }                                                                  \
   } while (0)
 
 // After a kernel launch: reports a bad configuration or an earlier asynchronous fault.
@@ -28,13 +28,13 @@
 #if __has_include(<cublasLt.h>)
 #include <cublasLt.h>
 
-#define CUBLAS_CHECK(call)                                                               \
-  do {                                                                                   \
-    cublasStatus_t braid_status_ = (call);                                               \
-    if (braid_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                           \
-      BRAID_FAIL("cuBLAS error ", cublasLtGetStatusName(braid_status_), " (",            \
-                 cublasLtGetStatusString(braid_status_), ") in ", #call);                \
-    }                                                                                    \
+#define CUBLAS_CHECK(call)                                                    \
+  do {                                                                        \
+    cublasStatus_t braid_status_ = (call);                                    \
+    if (braid_status_ != CUBLAS_STATUS_SUCCESS) [[unlikely]] {                \
+      BRAID_FAIL("cuBLAS error ", cublasLtGetStatusName(braid_status_), " (", \
+                 cublasLtGetStatusString(braid_status_), ") in ", #call);     \
+    }                                                                         \
   } while (0)
 #endif
 
@@ -65,12 +65,12 @@ std::string cudnn_failure(FrontendError status) {
 }
 }  // namespace braid::detail
 
-#define CUDNN_CHECK(call)                                                                \
-  do {                                                                                   \
-    std::string braid_failure_ = ::braid::detail::cudnn_failure((call));                 \
-    if (!braid_failure_.empty()) [[unlikely]] {                                          \
-      BRAID_FAIL("cuDNN error ", braid_failure_, " in ", #call);                         \
-    }                                                                                    \
+#define CUDNN_CHECK(call)                                                \
+  do {                                                                   \
+    std::string braid_failure_ = ::braid::detail::cudnn_failure((call)); \
+    if (!braid_failure_.empty()) [[unlikely]] {                          \
+      BRAID_FAIL("cuDNN error ", braid_failure_, " in ", #call);         \
+    }                                                                    \
   } while (0)
 #endif
 
@@ -79,16 +79,15 @@ std::string cudnn_failure(FrontendError status) {
 #if __has_include(<nccl.h>)
 #include <nccl.h>
 
-#define NCCL_CHECK(call)                                                                 \
-  do {                                                                                   \
-    ncclResult_t braid_status_ = (call);                                                 \
-    if (braid_status_ != ncclSuccess && braid_status_ != ncclInProgress) [[unlikely]] {  \
-      const char* braid_last_ = ncclGetLastError(nullptr);                               \
-      BRAID_FAIL("NCCL error ", ncclGetErrorString(braid_status_),                       \
-                 (braid_last_ != nullptr && braid_last_[0] != '\0' ? " (" : ""),         \
-                 (braid_last_ != nullptr ? braid_last_ : ""),                            \
-                 (braid_last_ != nullptr && braid_last_[0] != '\0' ? ")" : ""), " in ",  \
-                 #call);                                                                 \
-    }                                                                                    \
+#define NCCL_CHECK(call)                                                                        \
+  do {                                                                                          \
+    ncclResult_t braid_status_ = (call);                                                        \
+    if (braid_status_ != ncclSuccess && braid_status_ != ncclInProgress) [[unlikely]] {         \
+      const char* braid_last_ = ncclGetLastError(nullptr);                                      \
+      BRAID_FAIL("NCCL error ", ncclGetErrorString(braid_status_),                              \
+                 (braid_last_ != nullptr && braid_last_[0] != '\0' ? " (" : ""),                \
+                 (braid_last_ != nullptr ? braid_last_ : ""),                                   \
+                 (braid_last_ != nullptr && braid_last_[0] != '\0' ? ")" : ""), " in ", #call); \
+    }                                                                                           \
   } while (0)
 #endif
