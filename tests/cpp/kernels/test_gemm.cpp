@@ -1,5 +1,7 @@
 // matmul (all transposes, bias, alpha, accumulate, flattened leading dims) and bias_backward;
 // the linear-layer recipes of ops.h checked against finite differences.
+#include <array>
+
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -12,6 +14,7 @@ std::vector<double> gemm_reference(const Tensor& a, const Tensor& b, const Tenso
                                    bool trans_a, bool trans_b, double alpha, int64_t m, int64_t n,
                                    int64_t k, const std::vector<double>& out0) {
   std::vector<double> av = values(a), bv = values(b);
+  std::vector<double> biasv = bias.defined() ? values(bias) : std::vector<double>();
   std::vector<double> out(size_t(m * n));
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {
@@ -22,7 +25,7 @@ std::vector<double> gemm_reference(const Tensor& a, const Tensor& b, const Tenso
         sum += x * y;
       }
       double v = alpha * sum;
-      if (bias.defined()) v += values(bias)[size_t(j)];
+      if (bias.defined()) v += biasv[size_t(j)];
       if (!out0.empty()) v += out0[size_t(i * n + j)];
       out[size_t(i * n + j)] = v;
     }
@@ -54,6 +57,29 @@ TEST_P(Gemm, MatchesReferenceForEveryTransposeBiasAndAccumulate) {
           // f32: K = 29 products of |x| < 1; bf16: the output is rounded to bf16.
           EXPECT_TRUE(all_close(out, want, tol({1e-5, 1e-5}, {3e-2, 1e-2})));
         }
+      }
+    }
+  }
+}
+
+TEST_P(Gemm, LargeProductsSplitAcrossThreads) {
+  // Big enough for the CPU to split the output between threads: by rows (M > N) and by
+  // columns (N > M), with ragged last blocks.
+  const std::vector<std::array<int64_t, 3>> shapes = {{301, 70, 130}, {40, 509, 120}};
+  int seed = 50;
+  for (const auto& [m, n, k] : shapes) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << "M " << m << " N " << n << " K " << k << " trans_a "
+                                          << trans_a << " trans_b " << trans_b);
+        Tensor a = random_tensor(trans_a ? Shape{k, m} : Shape{m, k}, seed++);
+        Tensor b = random_tensor(trans_b ? Shape{n, k} : Shape{k, n}, seed++);
+        Tensor bias = random_tensor({n}, seed++), out0 = random_tensor({m, n}, seed++);
+        Tensor out = up(out0);
+        ops::matmul(out, up(a), up(b), up(bias), trans_a, trans_b, 0.5f, true);
+        std::vector<double> want = gemm_reference(seen(a), seen(b), seen(bias), trans_a, trans_b,
+                                                  0.5, m, n, k, values(seen(out0)));
+        EXPECT_TRUE(all_close(out, want, tol({2e-5, 1e-5}, {5e-2, 1e-2})));
       }
     }
   }
