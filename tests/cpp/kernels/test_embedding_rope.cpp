@@ -42,6 +42,25 @@ TEST_P(EmbeddingRope, EmbeddingBackwardAddsRowsOfRepeatedIds) {
   EXPECT_TRUE(all_close(dw, want, tol({1e-6, 1e-6}, {1e-2, 1e-2})));
 }
 
+TEST_P(EmbeddingRope, EmbeddingBackwardMatchesFiniteDifferences) {
+  GradCheck g;
+  g.inputs = {ids_tensor({2, 4}, {1, 3, 3, 0, 6, 3, 1, 2}), random_tensor({5, 6}, 7)};
+  g.wrt = {1};  // with vocab_offset 1: id 0 and id 6 belong to other ranks
+  g.samples = 30;
+  g.forward = [](const Tensors& in) {
+    Tensor out = empty_as(in[1], {2, 4, 6});
+    ops::embedding_forward(out, in[0], in[1], 1);
+    return out;
+  };
+  g.backward = [](const Tensors& in, const Tensor& dout) {
+    Tensor dw = zeros_f32_as(in[1], {5, 6});
+    ops::embedding_backward(dw, dout, in[0], 1);
+    return Tensors{dw};
+  };
+  g.f32_tol = {1e-3, 1e-3};
+  check_gradients(GetParam(), g);
+}
+
 // HF Llama: inv_freq[i] = theta^(-2i/D); out[i] = x[i] cos - x[i + D/2] sin,
 // out[i + D/2] = x[i + D/2] cos + x[i] sin, angle = position * inv_freq[i].
 std::vector<double> rope_reference(const std::vector<double>& x, int64_t b, int64_t s, int64_t h,
