@@ -61,8 +61,13 @@ void gemm_block(const GemmArgs& g, int64_t r0, int64_t r1, int64_t c0, int64_t c
 // Splits the longer side of out into blocks of 16 (whole cache lines of a row), contiguous
 // ranges of them per thread; small products stay on one thread.
 void gemm(const GemmArgs& g) {
-  static const bool single_threaded_blas = (openblas_set_num_threads(1), true);
-  (void)single_threaded_blas;
+  // A pthreads OpenBLAS is told to stay on the calling thread; an OpenMP one does that by
+  // itself inside a parallel region (and its set_num_threads would resize braid's pool).
+  static const bool blas_on_caller = [] {
+    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)blas_on_caller;
   constexpr int64_t kAlign = 16;
   constexpr int64_t kMinFlopsPerThread = int64_t(1) << 22;
   const bool split_rows = g.m >= g.n;
