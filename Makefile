@@ -22,10 +22,11 @@ BOOTSTRAP := bash scripts/bootstrap.sh $(if $(CI),,--quiet)
 CTEST_ARGS ?=
 CTEST := ctest --output-on-failure --no-tests=error $(CTEST_ARGS)
 
-# CPU threads. The demo and ad-hoc runs get every core; each ctest entry sets its own
-# (OMP_NUM_THREADS=2, OPENBLAS_NUM_THREADS=1: see cmake/BraidTesting.cmake).
+# CPU threads. braid's OpenMP threads split each GEMM and call OpenBLAS single-threaded
+# (csrc/kernels/cpu/gemm.cpp), so OpenBLAS gets no pool of its own and the demo gets every core
+# through OpenMP. Each ctest entry sets its own (cmake/BraidTesting.cmake).
 export OMP_NUM_THREADS ?= $(NPROC)
-export OPENBLAS_NUM_THREADS ?= $(NPROC)
+export OPENBLAS_NUM_THREADS ?= 1
 # mpirun in tests: as root in CI and on these machines, and up to 8 ranks on 2 cores.
 ifeq ($(shell id -u),0)
 export OMPI_ALLOW_RUN_AS_ROOT := 1
