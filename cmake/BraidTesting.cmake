@@ -17,7 +17,7 @@ function(braid_add_test)
     set(T_TIMEOUT 600)
   endif()
   set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1")
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive;OPENBLAS_NUM_THREADS=1")
 endfunction()
 
 function(braid_add_pytest)
@@ -33,6 +33,6 @@ function(braid_add_pytest)
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   # PYTHONPATH is prepended to, not replaced: scripts/gpu_check.sh puts carried wheels there.
   set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "OMP_NUM_THREADS=2;OPENBLAS_NUM_THREADS=1"
+    ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive;OPENBLAS_NUM_THREADS=1"
     ENVIRONMENT_MODIFICATION "PYTHONPATH=path_list_prepend:${PROJECT_SOURCE_DIR}/python")
 endfunction()

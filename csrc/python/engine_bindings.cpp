@@ -2,6 +2,8 @@
 
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "bindings.h"
 #include "braid/engine/adamw.h"
 #include "braid/engine/lr_schedule.h"
@@ -53,6 +55,21 @@ void bind_engine(py::module_& m) {
       .def_readonly("seconds", &StepStats::seconds)
       .def_readonly("tokens_per_second", &StepStats::tokens_per_second)
       .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes);
+
+  py::class_<AdamW>(m, "AdamW", "AdamW over a model's flat buffers, for hand-written loops: "
+                               "forward/backward yourself, then step().")
+      .def(py::init<model::GPTModel&, AdamWConfig>(), py::arg("model"), py::arg("config"),
+           py::keep_alive<1, 2>())
+      .def(
+          "step",
+          [](AdamW& a, std::optional<float> lr) {
+            py::gil_scoped_release release;
+            return lr ? a.clip_and_step(*lr) : a.clip_and_step();
+          },
+          py::arg("lr") = py::none(),
+          "Clips to config.clip_grad and takes one step; returns the gradient norm before clipping.")
+      .def("grad_norm", &AdamW::grad_norm)
+      .def_property_readonly("steps", &AdamW::step);
 
   py::class_<Trainer>(m, "Trainer", "One training step: microbatches, clipping, AdamW, LR schedule.")
       .def(py::init<model::GPTModel&, AdamWConfig, LRSchedule>(), py::arg("model"),

@@ -6,6 +6,7 @@ Tensors cross the boundary through DLPack without copies on the CPU:
 """
 
 from braid._C import (  # noqa: F401
+    AdamW,
     AdamWConfig,
     GPTModel,
     LRSchedule,

@@ -4,6 +4,11 @@ Problems look like ``364+58=422``; a row of the training batch holds one problem
 newline, padded to ``SEQ_LENGTH``. Only the answer (the digits after ``=`` and the newline)
 carries loss, so the model learns to add, not to guess the operands. Pairs are split by a
 fixed hash into a training set and a held-out set that training never sees.
+
+Held-out problems draw both operands uniformly from [0, 10^digits). Training draws a quarter
+of its operands from the shorter numbers [0, 10^(digits-1)) instead: with uniform operands
+only one in ten is shorter than the rest, and the model is slow to learn to line up digits
+of operands of different lengths.
 """
 
 from __future__ import annotations
@@ -38,12 +43,19 @@ class AdditionData:
         self.max_operand = 10**digits
         self.rng = np.random.default_rng(seed)
 
+    def _operands(self, n: int, held_out: bool) -> np.ndarray:
+        x = self.rng.integers(0, self.max_operand, size=n)
+        if not held_out:
+            short = self.rng.random(n) < 0.25
+            x[short] = self.rng.integers(0, self.max_operand // 10, size=int(short.sum()))
+        return x
+
     def _sample_pairs(self, n: int, held_out: bool) -> tuple[np.ndarray, np.ndarray]:
         a_out, b_out = [], []
         need = n
         while need > 0:
-            a = self.rng.integers(0, self.max_operand, size=2 * need + 64)
-            b = self.rng.integers(0, self.max_operand, size=2 * need + 64)
+            a = self._operands(2 * need + 64, held_out)
+            b = self._operands(2 * need + 64, held_out)
             keep = is_held_out(a, b) == held_out
             a_out.append(a[keep][:need])
             b_out.append(b[keep][:need])

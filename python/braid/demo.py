@@ -28,6 +28,7 @@ def parse_args(argv=None):
     p.add_argument("--min-lr", type=float, default=1e-4)
     p.add_argument("--lr-warmup-iters", type=int, default=100)
     p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--adam-beta2", type=float, default=0.95)
     p.add_argument("--log-interval", type=int, default=100)
     p.add_argument("--eval-problems", type=int, default=1000)
     p.add_argument("--seed", type=int, default=1234)
@@ -54,7 +55,8 @@ def main(argv=None) -> int:
     model = braid.GPTModel(cfg, device=args.device, seed=args.seed)
     schedule = braid.LRSchedule(lr=args.lr, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
                                 decay_iters=args.train_iters, style="cosine")
-    optim = braid.AdamWConfig(lr=args.lr, weight_decay=args.weight_decay, clip_grad=1.0)
+    optim = braid.AdamWConfig(lr=args.lr, beta2=args.adam_beta2, weight_decay=args.weight_decay,
+                              clip_grad=1.0)
     trainer = braid.Trainer(model, optim, schedule)
     data = addition.AdditionData(seed=args.seed)
     print(f"demo: GPT with {model.num_parameters():,} parameters ({cfg.num_layers} layers, hidden "

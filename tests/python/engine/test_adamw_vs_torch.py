@@ -98,3 +98,22 @@ def test_optimizer_alone_matches_torch_on_the_same_gradients(pair):
             w = params[n].detach().numpy()
             err = np.abs(np.from_dlpack(t) - w).max() / max(np.abs(w).max(), 1e-6)
             assert err <= 1e-6, f"step {step} {n}: relative error {err:.2e}"
+
+
+def test_hand_written_loop_equals_trainer():
+    _, a = llama_pair(seed=4)
+    _, b = llama_pair(seed=4)
+    cfg = braid.AdamWConfig(lr=1e-3, weight_decay=0.1, clip_grad=0.5)
+    trainer = braid.Trainer(a, cfg, braid.LRSchedule(lr=1e-3, min_lr=1e-3, style="constant"))
+    opt = braid.AdamW(b, cfg)
+    for step in range(3):
+        ids, targets = batch(97, seed=300 + step)
+        stats = trainer.train_step(ids, targets)
+        b.zero_grad()
+        loss = b.forward(ids, targets)
+        b.backward()
+        norm = opt.step(1e-3)
+        assert loss == stats.loss and norm == stats.grad_norm
+    assert opt.steps == 3
+    for name, t in a.parameters().items():
+        assert np.array_equal(np.from_dlpack(t), np.from_dlpack(b.parameters()[name])), name
