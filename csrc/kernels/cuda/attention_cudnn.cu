@@ -53,6 +53,7 @@ struct GraphKey {
 struct CachedGraph {
   std::shared_ptr<fe::graph::Graph> graph;  // null: cuDNN does not support the key
   int64_t workspace = 0;
+  bool failed = false;  // an execution failed: use braid's kernel from then on (under h.mutex)
 };
 
 // One cuDNN handle per device, with a mutex: the handle's stream is set before each
@@ -214,13 +215,22 @@ bool eligible(const Tensor& q, std::initializer_list<const Tensor*> tensors) {
   return true;
 }
 
-void execute(CachedGraph& cached, DeviceHandle& h, const Device& device, cudaStream_t stream,
-             std::unordered_map<int64_t, void*>& pack) {
+// Runs the graph; false (nothing queued) when cuDNN refuses to execute it, which is then
+// remembered so that later calls go straight to braid's kernel.
+bool execute(CachedGraph& cached, DeviceHandle& h, const Device& device, cudaStream_t stream,
+             std::unordered_map<int64_t, void*>& pack, const char* op) {
   void* workspace =
       cached.workspace > 0 ? stream_scratch(device, stream, size_t(cached.workspace)) : nullptr;
   std::lock_guard<std::mutex> lock(h.mutex);
+  if (cached.failed) return false;
   CUDNN_CHECK(cudnnSetStream(h.handle, stream));
-  CUDNN_CHECK(cached.graph->execute(h.handle, pack, workspace));
+  fe::error_t status = cached.graph->execute(h.handle, pack, workspace);
+  if (status.is_good()) return true;
+  (void)cudaGetLastError();  // a failed launch; a sticky fault resurfaces at the next check
+  cached.failed = true;
+  log::warn(op, ": cuDNN SDPA failed to execute (", status.get_message(),
+            "); using braid's kernel");
+  return false;
 }
 
 }  // namespace
@@ -235,8 +245,7 @@ bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   if (!cached.graph) return false;
   std::unordered_map<int64_t, void*> pack = {
       {kQ, q.data()}, {kK, k.data()}, {kV, v.data()}, {kO, out.data()}, {kStats, lse.data()}};
-  execute(cached, h, q.device(), stream, pack);
-  return true;
+  return execute(cached, h, q.device(), stream, pack, "attention_forward");
 }
 
 bool cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
@@ -252,8 +261,7 @@ bool cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& 
       {kQ, q.data()},   {kK, k.data()},     {kV, v.data()},
       {kO, out.data()}, {kDO, dout.data()}, {kStats, lse.data()},
       {kDQ, dq.data()}, {kDK, dk.data()},   {kDV, dv.data()}};
-  execute(cached, h, q.device(), stream, pack);
-  return true;
+  return execute(cached, h, q.device(), stream, pack, "attention_backward");
 }
 
 }  // namespace braid::ops::cuda::detail
