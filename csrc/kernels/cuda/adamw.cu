@@ -166,8 +166,8 @@ void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Str
   std::memcpy(host.data() + groups_at, descs.data(), descs.size() * sizeof(AdamWGroupDesc));
   std::memcpy(host.data() + chunks_at, chunks.data(), chunks.size() * sizeof(AdamWChunkDesc));
   void* table = detail::stream_scratch(device, s, host.size());
-  // From pageable memory: the call returns once `host` has been read.
-  CUDA_CHECK(cudaMemcpyAsync(table, host.data(), host.size(), cudaMemcpyHostToDevice, s));
+  // `host` is gone when this returns, long before the stream reaches the copy: it is staged.
+  detail::copy_to_device_async(device, s, table, host.data(), host.size());
   adamw_kernel<<<unsigned(chunks.size()), kThreads, 0, s>>>(
       detail::at_offset<AdamWGroupDesc>(table, groups_at),
       detail::at_offset<AdamWChunkDesc>(table, chunks_at), c);

@@ -378,11 +378,14 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
     CUDA_CHECK_LAUNCH();
     dispatch_chunks(m.d, [&](auto chunks) {
       constexpr int kChunks = decltype(chunks)::value;
-      auto dq_kernel = attention_dq_kernel<kChunks, T>;
-      reserve_shared(dq_kernel, dq_smem, device, "attention_backward");
-      dq_kernel<<<dim3(unsigned(m.b * m.hq), q_blocks), kThreads, dq_smem, s>>>(
-          static_cast<T*>(dq.data()), pdo, pq, pk, pv, lse.data_ptr<float>(), delta, m);
-      CUDA_CHECK_LAUNCH();
+      // Hq = 0 is valid (dq is empty, dk and dv are zeros) but a grid dimension cannot be 0.
+      if (m.hq > 0) {
+        auto dq_kernel = attention_dq_kernel<kChunks, T>;
+        reserve_shared(dq_kernel, dq_smem, device, "attention_backward");
+        dq_kernel<<<dim3(unsigned(m.b * m.hq), q_blocks), kThreads, dq_smem, s>>>(
+            static_cast<T*>(dq.data()), pdo, pq, pk, pv, lse.data_ptr<float>(), delta, m);
+        CUDA_CHECK_LAUNCH();
+      }
       auto dkdv_kernel = attention_dkdv_kernel<kChunks, T>;
       reserve_shared(dkdv_kernel, dkdv_smem, device, "attention_backward");
       dkdv_kernel<<<dim3(unsigned(m.b * m.hkv), q_blocks), kThreads, dkdv_smem, s>>>(

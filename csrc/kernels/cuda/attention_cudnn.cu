@@ -210,6 +210,7 @@ bool eligible(const Tensor& q, std::initializer_list<const Tensor*> tensors) {
   if (q.dtype() != DType::bf16 && q.dtype() != DType::f16) return false;
   const int64_t d = q.size(3);
   if (d == 0 || d % 8 != 0 || d > 256) return false;
+  if (q.numel() == 0) return false;  // e.g. Hq = 0 in a backward: nothing for cuDNN to build
   for (const Tensor* t : tensors)
     if (!aligned16(t->data())) return false;
   return true;

@@ -83,6 +83,9 @@ void dispatch_floating(DType dtype, const char* op, F&& f) {
 }
 
 // ---- element conversions (f32 arithmetic everywhere; stores round to nearest even)
+// Stores give the bits of the host's braid::float_to_bf16 / float_to_f16 (include/braid/core/
+// dtype.h): the hardware conversions round the same way but turn every NaN into the canonical
+// 0x7fff, dropping its sign and payload, so NaNs are converted as the host does.
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(f16 x) { return __half2float(x); }
@@ -95,10 +98,12 @@ __device__ __forceinline__ float from_float<float>(float x) {
 }
 template <>
 __device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  if (x != x) return __ushort_as_bfloat16(uint16_t((__float_as_uint(x) >> 16) | 0x40u));
   return __float2bfloat16_rn(x);
 }
 template <>
 __device__ __forceinline__ f16 from_float<f16>(float x) {
+  if (x != x) return __ushort_as_half(uint16_t(((__float_as_uint(x) >> 16) & 0x8000u) | 0x7e00u));
   return __float2half_rn(x);
 }
 
@@ -196,6 +201,15 @@ inline unsigned grid_for(int64_t items, int threads, int device) {
 // old buffer goes back to the allocator (no other stream can then be handed memory that a
 // queued kernel still uses).
 void* stream_scratch(Device device, cudaStream_t stream, size_t nbytes);
+
+// Queues a copy of `nbytes` of host memory at `src` into device memory `dst` on `stream`,
+// through pinned staging memory of `device`: the copy is truly asynchronous, and `src` may be
+// reused or freed as soon as this returns. (A cudaMemcpyAsync straight from pageable memory
+// is only documented to "possibly" be synchronous, so the caller's buffer could otherwise be
+// read after it is gone.) A staging buffer is reused only once its previous copy has
+// completed (an event recorded after it), so the host never waits for earlier work.
+void copy_to_device_async(Device device, cudaStream_t stream, void* dst, const void* src,
+                          size_t nbytes);
 
 // Carves consecutive 256-byte-aligned pieces out of one scratch request.
 class ScratchLayout {

@@ -14,14 +14,16 @@ using detail::to_float;
 constexpr int kRowThreads = 512;
 
 // Running (max, sum of exp(x - max)) of a softmax row. -inf logits contribute nothing; NaN
-// logits make the sum NaN.
+// logits make the sum NaN, as on the CPU. A NaN never becomes the max, so while max is -inf
+// the sum is 0 or NaN: it is then carried as it is (never multiplied by exp(-inf - m) = 0,
+// which would drop a NaN seen before the first finite logit).
 struct OnlineSoftmax {
   float max = -INFINITY;
   float sum = 0.0f;
 
   __device__ void add(float x) {
     if (x > max) {
-      sum = (max == -INFINITY ? 0.0f : sum * expf(max - x)) + 1.0f;
+      sum = (max == -INFINITY ? sum : sum * expf(max - x)) + 1.0f;
       max = x;
     } else if (max != -INFINITY || x != x) {
       sum += expf(x - max);
@@ -30,9 +32,8 @@ struct OnlineSoftmax {
 
   __device__ void merge(float other_max, float other_sum) {
     float m = fmaxf(max, other_max);
-    if (m == -INFINITY) return;  // both empty
-    float a = max == -INFINITY ? 0.0f : sum * expf(max - m);
-    float b = other_max == -INFINITY ? 0.0f : other_sum * expf(other_max - m);
+    float a = max == -INFINITY ? sum : sum * expf(max - m);
+    float b = other_max == -INFINITY ? other_sum : other_sum * expf(other_max - m);
     max = m;
     sum = a + b;
   }

@@ -53,8 +53,10 @@ __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_fr
 }
 
 // inv_freq[i] = 1 / theta^(2i / d) for i < d / 2, on `device`; computed once per (theta, d)
-// and kept for the life of the process.
-const float* inv_freq_table(Device device, float theta, int64_t d) {
+// and kept for the life of the process. Uploaded on the caller's stream, which is then
+// synchronised: a cudaMemcpy from pageable memory runs on the legacy default stream, which
+// does not order with non-blocking streams, and it may return before the data has landed.
+const float* inv_freq_table(Device device, cudaStream_t stream, float theta, int64_t d) {
   static std::mutex mutex;
   static auto* tables = new std::map<std::tuple<int, uint32_t, int64_t>, const float*>();
   uint32_t theta_bits;
@@ -70,7 +72,8 @@ const float* inv_freq_table(Device device, float theta, int64_t d) {
   }
   size_t nbytes = host.size() * sizeof(float);
   void* dev = allocator_for(device).allocate(nbytes);
-  CUDA_CHECK(cudaMemcpy(dev, host.data(), nbytes, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), nbytes, cudaMemcpyHostToDevice, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));  // other streams may use the table next
   const float* table = static_cast<const float*>(dev);
   tables->emplace(key, table);
   return table;
@@ -81,12 +84,12 @@ void rope(const Tensor& out, const Tensor& x, float theta, int64_t position_offs
   detail::DeviceGuard guard(x.device());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
   if (d == 0) return;
-  const float* inv_freq = inv_freq_table(x.device(), theta, d);
   BRAID_CHECK(s <= INT32_MAX, op, ": sequence length ", s, " exceeds the grid");
   dim3 grid(unsigned(s), unsigned(std::min<int64_t>(b, 1024)));
   size_t smem = size_t(d) * sizeof(float);
   BRAID_CHECK(smem <= 48 * 1024, op, ": head dim ", d, " is too large for the rope kernel");
   cudaStream_t cs = detail::cuda_stream(stream);
+  const float* inv_freq = inv_freq_table(x.device(), cs, theta, d);
   detail::dispatch_activation(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(static_cast<T*>(out.data()),

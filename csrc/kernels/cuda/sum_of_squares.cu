@@ -111,9 +111,9 @@ void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) 
   const size_t table_at = layout.reserve<SquaresChunk>(int64_t(chunks.size()));
   const size_t partials_at = layout.reserve<double>(int64_t(chunks.size()));
   void* base = detail::stream_scratch(out.device(), s, layout.bytes());
-  // From pageable memory: the call returns once `chunks` has been read.
-  CUDA_CHECK(cudaMemcpyAsync(detail::at_offset<SquaresChunk>(base, table_at), chunks.data(),
-                             chunks.size() * sizeof(SquaresChunk), cudaMemcpyHostToDevice, s));
+  // `chunks` is gone when this returns, long before the stream reaches the copy: it is staged.
+  detail::copy_to_device_async(out.device(), s, detail::at_offset<SquaresChunk>(base, table_at),
+                               chunks.data(), chunks.size() * sizeof(SquaresChunk));
   double* partials = detail::at_offset<double>(base, partials_at);
   squares_partials_kernel<<<unsigned(chunks.size()), kThreads, 0, s>>>(
       partials, detail::at_offset<SquaresChunk>(base, table_at));
