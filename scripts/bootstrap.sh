@@ -19,6 +19,7 @@
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export HOME=${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}
 cache=${BRAID_CACHE:-$HOME/.cache/braid}
 build_dir=${BRAID_BUILD_DIR:-build}
 jobs=${BRAID_JOBS:-$(nproc)}

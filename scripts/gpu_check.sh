@@ -83,7 +83,7 @@ with tarfile.open(sys.argv[1]) as tar:
 EOF
 
 # A carried wheel is installed only where the machine's own version differs from the pin.
-mapfile -t wheels < <("$py" - .deps/wheels <<'EOF'
+mapfile -t wheels < <("$py" - .deps/wheels 2>>"$out/setup.log" <<'EOF'
 import importlib.metadata as md, pathlib, sys
 for whl in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
     name, version = whl.name.split("-")[:2]
