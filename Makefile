@@ -46,7 +46,7 @@ test:
 	@$(CTEST) --test-dir build
 
 # The sanitizers: CPU only, no Python (the interpreter and torch are not ASan-built).
-# LSan: scripts/lsan.supp names the leaks that belong to OpenMP and OpenBLAS, not to braid.
+# LSan: scripts/lsan.supp names third-party runtimes' once-per-process allocations.
 SANITIZE_CMAKE_ARGS := -DBRAID_SANITIZE=ON -DBRAID_CUDA=OFF -DBRAID_PYTHON=OFF \
   -DBRAID_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
 sanitize:
