@@ -31,22 +31,30 @@ def encode(text: str) -> list[int]:
     return list(text.encode("ascii"))
 
 
-def problem_text(a: int, b: int) -> tuple[str, str]:
-    """The prompt and the answer the model must produce (with its closing newline)."""
+def problem_text(a: int, b: int, width: int = 0) -> tuple[str, str]:
+    """The prompt and the answer the model must produce (with its closing newline).
+
+    width > 0 zero-pads the operands to `width` digits and the sum to width + 1.
+    """
+    if width:
+        return f"{a:0{width}d}+{b:0{width}d}=", f"{a + b:0{width + 1}d}\n"
     return f"{a}+{b}=", f"{a + b}\n"
 
 
 class AdditionData:
     """Batches of training problems and the held-out evaluation problems."""
 
-    def __init__(self, digits: int = 3, seed: int = 1234):
+    def __init__(self, digits: int = 3, seed: int = 1234, short_fraction: float = 0.25,
+                 padded: bool = False):
         self.max_operand = 10**digits
+        self.width = digits if padded else 0
+        self.short_fraction = short_fraction
         self.rng = np.random.default_rng(seed)
 
     def _operands(self, n: int, held_out: bool) -> np.ndarray:
         x = self.rng.integers(0, self.max_operand, size=n)
         if not held_out:
-            short = self.rng.random(n) < 0.25
+            short = self.rng.random(n) < self.short_fraction
             x[short] = self.rng.integers(0, self.max_operand // 10, size=int(short.sum()))
         return x
 
@@ -67,7 +75,7 @@ class AdditionData:
         ids = np.full((batch_size, SEQ_LENGTH), PAD, dtype=np.int32)
         targets = np.full((batch_size, SEQ_LENGTH), IGNORE, dtype=np.int32)
         for row, (a, b) in enumerate(zip(*self._sample_pairs(batch_size, held_out=False))):
-            prompt, answer = problem_text(int(a), int(b))
+            prompt, answer = problem_text(int(a), int(b), self.width)
             tokens = encode(prompt + answer)
             ids[row, : len(tokens)] = tokens
             # position t predicts token t + 1: the answer starts after the prompt's last byte
@@ -80,13 +88,14 @@ class AdditionData:
         return [(int(x), int(y)) for x, y in zip(a, b)]
 
 
-def greedy_answers(logits_fn, problems: list[tuple[int, int]], max_answer: int = 5) -> list[str]:
+def greedy_answers(logits_fn, problems: list[tuple[int, int]], width: int = 0,
+                   max_answer: int = 5) -> list[str]:
     """Greedy decoding of every problem's answer in one batch.
 
     ``logits_fn(ids)`` maps int32 [N, SEQ_LENGTH] to logits [N, SEQ_LENGTH, V]. Rows are padded
     on the right; causal attention makes each row's next token depend only on its prefix.
     """
-    prompts = [encode(problem_text(a, b)[0]) for a, b in problems]
+    prompts = [encode(problem_text(a, b, width)[0]) for a, b in problems]
     ids = np.full((len(problems), SEQ_LENGTH), PAD, dtype=np.int32)
     lengths = np.array([len(p) for p in prompts])
     for row, p in enumerate(prompts):
@@ -111,7 +120,11 @@ def greedy_answers(logits_fn, problems: list[tuple[int, int]], max_answer: int =
     return [bytes(a).decode("ascii", errors="replace") for a in answers]
 
 
-def accuracy(logits_fn, problems: list[tuple[int, int]]) -> float:
-    answers = greedy_answers(logits_fn, problems)
-    correct = sum(ans == str(a + b) for ans, (a, b) in zip(answers, problems))
+def expected_answer(a: int, b: int, width: int = 0) -> str:
+    return problem_text(a, b, width)[1].rstrip("\n")
+
+
+def accuracy(logits_fn, problems: list[tuple[int, int]], width: int = 0) -> float:
+    answers = greedy_answers(logits_fn, problems, width)
+    correct = sum(ans == expected_answer(a, b, width) for ans, (a, b) in zip(answers, problems))
     return correct / max(len(problems), 1)

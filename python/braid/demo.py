@@ -19,6 +19,11 @@ from braid import addition
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m braid.demo", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"],
+                   help="gpt2: layernorm, gelu, learned positions; llama: rmsnorm, swiglu, rope")
+    p.add_argument("--short-operand-fraction", type=float, default=0.25)
+    p.add_argument("--padded", action="store_true",
+                   help="zero-pad operands to 3 digits and the sum to 4 (364+058=0422)")
     p.add_argument("--train-iters", type=int, default=1500)
     p.add_argument("--micro-batch-size", type=int, default=96)
     p.add_argument("--num-layers", type=int, default=3)
@@ -36,12 +41,12 @@ def parse_args(argv=None):
 
 
 def demo_config(args) -> braid.TransformerConfig:
-    cfg = braid.TransformerConfig.preset("gpt2-tiny")
+    cfg = braid.TransformerConfig.preset(f"{args.model}-tiny")
     cfg.num_layers = args.num_layers
     cfg.hidden_size = args.hidden_size
     cfg.num_attention_heads = args.num_attention_heads
     cfg.num_query_groups = args.num_attention_heads
-    cfg.ffn_hidden_size = 4 * args.hidden_size
+    cfg.ffn_hidden_size = 4 * args.hidden_size if args.model == "gpt2" else 8 * args.hidden_size // 3
     cfg.vocab_size = addition.VOCAB_SIZE
     cfg.max_position_embeddings = addition.SEQ_LENGTH
     cfg.validate()
@@ -58,7 +63,8 @@ def main(argv=None) -> int:
     optim = braid.AdamWConfig(lr=args.lr, beta2=args.adam_beta2, weight_decay=args.weight_decay,
                               clip_grad=1.0)
     trainer = braid.Trainer(model, optim, schedule)
-    data = addition.AdditionData(seed=args.seed)
+    data = addition.AdditionData(seed=args.seed, short_fraction=args.short_operand_fraction,
+                                 padded=args.padded)
     print(f"demo: GPT with {model.num_parameters():,} parameters ({cfg.num_layers} layers, hidden "
           f"{cfg.hidden_size}) on {args.device}, {args.train_iters} iterations of "
           f"{args.micro_batch_size} addition problems", flush=True)
@@ -79,11 +85,13 @@ def main(argv=None) -> int:
         return np.from_dlpack(model.logits(ids))
 
     problems = data.held_out_problems(args.eval_problems)
-    answers = addition.greedy_answers(logits_fn, problems)
-    correct = [ans == str(a + b) for ans, (a, b) in zip(answers, problems)]
+    answers = addition.greedy_answers(logits_fn, problems, data.width)
+    expected = [addition.expected_answer(a, b, data.width) for a, b in problems]
+    correct = [ans == want for ans, want in zip(answers, expected)]
     acc = sum(correct) / len(problems)
-    for (a, b), ans, ok in list(zip(problems, answers, correct))[:6]:
-        print(f"  {a}+{b}={ans:<5} {'ok' if ok else 'wrong (' + str(a + b) + ')'}")
+    for (a, b), ans, want in list(zip(problems, answers, expected))[:6]:
+        prompt = addition.problem_text(a, b, data.width)[0]
+        print(f"  {prompt}{ans:<5} {'ok' if ans == want else 'wrong (' + want + ')'}")
     print(f"demo: accuracy={acc:.3f} time={time.perf_counter() - start:.1f}s", flush=True)
     return 0
 

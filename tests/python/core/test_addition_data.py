@@ -45,3 +45,15 @@ def test_greedy_decoding_with_an_oracle():
 
     assert addition.greedy_answers(oracle_logits, problems) == ["422", "0", "1998"]
     assert addition.accuracy(oracle_logits, problems) == 1.0
+
+
+def test_padded_format():
+    data = addition.AdditionData(seed=3, padded=True)
+    assert addition.problem_text(7, 58, data.width) == ("007+058=", "0065\n")
+    ids, targets = data.batch(8)
+    for row in range(8):
+        text = bytes(ids[row].tolist()).decode("ascii").rstrip("\n")
+        assert len(text) == 12 and text[3] == "+" and text[7] == "="
+        supervised = bytes(targets[row][targets[row] >= 0].tolist()).decode("ascii")
+        assert supervised == text[8:] + "\n"
+    assert addition.expected_answer(999, 999, 3) == "1998"
