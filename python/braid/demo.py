@@ -21,10 +21,12 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--model", default="gpt2", choices=["gpt2", "llama"],
                    help="gpt2: layernorm, gelu, learned positions; llama: rmsnorm, swiglu, rope")
-    p.add_argument("--short-operand-fraction", type=float, default=0.25)
-    p.add_argument("--padded", action="store_true",
-                   help="zero-pad operands to 3 digits and the sum to 4 (364+058=0422)")
-    p.add_argument("--train-iters", type=int, default=1500)
+    p.add_argument("--format", default="padded", choices=["padded", "natural"],
+                   help="padded: 364+058=0422 (digits at fixed places, the default); "
+                        "natural: 364+58=422 (see docs/demo.md for how each learns)")
+    p.add_argument("--short-operand-fraction", type=float, default=0.0,
+                   help="fraction of training operands drawn below 10^(digits-1)")
+    p.add_argument("--train-iters", type=int, default=1200)
     p.add_argument("--micro-batch-size", type=int, default=96)
     p.add_argument("--num-layers", type=int, default=3)
     p.add_argument("--hidden-size", type=int, default=128)
@@ -64,7 +66,7 @@ def main(argv=None) -> int:
                               clip_grad=1.0)
     trainer = braid.Trainer(model, optim, schedule)
     data = addition.AdditionData(seed=args.seed, short_fraction=args.short_operand_fraction,
-                                 padded=args.padded)
+                                 padded=args.format == "padded")
     print(f"demo: GPT with {model.num_parameters():,} parameters ({cfg.num_layers} layers, hidden "
           f"{cfg.hidden_size}) on {args.device}, {args.train_iters} iterations of "
           f"{args.micro_batch_size} addition problems", flush=True)
