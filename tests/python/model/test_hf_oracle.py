@@ -33,32 +33,28 @@ def check_forward(hf, model, vocab):
     return ids, targets
 
 
-def test_gpt2_logits_loss_and_gradients():
-    hf, model = gpt2_pair()
+def check_loss_and_gradients(hf, model, want_grads):
+    """Forward + backward in both; `want_grads(hf)` gives HF's gradients under braid's names."""
     ids, targets = check_forward(hf, model, 97)
     loss = model.forward(ids, targets)
     model.backward()
     out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids))
     out.loss.backward()
     assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
-    want = gpt2_grads_in_braid_names(hf, 2, 64)
     got = braid_grads(model)
-    for name, g in want.items():
+    for name, g in want_grads(hf).items():
         assert_close_rel(name, got[name], g.numpy(), GRAD_RTOL)
+
+
+def test_gpt2_logits_loss_and_gradients():
+    hf, model = gpt2_pair()
+    check_loss_and_gradients(hf, model, lambda m: gpt2_grads_in_braid_names(m, 2, 64))
 
 
 @pytest.mark.parametrize("kv_heads,tie", [(2, False), (4, False), (1, True)])
 def test_llama_logits_loss_and_gradients(kv_heads, tie):
     hf, model = llama_pair(kv_heads=kv_heads, tie=tie)
-    ids, targets = check_forward(hf, model, 97)
-    loss = model.forward(ids, targets)
-    model.backward()
-    out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids))
-    out.loss.backward()
-    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
-    got = braid_grads(model)
-    for name, p in hf.named_parameters():
-        assert_close_rel(name, got[name], p.grad.numpy(), GRAD_RTOL)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 
 def test_ignored_targets_match_hf_ignore_index():
