@@ -72,6 +72,21 @@ TEST(Allocator, ReportsCurrentAndPeak) {
   EXPECT_EQ(memory_stats(cpu).peak_bytes, before);
 }
 
+TEST(Allocator, ReusesLargeHostBlocks) {
+  Device cpu = Device::cpu();
+  int64_t before = memory_stats(cpu).current_bytes;
+  void* first;
+  {
+    Tensor big = Tensor::empty({1 << 20}, DType::f32);  // 4 MiB
+    first = big.data();
+  }
+  EXPECT_EQ(memory_stats(cpu).current_bytes, before);
+  EXPECT_GE(memory_stats(cpu).reserved_bytes, before + (4 << 20));  // kept for reuse
+  Tensor again = Tensor::empty({(1 << 20) - 5}, DType::f32);  // same size class
+  EXPECT_EQ(again.data(), first);
+  EXPECT_EQ(memory_stats(cpu).current_bytes, before + int64_t(again.nbytes()));
+}
+
 class TensorOnDevice : public ::testing::TestWithParam<Device> {};
 
 TEST_P(TensorOnDevice, CopyRoundTrip) {
