@@ -93,7 +93,8 @@ Allocator& allocator_for(Device device) {
 #ifdef BRAID_WITH_CUDA
   return detail::cuda_caching_allocator(device.index);
 #else
-  BRAID_FAIL("device ", device.str(), " requested, but braid was built without CUDA (BRAID_CUDA=OFF)");
+  BRAID_FAIL("device ", device.str(),
+             " requested, but braid was built without CUDA (BRAID_CUDA=OFF)");
 #endif
 }
 

@@ -8,22 +8,34 @@ namespace braid {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: case DType::i32: return 4;
-    case DType::bf16: case DType::f16: return 2;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+    case DType::i32:
+      return 4;
+    case DType::bf16:
+    case DType::f16:
+      return 2;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   BRAID_FAIL("unknown dtype code ", int(t));
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::u8: return "u8";
+    case DType::f32:
+      return "f32";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::u8:
+      return "u8";
   }
   return "?";
 }
@@ -83,9 +95,9 @@ uint16_t float_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00;                 // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00;                // overflow to inf
-  if (abs < 0x38800000u) {                                     // subnormal or zero in f16
+  if (abs > 0x7f800000u) return sign | 0x7e00;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00;  // overflow to inf
+  if (abs < 0x38800000u) {                       // subnormal or zero in f16
     float a;
     std::memcpy(&a, &abs, 4);
     return sign | uint16_t(std::nearbyint(a * 16777216.0f));  // a / 2^-24, round to even

@@ -9,7 +9,8 @@ namespace braid {
 
 // ---- Shape ----
 
-Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+Shape::Shape(std::initializer_list<int64_t> dims)
+    : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const int64_t> dims) {
   BRAID_CHECK(dims.size() <= size_t(kMaxDims), "a tensor has at most ", kMaxDims, " dims, got ",
@@ -69,7 +70,10 @@ Storage::~Storage() {
 // ---- Tensor ----
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, size_t offset, const Shape& shape, DType dtype)
-    : storage_(std::move(storage)), offset_(offset), shape_(shape), dtype_(dtype),
+    : storage_(std::move(storage)),
+      offset_(offset),
+      shape_(shape),
+      dtype_(dtype),
       device_(storage_->device()) {}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -116,8 +120,8 @@ Tensor Tensor::view(const Shape& shape) const {
     dims[infer] = numel() / known;
   }
   Shape resolved(std::span<const int64_t>(dims.data(), size_t(shape.dim())));
-  BRAID_CHECK(resolved.numel() == numel(), "view: ", shape, " does not match ", shape_,
-              " (", numel(), " elements)");
+  BRAID_CHECK(resolved.numel() == numel(), "view: ", shape, " does not match ", shape_, " (",
+              numel(), " elements)");
   return Tensor(storage_, offset_, resolved, dtype_);
 }
 
@@ -147,8 +151,9 @@ Tensor Tensor::reinterpret(DType dtype) const {
 
 void Tensor::copy_from(const Tensor& src) {
   BRAID_CHECK(defined() && src.defined(), "copy_from: undefined tensor");
-  BRAID_CHECK(src.dtype() == dtype_ && src.numel() == numel(), "copy_from: ", dtype_name(src.dtype()),
-              src.shape(), " into ", dtype_name(dtype_), shape_);
+  BRAID_CHECK(src.dtype() == dtype_ && src.numel() == numel(),
+              "copy_from: ", dtype_name(src.dtype()), src.shape(), " into ", dtype_name(dtype_),
+              shape_);
   if (nbytes() == 0) return;
   if (device_.is_cpu() && src.device().is_cpu()) {
     std::memmove(data(), src.data(), nbytes());
@@ -184,12 +189,18 @@ double Tensor::item(int64_t i) const {
   BRAID_CHECK(i >= 0 && i < numel(), "item(", i, ") out of range for ", shape_);
   if (!device_.is_cpu()) return to(Device::cpu()).item(i);
   switch (dtype_) {
-    case DType::f32: return data_ptr<float>()[i];
-    case DType::bf16: return bf16_to_float(data_ptr<uint16_t>()[i]);
-    case DType::f16: return f16_to_float(data_ptr<uint16_t>()[i]);
-    case DType::i32: return data_ptr<int32_t>()[i];
-    case DType::i64: return double(data_ptr<int64_t>()[i]);
-    case DType::u8: return data_ptr<uint8_t>()[i];
+    case DType::f32:
+      return data_ptr<float>()[i];
+    case DType::bf16:
+      return bf16_to_float(data_ptr<uint16_t>()[i]);
+    case DType::f16:
+      return f16_to_float(data_ptr<uint16_t>()[i]);
+    case DType::i32:
+      return data_ptr<int32_t>()[i];
+    case DType::i64:
+      return double(data_ptr<int64_t>()[i]);
+    case DType::u8:
+      return data_ptr<uint8_t>()[i];
   }
   return 0;
 }
@@ -200,7 +211,8 @@ std::string Tensor::str(int64_t max_elements) const {
   if (defined()) {
     Tensor host = device_.is_cpu() ? *this : to(Device::cpu());
     out << ", [";
-    for (int64_t i = 0; i < std::min(numel(), max_elements); ++i) out << (i ? ", " : "") << host.item(i);
+    for (int64_t i = 0; i < std::min(numel(), max_elements); ++i)
+      out << (i ? ", " : "") << host.item(i);
     if (numel() > max_elements) out << ", ...";
     out << "]";
   }

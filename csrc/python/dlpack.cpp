@@ -18,18 +18,25 @@ struct ExportContext {
 
 DLDataType to_dl_dtype(DType dtype) {
   switch (dtype) {
-    case DType::f32: return {kDLFloat, 32, 1};
-    case DType::bf16: return {kDLBfloat, 16, 1};
-    case DType::f16: return {kDLFloat, 16, 1};
-    case DType::i32: return {kDLInt, 32, 1};
-    case DType::i64: return {kDLInt, 64, 1};
-    case DType::u8: return {kDLUInt, 8, 1};
+    case DType::f32:
+      return {kDLFloat, 32, 1};
+    case DType::bf16:
+      return {kDLBfloat, 16, 1};
+    case DType::f16:
+      return {kDLFloat, 16, 1};
+    case DType::i32:
+      return {kDLInt, 32, 1};
+    case DType::i64:
+      return {kDLInt, 64, 1};
+    case DType::u8:
+      return {kDLUInt, 8, 1};
   }
   BRAID_FAIL("to_dlpack: unknown dtype");
 }
 
 DType from_dl_dtype(DLDataType t) {
-  BRAID_CONFIG_CHECK(t.lanes == 1, "from_dlpack: vector dtypes (lanes=", int(t.lanes), ") are not supported");
+  BRAID_CONFIG_CHECK(t.lanes == 1, "from_dlpack: vector dtypes (lanes=", int(t.lanes),
+                     ") are not supported");
   if (t.code == kDLFloat && t.bits == 32) return DType::f32;
   if (t.code == kDLFloat && t.bits == 16) return DType::f16;
   if (t.code == kDLBfloat && t.bits == 16) return DType::bf16;
@@ -55,7 +62,8 @@ py::capsule to_dlpack(const Tensor& tensor) {
   auto* ctx = new ExportContext{tensor, {tensor.shape().begin(), tensor.shape().end()}, {}};
   DLTensor& dl = ctx->managed.dl_tensor;
   dl.data = tensor.nbytes() ? tensor.data() : nullptr;
-  dl.device = tensor.device().is_cpu() ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, tensor.device().index};
+  dl.device =
+      tensor.device().is_cpu() ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, tensor.device().index};
   dl.ndim = tensor.dim();
   dl.dtype = to_dl_dtype(tensor.dtype());
   dl.shape = ctx->shape.data();
@@ -74,7 +82,8 @@ py::capsule to_dlpack(const Tensor& tensor) {
 }
 
 Tensor from_dlpack(py::handle object) {
-  BRAID_CONFIG_CHECK(py::hasattr(object, "__dlpack__"), "expected a tensor or array supporting DLPack, got ",
+  BRAID_CONFIG_CHECK(py::hasattr(object, "__dlpack__"),
+                     "expected a tensor or array supporting DLPack, got ",
                      std::string(py::str(py::type::of(object).attr("__name__"))));
   py::object capsule = object.attr("__dlpack__")();
   PyObject* raw = capsule.ptr();
@@ -105,13 +114,12 @@ Tensor from_dlpack(py::handle object) {
   void* data = static_cast<char*>(dl.data) + dl.byte_offset;
   // From here the capsule is ours: rename it so its destructor leaves the tensor alone.
   PyCapsule_SetName(raw, "used_dltensor");
-  return Tensor::from_blob(data, Shape(std::span<const int64_t>(dims)), dtype, device,
-                           [managed] {
-                             // The producer's deleter may touch Python objects (numpy, torch).
-                             if (managed->deleter == nullptr || !Py_IsInitialized()) return;
-                             py::gil_scoped_acquire gil;
-                             managed->deleter(managed);
-                           });
+  return Tensor::from_blob(data, Shape(std::span<const int64_t>(dims)), dtype, device, [managed] {
+    // The producer's deleter may touch Python objects (numpy, torch).
+    if (managed->deleter == nullptr || !Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    managed->deleter(managed);
+  });
 }
 
 Tensor as_tensor(py::handle object) {

@@ -56,8 +56,9 @@ void bind_engine(py::module_& m) {
       .def_readonly("tokens_per_second", &StepStats::tokens_per_second)
       .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes);
 
-  py::class_<AdamW>(m, "AdamW", "AdamW over a model's flat buffers, for hand-written loops: "
-                               "forward/backward yourself, then step().")
+  py::class_<AdamW>(m, "AdamW",
+                    "AdamW over a model's flat buffers, for hand-written loops: "
+                    "forward/backward yourself, then step().")
       .def(py::init<model::GPTModel&, AdamWConfig>(), py::arg("model"), py::arg("config"),
            py::keep_alive<1, 2>())
       .def(
@@ -67,11 +68,13 @@ void bind_engine(py::module_& m) {
             return lr ? a.clip_and_step(*lr) : a.clip_and_step();
           },
           py::arg("lr") = py::none(),
-          "Clips to config.clip_grad and takes one step; returns the gradient norm before clipping.")
+          "Clips to config.clip_grad and takes one step; returns the gradient norm before "
+          "clipping.")
       .def("grad_norm", &AdamW::grad_norm)
       .def_property_readonly("steps", &AdamW::step);
 
-  py::class_<Trainer>(m, "Trainer", "One training step: microbatches, clipping, AdamW, LR schedule.")
+  py::class_<Trainer>(m, "Trainer",
+                      "One training step: microbatches, clipping, AdamW, LR schedule.")
       .def(py::init<model::GPTModel&, AdamWConfig, LRSchedule>(), py::arg("model"),
            py::arg("optimizer"), py::arg("schedule"), py::keep_alive<1, 2>())
       .def(

@@ -27,8 +27,8 @@ void def_enum_property(py::class_<TransformerConfig>& cls, const char* name,
 }  // namespace
 
 void bind_model(py::module_& m) {
-  py::class_<TransformerConfig> cfg(m, "TransformerConfig",
-                                    "GPT-2 / Llama model shape. Start from a preset and change fields.");
+  py::class_<TransformerConfig> cfg(
+      m, "TransformerConfig", "GPT-2 / Llama model shape. Start from a preset and change fields.");
   cfg.def(py::init<>())
       .def_static("preset", &TransformerConfig::preset, py::arg("name"))
       .def_static("preset_names", &TransformerConfig::preset_names)
@@ -57,8 +57,9 @@ void bind_model(py::module_& m) {
   def_enum_property(cfg, "position_embedding", &TransformerConfig::position_embedding);
   def_enum_property(cfg, "recompute", &TransformerConfig::recompute);
 
-  py::class_<GPTModel>(m, "GPTModel", "A GPT-2 / Llama model in one process, with explicit "
-                                      "forward and backward.")
+  py::class_<GPTModel>(m, "GPTModel",
+                       "A GPT-2 / Llama model in one process, with explicit "
+                       "forward and backward.")
       .def(py::init([](const TransformerConfig& config, const std::string& device, uint64_t seed) {
              return std::make_unique<GPTModel>(config, device_from_name(device), seed);
            }),
@@ -91,20 +92,22 @@ void bind_model(py::module_& m) {
           },
           py::arg("ids"), "Logits [B, S, V] (f32, CPU) without keeping activations.")
       .def("zero_grad", &GPTModel::zero_grad)
-      .def("parameters",
-           [](GPTModel& g) {
-             py::dict out;
-             for (auto& p : g.parameters()) out[py::str(p.spec.name)] = p.value;
-             return out;
-           },
-           "Parameter name -> Tensor (views into the flat buffer: writes change the model).")
-      .def("gradients",
-           [](GPTModel& g) {
-             py::dict out;
-             for (auto& p : g.parameters()) out[py::str(p.spec.name)] = p.grad;
-             return out;
-           },
-           "Parameter name -> f32 gradient Tensor (views into the flat gradient buffer).")
+      .def(
+          "parameters",
+          [](GPTModel& g) {
+            py::dict out;
+            for (auto& p : g.parameters()) out[py::str(p.spec.name)] = p.value;
+            return out;
+          },
+          "Parameter name -> Tensor (views into the flat buffer: writes change the model).")
+      .def(
+          "gradients",
+          [](GPTModel& g) {
+            py::dict out;
+            for (auto& p : g.parameters()) out[py::str(p.spec.name)] = p.grad;
+            return out;
+          },
+          "Parameter name -> f32 gradient Tensor (views into the flat gradient buffer).")
       .def_property_readonly("flat_params", &GPTModel::flat_params)
       .def_property_readonly("flat_grads", &GPTModel::flat_grads);
 }

@@ -43,7 +43,9 @@ inline Tensor random_tensor(const Shape& shape, uint64_t seed, float scale = 1.0
   float* p = t.data_ptr<float>();
   uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int64_t i = 0; i < t.numel(); ++i) {
-    x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
     p[i] = scale * (float((x >> 11) & 0xFFFFFF) / float(1 << 23) - 1.0f);
   }
   return t;

@@ -45,9 +45,9 @@ class CudaCachingAllocator final : public Allocator {
       cudaSetDevice(previous);
       if (status != cudaSuccess) {
         (void)cudaGetLastError();
-        BRAID_FAIL("cudaMalloc of ", size, " bytes on cuda:", device_, " failed: ",
-                   cudaGetErrorString(status), " (in use ", stats_.current_bytes, ", reserved ",
-                   stats_.reserved_bytes, ")");
+        BRAID_FAIL("cudaMalloc of ", size, " bytes on cuda:", device_,
+                   " failed: ", cudaGetErrorString(status), " (in use ", stats_.current_bytes,
+                   ", reserved ", stats_.reserved_bytes, ")");
       }
       stats_.reserved_bytes += int64_t(size);
     }
@@ -118,8 +118,8 @@ Allocator& cuda_caching_allocator(int device_index) {
   static std::vector<std::unique_ptr<CudaCachingAllocator>> allocators;
   std::lock_guard<std::mutex> lock(mutex);
   int count = cuda_device_count();
-  BRAID_CHECK(device_index >= 0 && device_index < count, "cuda:", device_index,
-              " requested, but ", count, " CUDA device(s) are visible");
+  BRAID_CHECK(device_index >= 0 && device_index < count, "cuda:", device_index, " requested, but ",
+              count, " CUDA device(s) are visible");
   if (allocators.empty()) allocators.resize(size_t(count));
   if (!allocators[size_t(device_index)])
     allocators[size_t(device_index)] = std::make_unique<CudaCachingAllocator>(device_index);

@@ -10,9 +10,9 @@
 namespace braid {
 
 struct MemoryStats {
-  int64_t current_bytes = 0;  // bytes handed out to tensors and not yet returned
-  int64_t peak_bytes = 0;     // high-water mark of current_bytes since the last reset_peak
-  int64_t reserved_bytes = 0; // bytes held from the system (caching allocators hold more)
+  int64_t current_bytes = 0;   // bytes handed out to tensors and not yet returned
+  int64_t peak_bytes = 0;      // high-water mark of current_bytes since the last reset_peak
+  int64_t reserved_bytes = 0;  // bytes held from the system (caching allocators hold more)
 };
 
 class Allocator {

@@ -49,15 +49,15 @@ std::string concat(const Parts&... parts) {
 
 }  // namespace braid
 
-#define BRAID_CHECK(cond, ...)                                                     \
-  do {                                                                             \
-    if (!(cond)) [[unlikely]]                                                      \
+#define BRAID_CHECK(cond, ...)                                                        \
+  do {                                                                                \
+    if (!(cond)) [[unlikely]]                                                         \
       throw ::braid::Error(::braid::detail::concat(__VA_ARGS__), __FILE__, __LINE__); \
   } while (0)
 
-#define BRAID_CONFIG_CHECK(cond, ...)                                                    \
-  do {                                                                                   \
-    if (!(cond)) [[unlikely]]                                                            \
+#define BRAID_CONFIG_CHECK(cond, ...)                                                       \
+  do {                                                                                      \
+    if (!(cond)) [[unlikely]]                                                               \
       throw ::braid::ConfigError(::braid::detail::concat(__VA_ARGS__), __FILE__, __LINE__); \
   } while (0)
 

@@ -42,9 +42,9 @@ BRAID_HOST_DEVICE Words4 philox4x32(Words4 counter, uint32_t key0, uint32_t key1
 
 // Four words for element `index` of stream `stream` under `seed`.
 BRAID_HOST_DEVICE Words4 random_words(uint64_t seed, uint64_t stream, uint64_t index) {
-  return philox4x32(Words4{{uint32_t(index), uint32_t(index >> 32), uint32_t(stream),
-                            uint32_t(stream >> 32)}},
-                    uint32_t(seed), uint32_t(seed >> 32));
+  return philox4x32(
+      Words4{{uint32_t(index), uint32_t(index >> 32), uint32_t(stream), uint32_t(stream >> 32)}},
+      uint32_t(seed), uint32_t(seed >> 32));
 }
 
 // A uniform float in (0, 1]: 24 random bits, never zero (safe for log).

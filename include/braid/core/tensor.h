@@ -117,10 +117,22 @@ class Tensor {
 
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::u8; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
 
 template <typename T>
 T* Tensor::data_ptr() const {

@@ -32,8 +32,8 @@ TEST(DType, BFloat16RoundsToNearestEven) {
 TEST(DType, Float16KnownValues) {
   EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
   EXPECT_EQ(float_to_f16(-2.5f), 0xc100);
-  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);    // largest finite
-  EXPECT_EQ(float_to_f16(70000.0f), 0x7c00);    // overflows to inf
+  EXPECT_EQ(float_to_f16(65504.0f), 0x7bff);       // largest finite
+  EXPECT_EQ(float_to_f16(70000.0f), 0x7c00);       // overflows to inf
   EXPECT_EQ(float_to_f16(5.9604645e-8f), 0x0001);  // smallest subnormal
   EXPECT_EQ(f16_to_float(0x0001), 5.9604645e-8f);
   EXPECT_EQ(f16_to_float(0x3555), 0.333251953125f);

@@ -82,7 +82,7 @@ TEST(Allocator, ReusesLargeHostBlocks) {
   }
   EXPECT_EQ(memory_stats(cpu).current_bytes, before);
   EXPECT_GE(memory_stats(cpu).reserved_bytes, before + (4 << 20));  // kept for reuse
-  Tensor again = Tensor::empty({(1 << 20) - 5}, DType::f32);  // same size class
+  Tensor again = Tensor::empty({(1 << 20) - 5}, DType::f32);        // same size class
   EXPECT_EQ(again.data(), first);
   EXPECT_EQ(memory_stats(cpu).current_bytes, before + int64_t(again.nbytes()));
 }
