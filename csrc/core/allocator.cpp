@@ -87,8 +87,9 @@ class HostAllocator final : public Allocator {
 
 Allocator& allocator_for(Device device) {
   if (device.is_cpu()) {
-    static HostAllocator host;
-    return host;
+    // Never destroyed: tensors held by other static objects may be freed after main().
+    static HostAllocator* host = new HostAllocator;
+    return *host;
   }
 #ifdef BRAID_WITH_CUDA
   return detail::cuda_caching_allocator(device.index);
