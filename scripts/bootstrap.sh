@@ -65,7 +65,8 @@ else
   python3 -c 'import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' \
     2>/dev/null || packages+=(python3-dev)
 fi
-installed=" $(dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null |
+# dpkg-query exits 1 when a package was never installed: that is an answer, not a failure.
+installed=" $({ dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' "${packages[@]}" 2>/dev/null || true; } |
               awk '$1 == "ii" { printf "%s ", $2 }')"
 missing=()
 for p in "${packages[@]}"; do [[ $installed == *" $p "* ]] || missing+=("$p"); done

@@ -34,10 +34,13 @@ class HostAllocator final : public Allocator {
         cached_bytes_ -= int64_t(size);
       }
     }
-    if (p == nullptr) {
+    if (p == nullptr) p = std::aligned_alloc(64, size);
+    if (p == nullptr) {  // give the cached blocks back and try once more
+      release_cached();
       p = std::aligned_alloc(64, size);
-      BRAID_CHECK(p != nullptr, "host allocation of ", nbytes, " bytes failed");
     }
+    BRAID_CHECK(p != nullptr, "host allocation of ", nbytes, " bytes failed (in use ",
+                current_.load(), " bytes)");
     int64_t now = current_.fetch_add(int64_t(nbytes)) + int64_t(nbytes);
     int64_t peak = peak_.load();
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
@@ -66,6 +69,13 @@ class HostAllocator final : public Allocator {
   void reset_peak() override { peak_.store(current_.load()); }
 
  private:
+  void release_cached() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [size, ptr] : cached_) std::free(ptr);
+    cached_.clear();
+    cached_bytes_ = 0;
+  }
+
   static constexpr size_t kMinCachedBytes = size_t(1) << 20;
   static constexpr int64_t kMaxCachedBytes = int64_t(2) << 30;
 

@@ -12,12 +12,12 @@ Trainer::Trainer(model::GPTModel& model, AdamWConfig optimizer, LRSchedule sched
 }
 
 StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_microbatches) {
-  BRAID_CHECK(ids.dim() == 2 && targets.shape() == ids.shape(),
-              "Trainer::train_step: ids and targets must both be [B, S], got ", ids.shape(),
-              " and ", targets.shape());
-  BRAID_CHECK(num_microbatches > 0 && ids.size(0) % num_microbatches == 0,
-              "Trainer::train_step: batch size ", ids.size(0),
-              " is not divisible by num_microbatches = ", num_microbatches);
+  BRAID_CONFIG_CHECK(ids.dim() == 2 && targets.shape() == ids.shape(),
+                     "Trainer::train_step: ids and targets must both be [B, S], got ", ids.shape(),
+                     " and ", targets.shape());
+  BRAID_CONFIG_CHECK(num_microbatches > 0 && ids.size(0) % num_microbatches == 0,
+                     "Trainer::train_step: batch size ", ids.size(0),
+                     " is not divisible by num_microbatches = ", num_microbatches);
   const Device device = model_.device();
   synchronize(device);
   reset_peak_memory(device);

@@ -157,32 +157,34 @@ Tensor GPTModel::run_trunk(Microbatch& mb, bool training) {
 }
 
 GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets) const {
-  BRAID_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32,
-              "GPTModel: ids must be [B, S] i32, got ",
-              ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());
+  BRAID_CONFIG_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32,
+                     "GPTModel: ids must be [B, S] i32, got ",
+                     ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());
   const int64_t b = ids.size(0), s = ids.size(1);
-  BRAID_CHECK(b > 0 && s > 0, "GPTModel: empty batch ", ids.shape());
-  BRAID_CHECK(s <= config_.max_position_embeddings, "GPTModel: sequence length ", s,
-              " exceeds max_position_embeddings ", config_.max_position_embeddings);
+  BRAID_CONFIG_CHECK(b > 0 && s > 0, "GPTModel: empty batch ", ids.shape());
+  BRAID_CONFIG_CHECK(s <= config_.max_position_embeddings, "GPTModel: sequence length ", s,
+                     " exceeds max_position_embeddings ", config_.max_position_embeddings);
   const Tensor host_ids = host_copy(ids);
   const int32_t* id = host_ids.data_ptr<int32_t>();
   for (int64_t i = 0; i < b * s; ++i)
-    BRAID_CHECK(id[i] >= 0 && id[i] < config_.vocab_size, "GPTModel: token id ", id[i],
-                " at position ", i, " is outside the vocabulary [0, ", config_.vocab_size, ")");
+    BRAID_CONFIG_CHECK(id[i] >= 0 && id[i] < config_.vocab_size, "GPTModel: token id ", id[i],
+                       " at position ", i, " is outside the vocabulary [0, ", config_.vocab_size,
+                       ")");
   Microbatch mb;
-  mb.ids = ids.device() == device_ ? ids : ids.to(device_);
+  // Copies, not views: the caller may refill its buffers before backward reads them.
+  mb.ids = ids.to(device_);
   if (targets.defined()) {
-    BRAID_CHECK(targets.dtype() == DType::i32 && targets.shape() == ids.shape(),
-                "GPTModel: targets must be i32 ", ids.shape(), " like ids, got ",
-                dtype_name(targets.dtype()), targets.shape());
+    BRAID_CONFIG_CHECK(targets.dtype() == DType::i32 && targets.shape() == ids.shape(),
+                       "GPTModel: targets must be i32 ", ids.shape(), " like ids, got ",
+                       dtype_name(targets.dtype()), targets.shape());
     const Tensor host_targets = host_copy(targets);
     const int32_t* t = host_targets.data_ptr<int32_t>();
     for (int64_t i = 0; i < b * s; ++i) {
-      BRAID_CHECK(t[i] < config_.vocab_size, "GPTModel: target ", t[i], " at position ", i,
-                  " is outside the vocabulary [0, ", config_.vocab_size, ")");
+      BRAID_CONFIG_CHECK(t[i] < config_.vocab_size, "GPTModel: target ", t[i], " at position ", i,
+                         " is outside the vocabulary [0, ", config_.vocab_size, ")");
       mb.count += t[i] >= 0;
     }
-    mb.targets = targets.device() == device_ ? targets : targets.to(device_);
+    mb.targets = targets.to(device_);
   }
   return mb;
 }

@@ -100,6 +100,8 @@ Tensor from_dlpack(py::handle object) {
     BRAID_CONFIG_CHECK(false, "from_dlpack: device type ", int(dl.device.device_type),
                        " is not supported (cpu or cuda)");
   }
+  BRAID_CONFIG_CHECK(dl.ndim >= 0 && dl.ndim <= kMaxDims, "from_dlpack: ", dl.ndim,
+                     " dims; braid tensors have at most ", kMaxDims);
   std::vector<int64_t> dims(dl.shape, dl.shape + dl.ndim);
   if (dl.strides != nullptr) {  // must be compact row-major (size-1 dims may have any stride)
     int64_t expected = 1;
@@ -112,9 +114,10 @@ Tensor from_dlpack(py::handle object) {
   }
   DType dtype = from_dl_dtype(dl.dtype);
   void* data = static_cast<char*>(dl.data) + dl.byte_offset;
+  const Shape shape{std::span<const int64_t>(dims)};  // may throw: before we own the capsule
   // From here the capsule is ours: rename it so its destructor leaves the tensor alone.
   PyCapsule_SetName(raw, "used_dltensor");
-  return Tensor::from_blob(data, Shape(std::span<const int64_t>(dims)), dtype, device, [managed] {
+  return Tensor::from_blob(data, shape, dtype, device, [managed] {
     // The producer's deleter may touch Python objects (numpy, torch).
     if (managed->deleter == nullptr || !Py_IsInitialized()) return;
     py::gil_scoped_acquire gil;

@@ -64,7 +64,9 @@ void bind_model(py::module_& m) {
              return std::make_unique<GPTModel>(config, device_from_name(device), seed);
            }),
            py::arg("config"), py::arg("device") = "cpu", py::arg("seed") = 1234)
-      .def_property_readonly("config", &GPTModel::config)
+      .def_property_readonly(
+          "config", [](const GPTModel& g) { return g.config(); },
+          "A copy of the model's configuration (changing it does not change the model).")
       .def_property_readonly("device", [](const GPTModel& g) { return g.device().str(); })
       .def("num_parameters", &GPTModel::num_parameters)
       .def(

@@ -114,16 +114,17 @@ int cuda_device_count() {
 }
 
 Allocator& cuda_caching_allocator(int device_index) {
-  static std::mutex mutex;
-  static std::vector<std::unique_ptr<CudaCachingAllocator>> allocators;
-  std::lock_guard<std::mutex> lock(mutex);
+  // Never destroyed: CUDA tensors held by static objects may be freed after main().
+  static auto* mutex = new std::mutex;
+  static auto* allocators = new std::vector<std::unique_ptr<CudaCachingAllocator>>;
+  std::lock_guard<std::mutex> lock(*mutex);
   int count = cuda_device_count();
   BRAID_CHECK(device_index >= 0 && device_index < count, "cuda:", device_index, " requested, but ",
               count, " CUDA device(s) are visible");
-  if (allocators.empty()) allocators.resize(size_t(count));
-  if (!allocators[size_t(device_index)])
-    allocators[size_t(device_index)] = std::make_unique<CudaCachingAllocator>(device_index);
-  return *allocators[size_t(device_index)];
+  if (allocators->empty()) allocators->resize(size_t(count));
+  auto& slot = (*allocators)[size_t(device_index)];
+  if (!slot) slot = std::make_unique<CudaCachingAllocator>(device_index);
+  return *slot;
 }
 
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {

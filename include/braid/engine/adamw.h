@@ -44,6 +44,9 @@ class AdamW {
   const AdamWConfig& config() const { return config_; }
   float weight_decay_of(const model::ParamSpec& spec) const;
 
+  // With bf16 parameters the f32 master copy is taken here, at construction, and written
+  // back to the model after every step: load weights into the model before creating the
+  // optimizer (or the Trainer), or they are overwritten by the first step.
   // f32 state over the whole flat buffer (padding included), for checkpoints.
   const Tensor& master_params() const { return master_; }
   const Tensor& exp_avg() const { return exp_avg_; }

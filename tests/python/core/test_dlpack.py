@@ -71,3 +71,13 @@ def test_config_errors_are_value_errors():
         braid.TransformerConfig.preset("gpt5")
     with pytest.raises(ValueError):
         cfg.normalization = "batchnorm"
+
+
+def test_too_many_dims_is_a_value_error_and_keeps_no_reference():
+    import sys
+    a = np.zeros((1, 1, 1, 1, 1, 2), dtype=np.float32)
+    before = sys.getrefcount(a)
+    for _ in range(3):
+        with pytest.raises(ValueError, match="at most 5"):
+            braid.from_dlpack(a)
+    assert sys.getrefcount(a) == before
