@@ -14,7 +14,7 @@ void bind_engine(py::module_& m) {
   using namespace engine;
   py::class_<AdamWConfig>(m, "AdamWConfig")
       .def(py::init([](float lr, float beta1, float beta2, float eps, float weight_decay,
-                       float clip_grad) {
+                       float clip_grad, bool decay_embeddings) {
              AdamWConfig c;
              c.lr = lr;
              c.beta1 = beta1;
@@ -22,16 +22,22 @@ void bind_engine(py::module_& m) {
              c.eps = eps;
              c.weight_decay = weight_decay;
              c.clip_grad = clip_grad;
+             c.decay_embeddings = decay_embeddings;
+             c.validate();
              return c;
            }),
            py::arg("lr") = 1e-3f, py::arg("beta1") = 0.9f, py::arg("beta2") = 0.999f,
-           py::arg("eps") = 1e-8f, py::arg("weight_decay") = 0.01f, py::arg("clip_grad") = 1.0f)
+           py::arg("eps") = 1e-8f, py::arg("weight_decay") = 0.01f, py::arg("clip_grad") = 1.0f,
+           py::arg("decay_embeddings") = false,
+           "AdamW settings; weight decay skips norms and biases always, embeddings unless "
+           "decay_embeddings. clip_grad 0 turns clipping off.")
       .def_readwrite("lr", &AdamWConfig::lr)
       .def_readwrite("beta1", &AdamWConfig::beta1)
       .def_readwrite("beta2", &AdamWConfig::beta2)
       .def_readwrite("eps", &AdamWConfig::eps)
       .def_readwrite("weight_decay", &AdamWConfig::weight_decay)
-      .def_readwrite("clip_grad", &AdamWConfig::clip_grad);
+      .def_readwrite("clip_grad", &AdamWConfig::clip_grad)
+      .def_readwrite("decay_embeddings", &AdamWConfig::decay_embeddings);
 
   py::class_<LRSchedule>(m, "LRSchedule")
       .def(py::init([](float lr, float min_lr, int64_t warmup_iters, int64_t decay_iters,

@@ -117,3 +117,20 @@ def test_hand_written_loop_equals_trainer():
     assert opt.steps == 3
     for name, t in a.parameters().items():
         assert np.array_equal(np.from_dlpack(t), np.from_dlpack(b.parameters()[name])), name
+
+
+def test_decay_embeddings_flag_and_config_errors():
+    with pytest.raises(ValueError, match="beta2"):
+        braid.AdamWConfig(beta2=1.5)
+    models = []
+    for flag in (False, True):
+        _, m = llama_pair(seed=6)
+        opt = braid.AdamW(m, braid.AdamWConfig(lr=1e-2, weight_decay=0.5, clip_grad=0.0,
+                                               decay_embeddings=flag))
+        m.zero_grad()  # zero gradients: only weight decay moves a parameter
+        opt.step()
+        models.append(m.parameters())
+    off, on = models
+    for name in off:
+        same = np.array_equal(np.from_dlpack(off[name]), np.from_dlpack(on[name]))
+        assert same == ("embed" not in name), name
