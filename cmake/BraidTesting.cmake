@@ -36,3 +36,31 @@ function(braid_add_pytest)
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive;OPENBLAS_NUM_THREADS=1"
     ENVIRONMENT_MODIFICATION "PYTHONPATH=path_list_prepend:${PROJECT_SOURCE_DIR}/python")
 endfunction()
+
+# braid_add_mpi_test(NAME <name> LABEL <layer> SOURCES <files...> RANKS <n...>
+#                    [ARGS <args...>] [TIMEOUT s] [MAIN])
+#   One executable, run as a real MPI job for each rank count: ctest entries <name>_np<n>,
+#   `mpirun -np <n> --oversubscribe <exe> <args>`, one OpenMP/OpenBLAS thread per rank so
+#   oversubscribed jobs do not thrash. With MAIN the sources bring their own main();
+#   otherwise tests/cpp/mpi_test_main.cpp runs the GoogleTest cases on every rank.
+function(braid_add_mpi_test)
+  cmake_parse_arguments(T "MAIN" "NAME;LABEL;TIMEOUT" "SOURCES;RANKS;ARGS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE braid GTest::gtest)
+  if(NOT T_MAIN)
+    target_sources(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/cpp/mpi_test_main.cpp)
+  endif()
+  target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/cpp)
+  target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Werror)
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
+  foreach(n ${T_RANKS})
+    add_test(NAME ${T_NAME}_np${n}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
+    set_tests_properties(${T_NAME}_np${n} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+      PROCESSORS ${n}
+      ENVIRONMENT "OMP_NUM_THREADS=1;OMP_WAIT_POLICY=passive;OPENBLAS_NUM_THREADS=1;OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+  endforeach()
+endfunction()
