@@ -220,6 +220,9 @@ class IndexedDatasetWriter {
   }
   // Ends a document left open, writes the .idx and renames both files into place.
   void finalize();
+  // Gives up: closes and removes the temporary files (what the destructor does when finalize()
+  // was not called). Nothing can be added afterwards.
+  void discard() noexcept;
 
   TokenType token_type() const { return type_; }
   size_t num_sequences() const { return lengths_.size(); }
@@ -234,7 +237,6 @@ class IndexedDatasetWriter {
   };
   template <typename T>
   void add_tokens(std::span<const T> tokens);
-  void discard() noexcept;
 
   std::string path_prefix_;
   TokenType type_;
