@@ -13,6 +13,7 @@ namespace py = pybind11;
 void bind_core(py::module_& m);
 void bind_model(py::module_& m);
 void bind_engine(py::module_& m);
+void bind_data(py::module_& m);
 
 // A braid Tensor as a DLPack capsule ("dltensor"); the capsule keeps the storage alive.
 py::capsule to_dlpack(const Tensor& tensor);

@@ -91,4 +91,5 @@ PYBIND11_MODULE(_C, m) {
   braid::python::bind_core(m);
   braid::python::bind_model(m);
   braid::python::bind_engine(m);
+  braid::python::bind_data(m);
 }
