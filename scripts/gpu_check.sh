@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh OUTDIR — build braid with CUDA (sm_90) into build-gpu/, run the whole
-# ctest suite on the GPU (BRAID_TEST_DEVICE=cuda), then benchmarks/step_bench.py in bf16,
+# ctest suite on the GPU (BRAID_TEST_DEVICE=cuda; the NCCL tests as MPI jobs of one rank), then
+# benchmarks/step_bench.py in bf16 and comm_bench (NCCL, one rank: braid vs raw NCCL calls),
 # all inside a time budget (default 470 s). Writes into OUTDIR:
-#   summary.txt  GPU, toolchain, pass/fail counts, failed tests, the benchmark's last lines
+#   summary.txt  GPU, toolchain, pass/fail counts, failed tests, the benchmarks' last lines
 #   setup.log    unpacking .deps, the carried wheels, configure
-#   build.log    the build;  ctest.log  the tests;  bench.log  the benchmark
-# Exit status 0 only when the build, every test and the benchmark passed.
+#   build.log    the build;  ctest.log  the tests;  bench.log, comm_bench.log  the benchmarks
+# Exit status 0 only when the build, every test and both benchmarks passed.
 #
-# For a machine with one NVIDIA GPU, the CUDA toolkit, CMake, ninja and a Python with PyTorch,
-# numpy and pybind11 — and no package registry, OpenBLAS, GoogleTest or DLPack headers.
+# For a machine with one NVIDIA GPU, the CUDA toolkit, CMake, ninja, OpenMPI (mpirun and its
+# headers: braid's comm layer needs MPI) and a Python with PyTorch, numpy and pybind11 — and no
+# package registry, OpenBLAS, GoogleTest or DLPack headers.
 # What it lacks travels in .deps/, made on a Debian 12 machine by scripts/pack_gpu_deps.sh.
 #
 # Environment:
@@ -65,6 +67,8 @@ note "nvcc: $([ -n "$nvcc" ] && "$nvcc" --version | grep -o 'release [0-9.]*' ||
 note "cmake: $(cmake --version | head -n 1)"
 note "python: $py ($("$py" -c 'import sys; print(sys.version.split()[0])'))"
 note "torch: $("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
+mpirun=$(command -v mpirun || true)
+note "mpi: $([ -n "$mpirun" ] && "$mpirun" --version 2>/dev/null | head -n 1 || echo 'mpirun not found')"
 [ -n "$nvcc" ] || { note "error: nvcc not found (PATH, /usr/local/cuda/bin)"; finish 1; }
 [ -f .deps/root.tar.xz ] || {
   note "error: .deps/root.tar.xz missing: run scripts/pack_gpu_deps.sh where apt and PyPI work, and carry .deps"
@@ -139,7 +143,7 @@ export LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # ---- configure ----------------------------------------------------------------------------------
 args=(-G Ninja -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release
       -DBRAID_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90
-      -DBRAID_PYTHON=ON -DBRAID_PYTHON_EXECUTABLE="$py" -DBRAID_TESTS=ON -DBRAID_BENCHMARKS=OFF
+      -DBRAID_PYTHON=ON -DBRAID_PYTHON_EXECUTABLE="$py" -DBRAID_TESTS=ON -DBRAID_BENCHMARKS=ON
       -DOPENBLAS_ROOT="$deps_root"
       -DGTest_DIR="$libdir/cmake/GTest"
       -DCMAKE_PREFIX_PATH="$deps_root/usr"
@@ -185,7 +189,8 @@ fi
 note "build: ok in $((SECONDS - tb)) s"
 
 # ---- tests --------------------------------------------------------------------------------------
-test_s=$(( $(left) - 50 ))   # leaves the benchmark 50 s
+comm_bench_s=30              # comm_bench's share of what the tests leave
+test_s=$(( $(left) - 50 - comm_bench_s ))   # leaves the benchmarks 50 + 30 s
 [ "$test_s" -ge 30 ] || test_s=30
 say "ctest -j$ctest_jobs with BRAID_TEST_DEVICE=cuda ($test_s s at most)"
 tt=$SECONDS
@@ -204,7 +209,7 @@ status=0
 
 # ---- benchmark ----------------------------------------------------------------------------------
 if [ -f benchmarks/step_bench.py ]; then
-  bench_s=$(left)
+  bench_s=$(( $(left) - comm_bench_s ))
   [ "$bench_s" -ge 30 ] || bench_s=30
   say "benchmarks/step_bench.py --device cuda --dtype bf16 ($bench_s s at most)"
   PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$bench_s" \
@@ -215,5 +220,23 @@ if [ -f benchmarks/step_bench.py ]; then
   [ $bench_rc -eq 0 ] || status=1
 else
   note "benchmark: benchmarks/step_bench.py not in this tree"
+fi
+
+# comm_bench: NCCL through braid vs the raw NCCL calls, one rank (a GPU to itself: the
+# per-call cost of braid's layer, not the network). A world of one needs no mpirun.
+if [ -x "$build/benchmarks/comm_bench" ]; then
+  cb_s=$(left)
+  [ "$cb_s" -ge 20 ] || cb_s=20
+  say "comm_bench --transport nccl ($cb_s s at most)"
+  timeout "$cb_s" "$build/benchmarks/comm_bench" --transport nccl -b 64K -e 256M -f 4 -n 20 -w 5 \
+    -r 3 --distributed-timeout-minutes 1 >"$out/comm_bench.log" 2>&1
+  cb_rc=$?
+  note "comm_bench: $([ $cb_rc = 0 ] && echo ok || echo "FAILED (rc $cb_rc)"); overheads:"
+  { grep -E '^# .*(overhead|skipped|NCCL)' "$out/comm_bench.log" || tail -n 5 "$out/comm_bench.log"; } |
+    sed 's/^/  | /' >>"$summary"
+  [ $cb_rc -eq 0 ] || status=1
+else
+  note "comm_bench: not built"
+  status=1
 fi
 finish $status
