@@ -103,6 +103,46 @@ void IndexedDatasetWriter::add_tokens(std::span<const T> tokens) {
 void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) { add_tokens(tokens); }
 void IndexedDatasetWriter::add_sequence(std::span<const int64_t> tokens) { add_tokens(tokens); }
 
+void IndexedDatasetWriter::add_documents(std::span<const int32_t> tokens,
+                                         std::span<const int64_t> sequence_lengths,
+                                         std::span<const int64_t> sequences_per_document) {
+  BRAID_CONFIG_CHECK(bin_ != nullptr, path_prefix_,
+                     ": the writer is finalized; no more documents can be added");
+  uint64_t total = 0;
+  for (size_t i = 0; i < sequence_lengths.size(); ++i) {
+    BRAID_CONFIG_CHECK(sequence_lengths[i] >= 0 && uint64_t(sequence_lengths[i]) <= tokens.size(),
+                       path_prefix_, ": add_documents: sequence_lengths[", i,
+                       "] = ", sequence_lengths[i], " is negative or longer than the tokens");
+    total += uint64_t(sequence_lengths[i]);
+  }
+  BRAID_CONFIG_CHECK(total == tokens.size(), path_prefix_,
+                     ": add_documents: the sequence lengths add up to ", total, ", but there are ",
+                     tokens.size(), " tokens");
+  uint64_t sequences = 0;
+  for (size_t d = 0; d < sequences_per_document.size(); ++d) {
+    BRAID_CONFIG_CHECK(sequences_per_document[d] >= 0, path_prefix_,
+                       ": add_documents: sequences_per_document[", d,
+                       "] = ", sequences_per_document[d], " is negative");
+    sequences += uint64_t(sequences_per_document[d]);
+  }
+  BRAID_CONFIG_CHECK(sequences == sequence_lengths.size(), path_prefix_,
+                     ": add_documents: the documents hold ", sequences,
+                     " sequences, but there are ", sequence_lengths.size(), " sequence lengths");
+  for (size_t k = 0; k < tokens.size(); ++k) {
+    BRAID_CONFIG_CHECK(token_fits(type_, tokens[k]), path_prefix_, ": token ", tokens[k],
+                       " (position ", k, " of the batch) does not fit the dataset's token type ",
+                       token_type_name(type_));
+  }
+  size_t position = 0, sequence = 0;
+  for (int64_t count : sequences_per_document) {
+    for (int64_t s = 0; s < count; ++s, ++sequence) {
+      add_tokens(tokens.subspan(position, size_t(sequence_lengths[sequence])));
+      position += size_t(sequence_lengths[sequence]);
+    }
+    end_document();
+  }
+}
+
 void IndexedDatasetWriter::end_document() {
   BRAID_CONFIG_CHECK(bin_ != nullptr, path_prefix_,
                      ": the writer is finalized; no more documents can be added");

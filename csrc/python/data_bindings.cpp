@@ -85,6 +85,26 @@ void add_sequence(IndexedDatasetWriter& w, py::handle tokens) {
   }
 }
 
+// An integer array-like as a C-contiguous array of T (ConfigError if it is not integers or a
+// value does not fit T).
+template <typename T>
+py::array_t<T> integer_array(py::handle values, const char* what) {
+  py::array a = py::module_::import("numpy").attr("asarray")(values);
+  BRAID_CONFIG_CHECK(a.ndim() == 1, what, " must be 1-D, got ", a.ndim(), " dimensions");
+  const char kind = a.dtype().kind();
+  BRAID_CONFIG_CHECK(kind == 'i' || kind == 'u' || a.size() == 0, what,
+                     " must be integers, got numpy dtype ", py::str(a.dtype()).cast<std::string>());
+  if (a.size() > 0 && !py::isinstance<py::array_t<T>>(a)) {
+    const auto lo = a.attr("min")(), hi = a.attr("max")();
+    BRAID_CONFIG_CHECK(lo.template cast<py::int_>() >= py::int_(std::numeric_limits<T>::min()) &&
+                           hi.template cast<py::int_>() <= py::int_(std::numeric_limits<T>::max()),
+                       what, ": values from ", py::str(lo).cast<std::string>(), " to ",
+                       py::str(hi).cast<std::string>(), " do not fit ",
+                       sizeof(T) == 4 ? "int32" : "int64");
+  }
+  return py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(a);
+}
+
 }  // namespace
 
 void bind_data(py::module_& m) {
@@ -188,6 +208,27 @@ void bind_data(py::module_& m) {
             w.end_document();
           },
           py::arg("tokens"), "add_sequence(tokens), then end_document().")
+      .def(
+          "add_documents",
+          [](IndexedDatasetWriter& w, py::handle tokens, py::handle sequence_lengths,
+             py::handle sequences_per_document) {
+            auto t = integer_array<int32_t>(tokens, "tokens");
+            auto lengths = integer_array<int64_t>(sequence_lengths, "sequence_lengths");
+            py::array_t<int64_t> docs =
+                sequences_per_document.is_none()
+                    ? py::array_t<int64_t>(
+                          py::module_::import("numpy").attr("ones")(lengths.size(), "int64"))
+                    : integer_array<int64_t>(sequences_per_document, "sequences_per_document");
+            py::gil_scoped_release release;
+            w.add_documents(std::span<const int32_t>(t.data(), size_t(t.size())),
+                            std::span<const int64_t>(lengths.data(), size_t(lengths.size())),
+                            std::span<const int64_t>(docs.data(), size_t(docs.size())));
+          },
+          py::arg("tokens"), py::arg("sequence_lengths"),
+          py::arg("sequences_per_document") = py::none(),
+          "Many documents in one call: tokens back to back, cut into sequences by "
+          "sequence_lengths, and the sequences into documents by sequences_per_document (default: "
+          "one sequence per document). All is checked before anything is written.")
       .def("finalize", &IndexedDatasetWriter::finalize)
       .def("discard", &IndexedDatasetWriter::discard)
       .def_property_readonly("path_prefix", &IndexedDatasetWriter::path_prefix)

@@ -218,6 +218,11 @@ class IndexedDatasetWriter {
     add_sequence(tokens);
     end_document();
   }
+  // Many documents at once: `tokens` back to back, cut into sequences by `sequence_lengths` and
+  // the sequences into documents by `sequences_per_document`. Everything is checked before
+  // anything is written (the sums must match, every token must fit), so a bad batch adds nothing.
+  void add_documents(std::span<const int32_t> tokens, std::span<const int64_t> sequence_lengths,
+                     std::span<const int64_t> sequences_per_document);
   // Ends a document left open, writes the .idx and renames both files into place.
   void finalize();
   // Gives up: closes and removes the temporary files (what the destructor does when finalize()

@@ -194,6 +194,45 @@ TEST_F(IndexedDatasetTest, WriterChecksTokensAndState) {
                       {"no/such/dir/x.bin.tmp", "cannot create"});
 }
 
+TEST_F(IndexedDatasetTest, AddDocumentsIsAddSequenceInOneCall) {
+  {
+    IndexedDatasetWriter w(prefix("one"), TokenType::i16);
+    w.add_sequence(std::vector<int32_t>{1, 2, 3});
+    w.add_sequence(std::vector<int32_t>{4, 5});
+    w.end_document();
+    w.end_document();
+    w.add_document(std::vector<int32_t>{-6});
+    w.finalize();
+  }
+  IndexedDatasetWriter w(prefix("batch"), TokenType::i16);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, -6};
+  w.add_documents(tokens, std::vector<int64_t>{3, 2, 1}, std::vector<int64_t>{2, 0, 1});
+  expect_config_error(
+      [&] {
+        w.add_documents(tokens, std::vector<int64_t>{3, 2}, {});
+      },
+      {"add up to 5, but there are 6 tokens"});
+  expect_config_error(
+      [&] { w.add_documents(tokens, std::vector<int64_t>{6}, std::vector<int64_t>{2}); },
+      {"documents hold 2 sequences, but there are 1 sequence lengths"});
+  expect_config_error(
+      [&] {
+        w.add_documents(tokens, std::vector<int64_t>{7, -1}, {});
+      },
+      {"sequence_lengths[0] = 7"});
+  expect_config_error(
+      [&] {
+        w.add_documents(std::vector<int32_t>{1, 40000}, std::vector<int64_t>{2},
+                        std::vector<int64_t>{1});
+      },
+      {"token 40000", "i16"});
+  EXPECT_EQ(w.num_sequences(), 3u);  // the bad batches added nothing
+  w.finalize();
+  for (const char* ext : {".bin", ".idx"}) {
+    EXPECT_EQ(read_file(prefix("one") + ext), read_file(prefix("batch") + ext)) << ext;
+  }
+}
+
 TEST_F(IndexedDatasetTest, WriterWithoutFinalizeLeavesNothing) {
   {
     IndexedDatasetWriter w(prefix(), TokenType::i32);

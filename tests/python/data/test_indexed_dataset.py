@@ -217,6 +217,26 @@ def test_python_api(tmp_path):
     assert smallest_token_type(50257) == "u16" and smallest_token_type(128256) == "i32"
 
 
+def test_add_documents_in_one_call(tmp_path):
+    documents = [[np.arange(3), np.arange(2)], [], [np.arange(4)]]
+    one_by_one, batched = str(tmp_path / "one"), str(tmp_path / "batch")
+    write_braid(one_by_one, "u16", documents)
+    with IndexedDatasetWriter(batched, "u16") as w:
+        w.add_documents(np.concatenate([np.arange(3), np.arange(2)]), [3, 2], [2, 0])
+        w.add_documents(np.arange(4, dtype=np.int64), [4])  # one sequence per document
+        with pytest.raises(ValueError, match="add up to 3, but there are 4 tokens"):
+            w.add_documents(np.arange(4), [3])
+        with pytest.raises(ValueError, match="documents hold 2 sequences, but there are 1"):
+            w.add_documents(np.arange(4), [4], [2])
+        with pytest.raises(ValueError, match="token 70000 .* u16"):
+            w.add_documents([1, 70000], [2])
+        with pytest.raises(ValueError, match="do not fit int32"):
+            w.add_documents([1 << 40], [1])
+        assert w.num_sequences == 3  # the bad batches added nothing
+    for ext in (".bin", ".idx"):
+        assert read_bytes(one_by_one + ext) == read_bytes(batched + ext)
+
+
 def test_a_failed_write_leaves_nothing(tmp_path):
     prefix = str(tmp_path / "ds")
     with pytest.raises(ValueError, match="token 256 .* does not fit the dataset's token type u8"):

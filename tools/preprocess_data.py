@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Tokenizes JSONL or plain-text files into Megatron indexed datasets (.bin/.idx).
+
+Megatron-LM's tools/preprocess_data.py, with its argument names, written through braid's
+IndexedDatasetWriter: the output is the same pair of files megatron-core's IndexedDatasetBuilder
+writes, named {output_prefix}_{key}_document.bin/.idx, one pair per --json-keys key.
+"""
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import multiprocessing
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+EXIT_SKIPPED = 3
+BYTE_LEVEL_EOD = 256
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
+
+EPILOG = f"""\
+input formats:
+  Files named *.jsonl, *.json or *.ndjson (optionally .gz) hold one JSON object per line; every
+  --json-keys field is a string (one sequence) or a list of strings (one sequence each, as
+  Megatron treats pre-split sentences). Other files are plain text: each non-blank line is one
+  document (key "text"). --input-format overrides the guess. Blank lines are ignored.
+
+output:
+  {{output_prefix}}_{{key}}_document.bin/.idx per key, in input order (files as given, globs
+  sorted; lines in file order, whatever --workers is). Token type: u16 when the vocabulary has
+  fewer than 65500 tokens, else i32 (Megatron's rule). An empty text is an empty document, as in
+  Megatron. The files appear only when complete (written under temporary names, then renamed).
+
+bad input:
+  A record that cannot be used -- invalid JSON, invalid UTF-8, a missing or non-string field, a
+  text the tokenizer rejects -- is skipped and reported on stderr as FILE:LINE: reason (the first
+  --max-reported of them; then only counted); an empty input file is reported too. Every valid
+  record is still written. The run ends with a summary, and exits with
+    0  every record was written,
+    {EXIT_SKIPPED}  the output is complete but records were skipped (0 with --allow-skipped),
+    1  no output (a missing input or tokenizer, an unwritable output folder, ...),
+    2  bad arguments.
+"""
+
+
+# ---- tokenizers ----------------------------------------------------------------------------
+
+
+class RecordError(Exception):
+    """A record that cannot be used; the message says why."""
+
+
+class ByteLevelTokenizer:
+    """Each UTF-8 byte is a token (0-255); the end-of-document token is 256."""
+
+    vocab_size = 257
+    eod = BYTE_LEVEL_EOD
+
+    def encode_batch(self, texts):
+        return [self.encode_one(t) for t in texts]
+
+    @staticmethod
+    def encode_one(text):
+        try:
+            return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+        except UnicodeEncodeError as e:
+            return RecordError(f"the text holds an unpaired surrogate at character {e.start}")
+
+
+class HuggingFaceTokenizer:
+    """A tokenizer.json loaded by the `tokenizers` library (special tokens added, as Megatron's
+    HuggingFaceTokenizer does through transformers)."""
+
+    def __init__(self, model, eod_token=None):
+        from tokenizers import Tokenizer
+
+        path = os.path.join(model, "tokenizer.json") if os.path.isdir(model) else model
+        if not os.path.isfile(path):
+            raise SystemExit(f"preprocess_data: error: --tokenizer-model {model}: no tokenizer.json")
+        self.tokenizer = Tokenizer.from_file(path)
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        self.eod = None
+        name = eod_token or self._eos_from_config(os.path.dirname(path))
+        candidates = [name] if name else list(EOS_CANDIDATES)
+        for candidate in candidates:
+            self.eod = self.tokenizer.token_to_id(candidate)
+            if self.eod is not None:
+                break
+        if name and self.eod is None:
+            raise SystemExit(f"preprocess_data: error: end-of-document token {name!r} is not in {path}")
+
+    @staticmethod
+    def _eos_from_config(folder):
+        try:
+            with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
+                eos = json.load(f).get("eos_token")
+        except (OSError, ValueError):
+            return None
+        return eos.get("content") if isinstance(eos, dict) else eos
+
+    def encode_batch(self, texts):
+        try:
+            return [np.asarray(e.ids, dtype=np.int64) for e in self.tokenizer.encode_batch(texts)]
+        except Exception:  # one text spoils the batch: encode one by one to find it
+            return [self.encode_one(t) for t in texts]
+
+    def encode_one(self, text):
+        try:
+            return np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64)
+        except Exception as e:
+            return RecordError(f"the tokenizer rejects the text: {e}")
+
+
+def build_tokenizer(args):
+    if args.tokenizer_type == "ByteLevel":
+        return ByteLevelTokenizer()
+    if not args.tokenizer_model:
+        raise SystemExit("preprocess_data: error: HuggingFaceTokenizer needs --tokenizer-model")
+    return HuggingFaceTokenizer(args.tokenizer_model, args.eod_token)
+
+
+# ---- workers -------------------------------------------------------------------------------
+
+
+_worker = {}
+
+
+def init_worker(args, pooled=False):
+    if pooled:  # a process per core already: no thread pool per process on top
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker["args"] = args
+    _worker["tokenizer"] = build_tokenizer(args)
+
+
+def parse_record(line, fmt, keys):
+    """The texts of one line: {key: [sentence, ...]}, or RecordError."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(f"invalid UTF-8 at byte {e.start}") from None
+    if fmt == "text":
+        return {"text": [text]}
+    try:
+        record = json.loads(text)
+    except ValueError as e:
+        raise RecordError(f"invalid JSON: {e}") from None
+    if not isinstance(record, dict):
+        raise RecordError(f"expected a JSON object, got {type(record).__name__}")
+    texts = {}
+    for key in keys:
+        if key not in record:
+            raise RecordError(f"no field {key!r} (fields: {', '.join(list(record)[:8])})")
+        value = record[key]
+        if isinstance(value, str):
+            texts[key] = [value]
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            texts[key] = value
+        else:
+            raise RecordError(f"field {key!r} is {type(value).__name__}, not a string")
+    return texts
+
+
+def encode_chunk(chunk):
+    """Tokenizes one chunk of lines. Returns, per key, the tokens of the good records back to
+    back, their sequence lengths and the number of sequences of each record; and the bad
+    records as (line number, reason)."""
+    file_index, numbers, lines, fmt, nbytes = chunk
+    args, tokenizer = _worker["args"], _worker["tokenizer"]
+    keys = ["text"] if fmt == "text" else args.json_keys
+    bad = []
+    records = []  # (line number, {key: [text, ...]})
+    for number, line in zip(numbers, lines):
+        try:
+            records.append((number, parse_record(line, fmt, keys)))
+        except RecordError as e:
+            bad.append((number, str(e)))
+    encoded = {}
+    for key in keys:
+        flat = tokenizer.encode_batch([t for _, texts in records for t in texts[key]])
+        position, encoded[key] = 0, []
+        for _, texts in records:
+            encoded[key].append(flat[position:position + len(texts[key])])
+            position += len(texts[key])
+    good = []
+    for r, (number, _) in enumerate(records):
+        errors = [e for key in keys for e in encoded[key][r] if isinstance(e, RecordError)]
+        if errors:
+            bad.append((number, str(errors[0])))  # dropped from every key, to keep them aligned
+        else:
+            good.append(r)
+    out = {}
+    eod = np.array([tokenizer.eod if args.append_eod else 0], dtype=np.int32)
+    for key in keys:
+        tokens, lengths, per_record = [], [], []
+        for r in good:
+            # As Megatron: empty sequences are dropped, the end-of-document token joins the last.
+            ids = [i for i in encoded[key][r] if len(i) > 0]
+            tokens.extend(ids)
+            lengths.extend(len(i) for i in ids)
+            per_record.append(len(ids))
+            if ids and args.append_eod:
+                tokens.append(eod)
+                lengths[-1] += 1
+        flat = np.concatenate(tokens).astype(np.int32) if tokens else np.zeros(0, np.int32)
+        out[key] = (flat, np.asarray(lengths, dtype=np.int64), np.asarray(per_record, np.int64))
+    return file_index, out, sorted(bad), nbytes
+
+
+# ---- input ---------------------------------------------------------------------------------
+
+
+def input_format(path, choice):
+    if choice != "auto":
+        return choice
+    name = path[:-3] if path.endswith(".gz") else path
+    return "jsonl" if name.endswith((".jsonl", ".json", ".ndjson")) else "text"
+
+
+def expand_inputs(patterns):
+    files = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        if not matches:
+            raise SystemExit(f"preprocess_data: error: --input {pattern}: no file matches")
+        for path in matches:
+            if not os.path.isfile(path):
+                raise SystemExit(f"preprocess_data: error: --input {path}: not a readable file")
+            files.append(path)
+    return files
+
+
+def read_chunks(files, fmt_choice, chunk_bytes, report):
+    """(file index, line numbers, lines, format, bytes read) chunks in input order; blank lines
+    are dropped (their bytes count)."""
+    for file_index, path in enumerate(files):
+        fmt = input_format(path, fmt_choice)
+        opener = gzip.open if path.endswith(".gz") else open
+        numbers, lines, size, records = [], [], 0, 0
+        with opener(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                size += len(line)
+                if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                    line = line[3:]  # a UTF-8 byte order mark
+                line = line.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                numbers.append(number)
+                lines.append(line)
+                records += 1
+                if size >= chunk_bytes:
+                    yield file_index, numbers, lines, fmt, size
+                    numbers, lines, size = [], [], 0
+        if lines or size:
+            yield file_index, numbers, lines, fmt, size
+        if records == 0:
+            report.empty_file(path)
+
+
+# ---- progress and problems -----------------------------------------------------------------
+
+
+class Report:
+    def __init__(self, files, max_reported, interval):
+        self.files = files
+        self.max_reported = max_reported
+        self.skipped = 0
+        self.empty_files = 0
+        # Bytes of input; unknown ahead for compressed files (no percentage then).
+        compressed = any(f.endswith(".gz") for f in files)
+        self.total = 0 if compressed else sum(os.path.getsize(f) for f in files)
+        self.done = 0
+        self.documents = 0
+        self.tokens = 0
+        self.start = time.monotonic()
+        self.tty = sys.stderr.isatty()
+        self.interval = 0.25 if self.tty else interval
+        self.last = self.start
+        self.line_open = False
+
+    def _print(self, message):
+        if self.line_open:
+            sys.stderr.write("\n")
+            self.line_open = False
+        print(message, file=sys.stderr, flush=True)
+
+    def bad_record(self, file_index, line, reason):
+        self.skipped += 1
+        if self.skipped <= self.max_reported:
+            self._print(f"{self.files[file_index]}:{line}: skipped: {reason}")
+        elif self.skipped == self.max_reported + 1:
+            self._print("preprocess_data: more records skipped; only counting them from here")
+
+    def empty_file(self, path):
+        self.empty_files += 1
+        self._print(f"{path}: empty file (no records)")
+
+    def status(self):
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        mb = self.done / 1e6
+        pct = f"{100 * self.done / self.total:5.1f}% " if self.total else ""
+        return (f"{pct}{mb:,.1f} MB, {self.documents:,} documents, {self.tokens:,} tokens, "
+                f"{mb / elapsed:,.1f} MB/s")
+
+    def progress(self, nbytes, documents, tokens, force=False):
+        self.done += nbytes
+        self.documents += documents
+        self.tokens += tokens
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        if self.tty:
+            width = 30
+            filled = int(width * self.done / self.total) if self.total else width
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.status()}")
+            sys.stderr.flush()
+            self.line_open = True
+        else:
+            self._print(f"preprocess_data: {self.status()}")
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+
+def get_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="preprocess_data.py", description=__doc__.split("\n\n")[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_argument_group("input data")
+    group.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                       help="input files: one or several paths or globs (quote globs)")
+    group.add_argument("--json-keys", nargs="+", default=["text"],
+                       help="JSON fields to tokenize, one dataset each (default: text)")
+    group.add_argument("--input-format", choices=["auto", "jsonl", "text"], default="auto",
+                       help="auto: JSONL for *.jsonl/*.json/*.ndjson(.gz), plain text otherwise")
+    group.add_argument("--split-sentences", action="store_true",
+                       help="not supported (Megatron splits with NLTK); give lists of strings")
+    group = parser.add_argument_group("tokenizer")
+    group.add_argument("--tokenizer-type", required=True,
+                       choices=["ByteLevel", "HuggingFaceTokenizer"],
+                       help="ByteLevel: a token per UTF-8 byte, end of document 256; "
+                            "HuggingFaceTokenizer: a local tokenizer.json (--tokenizer-model)")
+    group.add_argument("--tokenizer-model", metavar="PATH",
+                       help="tokenizer.json, or a folder holding it")
+    group.add_argument("--eod-token", metavar="TOKEN",
+                       help="the end-of-document token of a HuggingFace tokenizer (default: "
+                            "eos_token of tokenizer_config.json beside it, else the first of "
+                            + ", ".join(EOS_CANDIDATES) + " it knows)")
+    group.add_argument("--append-eod", action="store_true",
+                       help="append the end-of-document token to every non-empty document")
+    group = parser.add_argument_group("output data")
+    group.add_argument("--output-prefix", required=True,
+                       help="writes {prefix}_{key}_document.bin/.idx")
+    group = parser.add_argument_group("runtime")
+    group.add_argument("--workers", type=int, default=1,
+                       help="tokenizing processes (default 1); the output order never depends "
+                            "on it")
+    group.add_argument("--chunk-bytes", type=int, default=1 << 20, metavar="N",
+                       help="input bytes per task sent to a worker (default 1 MiB)")
+    group.add_argument("--log-interval", type=float, default=30.0, metavar="SECONDS",
+                       help="seconds between progress lines when stderr is not a terminal "
+                            "(a terminal gets a progress bar)")
+    group.add_argument("--max-reported", type=int, default=20, metavar="N",
+                       help="bad records reported one by one (default 20); the rest are counted")
+    group.add_argument("--allow-skipped", action="store_true",
+                       help=f"exit 0, not {EXIT_SKIPPED}, when records were skipped")
+    args = parser.parse_args(argv)
+    if args.split_sentences:
+        parser.error("--split-sentences is not supported; give each document as a JSON list of "
+                     "sentences instead (each becomes one sequence)")
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.chunk_bytes < 1:
+        parser.error("--chunk-bytes must be at least 1")
+    if len(set(args.json_keys)) != len(args.json_keys):
+        parser.error("--json-keys has a key twice")
+    return args
+
+
+def ordered_results(args, chunks):
+    """Encoded chunks in input order: in this process, or from a pool with a bounded number of
+    chunks in flight (Pool.imap would read the whole input ahead of slow workers)."""
+    if args.workers == 1:
+        init_worker(args)
+        for chunk in chunks:
+            yield encode_chunk(chunk)
+        return
+    context = multiprocessing.get_context("fork")
+    with context.Pool(args.workers, initializer=init_worker, initargs=(args, True)) as pool:
+        pending = collections.deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(encode_chunk, (chunk,)))
+            if len(pending) >= 4 * args.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def main(argv=None):
+    args = get_args(argv)
+    files = expand_inputs(args.input)
+    formats = {input_format(f, args.input_format) for f in files}
+    keys = args.json_keys if "jsonl" in formats else ["text"]
+    if "text" in formats and keys != ["text"]:
+        raise SystemExit("preprocess_data: error: plain-text inputs have the one key 'text'; "
+                         f"--json-keys {' '.join(args.json_keys)} needs JSONL inputs only")
+    tokenizer = build_tokenizer(args)
+    if args.append_eod and tokenizer.eod is None:
+        raise SystemExit("preprocess_data: error: --append-eod: the tokenizer has no "
+                         f"end-of-document token among {', '.join(EOS_CANDIDATES)}; name it with "
+                         "--eod-token")
+
+    from braid.data import IndexedDatasetWriter, smallest_token_type
+
+    token_type = smallest_token_type(tokenizer.vocab_size)
+    out_dir = os.path.dirname(os.path.abspath(args.output_prefix))
+    if not os.path.isdir(out_dir):
+        raise SystemExit(f"preprocess_data: error: --output-prefix: no folder {out_dir}")
+    report = Report(files, args.max_reported, args.log_interval)
+    print(f"preprocess_data: {len(files)} file(s), tokenizer "
+          f"{args.tokenizer_type} ({tokenizer.vocab_size} tokens, {token_type}), "
+          f"{args.workers} worker(s)", file=sys.stderr)
+    writers = {key: IndexedDatasetWriter(f"{args.output_prefix}_{key}_document", token_type)
+               for key in keys}
+    try:
+        for file_index, out, bad, nbytes in ordered_results(args, read_chunks(files, args.input_format, args.chunk_bytes, report)):
+            for line, reason in bad:
+                report.bad_record(file_index, line, reason)
+            documents, tokens = len(out[keys[0]][2]), 0
+            for key in keys:
+                flat, lengths, per_record = out[key]
+                writers[key].add_documents(flat, lengths, per_record)
+                tokens += len(flat)
+            report.progress(nbytes, documents, tokens)
+        report.progress(0, 0, 0, force=True)
+        for writer in writers.values():
+            writer.finalize()
+    except BaseException:
+        for writer in writers.values():
+            writer.discard()
+        raise
+    elapsed = time.monotonic() - report.start
+    outputs = ", ".join(f"{w.path_prefix}.bin/.idx" for w in writers.values())
+    problems = report.skipped + report.empty_files
+    print(f"preprocess_data: wrote {outputs}: {report.documents:,} documents, "
+          f"{report.tokens:,} tokens in {elapsed:.1f} s; skipped {report.skipped} record(s), "
+          f"{report.empty_files} empty file(s)", file=sys.stderr)
+    if problems and not args.allow_skipped:
+        return EXIT_SKIPPED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
