@@ -43,7 +43,8 @@ bad input:
   --max-reported of them; then only counted); an empty input file is reported too. Every valid
   record is still written. The run ends with a summary, and exits with
     0  every record was written,
-    {EXIT_SKIPPED}  the output is complete but records were skipped (0 with --allow-skipped),
+    {EXIT_SKIPPED}  the output is complete but records were skipped (0 with --allow-skipped: by
+       default a pipeline notices lost data unless it says that it expects some),
     1  no output (a missing input or tokenizer, an unwritable output folder, ...),
     2  bad arguments.
 """
@@ -74,16 +75,17 @@ class ByteLevelTokenizer:
 
 
 class HuggingFaceTokenizer:
-    """A tokenizer.json loaded by the `tokenizers` library (special tokens added, as Megatron's
-    HuggingFaceTokenizer does through transformers)."""
+    """A tokenizer.json loaded by the `tokenizers` library. Its special tokens (a BOS, say) are
+    added only with include_special_tokens, as in Megatron's HuggingFaceTokenizer."""
 
-    def __init__(self, model, eod_token=None):
+    def __init__(self, model, eod_token=None, include_special_tokens=False):
         from tokenizers import Tokenizer
 
         path = os.path.join(model, "tokenizer.json") if os.path.isdir(model) else model
         if not os.path.isfile(path):
             raise SystemExit(f"preprocess_data: error: --tokenizer-model {model}: no tokenizer.json")
         self.tokenizer = Tokenizer.from_file(path)
+        self.special = include_special_tokens
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod = None
         name = eod_token or self._eos_from_config(os.path.dirname(path))
@@ -106,13 +108,15 @@ class HuggingFaceTokenizer:
 
     def encode_batch(self, texts):
         try:
-            return [np.asarray(e.ids, dtype=np.int64) for e in self.tokenizer.encode_batch(texts)]
+            encodings = self.tokenizer.encode_batch(texts, add_special_tokens=self.special)
+            return [np.asarray(e.ids, dtype=np.int64) for e in encodings]
         except Exception:  # one text spoils the batch: encode one by one to find it
             return [self.encode_one(t) for t in texts]
 
     def encode_one(self, text):
         try:
-            return np.asarray(self.tokenizer.encode(text).ids, dtype=np.int64)
+            ids = self.tokenizer.encode(text, add_special_tokens=self.special).ids
+            return np.asarray(ids, dtype=np.int64)
         except Exception as e:
             return RecordError(f"the tokenizer rejects the text: {e}")
 
@@ -122,7 +126,8 @@ def build_tokenizer(args):
         return ByteLevelTokenizer()
     if not args.tokenizer_model:
         raise SystemExit("preprocess_data: error: HuggingFaceTokenizer needs --tokenizer-model")
-    return HuggingFaceTokenizer(args.tokenizer_model, args.eod_token)
+    return HuggingFaceTokenizer(args.tokenizer_model, args.eod_token,
+                                args.tokenizer_hf_include_special_tokens)
 
 
 # ---- workers -------------------------------------------------------------------------------
@@ -139,7 +144,7 @@ def init_worker(args, pooled=False):
 
 
 def parse_record(line, fmt, keys):
-    """The texts of one line: {key: [sentence, ...]}, or RecordError."""
+    """The texts of one line, {key: [sentence, ...]}; raises RecordError."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -242,20 +247,23 @@ def read_chunks(files, fmt_choice, chunk_bytes, report):
         fmt = input_format(path, fmt_choice)
         opener = gzip.open if path.endswith(".gz") else open
         numbers, lines, size, records = [], [], 0, 0
-        with opener(path, "rb") as f:
-            for number, line in enumerate(f, start=1):
-                size += len(line)
-                if number == 1 and line.startswith(b"\xef\xbb\xbf"):
-                    line = line[3:]  # a UTF-8 byte order mark
-                line = line.rstrip(b"\r\n")
-                if not line.strip():
-                    continue
-                numbers.append(number)
-                lines.append(line)
-                records += 1
-                if size >= chunk_bytes:
-                    yield file_index, numbers, lines, fmt, size
-                    numbers, lines, size = [], [], 0
+        try:
+            with opener(path, "rb") as f:
+                for number, line in enumerate(f, start=1):
+                    size += len(line)
+                    if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                        line = line[3:]  # a UTF-8 byte order mark
+                    line = line.rstrip(b"\r\n")
+                    if not line.strip():
+                        continue
+                    numbers.append(number)
+                    lines.append(line)
+                    records += 1
+                    if size >= chunk_bytes:
+                        yield file_index, numbers, lines, fmt, size
+                        numbers, lines, size = [], [], 0
+        except (OSError, EOFError) as e:  # unreadable, a corrupt .gz
+            raise SystemExit(f"preprocess_data: error: {path}: cannot read: {e}") from None
         if lines or size:
             yield file_index, numbers, lines, fmt, size
         if records == 0:
@@ -352,6 +360,9 @@ def get_args(argv=None):
                        help="the end-of-document token of a HuggingFace tokenizer (default: "
                             "eos_token of tokenizer_config.json beside it, else the first of "
                             + ", ".join(EOS_CANDIDATES) + " it knows)")
+    group.add_argument("--tokenizer-hf-include-special-tokens", action="store_true",
+                       help="let the HuggingFace tokenizer add its special tokens (its "
+                            "post-processor's BOS, say), as Megatron's flag of that name does")
     group.add_argument("--append-eod", action="store_true",
                        help="append the end-of-document token to every non-empty document")
     group = parser.add_argument_group("output data")

@@ -68,15 +68,18 @@ def byte_tokens(text, eod=True):
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
-    """A small byte-level BPE tokenizer.json, trained here (no download), with an EOS token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A small byte-level BPE tokenizer.json, trained here (no download), with an EOS token and
+    a post-processor that puts <s> in front (a special token)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<pad>"],
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>", "<pad>", "<s>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(TEXTS * 20, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
     folder = tmp_path_factory.mktemp("tokenizer")
     tok.save(str(folder / "tokenizer.json"))
     return folder
@@ -129,16 +132,16 @@ def test_hugging_face_tokenizer_two_keys_and_workers(tmp_path, tokenizer_dir):
     eod = tok.token_to_id("<|endoftext|>")
     records = [{"text": t, "title": t[:5], "n": k} for k, t in enumerate(TEXTS * 30)]
     src = write_jsonl(tmp_path / "in.jsonl", records)
-    for workers in (1, 2):
-        out = tmp_path / f"hf{workers}"
+    for workers, special in ((1, False), (2, False), (2, True)):
+        out = tmp_path / f"hf{workers}{'s' if special else ''}"
         run("--input", src, "--output-prefix", out, "--json-keys", "text", "title",
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
             tokenizer_dir / "tokenizer.json", "--append-eod", "--workers", workers,
-            "--chunk-bytes", 500)
+            "--chunk-bytes", 500, *(["--tokenizer-hf-include-special-tokens"] if special else []))
         for key in ("text", "title"):
             expected = []
             for r in records:
-                ids = tok.encode(r[key]).ids
+                ids = tok.encode(r[key], add_special_tokens=special).ids
                 expected.append(ids + [eod] if ids else ids)
             assert documents(f"{out}_{key}_document") == expected
     assert open(tmp_path / "hf1_text_document.bin", "rb").read() == open(
@@ -159,8 +162,9 @@ def test_eod_token_from_tokenizer_config_and_lists_of_sentences(tmp_path, tokeni
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     # One sequence per non-empty sentence; the end-of-document token joins the last one.
     assert ds.num_sequences == 2 and ds.num_documents == 1
-    assert list(ds[0]) == tok.encode("Hello").ids
-    assert list(ds[1]) == tok.encode("world").ids + [tok.token_to_id("<pad>")]
+    assert list(ds[0]) == tok.encode("Hello", add_special_tokens=False).ids
+    assert list(ds[1]) == tok.encode("world", add_special_tokens=False).ids + [
+        tok.token_to_id("<pad>")]
 
 
 def test_plain_text_and_gzip(tmp_path):
@@ -216,7 +220,11 @@ def test_fatal_errors_leave_no_output(tmp_path):
     proc = run("--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
                "ByteLevel", "--split-sentences", check_rc=2)
     assert "not supported" in proc.stderr
-    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+    (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
+    proc = run("--input", src, tmp_path / "bad.jsonl.gz", "--output-prefix", tmp_path / "o",
+               "--tokenizer-type", "ByteLevel", "--workers", 2, check_rc=1)
+    assert "bad.jsonl.gz: cannot read: Not a gzipped file" in proc.stderr
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl.gz", "in.jsonl"]
 
 
 def test_progress_bar_on_a_terminal(tmp_path):
