@@ -1,15 +1,19 @@
-# braid_add_test(NAME <name> LABEL <layer> SOURCES <files...>)
+# braid_add_test(NAME <name> LABEL <layer> SOURCES <files...> [LINK <targets...>])
 #   A GoogleTest executable registered as one ctest entry labelled with its layer
-#   (core, kernels, model, comm, tp, pp, dp, data, ckpt, cli, planner).
+#   (core, kernels, model, comm, tp, pp, dp, data, ckpt, cli, planner). LINK: the braid
+#   libraries it needs (default: all of braid; a lower layer's tests name only that layer).
 # braid_add_pytest(NAME <name> LABEL <layer> FILE <tests/python/test_x.py> [TIMEOUT s])
 #   A pytest file run by the project's Python with PYTHONPATH=python.
 find_package(GTest REQUIRED)
 include(GoogleTest)
 
 function(braid_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES;LINK" ${ARGN})
+  if(NOT T_LINK)
+    set(T_LINK braid)
+  endif()
   add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE braid GTest::gtest GTest::gtest_main)
+  target_link_libraries(${T_NAME} PRIVATE ${T_LINK} GTest::gtest GTest::gtest_main)
   target_include_directories(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/cpp)
   target_compile_options(${T_NAME} PRIVATE -Wall -Wextra -Werror)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
@@ -38,15 +42,18 @@ function(braid_add_pytest)
 endfunction()
 
 # braid_add_mpi_test(NAME <name> LABEL <layer> SOURCES <files...> RANKS <n...>
-#                    [ARGS <args...>] [TIMEOUT s] [MAIN])
+#                    [ARGS <args...>] [TIMEOUT s] [MAIN] [LINK <targets...>])
 #   One executable, run as a real MPI job for each rank count: ctest entries <name>_np<n>,
 #   `mpirun -np <n> --oversubscribe <exe> <args>`, one OpenMP/OpenBLAS thread per rank so
 #   oversubscribed jobs do not thrash. With MAIN the sources bring their own main();
 #   otherwise tests/cpp/mpi_test_main.cpp runs the GoogleTest cases on every rank.
 function(braid_add_mpi_test)
-  cmake_parse_arguments(T "MAIN" "NAME;LABEL;TIMEOUT" "SOURCES;RANKS;ARGS" ${ARGN})
+  cmake_parse_arguments(T "MAIN" "NAME;LABEL;TIMEOUT" "SOURCES;RANKS;ARGS;LINK" ${ARGN})
+  if(NOT T_LINK)
+    set(T_LINK braid)
+  endif()
   add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE braid GTest::gtest)
+  target_link_libraries(${T_NAME} PRIVATE ${T_LINK} GTest::gtest)
   if(NOT T_MAIN)
     target_sources(${T_NAME} PRIVATE ${PROJECT_SOURCE_DIR}/tests/cpp/mpi_test_main.cpp)
   endif()

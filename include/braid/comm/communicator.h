@@ -47,7 +47,7 @@ struct OpInfo {
   int group_size = 0;
   int group_rank = 0;
   int global_rank = 0;
-  size_t bytes = 0;  // the size of the larger buffer of the call (nccl-tests' "size")
+  size_t bytes = 0;         // the size of the larger buffer of the call (nccl-tests' "size")
   std::string str() const;  // "all_reduce on group tp (size 2, rank 1 of the job): 4096 bytes"
 };
 
@@ -133,6 +133,9 @@ class Communicator {
   std::string name_;
   Duration timeout_;
 };
+
+// The one line printed when `info` passed its deadline `timeout`.
+std::string deadline_message(const OpInfo& info, Duration timeout);
 
 // Prints `message` as one line on stderr and ends the whole job with a non-zero exit
 // (MPI_Abort on MPI_COMM_WORLD when MPI is up, else std::abort). Used when a deadline

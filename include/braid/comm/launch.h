@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "braid/comm/mpi_communicator.h"
@@ -31,6 +32,11 @@ LaunchInfo launch_info_from_env(const EnvLookup& getenv = &std::getenv);
 // one device (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES per rank). ConfigError when the
 // local rank has no device of its own.
 int cuda_device_for(const LaunchInfo& launch, int visible_devices);
+// cuda_device_for with this node's visible devices, then makes it the current device.
+int select_cuda_device(const LaunchInfo& launch);
+
+// `--distributed-timeout-minutes` (fractions allowed: tests use seconds); ConfigError if <= 0.
+Duration timeout_from_minutes(double minutes);
 
 struct Distributed {
   LaunchInfo launch;

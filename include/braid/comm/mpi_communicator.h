@@ -16,9 +16,9 @@ namespace braid::comm {
 
 class MpiCommunicator : public Communicator {
  public:
-  // All processes of the job. Initialises MPI on first use (and finalises it at exit if it
-  // did); collective over MPI_COMM_WORLD.
-  static std::shared_ptr<MpiCommunicator> world(Duration timeout = kDefaultTimeout);
+  // All processes of the job, named "world". Initialises MPI on first use (and finalises it
+  // at exit if it did); collective over MPI_COMM_WORLD then. The same object on every call.
+  static std::shared_ptr<MpiCommunicator> world();
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }

@@ -1,0 +1,94 @@
+#pragma once
+// ParallelState: the (tp, pp, dp) rank grid and its communicators, in Megatron's order —
+// TP fastest, then DP, then PP:
+//
+//   rank = tp_rank + tp · (dp_rank + dp · pp_rank)
+//
+// so the ranks of one TP group are neighbours (one node), and a PP group strides by tp·dp.
+// Megatron's own example, 16 ranks with TP=2, PP=4 (so DP=2):
+//   TP groups [0,1] [2,3] ... [14,15]      DP groups [0,2] [1,3] [4,6] ... [13,15]
+//   PP groups [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15]
+// Model-parallel groups hold the TP×PP ranks of one DP rank; embedding groups hold the first
+// and the last stage of each PP group (one rank when pp = 1).
+//
+// RankGrid is the arithmetic alone (no communication), so layouts are checked, on every rank
+// alike and before any collective, from numbers every rank has: a bad layout is the same
+// ConfigError everywhere.
+
+#include <memory>
+#include <vector>
+
+#include "braid/comm/communicator.h"
+
+namespace braid::comm {
+
+struct ParallelLayout {
+  int tp = 1;  // --tensor-model-parallel-size
+  int pp = 1;  // --pipeline-model-parallel-size
+  int dp = 0;  // data-parallel size; 0: world size / (tp · pp)
+};
+
+struct GridCoords {
+  int tp_rank = 0;
+  int dp_rank = 0;
+  int pp_rank = 0;
+};
+
+class RankGrid {
+ public:
+  // ConfigError unless every size is >= 1 and tp · pp · dp == world_size.
+  RankGrid(int world_size, const ParallelLayout& layout);
+
+  int world_size() const { return tp_ * pp_ * dp_; }
+  int tp() const { return tp_; }
+  int pp() const { return pp_; }
+  int dp() const { return dp_; }
+
+  int rank_of(const GridCoords& c) const { return c.tp_rank + tp_ * (c.dp_rank + dp_ * c.pp_rank); }
+  GridCoords coords(int rank) const;
+
+  // The members of `rank`'s groups, in group-rank order.
+  std::vector<int> tp_group(int rank) const;
+  std::vector<int> dp_group(int rank) const;
+  std::vector<int> pp_group(int rank) const;
+  std::vector<int> model_parallel_group(int rank) const;  // TP × PP, ordered tp fastest
+  std::vector<int> embedding_group(int rank) const;       // empty if `rank` is in none
+
+ private:
+  int tp_, pp_, dp_;
+};
+
+class ParallelState {
+ public:
+  // Checks the layout against world->size() (ConfigError, no communication), then splits
+  // `world` into the groups (collective over `world`). Works for any backend.
+  ParallelState(std::shared_ptr<Communicator> world, const ParallelLayout& layout);
+
+  const RankGrid& grid() const { return grid_; }
+  int rank() const { return world_->rank(); }
+  const GridCoords& coords() const { return coords_; }
+  int tp_rank() const { return coords_.tp_rank; }
+  int dp_rank() const { return coords_.dp_rank; }
+  int pp_rank() const { return coords_.pp_rank; }
+  bool is_first_stage() const { return coords_.pp_rank == 0; }
+  bool is_last_stage() const { return coords_.pp_rank == grid_.pp() - 1; }
+  // Neighbouring stages as ranks of the PP group (wrapping around, as Megatron does).
+  int next_stage() const { return (coords_.pp_rank + 1) % grid_.pp(); }
+  int prev_stage() const { return (coords_.pp_rank + grid_.pp() - 1) % grid_.pp(); }
+
+  Communicator& world() const { return *world_; }
+  Communicator& tp() const { return *tp_; }
+  Communicator& dp() const { return *dp_; }
+  Communicator& pp() const { return *pp_; }
+  Communicator& model_parallel() const { return *model_parallel_; }
+  // nullptr on ranks that are neither the first nor the last stage.
+  Communicator* embedding() const { return embedding_.get(); }
+
+ private:
+  std::shared_ptr<Communicator> world_;
+  RankGrid grid_;
+  GridCoords coords_;
+  std::shared_ptr<Communicator> tp_, dp_, pp_, model_parallel_, embedding_;
+};
+
+}  // namespace braid::comm
