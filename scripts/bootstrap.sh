@@ -55,8 +55,10 @@ run() {
 }
 
 # ---- 1. Debian packages ------------------------------------------------------------------
+# clang + libclang-rt-dev (libFuzzer, only "recommended" by clang): the .idx fuzz target.
 packages=(build-essential cmake ninja-build ccache pkg-config libopenblas-dev libopenmpi-dev
-          openmpi-bin libgtest-dev libdlpack-dev nlohmann-json3-dev libibverbs-dev)
+          openmpi-bin libgtest-dev libdlpack-dev nlohmann-json3-dev libibverbs-dev
+          clang libclang-rt-dev)
 if ! command -v python3 >/dev/null; then
   packages+=(python3 python3-venv python3-dev)
 else
