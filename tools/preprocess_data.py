@@ -83,7 +83,8 @@ class HuggingFaceTokenizer:
 
         path = os.path.join(model, "tokenizer.json") if os.path.isdir(model) else model
         if not os.path.isfile(path):
-            raise SystemExit(f"preprocess_data: error: --tokenizer-model {model}: no tokenizer.json")
+            raise SystemExit(
+                f"preprocess_data: error: --tokenizer-model {model}: no tokenizer.json")
         self.tokenizer = Tokenizer.from_file(path)
         self.special = include_special_tokens
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -95,7 +96,8 @@ class HuggingFaceTokenizer:
             if self.eod is not None:
                 break
         if name and self.eod is None:
-            raise SystemExit(f"preprocess_data: error: end-of-document token {name!r} is not in {path}")
+            raise SystemExit(
+                f"preprocess_data: error: end-of-document token {name!r} is not in {path}")
 
     @staticmethod
     def _eos_from_config(folder):
@@ -440,7 +442,8 @@ def main(argv=None):
     writers = {key: IndexedDatasetWriter(f"{args.output_prefix}_{key}_document", token_type)
                for key in keys}
     try:
-        for file_index, out, bad, nbytes in ordered_results(args, read_chunks(files, args.input_format, args.chunk_bytes, report)):
+        chunks = read_chunks(files, args.input_format, args.chunk_bytes, report)
+        for file_index, out, bad, nbytes in ordered_results(args, chunks):
             for line, reason in bad:
                 report.bad_record(file_index, line, reason)
             documents, tokens = len(out[keys[0]][2]), 0

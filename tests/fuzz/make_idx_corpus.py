@@ -2,7 +2,8 @@
 
 Each seed is the .bin's size (8 bytes, little-endian) followed by an .idx. The valid ones are
 written by megatron-core's own IndexedDatasetBuilder; the invalid ones are those with one field
-broken. Run from the repository root with the test venv: .venv/bin/python tests/fuzz/make_idx_corpus.py
+broken. Run from the repository root with the test venv:
+    .venv/bin/python tests/fuzz/make_idx_corpus.py
 """
 
 import os

@@ -185,7 +185,8 @@ def test_views_are_zero_copy_read_only_and_keep_the_dataset_alive(tmp_path):
         with pytest.raises(ValueError):
             view[0] = 1
     # The same memory each time (the mapping), and it outlives the Python name of the dataset.
-    assert lengths.__array_interface__["data"][0] == ds.sequence_lengths.__array_interface__["data"][0]
+    address = lengths.__array_interface__["data"][0]
+    assert address == ds.sequence_lengths.__array_interface__["data"][0]
     del ds
     np.testing.assert_array_equal(lengths, [5, 3, 2])
     np.testing.assert_array_equal(tokens, [0, 1, 2])
