@@ -15,8 +15,51 @@ if the block raises::
             w.add_document(ids)
 
 The format, byte by byte: docs/formats.md.
+
+GPT samples, in Megatron's order for a given seed (docs/data.md)::
+
+    train, valid, test = build_gpt_datasets("0.3 A 0.7 B", seq_length=1024,
+                                            num_samples=(iters * gbs, eval_samples, test_samples),
+                                            split="969,30,1", seed=1234)
+    loader = DataLoader(train, micro_batch_size=4, global_batch_size=64, dp_rank=r, dp_size=dp,
+                        consumed_samples=consumed_from_checkpoint)
+    for batch in loader:                      # loaded ahead on a background thread
+        trainer.train_step(batch.tokens, batch.labels, batch.num_microbatches)
+        consumed = loader.consumed_samples    # what a checkpoint stores
+
+``GPTDataset(prefix, seq_length, ...)`` is one split of one dataset; ``BlendedDataset`` draws from
+several by weight. Both cache their indices as .npy files (``cache_path``; default
+``<prefix>/cache/GPTDataset_indices``), so a second start maps them instead of rebuilding.
 """
 
-from braid._C import IndexedDataset, IndexedDatasetWriter, smallest_token_type
+from braid._C import (  # noqa: F401
+    Batch,
+    BlendedDataset,
+    DataLoader,
+    GPTDataset,
+    IndexedDataset,
+    IndexedDatasetWriter,
+    SampleDataset,
+    build_blending_indices,
+    build_gpt_datasets,
+    parse_data_path,
+    parse_split,
+    smallest_token_type,
+    split_documents,
+)
 
-__all__ = ["IndexedDataset", "IndexedDatasetWriter", "smallest_token_type"]
+__all__ = [
+    "Batch",
+    "BlendedDataset",
+    "DataLoader",
+    "GPTDataset",
+    "IndexedDataset",
+    "IndexedDatasetWriter",
+    "SampleDataset",
+    "build_blending_indices",
+    "build_gpt_datasets",
+    "parse_data_path",
+    "parse_split",
+    "smallest_token_type",
+    "split_documents",
+]
