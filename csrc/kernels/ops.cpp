@@ -249,25 +249,29 @@ void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stre
 }
 
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
-                     Stream stream) {
+                     int64_t first_element, Stream stream) {
   const char* op = "dropout_forward";
   Device device = device_of(op, {{"out", out}, {"x", x}});
   BRAID_CHECK(p >= 0.0f && p <= 1.0f, op, ": p = ", p, " is not in [0, 1]");
+  BRAID_CHECK(first_element >= 0 && first_element % 4 == 0, op, ": first_element = ", first_element,
+              " must be a non-negative multiple of 4");
   check_activation(op, device, "x", x);
   check_like(op, "out", out, "x", x);
   if (out.numel() == 0) return;
-  BRAID_DISPATCH(device, dropout_forward, out, x, p, seed, offset, stream);
+  BRAID_DISPATCH(device, dropout_forward, out, x, p, seed, offset, first_element, stream);
 }
 
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
-                      Stream stream) {
+                      int64_t first_element, Stream stream) {
   const char* op = "dropout_backward";
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
   BRAID_CHECK(p >= 0.0f && p <= 1.0f, op, ": p = ", p, " is not in [0, 1]");
+  BRAID_CHECK(first_element >= 0 && first_element % 4 == 0, op, ": first_element = ", first_element,
+              " must be a non-negative multiple of 4");
   check_activation(op, device, "dout", dout);
   check_like(op, "dx", dx, "dout", dout);
   if (dx.numel() == 0) return;
-  BRAID_DISPATCH(device, dropout_backward, dx, dout, p, seed, offset, stream);
+  BRAID_DISPATCH(device, dropout_backward, dx, dout, p, seed, offset, first_element, stream);
 }
 
 // ---------------------------------------------------------------- normalisation
@@ -541,6 +545,20 @@ void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
   }
   if (targets.numel() == 0) return;
   BRAID_DISPATCH(device, cross_entropy_loss, loss, max, sumexp, target_logit, targets, stream);
+}
+
+void cross_entropy_rescale(Tensor sumexp, const Tensor& max, const Tensor& global_max,
+                           Stream stream) {
+  const char* op = "cross_entropy_rescale";
+  Device device = device_of(op, {{"sumexp", sumexp}, {"max", max}, {"global_max", global_max}});
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"sumexp", sumexp},
+                                {"max", max},
+                                {"global_max", global_max}}) {
+    check_row_f32(op, name, t, sumexp);
+  }
+  BRAID_CHECK(sumexp.dim() == 1, op, ": sumexp must be [T], got ", describe(sumexp));
+  if (sumexp.numel() == 0) return;
+  BRAID_DISPATCH(device, cross_entropy_rescale, sumexp, max, global_max, stream);
 }
 
 void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& targets,

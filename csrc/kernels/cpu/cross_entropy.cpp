@@ -62,6 +62,15 @@ void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, cons
                });
 }
 
+void cross_entropy_rescale(Tensor sumexp, const Tensor& max, const Tensor& global_max, Stream) {
+  float* se = sumexp.data_ptr<float>();
+  const float* mx = max.data_ptr<float>();
+  const float* gm = global_max.data_ptr<float>();
+  for (int64_t r = 0, n = sumexp.numel(); r < n; ++r) {
+    se[r] = se[r] == 0.0f ? 0.0f : se[r] * std::exp(mx[r] - gm[r]);  // empty slice: max = -inf
+  }
+}
+
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
                         const Tensor& target_logit, const Tensor& targets, Stream) {
   const int64_t t_len = targets.numel();

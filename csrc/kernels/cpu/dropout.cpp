@@ -15,22 +15,25 @@ inline float dropout_element(float x, uint32_t word, float p, float scale) {
 
 // Groups [g0, g1) of four elements; the caller handles a partial last group.
 BRAID_CPU_MULTIVERSION void dropout_groups(float* out, const float* x, float p, float scale,
-                                           uint64_t seed, uint64_t offset, int64_t g0, int64_t g1) {
+                                           uint64_t seed, uint64_t offset, uint64_t first_group,
+                                           int64_t g0, int64_t g1) {
 #pragma omp simd
   for (int64_t g = g0; g < g1; ++g) {
-    philox::Words4 w = philox::random_words(seed, offset, uint64_t(g));
+    philox::Words4 w = philox::random_words(seed, offset, first_group + uint64_t(g));
     for (int l = 0; l < 4; ++l) out[4 * g + l] = dropout_element(x[4 * g + l], w.x[l], p, scale);
   }
 }
 
-void dropout(float* out, const float* x, int64_t n, float p, uint64_t seed, uint64_t offset) {
+// first_group: the Philox counter of element 0's group (first_element / 4).
+void dropout(float* out, const float* x, int64_t n, float p, uint64_t seed, uint64_t offset,
+             uint64_t first_group) {
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   const int64_t full_groups = n / 4;
   parallel_for(full_groups, 4096, [&](int64_t g0, int64_t g1) {
-    dropout_groups(out, x, p, scale, seed, offset, g0, g1);
+    dropout_groups(out, x, p, scale, seed, offset, first_group, g0, g1);
   });
   if (n % 4 != 0) {
-    philox::Words4 w = philox::random_words(seed, offset, uint64_t(full_groups));
+    philox::Words4 w = philox::random_words(seed, offset, first_group + uint64_t(full_groups));
     for (int64_t i = full_groups * 4; i < n; ++i) {
       out[i] = dropout_element(x[i], w.x[i % 4], p, scale);
     }
@@ -39,14 +42,17 @@ void dropout(float* out, const float* x, int64_t n, float p, uint64_t seed, uint
 
 }  // namespace
 
-void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset, Stream) {
-  dropout(out.data_ptr<float>(), x.data_ptr<float>(), out.numel(), p, seed, offset);
+void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
+                     int64_t first_element, Stream) {
+  dropout(out.data_ptr<float>(), x.data_ptr<float>(), out.numel(), p, seed, offset,
+          uint64_t(first_element / 4));
 }
 
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
-                      Stream) {
+                      int64_t first_element, Stream) {
   // d out / d x is the same mask and scale.
-  dropout(dx.data_ptr<float>(), dout.data_ptr<float>(), dx.numel(), p, seed, offset);
+  dropout(dx.data_ptr<float>(), dout.data_ptr<float>(), dx.numel(), p, seed, offset,
+          uint64_t(first_element / 4));
 }
 
 }  // namespace braid::ops::cpu

@@ -81,6 +81,16 @@ __global__ void cross_entropy_partials_kernel(float* __restrict__ max_out,
   }
 }
 
+__global__ void cross_entropy_rescale_kernel(float* __restrict__ sumexp,
+                                             const float* __restrict__ max,
+                                             const float* __restrict__ global_max, int64_t tokens) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < tokens; t += stride) {
+    const float se = sumexp[t];
+    sumexp[t] = se == 0.0f ? 0.0f : se * expf(max[t] - global_max[t]);  // empty slice: -inf max
+  }
+}
+
 __global__ void cross_entropy_loss_kernel(float* __restrict__ loss, const float* __restrict__ max,
                                           const float* __restrict__ sumexp,
                                           const float* __restrict__ target_logit,
@@ -146,6 +156,17 @@ void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, cons
     }
     CUDA_CHECK_LAUNCH();
   });
+}
+
+void cross_entropy_rescale(Tensor sumexp, const Tensor& max, const Tensor& global_max,
+                           Stream stream) {
+  detail::DeviceGuard guard(sumexp.device());
+  const int64_t tokens = sumexp.numel();
+  constexpr int kThreads = 256;
+  cross_entropy_rescale_kernel<<<detail::grid_for(tokens, kThreads, sumexp.device().index),
+                                 kThreads, 0, detail::cuda_stream(stream)>>>(
+      sumexp.data_ptr<float>(), max.data_ptr<float>(), global_max.data_ptr<float>(), tokens);
+  CUDA_CHECK_LAUNCH();
 }
 
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,

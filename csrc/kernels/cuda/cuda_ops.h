@@ -16,9 +16,11 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream);
 void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
-                     Stream stream);
+                     int64_t first_element, Stream stream);
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
-                      Stream stream);
+                      int64_t first_element, Stream stream);
+void cross_entropy_rescale(Tensor sumexp, const Tensor& max, const Tensor& global_max,
+                           Stream stream);
 void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, const Tensor& x, const Tensor& weight,
                        const Tensor& bias, float eps, Stream stream);
 void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dout,

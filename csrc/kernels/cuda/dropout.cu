@@ -20,11 +20,11 @@ __device__ __forceinline__ float dropout_element(float x, uint32_t word, float p
 // kPacked: x and out are aligned to four elements, so full groups move as one pack.
 template <bool kPacked, typename T>
 __global__ void dropout_kernel(T* out, const T* x, int64_t n, float p, float scale, uint64_t seed,
-                               uint64_t offset) {
+                               uint64_t offset, uint64_t first_group) {
   int64_t groups = (n + 3) / 4;
   int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t g = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; g < groups; g += stride) {
-    philox::Words4 w = philox::random_words(seed, offset, uint64_t(g));
+    philox::Words4 w = philox::random_words(seed, offset, first_group + uint64_t(g));
     int64_t i0 = 4 * g;
     if (kPacked && i0 + 4 <= n) {
       float v[4];
@@ -41,7 +41,8 @@ __global__ void dropout_kernel(T* out, const T* x, int64_t n, float p, float sca
 }
 
 void dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
-             Stream stream, const char* op) {
+             int64_t first_element, Stream stream, const char* op) {
+  const uint64_t first_group = uint64_t(first_element / 4);
   detail::DeviceGuard guard(out.device());
   const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
   const int64_t n = out.numel();
@@ -52,10 +53,11 @@ void dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_
     T* o = static_cast<T*>(out.data());
     const T* in = static_cast<const T*>(x.data());
     if (detail::aligned_to(o, 4 * sizeof(T)) && detail::aligned_to(in, 4 * sizeof(T))) {
-      dropout_kernel<true><<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed, offset);
+      dropout_kernel<true>
+          <<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed, offset, first_group);
     } else {
       dropout_kernel<false>
-          <<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed, offset);
+          <<<blocks, detail::kMapThreads, 0, s>>>(o, in, n, p, scale, seed, offset, first_group);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -64,14 +66,14 @@ void dropout(const Tensor& out, const Tensor& x, float p, uint64_t seed, uint64_
 }  // namespace
 
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
-                     Stream stream) {
-  dropout(out, x, p, seed, offset, stream, "dropout_forward");
+                     int64_t first_element, Stream stream) {
+  dropout(out, x, p, seed, offset, first_element, stream, "dropout_forward");
 }
 
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
-                      Stream stream) {
+                      int64_t first_element, Stream stream) {
   // d out / d x is the same mask and scale.
-  dropout(dx, dout, p, seed, offset, stream, "dropout_backward");
+  dropout(dx, dout, p, seed, offset, first_element, stream, "dropout_backward");
 }
 
 }  // namespace braid::ops::cuda

@@ -71,10 +71,13 @@ void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stre
 // index) reads word w = i % 4 of philox::random_words(seed, offset, i / 4) and is kept iff
 // philox::uniform_from_word(w) > p; kept elements are multiplied by the f32 value
 // 1.0f / (1.0f - p), dropped ones are 0 (p = 1 drops everything: out = 0).
+// first_element (a multiple of 4) numbers the elements from there: x is a shard of a larger
+// tensor that starts at that flat index, and gets exactly the larger tensor's mask there
+// (sequence-parallel shards draw the mask of the unsharded activation).
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
-                     Stream stream = {});
+                     int64_t first_element = 0, Stream stream = {});
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
-                      Stream stream = {});
+                      int64_t first_element = 0, Stream stream = {});
 
 // ---------------------------------------------------------------- normalisation
 // x [..., C]; weight, bias [C] (x's dtype); mean, rstd [rows] f32 (saved for backward);
@@ -131,6 +134,11 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 // target is not in this slice). All outputs [T] f32.
 void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
                             const Tensor& targets, int64_t vocab_offset = 0, Stream stream = {});
+// Vocab-parallel combination: after max has been reduced (max) across the ranks into
+// global_max, sumexp[t] *= exp(max[t] - global_max[t]) re-bases this rank's sum on the global
+// max, so that a sum across the ranks gives the global sum of exponentials. All [T] f32.
+void cross_entropy_rescale(Tensor sumexp, const Tensor& max, const Tensor& global_max,
+                           Stream stream = {});
 // loss[t] = log(sumexp[t]) + max[t] - target_logit[t], and 0 where targets[t] < 0.
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,
                         const Tensor& target_logit, const Tensor& targets, Stream stream = {});

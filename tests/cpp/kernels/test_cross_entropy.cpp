@@ -115,18 +115,19 @@ TEST_P(CrossEntropy, VocabSlicesCombineToTheFullLossAndGradient) {
     s.tl = empty_f32({kT});
     ops::cross_entropy_partials(s.mx, s.se, s.tl, s.logits, targets, s.begin);
   }
-  // What the vocab-parallel loss does with an all-reduce: global max, rescaled sums, and the
-  // target logit from whichever slice holds it (the others contribute 0).
+  // What the vocab-parallel loss does with all-reduces: the global max, each slice's sum
+  // re-based on it (cross_entropy_rescale), summed, and the target logit from whichever slice
+  // holds it (the others contribute 0).
   Tensor mx = Tensor::empty({kT}, DType::f32), se = Tensor::empty({kT}, DType::f32);
   Tensor tl = Tensor::empty({kT}, DType::f32);
   std::vector<double> m0 = values(slices[0].mx), m1 = values(slices[1].mx);
+  for (int64_t t = 0; t < kT; ++t)
+    mx.data_ptr<float>()[t] = float(std::max(m0[size_t(t)], m1[size_t(t)]));
+  for (Slice& s : slices) ops::cross_entropy_rescale(s.se, s.mx, up_f32(mx));
   std::vector<double> s0 = values(slices[0].se), s1 = values(slices[1].se);
   std::vector<double> t0 = values(slices[0].tl), t1 = values(slices[1].tl);
   for (int64_t t = 0; t < kT; ++t) {
-    double m = std::max(m0[size_t(t)], m1[size_t(t)]);
-    mx.data_ptr<float>()[t] = float(m);
-    se.data_ptr<float>()[t] = float(s0[size_t(t)] * std::exp(m0[size_t(t)] - m) +
-                                    s1[size_t(t)] * std::exp(m1[size_t(t)] - m));
+    se.data_ptr<float>()[t] = float(s0[size_t(t)] + s1[size_t(t)]);
     tl.data_ptr<float>()[t] = float(t0[size_t(t)] + t1[size_t(t)]);
   }
   Tensor loss = empty_f32({kT});

@@ -83,6 +83,27 @@ TEST_P(Dropout, BackwardAppliesTheForwardMask) {
   EXPECT_TRUE(all_close(dx, want, tol({0, 0}, {0, 1e-2})));
 }
 
+// A shard that starts at flat element `first` of a larger tensor draws that tensor's mask
+// there (how sequence-parallel shards match the unsharded run).
+TEST_P(Dropout, ShardsDrawTheirSliceOfTheWholeMask) {
+  const int64_t n = 1000, first = 364, width = 400;
+  const float p = 0.4f;
+  Tensor x = ones_plus(n);
+  Tensor whole = empty({n});
+  ops::dropout_forward(whole, up(x), p, 11, 5);
+  std::vector<double> xv = values(seen(x)), all = values(whole);
+  Tensor part = Tensor::empty({width}, DType::f32);
+  for (int64_t i = 0; i < width; ++i) part.data_ptr<float>()[i] = float(xv[size_t(first + i)]);
+  Tensor out = empty({width});
+  ops::dropout_forward(out, up(part), p, 11, 5, first);
+  EXPECT_TRUE(all_close(out, std::vector<double>(all.begin() + first, all.begin() + first + width),
+                        {0, 0}));
+  Tensor dx = empty({width});
+  ops::dropout_backward(dx, up(part), p, 11, 5, first);
+  EXPECT_TRUE(all_close(dx, values(out), {0, 0}));
+  EXPECT_THROW(ops::dropout_forward(out, up(part), p, 11, 5, 2), Error);  // not a multiple of 4
+}
+
 TEST_P(Dropout, ZeroKeepsEverythingOneDropsEverything) {
   Tensor x = random_tensor({3, 33}, 3);
   Tensor out = empty({3, 33});
