@@ -9,9 +9,18 @@ Held-out problems draw both operands uniformly from [0, 10^digits). Training dra
 of its operands from the shorter numbers [0, 10^(digits-1)) instead: with uniform operands
 only one in ten is shorter than the rest, and the model is slow to learn to line up digits
 of operands of different lengths.
+
+The training problems reach the model the way any dataset does: ``write_training_data`` writes
+them with braid's IndexedDatasetWriter as Megatron ``.bin``/``.idx`` files, one document of
+exactly ``SEQ_LENGTH`` tokens per problem, and the GPT data loader reads them. Because every
+document is one sample long, sample i of the loader is exactly one problem (its labels end with
+the next problem's first token, which is never supervised), and ``answer_targets`` keeps the
+loss on the answer alone.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -86,6 +95,42 @@ class AdditionData:
     def held_out_problems(self, n: int) -> list[tuple[int, int]]:
         a, b = self._sample_pairs(n, held_out=True)
         return [(int(x), int(y)) for x, y in zip(a, b)]
+
+
+def training_data_prefix(directory: str, n_problems: int, digits: int = 3, seed: int = 1234,
+                         short_fraction: float = 0.0, padded: bool = False) -> str:
+    """Where write_training_data puts these problems: a name that records every parameter."""
+    style = "padded" if padded else "natural"
+    name = f"addition-{digits}d-{style}-short{short_fraction:g}-seed{seed}-{n_problems}"
+    return os.path.join(directory, name)
+
+
+def write_training_data(prefix: str, n_problems: int, digits: int = 3, seed: int = 1234,
+                        short_fraction: float = 0.0, padded: bool = False,
+                        chunk: int = 8192) -> str:
+    """Writes n_problems training problems to prefix.bin / prefix.idx (one document each)."""
+    from braid.data import IndexedDatasetWriter, smallest_token_type
+
+    data = AdditionData(digits, seed, short_fraction, padded)
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    with IndexedDatasetWriter(prefix, smallest_token_type(VOCAB_SIZE)) as writer:
+        for start in range(0, n_problems, chunk):
+            ids, _ = data.batch(min(chunk, n_problems - start))
+            writer.add_documents(ids.ravel(), np.full(len(ids), SEQ_LENGTH, dtype=np.int64))
+    return prefix
+
+
+def answer_targets(ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The loader's labels with IGNORE everywhere but the answer and its closing newline.
+
+    Row r of ids is one problem padded with newlines; position t predicts labels[r, t]. The
+    answer is predicted from the positions of "=" and of the answer's digits: t at or after "="
+    whose input is not padding.
+    """
+    ids = np.asarray(ids)
+    equals = np.argmax(ids == ord("="), axis=1)
+    keep = (np.arange(ids.shape[1])[None, :] >= equals[:, None]) & (ids != PAD)
+    return np.where(keep, np.asarray(labels), IGNORE).astype(np.int32)
 
 
 def greedy_answers(logits_fn, problems: list[tuple[int, int]], width: int = 0,

@@ -196,7 +196,8 @@ def test_loader_feeds_the_trainer_and_resumes(tmp_path):
     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = 1, 32, 2
     cfg.num_query_groups, cfg.ffn_hidden_size = 2, 64
     model = braid.GPTModel(cfg, seed=1)
-    trainer = braid.Trainer(model, braid.AdamWConfig(lr=1e-3), braid.LRSchedule(lr=1e-3, decay_iters=10))
+    trainer = braid.Trainer(model, braid.AdamWConfig(lr=1e-3),
+                            braid.LRSchedule(lr=1e-3, decay_iters=10))
     batch = DataLoader(train, 4, 8).next()
     stats = trainer.train_step(batch.tokens, batch.labels, batch.num_microbatches)
     assert np.isfinite(stats.loss)
