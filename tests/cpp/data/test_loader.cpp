@@ -157,9 +157,9 @@ TEST(Loader, ErrorsOnTheThreadReachTheConsumer) {
 }
 
 TEST(Loader, StopsCleanlyWithAFullQueueOrRightAway) {
-  auto ds = std::make_shared<CountingDataset>(100000, 16);
-  { DataLoader loader(ds, BatchLayout{8, 64, 0, 1}); }
+  { DataLoader loader(std::make_shared<CountingDataset>(100000, 16), BatchLayout{8, 64, 0, 1}); }
   {
+    auto ds = std::make_shared<CountingDataset>(100000, 16);
     DataLoader loader(ds, BatchLayout{8, 64, 0, 1}, LoaderOptions{0, 3, true, true});
     // Let the thread fill its queue, then check that it stopped there.
     for (int i = 0; i < 200 && ds->reads < 3 * 64; ++i)
