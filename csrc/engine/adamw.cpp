@@ -32,12 +32,12 @@ AdamW::AdamW(model::GPTModel& model, AdamWConfig config) : model_(model), config
   for (size_t i = 0; i < params.size(); ++i) {
     const model::Parameter& p = params[i];
     const int64_t offset = layout.offsets[i];
-    const Shape& shape = p.spec.shape;
+    const Shape& shape = p.value.shape();  // this rank's shard
     groups_.push_back(ops::AdamWGroup{master_.slice(offset, shape), p.grad,
                                       exp_avg_.slice(offset, shape),
                                       exp_avg_sq_.slice(offset, shape), weight_decay_of(p.spec),
                                       f32_params ? Tensor() : p.value});
-    grads_.push_back(p.grad);
+    grads_by_replicas_[p.shard.replicas].push_back(p.grad);
   }
 }
 
@@ -47,9 +47,20 @@ float AdamW::weight_decay_of(const model::ParamSpec& spec) const {
 }
 
 float AdamW::grad_norm() const {
-  Tensor sum = Tensor::empty({1}, DType::f32, model_.device());
-  ops::sum_of_squares(sum, grads_);
-  return float(std::sqrt(sum.item(0)));
+  // Every parameter counts once: a shard that k TP ranks hold adds 1/k of its squares on each.
+  double local = 0;
+  for (const auto& [replicas, grads] : grads_by_replicas_) {
+    Tensor sum = Tensor::empty({1}, DType::f32, model_.device());
+    ops::sum_of_squares(sum, grads);
+    local += sum.item(0) / replicas;
+  }
+  const model::TensorParallel& tp = model_.tensor_parallel();
+  if (!tp.active()) return float(std::sqrt(local));
+  Tensor total = Tensor::empty({1}, DType::f32);
+  total.data_ptr<float>()[0] = float(local);
+  if (tp.group->device().is_cuda()) total = total.to(tp.group->device());
+  tp.group->all_reduce(total)->wait();
+  return float(std::sqrt(total.item(0)));
 }
 
 float AdamW::clip_and_step(float lr) {

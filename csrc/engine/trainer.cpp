@@ -31,6 +31,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     loss_sum += model_.forward(ids.narrow(m * rows, rows), targets.narrow(m * rows, rows), m);
     model_.backward(m, grad_scale);
   }
+  model_.finalize_grads();
   StepStats stats;
   stats.loss = float(loss_sum / num_microbatches);
   stats.lr = schedule_.lr_at(iteration_);

@@ -80,6 +80,11 @@ int64_t TransformerConfig::kv_heads() const {
   return num_query_groups == 0 ? num_attention_heads : num_query_groups;
 }
 
+int64_t TransformerConfig::padded_vocab_size(int tp_size) const {
+  const int64_t multiple = make_vocab_size_divisible_by * tp_size;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
 void TransformerConfig::validate() const {
   check_positive(num_layers, "num_layers");
   check_positive(hidden_size, "hidden_size");
@@ -89,6 +94,7 @@ void TransformerConfig::validate() const {
   check_positive(ffn_hidden_size, "ffn_hidden_size");
   check_positive(vocab_size, "vocab_size");
   check_positive(max_position_embeddings, "max_position_embeddings");
+  check_positive(make_vocab_size_divisible_by, "make_vocab_size_divisible_by");
   BRAID_CONFIG_CHECK(hidden_size % num_attention_heads == 0, "TransformerConfig.hidden_size (",
                      hidden_size, ") must be divisible by num_attention_heads (",
                      num_attention_heads, ")");

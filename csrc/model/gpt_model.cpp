@@ -1,6 +1,8 @@
 #include "braid/model/gpt_model.h"
 
+#include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "braid/kernels/ops.h"
 #include "braid/model/init.h"
@@ -11,15 +13,15 @@ namespace braid::model {
 struct GPTModel::Microbatch {
   Tensor ids;         // [B, S] i32 on the model's device
   Tensor targets;     // [B, S] i32 on the model's device
-  Tensor positions;   // [B, S] i32, learned position embeddings only
+  Tensor positions;   // [T_region] i32, learned position embeddings only
   int64_t count = 0;  // non-ignored targets
   uint64_t forward_index = 0;
   std::vector<LayerActivations> layers;
-  Tensor trunk_out;       // the last block's output: the final norm's input
+  Tensor trunk_out;       // [T_region, H] the last block's output: the final norm's input
   NormStats final_stats;  // Recompute::none only
   Tensor final_out;       // Recompute::none only
-  Tensor logits;          // [B*S, V]; becomes dlogits in backward
-  Tensor max, sumexp;     // [B*S] f32
+  Tensor logits;          // [T, V_local]; becomes dlogits in backward
+  Tensor max, sumexp;     // [T] f32, combined across TP
 };
 
 namespace {
@@ -35,16 +37,50 @@ uint64_t dropout_stream(uint64_t forward_index, uint64_t site) {
   return (forward_index << 32) + site;
 }
 
+Tensor filled(const Shape& shape, float value, Device device) {
+  Tensor host = Tensor::empty(shape, DType::f32);
+  float* p = host.data_ptr<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) p[i] = value;
+  return host.to(device);
+}
+
+// Weights of a shard: element j of a row-parallel shard's row r is global element
+// r·in + start + j; other shards are contiguous runs of the global tensor.
+void init_shard(const Tensor& value, const ParamSpec& spec, const ParamShard& shard,
+                const TransformerConfig& config, uint64_t seed) {
+  if (value.numel() == 0) return;
+  if (spec.tp_dim == 1 && shard.shape[1] != spec.shape[1]) {
+    for (int64_t r = 0; r < value.size(0); ++r)
+      init_parameter(value.narrow(r, 1), spec, config, seed, r * spec.shape[1] + shard.start);
+    return;
+  }
+  const int64_t row_elements = spec.shape.numel() / spec.shape[0];
+  init_parameter(value, spec, config, seed, shard.start * row_elements);
+}
+
 }  // namespace
 
-GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed)
-    : config_(config), device_(device), seed_(seed) {
+GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
+                   const TensorParallel& tp)
+    : config_(config), device_(device), seed_(seed), tp_(tp) {
   config_.validate();
   BRAID_CONFIG_CHECK(config_.params_dtype == DType::f32 || device_.is_cuda(),
                      "TransformerConfig.params_dtype = ", dtype_name(config_.params_dtype),
                      " needs a CUDA device (activations on the CPU are f32)");
-  layout_ = parameter_layout(config_);
+  if (tp_.group != nullptr) {
+    BRAID_CHECK(tp_.group->device() == device_, "GPTModel: the TP group works on ",
+                tp_.group->device().str(), ", the model on ", device_.str());
+  }
+  layout_ = parameter_layout(config_, tp_.rank(), tp_.size());
+  if (tp_.active() && config_.hidden_dropout > 0 && tp_.sequence_parallel) {
+    BRAID_CONFIG_CHECK(config_.hidden_size % 4 == 0, "sequence parallelism with hidden dropout ",
+                       "needs hidden_size divisible by 4, got ", config_.hidden_size);
+  }
   build_parameters();
+  if (tp_.size() > config_.kv_heads()) {
+    const int sharing = tp_.size() / int(config_.kv_heads());
+    kv_group_ = tp_.group->split(tp_.rank() / sharing, tp_.rank(), "tp_kv");
+  }
 }
 
 GPTModel::~GPTModel() = default;
@@ -55,15 +91,17 @@ void GPTModel::build_parameters() {
   params_.reserve(layout_.specs.size());
   for (size_t i = 0; i < layout_.specs.size(); ++i) {
     const ParamSpec& spec = layout_.specs[i];
+    const ParamShard& shard = layout_.shards[i];
     const int64_t offset = layout_.offsets[i];
-    params_.push_back(Parameter{spec, flat_params_.slice(offset, spec.shape),
-                                flat_grads_.slice(offset, spec.shape)});
+    params_.push_back(Parameter{spec, shard, flat_params_.slice(offset, shard.valid_shape()),
+                                flat_grads_.slice(offset, shard.valid_shape())});
     index_.emplace(spec.name, i);
-    init_parameter(params_.back().value, spec, config_, seed_);
+    init_shard(params_.back().value, spec, shard, config_, seed_);
   }
   layers_.reserve(size_t(config_.num_layers));
   for (int l = 0; l < int(config_.num_layers); ++l)
-    layers_.emplace_back(config_, layer_tensors(flat_params_, l), layer_tensors(flat_grads_, l));
+    layers_.emplace_back(config_, tp_, layer_tensors(flat_params_, l),
+                         layer_tensors(flat_grads_, l));
 }
 
 Parameter& GPTModel::parameter(const std::string& name) {
@@ -72,10 +110,14 @@ Parameter& GPTModel::parameter(const std::string& name) {
   return params_[it->second];
 }
 
+const ParamShard& GPTModel::shard_of(const std::string& name) const {
+  return layout_.shards[index_.at(name)];
+}
+
 Tensor GPTModel::view_of(const Tensor& flat, const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) return Tensor();
-  return flat.slice(layout_.offsets[it->second], layout_.specs[it->second].shape);
+  return flat.slice(layout_.offsets[it->second], layout_.shards[it->second].valid_shape());
 }
 
 Tensor GPTModel::fused_view(const Tensor& flat, const std::string& first, int64_t rows,
@@ -88,10 +130,11 @@ Tensor GPTModel::fused_view(const Tensor& flat, const std::string& first, int64_
 
 LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   const TransformerConfig& c = config_;
+  const LayerShape n = LayerShape::of(c, tp_.size());
   const std::string p = "model.layers." + std::to_string(layer) + ".";
-  const int64_t qkv_rows = (c.num_attention_heads + 2 * c.kv_heads()) * c.head_dim();
+  const int64_t qkv_rows = (n.q_heads + 2 * n.kv_heads) * n.head_dim;
   const bool swiglu = c.activation == Activation::swiglu;
-  const int64_t fc1_rows = swiglu ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;
+  const int64_t fc1_rows = swiglu ? 2 * n.ffn : n.ffn;
   const std::string fc1 = swiglu ? "mlp.gate_proj" : "mlp.up_proj";
   LayerTensors t;
   t.input_norm_weight = view_of(flat, p + "input_layernorm.weight");
@@ -118,40 +161,55 @@ Tensor& GPTModel::output_grad() {
   return parameter(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").grad;
 }
 
-DropoutContext GPTModel::dropout_context(uint64_t forward_index, int layer, bool training) const {
+Tokens GPTModel::tokens_of(const Microbatch& mb) const { return {mb.ids.size(0), mb.ids.size(1)}; }
+
+int64_t GPTModel::region_tokens(const Microbatch& mb) const {
+  return tokens_of(mb).count() / (tp_.sharded_tokens() ? tp_.size() : 1);
+}
+
+DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool training) const {
   DropoutContext d;
   if (!training || config_.hidden_dropout == 0.0f) return d;
   d.p = config_.hidden_dropout;
   d.seed = seed_ ^ kDropoutSeedSalt;
-  d.attention_offset = dropout_stream(forward_index, 2 * uint64_t(layer) + 1);
-  d.mlp_offset = dropout_stream(forward_index, 2 * uint64_t(layer) + 2);
+  d.attention_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 1);
+  d.mlp_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 2);
+  // A sequence-parallel shard draws its slice of the whole activation's mask, so every
+  // layout drops exactly the elements the single-rank model drops.
+  if (tp_.sharded_tokens()) d.first_element = tp_.rank() * region_tokens(mb) * config_.hidden_size;
   return d;
 }
 
 Tensor GPTModel::run_trunk(Microbatch& mb, bool training) {
-  const int64_t b = mb.ids.size(0), s = mb.ids.size(1), h = config_.hidden_size;
-  Tensor x = Tensor::empty({b, s, h}, config_.params_dtype, device_);
-  ops::embedding_forward(x, mb.ids, view_of(flat_params_, "model.embed_tokens.weight"));
+  const Tokens tokens = tokens_of(mb);
+  const int64_t t = tokens.count(), h = config_.hidden_size, region = region_tokens(mb);
+  const ParamShard& vocab = shard_of("model.embed_tokens.weight");
+  Tensor x = Tensor::empty({t, h}, config_.params_dtype, device_);
+  ops::embedding_forward(x, mb.ids.view({t}), view_of(flat_params_, "model.embed_tokens.weight"),
+                         vocab.start);
+  x = exit_tp_forward(tp_, x);  // vocab-parallel: each rank looked up the ids it owns
+  const int64_t first_token = tp_.sharded_tokens() ? tp_.rank() * region : 0;
   if (config_.position_embedding == PositionEmbedding::learned) {
-    Tensor host = Tensor::empty({b, s}, DType::i32);
+    Tensor host = Tensor::empty({region}, DType::i32);
     int32_t* p = host.data_ptr<int32_t>();
-    for (int64_t i = 0; i < b * s; ++i) p[i] = int32_t(i % s);
+    for (int64_t i = 0; i < region; ++i) p[i] = int32_t((first_token + i) % tokens.seq);
     mb.positions = host.to(device_);
-    Tensor pos = Tensor::empty({b, s, h}, config_.params_dtype, device_);
+    Tensor pos = Tensor::empty({region, h}, config_.params_dtype, device_);
     ops::embedding_forward(pos, mb.positions,
                            view_of(flat_params_, "model.embed_positions.weight"));
     ops::add(x, x, pos);
   }
-  const DropoutContext drop = dropout_context(mb.forward_index, 0, training);
+  const DropoutContext drop = dropout_context(mb, 0, training);
   if (drop.p > 0) {
     Tensor dropped = Tensor::empty(x.shape(), x.dtype(), device_);
-    ops::dropout_forward(dropped, x, drop.p, drop.seed, dropout_stream(mb.forward_index, 0));
+    ops::dropout_forward(dropped, x, drop.p, drop.seed, dropout_stream(mb.forward_index, 0),
+                         drop.first_element);
     x = dropped;
   }
   if (training) mb.layers.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
-    x = layers_[l].forward(x, dropout_context(mb.forward_index, int(l), training),
-                           config_.recompute, training ? &mb.layers[l] : nullptr);
+    x = layers_[l].forward(x, tokens, dropout_context(mb, int(l), training), config_.recompute,
+                           training ? &mb.layers[l] : nullptr);
   }
   return x;
 }
@@ -164,6 +222,9 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
   BRAID_CONFIG_CHECK(b > 0 && s > 0, "GPTModel: empty batch ", ids.shape());
   BRAID_CONFIG_CHECK(s <= config_.max_position_embeddings, "GPTModel: sequence length ", s,
                      " exceeds max_position_embeddings ", config_.max_position_embeddings);
+  BRAID_CONFIG_CHECK(!tp_.sharded_tokens() || s % tp_.size() == 0,
+                     "sequence parallelism: the sequence length (", s,
+                     ") is not divisible by --tensor-model-parallel-size (", tp_.size(), ")");
   const Tensor host_ids = host_copy(ids);
   const int32_t* id = host_ids.data_ptr<int32_t>();
   for (int64_t i = 0; i < b * s; ++i)
@@ -195,26 +256,50 @@ Tensor GPTModel::final_norm(const Tensor& x, NormStats& stats) const {
                       view_of(flat_params_, "model.norm.bias"));
 }
 
+void GPTModel::cross_entropy_partials(Microbatch& mb, Tensor& target_logit) const {
+  const int64_t t = mb.logits.size(0);
+  const Tensor targets = mb.targets.view({t});
+  mb.max = Tensor::empty({t}, DType::f32, device_);
+  mb.sumexp = Tensor::empty({t}, DType::f32, device_);
+  target_logit = Tensor::empty({t}, DType::f32, device_);
+  if (mb.logits.size(1) > 0) {
+    ops::cross_entropy_partials(mb.max, mb.sumexp, target_logit, mb.logits, targets,
+                                shard_of("model.embed_tokens.weight").start);
+  } else {  // this rank's vocabulary slice is all padding
+    mb.max = filled({t}, -std::numeric_limits<float>::infinity(), device_);
+    mb.sumexp = filled({t}, 0.0f, device_);
+    target_logit = filled({t}, 0.0f, device_);
+  }
+  if (!tp_.active()) return;
+  // Never gather the logits: reduce the max, re-base each rank's sum on it, sum the sums and
+  // the target logit (which one rank holds).
+  Tensor global_max = mb.max.clone();
+  tp_.group->all_reduce(global_max, comm::ReduceOp::max)->wait();
+  ops::cross_entropy_rescale(mb.sumexp, mb.max, global_max);
+  mb.max = global_max;
+  tp_.group->all_reduce(mb.sumexp)->wait();
+  tp_.group->all_reduce(target_logit)->wait();
+}
+
 float GPTModel::forward(const Tensor& ids, const Tensor& targets, int microbatch) {
   BRAID_CHECK(!has_activations(microbatch), "GPTModel::forward: microbatch ", microbatch,
               " still holds the activations of a forward without backward");
   BRAID_CHECK(targets.defined(), "GPTModel::forward: targets are required");
   auto mb = std::make_unique<Microbatch>(prepare(ids, targets));
   mb->forward_index = forward_count_++;
-  const int64_t tokens = ids.numel(), v = config_.vocab_size;
+  const int64_t tokens = ids.numel(), h = config_.hidden_size;
 
   Tensor x = run_trunk(*mb, true);
   NormStats stats;
   Tensor hf = final_norm(x, stats);
-  mb->logits = Tensor::empty({tokens, v}, config_.params_dtype, device_);
-  linear_forward(mb->logits, hf.view({tokens, config_.hidden_size}), output_weight(), {});
-  mb->max = Tensor::empty({tokens}, DType::f32, device_);
-  mb->sumexp = Tensor::empty({tokens}, DType::f32, device_);
-  Tensor target_logit = Tensor::empty({tokens}, DType::f32, device_);
-  const Tensor flat_targets = mb->targets.view({tokens});
-  ops::cross_entropy_partials(mb->max, mb->sumexp, target_logit, mb->logits, flat_targets);
+  const Tensor hf_full = enter_tp_forward(tp_, hf);
+  const Tensor& w = output_weight();
+  mb->logits = Tensor::empty({tokens, w.size(0)}, config_.params_dtype, device_);
+  if (w.size(0) > 0) linear_forward(mb->logits, hf_full.view({tokens, h}), w, {});
+  Tensor target_logit;
+  cross_entropy_partials(*mb, target_logit);
   Tensor losses = Tensor::empty({tokens}, DType::f32, device_);
-  ops::cross_entropy_loss(losses, mb->max, mb->sumexp, target_logit, flat_targets);
+  ops::cross_entropy_loss(losses, mb->max, mb->sumexp, target_logit, mb->targets.view({tokens}));
   const Tensor host_losses = host_copy(losses);
   double sum = 0;
   for (int64_t i = 0; i < tokens; ++i) sum += host_losses.data_ptr<float>()[i];
@@ -234,19 +319,24 @@ void GPTModel::backward(int microbatch, float grad_scale) {
   BRAID_CHECK(it != activations_.end(), "GPTModel::backward: microbatch ", microbatch,
               " has no activations (no forward, or its backward already ran)");
   Microbatch& mb = *it->second;
-  const int64_t tokens = mb.ids.numel(), h = config_.hidden_size;
+  const Tokens tokens = tokens_of(mb);
+  const int64_t t = tokens.count(), h = config_.hidden_size;
+  const int64_t vocab_offset = shard_of("model.embed_tokens.weight").start;
 
   // Head: cross-entropy, LM head, final norm.
-  Tensor dloss_host = Tensor::empty({tokens}, DType::f32);
   const float dloss = mb.count > 0 ? grad_scale / float(mb.count) : 0.0f;
-  for (int64_t i = 0; i < tokens; ++i) dloss_host.data_ptr<float>()[i] = dloss;
-  const Tensor dloss_t = dloss_host.to(device_);
-  ops::cross_entropy_backward(mb.logits, mb.logits, mb.targets.view({tokens}), mb.max, mb.sumexp,
-                              dloss_t);
+  const Tensor dloss_t = filled({t}, dloss, device_);
+  if (mb.logits.size(1) > 0) {
+    ops::cross_entropy_backward(mb.logits, mb.logits, mb.targets.view({t}), mb.max, mb.sumexp,
+                                dloss_t, vocab_offset);
+  }
   NormStats stats = mb.final_stats;
   Tensor hf = mb.final_out.defined() ? mb.final_out : final_norm(mb.trunk_out, stats);
-  Tensor dhf = Tensor::empty(mb.trunk_out.shape(), config_.params_dtype, device_);
-  linear_backward(dhf, output_grad(), {}, mb.logits, hf.view({tokens, h}), output_weight());
+  const Tensor hf_full = enter_tp_forward(tp_, hf);
+  Tensor dhf = Tensor::zeros({t, h}, config_.params_dtype, device_);
+  if (mb.logits.size(1) > 0)
+    linear_backward(dhf, output_grad(), {}, mb.logits, hf_full, output_weight());
+  dhf = enter_tp_backward(tp_, dhf);
   mb.logits = Tensor();
   mb.final_out = Tensor();
   hf = Tensor();
@@ -259,36 +349,74 @@ void GPTModel::backward(int microbatch, float grad_scale) {
 
   // Blocks, last to first.
   for (size_t l = layers_.size(); l-- > 0;) {
-    dx = layers_[l].backward(dx, dropout_context(mb.forward_index, int(l), true), config_.recompute,
+    dx = layers_[l].backward(dx, tokens, dropout_context(mb, int(l), true), config_.recompute,
                              mb.layers[l]);
   }
 
   // Embeddings.
-  const DropoutContext drop = dropout_context(mb.forward_index, 0, true);
+  const DropoutContext drop = dropout_context(mb, 0, true);
   if (drop.p > 0) {
     Tensor d = Tensor::empty(dx.shape(), dx.dtype(), device_);
-    ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, 0));
+    ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, 0),
+                          drop.first_element);
     dx = d;
   }
-  ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx, mb.ids);
   if (config_.position_embedding == PositionEmbedding::learned)
     ops::embedding_backward(parameter("model.embed_positions.weight").grad, dx, mb.positions);
+  const Tensor dx_full = exit_tp_backward(tp_, dx);
+  ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx_full, mb.ids.view({t}),
+                          vocab_offset);
   activations_.erase(it);
+}
+
+void GPTModel::finalize_grads() {
+  for (Parameter& p : params_) {
+    if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
+      // Used on this rank's tokens only: norms and position embeddings. (Row-parallel biases
+      // take their gradient from the gathered output gradient, complete on every rank.)
+      const bool partial = p.spec.name.find("norm.") != std::string::npos ||
+                           p.spec.name == "model.embed_positions.weight";
+      if (partial) all_reduce_tp(tp_, p.grad);
+    }
+    if (kv_group_ != nullptr && p.shard.replicas > 1 && p.spec.tp_dim == 0) {
+      kv_group_->all_reduce(p.grad)->wait();  // each rank saw its own query heads' share
+    }
+  }
 }
 
 Tensor GPTModel::logits(const Tensor& ids) {
   Microbatch mb = prepare(ids, Tensor());
-  const int64_t b = ids.size(0), s = ids.size(1);
+  const int64_t b = ids.size(0), s = ids.size(1), t = b * s, v = config_.vocab_size;
   NormStats stats;
-  Tensor hf = final_norm(run_trunk(mb, false), stats);
-  Tensor out = Tensor::empty({b, s, config_.vocab_size}, config_.params_dtype, device_);
-  linear_forward(out, hf, output_weight(), {});
-  if (out.dtype() != DType::f32) {
-    Tensor f32 = Tensor::empty(out.shape(), DType::f32, device_);
-    ops::cast(f32, out);
-    out = f32;
+  const Tensor hf = enter_tp_forward(tp_, final_norm(run_trunk(mb, false), stats));
+  // Each rank's slice, padding rows included, so that the slices gather into one buffer.
+  const ParamShard& vocab =
+      shard_of(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  const std::string& head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const Tensor w = flat_params_.slice(layout_.offsets[index_.at(head)], vocab.shape);
+  Tensor local = Tensor::empty({t, w.size(0)}, config_.params_dtype, device_);
+  linear_forward(local, hf, w, {});
+  if (local.dtype() != DType::f32) {
+    Tensor f32 = Tensor::empty(local.shape(), DType::f32, device_);
+    ops::cast(f32, local);
+    local = f32;
   }
-  return out.to(Device::cpu());
+  Tensor slices = local;
+  if (tp_.active()) {
+    slices = Tensor::empty({tp_.size(), t, w.size(0)}, DType::f32, device_);
+    tp_.group->all_gather(local, slices)->wait();
+  }
+  const Tensor host = host_copy(slices);
+  Tensor out = Tensor::empty({b, s, v}, DType::f32);
+  const int64_t rows = w.size(0);
+  for (int r = 0; r < tp_.size(); ++r) {
+    const int64_t first = r * rows, width = std::clamp<int64_t>(v - first, 0, rows);
+    for (int64_t i = 0; i < t; ++i) {
+      std::memcpy(out.data_ptr<float>() + i * v + first,
+                  host.data_ptr<float>() + (int64_t(r) * t + i) * rows, size_t(width) * 4);
+    }
+  }
+  return out;
 }
 
 void GPTModel::zero_grad() { flat_grads_.zero_(); }

@@ -1,14 +1,17 @@
 #include "braid/model/parameters.h"
 
+#include <algorithm>
 #include <string>
 
 namespace braid::model {
 namespace {
 
-// Accumulates specs group by group, padding every group to kParamGroupAlignment.
+// Accumulates specs and this rank's shards group by group, padding every group to
+// kParamGroupAlignment.
 class LayoutBuilder {
  public:
-  explicit LayoutBuilder(ParamLayout& layout) : layout_(layout) {}
+  LayoutBuilder(ParamLayout& layout, const TransformerConfig& config)
+      : layout_(layout), config_(config), tp_(layout.tp_size), rank_(layout.tp_rank) {}
 
   // Starts a new group (aligned) and adds its first member.
   void group(ParamSpec spec) {
@@ -17,11 +20,12 @@ class LayoutBuilder {
   }
   // Adds a member right after the previous one (a fused group).
   void member(ParamSpec spec) {
-    int64_t n = spec.shape.numel();
+    ParamShard shard = shard_of(spec);
     layout_.offsets.push_back(layout_.num_elements);
-    layout_.num_elements += n;
-    layout_.num_parameters += n;
+    layout_.num_elements += shard.shape.numel();
+    layout_.num_parameters += spec.shape.numel();
     layout_.specs.push_back(std::move(spec));
+    layout_.shards.push_back(std::move(shard));
   }
   void finish() { layout_.num_elements = align(layout_.num_elements); }
 
@@ -29,7 +33,56 @@ class LayoutBuilder {
   static int64_t align(int64_t n) {
     return (n + kParamGroupAlignment - 1) / kParamGroupAlignment * kParamGroupAlignment;
   }
+
+  static Shape with_dim(const Shape& shape, int dim, int64_t size) {
+    std::vector<int64_t> dims(shape.begin(), shape.end());
+    dims[size_t(dim)] = size;
+    return Shape(std::span<const int64_t>(dims));
+  }
+
+  ParamShard shard_of(const ParamSpec& spec) const {
+    ParamShard s;
+    if (spec.tp_dim < 0 || tp_ == 1) {
+      s.shape = spec.shape;
+      s.replicas = spec.tp_dim < 0 ? tp_ : 1;
+      if (is_vocab(spec)) pad_vocab(s, spec);
+      return s;
+    }
+    const int64_t global = spec.shape[spec.tp_dim];
+    if (is_vocab(spec)) return pad_vocab(s, spec);
+    if (is_kv(spec) && tp_ > config_.kv_heads()) {  // each rank holds its query heads' kv head
+      const int64_t d = config_.head_dim();
+      const int sharing = tp_ / int(config_.kv_heads());
+      s.shape = with_dim(spec.shape, 0, d);
+      s.start = (rank_ / sharing) * d;
+      s.replicas = sharing;
+      return s;
+    }
+    const int64_t local = global / tp_;
+    s.shape = with_dim(spec.shape, spec.tp_dim, local);
+    s.start = rank_ * local;
+    return s;
+  }
+
+  ParamShard& pad_vocab(ParamShard& s, const ParamSpec& spec) const {
+    const int64_t rows = config_.padded_vocab_size(tp_) / tp_;
+    s.shape = with_dim(spec.shape, 0, rows);
+    s.start = rank_ * rows;
+    s.padding = rows - std::clamp<int64_t>(spec.shape[0] - s.start, 0, rows);
+    return s;
+  }
+
+  static bool is_vocab(const ParamSpec& spec) {
+    return spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight";
+  }
+  static bool is_kv(const ParamSpec& spec) {
+    return spec.name.find("self_attn.k_proj.") != std::string::npos ||
+           spec.name.find("self_attn.v_proj.") != std::string::npos;
+  }
+
   ParamLayout& layout_;
+  const TransformerConfig& config_;
+  int tp_, rank_;
 };
 
 void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& prefix, int layer) {
@@ -76,10 +129,37 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
 
 }  // namespace
 
-ParamLayout parameter_layout(const TransformerConfig& config) {
+Shape ParamShard::valid_shape() const {
+  std::vector<int64_t> dims(shape.begin(), shape.end());
+  dims[0] -= padding;
+  return Shape(std::span<const int64_t>(dims));
+}
+
+void check_tensor_parallel(const TransformerConfig& c, int tp) {
+  BRAID_CONFIG_CHECK(tp >= 1, "--tensor-model-parallel-size must be at least 1, got ", tp);
+  if (tp == 1) return;
+  BRAID_CONFIG_CHECK(c.num_attention_heads % tp == 0, "tensor parallelism: num_attention_heads (",
+                     c.num_attention_heads, ") is not divisible by --tensor-model-parallel-size (",
+                     tp, ")");
+  BRAID_CONFIG_CHECK(c.ffn_hidden_size % tp == 0, "tensor parallelism: ffn_hidden_size (",
+                     c.ffn_hidden_size, ") is not divisible by --tensor-model-parallel-size (", tp,
+                     ")");
+  const int64_t kv = c.kv_heads();
+  BRAID_CONFIG_CHECK(kv % tp == 0 || tp % kv == 0, "tensor parallelism: num_query_groups (", kv,
+                     ") and --tensor-model-parallel-size (", tp,
+                     ") do not fit: kv heads are split when the TP size divides them and "
+                     "replicated when they divide the TP size");
+}
+
+ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int tp_size) {
   config.validate();
+  check_tensor_parallel(config, tp_size);
+  BRAID_CHECK(tp_rank >= 0 && tp_rank < tp_size, "parameter_layout: TP rank ", tp_rank, " of ",
+              tp_size);
   ParamLayout layout;
-  LayoutBuilder b(layout);
+  layout.tp_rank = tp_rank;
+  layout.tp_size = tp_size;
+  LayoutBuilder b(layout, config);
   const int64_t h = config.hidden_size;
   b.group({"model.embed_tokens.weight", Shape{config.vocab_size, h}, 0, -1, false});
   if (config.position_embedding == PositionEmbedding::learned)

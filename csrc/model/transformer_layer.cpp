@@ -9,17 +9,18 @@ namespace {
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 
 // Inverted dropout into a new tensor; `x` itself when dropout is off.
-Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset) {
+Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, int64_t first_element) {
   if (p == 0.0f) return x;
   Tensor out = empty_like(x);
-  ops::dropout_forward(out, x, p, seed, offset);
+  ops::dropout_forward(out, x, p, seed, offset, first_element);
   return out;
 }
 
-Tensor dropout_grad(const Tensor& dout, float p, uint64_t seed, uint64_t offset) {
+Tensor dropout_grad(const Tensor& dout, float p, uint64_t seed, uint64_t offset,
+                    int64_t first_element) {
   if (p == 0.0f) return dout;
   Tensor dx = empty_like(dout);
-  ops::dropout_backward(dx, dout, p, seed, offset);
+  ops::dropout_backward(dx, dout, p, seed, offset, first_element);
   return dx;
 }
 
@@ -41,14 +42,25 @@ QKV split_qkv(const Tensor& fused, int64_t q_rows, int64_t kv_rows) {
 
 }  // namespace
 
-TransformerLayer::TransformerLayer(const TransformerConfig& config, LayerTensors weights,
-                                   LayerTensors grads)
-    : config_(config), w_(std::move(weights)), g_(std::move(grads)) {}
+LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
+  LayerShape s;
+  s.head_dim = c.head_dim();
+  s.q_heads = c.num_attention_heads / tp;
+  s.kv_heads = c.kv_heads() >= tp ? c.kv_heads() / tp : 1;
+  s.ffn = c.ffn_hidden_size / tp;
+  return s;
+}
+
+TransformerLayer::TransformerLayer(const TransformerConfig& config, const TensorParallel& tp,
+                                   LayerTensors weights, LayerTensors grads)
+    : config_(config),
+      tp_(tp),
+      shape_(LayerShape::of(config, tp.size())),
+      w_(std::move(weights)),
+      g_(std::move(grads)) {}
 
 Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
-  const int64_t f = config_.ffn_hidden_size;
-  Tensor act =
-      Tensor::empty({fc1_out.size(0), fc1_out.size(1), f}, fc1_out.dtype(), fc1_out.device());
+  Tensor act = Tensor::empty({fc1_out.size(0), shape_.ffn}, fc1_out.dtype(), fc1_out.device());
   if (config_.activation == Activation::swiglu) {
     ops::swiglu_forward(act, fc1_out);
   } else {
@@ -57,52 +69,61 @@ Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
   return act;
 }
 
-Tensor TransformerLayer::forward(const Tensor& x, const DropoutContext& drop, Recompute policy,
-                                 LayerActivations* saved) const {
+// A row-parallel layer's bias is added once, by TP rank 0, before the partial sums are
+// reduced; its gradient is the column sum of the reduced output's gradient on every rank.
+Tensor TransformerLayer::row_bias(const Tensor& bias) const {
+  return tp_.rank() == 0 ? bias : Tensor();
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutContext& drop,
+                                 Recompute policy, LayerActivations* saved) const {
   const TransformerConfig& c = config_;
-  BRAID_CHECK(x.dim() == 3 && x.size(2) == c.hidden_size, "TransformerLayer: input must be [B, S, ",
+  const LayerShape& n = shape_;
+  BRAID_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size, "TransformerLayer: input must be [T, ",
               c.hidden_size, "], got ", x.shape());
-  const int64_t b = x.size(0), s = x.size(1), d = c.head_dim();
-  const int64_t hq = c.num_attention_heads, hkv = c.kv_heads();
-  const int64_t fc1_cols =
-      c.activation == Activation::swiglu ? 2 * c.ffn_hidden_size : c.ffn_hidden_size;
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
+  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * n.ffn : n.ffn;
   const DType dt = x.dtype();
   const Device dev = x.device();
 
   NormStats s1;
   Tensor h1 =
       norm_forward(c.normalization, c.norm_eps, s1, x, w_.input_norm_weight, w_.input_norm_bias);
-  const QKV wqkv = split_qkv(w_.qkv_weight, hq * d, hkv * d);
-  const QKV bqkv = split_qkv(w_.qkv_bias, hq * d, hkv * d);
-  Tensor q = Tensor::empty({b, s, hq, d}, dt, dev);
-  Tensor k = Tensor::empty({b, s, hkv, d}, dt, dev);
-  Tensor v = Tensor::empty({b, s, hkv, d}, dt, dev);
-  linear_forward(q.view({b, s, hq * d}), h1, wqkv.q, bqkv.q);
-  linear_forward(k.view({b, s, hkv * d}), h1, wqkv.k, bqkv.k);
-  linear_forward(v.view({b, s, hkv * d}), h1, wqkv.v, bqkv.v);
+  const Tensor h1_full = enter_tp_forward(tp_, h1);
+  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV bqkv = split_qkv(w_.qkv_bias, n.q_heads * d, n.kv_heads * d);
+  Tensor q = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
+  Tensor k = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
+  Tensor v = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
+  linear_forward(q.view({t, n.q_heads * d}), h1_full, wqkv.q, bqkv.q);
+  linear_forward(k.view({t, n.kv_heads * d}), h1_full, wqkv.k, bqkv.k);
+  linear_forward(v.view({t, n.kv_heads * d}), h1_full, wqkv.v, bqkv.v);
   if (c.position_embedding == PositionEmbedding::rope) {
     ops::rope_forward(q, q, c.rope_theta);
     ops::rope_forward(k, k, c.rope_theta);
   }
-  Tensor attn = Tensor::empty({b, s, hq, d}, dt, dev);
-  Tensor lse = Tensor::empty({b, hq, s}, DType::f32, dev);
+  Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
+  Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
   ops::attention_forward(attn, lse, q, k, v);
 
-  Tensor a = Tensor::empty({b, s, c.hidden_size}, dt, dev);
-  linear_forward(a, attn.view({b, s, hq * d}), w_.o_weight, w_.o_bias);
-  a = dropout(a, drop.p, drop.seed, drop.attention_offset);
+  Tensor a = Tensor::empty({t, c.hidden_size}, dt, dev);
+  linear_forward(a, attn.view({t, n.q_heads * d}), w_.o_weight, row_bias(w_.o_bias));
+  a = exit_tp_forward(tp_, a);
+  a = dropout(a, drop.p, drop.seed, drop.attention_offset, drop.first_element);
   Tensor mid = a;  // the residual add writes over the branch output
   ops::add(mid, x, a);
 
   NormStats s2;
   Tensor h2 =
       norm_forward(c.normalization, c.norm_eps, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
-  Tensor fc1 = Tensor::empty({b, s, fc1_cols}, dt, dev);
-  linear_forward(fc1, h2, w_.fc1_weight, w_.fc1_bias);
+  const Tensor h2_full = enter_tp_forward(tp_, h2);
+  Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
+  linear_forward(fc1, h2_full, w_.fc1_weight, w_.fc1_bias);
   Tensor act = mlp_activation(fc1);
-  Tensor m = Tensor::empty({b, s, c.hidden_size}, dt, dev);
-  linear_forward(m, act, w_.fc2_weight, w_.fc2_bias);
-  m = dropout(m, drop.p, drop.seed, drop.mlp_offset);
+  Tensor m = Tensor::empty({t, c.hidden_size}, dt, dev);
+  linear_forward(m, act, w_.fc2_weight, row_bias(w_.fc2_bias));
+  m = exit_tp_forward(tp_, m);
+  m = dropout(m, drop.p, drop.seed, drop.mlp_offset, drop.first_element);
   Tensor out = m;
   ops::add(out, mid, m);
 
@@ -129,13 +150,14 @@ Tensor TransformerLayer::forward(const Tensor& x, const DropoutContext& drop, Re
   return out;
 }
 
-Tensor TransformerLayer::backward(const Tensor& dout, const DropoutContext& drop, Recompute policy,
-                                  LayerActivations& saved) const {
+Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const DropoutContext& drop,
+                                  Recompute policy, LayerActivations& saved) const {
   const TransformerConfig& c = config_;
+  const LayerShape& n = shape_;
   BRAID_CHECK(saved.input.defined(), "TransformerLayer::backward: no saved activations");
   if (policy == Recompute::full) {
     const Tensor input = saved.input;  // forward() resets `saved` before refilling it
-    forward(input, drop, Recompute::none, &saved);
+    forward(input, tokens, drop, Recompute::none, &saved);
   } else if (policy == Recompute::selective) {
     saved.input_norm_out = norm_forward(c.normalization, c.norm_eps, saved.input_norm_stats,
                                         saved.input, w_.input_norm_weight, w_.input_norm_bias);
@@ -144,11 +166,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, const DropoutContext& drop
     saved.act_out = mlp_activation(saved.fc1_out);
   }
   LayerActivations& a = saved;
-  const int64_t b = dout.size(0), s = dout.size(1), d = c.head_dim();
-  const int64_t hq = c.num_attention_heads, hkv = c.kv_heads();
+  const int64_t t = tokens.count(), d = n.head_dim;
 
   // MLP block.
-  Tensor dm = dropout_grad(dout, drop.p, drop.seed, drop.mlp_offset);
+  Tensor dm = exit_tp_backward(
+      tp_, dropout_grad(dout, drop.p, drop.seed, drop.mlp_offset, drop.first_element));
   Tensor d_act = empty_like(a.act_out);
   linear_backward(d_act, g_.fc2_weight, g_.fc2_bias, dm, a.act_out, w_.fc2_weight);
   release(dm, a.act_out);
@@ -159,9 +181,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, const DropoutContext& drop
     ops::gelu_backward(d_fc1, d_act, a.fc1_out);
   }
   release(d_act, a.fc1_out);
-  Tensor dh2 = empty_like(a.mid);
-  linear_backward(dh2, g_.fc1_weight, g_.fc1_bias, d_fc1, a.post_norm_out, w_.fc1_weight);
+  const Tensor h2_full = enter_tp_forward(tp_, a.post_norm_out);
+  Tensor dh2 = Tensor::empty(h2_full.shape(), h2_full.dtype(), h2_full.device());
+  linear_backward(dh2, g_.fc1_weight, g_.fc1_bias, d_fc1, h2_full, w_.fc1_weight);
   release(d_fc1, a.post_norm_out);
+  dh2 = enter_tp_backward(tp_, dh2);
   Tensor dmid = empty_like(a.mid);
   norm_backward(c.normalization, dmid, g_.post_norm_weight, g_.post_norm_bias, dh2, a.mid,
                 w_.post_norm_weight, a.post_norm_stats);
@@ -169,10 +193,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, const DropoutContext& drop
   release(dh2, a.mid, a.post_norm_stats.mean, a.post_norm_stats.rstd);
 
   // Attention block.
-  Tensor da = dropout_grad(dmid, drop.p, drop.seed, drop.attention_offset);
+  Tensor da = exit_tp_backward(
+      tp_, dropout_grad(dmid, drop.p, drop.seed, drop.attention_offset, drop.first_element));
   Tensor d_attn = empty_like(a.attn_out);
-  linear_backward(d_attn.view({b, s, hq * d}), g_.o_weight, g_.o_bias, da,
-                  a.attn_out.view({b, s, hq * d}), w_.o_weight);
+  linear_backward(d_attn.view({t, n.q_heads * d}), g_.o_weight, g_.o_bias, da,
+                  a.attn_out.view({t, n.q_heads * d}), w_.o_weight);
   release(da);
   Tensor dq = empty_like(a.q), dk = empty_like(a.k), dv = empty_like(a.v);
   ops::attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse);
@@ -182,15 +207,16 @@ Tensor TransformerLayer::backward(const Tensor& dout, const DropoutContext& drop
     ops::rope_backward(dq, dq, c.rope_theta);
     ops::rope_backward(dk, dk, c.rope_theta);
   }
-  const QKV wqkv = split_qkv(w_.qkv_weight, hq * d, hkv * d);
-  const QKV gw = split_qkv(g_.qkv_weight, hq * d, hkv * d);
-  const QKV gb = split_qkv(g_.qkv_bias, hq * d, hkv * d);
-  const Tensor& h1 = a.input_norm_out;
-  Tensor dh1 = empty_like(h1);
-  linear_backward(dh1, gw.q, gb.q, dq.view({b, s, hq * d}), h1, wqkv.q);
-  linear_backward(dh1, gw.k, gb.k, dk.view({b, s, hkv * d}), h1, wqkv.k, true);
-  linear_backward(dh1, gw.v, gb.v, dv.view({b, s, hkv * d}), h1, wqkv.v, true);
+  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV gw = split_qkv(g_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV gb = split_qkv(g_.qkv_bias, n.q_heads * d, n.kv_heads * d);
+  const Tensor h1 = enter_tp_forward(tp_, a.input_norm_out);
+  Tensor dh1 = Tensor::empty(h1.shape(), h1.dtype(), h1.device());
+  linear_backward(dh1, gw.q, gb.q, dq.view({t, n.q_heads * d}), h1, wqkv.q);
+  linear_backward(dh1, gw.k, gb.k, dk.view({t, n.kv_heads * d}), h1, wqkv.k, true);
+  linear_backward(dh1, gw.v, gb.v, dv.view({t, n.kv_heads * d}), h1, wqkv.v, true);
   release(dq, dk, dv, a.input_norm_out);
+  dh1 = enter_tp_backward(tp_, dh1);
   Tensor dx = empty_like(a.input);
   norm_backward(c.normalization, dx, g_.input_norm_weight, g_.input_norm_bias, dh1, a.input,
                 w_.input_norm_weight, a.input_norm_stats);

@@ -8,6 +8,7 @@
 // weights, lm_head), plus the embeddings when decay_embeddings; never to norms or biases.
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "braid/core/tensor.h"
@@ -32,7 +33,8 @@ class AdamW {
  public:
   AdamW(model::GPTModel& model, AdamWConfig config);
 
-  // The global L2 norm of all gradients (ops::sum_of_squares, then sqrt on the host).
+  // The global L2 norm of all gradients (ops::sum_of_squares, then sqrt on the host), over
+  // the whole model when it is tensor-parallel (each parameter counted once).
   float grad_norm() const;
   // Computes the global norm, scales the gradients by clip_grad / (norm + 1e-6) when that is
   // below 1 (Megatron), and takes one AdamW step with `lr`. Returns the norm before clipping.
@@ -59,8 +61,8 @@ class AdamW {
   Tensor master_;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;
-  std::vector<ops::AdamWGroup> groups_;  // one per parameter
-  std::vector<Tensor> grads_;            // the parameters' gradient views
+  std::vector<ops::AdamWGroup> groups_;                   // one per parameter
+  std::map<int, std::vector<Tensor>> grads_by_replicas_;  // gradient views by TP copies held
 };
 
 }  // namespace braid::engine

@@ -37,11 +37,14 @@ struct TransformerConfig {
   float hidden_dropout = 0.0f;
   float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
   DType params_dtype = DType::f32;
+  // The vocabulary is padded to a multiple of this × tensor-parallel size (Megatron's rule).
+  int64_t make_vocab_size_divisible_by = 128;
   Recompute recompute = Recompute::none;
 
   void validate() const;
   int64_t head_dim() const;  // hidden_size / num_attention_heads
   int64_t kv_heads() const;  // num_query_groups, or num_attention_heads when that is 0
+  int64_t padded_vocab_size(int tp_size = 1) const;
 
   // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.
   static TransformerConfig preset(const std::string& name);

@@ -16,6 +16,15 @@
 // buffer from bf16 inputs, and bias_backward, the norm backwards and embedding_backward
 // take bf16 activations with f32 dweight/dbias. No gradient passes through a bf16 temporary.
 // f32 master weights live in the optimizer (engine/adamw.h).
+//
+// Tensor parallelism (TensorParallel, tensor_parallel.h): every rank of the TP group builds
+// the model with the same config and seed and holds its shard of each parameter
+// (parameters.h), initialised to exactly its slice of the unsharded model's weights. Ranks
+// call forward/backward with the same ids and targets; the embedding and LM head are
+// vocab-parallel and the cross-entropy never gathers the logits (it reduces the max, the sum
+// of exponentials and the target logit). After the last microbatch's backward,
+// finalize_grads() sums over TP the gradients that TP ranks hold partially: with sequence
+// parallelism those of the norms and position embeddings; replicated kv heads' always.
 
 #include <cstdint>
 #include <map>
@@ -27,6 +36,7 @@
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
 #include "braid/model/parameters.h"
+#include "braid/model/tensor_parallel.h"
 #include "braid/model/transformer_layer.h"
 
 namespace braid::model {
@@ -35,7 +45,10 @@ class GPTModel {
  public:
   // Validates the config (ConfigError); bf16 parameters need a CUDA device. Parameters are
   // initialised as init.h describes.
-  GPTModel(const TransformerConfig& config, Device device, uint64_t seed);
+  // With tp.group, ConfigError (before any communication, alike on every rank) when the model
+  // does not split over it; then collective over tp.group (replicated kv heads get a group).
+  GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
+           const TensorParallel& tp = {});
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -44,6 +57,7 @@ class GPTModel {
   Device device() const { return device_; }
   uint64_t seed() const { return seed_; }
   const ParamLayout& layout() const { return layout_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
 
   std::vector<Parameter>& parameters() { return params_; }  // flat-buffer order
   const std::vector<Parameter>& parameters() const { return params_; }
@@ -53,13 +67,16 @@ class GPTModel {
   int64_t num_parameters() const { return layout_.num_parameters; }
 
   // ids, targets: [B, S] i32 on any device (copied to the model's device if needed);
-  // targets < 0 are ignored. Returns the mean loss over the non-ignored targets (0 when there
-  // are none) and keeps what backward needs under `microbatch`, which must not hold
-  // activations already.
+  // targets < 0 are ignored. With sequence parallelism S must be divisible by the TP size. Returns
+  // the mean loss over the non-ignored targets (0 when there are none) and keeps what backward
+  // needs under `microbatch`, which must not hold activations already.
   float forward(const Tensor& ids, const Tensor& targets, int microbatch = 0);
   // Adds d(grad_scale * loss)/d(params) into the gradients (dloss = grad_scale / count per
   // non-ignored target) and frees the microbatch's activations.
   void backward(int microbatch = 0, float grad_scale = 1.0f);
+  // Completes the gradients of this step's microbatches across TP (see above); a no-op on
+  // one rank. Call once after the last backward, before clipping and the optimizer.
+  void finalize_grads();
   // [B, S, V] f32 on the CPU; keeps no activations and applies no dropout.
   Tensor logits(const Tensor& ids);
   void zero_grad();
@@ -77,7 +94,12 @@ class GPTModel {
   Tensor view_of(const Tensor& flat, const std::string& name) const;
   // A run of adjacent parameters starting at `first` as one [rows, cols] (or [rows]) view.
   Tensor fused_view(const Tensor& flat, const std::string& first, int64_t rows, int64_t cols) const;
-  DropoutContext dropout_context(uint64_t forward_index, int layer, bool training) const;
+  const ParamShard& shard_of(const std::string& name) const;
+  Tokens tokens_of(const Microbatch& mb) const;
+  int64_t region_tokens(const Microbatch& mb) const;  // tokens a residual-stream region holds
+  // The vocab-parallel cross-entropy's partials, combined across TP.
+  void cross_entropy_partials(Microbatch& mb, Tensor& target_logit) const;
+  DropoutContext dropout_context(const Microbatch& mb, int layer, bool training) const;
   // Embeddings and blocks: the residual stream after the last block.
   Tensor run_trunk(Microbatch& mb, bool training);
   const Tensor& output_weight() const;
@@ -86,6 +108,8 @@ class GPTModel {
   TransformerConfig config_;
   Device device_;
   uint64_t seed_;
+  TensorParallel tp_;
+  std::shared_ptr<comm::Communicator> kv_group_;  // TP ranks that share a replicated kv head
   ParamLayout layout_;
   Tensor flat_params_;
   Tensor flat_grads_;

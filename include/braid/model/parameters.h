@@ -16,6 +16,15 @@
 // [gate | up] per row, the layout ops::swiglu_forward takes) and gate/up biases. Every
 // group (a fused group or a single parameter) starts at a multiple of
 // kParamGroupAlignment elements. Gradients live in an f32 buffer at the same offsets.
+//
+// Tensor parallelism (tp ranks): the buffer of rank r holds each parameter's shard
+// (ParamShard). Column-parallel parameters (tp_dim 0) keep rows [r·n/tp, (r+1)·n/tp);
+// row-parallel ones (tp_dim 1) those columns; replicated ones (tp_dim -1) everything. The
+// vocabulary (embed_tokens, lm_head) is split after padding it to a multiple of
+// make_vocab_size_divisible_by × tp rows (Megatron's rule); padding rows sit at the end of a
+// shard, stay zero, and are outside the parameter's value/grad views. k_proj/v_proj split by
+// kv heads when tp divides num_query_groups, and otherwise (num_query_groups divides tp) each
+// rank holds the one kv head its query heads read, shared with tp / num_query_groups ranks.
 
 #include <cstdint>
 #include <string>
@@ -36,25 +45,43 @@ struct ParamSpec {
   bool weight_decay;  // true for the weight matrices of linear layers (incl. lm_head)
 };
 
+// How one TP rank holds a parameter.
+struct ParamShard {
+  Shape shape;                // what the flat buffer holds (vocabulary padding rows included)
+  int64_t start = 0;          // global index, along spec.tp_dim, of the first local row or column
+  int64_t padding = 0;        // vocabulary padding: rows at the end of dim 0 that exist on no rank
+  int replicas = 1;           // TP ranks holding this same shard (tp for replicated parameters)
+  Shape valid_shape() const;  // `shape` without the padding rows
+};
+
 struct Parameter {
   ParamSpec spec;
-  Tensor value;  // view into the flat parameter buffer (params_dtype)
+  ParamShard shard;
+  Tensor value;  // this rank's shard without padding: view into the flat buffer (params_dtype)
   Tensor grad;   // view into the flat f32 gradient buffer, same element offset
 };
 
-// Where each parameter sits in the flat buffer.
+// Where each parameter sits in the flat buffer of one TP rank.
 struct ParamLayout {
-  std::vector<ParamSpec> specs;  // flat-buffer order
-  std::vector<int64_t> offsets;  // element offset of specs[i]
-  int64_t num_elements = 0;      // buffer size in elements, alignment padding included
-  int64_t num_parameters = 0;    // sum of the specs' element counts
+  std::vector<ParamSpec> specs;    // flat-buffer order
+  std::vector<ParamShard> shards;  // this rank's shard of specs[i]
+  std::vector<int64_t> offsets;    // element offset of shards[i]
+  int64_t num_elements = 0;        // buffer size in elements, all padding included
+  int64_t num_parameters = 0;      // sum of the specs' global element counts
+  int tp_rank = 0;
+  int tp_size = 1;
 };
 
 // The specs of the whole model in flat-buffer order; allocates nothing, so it works for
-// shapes far larger than memory (Llama-3 8B). Validates the config.
+// shapes far larger than memory (Llama-3 8B). Validates the config, and the split for tp
+// ranks (check_tensor_parallel).
 std::vector<ParamSpec> parameter_specs(const TransformerConfig& config);
-ParamLayout parameter_layout(const TransformerConfig& config);
+ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank = 0, int tp_size = 1);
 int64_t count_parameters(const TransformerConfig& config);
+
+// ConfigError unless the model splits over tp ranks: num_attention_heads, ffn_hidden_size and
+// the kv heads (tp divides num_query_groups, or num_query_groups divides tp).
+void check_tensor_parallel(const TransformerConfig& config, int tp_size);
 
 // model.embed_tokens.weight and model.embed_positions.weight: excluded from weight decay
 // unless the optimizer is asked to decay embeddings.

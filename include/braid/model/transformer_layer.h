@@ -1,5 +1,6 @@
 #pragma once
-// One pre-norm transformer block with explicit forward and backward:
+// One pre-norm transformer block with explicit forward and backward (Megatron's tensor
+// parallelism: attention split by heads, MLP along its hidden dimension; tensor_parallel.h):
 //   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (+ rope on q, k)
 //   attn = causal_attention(q, k, v); mid = x + dropout(attn Wo^T + bo)
 //   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | swiglu(fc1)
@@ -14,10 +15,12 @@
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
 #include "braid/model/norm.h"
+#include "braid/model/tensor_parallel.h"
 
 namespace braid::model {
 
 // The weights of one block, or their f32 gradients: views into the flat buffers.
+// With tensor parallelism Hq, Hkv and F are this rank's shares (LayerShape).
 struct LayerTensors {
   Tensor input_norm_weight, input_norm_bias;  // bias: layernorm only
   Tensor qkv_weight;                          // [(Hq + 2 Hkv) D, H] = [q_proj; k_proj; v_proj]
@@ -26,6 +29,19 @@ struct LayerTensors {
   Tensor post_norm_weight, post_norm_bias;
   Tensor fc1_weight, fc1_bias;  // gelu: up_proj [F, H]; swiglu: [gate_proj; up_proj] [2F, H]
   Tensor fc2_weight, fc2_bias;  // down_proj [H, F], [H]
+};
+
+// This rank's share of a block: query heads, kv heads, head dim, MLP hidden size.
+struct LayerShape {
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
+  static LayerShape of(const TransformerConfig& config, int tp_size);
+};
+
+// The tokens of one microbatch: [batch, seq]; a region of the residual stream holds all
+// batch·seq of them, or (sequence parallelism) this rank's 1/tp.
+struct Tokens {
+  int64_t batch = 0, seq = 0;
+  int64_t count() const { return batch * seq; }
 };
 
 // What a block keeps for its backward, per microbatch (all [B, S, ...] in the activation
@@ -39,6 +55,8 @@ struct LayerTensors {
 //   Recompute::full       input only; the backward reruns the block's forward first.
 // The recomputed values are bit-identical to the first ones, so the gradients of all three
 // policies are too (dropout masks are drawn again from the same Philox stream).
+// With sequence parallelism input, input_norm_out, mid and post_norm_out (and the norm
+// statistics) are this rank's token shard; backward gathers the norm outputs again.
 struct LayerActivations {
   Tensor input;  // the residual stream entering the block (kept by every policy)
   NormStats input_norm_stats;
@@ -60,27 +78,33 @@ struct DropoutContext {
   uint64_t seed = 0;
   uint64_t attention_offset = 0;  // Philox stream of the attention output's mask
   uint64_t mlp_offset = 0;        // Philox stream of the MLP output's mask
+  int64_t first_element = 0;      // sequence parallelism: where this rank's shard starts
 };
 
 class TransformerLayer {
  public:
-  TransformerLayer(const TransformerConfig& config, LayerTensors weights, LayerTensors grads);
+  TransformerLayer(const TransformerConfig& config, const TensorParallel& tp, LayerTensors weights,
+                   LayerTensors grads);
 
-  // x [B, S, H] -> out [B, S, H]. Keeps what `policy` says in `saved`; nothing if nullptr.
-  Tensor forward(const Tensor& x, const DropoutContext& dropout, Recompute policy,
+  // x [T_region, H] -> out [T_region, H]. Keeps what `policy` says in `saved`; nothing if
+  // nullptr.
+  Tensor forward(const Tensor& x, Tokens tokens, const DropoutContext& dropout, Recompute policy,
                  LayerActivations* saved) const;
 
-  // dout [B, S, H] -> dx [B, S, H]; adds the parameter gradients; frees `saved`. `dropout`
-  // and `policy` must be those of the forward that filled `saved`.
-  Tensor backward(const Tensor& dout, const DropoutContext& dropout, Recompute policy,
-                  LayerActivations& saved) const;
+  // dout [T_region, H] -> dx [T_region, H]; adds the parameter gradients; frees `saved`.
+  // `tokens`, `dropout` and `policy` must be those of the forward that filled `saved`.
+  Tensor backward(const Tensor& dout, Tokens tokens, const DropoutContext& dropout,
+                  Recompute policy, LayerActivations& saved) const;
 
   const LayerTensors& weights() const { return w_; }
   const LayerTensors& grads() const { return g_; }
 
  private:
   Tensor mlp_activation(const Tensor& fc1_out) const;
+  Tensor row_bias(const Tensor& bias) const;
   TransformerConfig config_;
+  TensorParallel tp_;
+  LayerShape shape_;
   LayerTensors w_;
   LayerTensors g_;
 };

@@ -1,0 +1,251 @@
+// Tensor (and sequence) parallelism as real MPI jobs: with tp = the job's size, GPT-2 and
+// Llama (GQA) models give the single-rank model's loss and every gradient (gathered to the
+// global shape), and its parameters after 3 AdamW steps, within f32 tolerance; the TP group
+// carries exactly the collectives Megatron's design implies; bad layouts fail alike on every
+// rank before any collective.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "braid/comm/launch.h"
+#include "braid/engine/adamw.h"
+#include "tp_test_util.h"
+
+using namespace braid;
+using namespace braid::model;
+using namespace braid::tp_testing;
+
+namespace {
+
+TransformerConfig gpt2() {
+  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");  // 4 heads, ffn 256
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 64;
+  c.vocab_size = 200;  // 2 ranks' slices hold real rows, 4 ranks' last two only padding
+  c.make_vocab_size_divisible_by = 64;
+  c.max_position_embeddings = 16;
+  c.hidden_dropout = 0.1f;  // sequence-parallel shards must draw the single-rank masks
+  c.init_std = 0.1f;
+  return c;
+}
+
+TransformerConfig llama() {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");  // 4 heads, 2 kv heads
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.vocab_size = 120;  // with tp > 1 the last rank's vocabulary slice is all padding
+  c.make_vocab_size_divisible_by = 64;
+  c.max_position_embeddings = 16;
+  c.init_std = 0.1f;
+  return c;
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+
+Batch batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
+  Batch out{Tensor::empty({b, s}, DType::i32), Tensor::empty({b, s}, DType::i32)};
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return int32_t(x % uint64_t(vocab));
+  };
+  for (int64_t i = 0; i < b * s; ++i) out.ids.data_ptr<int32_t>()[i] = next();
+  for (int64_t i = 0; i < b * s; ++i)
+    out.targets.data_ptr<int32_t>()[i] = (i % s == s - 1) ? -1 : out.ids.data_ptr<int32_t>()[i + 1];
+  return out;
+}
+
+// Non-trivial norms and biases (init makes them 1 and 0), the same global values everywhere.
+std::vector<std::vector<float>> perturbed(const GPTModel& reference) {
+  std::vector<std::vector<float>> global;
+  const auto& layout = reference.layout();
+  const Tensor flat = reference.flat_params();
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    const int64_t n = layout.specs[i].shape.numel();
+    const float* v = flat.data_ptr<float>() + layout.offsets[i];
+    std::vector<float> g(v, v + n);
+    const std::string& name = layout.specs[i].name;
+    if (name.ends_with(".bias") || name.find("norm.weight") != std::string::npos) {
+      for (int64_t j = 0; j < n; ++j) g[size_t(j)] += 0.2f * std::sin(float(j + 7 * i));
+    }
+    global.push_back(std::move(g));
+  }
+  return global;
+}
+
+// Worst |a - b| - rtol |b| over the elements, for a readable failure.
+double excess(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) - atol - rtol * std::abs(b[i]));
+  return worst;
+}
+
+std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
+  const int64_t n = reference.layout().specs[i].shape.numel();
+  const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
+  return std::vector<float>(p, p + n);
+}
+
+struct Case {
+  const char* name;
+  TransformerConfig (*config)();
+  bool sequence_parallel;
+};
+
+const Case kCases[] = {{"gpt2", gpt2, false},
+                       {"gpt2_sp", gpt2, true},
+                       {"llama_gqa", llama, false},
+                       {"llama_gqa_sp", llama, true}};
+
+class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TensorParallelEqualsOneRank, LossGradientsAndThreeSteps) {
+  const Case& c = GetParam();
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const TransformerConfig config = c.config();
+  const uint64_t seed = 1234;
+  GPTModel reference(config, Device::cpu(), seed);
+  GPTModel sharded(config, Device::cpu(), seed, TensorParallel{world.get(), c.sequence_parallel});
+  const auto global = perturbed(reference);
+  set_from_global(reference, global);
+  set_from_global(sharded, global);
+  const auto& specs = reference.layout().specs;
+
+  // One step's loss and gradients, two microbatches.
+  double loss_ref = 0, loss_tp = 0;
+  for (int m = 0; m < 2; ++m) {
+    const Batch b = batch(2, 8, config.vocab_size, 10 + m);
+    loss_ref += reference.forward(b.ids, b.targets, m);
+    loss_tp += sharded.forward(b.ids, b.targets, m);
+    reference.backward(m, 0.5f);
+    sharded.backward(m, 0.5f);
+  }
+  reference.finalize_grads();
+  sharded.finalize_grads();
+  EXPECT_NEAR(loss_tp, loss_ref, 1e-5 * std::abs(loss_ref));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto want = global_of_reference(reference, i, reference.flat_grads());
+    const auto got = gather_global(sharded, i, sharded.flat_grads(), world.get());
+    EXPECT_LE(excess(got, want, 2e-6, 1e-4), 0.0) << specs[i].name << " gradient";
+  }
+
+  // Three AdamW steps (global-norm clipping on, so the norm must count every parameter once).
+  // Adam divides by sqrt(v): where the true gradient is 0 (k_proj.bias: softmax ignores it)
+  // the rounding noise of either run becomes an lr-sized step of random sign. eps = 1e-6
+  // bounds that amplification to lr·|dg|/eps, so the parameters compare at 1e-5.
+  engine::AdamWConfig opt;
+  opt.lr = 1e-3f;
+  opt.eps = 1e-6f;
+  opt.clip_grad = 0.5f;
+  engine::AdamW adam_ref(reference, opt), adam_tp(sharded, opt);
+  for (int step = 0; step < 3; ++step) {
+    if (step > 0) {
+      reference.zero_grad();
+      sharded.zero_grad();
+      const Batch b = batch(4, 8, config.vocab_size, 100 + step);
+      loss_ref = reference.forward(b.ids, b.targets);
+      loss_tp = sharded.forward(b.ids, b.targets);
+      EXPECT_NEAR(loss_tp, loss_ref, 1e-5 * std::abs(loss_ref)) << "step " << step;
+      reference.backward();
+      sharded.backward();
+      reference.finalize_grads();
+      sharded.finalize_grads();
+    }
+    const float norm_ref = adam_ref.clip_and_step();
+    const float norm_tp = adam_tp.clip_and_step();
+    EXPECT_NEAR(norm_tp, norm_ref, 1e-5 * norm_ref) << "step " << step;
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto want = global_of_reference(reference, i, reference.flat_params());
+    const auto got = gather_global(sharded, i, sharded.flat_params(), world.get());
+    EXPECT_LE(excess(got, want, 1e-5, 1e-4), 0.0) << specs[i].name << " after 3 steps";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, TensorParallelEqualsOneRank, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The collectives of one forward and backward, in order, against Megatron's analytic count:
+// per layer 2 all-reduces of b·s·h forward and 2 backward; with sequence parallelism the same
+// volume as all-gathers and reduce-scatters (backward also re-gathers the two norm outputs
+// that forward kept as shards).
+TEST(TensorParallelCommunication, MatchesTheAnalyticCount) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  if (world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
+    TransformerConfig config = gpt2();
+    config.num_layers = 3;
+    auto counted = std::make_shared<CountingCommunicator>(world);
+    GPTModel model(config, Device::cpu(), 7, TensorParallel{counted.get(), sp});
+    const int64_t b = 2, s = 8, t = b * s, h = config.hidden_size;
+    const Batch data = batch(b, s, config.vocab_size, 3);
+    counted->calls.clear();
+    model.forward(data.ids, data.targets);
+    const std::vector<CountingCommunicator::Call> forward = counted->calls;
+    counted->calls.clear();
+    model.backward();
+    const std::vector<CountingCommunicator::Call> backward = counted->calls;
+
+    using Call = CountingCommunicator::Call;
+    const size_t act = size_t(t * h) * 4, row = size_t(t) * 4;  // f32 bytes
+    const Call ar{"all_reduce", act}, ag{"all_gather", act}, rs{"reduce_scatter", act};
+    std::vector<Call> want_fwd{sp ? rs : ar};  // vocab-parallel embedding
+    std::vector<Call> want_bwd;
+    if (sp) want_bwd = {ag, rs};  // re-gather the final norm's output; dLoss/dh back to shards
+    if (!sp) want_bwd = {ar};
+    for (int l = 0; l < config.num_layers; ++l) {
+      if (sp) {
+        want_fwd.insert(want_fwd.end(), {ag, rs, ag, rs});
+        want_bwd.insert(want_bwd.end(), {ag, ag, rs, ag, ag, rs});
+      } else {
+        want_fwd.insert(want_fwd.end(), {ar, ar});
+        want_bwd.insert(want_bwd.end(), {ar, ar});
+      }
+    }
+    if (sp) want_fwd.push_back(ag);  // the LM head's input
+    want_fwd.insert(want_fwd.end(),
+                    {{"all_reduce", row}, {"all_reduce", row}, {"all_reduce", row}});
+    if (sp) want_bwd.push_back(ag);  // the embedding's output gradient
+    EXPECT_EQ(forward, want_fwd);
+    EXPECT_EQ(backward, want_bwd);
+  }
+}
+
+TEST(TensorParallelLayout, BadSplitsFailAlikeOnEveryRankBeforeAnyCollective) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const int tp = world->size();
+  if (tp == 1) GTEST_SKIP() << "every layout fits one rank";
+  auto message = [&](TransformerConfig config, bool sp, int64_t seq) -> std::string {
+    try {
+      GPTModel model(config, Device::cpu(), 1, TensorParallel{world.get(), sp});
+      const Batch b = batch(1, seq, config.vocab_size, 1);
+      model.forward(b.ids, b.targets);
+    } catch (const ConfigError& e) {
+      return e.message();
+    }
+    return "";
+  };
+  TransformerConfig heads = gpt2();
+  heads.num_attention_heads = 2 * tp + 1;
+  heads.hidden_size = 8 * heads.num_attention_heads;
+  EXPECT_NE(message(heads, false, 8).find("num_attention_heads"), std::string::npos);
+  TransformerConfig ffn = gpt2();
+  ffn.ffn_hidden_size = 64 * tp + 1;
+  EXPECT_NE(message(ffn, false, 8).find("ffn_hidden_size"), std::string::npos);
+  TransformerConfig kv = llama();
+  kv.num_attention_heads = 6 * tp;
+  kv.hidden_size = 4 * kv.num_attention_heads;
+  kv.num_query_groups = 3;  // neither divides the other for tp = 2 or 4
+  if (tp % 3 != 0) {
+    EXPECT_NE(message(kv, false, 8).find("num_query_groups"), std::string::npos);
+  }
+  EXPECT_NE(message(gpt2(), true, tp + 1).find("sequence length"), std::string::npos);
+  world->barrier()->wait();  // every rank got here: nothing was left half-communicated
+}
+
+}  // namespace
