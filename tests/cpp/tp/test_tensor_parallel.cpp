@@ -164,6 +164,15 @@ TEST_P(TensorParallelEqualsOneRank, LossGradientsAndThreeSteps) {
     const auto got = gather_global(sharded, i, sharded.flat_params(), world.get());
     EXPECT_LE(excess(got, want, 1e-5, 1e-4), 0.0) << specs[i].name << " after 3 steps";
   }
+  // Evaluation logits, gathered from the vocabulary slices (padding dropped).
+  const Batch eval = batch(2, 8, config.vocab_size, 77);
+  const Tensor want = reference.logits(eval.ids), got = sharded.logits(eval.ids);
+  ASSERT_EQ(got.shape(), want.shape());
+  const float* w = want.data_ptr<float>();
+  EXPECT_LE(excess(std::vector<float>(got.data_ptr<float>(), got.data_ptr<float>() + got.numel()),
+                   std::vector<float>(w, w + want.numel()), 1e-5, 1e-4),
+            0.0)
+      << "logits";
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallelEqualsOneRank, ::testing::ValuesIn(kCases),
