@@ -164,11 +164,12 @@ def main(argv=None):
         print(f"  numpy memmap loader   {n:12,.0f} samples/s  {n * args.seq_length / 1e6:8.1f} "
               f"M tokens/s")
 
-        waited, masked, total, thread_wait = demo_wait(args, directory)
-        print(f"demo loop ({args.demo_steps} steps of the CPU demo): {total:.1f}s; in "
-              f"loader.next() {1000 * waited:.1f}ms ({100 * waited / total:.3f}% of step time; "
-              f"of which waiting for the thread {1000 * thread_wait:.1f}ms); answer masking "
-              f"{1000 * masked:.1f}ms ({100 * masked / total:.3f}%)")
+        if args.demo_steps > 0:
+            waited, masked, total, thread_wait = demo_wait(args, directory)
+            print(f"demo loop ({args.demo_steps} steps of the CPU demo): {total:.1f}s; in "
+                  f"loader.next() {1000 * waited:.1f}ms ({100 * waited / total:.3f}% of step "
+                  f"time; of which waiting for the thread {1000 * thread_wait:.1f}ms); answer "
+                  f"masking {1000 * masked:.1f}ms ({100 * masked / total:.3f}%)")
         print(f"braid/numpy samples/s: {b / n:.2f}")
 
 
