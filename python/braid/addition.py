@@ -108,15 +108,22 @@ def training_data_prefix(directory: str, n_problems: int, digits: int = 3, seed:
 def write_training_data(prefix: str, n_problems: int, digits: int = 3, seed: int = 1234,
                         short_fraction: float = 0.0, padded: bool = False,
                         chunk: int = 8192) -> str:
-    """Writes n_problems training problems to prefix.bin / prefix.idx (one document each)."""
+    """Writes n_problems training problems to prefix.bin / prefix.idx (one document each).
+
+    The files are written under a name of this process's own and renamed into place, .idx last,
+    so that two demos starting at once never mix their files (they write the same bytes).
+    """
     from braid.data import IndexedDatasetWriter, smallest_token_type
 
     data = AdditionData(digits, seed, short_fraction, padded)
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-    with IndexedDatasetWriter(prefix, smallest_token_type(VOCAB_SIZE)) as writer:
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    with IndexedDatasetWriter(tmp, smallest_token_type(VOCAB_SIZE)) as writer:
         for start in range(0, n_problems, chunk):
             ids, _ = data.batch(min(chunk, n_problems - start))
             writer.add_documents(ids.ravel(), np.full(len(ids), SEQ_LENGTH, dtype=np.int64))
+    os.replace(tmp + ".bin", prefix + ".bin")
+    os.replace(tmp + ".idx", prefix + ".idx")
     return prefix
 
 
