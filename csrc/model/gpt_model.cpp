@@ -61,7 +61,7 @@ void init_shard(const Tensor& value, const ParamSpec& spec, const ParamShard& sh
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
-                   const TensorParallel& tp)
+                   const TensorParallel& tp, const ModelChunk& chunk)
     : config_(config), device_(device), seed_(seed), tp_(tp) {
   config_.validate();
   BRAID_CONFIG_CHECK(config_.params_dtype == DType::f32 || device_.is_cuda(),
@@ -71,7 +71,8 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
     BRAID_CHECK(tp_.group->device() == device_, "GPTModel: the TP group works on ",
                 tp_.group->device().str(), ", the model on ", device_.str());
   }
-  layout_ = parameter_layout(config_, tp_.rank(), tp_.size());
+  layout_ = parameter_layout(config_, tp_.rank(), tp_.size(), chunk);
+  first_layer_ = layout_.chunk.first_layer;
   if (tp_.active() && config_.hidden_dropout > 0 && tp_.sequence_parallel) {
     BRAID_CONFIG_CHECK(config_.hidden_size % 4 == 0, "sequence parallelism with hidden dropout ",
                        "needs hidden_size divisible by 4, got ", config_.hidden_size);
@@ -98,8 +99,9 @@ void GPTModel::build_parameters() {
     index_.emplace(spec.name, i);
     init_shard(params_.back().value, spec, shard, config_, seed_);
   }
-  layers_.reserve(size_t(config_.num_layers));
-  for (int l = 0; l < int(config_.num_layers); ++l)
+  const ModelChunk& chunk = layout_.chunk;
+  layers_.reserve(size_t(chunk.end_layer - chunk.first_layer));
+  for (int l = chunk.first_layer; l < chunk.end_layer; ++l)
     layers_.emplace_back(config_, tp_, layer_tensors(flat_params_, l),
                          layer_tensors(flat_grads_, l));
 }
@@ -161,6 +163,13 @@ Tensor& GPTModel::output_grad() {
   return parameter(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").grad;
 }
 
+int64_t GPTModel::vocab_start() const {
+  // embed_tokens and lm_head split the padded vocabulary alike; a chunk may hold either.
+  for (const char* name : {"model.embed_tokens.weight", "lm_head.weight"})
+    if (index_.count(name)) return shard_of(name).start;
+  return 0;
+}
+
 Tokens GPTModel::tokens_of(const Microbatch& mb) const { return {mb.ids.size(0), mb.ids.size(1)}; }
 
 int64_t GPTModel::region_tokens(const Microbatch& mb) const {
@@ -180,7 +189,7 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
   return d;
 }
 
-Tensor GPTModel::run_trunk(Microbatch& mb, bool training) {
+Tensor GPTModel::embed(Microbatch& mb, bool training) {
   const Tokens tokens = tokens_of(mb);
   const int64_t t = tokens.count(), h = config_.hidden_size, region = region_tokens(mb);
   const ParamShard& vocab = shard_of("model.embed_tokens.weight");
@@ -206,10 +215,14 @@ Tensor GPTModel::run_trunk(Microbatch& mb, bool training) {
                          drop.first_element);
     x = dropped;
   }
+  return x;
+}
+
+Tensor GPTModel::run_layers(Microbatch& mb, Tensor x, bool training) {
   if (training) mb.layers.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
-    x = layers_[l].forward(x, tokens, dropout_context(mb, int(l), training), config_.recompute,
-                           training ? &mb.layers[l] : nullptr);
+    x = layers_[l].forward(x, tokens_of(mb), dropout_context(mb, first_layer_ + int(l), training),
+                           config_.recompute, training ? &mb.layers[l] : nullptr);
   }
   return x;
 }
@@ -263,8 +276,7 @@ void GPTModel::cross_entropy_partials(Microbatch& mb, Tensor& target_logit) cons
   mb.sumexp = Tensor::empty({t}, DType::f32, device_);
   target_logit = Tensor::empty({t}, DType::f32, device_);
   if (mb.logits.size(1) > 0) {
-    ops::cross_entropy_partials(mb.max, mb.sumexp, target_logit, mb.logits, targets,
-                                shard_of("model.embed_tokens.weight").start);
+    ops::cross_entropy_partials(mb.max, mb.sumexp, target_logit, mb.logits, targets, vocab_start());
   } else {  // this rank's vocabulary slice is all padding
     mb.max = filled({t}, -std::numeric_limits<float>::infinity(), device_);
     mb.sumexp = filled({t}, 0.0f, device_);
@@ -282,14 +294,44 @@ void GPTModel::cross_entropy_partials(Microbatch& mb, Tensor& target_logit) cons
 }
 
 float GPTModel::forward(const Tensor& ids, const Tensor& targets, int microbatch) {
+  BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::forward: this model chunk is a ",
+              "pipeline stage; use forward_stage");
+  float loss = 0;
+  forward_stage(ids, targets, Tensor(), microbatch, &loss);
+  return loss;
+}
+
+void GPTModel::backward(int microbatch, float grad_scale) {
+  BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::backward: this model chunk is a ",
+              "pipeline stage; use backward_stage");
+  backward_stage(Tensor(), microbatch, grad_scale);
+}
+
+Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const Tensor& input,
+                               int microbatch, float* loss) {
   BRAID_CHECK(!has_activations(microbatch), "GPTModel::forward: microbatch ", microbatch,
               " still holds the activations of a forward without backward");
-  BRAID_CHECK(targets.defined(), "GPTModel::forward: targets are required");
-  auto mb = std::make_unique<Microbatch>(prepare(ids, targets));
+  BRAID_CHECK(targets.defined() || !chunk().head, "GPTModel::forward: targets are required");
+  auto mb = std::make_unique<Microbatch>(prepare(ids, chunk().head ? targets : Tensor()));
   mb->forward_index = forward_count_++;
   const int64_t tokens = ids.numel(), h = config_.hidden_size;
 
-  Tensor x = run_trunk(*mb, true);
+  Tensor x;
+  if (chunk().embedding) {
+    x = embed(*mb, true);
+  } else {
+    BRAID_CHECK(input.defined() && input.dim() == 2 && input.size(0) == region_tokens(*mb) &&
+                    input.size(1) == h && input.dtype() == config_.params_dtype,
+                "GPTModel::forward_stage: the input activation must be [", region_tokens(*mb), ", ",
+                h, "] ", dtype_name(config_.params_dtype), ", got ",
+                input.defined() ? dtype_name(input.dtype()) : "undefined ", input.shape());
+    x = input;
+  }
+  x = run_layers(*mb, x, true);
+  if (!chunk().head) {
+    activations_.emplace(microbatch, std::move(mb));
+    return x;
+  }
   NormStats stats;
   Tensor hf = final_norm(x, stats);
   const Tensor hf_full = enter_tp_forward(tp_, hf);
@@ -311,46 +353,59 @@ float GPTModel::forward(const Tensor& ids, const Tensor& targets, int microbatch
   }
   const int64_t count = mb->count;
   activations_.emplace(microbatch, std::move(mb));
-  return count > 0 ? float(sum / double(count)) : 0.0f;
+  if (loss != nullptr) *loss = count > 0 ? float(sum / double(count)) : 0.0f;
+  return Tensor();
 }
 
-void GPTModel::backward(int microbatch, float grad_scale) {
+Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_scale) {
   auto it = activations_.find(microbatch);
   BRAID_CHECK(it != activations_.end(), "GPTModel::backward: microbatch ", microbatch,
               " has no activations (no forward, or its backward already ran)");
   Microbatch& mb = *it->second;
   const Tokens tokens = tokens_of(mb);
   const int64_t t = tokens.count(), h = config_.hidden_size;
-  const int64_t vocab_offset = shard_of("model.embed_tokens.weight").start;
+  const int64_t vocab_offset = vocab_start();
 
-  // Head: cross-entropy, LM head, final norm.
-  const float dloss = mb.count > 0 ? grad_scale / float(mb.count) : 0.0f;
-  const Tensor dloss_t = filled({t}, dloss, device_);
-  if (mb.logits.size(1) > 0) {
-    ops::cross_entropy_backward(mb.logits, mb.logits, mb.targets.view({t}), mb.max, mb.sumexp,
-                                dloss_t, vocab_offset);
+  Tensor dx;
+  if (chunk().head) {  // cross-entropy, LM head, final norm
+    const float dloss = mb.count > 0 ? grad_scale / float(mb.count) : 0.0f;
+    const Tensor dloss_t = filled({t}, dloss, device_);
+    if (mb.logits.size(1) > 0) {
+      ops::cross_entropy_backward(mb.logits, mb.logits, mb.targets.view({t}), mb.max, mb.sumexp,
+                                  dloss_t, vocab_offset);
+    }
+    NormStats stats = mb.final_stats;
+    Tensor hf = mb.final_out.defined() ? mb.final_out : final_norm(mb.trunk_out, stats);
+    const Tensor hf_full = enter_tp_forward(tp_, hf);
+    Tensor dhf = Tensor::zeros({t, h}, config_.params_dtype, device_);
+    if (mb.logits.size(1) > 0)
+      linear_backward(dhf, output_grad(), {}, mb.logits, hf_full, output_weight());
+    dhf = enter_tp_backward(tp_, dhf);
+    mb.logits = Tensor();
+    mb.final_out = Tensor();
+    hf = Tensor();
+    dx = Tensor::empty(mb.trunk_out.shape(), config_.params_dtype, device_);
+    norm_backward(config_.normalization, dx, parameter("model.norm.weight").grad,
+                  view_of(flat_grads_, "model.norm.bias"), dhf, mb.trunk_out,
+                  view_of(flat_params_, "model.norm.weight"), stats);
+    dhf = Tensor();
+    mb.trunk_out = Tensor();
+  } else {
+    BRAID_CHECK(
+        dout.defined() && dout.dim() == 2 && dout.size(0) == region_tokens(mb) && dout.size(1) == h,
+        "GPTModel::backward_stage: the output gradient must be [", region_tokens(mb), ", ", h,
+        "], got ", dout.shape());
+    dx = dout;
   }
-  NormStats stats = mb.final_stats;
-  Tensor hf = mb.final_out.defined() ? mb.final_out : final_norm(mb.trunk_out, stats);
-  const Tensor hf_full = enter_tp_forward(tp_, hf);
-  Tensor dhf = Tensor::zeros({t, h}, config_.params_dtype, device_);
-  if (mb.logits.size(1) > 0)
-    linear_backward(dhf, output_grad(), {}, mb.logits, hf_full, output_weight());
-  dhf = enter_tp_backward(tp_, dhf);
-  mb.logits = Tensor();
-  mb.final_out = Tensor();
-  hf = Tensor();
-  Tensor dx = Tensor::empty(mb.trunk_out.shape(), config_.params_dtype, device_);
-  norm_backward(config_.normalization, dx, parameter("model.norm.weight").grad,
-                view_of(flat_grads_, "model.norm.bias"), dhf, mb.trunk_out,
-                view_of(flat_params_, "model.norm.weight"), stats);
-  dhf = Tensor();
-  mb.trunk_out = Tensor();
 
   // Blocks, last to first.
   for (size_t l = layers_.size(); l-- > 0;) {
-    dx = layers_[l].backward(dx, tokens, dropout_context(mb, int(l), true), config_.recompute,
-                             mb.layers[l]);
+    dx = layers_[l].backward(dx, tokens, dropout_context(mb, first_layer_ + int(l), true),
+                             config_.recompute, mb.layers[l]);
+  }
+  if (!chunk().embedding) {
+    activations_.erase(it);
+    return dx;
   }
 
   // Embeddings.
@@ -367,9 +422,15 @@ void GPTModel::backward(int microbatch, float grad_scale) {
   ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx_full, mb.ids.view({t}),
                           vocab_offset);
   activations_.erase(it);
+  return Tensor();
 }
 
 void GPTModel::finalize_grads() {
+  // Tied embeddings under pipeline parallelism: the first stage's lookup table and the last
+  // stage's output weight are two copies of one parameter; their gradients are summed.
+  const bool holds_copy = (chunk().embedding || chunk().head) && config_.tie_embeddings;
+  if (embedding_group_ != nullptr && embedding_group_->size() > 1 && holds_copy)
+    embedding_group_->all_reduce(parameter("model.embed_tokens.weight").grad)->wait();
   for (Parameter& p : params_) {
     if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
       // Used on this rank's tokens only: norms and position embeddings. (Row-parallel biases
@@ -388,7 +449,9 @@ Tensor GPTModel::logits(const Tensor& ids) {
   Microbatch mb = prepare(ids, Tensor());
   const int64_t b = ids.size(0), s = ids.size(1), t = b * s, v = config_.vocab_size;
   NormStats stats;
-  const Tensor hf = enter_tp_forward(tp_, final_norm(run_trunk(mb, false), stats));
+  BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::logits needs the whole model");
+  const Tensor hf =
+      enter_tp_forward(tp_, final_norm(run_layers(mb, embed(mb, false), false), stats));
   // Each rank's slice, padding rows included, so that the slices gather into one buffer.
   const ParamShard& vocab =
       shard_of(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");

@@ -151,7 +151,8 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
                      "replicated when they divide the TP size");
 }
 
-ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int tp_size) {
+ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int tp_size,
+                             const ModelChunk& chunk) {
   config.validate();
   check_tensor_parallel(config, tp_size);
   BRAID_CHECK(tp_rank >= 0 && tp_rank < tp_size, "parameter_layout: TP rank ", tp_rank, " of ",
@@ -159,15 +160,26 @@ ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int t
   ParamLayout layout;
   layout.tp_rank = tp_rank;
   layout.tp_size = tp_size;
+  layout.chunk = chunk;
+  if (layout.chunk.end_layer < 0) layout.chunk.end_layer = int(config.num_layers);
+  const ModelChunk& c = layout.chunk;
+  BRAID_CONFIG_CHECK(
+      0 <= c.first_layer && c.first_layer <= c.end_layer && c.end_layer <= config.num_layers,
+      "model chunk: layers [", c.first_layer, ", ", c.end_layer, ") are not within the model's ",
+      config.num_layers, " layers");
   LayoutBuilder b(layout, config);
   const int64_t h = config.hidden_size;
-  b.group({"model.embed_tokens.weight", Shape{config.vocab_size, h}, 0, -1, false});
-  if (config.position_embedding == PositionEmbedding::learned)
+  if (c.embedding || (c.head && config.tie_embeddings))
+    b.group({"model.embed_tokens.weight", Shape{config.vocab_size, h}, 0, -1, false});
+  if (c.embedding && config.position_embedding == PositionEmbedding::learned)
     b.group(
         {"model.embed_positions.weight", Shape{config.max_position_embeddings, h}, -1, -1, false});
-  for (int layer = 0; layer < int(config.num_layers); ++layer) add_layer(b, config, layer);
-  add_norm(b, config, "model.norm", -1);
-  if (!config.tie_embeddings) b.group({"lm_head.weight", Shape{config.vocab_size, h}, 0, -1, true});
+  for (int layer = c.first_layer; layer < c.end_layer; ++layer) add_layer(b, config, layer);
+  if (c.head) {
+    add_norm(b, config, "model.norm", -1);
+    if (!config.tie_embeddings)
+      b.group({"lm_head.weight", Shape{config.vocab_size, h}, 0, -1, true});
+  }
   b.finish();
   return layout;
 }

@@ -47,8 +47,9 @@ class GPTModel {
   // initialised as init.h describes.
   // With tp.group, ConfigError (before any communication, alike on every rank) when the model
   // does not split over it; then collective over tp.group (replicated kv heads get a group).
+  // `chunk`: the layers (and embedding / head) this pipeline stage holds (parameters.h).
   GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
-           const TensorParallel& tp = {});
+           const TensorParallel& tp = {}, const ModelChunk& chunk = {});
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -58,6 +59,7 @@ class GPTModel {
   uint64_t seed() const { return seed_; }
   const ParamLayout& layout() const { return layout_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ModelChunk& chunk() const { return layout_.chunk; }
 
   std::vector<Parameter>& parameters() { return params_; }  // flat-buffer order
   const std::vector<Parameter>& parameters() const { return params_; }
@@ -74,6 +76,19 @@ class GPTModel {
   // Adds d(grad_scale * loss)/d(params) into the gradients (dloss = grad_scale / count per
   // non-ignored target) and frees the microbatch's activations.
   void backward(int microbatch = 0, float grad_scale = 1.0f);
+
+  // Pipeline stages. forward_stage: ids (and, on the last stage, targets) as forward takes
+  // them — every stage gets the microbatch's ids, for its shape; a chunk without the embedding
+  // takes `input`, the previous stage's output activation [T_region, H]. Returns this chunk's
+  // output activation, or (the last stage) an undefined tensor and the mean loss in *loss.
+  // backward_stage: `dout` is the output activation's gradient (undefined on the last stage);
+  // returns the input activation's gradient (undefined on the first stage).
+  Tensor forward_stage(const Tensor& ids, const Tensor& targets, const Tensor& input,
+                       int microbatch, float* loss = nullptr);
+  Tensor backward_stage(const Tensor& dout, int microbatch, float grad_scale = 1.0f);
+  // The first and last stages of this model's pipeline (tied embeddings): finalize_grads sums
+  // the embed_tokens gradients over it. nullptr (the default) or one rank: nothing to sum.
+  void set_embedding_group(comm::Communicator* group) { embedding_group_ = group; }
   // Completes the gradients of this step's microbatches across TP (see above); a no-op on
   // one rank. Call once after the last backward, before clipping and the optimizer.
   void finalize_grads();
@@ -95,13 +110,14 @@ class GPTModel {
   // A run of adjacent parameters starting at `first` as one [rows, cols] (or [rows]) view.
   Tensor fused_view(const Tensor& flat, const std::string& first, int64_t rows, int64_t cols) const;
   const ParamShard& shard_of(const std::string& name) const;
+  int64_t vocab_start() const;  // first vocabulary row of this rank's slice
   Tokens tokens_of(const Microbatch& mb) const;
   int64_t region_tokens(const Microbatch& mb) const;  // tokens a residual-stream region holds
   // The vocab-parallel cross-entropy's partials, combined across TP.
   void cross_entropy_partials(Microbatch& mb, Tensor& target_logit) const;
   DropoutContext dropout_context(const Microbatch& mb, int layer, bool training) const;
-  // Embeddings and blocks: the residual stream after the last block.
-  Tensor run_trunk(Microbatch& mb, bool training);
+  Tensor embed(Microbatch& mb, bool training);  // [T_region, H]
+  Tensor run_layers(Microbatch& mb, Tensor x, bool training);
   const Tensor& output_weight() const;
   Tensor& output_grad();
 
@@ -110,6 +126,8 @@ class GPTModel {
   uint64_t seed_;
   TensorParallel tp_;
   std::shared_ptr<comm::Communicator> kv_group_;  // TP ranks that share a replicated kv head
+  comm::Communicator* embedding_group_ = nullptr;
+  int first_layer_ = 0;
   ParamLayout layout_;
   Tensor flat_params_;
   Tensor flat_grads_;

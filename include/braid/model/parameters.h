@@ -61,6 +61,18 @@ struct Parameter {
   Tensor grad;   // view into the flat f32 gradient buffer, same element offset
 };
 
+// The part of the model one pipeline chunk holds: layers [first_layer, end_layer), the
+// embeddings when it is the first chunk, the final norm and the LM head when it is the last.
+// With tied embeddings the last chunk holds its own copy of embed_tokens as the output weight
+// (initialised alike; GPTModel::finalize_grads sums the two copies' gradients over the
+// embedding group, so they stay equal). The default is the whole model.
+struct ModelChunk {
+  int first_layer = 0;
+  int end_layer = -1;  // -1: through the last layer
+  bool embedding = true;
+  bool head = true;
+};
+
 // Where each parameter sits in the flat buffer of one TP rank.
 struct ParamLayout {
   std::vector<ParamSpec> specs;    // flat-buffer order
@@ -70,13 +82,15 @@ struct ParamLayout {
   int64_t num_parameters = 0;      // sum of the specs' global element counts
   int tp_rank = 0;
   int tp_size = 1;
+  ModelChunk chunk;  // end_layer resolved
 };
 
 // The specs of the whole model in flat-buffer order; allocates nothing, so it works for
 // shapes far larger than memory (Llama-3 8B). Validates the config, and the split for tp
 // ranks (check_tensor_parallel).
 std::vector<ParamSpec> parameter_specs(const TransformerConfig& config);
-ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank = 0, int tp_size = 1);
+ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank = 0, int tp_size = 1,
+                             const ModelChunk& chunk = {});
 int64_t count_parameters(const TransformerConfig& config);
 
 // ConfigError unless the model splits over tp ranks: num_attention_heads, ffn_hidden_size and

@@ -41,41 +41,6 @@ TransformerConfig llama() {
   return c;
 }
 
-struct Batch {
-  Tensor ids, targets;
-};
-
-Batch batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
-  Batch out{Tensor::empty({b, s}, DType::i32), Tensor::empty({b, s}, DType::i32)};
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-  auto next = [&] {
-    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    return int32_t(x % uint64_t(vocab));
-  };
-  for (int64_t i = 0; i < b * s; ++i) out.ids.data_ptr<int32_t>()[i] = next();
-  for (int64_t i = 0; i < b * s; ++i)
-    out.targets.data_ptr<int32_t>()[i] = (i % s == s - 1) ? -1 : out.ids.data_ptr<int32_t>()[i + 1];
-  return out;
-}
-
-// Non-trivial norms and biases (init makes them 1 and 0), the same global values everywhere.
-std::vector<std::vector<float>> perturbed(const GPTModel& reference) {
-  std::vector<std::vector<float>> global;
-  const auto& layout = reference.layout();
-  const Tensor flat = reference.flat_params();
-  for (size_t i = 0; i < layout.specs.size(); ++i) {
-    const int64_t n = layout.specs[i].shape.numel();
-    const float* v = flat.data_ptr<float>() + layout.offsets[i];
-    std::vector<float> g(v, v + n);
-    const std::string& name = layout.specs[i].name;
-    if (name.ends_with(".bias") || name.find("norm.weight") != std::string::npos) {
-      for (int64_t j = 0; j < n; ++j) g[size_t(j)] += 0.2f * std::sin(float(j + 7 * i));
-    }
-    global.push_back(std::move(g));
-  }
-  return global;
-}
-
 // Worst |a - b| - rtol |b| over the elements, for a readable failure.
 double excess(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol) {
   double worst = 0;

@@ -2,6 +2,7 @@
 // Tensor-parallel tests: moving parameters between the global (unsharded) layout and one TP
 // rank's shard, and a communicator that records every call it forwards.
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -67,6 +68,41 @@ inline std::vector<float> gather_global(const GPTModel& m, size_t i, const Tenso
       const int64_t g = global_index(spec, theirs, j);
       if (g >= 0) global[size_t(g)] = all.data_ptr<float>()[int64_t(r) * n + j];
     }
+  }
+  return global;
+}
+
+struct Batch {
+  Tensor ids, targets;
+};
+
+inline Batch batch(int64_t b, int64_t s, int64_t vocab, uint64_t seed) {
+  Batch out{Tensor::empty({b, s}, DType::i32), Tensor::empty({b, s}, DType::i32)};
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&] {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return int32_t(x % uint64_t(vocab));
+  };
+  for (int64_t i = 0; i < b * s; ++i) out.ids.data_ptr<int32_t>()[i] = next();
+  for (int64_t i = 0; i < b * s; ++i)
+    out.targets.data_ptr<int32_t>()[i] = (i % s == s - 1) ? -1 : out.ids.data_ptr<int32_t>()[i + 1];
+  return out;
+}
+
+// Non-trivial norms and biases (init makes them 1 and 0), the same global values everywhere.
+inline std::vector<std::vector<float>> perturbed(const GPTModel& reference) {
+  std::vector<std::vector<float>> global;
+  const auto& layout = reference.layout();
+  const Tensor flat = reference.flat_params();
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    const int64_t n = layout.specs[i].shape.numel();
+    const float* v = flat.data_ptr<float>() + layout.offsets[i];
+    std::vector<float> g(v, v + n);
+    const std::string& name = layout.specs[i].name;
+    if (name.ends_with(".bias") || name.find("norm.weight") != std::string::npos) {
+      for (int64_t j = 0; j < n; ++j) g[size_t(j)] += 0.2f * std::sin(float(j + 7 * i));
+    }
+    global.push_back(std::move(g));
   }
   return global;
 }

@@ -1,0 +1,108 @@
+#include "braid/engine/pipeline.h"
+
+#include <map>
+#include <utility>
+
+namespace braid::engine {
+namespace {
+
+using Key = std::pair<int, int>;  // (microbatch, chunk)
+
+Tensor take(std::map<Key, Tensor>& buffers, Key key, const char* what) {
+  auto it = buffers.find(key);
+  BRAID_CHECK(it != buffers.end(), "pipeline: no ", what, " for microbatch ", key.first, ", chunk ",
+              key.second, " (the schedule uses it before it exists)");
+  Tensor t = std::move(it->second);
+  buffers.erase(it);
+  return t;
+}
+
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<model::GPTModel*> chunks,
+                                   comm::Communicator& pp)
+    : schedule_(std::move(schedule)), chunks_(std::move(chunks)), pp_(pp) {
+  BRAID_CONFIG_CHECK(pp_.size() == schedule_.pp, "pipeline: the schedule is for ", schedule_.pp,
+                     " stages, the pipeline group has ", pp_.size(), " ranks");
+  BRAID_CONFIG_CHECK(int(chunks_.size()) == schedule_.virtual_stages, "pipeline: the schedule has ",
+                     schedule_.virtual_stages, " chunks per rank, ", chunks_.size(), " were given");
+  const int last = schedule_.num_model_chunks() - 1;
+  for (int c = 0; c < int(chunks_.size()); ++c) {
+    const int model_chunk = schedule_.model_chunk(pp_.rank(), c);
+    const model::ModelChunk& held = chunks_[size_t(c)]->chunk();
+    BRAID_CHECK(held.embedding == (model_chunk == 0) && held.head == (model_chunk == last),
+                "pipeline: chunk ", c, " of stage ", pp_.rank(), " is model chunk ", model_chunk,
+                " of ", last + 1, " but its model ", held.embedding ? "holds" : "does not hold",
+                " the embedding and ", held.head ? "holds" : "does not hold", " the head");
+  }
+}
+
+float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor> targets,
+                            float grad_scale) {
+  BRAID_CONFIG_CHECK(
+      int(ids.size()) == schedule_.microbatches && int(targets.size()) == schedule_.microbatches,
+      "pipeline: the schedule runs ", schedule_.microbatches, " microbatches, got ", ids.size(),
+      " ids and ", targets.size(), " targets");
+  std::map<Key, Tensor> inputs, outputs, grads_in, grads_out;
+  double loss = 0;
+  const model::GPTModel& any = *chunks_.front();
+  const model::TensorParallel& tp = any.tensor_parallel();
+  const int64_t hidden = any.config().hidden_size;
+  auto activation = [&](int microbatch) {
+    const int64_t region = ids[size_t(microbatch)].numel() / (tp.sharded_tokens() ? tp.size() : 1);
+    return Tensor::empty({region, hidden}, any.config().params_dtype, any.device());
+  };
+
+  for (const Action& a : schedule_.ranks[size_t(pp_.rank())]) {
+    const Key key{a.microbatch, a.chunk};
+    switch (a.kind) {
+      case ActionKind::forward: {
+        model::GPTModel& m = *chunks_[size_t(a.chunk)];
+        const Tensor input = m.chunk().embedding ? Tensor() : take(inputs, key, "input activation");
+        float microbatch_loss = 0;
+        Tensor out = m.forward_stage(ids[size_t(a.microbatch)], targets[size_t(a.microbatch)],
+                                     input, a.microbatch, &microbatch_loss);
+        if (m.chunk().head) {
+          loss += microbatch_loss;
+        } else {
+          outputs[key] = std::move(out);
+        }
+        break;
+      }
+      case ActionKind::backward: {
+        model::GPTModel& m = *chunks_[size_t(a.chunk)];
+        const Tensor dout = m.chunk().head ? Tensor() : take(grads_in, key, "output gradient");
+        Tensor din = m.backward_stage(dout, a.microbatch, grad_scale);
+        if (!m.chunk().embedding) grads_out[key] = std::move(din);
+        break;
+      }
+      case ActionKind::exchange: {
+        std::vector<comm::P2POp> ops;
+        for (const P2POp& op : a.ops) {
+          const Key k{op.microbatch, op.chunk};
+          switch (op.kind) {
+            case P2PKind::send_activation:
+              ops.push_back(comm::P2POp::send(take(outputs, k, "output activation"), op.peer));
+              break;
+            case P2PKind::recv_activation:
+              inputs[k] = activation(op.microbatch);
+              ops.push_back(comm::P2POp::recv(inputs[k], op.peer));
+              break;
+            case P2PKind::send_grad:
+              ops.push_back(comm::P2POp::send(take(grads_out, k, "input gradient"), op.peer));
+              break;
+            case P2PKind::recv_grad:
+              grads_in[k] = activation(op.microbatch);
+              ops.push_back(comm::P2POp::recv(grads_in[k], op.peer));
+              break;
+          }
+        }
+        pp_.p2p(ops)->wait();
+        break;
+      }
+    }
+  }
+  return float(loss / double(schedule_.microbatches));
+}
+
+}  // namespace braid::engine

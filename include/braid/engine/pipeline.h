@@ -1,0 +1,41 @@
+#pragma once
+// PipelineExecutor: runs one rank's action list of a Schedule (schedule.h) over its model
+// chunks, moving activations forward and their gradients back through the pipeline group.
+//
+// Chunk c of this rank is model chunk c·pp + rank (Megatron's interleaving); a chunk holds the
+// embedding when it is model chunk 0 and the head when it is the last one. Received tensors
+// have shapes known ahead ([tokens of the region, hidden], the model's dtype): no shape
+// handshake. The sends and receives of one exchange are posted together and waited on
+// together, so neighbours exchanging in both directions cannot deadlock; every wait has the
+// communicator's deadline.
+
+#include <span>
+#include <vector>
+
+#include "braid/comm/communicator.h"
+#include "braid/engine/schedule.h"
+#include "braid/model/gpt_model.h"
+
+namespace braid::engine {
+
+class PipelineExecutor {
+ public:
+  // `chunks[c]` is this rank's chunk c; `pp` the pipeline group (its rank is the stage).
+  PipelineExecutor(Schedule schedule, std::vector<model::GPTModel*> chunks, comm::Communicator& pp);
+
+  // One step's forwards and backwards: ids[m], targets[m] are microbatch m ([B, S] i32, the
+  // same on every stage). Each microbatch's loss is scaled by grad_scale in backward (1/m
+  // for the mean over microbatches). Returns the mean of the microbatches' losses on the
+  // stage that holds the head, 0 on the others. Gradients accumulate into the chunks; call
+  // each chunk's finalize_grads() afterwards.
+  float run(std::span<const Tensor> ids, std::span<const Tensor> targets, float grad_scale);
+
+  const Schedule& schedule() const { return schedule_; }
+
+ private:
+  Schedule schedule_;
+  std::vector<model::GPTModel*> chunks_;
+  comm::Communicator& pp_;
+};
+
+}  // namespace braid::engine
