@@ -17,6 +17,21 @@ Tensor take(std::map<Key, Tensor>& buffers, Key key, const char* what) {
   return t;
 }
 
+// "send" when the exchange only sends, "recv" when it only receives, "exchange" otherwise;
+// microbatch and chunk of its first op, all of them in the detail.
+void record_posting(Trace& trace, const Action& a, int64_t start_ns, int virtual_stages) {
+  bool sends = false, recvs = false;
+  for (const P2POp& op : a.ops) {
+    const bool send = op.kind == P2PKind::send_activation || op.kind == P2PKind::send_grad;
+    (send ? sends : recvs) = true;
+  }
+  trace.end(sends && recvs ? "exchange"
+            : sends        ? "send"
+                           : "recv",
+            "p2p", start_ns, a.ops.front().microbatch, a.ops.front().chunk,
+            to_string(a, virtual_stages));
+}
+
 }  // namespace
 
 PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<model::GPTModel*> chunks,
@@ -58,6 +73,7 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
     switch (a.kind) {
       case ActionKind::forward: {
         model::GPTModel& m = *chunks_[size_t(a.chunk)];
+        Trace::Scope span(trace_, "forward", "compute", a.microbatch, a.chunk);
         const Tensor input = m.chunk().embedding ? Tensor() : take(inputs, key, "input activation");
         float microbatch_loss = 0;
         Tensor out = m.forward_stage(ids[size_t(a.microbatch)], targets[size_t(a.microbatch)],
@@ -71,12 +87,14 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
       }
       case ActionKind::backward: {
         model::GPTModel& m = *chunks_[size_t(a.chunk)];
+        Trace::Scope span(trace_, "backward", "compute", a.microbatch, a.chunk);
         const Tensor dout = m.chunk().head ? Tensor() : take(grads_in, key, "output gradient");
         Tensor din = m.backward_stage(dout, a.microbatch, grad_scale);
         if (!m.chunk().embedding) grads_out[key] = std::move(din);
         break;
       }
       case ActionKind::exchange: {
+        const int64_t posted = trace_ ? trace_->now_ns() : 0;
         std::vector<comm::P2POp> ops;
         for (const P2POp& op : a.ops) {
           const Key k{op.microbatch, op.chunk};
@@ -97,7 +115,10 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
               break;
           }
         }
-        pp_.p2p(ops)->wait();
+        comm::WorkPtr work = pp_.p2p(ops);
+        if (trace_) record_posting(*trace_, a, posted, schedule_.virtual_stages);
+        Trace::Scope wait(trace_, "wait", "p2p", a.ops.front().microbatch, a.ops.front().chunk);
+        work->wait();
         break;
       }
     }

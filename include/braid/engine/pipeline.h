@@ -14,6 +14,7 @@
 
 #include "braid/comm/communicator.h"
 #include "braid/engine/schedule.h"
+#include "braid/engine/trace.h"
 #include "braid/model/gpt_model.h"
 
 namespace braid::engine {
@@ -32,10 +33,18 @@ class PipelineExecutor {
 
   const Schedule& schedule() const { return schedule_; }
 
+  // Records every action of run() on `trace` (null: none, the default, costs one branch per
+  // action): forward/backward spans (microbatch, chunk) on lane "compute"; for an exchange the
+  // posting as "send", "recv" or "exchange" (both kinds) with its ops, then its "wait", on
+  // lane "p2p". The trace must outlive the runs it records.
+  void set_trace(Trace* trace) { trace_ = trace; }
+  Trace* trace() const { return trace_; }
+
  private:
   Schedule schedule_;
   std::vector<model::GPTModel*> chunks_;
   comm::Communicator& pp_;
+  Trace* trace_ = nullptr;
 };
 
 }  // namespace braid::engine
