@@ -8,10 +8,11 @@
 #   build.log    the build;  ctest.log  the tests;  bench.log, comm_bench.log  the benchmarks
 # Exit status 0 only when the build, every test and both benchmarks passed.
 #
-# For a machine with one NVIDIA GPU, the CUDA toolkit, CMake, ninja, OpenMPI (mpirun and its
-# headers: braid's comm layer needs MPI) and a Python with PyTorch, numpy and pybind11 — and no
-# package registry, OpenBLAS, GoogleTest or DLPack headers.
+# For a machine with one NVIDIA GPU, the CUDA toolkit, CMake, ninja and a Python with PyTorch,
+# numpy and pybind11 — and no package registry, OpenBLAS, GoogleTest or DLPack headers.
 # What it lacks travels in .deps/, made on a Debian 12 machine by scripts/pack_gpu_deps.sh.
+# MPI (braid's comm layer needs it): the machine's own where it has an mpirun, else Debian's
+# OpenMPI 4.1 from .deps, relocated with OPAL_PREFIX (needs glibc >= 2.36, as Debian 12's).
 #
 # Environment:
 #   BRAID_GPU_PYTHON             the Python with PyTorch (default python3)
@@ -22,12 +23,15 @@
 #                                and the system's OpenBLAS, GoogleTest, DLPack and JSON are
 #                                hidden from CMake, so that everything must come from .deps/.
 #                                The CUDA tests then fail cleanly ("no CUDA device").
+#   BRAID_GPU_CARRIED_MPI=1      use .deps' OpenMPI even where the machine has an mpirun
+#                                (the default when simulating)
 set -uo pipefail
 
 [ $# -eq 1 ] || { echo "usage: scripts/gpu_check.sh OUTDIR" >&2; exit 2; }
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$1" && out=$(cd "$1" && pwd)
 simulate=${BRAID_GPU_CHECK_SIMULATE:-0}
+carried_mpi=${BRAID_GPU_CARRIED_MPI:-$simulate}
 budget=${BRAID_GPU_CHECK_BUDGET:-470}
 ctest_jobs=${BRAID_GPU_CTEST_JOBS:-6}
 build=$repo/build-gpu
@@ -69,6 +73,8 @@ note "python: $py ($("$py" -c 'import sys; print(sys.version.split()[0])'))"
 note "torch: $("$py" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
 mpirun=$(command -v mpirun || true)
 note "mpi: $([ -n "$mpirun" ] && "$mpirun" --version 2>/dev/null | head -n 1 || echo 'mpirun not found')"
+[ -n "$mpirun" ] || carried_mpi=1
+note "glibc: $(ldd --version 2>/dev/null | head -n 1 | grep -o '[0-9.]*$')"
 [ -n "$nvcc" ] || { note "error: nvcc not found (PATH, /usr/local/cuda/bin)"; finish 1; }
 [ -f .deps/root.tar.xz ] || {
   note "error: .deps/root.tar.xz missing: run scripts/pack_gpu_deps.sh where apt and PyPI work, and carry .deps"
@@ -138,7 +144,46 @@ locate() {  # locate VAR HEADER LIB: sets VAR_INCLUDE_DIR / VAR_LIBRARY from the
 }
 locate CUDNN cudnn.h libcudnn
 locate NCCL nccl.h libnccl
+
+# MPI: the carried OpenMPI (Debian's layout under deps-root/usr) where the machine has none.
+# OPAL_PREFIX relocates its libdir, plugins, help files and mpicc's wrapper data; its
+# sysconfdir (/etc/openmpi) and PMIx's plugin path are absolute, hence the two variables.
+# Its libraries come through build-gpu/deps-mpi-lib: OpenMPI's own always, the others
+# (libevent, hwloc, UCX, ...) only where the machine has none of that name.
+mpi_args=()
+if [ "$carried_mpi" = 1 ]; then
+  mpi_root=$deps_root/usr
+  [ -x "$mpi_root/bin/orterun" ] || {
+    note "error: no mpirun here and no OpenMPI in .deps/root.tar.xz: rerun scripts/pack_gpu_deps.sh"
+    finish 1
+  }
+  mpi_lib=$build/deps-mpi-lib
+  rm -rf "$mpi_lib" && mkdir -p "$mpi_lib"
+  have=$(ldconfig -p 2>/dev/null | awk '{print $1}')
+  for so in "$libdir"/lib*.so.* "$deps_root"/lib/x86_64-linux-gnu/lib*.so.*; do
+    [ -e "$so" ] || continue
+    name=${so##*/}
+    case $name in
+      libmpi*|libopen-pal.*|libopen-rte.*|libmca_common_*|liboshmem.*|libompitrace.*|libpmix.*) ;;
+      *) grep -qxF "$name" <<<"$have" && continue ;;
+    esac
+    ln -sfn "$so" "$mpi_lib/$name"
+  done
+  ld_path+=:$mpi_lib
+  export OPAL_PREFIX=$mpi_root
+  export OMPI_MCA_mca_base_param_files=$deps_root/etc/openmpi/openmpi-mca-params.conf
+  export PMIX_MCA_mca_base_component_path=$libdir/pmix2/lib/pmix
+  export PATH=$mpi_root/bin:$PATH
+  mpirun=$mpi_root/bin/orterun
+  mpi_args=(-DMPI_C_COMPILER="$mpi_root/bin/mpicc" -DMPIEXEC_EXECUTABLE="$mpirun")
+  say "OpenMPI from .deps (OPAL_PREFIX=$mpi_root; $(ls "$mpi_lib" | wc -l) libraries linked)"
+fi
 export LD_LIBRARY_PATH=$ld_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+if [ "$carried_mpi" = 1 ]; then
+  note "mpi used: carried ($("$mpirun" --version 2>&1 | head -n 1), OPAL_PREFIX=$OPAL_PREFIX)"
+else
+  note "mpi used: the machine's ($mpirun)"
+fi
 
 # ---- configure ----------------------------------------------------------------------------------
 args=(-G Ninja -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release
@@ -149,7 +194,7 @@ args=(-G Ninja -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=Release
       -DCMAKE_PREFIX_PATH="$deps_root/usr"
       -DDLPACK_INCLUDE_DIR="$deps_root/usr/include"
       -DCUDNN_FRONTEND_INCLUDE_DIR="$deps_root/opt/cudnn_frontend/include"
-      "${lib_args[@]}")
+      "${lib_args[@]}" "${mpi_args[@]}")
 if command -v ccache >/dev/null; then
   for lang in C CXX CUDA; do
     args+=("-DCMAKE_${lang}_COMPILER_LAUNCHER=env;CCACHE_DIR=$HOME/.cache/braid/ccache;CCACHE_BASEDIR=$repo;ccache")
@@ -168,7 +213,8 @@ if ! cmake "${args[@]}" >>"$out/setup.log" 2>&1; then
   tail -n 25 "$out/setup.log" | sed 's/^/  | /' >>"$summary"
   finish 1
 fi
-for var in OPENBLAS_LIBRARY GTest_DIR DLPACK_INCLUDE_DIR CUDNN_FRONTEND_INCLUDE_DIR CUDNN_LIBRARY NCCL_LIBRARY; do
+for var in OPENBLAS_LIBRARY GTest_DIR DLPACK_INCLUDE_DIR CUDNN_FRONTEND_INCLUDE_DIR CUDNN_LIBRARY NCCL_LIBRARY \
+           MPI_C_COMPILER MPI_mpi_LIBRARY MPIEXEC_EXECUTABLE; do
   note "  $var = $(sed -n "s/^$var:[A-Z]*=//p" "$build/CMakeCache.txt")"
 done
 

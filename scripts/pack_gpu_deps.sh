@@ -4,10 +4,13 @@
 # no OpenBLAS, no GoogleTest, no DLPack or JSON headers. Run it here (Debian 12, apt + PyPI).
 #
 #   .deps/root.tar.xz  a prefix unpacked from Debian's packages (dpkg -x) — OpenBLAS (pthread)
-#                      with libgfortran5/libquadmath0, GoogleTest, DLPack, nlohmann-json —
+#                      with libgfortran5/libquadmath0, GoogleTest, DLPack, nlohmann-json, and
+#                      OpenMPI 4.1 (runtime, mpirun/orted, mpicc, headers) with the libraries
+#                      it needs that a minimal image lacks (libevent, hwloc, PMIx, munge, UCX,
+#                      libfabric, verbs, rdmacm, libnl, numa, psm, libatomic) —
 #                      plus cuDNN's header-only C++ frontend (include/ of the pinned
 #                      nvidia-cudnn-frontend wheel) under opt/cudnn_frontend/include.
-#                      Static archives and docs are dropped; xz takes it from ~40 to ~6 MiB.
+#                      Static archives and docs are dropped; xz takes it to ~13 MiB.
 #   .deps/wheels/      the pinned Python packages of requirements*.txt that the GPU machine's
 #                      own environment may lack or hold in another version, for CPython 3.12
 #                      manylinux x86_64: everything pinned except torch and numpy (the
@@ -23,7 +26,13 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 deps=$repo/.deps
 limit_mib=60
 debs=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 libquadmath0
-      libgtest-dev libdlpack-dev nlohmann-json3-dev)
+      libgtest-dev libdlpack-dev nlohmann-json3-dev
+      openmpi-bin openmpi-common libopenmpi3 libopenmpi-dev
+      libevent-core-2.1-7 libevent-pthreads-2.1-7 libhwloc15 libpmix2 libmunge2 libucx0 libfabric1
+      libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libnuma1 libpsm2-2 libpsm-infinipath1
+      libatomic1)
+# Not carried: libc6, libgcc-s1, libstdc++6, zlib1g, libudev1 (in every base image); hwloc's
+# plugins (X11/OpenCL/PCI discovery, optional); OpenMPI's Fortran/Java compilers.
 # Pinned in requirements*.txt but not carried: the GPU machine's own builds match its CUDA.
 not_carried='^(torch|numpy)$'
 # Needed next to the pins (requirements pin only the top of each tree); versions from .venv.
@@ -52,6 +61,13 @@ for f in "$work"/debs/*.deb; do dpkg -x "$f" "$work/root"; done
 rm -rf "$work/root/usr/share/doc" "$work/root/usr/share/man" "$work/root/usr/share/lintian"
 # Only libopenblas.so is linked (cmake/BraidBlas.cmake); its static archive alone is 56 MiB.
 find "$work/root" \( -name 'libopenblas*.a' -o -name 'libblas.*' -o -name 'liblapack.*' \) -delete
+# What Debian's alternatives would link (dpkg -x runs no maintainer scripts). OpenMPI is
+# relocated on the GPU machine with OPAL_PREFIX=<root>/usr (scripts/gpu_check.sh).
+ln -sfn orterun "$work/root/usr/bin/mpirun"
+ln -sfn orterun "$work/root/usr/bin/mpiexec"
+ln -sfn opal_wrapper "$work/root/usr/bin/mpicc"
+ln -sfn ../libpsm1/libpsm_infinipath.so.1.16 \
+  "$work/root/usr/lib/x86_64-linux-gnu/libpsm_infinipath.so.1"
 
 # ---- wheels -------------------------------------------------------------------------------
 pins=()
