@@ -43,13 +43,6 @@ TransformerConfig llama() {  // untied, GQA
   return c;
 }
 
-double excess(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) - atol - rtol * std::abs(b[i]));
-  return worst;
-}
-
 struct Layout {
   int tp, pp, v;
   const char* schedule;

@@ -41,14 +41,6 @@ TransformerConfig llama() {
   return c;
 }
 
-// Worst |a - b| - rtol |b| over the elements, for a readable failure.
-double excess(const std::vector<float>& a, const std::vector<float>& b, double atol, double rtol) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) - atol - rtol * std::abs(b[i]));
-  return worst;
-}
-
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];

@@ -107,6 +107,15 @@ inline std::vector<std::vector<float>> perturbed(const GPTModel& reference) {
   return global;
 }
 
+// Worst |a - b| - rtol |b| over the elements, for a readable failure.
+inline double excess(const std::vector<float>& a, const std::vector<float>& b, double atol,
+                     double rtol) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) - atol - rtol * std::abs(b[i]));
+  return worst;
+}
+
 // Forwards every call to `inner` and records the collectives: name and bytes (OpInfo's).
 class CountingCommunicator : public comm::Communicator {
  public:
