@@ -205,6 +205,31 @@ double Tensor::item(int64_t i) const {
   return 0;
 }
 
+void Tensor::set_item(int64_t i, double value) const {
+  BRAID_CHECK(i >= 0 && i < numel(), "set_item(", i, ") out of range for ", shape_);
+  BRAID_CHECK(device_.is_cpu(), "set_item: tensor on ", device_.str(), " (host tensors only)");
+  switch (dtype_) {
+    case DType::f32:
+      data_ptr<float>()[i] = float(value);
+      return;
+    case DType::bf16:
+      data_ptr<uint16_t>()[i] = float_to_bf16(float(value));
+      return;
+    case DType::f16:
+      data_ptr<uint16_t>()[i] = float_to_f16(float(value));
+      return;
+    case DType::i32:
+      data_ptr<int32_t>()[i] = int32_t(value);
+      return;
+    case DType::i64:
+      data_ptr<int64_t>()[i] = int64_t(value);
+      return;
+    case DType::u8:
+      data_ptr<uint8_t>()[i] = uint8_t(value);
+      return;
+  }
+}
+
 std::string Tensor::str(int64_t max_elements) const {
   std::ostringstream out;
   out << "Tensor(" << dtype_name(dtype_) << shape_ << ", " << device_.str();

@@ -104,6 +104,8 @@ class Tensor {
 
   // Host conveniences for tests and small tensors: element `i` as a double (any dtype).
   double item(int64_t i = 0) const;
+  // Element `i` of a host tensor set from a double, rounded as a cast to the dtype would.
+  void set_item(int64_t i, double value) const;
   std::string str(int64_t max_elements = 8) const;
 
  private:

@@ -32,29 +32,7 @@ double value(int rank, int64_t i) { return double((i * 7 + rank * 3) % 11) - 5.0
 
 Tensor host_tensor(DType dtype, int64_t n, const std::function<double(int64_t)>& f) {
   Tensor t = Tensor::empty({n}, dtype);
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = f(i);
-    switch (dtype) {
-      case DType::f32:
-        t.data_ptr<float>()[i] = float(v);
-        break;
-      case DType::bf16:
-        t.data_ptr<uint16_t>()[i] = float_to_bf16(float(v));
-        break;
-      case DType::f16:
-        t.data_ptr<uint16_t>()[i] = float_to_f16(float(v));
-        break;
-      case DType::i32:
-        t.data_ptr<int32_t>()[i] = int32_t(v);
-        break;
-      case DType::i64:
-        t.data_ptr<int64_t>()[i] = int64_t(v);
-        break;
-      case DType::u8:
-        t.data_ptr<uint8_t>()[i] = uint8_t(v);
-        break;
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) t.set_item(i, f(i));
   return t;
 }
 

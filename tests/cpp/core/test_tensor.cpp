@@ -118,3 +118,22 @@ TEST(Device, Names) {
 
 }  // namespace
 }  // namespace braid
+
+namespace braid {
+TEST(Tensor, SetItemRoundsAsACastAndItemReadsBack) {
+  for (DType dtype : {DType::f32, DType::bf16, DType::f16, DType::i32, DType::i64, DType::u8}) {
+    Tensor t = Tensor::empty({3}, dtype);
+    t.set_item(0, 3.0);
+    t.set_item(2, 100.0);
+    EXPECT_EQ(t.item(0), 3.0) << dtype_name(dtype);
+    EXPECT_EQ(t.item(2), 100.0) << dtype_name(dtype);
+    EXPECT_THROW(t.set_item(3, 1.0), Error);
+  }
+  Tensor bf = Tensor::empty({1}, DType::bf16);
+  bf.set_item(0, 1.0 + 1.0 / 512);  // rounds to nearest even: 1.0
+  EXPECT_EQ(bf.item(0), 1.0);
+  Tensor big = Tensor::empty({1}, DType::i64);
+  big.set_item(0, double(int64_t(1) << 40));
+  EXPECT_EQ(big.data_ptr<int64_t>()[0], int64_t(1) << 40);
+}
+}  // namespace braid
