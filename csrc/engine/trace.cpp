@@ -5,38 +5,12 @@
 #include <map>
 
 #include "braid/core/error.h"
+#include "braid/core/json.h"
 
 namespace braid::engine {
 namespace {
 
-void append_escaped(std::string& out, const std::string& s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
+void append_escaped(std::string& out, const std::string& s) { out += json_quote(s); }
 
 std::string micros(int64_t ns) {  // µs with ns precision: "12.345"
   char buf[32];

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/core/json.h"
 #include "topo.h"
 
 #if BRAID_WITH_CUDA
@@ -53,31 +54,7 @@ CudaPeers probe_cuda() {
   return out;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
+std::string json_string(const std::string& s) { return braid::json_quote(s); }
 
 template <typename T, typename F>
 std::string json_list(const std::vector<T>& items, F&& item) {

@@ -137,3 +137,14 @@ TEST(Tensor, SetItemRoundsAsACastAndItemReadsBack) {
   EXPECT_EQ(big.data_ptr<int64_t>()[0], int64_t(1) << 40);
 }
 }  // namespace braid
+
+#include "braid/core/json.h"
+
+namespace braid {
+TEST(Json, QuoteEscapesQuotesBackslashesAndControls) {
+  EXPECT_EQ(json_quote("plain"), "\"plain\"");
+  EXPECT_EQ(json_quote("a\"b\\c\nd\te"), "\"a\\\"b\\\\c\\nd\\te\"");
+  EXPECT_EQ(json_quote(std::string("\x01", 1)), "\"\\u0001\"");
+  EXPECT_EQ(json_quote("µs"), "\"µs\"");  // UTF-8 passes through
+}
+}  // namespace braid
