@@ -85,6 +85,23 @@ class RankBuilder {
     return std::move(actions_);
   }
 
+  // One microbatch of a stage without interleaving, each exchange on its own (Megatron's
+  // recv_forward, forward, send_forward and recv_backward, backward, send_backward).
+  void forward_alone(int mb) {
+    if (rank_ != 0) recv_activation(0, mb);
+    flush();
+    forward(0, mb);
+    if (rank_ != pp_ - 1) send_activation(0, mb);
+    flush();
+  }
+  void backward_alone(int mb) {
+    if (rank_ != pp_ - 1) recv_grad(0, mb);
+    flush();
+    backward(0, mb);
+    if (rank_ != 0) send_grad(0, mb);
+    flush();
+  }
+
  private:
   int next() const { return (rank_ + 1) % pp_; }
   int prev() const { return (rank_ + pp_ - 1) % pp_; }
@@ -99,21 +116,12 @@ Schedule make_gpipe(int pp, int microbatches) {
   check_common(pp, microbatches);
   Schedule s{"gpipe", pp, microbatches, 1, {}};
   for (int r = 0; r < pp; ++r) {
-    const bool first = r == 0, last = r == pp - 1;
     RankBuilder b(pp, r);
     for (int i = 0; i < microbatches; ++i) {
-      if (!first) b.recv_activation(0, i);
-      b.flush();
-      b.forward(0, i);
-      if (!last) b.send_activation(0, i);
-      b.flush();
+      b.forward_alone(i);
     }
     for (int i = 0; i < microbatches; ++i) {
-      if (!last) b.recv_grad(0, i);
-      b.flush();
-      b.backward(0, i);
-      if (!first) b.send_grad(0, i);
-      b.flush();
+      b.backward_alone(i);
     }
     s.ranks.push_back(b.take());
   }
@@ -130,11 +138,7 @@ Schedule make_1f1b(int pp, int microbatches) {
     RankBuilder b(pp, r);
     // Warmup: recv_forward, forward, send_forward.
     for (int i = 0; i < warmup; ++i) {
-      if (!first) b.recv_activation(0, i);
-      b.flush();
-      b.forward(0, i);
-      if (!last) b.send_activation(0, i);
-      b.flush();
+      b.forward_alone(i);
     }
     if (remaining > 0 && !first) b.recv_activation(0, warmup);
     b.flush();
@@ -157,11 +161,7 @@ Schedule make_1f1b(int pp, int microbatches) {
     }
     // Cooldown: recv_backward, backward, send_backward.
     for (int i = remaining; i < microbatches; ++i) {
-      if (!last) b.recv_grad(0, i);
-      b.flush();
-      b.backward(0, i);
-      if (!first) b.send_grad(0, i);
-      b.flush();
+      b.backward_alone(i);
     }
     s.ranks.push_back(b.take());
   }
