@@ -179,7 +179,7 @@ Row bench(const Options& o, const engine::Schedule& schedule, comm::MpiCommunica
     trace.clear();
     world.barrier()->wait();
     trace.set_origin();
-    executor.run(ids, targets, 1.0f / float(m));
+    executor.run(ids, targets, std::vector<float>(size_t(m), 1.0f / float(m)));
     const int64_t peak = memory_stats(Device::cpu()).peak_bytes - held;
     const int64_t end_of_run = trace.now_ns();
     {

@@ -16,6 +16,9 @@ int cuda_device_count();
 void cuda_copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 void cuda_zero(void* ptr, Device device, size_t nbytes);
 void cuda_synchronize(Device device, Stream stream);
+void cuda_stream_wait(Device device, Stream waiter, Stream producer);
+Stream cuda_stream_create(Device device);
+void cuda_stream_destroy(Device device, Stream stream);
 #endif
 
 }  // namespace braid::detail

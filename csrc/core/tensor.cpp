@@ -254,4 +254,23 @@ void synchronize(const Device& device, Stream stream) {
 #endif
 }
 
+void stream_wait(const Device& device, Stream waiter, Stream producer) {
+  if (device.is_cpu() || waiter.handle == producer.handle) return;
+#ifdef BRAID_WITH_CUDA
+  detail::cuda_stream_wait(device, waiter, producer);
+#endif
+}
+
+SideStream::SideStream(const Device& device) : device_(device) {
+#ifdef BRAID_WITH_CUDA
+  if (device.is_cuda()) stream_ = detail::cuda_stream_create(device);
+#endif
+}
+
+SideStream::~SideStream() {
+#ifdef BRAID_WITH_CUDA
+  if (stream_.handle != nullptr) detail::cuda_stream_destroy(device_, stream_);
+#endif
+}
+
 }  // namespace braid

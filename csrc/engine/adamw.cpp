@@ -1,8 +1,18 @@
 #include "braid/engine/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace braid::engine {
+namespace {
+
+// The last stage's copy of tied embeddings: its gradient equals the first stage's after
+// finalize_grads, so it must not count twice in the norm.
+bool is_tied_copy(const model::GPTModel& m, const model::ParamSpec& spec) {
+  return spec.name == "model.embed_tokens.weight" && !m.chunk().embedding;
+}
+
+}  // namespace
 
 void AdamWConfig::validate() const {
   BRAID_CONFIG_CHECK(std::isfinite(lr) && lr >= 0, "AdamWConfig.lr must be >= 0, got ", lr);
@@ -15,30 +25,66 @@ void AdamWConfig::validate() const {
                      "AdamWConfig.clip_grad must be >= 0 (0: off), got ", clip_grad);
 }
 
-AdamW::AdamW(model::GPTModel& model, AdamWConfig config) : model_(model), config_(config) {
+AdamW::AdamW(model::GPTModel& model, AdamWConfig config)
+    : AdamW({OptimizerChunk{&model, {ElementRange{0, model.layout().num_elements}}}}, config,
+            model.tensor_parallel().active() ? model.tensor_parallel().group : nullptr) {}
+
+AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Communicator* norm_group)
+    : chunks_(std::move(chunks)), config_(config), norm_group_(norm_group) {
   config_.validate();
-  const Tensor& flat = model.flat_params();
-  const bool f32_params = flat.dtype() == DType::f32;
-  if (f32_params) {
-    master_ = flat;
-  } else {
-    master_ = Tensor::empty(flat.shape(), DType::f32, flat.device());
-    ops::cast(master_, flat);
+  BRAID_CHECK(!chunks_.empty(), "AdamW: no model chunks");
+  device_ = chunks_.front().model->device();
+  const bool f32_params = chunks_.front().model->flat_params().dtype() == DType::f32;
+  int64_t total = 0;
+  for (const OptimizerChunk& c : chunks_)
+    for (const ElementRange& r : c.owned) total += r.size();
+  Tensor exp_avg = Tensor::zeros({total}, DType::f32, device_);
+  Tensor exp_avg_sq = Tensor::zeros({total}, DType::f32, device_);
+  Tensor master = f32_params ? Tensor() : Tensor::empty({total}, DType::f32, device_);
+  state_bytes_ = (f32_params ? 2 : 3) * total * int64_t(sizeof(float));
+
+  int64_t at = 0;  // where the next segment starts in the compact state
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    model::GPTModel& m = *chunks_[c].model;
+    const model::ParamLayout& layout = m.layout();
+    const Tensor& flat = m.flat_params();
+    for (const ElementRange& r : chunks_[c].owned) {
+      BRAID_CHECK(r.begin >= 0 && r.end <= flat.numel() && r.begin <= r.end, "AdamW: owned range [",
+                  r.begin, ", ", r.end, ") outside chunk ", c, "'s buffer of ", flat.numel());
+      Segment seg{int(c), r, Tensor(), exp_avg.slice(at, {r.size()}),
+                  exp_avg_sq.slice(at, {r.size()})};
+      if (f32_params) {
+        seg.master = flat.slice(r.begin, {r.size()});
+      } else {
+        seg.master = master.slice(at, {r.size()});
+        ops::cast(seg.master, flat.slice(r.begin, {r.size()}));
+      }
+      const std::vector<model::Parameter>& params = m.parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        const model::Parameter& p = params[i];
+        // The parameter's elements (its valid shape: vocabulary padding rows are never stepped)
+        // within this range.
+        const int64_t begin = std::max(r.begin, layout.offsets[i]);
+        const int64_t end = std::min(r.end, layout.offsets[i] + p.value.numel());
+        if (begin >= end) continue;
+        const int64_t local = begin - r.begin, n = end - begin;
+        groups_.push_back(ops::AdamWGroup{
+            seg.master.slice(local, {n}), m.flat_grads().slice(begin, {n}),
+            seg.exp_avg.slice(local, {n}), seg.exp_avg_sq.slice(local, {n}),
+            weight_decay_of(p.spec), f32_params ? Tensor() : flat.slice(begin, {n})});
+        if (!is_tied_copy(m, p.spec))
+          grads_by_replicas_[p.shard.replicas].push_back(m.flat_grads().slice(begin, {n}));
+      }
+      segments_.push_back(std::move(seg));
+      at += r.size();
+    }
   }
-  exp_avg_ = Tensor::zeros(flat.shape(), DType::f32, flat.device());
-  exp_avg_sq_ = Tensor::zeros(flat.shape(), DType::f32, flat.device());
-  const model::ParamLayout& layout = model.layout();
-  std::vector<model::Parameter>& params = model.parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const model::Parameter& p = params[i];
-    const int64_t offset = layout.offsets[i];
-    const Shape& shape = p.value.shape();  // this rank's shard
-    groups_.push_back(ops::AdamWGroup{master_.slice(offset, shape), p.grad,
-                                      exp_avg_.slice(offset, shape),
-                                      exp_avg_sq_.slice(offset, shape), weight_decay_of(p.spec),
-                                      f32_params ? Tensor() : p.value});
-    grads_by_replicas_[p.shard.replicas].push_back(p.grad);
-  }
+}
+
+const AdamW::Segment& AdamW::only_segment() const {
+  BRAID_CHECK(segments_.size() == 1, "AdamW: the state has ", segments_.size(),
+              " segments; use segments()");
+  return segments_.front();
 }
 
 float AdamW::weight_decay_of(const model::ParamSpec& spec) const {
@@ -50,36 +96,38 @@ float AdamW::grad_norm() const {
   // Every parameter counts once: a shard that k TP ranks hold adds 1/k of its squares on each.
   double local = 0;
   for (const auto& [replicas, grads] : grads_by_replicas_) {
-    Tensor sum = Tensor::empty({1}, DType::f32, model_.device());
+    Tensor sum = Tensor::empty({1}, DType::f32, device_);
     ops::sum_of_squares(sum, grads);
     local += sum.item(0) / replicas;
   }
-  const model::TensorParallel& tp = model_.tensor_parallel();
-  if (!tp.active()) return float(std::sqrt(local));
+  if (norm_group_ == nullptr || norm_group_->size() == 1) return float(std::sqrt(local));
   Tensor total = Tensor::empty({1}, DType::f32);
   total.data_ptr<float>()[0] = float(local);
-  if (tp.group->device().is_cuda()) total = total.to(tp.group->device());
-  tp.group->all_reduce(total)->wait();
+  if (norm_group_->device().is_cuda()) total = total.to(norm_group_->device());
+  norm_group_->all_reduce(total)->wait();
   return float(std::sqrt(total.item(0)));
 }
 
-float AdamW::clip_and_step(float lr) {
+void AdamW::step_with(float lr, float grad_scale) {
   BRAID_CHECK(std::isfinite(lr) && lr >= 0, "AdamW: learning rate must be >= 0, got ", lr);
-  const float norm = grad_norm();
-  BRAID_CHECK(std::isfinite(norm), "AdamW: the global gradient norm is ", norm, " at step ",
-              step_ + 1, "; parameters were not updated");
   ops::AdamWHyper hyper;
   hyper.lr = lr;
   hyper.beta1 = config_.beta1;
   hyper.beta2 = config_.beta2;
   hyper.eps = config_.eps;
   hyper.step = step_ + 1;
-  if (config_.clip_grad > 0) {
-    const float coeff = config_.clip_grad / (norm + 1e-6f);
-    if (coeff < 1.0f) hyper.grad_scale = coeff;
-  }
+  hyper.grad_scale = grad_scale;
   ops::adamw_step(groups_, hyper);
   ++step_;
+}
+
+float AdamW::clip_and_step(float lr) {
+  const float norm = grad_norm();
+  BRAID_CHECK(std::isfinite(norm), "AdamW: the global gradient norm is ", norm, " at step ",
+              step_ + 1, "; parameters were not updated");
+  float scale = 1.0f;
+  if (config_.clip_grad > 0) scale = std::min(1.0f, config_.clip_grad / (norm + 1e-6f));
+  step_with(lr, scale);
   return norm;
 }
 

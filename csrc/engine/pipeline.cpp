@@ -53,11 +53,11 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<model::GPTMode
 }
 
 float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor> targets,
-                            float grad_scale) {
-  BRAID_CONFIG_CHECK(
-      int(ids.size()) == schedule_.microbatches && int(targets.size()) == schedule_.microbatches,
-      "pipeline: the schedule runs ", schedule_.microbatches, " microbatches, got ", ids.size(),
-      " ids and ", targets.size(), " targets");
+                            std::span<const float> grad_scales) {
+  const size_t m = size_t(schedule_.microbatches);
+  BRAID_CONFIG_CHECK(ids.size() == m && targets.size() == m && grad_scales.size() == m,
+                     "pipeline: the schedule runs ", m, " microbatches, got ", ids.size(), " ids, ",
+                     targets.size(), " targets and ", grad_scales.size(), " gradient scales");
   std::map<Key, Tensor> inputs, outputs, grads_in, grads_out;
   double loss = 0;
   const model::GPTModel& any = *chunks_.front();
@@ -79,7 +79,7 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
         Tensor out = m.forward_stage(ids[size_t(a.microbatch)], targets[size_t(a.microbatch)],
                                      input, a.microbatch, &microbatch_loss);
         if (m.chunk().head) {
-          loss += microbatch_loss;
+          loss += double(grad_scales[size_t(a.microbatch)]) * microbatch_loss;
         } else {
           outputs[key] = std::move(out);
         }
@@ -89,7 +89,7 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
         model::GPTModel& m = *chunks_[size_t(a.chunk)];
         Trace::Scope span(trace_, "backward", "compute", a.microbatch, a.chunk);
         const Tensor dout = m.chunk().head ? Tensor() : take(grads_in, key, "output gradient");
-        Tensor din = m.backward_stage(dout, a.microbatch, grad_scale);
+        Tensor din = m.backward_stage(dout, a.microbatch, grad_scales[size_t(a.microbatch)]);
         if (!m.chunk().embedding) grads_out[key] = std::move(din);
         break;
       }
@@ -123,7 +123,7 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
       }
     }
   }
-  return float(loss / double(schedule_.microbatches));
+  return float(loss);
 }
 
 }  // namespace braid::engine

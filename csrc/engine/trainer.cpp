@@ -1,14 +1,105 @@
 #include "braid/engine/trainer.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 
+#include "braid/core/log.h"
 #include "braid/core/stream.h"
 
 namespace braid::engine {
+namespace {
+
+std::vector<OptimizerChunk> optimizer_chunks(const ParallelModel& model) {
+  std::vector<OptimizerChunk> chunks;
+  for (int c = 0; c < model.num_chunks(); ++c)
+    chunks.push_back(OptimizerChunk{&model.chunk(c), model.grad_buffer(c).owned_ranges()});
+  return chunks;
+}
+
+// The group over which every parameter element is owned exactly once (AdamW's norm_group).
+comm::Communicator* norm_group(const ParallelModel& model) {
+  const comm::ParallelState* state = model.state();
+  if (state == nullptr) {
+    const model::TensorParallel& tp = model.chunk(0).tensor_parallel();
+    return tp.active() ? tp.group : nullptr;
+  }
+  return model.parallel().ddp.use_distributed_optimizer ? &state->world()
+                                                        : &state->model_parallel();
+}
+
+// Sums `values` over `group` (nullptr: as they are), through the group's device.
+template <typename T>
+void all_reduce_host(comm::Communicator* group, std::vector<T>& values, DType dtype) {
+  if (group == nullptr || group->size() == 1) return;
+  Tensor t = Tensor::empty({int64_t(values.size())}, dtype);
+  std::memcpy(t.data(), values.data(), values.size() * sizeof(T));
+  Tensor on_device = t.to(group->device());
+  group->all_reduce(on_device)->wait();
+  t = on_device.to(Device::cpu());
+  std::memcpy(values.data(), t.data(), values.size() * sizeof(T));
+}
+
+int64_t count_targets(const Tensor& targets) {
+  const Tensor host = targets.device().is_cpu() ? targets : targets.to(Device::cpu());
+  const int32_t* p = host.data_ptr<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) n += p[i] >= 0;
+  return n;
+}
+
+}  // namespace
 
 Trainer::Trainer(model::GPTModel& model, AdamWConfig optimizer, LRSchedule schedule)
-    : model_(model), optimizer_(model, optimizer), schedule_(schedule) {
-  schedule_.validate();
+    : owned_(std::make_unique<ParallelModel>(model)),
+      model_(*owned_),
+      config_{optimizer, schedule, {}, "1f1b"},
+      optimizer_(std::make_unique<AdamW>(optimizer_chunks(model_), optimizer, norm_group(model_))),
+      scaler_(config_.loss_scale) {
+  config_.schedule.validate();
+}
+
+Trainer::Trainer(ParallelModel& model, TrainerConfig config)
+    : model_(model),
+      config_(std::move(config)),
+      optimizer_(
+          std::make_unique<AdamW>(optimizer_chunks(model_), config_.optimizer, norm_group(model_))),
+      scaler_(config_.loss_scale) {
+  config_.schedule.validate();
+  BRAID_CONFIG_CHECK(config_.pipeline_schedule == "1f1b" || config_.pipeline_schedule == "gpipe",
+                     "pipeline schedule must be 1f1b or gpipe, got '", config_.pipeline_schedule,
+                     "'");
+  BRAID_CONFIG_CHECK(config_.pipeline_schedule == "1f1b" || model_.num_chunks() == 1,
+                     "virtual pipeline stages need the 1f1b (interleaved) schedule");
+}
+
+Trainer::~Trainer() = default;
+
+PipelineExecutor& Trainer::executor(int microbatches) {
+  if (executor_ == nullptr || executor_->schedule().microbatches != microbatches) {
+    const comm::ParallelState& state = *model_.state();
+    const int pp = state.grid().pp(), v = model_.num_chunks();
+    Schedule schedule = v > 1 ? make_interleaved_1f1b(pp, microbatches, v)
+                        : config_.pipeline_schedule == "gpipe" ? make_gpipe(pp, microbatches)
+                                                               : make_1f1b(pp, microbatches);
+    executor_ =
+        std::make_unique<PipelineExecutor>(std::move(schedule), model_.chunks(), state.pp());
+  }
+  return *executor_;
+}
+
+float Trainer::run_microbatches(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
+                                const std::vector<float>& scales) {
+  const comm::ParallelState* state = model_.state();
+  if (state != nullptr && state->grid().pp() > 1)
+    return executor(int(ids.size())).run(ids, targets, scales);
+  model::GPTModel& m = model_.chunk(0);
+  double loss = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    loss += double(scales[i]) * m.forward(ids[i], targets[i], int(i));
+    m.backward(int(i), scales[i]);
+  }
+  return float(loss);
 }
 
 StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_microbatches) {
@@ -19,28 +110,70 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
                      "Trainer::train_step: batch size ", ids.size(0),
                      " is not divisible by num_microbatches = ", num_microbatches);
   const Device device = model_.device();
+  const comm::ParallelState* state = model_.state();
+  model_.finish_param_gather();  // --overlap-param-gather: the previous step's, if any are left
   synchronize(device);
   reset_peak_memory(device);
   const auto start = std::chrono::steady_clock::now();
 
-  model_.zero_grad();
+  // Microbatches, and each one's share of the global batch's tokens.
   const int64_t rows = ids.size(0) / num_microbatches;
-  const float grad_scale = 1.0f / float(num_microbatches);
-  double loss_sum = 0;
+  std::vector<Tensor> mb_ids, mb_targets;
+  std::vector<int64_t> counts(size_t(num_microbatches) + 1, 0);  // last: the total
   for (int m = 0; m < num_microbatches; ++m) {
-    loss_sum += model_.forward(ids.narrow(m * rows, rows), targets.narrow(m * rows, rows), m);
-    model_.backward(m, grad_scale);
+    mb_ids.push_back(ids.narrow(m * rows, rows));
+    mb_targets.push_back(targets.narrow(m * rows, rows));
+    counts[size_t(m)] = count_targets(mb_targets.back());
+    counts.back() += counts[size_t(m)];
   }
-  model_.finalize_grads();
+  std::vector<int64_t> total{counts.back()};
+  all_reduce_host(state != nullptr ? &state->dp() : nullptr, total, DType::i64);
+  const float loss_scale = scaler_.scale();
+  std::vector<float> scales;
+  for (int m = 0; m < num_microbatches; ++m)
+    scales.push_back(total[0] > 0 ? loss_scale * float(double(counts[size_t(m)]) / double(total[0]))
+                                  : 0.0f);
+
+  model_.zero_grad();
+  model_.start_grad_sync(num_microbatches);
+  const float local_loss = run_microbatches(mb_ids, mb_targets, scales);
+  model_.finish_grad_sync();
+
   StepStats stats;
-  stats.loss = float(loss_sum / num_microbatches);
-  stats.lr = schedule_.lr_at(iteration_);
-  stats.grad_norm = optimizer_.clip_and_step(stats.lr);
+  stats.tokens = total[0];
+  stats.loss_scale = loss_scale;
+  // The loss: this DP rank's part of the global mean sits on its last stage's TP ranks.
+  std::vector<float> loss{
+      model_.is_last_stage() && (state == nullptr || state->tp_rank() == 0) ? local_loss : 0.0f};
+  all_reduce_host(state != nullptr ? &state->world() : nullptr, loss, DType::f32);
+  stats.loss = loss[0] / loss_scale;
+  stats.grad_norm = optimizer_->grad_norm() / loss_scale;
+  stats.lr = config_.schedule.lr_at(optimizer_->step());
+
+  const bool non_finite = !std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm);
+  stats.skipped = scaler_.update(non_finite);
+  if (stats.skipped) {
+    ++skipped_;
+    if (state == nullptr || state->rank() == 0) {
+      log::warn("iteration ", iteration_ + 1, ": ",
+                !std::isfinite(stats.loss) ? "the loss" : "the gradient norm", " is ",
+                !std::isfinite(stats.loss) ? stats.loss : stats.grad_norm, "; step skipped (",
+                skipped_, " so far)",
+                scaler_.dynamic() ? "; loss scale now " + std::to_string(scaler_.scale()) : "");
+    }
+  } else {
+    float coeff = 1.0f;
+    if (config_.optimizer.clip_grad > 0)
+      coeff = std::min(1.0f, config_.optimizer.clip_grad / (stats.grad_norm + 1e-6f));
+    optimizer_->step_with(stats.lr, coeff / loss_scale);
+    model_.start_param_gather();
+  }
   ++iteration_;
 
   synchronize(device);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  stats.tokens_per_second = stats.seconds > 0 ? double(ids.numel()) / stats.seconds : 0.0;
+  const int dp = state != nullptr ? state->grid().dp() : 1;
+  stats.tokens_per_second = stats.seconds > 0 ? double(ids.numel()) * dp / stats.seconds : 0.0;
   stats.peak_memory_bytes = memory_stats(device).peak_bytes;
   return stats;
 }

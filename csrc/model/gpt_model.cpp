@@ -61,7 +61,7 @@ void init_shard(const Tensor& value, const ParamSpec& spec, const ParamShard& sh
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
-                   const TensorParallel& tp, const ModelChunk& chunk)
+                   const TensorParallel& tp, const ModelChunk& chunk, int64_t buffer_elements)
     : config_(config), device_(device), seed_(seed), tp_(tp) {
   config_.validate();
   BRAID_CONFIG_CHECK(config_.params_dtype == DType::f32 || device_.is_cuda(),
@@ -77,7 +77,7 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
     BRAID_CONFIG_CHECK(config_.hidden_size % 4 == 0, "sequence parallelism with hidden dropout ",
                        "needs hidden_size divisible by 4, got ", config_.hidden_size);
   }
-  build_parameters();
+  build_parameters(buffer_elements);
   if (tp_.size() > config_.kv_heads()) {
     const int sharing = tp_.size() / int(config_.kv_heads());
     kv_group_ = tp_.group->split(tp_.rank() / sharing, tp_.rank(), "tp_kv");
@@ -86,12 +86,22 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
 
 GPTModel::~GPTModel() = default;
 
-void GPTModel::build_parameters() {
-  flat_params_ = Tensor::zeros({layout_.num_elements}, config_.params_dtype, device_);
-  flat_grads_ = Tensor::zeros({layout_.num_elements}, DType::f32, device_);
+void GPTModel::build_parameters(int64_t buffer_elements) {
+  const int64_t elements = std::max(layout_.num_elements, buffer_elements);
+  flat_params_ = Tensor::zeros({elements}, config_.params_dtype, device_);
+  flat_grads_ = Tensor::zeros({elements}, DType::f32, device_);
   params_.reserve(layout_.specs.size());
+  const ModelChunk& chunk = layout_.chunk;
+  layer_params_.resize(size_t(chunk.end_layer - chunk.first_layer));
   for (size_t i = 0; i < layout_.specs.size(); ++i) {
     const ParamSpec& spec = layout_.specs[i];
+    if (spec.layer >= 0) {
+      layer_params_[size_t(spec.layer - chunk.first_layer)].push_back(i);
+    } else if (is_embedding(spec) && chunk.embedding) {
+      embedding_params_.push_back(i);
+    } else {
+      head_params_.push_back(i);  // final norm, lm_head, or the last stage's tied copy
+    }
     const ParamShard& shard = layout_.shards[i];
     const int64_t offset = layout_.offsets[i];
     params_.push_back(Parameter{spec, shard, flat_params_.slice(offset, shard.valid_shape()),
@@ -99,7 +109,6 @@ void GPTModel::build_parameters() {
     index_.emplace(spec.name, i);
     init_shard(params_.back().value, spec, shard, config_, seed_);
   }
-  const ModelChunk& chunk = layout_.chunk;
   layers_.reserve(size_t(chunk.end_layer - chunk.first_layer));
   for (int l = chunk.first_layer; l < chunk.end_layer; ++l)
     layers_.emplace_back(config_, tp_, layer_tensors(flat_params_, l),
@@ -190,6 +199,7 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
 }
 
 Tensor GPTModel::embed(Microbatch& mb, bool training) {
+  param_use(embedding_params_);
   const Tokens tokens = tokens_of(mb);
   const int64_t t = tokens.count(), h = config_.hidden_size, region = region_tokens(mb);
   const ParamShard& vocab = shard_of("model.embed_tokens.weight");
@@ -221,6 +231,7 @@ Tensor GPTModel::embed(Microbatch& mb, bool training) {
 Tensor GPTModel::run_layers(Microbatch& mb, Tensor x, bool training) {
   if (training) mb.layers.resize(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
+    param_use(layer_params_[l]);
     x = layers_[l].forward(x, tokens_of(mb), dropout_context(mb, first_layer_ + int(l), training),
                            config_.recompute, training ? &mb.layers[l] : nullptr);
   }
@@ -264,6 +275,7 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
 }
 
 Tensor GPTModel::final_norm(const Tensor& x, NormStats& stats) const {
+  param_use(head_params_);
   return norm_forward(config_.normalization, config_.norm_eps, stats, x,
                       view_of(flat_params_, "model.norm.weight"),
                       view_of(flat_params_, "model.norm.bias"));
@@ -390,6 +402,7 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
                   view_of(flat_params_, "model.norm.weight"), stats);
     dhf = Tensor();
     mb.trunk_out = Tensor();
+    grads_done(microbatch, head_params_);
   } else {
     BRAID_CHECK(
         dout.defined() && dout.dim() == 2 && dout.size(0) == region_tokens(mb) && dout.size(1) == h,
@@ -402,6 +415,7 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
   for (size_t l = layers_.size(); l-- > 0;) {
     dx = layers_[l].backward(dx, tokens, dropout_context(mb, first_layer_ + int(l), true),
                              config_.recompute, mb.layers[l]);
+    grads_done(microbatch, layer_params_[l]);
   }
   if (!chunk().embedding) {
     activations_.erase(it);
@@ -422,6 +436,7 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
   ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx_full, mb.ids.view({t}),
                           vocab_offset);
   activations_.erase(it);
+  grads_done(microbatch, embedding_params_);
   return Tensor();
 }
 

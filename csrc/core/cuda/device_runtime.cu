@@ -148,4 +148,44 @@ void cuda_synchronize(Device device, Stream stream) {
   CUDA_CHECK(cudaSetDevice(previous));
 }
 
+namespace {
+
+// Makes `device` current for the scope of one call, restoring the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device device) {
+    CUDA_CHECK(cudaGetDevice(&previous_));
+    CUDA_CHECK(cudaSetDevice(device.index));
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
+void cuda_stream_wait(Device device, Stream waiter, Stream producer) {
+  DeviceScope scope(device);
+  cudaEvent_t event;
+  CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventRecord(event, static_cast<cudaStream_t>(producer.handle)));
+  CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter.handle), event, 0));
+  CUDA_CHECK(cudaEventDestroy(event));  // released once the wait has passed
+}
+
+Stream cuda_stream_create(Device device) {
+  DeviceScope scope(device);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return Stream{stream};
+}
+
+void cuda_stream_destroy(Device device, Stream stream) {
+  DeviceScope scope(device);
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream.handle));
+}
+
 }  // namespace braid::detail

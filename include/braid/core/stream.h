@@ -14,4 +14,23 @@ struct Stream {
 // Blocks the host until all work queued on `stream` of `device` is done (no-op on CPU).
 void synchronize(const Device& device, Stream stream = {});
 
+// Orders `waiter` after the work queued on `producer` so far (an event recorded on producer,
+// waited on by waiter; the host does not block). No-op on CPU, or when they are one stream.
+void stream_wait(const Device& device, Stream waiter, Stream producer);
+
+// A non-blocking CUDA stream of its own, destroyed with the object (the CPU: the null Stream,
+// which ops ignore). Used to run communication beside the compute on the default stream.
+class SideStream {
+ public:
+  explicit SideStream(const Device& device);
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  Device device_;
+  Stream stream_;
+};
+
 }  // namespace braid

@@ -1,9 +1,11 @@
 #pragma once
-// AdamW over a model's flat buffers, with global-norm gradient clipping.
+// AdamW over model chunks' flat buffers, with global-norm gradient clipping; with ZeRO-1 over
+// this data-parallel rank's shard of them only.
 //
-// State is f32 and sits at the flat buffer's element offsets: the master weights (the
+// State is f32, kept per owned range of a flat buffer (Segment): the master weights (the
 // model's own buffer when its parameters are f32; an f32 copy when they are bf16, written
-// back to the model after every step) and the two moments. Weight decay is decoupled
+// back to the model after every step) and the two moments. Only parameters' elements are
+// updated, never the alignment or vocabulary padding between them. Weight decay is decoupled
 // (torch.optim.AdamW) and applies to parameters whose spec says weight_decay (linear
 // weights, lm_head), plus the embeddings when decay_embeddings; never to norms or biases.
 
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "braid/core/tensor.h"
+#include "braid/engine/grad_buffer.h"
 #include "braid/kernels/ops.h"
 #include "braid/model/gpt_model.h"
 
@@ -29,40 +32,70 @@ struct AdamWConfig {
   void validate() const;  // ConfigError naming the field
 };
 
+// What the optimizer updates in one model chunk: the ranges of its flat buffers this rank owns
+// (ascending, disjoint). Data parallelism without ZeRO: everything; ZeRO-1: this DP rank's
+// shard of every bucket (GradBuffer::owned_ranges).
+struct OptimizerChunk {
+  model::GPTModel* model = nullptr;
+  std::vector<ElementRange> owned;
+};
+
 class AdamW {
  public:
+  // The whole of one model; with tensor parallelism the norm is summed over its TP group.
   AdamW(model::GPTModel& model, AdamWConfig config);
+  // The owned ranges of every chunk this rank holds; `norm_group` sums the squares of the
+  // global norm (nullptr: this rank's are the whole). The caller picks a group in which every
+  // parameter element is owned exactly once: the model-parallel group without ZeRO (DP
+  // replicas hold the same sums), every rank with ZeRO.
+  AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Communicator* norm_group);
 
-  // The global L2 norm of all gradients (ops::sum_of_squares, then sqrt on the host), over
-  // the whole model when it is tensor-parallel (each parameter counted once).
+  // The global L2 norm of the gradients as they are in the buffers: every parameter counted
+  // once - a shard that k TP ranks hold adds 1/k of its squares on each, and the last stage's
+  // copy of tied embeddings none (the first stage's counts).
   float grad_norm() const;
   // Computes the global norm, scales the gradients by clip_grad / (norm + 1e-6) when that is
   // below 1 (Megatron), and takes one AdamW step with `lr`. Returns the norm before clipping.
   // A non-finite norm throws Error and leaves parameters and state untouched.
   float clip_and_step(float lr);
   float clip_and_step() { return clip_and_step(config_.lr); }
+  // One AdamW step on gradients multiplied by `grad_scale` (clipping and loss unscaling,
+  // decided by the caller).
+  void step_with(float lr, float grad_scale);
 
   int64_t step() const { return step_; }  // steps taken so far
   const AdamWConfig& config() const { return config_; }
   float weight_decay_of(const model::ParamSpec& spec) const;
 
-  // With bf16 parameters the f32 master copy is taken here, at construction, and written
-  // back to the model after every step: load weights into the model before creating the
-  // optimizer (or the Trainer), or they are overwritten by the first step.
-  // f32 state over the whole flat buffer (padding included), for checkpoints.
-  const Tensor& master_params() const { return master_; }
-  const Tensor& exp_avg() const { return exp_avg_; }
-  const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
+  // f32 state of one owned range. master is the model's own buffer when parameters are f32,
+  // an f32 copy (written back to the model after every step) when they are bf16: with bf16,
+  // load weights into the model before creating the optimizer (or the Trainer), or they are
+  // overwritten by the first step.
+  struct Segment {
+    int chunk;
+    ElementRange range;  // elements of the chunk's flat buffers
+    Tensor master, exp_avg, exp_avg_sq;
+  };
+  const std::vector<Segment>& segments() const { return segments_; }
+  // Bytes of optimizer state this rank allocated (f32 moments, and the bf16 case's masters).
+  int64_t state_bytes() const { return state_bytes_; }
+  // The one segment's state, for the single-model constructor (Error otherwise).
+  const Tensor& master_params() const { return only_segment().master; }
+  const Tensor& exp_avg() const { return only_segment().exp_avg; }
+  const Tensor& exp_avg_sq() const { return only_segment().exp_avg_sq; }
 
  private:
-  model::GPTModel& model_;
+  const Segment& only_segment() const;
+
+  std::vector<OptimizerChunk> chunks_;
   AdamWConfig config_;
+  comm::Communicator* norm_group_;
   int64_t step_ = 0;
-  Tensor master_;
-  Tensor exp_avg_;
-  Tensor exp_avg_sq_;
-  std::vector<ops::AdamWGroup> groups_;                   // one per parameter
-  std::map<int, std::vector<Tensor>> grads_by_replicas_;  // gradient views by TP copies held
+  int64_t state_bytes_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<ops::AdamWGroup> groups_;                   // one per (parameter, owned range)
+  std::map<int, std::vector<Tensor>> grads_by_replicas_;  // norm inputs by TP copies held
+  Device device_;
 };
 
 }  // namespace braid::engine

@@ -25,11 +25,13 @@ class PipelineExecutor {
   PipelineExecutor(Schedule schedule, std::vector<model::GPTModel*> chunks, comm::Communicator& pp);
 
   // One step's forwards and backwards: ids[m], targets[m] are microbatch m ([B, S] i32, the
-  // same on every stage). Each microbatch's loss is scaled by grad_scale in backward (1/m
-  // for the mean over microbatches). Returns the mean of the microbatches' losses on the
-  // stage that holds the head, 0 on the others. Gradients accumulate into the chunks; call
-  // each chunk's finalize_grads() afterwards.
-  float run(std::span<const Tensor> ids, std::span<const Tensor> targets, float grad_scale);
+  // same on every stage). Microbatch m's loss (its mean over non-ignored targets) is scaled by
+  // grad_scales[m] in backward: 1/M each for the mean over M microbatches, or m's share of the
+  // batch's tokens for the mean over tokens. Returns sum_m grad_scales[m] · loss_m - the
+  // scalar whose gradient the chunks accumulate - on the stage that holds the head, 0 on the
+  // others. Call each chunk's finalize_grads() afterwards.
+  float run(std::span<const Tensor> ids, std::span<const Tensor> targets,
+            std::span<const float> grad_scales);
 
   const Schedule& schedule() const { return schedule_; }
 

@@ -1,44 +1,81 @@
 #pragma once
-// Trainer: one training step on one process - gradient accumulation over microbatches,
-// global-norm clipping, AdamW with the learning-rate schedule, and the step's figures.
+// Trainer: one training step of this rank's share of a model under any (tp, pp, dp) layout -
+// the pipeline schedule over the microbatches, the data-parallel reduction of the gradients,
+// global-norm clipping, loss scaling, AdamW (ZeRO-1 when the DDP config says so) with the
+// learning-rate schedule, and the step's figures.
+//
+// The loss is the mean over every non-ignored target of the global batch (all microbatches of
+// all DP ranks): microbatch m of DP rank d is weighted by its share of the global token count
+// in backward, and DP reductions sum. A step whose loss or gradient norm is not finite is
+// skipped - no parameter or optimizer state changes, and a warning says so - and with a
+// dynamic loss scaler the scale is lowered (loss_scaler.h).
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "braid/core/tensor.h"
 #include "braid/engine/adamw.h"
+#include "braid/engine/loss_scaler.h"
 #include "braid/engine/lr_schedule.h"
+#include "braid/engine/parallel_model.h"
+#include "braid/engine/pipeline.h"
 #include "braid/model/gpt_model.h"
 
 namespace braid::engine {
 
+struct TrainerConfig {
+  AdamWConfig optimizer;
+  LRSchedule schedule;
+  LossScaleConfig loss_scale;
+  // "1f1b" (interleaved 1F1B with virtual stages) or "gpipe"; used when pp > 1.
+  std::string pipeline_schedule = "1f1b";
+};
+
 struct StepStats {
-  float loss = 0;       // mean of the microbatches' mean losses
-  float grad_norm = 0;  // global gradient norm before clipping
+  float loss = 0;       // mean over the global batch's non-ignored targets
+  float grad_norm = 0;  // global gradient norm before clipping (unscaled)
   float lr = 0;         // learning rate of this step
+  float loss_scale = 1;
+  bool skipped = false;  // non-finite loss or gradients: no update
+  int64_t tokens = 0;    // non-ignored targets of the global batch
   double seconds = 0;
-  double tokens_per_second = 0;
+  double tokens_per_second = 0;   // global batch tokens (ids) per second
   int64_t peak_memory_bytes = 0;  // the device allocator's peak during the step
 };
 
 class Trainer {
  public:
+  // One process, the whole model.
   Trainer(model::GPTModel& model, AdamWConfig optimizer, LRSchedule schedule);
+  Trainer(ParallelModel& model, TrainerConfig config);
+  ~Trainer();
 
-  // ids, targets [B, S] i32 (any device). Splits B into num_microbatches equal parts, runs
-  // forward and backward on each with grad_scale 1/num_microbatches, then clips and steps
-  // with lr = schedule.lr_at(iteration()).
+  // ids, targets [B, S] i32 (any device): this DP rank's share of the global batch, the same
+  // on every TP and PP rank of it. B splits into num_microbatches equal microbatches.
   StepStats train_step(const Tensor& ids, const Tensor& targets, int num_microbatches = 1);
 
-  int64_t iteration() const { return iteration_; }  // steps completed
-  model::GPTModel& model() { return model_; }
-  AdamW& optimizer() { return optimizer_; }
-  const LRSchedule& schedule() const { return schedule_; }
+  int64_t iteration() const { return iteration_; }  // steps attempted (skipped ones included)
+  int64_t skipped_iterations() const { return skipped_; }
+  ParallelModel& model() { return model_; }
+  AdamW& optimizer() { return *optimizer_; }
+  const LRSchedule& schedule() const { return config_.schedule; }
+  const LossScaler& loss_scaler() const { return scaler_; }
 
  private:
-  model::GPTModel& model_;
-  AdamW optimizer_;
-  LRSchedule schedule_;
+  PipelineExecutor& executor(int microbatches);
+  // Runs the step's forwards and backwards; returns sum_m scales[m] · loss_m on the last stage.
+  float run_microbatches(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
+                         const std::vector<float>& scales);
+
+  std::unique_ptr<ParallelModel> owned_;  // the one-process constructor's wrapper
+  ParallelModel& model_;
+  TrainerConfig config_;
+  std::unique_ptr<AdamW> optimizer_;
+  LossScaler scaler_;
+  std::unique_ptr<PipelineExecutor> executor_;
   int64_t iteration_ = 0;
+  int64_t skipped_ = 0;
 };
 
 }  // namespace braid::engine

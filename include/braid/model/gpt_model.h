@@ -27,8 +27,10 @@
 // parallelism those of the norms and position embeddings; replicated kv heads' always.
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -48,8 +50,11 @@ class GPTModel {
   // With tp.group, ConfigError (before any communication, alike on every rank) when the model
   // does not split over it; then collective over tp.group (replicated kv heads get a group).
   // `chunk`: the layers (and embedding / head) this pipeline stage holds (parameters.h).
+  // `buffer_elements`: the flat buffers hold at least this many elements (zeros past the
+  // layout's num_elements), so data parallelism can cut them into equal shards (grad_buffer.h).
   GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
-           const TensorParallel& tp = {}, const ModelChunk& chunk = {});
+           const TensorParallel& tp = {}, const ModelChunk& chunk = {},
+           int64_t buffer_elements = 0);
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -96,12 +101,30 @@ class GPTModel {
   Tensor logits(const Tensor& ids);
   void zero_grad();
 
+  // Hooks for data parallelism (engine/grad_buffer.h). Parameters are named by their index in
+  // parameters(). The model runs in pieces - the embeddings, each layer, the head (final norm
+  // and output weight) - and calls
+  //   param_use(params)             before a forward (or logits) reads a piece's parameters;
+  //   grads_done(microbatch, params) after backward_stage(microbatch) has added its last
+  //                                 contribution to them (each parameter once per call: a tied
+  //                                 embedding that both ends use is reported with the embeddings).
+  using ParamUseHook = std::function<void(std::span<const size_t> params)>;
+  using GradsDoneHook = std::function<void(int microbatch, std::span<const size_t> params)>;
+  void set_param_use_hook(ParamUseHook hook) { param_use_ = std::move(hook); }
+  void set_grads_done_hook(GradsDoneHook hook) { grads_done_ = std::move(hook); }
+
   bool has_activations(int microbatch) const { return activations_.count(microbatch) > 0; }
 
  private:
   struct Microbatch;  // what one forward keeps for its backward (gpt_model.cpp)
 
-  void build_parameters();
+  void build_parameters(int64_t buffer_elements);
+  void param_use(const std::vector<size_t>& params) const {
+    if (param_use_) param_use_(params);
+  }
+  void grads_done(int microbatch, const std::vector<size_t>& params) const {
+    if (grads_done_) grads_done_(microbatch, params);
+  }
   // Checks ids (and targets, when defined) and puts them on the device.
   Microbatch prepare(const Tensor& ids, const Tensor& targets) const;
   Tensor final_norm(const Tensor& x, NormStats& stats) const;
@@ -134,6 +157,11 @@ class GPTModel {
   std::vector<Parameter> params_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<TransformerLayer> layers_;
+  // The pieces' parameters (hooks above): embeddings, each held layer, head.
+  std::vector<size_t> embedding_params_, head_params_;
+  std::vector<std::vector<size_t>> layer_params_;
+  ParamUseHook param_use_;
+  GradsDoneHook grads_done_;
   std::map<int, std::unique_ptr<Microbatch>> activations_;
   uint64_t forward_count_ = 0;  // numbers the dropout streams of each training forward
 };

@@ -105,7 +105,7 @@ void check_pipeline(const TransformerConfig& config, const Layout& layout) {
     pointers.push_back(chunks.back().get());
   }
   engine::PipelineExecutor executor(schedule, pointers, state.pp());
-  const float loss = executor.run(ids, targets, 1.0f / m);
+  const float loss = executor.run(ids, targets, std::vector<float>(size_t(m), 1.0f / m));
   for (auto& chunk : chunks) chunk->finalize_grads();
 
   if (state.is_last_stage()) {

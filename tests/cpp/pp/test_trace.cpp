@@ -186,7 +186,7 @@ void check_trace(const engine::Schedule& schedule) {
   trace.set_origin();
   engine::PipelineExecutor executor(schedule, pointers, state.pp());
   executor.set_trace(&trace);
-  executor.run(ids, targets, 1.0f / m);
+  executor.run(ids, targets, std::vector<float>(size_t(m), 1.0f / m));
 
   const auto path = std::filesystem::temp_directory_path() /
                     ("braid_trace_test_" + std::to_string(::getpid()) + "_rank" +

@@ -1,0 +1,134 @@
+#include "braid/engine/parallel_model.h"
+
+#include <cstring>
+
+#include "braid/engine/schedule.h"
+#include "braid/kernels/ops.h"
+
+namespace braid::engine {
+
+void ParallelConfig::validate(const model::TransformerConfig& config,
+                              const comm::RankGrid& grid) const {
+  config.validate();
+  ddp.validate();
+  model::check_tensor_parallel(config, grid.tp());
+  BRAID_CONFIG_CHECK(virtual_stages >= 1, "virtual pipeline stages must be >= 1, got ",
+                     virtual_stages);
+  BRAID_CONFIG_CHECK(virtual_stages == 1 || grid.pp() > 1,
+                     "virtual pipeline stages (interleaving) need --pipeline-model-parallel-size "
+                     "> 1, got ",
+                     grid.pp());
+  stage_layers(int(config.num_layers), grid.pp(), virtual_stages);  // ConfigError if uneven
+}
+
+ParallelModel::ParallelModel(const model::TransformerConfig& config, Device device, uint64_t seed,
+                             const comm::ParallelState& state, const ParallelConfig& parallel)
+    : state_(&state), parallel_(parallel) {
+  const comm::RankGrid& grid = state.grid();
+  parallel_.validate(config, grid);
+  const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp();
+  const auto layers = stage_layers(int(config.num_layers), pp, v);
+  const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
+  const DDPConfig& ddp = parallel_.ddp;
+  if (dp > 1 && device.is_cpu()) progress_ = std::make_unique<comm::ProgressThread>();
+  for (int c = 0; c < v; ++c) {
+    const int model_chunk = c * pp + state.pp_rank();
+    const LayerRange range = layers[size_t(state.pp_rank())][size_t(c)];
+    const model::ModelChunk held{range.begin, range.end, model_chunk == 0,
+                                 model_chunk == pp * v - 1};
+    const model::ParamLayout layout =
+        model::parameter_layout(config, state.tp_rank(), grid.tp(), held);
+    // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see
+    // grad_buffer.h), so the embedding group's sum after the reduce-scatter matches rows.
+    const bool separate_embedding = ddp.use_distributed_optimizer && pp > 1 &&
+                                    config.tie_embeddings && (held.embedding || held.head);
+    std::vector<Bucket> buckets = make_buckets(
+        layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0, separate_embedding);
+    owned_.push_back(std::make_unique<model::GPTModel>(config, device, seed, tp, held,
+                                                       buffer_elements(buckets)));
+    chunks_.push_back(owned_.back().get());
+    chunks_.back()->set_embedding_group(state.embedding());
+    buffers_.push_back(std::make_unique<GradBuffer>(*chunks_.back(), &state.dp(), ddp,
+                                                    std::move(buckets), progress_.get()));
+  }
+}
+
+ParallelModel::ParallelModel(model::GPTModel& model) : chunks_{&model} {
+  const model::ParamLayout& layout = model.layout();
+  buffers_.push_back(std::make_unique<GradBuffer>(
+      model, nullptr, parallel_.ddp, make_buckets(layout, 1, layout.num_elements + 1, false, false),
+      nullptr));
+}
+
+ParallelModel::~ParallelModel() {
+  buffers_.clear();  // before the progress thread and the models they point into
+}
+
+void ParallelModel::zero_grad() {
+  for (model::GPTModel* m : chunks_) m->zero_grad();
+}
+
+void ParallelModel::start_grad_sync(int microbatches) {
+  for (auto& b : buffers_) b->start_grad_sync(microbatches);
+}
+
+void ParallelModel::finish_grad_sync() {
+  for (auto& b : buffers_) b->finish_grad_sync();
+  for (model::GPTModel* m : chunks_) m->finalize_grads();
+}
+
+void ParallelModel::start_param_gather() {
+  for (auto& b : buffers_) b->start_param_gather();
+}
+
+void ParallelModel::finish_param_gather() {
+  for (auto& b : buffers_) b->finish_param_gather();
+}
+
+void ParallelModel::gather_into(model::GPTModel& whole) {
+  finish_param_gather();
+  const model::ParamLayout& target = whole.layout();
+  BRAID_CHECK(target.tp_size == 1 && whole.chunk().embedding && whole.chunk().head &&
+                  whole.chunk().first_layer == 0 &&
+                  whole.chunk().end_layer == int(whole.config().num_layers),
+              "ParallelModel::gather_into: the target must be a whole one-process model");
+  std::unordered_map<std::string, size_t> index;
+  for (size_t j = 0; j < target.specs.size(); ++j) index.emplace(target.specs[j].name, j);
+  // Each element is written by exactly one rank (DP rank 0, the first TP rank of those holding
+  // a shard, the first stage for tied embeddings) into the whole model's layout; a sum over
+  // the world then gives every rank every value (adding zeros is exact).
+  Tensor global = Tensor::zeros({target.num_elements}, DType::f32);
+  float* out = global.data_ptr<float>();
+  const bool writes = state_ == nullptr || state_->dp_rank() == 0;
+  for (model::GPTModel* m : chunks_) {
+    const model::ParamLayout& layout = m->layout();
+    for (size_t i = 0; i < layout.specs.size() && writes; ++i) {
+      const model::ParamSpec& spec = layout.specs[i];
+      const model::ParamShard& shard = layout.shards[i];
+      if (layout.tp_rank % shard.replicas != 0) continue;
+      if (spec.name == "model.embed_tokens.weight" && !m->chunk().embedding) continue;
+      auto it = index.find(spec.name);
+      BRAID_CHECK(it != index.end(), "gather_into: the target has no ", spec.name);
+      Tensor value = Tensor::empty(m->parameters()[i].value.shape(), DType::f32);
+      ops::cast(value, m->parameters()[i].value.to(Device::cpu()));
+      const float* in = value.data_ptr<float>();
+      float* dst = out + target.offsets[it->second];
+      const Shape valid = shard.valid_shape();
+      const int64_t rows = valid[0], cols = valid.dim() > 1 ? valid[1] : 1;
+      const int64_t global_cols = spec.shape.dim() > 1 ? spec.shape[1] : 1;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = spec.tp_dim == 0 ? shard.start + r : r;
+        const int64_t col = spec.tp_dim == 1 ? shard.start : 0;
+        std::memcpy(dst + row * global_cols + col, in + r * cols, size_t(cols) * sizeof(float));
+      }
+    }
+  }
+  if (state_ != nullptr && state_->world().size() > 1) {
+    Tensor on_device = global.to(state_->world().device());
+    state_->world().all_reduce(on_device)->wait();
+    global = on_device.to(Device::cpu());
+  }
+  ops::cast(whole.flat_params().slice(0, {target.num_elements}), global.to(whole.device()));
+}
+
+}  // namespace braid::engine

@@ -1,0 +1,77 @@
+#pragma once
+// ParallelModel: this rank's share of a GPT model under a (tp, pp, dp) layout - its model
+// chunks, one per virtual pipeline stage, and their data-parallel gradient buffers (the role
+// of Megatron's DistributedDataParallel wrapper).
+//
+// Every rank builds from the same config and seed and holds exactly its slice of the weights
+// the single-rank model would have (parameters.h, init.h), so a layout never changes the
+// model. Chunk c of pipeline rank r holds model chunk c·pp + r (Megatron's interleaving),
+// with the layers engine::stage_layers gives it.
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "braid/comm/parallel_state.h"
+#include "braid/comm/progress.h"
+#include "braid/engine/grad_buffer.h"
+#include "braid/model/gpt_model.h"
+
+namespace braid::engine {
+
+struct ParallelConfig {
+  bool sequence_parallel = false;  // --sequence-parallel
+  int virtual_stages = 1;          // model chunks per pipeline rank (interleaved 1F1B when > 1)
+  DDPConfig ddp;
+
+  // ConfigError (same on every rank, before any communication) unless the model splits over
+  // the layout: the TP rules (check_tensor_parallel), layers divisible by pp × virtual_stages,
+  // virtual stages only with pp > 1, and the DDP options.
+  void validate(const model::TransformerConfig& config, const comm::RankGrid& grid) const;
+};
+
+class ParallelModel {
+ public:
+  // Collective over state.world(). The communicators must work on `device`.
+  ParallelModel(const model::TransformerConfig& config, Device device, uint64_t seed,
+                const comm::ParallelState& state, const ParallelConfig& parallel);
+  // One process: wraps `model` (not owned); no communication, nothing to reduce.
+  explicit ParallelModel(model::GPTModel& model);
+  ~ParallelModel();
+  ParallelModel(const ParallelModel&) = delete;
+  ParallelModel& operator=(const ParallelModel&) = delete;
+
+  const comm::ParallelState* state() const { return state_; }  // nullptr: one process
+  const ParallelConfig& parallel() const { return parallel_; }
+  const model::TransformerConfig& config() const { return chunks_.front()->config(); }
+  Device device() const { return chunks_.front()->device(); }
+  int num_chunks() const { return int(chunks_.size()); }
+  model::GPTModel& chunk(int c) const { return *chunks_[size_t(c)]; }
+  std::vector<model::GPTModel*> chunks() const { return chunks_; }
+  GradBuffer& grad_buffer(int c) const { return *buffers_[size_t(c)]; }
+  bool is_last_stage() const { return state_ == nullptr || state_->is_last_stage(); }
+
+  void zero_grad();
+  // Around one step's backwards: arm the buckets, then wait for every reduction and complete
+  // the gradients across TP and the embedding group (GPTModel::finalize_grads).
+  void start_grad_sync(int microbatches);
+  void finish_grad_sync();
+  // ZeRO: share the updated parameter shards (GradBuffer::start_param_gather); wait for them.
+  void start_param_gather();
+  void finish_param_gather();
+
+  // Every parameter's global value, from all TP shards and pipeline stages, into `whole` - a
+  // one-process GPTModel of the same config (for evaluation and tests; it holds the whole model
+  // on every rank). Collective over the world.
+  void gather_into(model::GPTModel& whole);
+
+ private:
+  const comm::ParallelState* state_ = nullptr;
+  ParallelConfig parallel_;
+  std::vector<std::unique_ptr<model::GPTModel>> owned_;
+  std::vector<model::GPTModel*> chunks_;
+  std::unique_ptr<comm::ProgressThread> progress_;
+  std::vector<std::unique_ptr<GradBuffer>> buffers_;
+};
+
+}  // namespace braid::engine
