@@ -151,12 +151,12 @@ void GradBuffer::on_grads_done(int, std::span<const size_t> params) {
   for (size_t p : params) {
     if (++backwards_seen_[p] != microbatches_) continue;
     for (size_t b : buckets_of_param_[p]) {
-      if (--params_pending_[b] == 0) post_reduce(b);
+      if (--params_pending_[b] == 0) post_reduce(b, true);
     }
   }
 }
 
-void GradBuffer::post_reduce(size_t b) {
+void GradBuffer::post_reduce(size_t b, bool during_backward) {
   const Bucket& bucket = buckets_[b];
   const Tensor& grads = model_.flat_grads();
   const Tensor whole = grads.slice(bucket.range.begin, {bucket.range.size()});
@@ -170,7 +170,7 @@ void GradBuffer::post_reduce(size_t b) {
     work = dp_->all_reduce(whole, comm::ReduceOp::sum, comm_stream());
   }
   if (progress_ != nullptr) progress_->watch(work, dp_->timeout());
-  spans_.push_back(Span{int(b), now_ns(), 0});
+  spans_.push_back(Span{int(b), now_ns(), 0, during_backward});
   reduce_work_[b] = std::move(work);
 }
 
@@ -187,7 +187,7 @@ void GradBuffer::finish_grad_sync() {
   if (dp_ == nullptr) return;
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (reduce_work_[b] == nullptr && (params_pending_[b] > 0 || !config_.overlap_grad_reduce))
-      post_reduce(b);
+      post_reduce(b, false);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (reduce_work_[b] == nullptr) continue;
     wait(reduce_work_[b]);

@@ -101,19 +101,21 @@ class GradBuffer {
   // Waits for every gather in flight (also done piecewise by the forward's hook).
   void finish_param_gather();
 
-  // Collective spans of the last step, for the overlap benchmark: when each reduction was
-  // posted and when its wait returned (steady_clock nanoseconds).
+  // The reductions of the last step, for tests and the overlap benchmark: when each was
+  // posted and when finish_grad_sync's wait for it returned (steady_clock nanoseconds), and
+  // whether the backward's hook posted it (overlapped) or finish_grad_sync did.
   struct Span {
     int bucket;
     int64_t posted_ns;
     int64_t done_ns;
+    bool during_backward;
   };
   const std::vector<Span>& reduce_spans() const { return spans_; }
 
  private:
   void on_grads_done(int microbatch, std::span<const size_t> params);
   void on_param_use(std::span<const size_t> params);
-  void post_reduce(size_t bucket);
+  void post_reduce(size_t bucket, bool during_backward);
   void wait(comm::WorkPtr& work);
   Stream comm_stream() const { return comm_stream_ ? comm_stream_->get() : Stream{}; }
 
