@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -212,6 +213,144 @@ TEST(ThreeDParallelEqualsOneRank, Matrix) {
       }
     }
   }
+}
+
+}  // namespace
+
+namespace {
+
+// ZeRO-1: each DP rank allocates 1/dp of the optimizer state (f32 parameters: the two
+// moments; the master weights are the model's own buffer), as the allocator counts it.
+TEST(DistributedOptimizer, StateBytesAreOneOverDp) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const int dp = world->size();
+  comm::ParallelState state(world, {.dp = dp});
+  for (int64_t bucket_size : {int64_t(0), int64_t(3000)}) {
+    SCOPED_TRACE("bucket size " + std::to_string(bucket_size));
+    int64_t bytes[2] = {0, 0}, elements = 0;
+    size_t buckets = 0;
+    for (bool zero : {false, true}) {
+      ParallelConfig parallel;
+      parallel.ddp.use_distributed_optimizer = zero;
+      parallel.ddp.overlap_grad_reduce = bucket_size > 0;
+      parallel.ddp.bucket_size = bucket_size;
+      ParallelModel model(llama(), Device::cpu(), 7, state, parallel);
+      elements = model.chunk(0).layout().num_elements;
+      buckets = model.grad_buffer(0).buckets().size();
+      const int64_t before = memory_stats(Device::cpu()).current_bytes;
+      Trainer trainer(model, trainer_config());
+      bytes[zero] = memory_stats(Device::cpu()).current_bytes - before;
+      EXPECT_EQ(bytes[zero], trainer.optimizer().state_bytes());
+    }
+    // Unsharded: 8 bytes per element of the buffer (padded to a multiple of dp at most per
+    // bucket); sharded: exactly 1/dp of the padded buffer.
+    const int64_t padding_bytes = int64_t(buckets) * (dp - 1) * 8;
+    EXPECT_GE(bytes[0], 8 * elements);
+    EXPECT_LE(bytes[0], 8 * elements + padding_bytes);
+    EXPECT_EQ(bytes[1] * dp, bytes[0])
+        << "ZeRO " << bytes[1] << " bytes × dp " << dp << " vs unsharded " << bytes[0];
+    if (dp > 1 && bucket_size > 0) {
+      EXPECT_GT(buckets, 2u);
+    }
+  }
+  world->barrier()->wait();
+}
+
+std::vector<float> all_params(const ParallelModel& model) {
+  std::vector<float> out;
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    const std::vector<float> p = floats(model.chunk(c).flat_params());
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+// Loss scaling: steps whose scaled gradients overflow are skipped on every rank (nothing
+// changes) and halve the scale; the first step that goes through equals the unscaled
+// one-process step - the loss is reported unscaled and the gradients are unscaled before
+// clipping and AdamW.
+TEST(LossScaling, OverflowSkipsAndBacksOffThenMatchesTheUnscaledStep) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const int dp = world->size() >= 2 ? 2 : 1;
+  comm::ParallelState state(world, {.tp = world->size() / dp, .dp = dp});
+  const tp_testing::Batch b = global_batch(llama().vocab_size, 0);
+
+  GPTModel one(llama(), Device::cpu(), 7);
+  const TrainerConfig config = trainer_config();
+  Trainer reference_trainer(one, config.optimizer, config.schedule);
+  const float want_loss = reference_trainer.train_step(b.ids, b.targets, int(kGlobalRows)).loss;
+  const std::vector<float> want = floats(one.flat_params());
+
+  ParallelConfig parallel;
+  parallel.ddp.use_distributed_optimizer = true;
+  parallel.ddp.overlap_grad_reduce = true;
+  parallel.ddp.bucket_size = 4000;
+  ParallelModel model(llama(), Device::cpu(), 7, state, parallel);
+  TrainerConfig scaled = config;
+  scaled.loss_scale.dynamic = true;
+  scaled.loss_scale.initial_loss_scale = 0x1p127f;  // overflows the squares of the norm
+  scaled.loss_scale.hysteresis = 1;
+  Trainer trainer(model, scaled);
+  const int64_t rows = kGlobalRows / dp, first = state.dp_rank() * rows;
+  const Tensor ids = b.ids.narrow(first, rows).clone();
+  const Tensor targets = b.targets.narrow(first, rows).clone();
+  const std::vector<float> initial = all_params(model);
+  StepStats stats;
+  float scale = 0x1p127f;
+  int skipped = 0;
+  while ((stats = trainer.train_step(ids, targets, int(rows))).skipped) {
+    ASSERT_EQ(stats.loss_scale, scale);
+    ASSERT_EQ(all_params(model), initial) << "a skipped step changed the parameters";
+    scale /= 2;
+    ASSERT_LT(++skipped, 100);
+  }
+  EXPECT_GT(skipped, 10);
+  EXPECT_EQ(stats.loss_scale, scale);
+  EXPECT_EQ(trainer.skipped_iterations(), skipped);
+  EXPECT_EQ(trainer.optimizer().step(), 1);
+  EXPECT_NEAR(stats.loss, want_loss, 2e-5 * want_loss);
+  GPTModel whole(llama(), Device::cpu(), 1);
+  model.gather_into(whole);
+  const std::vector<float> got = floats(whole.flat_params());
+  const auto& layout = whole.layout();
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    if (layout.specs[i].name.ends_with("k_proj.bias")) continue;  // see check_layout
+    const size_t at = size_t(layout.offsets[i]), n = size_t(layout.specs[i].shape.numel());
+    EXPECT_LE(
+        tp_testing::excess(std::vector<float>(got.begin() + long(at), got.begin() + long(at + n)),
+                           std::vector<float>(want.begin() + long(at), want.begin() + long(at + n)),
+                           1e-5, 1e-4),
+        0.0)
+        << layout.specs[i].name;
+  }
+  world->barrier()->wait();
+}
+
+// Without a loss scaler (bf16, f32) a non-finite loss skips the step on every rank, and the
+// optimizer takes no step.
+TEST(LossScaling, NonFiniteLossSkipsTheStepWithoutAScaler) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  comm::ParallelState state(world, {.tp = 1, .pp = 1, .dp = world->size()});
+  ParallelConfig parallel;
+  parallel.ddp.use_distributed_optimizer = world->size() > 1;
+  ParallelModel model(gpt2(), Device::cpu(), 7, state, parallel);
+  Trainer trainer(model, trainer_config());
+  model.chunk(0).parameter("model.norm.weight").value.set_item(3, std::nan(""));
+  const std::vector<float> before = all_params(model);
+  const tp_testing::Batch b = global_batch(gpt2().vocab_size, 0);
+  const int64_t rows = kGlobalRows / world->size(), first = state.dp_rank() * rows;
+  const StepStats stats = trainer.train_step(b.ids.narrow(first, rows).clone(),
+                                             b.targets.narrow(first, rows).clone(), 1);
+  EXPECT_TRUE(stats.skipped);
+  EXPECT_TRUE(std::isnan(stats.loss));
+  EXPECT_EQ(trainer.optimizer().step(), 0);
+  EXPECT_EQ(trainer.skipped_iterations(), 1);
+  EXPECT_EQ(trainer.iteration(), 1);
+  const std::vector<float> after = all_params(model);
+  ASSERT_EQ(after.size(), before.size());
+  EXPECT_EQ(0, std::memcmp(after.data(), before.data(), after.size() * sizeof(float)))
+      << "a skipped step changed the parameters";
+  world->barrier()->wait();
 }
 
 }  // namespace
