@@ -188,6 +188,13 @@ std::shared_ptr<MpiCommunicator> MpiCommunicator::world() {
   return world;
 }
 
+bool MpiCommunicator::thread_multiple() {
+  int initialized = 0, provided = 0;
+  MPI_CHECK(MPI_Initialized(&initialized));
+  if (initialized) MPI_CHECK(MPI_Query_thread(&provided));
+  return initialized && provided == MPI_THREAD_MULTIPLE;
+}
+
 MPI_Datatype MpiCommunicator::datatype(DType dtype) {
   switch (dtype) {
     case DType::f32:

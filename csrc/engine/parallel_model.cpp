@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "braid/comm/mpi_communicator.h"
+#include "braid/core/log.h"
 #include "braid/engine/schedule.h"
 #include "braid/kernels/ops.h"
 
@@ -30,7 +32,15 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
   const auto layers = stage_layers(int(config.num_layers), pp, v);
   const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
   const DDPConfig& ddp = parallel_.ddp;
-  if (dp > 1 && device.is_cpu()) progress_ = std::make_unique<comm::ProgressThread>();
+  // MPI moves non-blocking collectives only inside MPI calls: a thread polls them, where MPI
+  // allows threads (else the reductions progress when finish_grad_sync waits for them).
+  if (dp > 1 && device.is_cpu()) {
+    if (comm::MpiCommunicator::thread_multiple()) {
+      progress_ = std::make_unique<comm::ProgressThread>();
+    } else if (state.rank() == 0) {
+      log::warn("MPI lacks MPI_THREAD_MULTIPLE: data-parallel reductions will not overlap");
+    }
+  }
   for (int c = 0; c < v; ++c) {
     const int model_chunk = c * pp + state.pp_rank();
     const LayerRange range = layers[size_t(state.pp_rank())][size_t(c)];

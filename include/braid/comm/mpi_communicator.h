@@ -19,6 +19,8 @@ class MpiCommunicator : public Communicator {
   // All processes of the job, named "world". Initialises MPI on first use (and finalises it
   // at exit if it did); collective over MPI_COMM_WORLD then. The same object on every call.
   static std::shared_ptr<MpiCommunicator> world();
+  // Whether MPI is initialised with MPI_THREAD_MULTIPLE (a ProgressThread may poll it).
+  static bool thread_multiple();
   ~MpiCommunicator() override;
 
   int rank() const override { return rank_; }
