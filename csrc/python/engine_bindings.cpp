@@ -1,4 +1,4 @@
-// AdamW, the LR schedule and the Trainer.
+// AdamW, the LR schedule, loss scaling and the Trainer (one process or any layout).
 
 #include <pybind11/stl.h>
 
@@ -6,7 +6,9 @@
 
 #include "bindings.h"
 #include "braid/engine/adamw.h"
+#include "braid/engine/loss_scaler.h"
 #include "braid/engine/lr_schedule.h"
+#include "braid/engine/parallel_model.h"
 #include "braid/engine/trainer.h"
 
 namespace braid::python {
@@ -54,10 +56,51 @@ void bind_engine(py::module_& m) {
            py::arg("decay_iters") = 0, py::arg("style") = "cosine")
       .def("lr_at", &LRSchedule::lr_at, py::arg("iteration"));
 
+  py::class_<LossScaleConfig>(m, "LossScaleConfig",
+                              "Megatron's loss scaling: none (0), constant, or dynamic.")
+      .def(py::init([](float loss_scale, bool dynamic, float initial_loss_scale,
+                       float min_loss_scale, int loss_scale_window, int hysteresis) {
+             LossScaleConfig c;
+             c.loss_scale = loss_scale;
+             c.dynamic = dynamic;
+             c.initial_loss_scale = initial_loss_scale;
+             c.min_loss_scale = min_loss_scale;
+             c.loss_scale_window = loss_scale_window;
+             c.hysteresis = hysteresis;
+             c.validate();
+             return c;
+           }),
+           py::arg("loss_scale") = 0.0f, py::arg("dynamic") = false,
+           py::arg("initial_loss_scale") = 4294967296.0f, py::arg("min_loss_scale") = 1.0f,
+           py::arg("loss_scale_window") = 1000, py::arg("hysteresis") = 2)
+      .def_readwrite("loss_scale", &LossScaleConfig::loss_scale)
+      .def_readwrite("dynamic", &LossScaleConfig::dynamic)
+      .def_readwrite("initial_loss_scale", &LossScaleConfig::initial_loss_scale)
+      .def_readwrite("min_loss_scale", &LossScaleConfig::min_loss_scale)
+      .def_readwrite("loss_scale_window", &LossScaleConfig::loss_scale_window)
+      .def_readwrite("hysteresis", &LossScaleConfig::hysteresis);
+
+  py::class_<TrainerConfig>(m, "TrainerConfig")
+      .def(py::init([](const AdamWConfig& optimizer, const LRSchedule& schedule,
+                       const LossScaleConfig& loss_scale, const std::string& pipeline_schedule) {
+             return TrainerConfig{optimizer, schedule, loss_scale, pipeline_schedule};
+           }),
+           py::arg("optimizer"), py::arg("schedule"), py::arg("loss_scale") = LossScaleConfig{},
+           py::arg("pipeline_schedule") = "1f1b",
+           "pipeline_schedule: \"1f1b\" (interleaved with virtual stages) or \"gpipe\", when pp > "
+           "1.")
+      .def_readwrite("optimizer", &TrainerConfig::optimizer)
+      .def_readwrite("schedule", &TrainerConfig::schedule)
+      .def_readwrite("loss_scale", &TrainerConfig::loss_scale)
+      .def_readwrite("pipeline_schedule", &TrainerConfig::pipeline_schedule);
+
   py::class_<StepStats>(m, "StepStats")
       .def_readonly("loss", &StepStats::loss)
       .def_readonly("grad_norm", &StepStats::grad_norm)
       .def_readonly("lr", &StepStats::lr)
+      .def_readonly("loss_scale", &StepStats::loss_scale)
+      .def_readonly("skipped", &StepStats::skipped)
+      .def_readonly("tokens", &StepStats::tokens)
       .def_readonly("seconds", &StepStats::seconds)
       .def_readonly("tokens_per_second", &StepStats::tokens_per_second)
       .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes);
@@ -80,9 +123,17 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("steps", &AdamW::step);
 
   py::class_<Trainer>(m, "Trainer",
-                      "One training step: microbatches, clipping, AdamW, LR schedule.")
+                      "One training step: microbatches (the pipeline schedule when pp > 1), the "
+                      "data-parallel gradient reduction, clipping, loss scaling, AdamW, LR "
+                      "schedule. Trainer(model, optimizer, schedule) for a one-process GPTModel; "
+                      "Trainer(parallel_model, trainer_config) for any layout.")
       .def(py::init<model::GPTModel&, AdamWConfig, LRSchedule>(), py::arg("model"),
            py::arg("optimizer"), py::arg("schedule"), py::keep_alive<1, 2>())
+      .def(py::init([](ParallelModel& model, const TrainerConfig& config) {
+             py::gil_scoped_release release;
+             return std::make_unique<Trainer>(model, config);
+           }),
+           py::arg("model"), py::arg("config"), py::keep_alive<1, 2>())
       .def(
           "train_step",
           [](Trainer& t, py::handle ids, py::handle targets, int num_microbatches) {
@@ -90,8 +141,11 @@ void bind_engine(py::module_& m) {
             py::gil_scoped_release release;
             return t.train_step(i, tg, num_microbatches);
           },
-          py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1)
-      .def_property_readonly("iteration", &Trainer::iteration);
+          py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1,
+          "ids, targets [B, S]: this DP rank's share of the global batch (the same on every TP "
+          "and PP rank of it), B split into num_microbatches. The loss is the global batch's.")
+      .def_property_readonly("iteration", &Trainer::iteration)
+      .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations);
 }
 
 }  // namespace braid::python

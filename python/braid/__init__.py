@@ -3,17 +3,40 @@
 The heavy lifting lives in the C++ extension ``braid._C``; this package re-exports it.
 Tensors cross the boundary through DLPack without copies on the CPU:
 ``np.from_dlpack(t)``, ``torch.from_dlpack(t)``, ``braid.from_dlpack(array)``.
+
+Under mpirun, ``braid.init_distributed()`` brings MPI up (finalised when the interpreter exits)
+and, on a job of more than one process, makes an uncaught exception end the whole job
+(``braid.abort``) instead of leaving the other ranks waiting in a collective::
+
+    job = braid.init_distributed()
+    state = braid.ParallelState(tp=2, pp=2)            # dp = world size / (tp · pp)
+    model = braid.ParallelModel(cfg, "cpu", 1234, state, braid.ParallelConfig())
+    trainer = braid.Trainer(model, braid.TrainerConfig(optimizer, schedule))
+    trainer.train_step(ids, targets, num_microbatches)  # this DP rank's share of the batch
 """
 
+import sys as _sys
+import traceback as _traceback
+
+from braid import _C
 from braid._C import (  # noqa: F401
     AdamW,
     AdamWConfig,
+    DDPConfig,
+    Distributed,
     GPTModel,
+    LossScaleConfig,
     LRSchedule,
+    ParallelConfig,
+    ParallelLayout,
+    ParallelModel,
+    ParallelState,
     StepStats,
     Tensor,
     Trainer,
+    TrainerConfig,
     TransformerConfig,
+    abort,
     cuda_available,
     cuda_device_count,
     from_dlpack,
@@ -23,3 +46,20 @@ from braid._C import (  # noqa: F401
 )
 
 __version__ = "0.1.0"
+
+
+def _abort_on_uncaught(kind, value, tb):
+    """sys.excepthook of a multi-process job: print the traceback, then end every rank."""
+    _traceback.print_exception(kind, value, tb)
+    _sys.stderr.flush()
+    _C.abort(f"braid: error: uncaught {kind.__name__}: {value}")
+
+
+def init_distributed(timeout_minutes: float = 10.0) -> Distributed:
+    """Brings MPI up once (later calls return the same job and set the collectives' timeout,
+    ``--distributed-timeout-minutes``); returns this process's rank and world size. On a job of
+    more than one process an uncaught exception aborts the job (MPI_Abort)."""
+    job = _C.init_distributed(timeout_minutes)
+    if job.world_size > 1 and _sys.excepthook is _sys.__excepthook__:
+        _sys.excepthook = _abort_on_uncaught
+    return job
