@@ -121,6 +121,11 @@ void AdamW::step_with(float lr, float grad_scale) {
   ++step_;
 }
 
+void AdamW::set_step(int64_t steps) {
+  BRAID_CHECK(steps >= 0, "AdamW: a step count must be >= 0, got ", steps);
+  step_ = steps;
+}
+
 float AdamW::clip_and_step(float lr) {
   const float norm = grad_norm();
   BRAID_CHECK(std::isfinite(norm), "AdamW: the global gradient norm is ", norm, " at step ",

@@ -23,13 +23,20 @@ void ParallelConfig::validate(const model::TransformerConfig& config,
   stage_layers(int(config.num_layers), grid.pp(), virtual_stages);  // ConfigError if uneven
 }
 
+model::ModelChunk pipeline_chunk(int num_layers, int pp, int virtual_stages, int pp_rank,
+                                 int chunk) {
+  const LayerRange range =
+      stage_layers(num_layers, pp, virtual_stages)[size_t(pp_rank)][size_t(chunk)];
+  const int model_chunk = chunk * pp + pp_rank;
+  return {range.begin, range.end, model_chunk == 0, model_chunk == pp * virtual_stages - 1};
+}
+
 ParallelModel::ParallelModel(const model::TransformerConfig& config, Device device, uint64_t seed,
                              const comm::ParallelState& state, const ParallelConfig& parallel)
     : state_(&state), parallel_(parallel) {
   const comm::RankGrid& grid = state.grid();
   parallel_.validate(config, grid);
   const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp();
-  const auto layers = stage_layers(int(config.num_layers), pp, v);
   const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
   const DDPConfig& ddp = parallel_.ddp;
   // MPI moves non-blocking collectives only inside MPI calls: a thread polls them, where MPI
@@ -42,10 +49,8 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
     }
   }
   for (int c = 0; c < v; ++c) {
-    const int model_chunk = c * pp + state.pp_rank();
-    const LayerRange range = layers[size_t(state.pp_rank())][size_t(c)];
-    const model::ModelChunk held{range.begin, range.end, model_chunk == 0,
-                                 model_chunk == pp * v - 1};
+    const model::ModelChunk held =
+        pipeline_chunk(int(config.num_layers), pp, v, state.pp_rank(), c);
     const model::ParamLayout layout =
         model::parameter_layout(config, state.tp_rank(), grid.tp(), held);
     // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see

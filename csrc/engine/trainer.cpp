@@ -75,6 +75,13 @@ Trainer::Trainer(ParallelModel& model, TrainerConfig config)
 
 Trainer::~Trainer() = default;
 
+void Trainer::set_iterations(int64_t iteration, int64_t skipped) {
+  BRAID_CHECK(iteration >= 0 && skipped >= 0 && skipped <= iteration,
+              "Trainer: bad iteration counters ", iteration, " (", skipped, " skipped)");
+  iteration_ = iteration;
+  skipped_ = skipped;
+}
+
 PipelineExecutor& Trainer::executor(int microbatches) {
   if (executor_ == nullptr || executor_->schedule().microbatches != microbatches) {
     const comm::ParallelState& state = *model_.state();

@@ -64,6 +64,7 @@ class AdamW {
   void step_with(float lr, float grad_scale);
 
   int64_t step() const { return step_; }  // steps taken so far
+  void set_step(int64_t steps);           // a loaded checkpoint's count (bias correction)
   const AdamWConfig& config() const { return config_; }
   float weight_decay_of(const model::ParamSpec& spec) const;
 

@@ -30,6 +30,11 @@ struct ParallelConfig {
   void validate(const model::TransformerConfig& config, const comm::RankGrid& grid) const;
 };
 
+// What chunk c of pipeline rank pp_rank holds: model chunk c·pp + pp_rank's layers
+// (stage_layers), the embeddings if it is model chunk 0, the head if it is the last one.
+model::ModelChunk pipeline_chunk(int num_layers, int pp, int virtual_stages, int pp_rank,
+                                 int chunk);
+
 class ParallelModel {
  public:
   // Collective over state.world(). The communicators must work on `device`.

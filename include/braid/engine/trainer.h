@@ -61,6 +61,10 @@ class Trainer {
   AdamW& optimizer() { return *optimizer_; }
   const LRSchedule& schedule() const { return config_.schedule; }
   const LossScaler& loss_scaler() const { return scaler_; }
+  LossScaler& loss_scaler() { return scaler_; }
+  const TrainerConfig& config() const { return config_; }
+  // A loaded checkpoint's counters (checkpoint.h).
+  void set_iterations(int64_t iteration, int64_t skipped);
 
  private:
   PipelineExecutor& executor(int microbatches);

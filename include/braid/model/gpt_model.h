@@ -115,6 +115,14 @@ class GPTModel {
 
   bool has_activations(int microbatch) const { return activations_.count(microbatch) > 0; }
 
+  // Dropout's random state: masks are Philox streams of (seed, training forwards so far,
+  // layer). Checkpoints save it and set it back; setting the seed does not re-initialise.
+  uint64_t dropout_forwards() const { return forward_count_; }
+  void set_rng_state(uint64_t seed, uint64_t dropout_forwards) {
+    seed_ = seed;
+    forward_count_ = dropout_forwards;
+  }
+
  private:
   struct Microbatch;  // what one forward keeps for its backward (gpt_model.cpp)
 
