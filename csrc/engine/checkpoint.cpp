@@ -1,0 +1,535 @@
+#include "braid/engine/checkpoint.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "braid/ckpt/atomic_dir.h"
+#include "braid/ckpt/safetensors.h"
+#include "braid/kernels/ops.h"
+
+namespace braid::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
+constexpr const char* kMetadata = "metadata.json";
+
+// ---- layout ----------------------------------------------------------------------------------
+
+struct SavedLayout {
+  int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
+  bool distributed_optimizer = false;
+};
+
+SavedLayout layout_of(const ParallelModel& model) {
+  SavedLayout l;
+  if (const comm::ParallelState* s = model.state()) {
+    l.tp = s->grid().tp();
+    l.pp = s->grid().pp();
+    l.dp = s->grid().dp();
+  } else {
+    l.tp = model.chunk(0).tensor_parallel().size();
+  }
+  l.virtual_stages = model.num_chunks();
+  l.distributed_optimizer = model.parallel().ddp.use_distributed_optimizer;
+  return l;
+}
+
+std::string file_name(int tp_rank, int pp_rank) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d.safetensors", tp_rank, pp_rank);
+  return name;
+}
+
+// One parameter's slice that a (tp, pp) position stores: the valid rows (tp_dim 0) or columns
+// (tp_dim 1) [start, start + length) of its TP shard; the whole tensor when replicated.
+struct Slice {
+  size_t param;  // index in the chunk's layout
+  int tp_dim;
+  int64_t start;
+  int64_t length;
+};
+
+// The slices this TP rank's chunk stores: not the last stage's copy of tied embeddings, not a
+// kv head another TP rank stores already, nothing for an all-padding vocabulary slice.
+std::vector<Slice> stored_slices(const model::ParamLayout& layout) {
+  std::vector<Slice> out;
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    const model::ParamSpec& spec = layout.specs[i];
+    const model::ParamShard& shard = layout.shards[i];
+    if (spec.name == "model.embed_tokens.weight" && !layout.chunk.embedding) continue;
+    if (layout.tp_rank % shard.replicas != 0) continue;
+    const Shape valid = shard.valid_shape();
+    if (valid.numel() == 0) continue;
+    const int dim = shard.replicas == layout.tp_size && layout.tp_size > 1 ? -1 : spec.tp_dim;
+    out.push_back(Slice{i, dim, dim >= 0 ? shard.start : 0, dim >= 0 ? valid[dim] : spec.shape[0]});
+  }
+  return out;
+}
+
+// ---- model config ----------------------------------------------------------------------------
+
+json config_json(const model::TransformerConfig& c) {
+  return json{{"num_layers", c.num_layers},
+              {"hidden_size", c.hidden_size},
+              {"num_attention_heads", c.num_attention_heads},
+              {"num_query_groups", c.kv_heads()},
+              {"ffn_hidden_size", c.ffn_hidden_size},
+              {"vocab_size", c.vocab_size},
+              {"max_position_embeddings", c.max_position_embeddings},
+              {"normalization", model::to_string(c.normalization)},
+              {"activation", model::to_string(c.activation)},
+              {"position_embedding", model::to_string(c.position_embedding)},
+              {"add_bias_linear", c.add_bias_linear},
+              {"tie_embeddings", c.tie_embeddings},
+              {"rope_theta", c.rope_theta},
+              {"norm_eps", c.norm_eps},
+              {"params_dtype", dtype_name(c.params_dtype)}};
+}
+
+// ConfigError naming the first field that makes the checkpoint a different model.
+void check_same_model(const json& saved, const model::TransformerConfig& config,
+                      const std::string& where) {
+  const json mine = config_json(config);
+  for (const char* key :
+       {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+        "vocab_size", "max_position_embeddings", "normalization", "activation",
+        "position_embedding", "add_bias_linear", "tie_embeddings"}) {
+    BRAID_CONFIG_CHECK(saved.contains(key), where, ": the saved config has no ", key);
+    BRAID_CONFIG_CHECK(saved.at(key) == mine.at(key), where, ": a different model - ", key, " is ",
+                       saved.at(key).dump(), " in the checkpoint and ", mine.at(key).dump(),
+                       " in this run");
+  }
+}
+
+// ---- optimizer state -------------------------------------------------------------------------
+
+// A chunk's optimizer state over its whole flat buffer (f32, on the model's device): ZeRO's
+// shards all-gathered over the DP group (collective there), else this rank's own.
+struct ChunkState {
+  Tensor exp_avg, exp_avg_sq, master;  // master undefined for f32 parameters
+};
+
+ChunkState gather_state(Trainer& trainer, int c) {
+  const ParallelModel& model = trainer.model();
+  const model::GPTModel& m = model.chunk(c);
+  const GradBuffer& buffer = model.grad_buffer(c);
+  const int64_t n = m.flat_params().numel();
+  const bool bf16 = m.flat_params().dtype() != DType::f32;
+  ChunkState full{Tensor::zeros({n}, DType::f32, m.device()),
+                  Tensor::zeros({n}, DType::f32, m.device()),
+                  bf16 ? Tensor::zeros({n}, DType::f32, m.device()) : Tensor()};
+  std::vector<const AdamW::Segment*> segments;
+  for (const AdamW::Segment& s : trainer.optimizer().segments())
+    if (s.chunk == c) segments.push_back(&s);
+  const bool sharded = buffer.sharded() && buffer.dp_size() > 1;
+  for (const Bucket& bucket : buffer.buckets()) {
+    const ElementRange owned =
+        sharded ? bucket.shard(buffer.dp_rank(), buffer.dp_size()) : bucket.range;
+    auto it = std::find_if(segments.begin(), segments.end(), [&](const AdamW::Segment* s) {
+      return s->range.begin == owned.begin && s->range.end == owned.end;
+    });
+    BRAID_CHECK(it != segments.end(), "checkpoint: no optimizer segment for [", owned.begin, ", ",
+                owned.end, ") of chunk ", c);
+    const AdamW::Segment& seg = **it;
+    const int64_t begin = bucket.range.begin, size = bucket.range.size();
+    auto place = [&](const Tensor& part, Tensor& whole) {
+      if (sharded) {
+        model.state()->dp().all_gather(part, whole.slice(begin, {size}))->wait();
+      } else {
+        whole.slice(begin, {size}).copy_from(part);
+      }
+    };
+    place(seg.exp_avg, full.exp_avg);
+    place(seg.exp_avg_sq, full.exp_avg_sq);
+    if (bf16) place(seg.master, full.master);
+  }
+  return full;
+}
+
+// ---- files -----------------------------------------------------------------------------------
+
+Tensor host_f32(const Tensor& t) {
+  Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());
+  if (host.dtype() == DType::f32) return host;
+  Tensor f = Tensor::empty(host.shape(), DType::f32);
+  ops::cast(f, host);
+  return f;
+}
+
+// Runs `body` on every rank; if it throws on any, every rank throws (its own error, or one
+// saying another rank failed), so no rank goes on to a collective the others never reach.
+template <typename Body>
+void on_every_rank(const ParallelModel& model, const char* what, Body&& body) {
+  std::exception_ptr error;
+  try {
+    body();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  const comm::ParallelState* state = model.state();
+  if (state != nullptr && state->world().size() > 1) {
+    Tensor flag = Tensor::empty({1}, DType::i32);
+    flag.data_ptr<int32_t>()[0] = error ? 1 : 0;
+    Tensor on_device = flag.to(state->world().device());
+    state->world().all_reduce(on_device, comm::ReduceOp::max)->wait();
+    BRAID_CONFIG_CHECK(error || on_device.to(Device::cpu()).data_ptr<int32_t>()[0] == 0, what,
+                       " failed on another rank (its message says why)");
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+void barrier(const ParallelModel& model) {
+  if (model.state() != nullptr) model.state()->world().barrier()->wait();
+}
+
+// `text` from world rank 0 on every rank.
+std::string broadcast_string(const ParallelModel& model, const std::string& text) {
+  const comm::ParallelState* state = model.state();
+  if (state == nullptr || state->world().size() == 1) return text;
+  comm::Communicator& world = state->world();
+  Tensor size = Tensor::empty({1}, DType::i64);
+  size.data_ptr<int64_t>()[0] = int64_t(text.size());
+  Tensor on_device = size.to(world.device());
+  world.broadcast(on_device, 0)->wait();
+  const int64_t n = on_device.to(Device::cpu()).data_ptr<int64_t>()[0];
+  Tensor bytes = Tensor::zeros({std::max<int64_t>(n, 1)}, DType::i32);
+  for (int64_t i = 0; i < int64_t(text.size()); ++i)
+    bytes.data_ptr<int32_t>()[i] = static_cast<unsigned char>(text[size_t(i)]);
+  on_device = bytes.to(world.device());
+  world.broadcast(on_device, 0)->wait();
+  const Tensor host = on_device.to(Device::cpu());
+  std::string out(size_t(n), '\0');
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = char(host.data_ptr<int32_t>()[i]);
+  return out;
+}
+
+int world_rank(const ParallelModel& model) {
+  return model.state() != nullptr ? model.state()->rank() : 0;
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  BRAID_CONFIG_CHECK(in.good(), "checkpoint: cannot read ", path.string());
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    BRAID_CONFIG_CHECK(false, "checkpoint: ", path.string(), " is not valid JSON: ", e.what());
+    throw;
+  }
+}
+
+}  // namespace
+
+std::string iteration_directory(const std::string& dir, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "iter_%07lld", static_cast<long long>(iteration));
+  return (fs::path(dir) / name).string();
+}
+
+int64_t latest_iteration(const std::string& dir) {
+  const fs::path tracker = fs::path(dir) / kTracker;
+  if (!fs::exists(tracker)) return -1;
+  std::ifstream in(tracker);
+  std::string text;
+  in >> text;
+  char* end = nullptr;
+  const long long iteration = std::strtoll(text.c_str(), &end, 10);
+  BRAID_CONFIG_CHECK(!text.empty() && *end == '\0' && iteration >= 0,
+                     "checkpoint: ", tracker.string(), " should hold an iteration number, holds '",
+                     text, "'");
+  return iteration;
+}
+
+std::string save_checkpoint(const std::string& dir, Trainer& trainer, const LoopState& loop,
+                            const SaveOptions& options) {
+  ParallelModel& model = trainer.model();
+  model.finish_param_gather();
+  const SavedLayout saved = layout_of(model);
+  const comm::ParallelState* state = model.state();
+  const int tp_rank = state != nullptr ? state->tp_rank() : 0;
+  const int pp_rank = state != nullptr ? state->pp_rank() : 0;
+  const bool writer = state == nullptr || state->dp_rank() == 0;
+  const int64_t iteration = trainer.iteration();
+  const fs::path final_dir = iteration_directory(dir, iteration);
+  const bool root = world_rank(model) == 0;
+
+  // Rank 0 opens the temporary directory every rank writes into.
+  std::unique_ptr<ckpt::AtomicDirectory> staging;
+  std::string tmp_name;
+  on_every_rank(model, "saving the checkpoint", [&] {
+    if (!root) return;
+    fs::create_directories(dir);
+    ckpt::remove_stale_temporaries(dir);  // left by a save that died
+    staging = std::make_unique<ckpt::AtomicDirectory>(final_dir,
+                                                      ckpt::AtomicDirectory::Existing::replace);
+    tmp_name = staging->path().string();
+  });
+  const fs::path tmp_dir = broadcast_string(model, tmp_name);
+
+  // The chunks' optimizer state, gathered over DP (collective: every rank, writer or not).
+  std::vector<ChunkState> states;
+  if (options.save_optim)
+    for (int c = 0; c < model.num_chunks(); ++c) states.push_back(gather_state(trainer, c));
+
+  on_every_rank(model, "saving the checkpoint", [&] {
+    if (!writer) return;
+    ckpt::SafetensorsWriter out;
+    for (int c = 0; c < model.num_chunks(); ++c) {
+      const model::GPTModel& m = model.chunk(c);
+      const model::ParamLayout& layout = m.layout();
+      for (const Slice& s : stored_slices(layout)) {
+        const model::Parameter& p = m.parameters()[s.param];
+        const std::string& name = p.spec.name;
+        out.add(name, p.value);
+        if (!options.save_optim) continue;
+        const int64_t at = layout.offsets[s.param];
+        const Shape shape = p.value.shape();
+        out.add("optimizer.exp_avg." + name, states[size_t(c)].exp_avg.slice(at, shape));
+        out.add("optimizer.exp_avg_sq." + name, states[size_t(c)].exp_avg_sq.slice(at, shape));
+        if (states[size_t(c)].master.defined())
+          out.add("optimizer.master." + name, states[size_t(c)].master.slice(at, shape));
+      }
+    }
+    out.write((tmp_dir / file_name(tp_rank, pp_rank)).string());
+  });
+  barrier(model);
+
+  on_every_rank(model, "saving the checkpoint", [&] {
+    if (!root) return;
+    const model::TransformerConfig& config = model.config();
+    json tensors = json::object();
+    const bool bf16 = config.params_dtype != DType::f32;
+    for (int p = 0; p < saved.pp; ++p) {
+      for (int c = 0; c < saved.virtual_stages; ++c) {
+        const model::ModelChunk held =
+            pipeline_chunk(int(config.num_layers), saved.pp, saved.virtual_stages, p, c);
+        for (int t = 0; t < saved.tp; ++t) {
+          const model::ParamLayout layout = model::parameter_layout(config, t, saved.tp, held);
+          for (const Slice& s : stored_slices(layout)) {
+            const model::ParamSpec& spec = layout.specs[s.param];
+            std::vector<std::string> keys{spec.name};
+            if (options.save_optim) {
+              keys.push_back("optimizer.exp_avg." + spec.name);
+              keys.push_back("optimizer.exp_avg_sq." + spec.name);
+              if (bf16) keys.push_back("optimizer.master." + spec.name);
+            }
+            for (const std::string& key : keys) {
+              json& entry = tensors[key];
+              entry["shape"] = std::vector<int64_t>(spec.shape.begin(), spec.shape.end());
+              entry["split_dim"] = s.tp_dim;
+              entry["shards"].push_back(
+                  json{{"file", file_name(t, p)}, {"start", s.start}, {"length", s.length}});
+            }
+          }
+        }
+      }
+    }
+    const LossScaler::State scaler = trainer.loss_scaler().state();
+    json meta{{"format", "braid-checkpoint"},
+              {"format_version", kCheckpointFormatVersion},
+              {"iteration", iteration},
+              {"config", config_json(config)},
+              {"layout",
+               {{"tensor_model_parallel_size", saved.tp},
+                {"pipeline_model_parallel_size", saved.pp},
+                {"data_parallel_size", saved.dp},
+                {"virtual_pipeline_stages", saved.virtual_stages},
+                {"use_distributed_optimizer", saved.distributed_optimizer}}},
+              {"trainer",
+               {{"iteration", trainer.iteration()},
+                {"skipped_iterations", trainer.skipped_iterations()},
+                {"optimizer_steps", trainer.optimizer().step()}}},
+              {"loss_scaler",
+               {{"scale", scaler.scale},
+                {"growth_tracker", scaler.growth_tracker},
+                {"hysteresis_tracker", scaler.hysteresis_tracker}}},
+              {"consumed_samples", loop.consumed_samples},
+              {"optimizer", options.save_optim},
+              {"tensors", tensors}};
+    if (options.save_rng) {
+      meta["rng"] = {{"seed", model.chunk(0).seed()},
+                     {"dropout_forwards", model.chunk(0).dropout_forwards()}};
+    }
+    ckpt::write_file(tmp_dir / kMetadata, meta.dump(1) + "\n");
+    staging->commit();  // fsyncs everything, renames into place (replacing a re-save)
+    ckpt::replace_file_atomically(fs::path(dir) / kTracker, std::to_string(iteration) + "\n");
+  });
+  barrier(model);
+  return final_dir.string();
+}
+
+namespace {
+
+// Reads the saved pieces of one tensor that overlap [start, start + length) along split_dim
+// (the whole tensor when replicated) into `dst` (host f32 of that slice's shape).
+class CheckpointReader {
+ public:
+  CheckpointReader(fs::path dir, const json& tensors) : dir_(std::move(dir)), tensors_(tensors) {}
+
+  bool has(const std::string& key) const { return tensors_.contains(key); }
+
+  void read(const std::string& key, const Shape& global, int split_dim, int64_t start,
+            int64_t length, Tensor& dst) {
+    BRAID_CONFIG_CHECK(tensors_.contains(key), "checkpoint ", dir_.string(), " has no tensor ",
+                       key);
+    const json& entry = tensors_.at(key);
+    const std::vector<int64_t> saved_shape = entry.at("shape").get<std::vector<int64_t>>();
+    BRAID_CONFIG_CHECK(Shape(std::span<const int64_t>(saved_shape)) == global, "checkpoint ",
+                       dir_.string(), ": ", key, " is ",
+                       Shape(std::span<const int64_t>(saved_shape)), " there but ", global,
+                       " in this model's config");
+    const int64_t rows = global[0], cols = global.dim() > 1 ? global[1] : 1;
+    const int saved_dim = entry.at("split_dim").get<int>();
+    int64_t covered = 0;
+    for (const json& shard : entry.at("shards")) {
+      const int64_t s_start = shard.at("start").get<int64_t>();
+      const int64_t s_len = shard.at("length").get<int64_t>();
+      const std::string file = shard.at("file").get<std::string>();
+      // Both slices as [row0, row1) × [col0, col1) of the global tensor.
+      auto box = [&](int d, int64_t a, int64_t n) {
+        return std::array<int64_t, 4>{d == 0 ? a : 0, d == 0 ? a + n : rows, d == 1 ? a : 0,
+                                      d == 1 ? a + n : cols};
+      };
+      const auto want = box(split_dim, start, length);
+      const auto have = box(saved_dim, s_start, s_len);
+      const int64_t r0 = std::max(want[0], have[0]), r1 = std::min(want[1], have[1]);
+      const int64_t c0 = std::max(want[2], have[2]), c1 = std::min(want[3], have[3]);
+      if (r0 >= r1 || c0 >= c1) continue;
+      const Tensor src = tensor(file, key, Shape{have[1] - have[0], have[3] - have[2]});
+      const float* in = src.data_ptr<float>();
+      float* out = dst.data_ptr<float>();
+      const int64_t in_cols = have[3] - have[2], out_cols = want[3] - want[2];
+      for (int64_t r = r0; r < r1; ++r) {
+        std::memcpy(out + (r - want[0]) * out_cols + (c0 - want[2]),
+                    in + (r - have[0]) * in_cols + (c0 - have[2]), size_t(c1 - c0) * sizeof(float));
+      }
+      covered += (r1 - r0) * (c1 - c0);
+    }
+    BRAID_CONFIG_CHECK(covered == dst.numel(), "checkpoint ", dir_.string(), ": the shards of ",
+                       key, " cover ", covered, " of the ", dst.numel(),
+                       " elements this rank needs");
+  }
+
+ private:
+  // The saved piece `key` of `file` as host f32 [rows, cols].
+  Tensor tensor(const std::string& file, const std::string& key, const Shape& rows_cols) {
+    auto it = files_.find(file);
+    if (it == files_.end())
+      it = files_.emplace(file, ckpt::SafetensorsFile::open((dir_ / file).string())).first;
+    const ckpt::SafetensorsFile& f = it->second;
+    Tensor t = host_f32(f.view(key));
+    BRAID_CONFIG_CHECK(t.numel() == rows_cols.numel(), "checkpoint ", (dir_ / file).string(), ": ",
+                       key, " holds ", t.shape(), ", the index says ", rows_cols);
+    return t.view(rows_cols);
+  }
+
+  fs::path dir_;
+  const json& tensors_;
+  std::map<std::string, ckpt::SafetensorsFile> files_;
+};
+
+}  // namespace
+
+LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOptions& options) {
+  ParallelModel& model = trainer.model();
+  model.finish_param_gather();
+  LoopState loop;
+  on_every_rank(model, "loading the checkpoint", [&] {
+    const int64_t iteration = options.iteration >= 0 ? options.iteration : latest_iteration(dir);
+    BRAID_CONFIG_CHECK(iteration >= 0, "checkpoint: no ", kTracker, " in ", dir,
+                       " (nothing saved there yet)");
+    const fs::path path = iteration_directory(dir, iteration);
+    BRAID_CONFIG_CHECK(fs::is_directory(path), "checkpoint: ", path.string(), " does not exist");
+    const json meta = read_json(path / kMetadata);
+    const std::string where = (path / kMetadata).string();
+    BRAID_CONFIG_CHECK(meta.value("format", "") == "braid-checkpoint", where,
+                       ": not a braid checkpoint");
+    const int version = meta.at("format_version").get<int>();
+    BRAID_CONFIG_CHECK(version <= kCheckpointFormatVersion, where, ": format version ", version,
+                       " is newer than this braid reads (", kCheckpointFormatVersion,
+                       "); update braid");
+    check_same_model(meta.at("config"), model.config(), where);
+    const bool with_optim = options.load_optim && !options.finetune;
+    BRAID_CONFIG_CHECK(!with_optim || meta.at("optimizer").get<bool>(), where,
+                       ": saved without optimizer state; load with --no-load-optim or --finetune");
+    CheckpointReader reader(path, meta.at("tensors"));
+    const bool master_saved =
+        !meta.at("tensors").empty() &&
+        reader.has("optimizer.master." + model.chunk(0).parameters().front().spec.name);
+
+    for (int c = 0; c < model.num_chunks(); ++c) {
+      model::GPTModel& m = model.chunk(c);
+      const model::ParamLayout& layout = m.layout();
+      const int64_t n = m.flat_params().numel();
+      // The chunk's values and (with the optimizer) state over its whole buffer, host f32.
+      Tensor values = Tensor::zeros({n}, DType::f32);
+      Tensor exp_avg = Tensor::zeros({n}, DType::f32), exp_avg_sq = Tensor::zeros({n}, DType::f32);
+      for (size_t i = 0; i < layout.specs.size(); ++i) {
+        const model::ParamSpec& spec = layout.specs[i];
+        const model::ParamShard& shard = layout.shards[i];
+        const Shape valid = shard.valid_shape();
+        if (valid.numel() == 0) continue;
+        const int dim = spec.tp_dim >= 0 && layout.tp_size > 1 && shard.replicas < layout.tp_size
+                            ? spec.tp_dim
+                            : -1;
+        const int64_t start = dim >= 0 ? shard.start : 0;
+        const int64_t length = dim >= 0 ? valid[dim] : spec.shape[0];
+        Tensor dst = values.slice(layout.offsets[i], valid);
+        const bool use_master = master_saved && m.flat_params().dtype() == DType::f32;
+        reader.read(use_master ? "optimizer.master." + spec.name : spec.name, spec.shape, dim,
+                    start, length, dst);
+        if (!with_optim) continue;
+        Tensor m1 = exp_avg.slice(layout.offsets[i], valid);
+        Tensor m2 = exp_avg_sq.slice(layout.offsets[i], valid);
+        reader.read("optimizer.exp_avg." + spec.name, spec.shape, dim, start, length, m1);
+        reader.read("optimizer.exp_avg_sq." + spec.name, spec.shape, dim, start, length, m2);
+        if (master_saved && m.flat_params().dtype() != DType::f32) {
+          reader.read("optimizer.master." + spec.name, spec.shape, dim, start, length, dst);
+        }
+      }
+      // Parameters (rounded to their dtype), then this rank's optimizer segments.
+      ops::cast(m.flat_params(), values.to(m.device()));
+      if (!with_optim) continue;
+      for (const AdamW::Segment& seg : trainer.optimizer().segments()) {
+        if (seg.chunk != c) continue;
+        const int64_t b = seg.range.begin, size = seg.range.size();
+        const_cast<Tensor&>(seg.exp_avg).copy_from(exp_avg.slice(b, {size}).to(m.device()));
+        const_cast<Tensor&>(seg.exp_avg_sq).copy_from(exp_avg_sq.slice(b, {size}).to(m.device()));
+        if (m.flat_params().dtype() != DType::f32)  // f32: the master is the parameters
+          const_cast<Tensor&>(seg.master).copy_from(values.slice(b, {size}).to(m.device()));
+      }
+    }
+    if (options.finetune) return;
+    loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
+    if (with_optim) {
+      const json& t = meta.at("trainer");
+      trainer.set_iterations(t.at("iteration").get<int64_t>(),
+                             t.at("skipped_iterations").get<int64_t>());
+      trainer.optimizer().set_step(t.at("optimizer_steps").get<int64_t>());
+      const json& s = meta.at("loss_scaler");
+      trainer.loss_scaler().load_state({s.at("scale").get<float>(),
+                                        s.at("growth_tracker").get<int>(),
+                                        s.at("hysteresis_tracker").get<int>()});
+    }
+    if (options.load_rng && meta.contains("rng")) {
+      const json& rng = meta.at("rng");
+      for (int c = 0; c < model.num_chunks(); ++c)
+        model.chunk(c).set_rng_state(rng.at("seed").get<uint64_t>(),
+                                     rng.at("dropout_forwards").get<uint64_t>());
+    }
+  });
+  barrier(model);
+  return loop;
+}
+
+}  // namespace braid::engine

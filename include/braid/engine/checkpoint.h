@@ -1,0 +1,70 @@
+#pragma once
+// Distributed checkpoints: a Trainer's whole state saved under one (tp, pp, dp, ZeRO, virtual
+// stages) layout and loaded under any other, optimizer state included.
+//
+// On disk (Megatron's names):
+//   <dir>/latest_checkpointed_iteration.txt   the last complete iteration, replaced by rename
+//   <dir>/iter_0000100/metadata.json          format version, iteration, model config, the
+//                                             layout it was saved from, trainer, loss-scaler
+//                                             and RNG state, consumed samples, tensor index
+//   <dir>/iter_0000100/mp_rank_TT_PPP.safetensors   one per (tp, pp) position
+//
+// Tensors are stored at their global names with the layout taken out: a file holds, for each
+// parameter its (tp, pp) position owns, the rows (or columns) of its TP shard without
+// vocabulary padding - tied embeddings once, from the first stage; kv heads that TP ranks
+// share once, from the first of them - and with the optimizer `optimizer.exp_avg.<name>`,
+// `optimizer.exp_avg_sq.<name>` and (bf16 parameters) `optimizer.master.<name>`, f32, the same
+// slice. ZeRO shards are gathered over the DP group first; DP rank 0 writes. The index in
+// metadata.json gives each tensor's global shape, split dimension and the slice each file
+// holds, so a loader takes from each file the part its own shard overlaps.
+//
+// Atomic: every rank writes into <dir>/iter_XXXXXXX.tmp and fsyncs its file; rank 0 writes
+// metadata.json last, renames the directory into place, fsyncs <dir>, then replaces the
+// tracker file by rename. A process killed at any moment leaves the previous checkpoint and
+// a tracker naming a complete one. Loading reads safetensors and JSON only: nothing in a
+// checkpoint is executed.
+
+#include <cstdint>
+#include <string>
+
+#include "braid/engine/trainer.h"
+
+namespace braid::engine {
+
+constexpr int kCheckpointFormatVersion = 1;
+
+struct SaveOptions {
+  bool save_optim = true;  // not --no-save-optim
+  bool save_rng = true;    // not --no-save-rng
+};
+
+struct LoadOptions {
+  bool load_optim = true;  // not --no-load-optim
+  bool load_rng = true;    // not --no-load-rng
+  bool finetune = false;   // --finetune: parameters only; iteration, optimizer and RNG start anew
+  int64_t iteration = -1;  // --ckpt-step; -1: the tracker file's
+};
+
+// What the training loop keeps besides the Trainer.
+struct LoopState {
+  int64_t consumed_samples = 0;  // the data loader's position, over all DP ranks
+};
+
+// The iteration the tracker file in `dir` names; -1 when there is no checkpoint yet.
+int64_t latest_iteration(const std::string& dir);
+std::string iteration_directory(const std::string& dir, int64_t iteration);
+
+// Collective over the model's world (every rank, the same arguments). Saves the trainer at its
+// current iteration; returns the checkpoint's directory. Files go to a shared file system.
+std::string save_checkpoint(const std::string& dir, Trainer& trainer, const LoopState& loop,
+                            const SaveOptions& options = {});
+
+// Collective. Loads the latest (or options.iteration) checkpoint of `dir` into the trainer -
+// parameters, and unless told otherwise optimizer state, iteration counters, loss scale and
+// dropout RNG - and returns the loop state it saved. ConfigError naming the file and tensor
+// for anything that does not fit: no checkpoint, a missing or truncated file, a different
+// model, a shape that disagrees with the config, a format version from the future.
+LoopState load_checkpoint(const std::string& dir, Trainer& trainer,
+                          const LoadOptions& options = {});
+
+}  // namespace braid::engine
