@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -198,6 +199,130 @@ TEST(CheckpointResume, BitIdenticalToAnUninterruptedRun) {
   for (size_t s = 0; s < straight.size(); ++s)
     EXPECT_EQ(std::memcmp(&resumed[s], &straight[s], sizeof(float)), 0)
         << "step " << s + 1 << ": " << resumed[s] << " vs " << straight[s];
+  barrier();
+}
+
+}  // namespace
+
+namespace {
+
+// Every way a checkpoint can be wrong is one clear ConfigError, the same on every rank (each
+// rank names what it found; the others say another rank failed), and nothing is loaded half.
+class CheckpointErrors : public testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = scratch("errors_" +
+                   std::string(testing::UnitTest::GetInstance()->current_test_info()->name()));
+    job_ = std::make_unique<Job>(llama(), layout(), 3);
+    job_->step(llama());
+    save_checkpoint(dir_, *job_->trainer, {});
+    path_ = iteration_directory(dir_, 1);
+  }
+  static Layout layout() {
+    const int world = comm::init_distributed().world->size();
+    return world == 8 ? Layout{2, 2, 2, true} : Layout{1, 1, world, true};
+  }
+  bool root() const { return comm::init_distributed().world->rank() == 0; }
+
+  // Loads into a fresh job and returns the error message (empty: it loaded).
+  std::string load_error(const TransformerConfig& config, const LoadOptions& options = {}) {
+    barrier();
+    Job job(config, layout(), 9);
+    try {
+      load_checkpoint(dir_, *job.trainer, options);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  void edit_metadata(const std::function<void(std::string&)>& edit) {
+    if (root()) {
+      std::ifstream in(path_ + "/metadata.json");
+      std::stringstream text;
+      text << in.rdbuf();
+      std::string s = text.str();
+      edit(s);
+      std::ofstream(path_ + "/metadata.json") << s;
+    }
+  }
+
+  std::string dir_, path_;
+  std::unique_ptr<Job> job_;
+};
+
+// "what" contains one of the needles.
+testing::AssertionResult Mentions(const std::string& what,
+                                  std::initializer_list<const char*> needles) {
+  for (const char* n : needles)
+    if (what.find(n) != std::string::npos) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "the error '" << what << "' mentions none of the expected";
+}
+
+TEST_F(CheckpointErrors, NothingSaved) {
+  const std::string empty = scratch("nothing_here");
+  Job job(llama(), layout(), 9);
+  try {
+    load_checkpoint(empty, *job.trainer);
+    FAIL() << "loaded from an empty directory";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(Mentions(e.what(), {"latest_checkpointed_iteration.txt"}));
+  }
+  barrier();
+}
+
+TEST_F(CheckpointErrors, MissingFileIsNamed) {
+  if (root()) fs::remove(path_ + "/mp_rank_00_000.safetensors");
+  const std::string error = load_error(llama());
+  EXPECT_TRUE(Mentions(error, {"mp_rank_00_000.safetensors", "another rank"}));
+  EXPECT_FALSE(error.empty());
+  barrier();
+}
+
+TEST_F(CheckpointErrors, TruncatedFileIsNamed) {
+  if (root()) {
+    const std::string file = path_ + "/mp_rank_00_000.safetensors";
+    fs::resize_file(file, fs::file_size(file) - 100);
+  }
+  const std::string error = load_error(llama());
+  EXPECT_TRUE(Mentions(error, {"mp_rank_00_000.safetensors", "another rank"}));
+  EXPECT_FALSE(error.empty());
+  barrier();
+}
+
+TEST_F(CheckpointErrors, DifferentModelNamesTheField) {
+  TransformerConfig other = llama();
+  other.ffn_hidden_size = 128;
+  EXPECT_TRUE(Mentions(load_error(other), {"ffn_hidden_size is 96 in the checkpoint"}));
+  barrier();
+}
+
+TEST_F(CheckpointErrors, FutureFormatVersion) {
+  edit_metadata([](std::string& s) {
+    const std::string key = "\"format_version\": 1";
+    s.replace(s.find(key), key.size(), "\"format_version\": 99");
+  });
+  EXPECT_TRUE(Mentions(load_error(llama()), {"format version 99 is newer"}));
+  barrier();
+}
+
+TEST_F(CheckpointErrors, ShapeThatDisagreesWithTheConfigNamesTheTensor) {
+  edit_metadata([](std::string& s) {
+    // model.norm.weight's global shape [64] becomes [65].
+    const std::string key = "\"model.norm.weight\": {";
+    const size_t at = s.find("[", s.find(key));
+    s.replace(at, s.find("]", at) - at + 1, "[\n   65\n  ]");
+  });
+  // Ranks whose stage holds the final norm name it; the others say another rank failed.
+  EXPECT_TRUE(Mentions(load_error(llama()), {"model.norm.weight is [65]", "another rank"}));
+  barrier();
+}
+
+TEST_F(CheckpointErrors, NoOptimizerStateNeedsNoLoadOptim) {
+  barrier();
+  save_checkpoint(dir_, *job_->trainer, {}, {.save_optim = false});
+  EXPECT_TRUE(Mentions(load_error(llama()), {"--no-load-optim"}));
+  EXPECT_EQ(load_error(llama(), {.load_optim = false}), "");
   barrier();
 }
 
