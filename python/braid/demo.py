@@ -1,5 +1,12 @@
 """``make demo``: train a small GPT on the embedded addition data on the CPU.
 
+One process by default; under mpirun it trains under a (tp, pp, dp) layout with Megatron's
+flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, dp = ranks / (tp ·
+pp), ``--sequence-parallel``, ``--use-distributed-optimizer``, ...): every DP rank reads its own
+share of each global batch, and at the end the whole model is gathered onto every rank and rank
+0 evaluates it (only rank 0 prints). A bad layout or flag is one ``braid: error: ...`` line and
+exit code 2.
+
 Prints one line per logging step and, at the end, the exact-match accuracy on held-out
 problems as ``demo: accuracy=<fraction> time=<seconds>s`` and a few sampled completions.
 
@@ -35,6 +42,23 @@ def parse_args(argv=None):
                    help="fraction of training operands drawn below 10^(digits-1)")
     p.add_argument("--train-iters", type=int, default=1200)
     p.add_argument("--micro-batch-size", type=int, default=96)
+    p.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per step over all DP ranks (default: micro-batch size x dp); "
+                        "each DP rank runs global / (micro x dp) microbatches")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    p.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="interleaved 1F1B: each pipeline rank holds num_layers / (pp x this) "
+                        "model chunks")
+    p.add_argument("--pipeline-schedule", default="1f1b", choices=["1f1b", "gpipe"])
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="ZeRO-1: each DP rank keeps and updates its shard of the optimizer state")
+    p.add_argument("--overlap-grad-reduce", action="store_true")
+    p.add_argument("--overlap-param-gather", action="store_true")
+    p.add_argument("--ddp-bucket-size", type=int, default=0,
+                   help="elements per gradient bucket (0: Megatron's default)")
+    p.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
     p.add_argument("--num-layers", type=int, default=3)
     p.add_argument("--hidden-size", type=int, default=128)
     p.add_argument("--num-attention-heads", type=int, default=4)
@@ -75,11 +99,11 @@ def default_cache_dir() -> str:
 
 def training_data(args):
     """(train, valid) datasets: the user's --data-path, or the addition problems written once."""
-    samples = args.train_iters * args.micro_batch_size
+    samples = args.train_iters * args.global_batch_size
     seq_length = args.seq_length or addition.SEQ_LENGTH
     if args.data_path:
         train, valid, _ = build_gpt_datasets(
-            args.data_path, seq_length, [samples, args.eval_iters * args.micro_batch_size, 0],
+            args.data_path, seq_length, [samples, args.eval_iters * args.global_batch_size, 0],
             split=args.split, seed=args.seed, cache_path=args.data_cache_path or "")
         return train, valid
     # One problem per sample: one more problem than samples, so that one epoch covers the run.
@@ -124,23 +148,118 @@ def demo_config(args) -> braid.TransformerConfig:
     return cfg
 
 
+def launched_processes() -> int:
+    """The job's size as the launcher tells it (mpirun, srun, torchrun-style), 1 if none."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+class Job:
+    """The run's model and trainer: one process, or this rank's share of a (tp, pp, dp) layout."""
+
+    def __init__(self, args, cfg):
+        parallel = (launched_processes() > 1 or args.tensor_model_parallel_size > 1
+                    or args.pipeline_model_parallel_size > 1)
+        self.state = None
+        self.rank, self.dp_rank, self.dp = 0, 0, 1
+        if parallel:
+            braid.init_distributed(args.distributed_timeout_minutes)
+            self.state = braid.ParallelState(tp=args.tensor_model_parallel_size,
+                                             pp=args.pipeline_model_parallel_size)
+            self.rank, self.dp_rank, self.dp = self.state.rank, self.state.dp_rank, self.state.dp
+        if args.global_batch_size is None:
+            args.global_batch_size = args.micro_batch_size * self.dp
+        if args.global_batch_size % (args.micro_batch_size * self.dp):
+            raise ValueError(f"--global-batch-size {args.global_batch_size} is not a multiple of "
+                             f"--micro-batch-size {args.micro_batch_size} x dp {self.dp}")
+        self.schedule = braid.LRSchedule(lr=args.lr, min_lr=args.min_lr,
+                                         warmup_iters=args.lr_warmup_iters,
+                                         decay_iters=args.train_iters, style="cosine")
+        self.optim = braid.AdamWConfig(lr=args.lr, beta2=args.adam_beta2,
+                                       weight_decay=args.weight_decay, clip_grad=1.0)
+        if not parallel:
+            self.model = braid.GPTModel(cfg, device=args.device, seed=args.seed)
+            self.trainer = braid.Trainer(self.model, self.optim, self.schedule)
+            return
+        virtual = 1
+        if args.num_layers_per_virtual_pipeline_stage:
+            per_rank = cfg.num_layers // args.pipeline_model_parallel_size
+            if per_rank % args.num_layers_per_virtual_pipeline_stage:
+                raise ValueError(
+                    f"--num-layers-per-virtual-pipeline-stage "
+                    f"{args.num_layers_per_virtual_pipeline_stage} does not divide the "
+                    f"{per_rank} layers of each pipeline rank")
+            virtual = per_rank // args.num_layers_per_virtual_pipeline_stage
+        ddp = braid.DDPConfig(bucket_size=args.ddp_bucket_size,
+                              overlap_grad_reduce=args.overlap_grad_reduce,
+                              use_distributed_optimizer=args.use_distributed_optimizer,
+                              overlap_param_gather=args.overlap_param_gather)
+        self.parallel = braid.ParallelModel(
+            cfg, args.device, args.seed, self.state,
+            braid.ParallelConfig(sequence_parallel=args.sequence_parallel,
+                                 virtual_stages=virtual, ddp=ddp))
+        self.trainer = braid.Trainer(
+            self.parallel, braid.TrainerConfig(self.optim, self.schedule,
+                                               pipeline_schedule=args.pipeline_schedule))
+        self.model = None  # the whole model, gathered at the end (whole_model)
+
+    def barrier(self):
+        if self.state is not None:
+            self.state.barrier()
+
+    def whole_model(self, cfg, args) -> braid.GPTModel:
+        """The trained model in one process (gathered from every rank when parallel)."""
+        if self.model is None:
+            self.model = braid.GPTModel(cfg, device="cpu", seed=args.seed)
+            self.parallel.gather_into(self.model)
+        return self.model
+
+    def describe(self, args) -> str:
+        if self.state is None:
+            return f"on {args.device}"
+        s = self.state
+        extras = [name for name, on in (("sequence parallel", args.sequence_parallel),
+                                        ("distributed optimizer", args.use_distributed_optimizer),
+                                        ("overlapped grad reduce", args.overlap_grad_reduce),
+                                        ("overlapped param gather", args.overlap_param_gather))
+                  if on]
+        chunks = self.parallel.num_chunks
+        return (f"on {s.world_size} x {args.device} ranks, tp={s.tp} pp={s.pp} dp={s.dp}"
+                + (f" ({chunks} virtual stages)" if chunks > 1 else "")
+                + (", " + ", ".join(extras) if extras else ""))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
     cfg = demo_config(args)
-    model = braid.GPTModel(cfg, device=args.device, seed=args.seed)
-    schedule = braid.LRSchedule(lr=args.lr, min_lr=args.min_lr, warmup_iters=args.lr_warmup_iters,
-                                decay_iters=args.train_iters, style="cosine")
-    optim = braid.AdamWConfig(lr=args.lr, beta2=args.adam_beta2, weight_decay=args.weight_decay,
-                              clip_grad=1.0)
-    trainer = braid.Trainer(model, optim, schedule)
-    train, valid = training_data(args)
-    loader = DataLoader(train, args.micro_batch_size, args.micro_batch_size, prefetch=4)
+    try:
+        job = Job(args, cfg)
+    except ValueError as e:
+        # A bad layout or flag is found alike on every rank before any collective: one line
+        # (from rank 0), every rank leaves with 2.
+        if launched_processes() == 1 or os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+            print(f"braid: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    log = print if job.rank == 0 else (lambda *a, **k: None)
+
+    # Rank 0 writes the data and the sample indices first; the others then map them.
+    if job.rank == 0:
+        train, valid = training_data(args)
+    job.barrier()
+    if job.rank != 0:
+        train, valid = training_data(args)
+    loader = DataLoader(train, args.micro_batch_size, args.global_batch_size,
+                        dp_rank=job.dp_rank, dp_size=job.dp, prefetch=4)
     what = ("samples of " + " ".join(args.data_path) if args.data_path
             else "addition problems")
-    print(f"demo: GPT with {model.num_parameters():,} parameters ({cfg.num_layers} layers, hidden "
-          f"{cfg.hidden_size}) on {args.device}, {args.train_iters} iterations of "
-          f"{args.micro_batch_size} {what}", flush=True)
+    if job.rank == 0:
+        params = (job.model or braid.GPTModel(cfg, device="cpu", seed=args.seed)).num_parameters()
+        log(f"demo: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
+            f"{cfg.hidden_size}) {job.describe(args)}, {args.train_iters} iterations of "
+            f"{args.global_batch_size} {what}", flush=True)
 
     tokens_since, time_since, train_start = 0, time.perf_counter(), time.perf_counter()
     for it in range(1, args.train_iters + 1):
@@ -148,18 +267,22 @@ def main(argv=None) -> int:
         ids, targets = batch.tokens, batch.labels
         if not args.data_path:
             targets = addition.answer_targets(np.asarray(ids), np.asarray(targets))
-        stats = trainer.train_step(ids, targets)
-        tokens_since += args.micro_batch_size * cfg.max_position_embeddings
+        stats = job.trainer.train_step(ids, targets, batch.num_microbatches)
+        tokens_since += args.global_batch_size * cfg.max_position_embeddings
         if it % args.log_interval == 0 or it == args.train_iters:
             now = time.perf_counter()
-            print(f"step {it:5d}/{args.train_iters} | loss {stats.loss:.4f} | lr {stats.lr:.3e} | "
-                  f"grad norm {stats.grad_norm:.3f} | tokens/s {tokens_since / (now - time_since):,.0f}",
-                  flush=True)
+            log(f"step {it:5d}/{args.train_iters} | loss {stats.loss:.4f} | lr {stats.lr:.3e} | "
+                f"grad norm {stats.grad_norm:.3f} | tokens/s {tokens_since / (now - time_since):,.0f}",
+                flush=True)
             tokens_since, time_since = 0, now
     train_seconds = time.perf_counter() - train_start
-    print(f"demo: waited {loader.wait_seconds:.3f}s for data "
-          f"({100 * loader.wait_seconds / train_seconds:.2f}% of {train_seconds:.1f}s training)",
-          flush=True)
+    log(f"demo: waited {loader.wait_seconds:.3f}s for data "
+        f"({100 * loader.wait_seconds / train_seconds:.2f}% of {train_seconds:.1f}s training)",
+        flush=True)
+    model = job.whole_model(cfg, args)
+    if job.rank != 0:
+        job.barrier()  # wait (asleep, not spinning) while rank 0 evaluates
+        return 0
 
     if args.data_path:
         source = valid if valid is not None else train
@@ -167,6 +290,7 @@ def main(argv=None) -> int:
         loss = mean_loss(model, eval_loader, args.eval_iters)
         name = "valid_loss" if valid is not None else "train_loss"
         print(f"demo: {name}={loss:.4f} time={time.perf_counter() - start:.1f}s", flush=True)
+        job.barrier()
         return 0
 
     def logits_fn(ids: np.ndarray) -> np.ndarray:
@@ -183,6 +307,7 @@ def main(argv=None) -> int:
         prompt = addition.problem_text(a, b, data.width)[0]
         print(f"  {prompt}{ans:<5} {'ok' if ans == want else 'wrong (' + want + ')'}")
     print(f"demo: accuracy={acc:.3f} time={time.perf_counter() - start:.1f}s", flush=True)
+    job.barrier()
     return 0
 
 
