@@ -1,6 +1,8 @@
 #include "braid/engine/checkpoint.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "braid/ckpt/atomic_dir.h"
 #include "braid/ckpt/safetensors.h"
@@ -250,122 +253,228 @@ int64_t latest_iteration(const std::string& dir) {
   return iteration;
 }
 
-std::string save_checkpoint(const std::string& dir, Trainer& trainer, const LoopState& loop,
-                            const SaveOptions& options) {
+namespace {
+
+// The metadata.json of a save: everything but the tensors' bytes, and the tensor index built
+// from the saving layout alone (every (tp, pp) position's stored slices).
+json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOptions& options) {
+  const ParallelModel& model = trainer.model();
+  const SavedLayout saved = layout_of(model);
+  const model::TransformerConfig& config = model.config();
+  json tensors = json::object();
+  const bool bf16 = config.params_dtype != DType::f32;
+  for (int p = 0; p < saved.pp; ++p) {
+    for (int c = 0; c < saved.virtual_stages; ++c) {
+      const model::ModelChunk held =
+          pipeline_chunk(int(config.num_layers), saved.pp, saved.virtual_stages, p, c);
+      for (int t = 0; t < saved.tp; ++t) {
+        const model::ParamLayout layout = model::parameter_layout(config, t, saved.tp, held);
+        for (const Slice& s : stored_slices(layout)) {
+          const model::ParamSpec& spec = layout.specs[s.param];
+          std::vector<std::string> keys{spec.name};
+          if (options.save_optim) {
+            keys.push_back("optimizer.exp_avg." + spec.name);
+            keys.push_back("optimizer.exp_avg_sq." + spec.name);
+            if (bf16) keys.push_back("optimizer.master." + spec.name);
+          }
+          for (const std::string& key : keys) {
+            json& entry = tensors[key];
+            entry["shape"] = std::vector<int64_t>(spec.shape.begin(), spec.shape.end());
+            entry["split_dim"] = s.tp_dim;
+            entry["shards"].push_back(
+                json{{"file", file_name(t, p)}, {"start", s.start}, {"length", s.length}});
+          }
+        }
+      }
+    }
+  }
+  const LossScaler::State scaler = trainer.loss_scaler().state();
+  const LRSchedule& lr = trainer.schedule();
+  json meta{{"format", "braid-checkpoint"},
+            {"format_version", kCheckpointFormatVersion},
+            {"iteration", trainer.iteration()},
+            {"config", config_json(config)},
+            {"layout",
+             {{"tensor_model_parallel_size", saved.tp},
+              {"pipeline_model_parallel_size", saved.pp},
+              {"data_parallel_size", saved.dp},
+              {"virtual_pipeline_stages", saved.virtual_stages},
+              {"use_distributed_optimizer", saved.distributed_optimizer}}},
+            {"trainer",
+             {{"iteration", trainer.iteration()},
+              {"skipped_iterations", trainer.skipped_iterations()},
+              {"optimizer_steps", trainer.optimizer().step()}}},
+            {"lr_schedule",
+             {{"lr", lr.lr},
+              {"min_lr", lr.min_lr},
+              {"warmup_iters", lr.warmup_iters},
+              {"decay_iters", lr.decay_iters},
+              {"style", to_string(lr.style)},
+              {"lr_now", lr.lr_at(trainer.optimizer().step())}}},
+            {"loss_scaler",
+             {{"scale", scaler.scale},
+              {"growth_tracker", scaler.growth_tracker},
+              {"hysteresis_tracker", scaler.hysteresis_tracker}}},
+            {"consumed_samples", loop.consumed_samples},
+            {"optimizer", options.save_optim},
+            {"tensors", tensors}};
+  if (options.save_rng) {
+    meta["rng"] = {{"seed", model.chunk(0).seed()},
+                   {"dropout_forwards", model.chunk(0).dropout_forwards()}};
+  }
+  return meta;
+}
+
+}  // namespace
+
+// One save from prepare() to commit(): what each rank writes, and (rank 0) the staging
+// directory and the metadata.
+struct CheckpointSaver::Pending {
+  int64_t iteration = 0;
+  fs::path dir, final_dir, tmp_dir;
+  std::unique_ptr<ckpt::AtomicDirectory> staging;  // rank 0
+  std::unique_ptr<ckpt::SafetensorsWriter> file;   // DP rank 0 of each (tp, pp) position
+  fs::path file_path;
+  std::string metadata;  // rank 0
+  std::thread thread;    // async: writes the files
+  std::atomic<bool> written{false};
+  std::exception_ptr error;
+
+  void write() {
+    try {
+      if (file) file->write(file_path.string());
+      if (staging) ckpt::write_file(tmp_dir / kMetadata, metadata);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    written = true;
+  }
+};
+
+CheckpointSaver::CheckpointSaver(std::string dir, bool async)
+    : dir_(std::move(dir)), async_(async) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (pending_ && pending_->thread.joinable()) pending_->thread.join();  // never left running
+}
+
+std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
+                                  const SaveOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (pending_) wait(trainer.model());  // one save in flight at a time
   ParallelModel& model = trainer.model();
   model.finish_param_gather();
-  const SavedLayout saved = layout_of(model);
   const comm::ParallelState* state = model.state();
-  const int tp_rank = state != nullptr ? state->tp_rank() : 0;
-  const int pp_rank = state != nullptr ? state->pp_rank() : 0;
   const bool writer = state == nullptr || state->dp_rank() == 0;
-  const int64_t iteration = trainer.iteration();
-  const fs::path final_dir = iteration_directory(dir, iteration);
   const bool root = world_rank(model) == 0;
+  auto pending = std::make_unique<Pending>();
+  Pending& p = *pending;
+  p.iteration = trainer.iteration();
+  p.dir = dir_;
+  p.final_dir = iteration_directory(dir_, p.iteration);
 
   // Rank 0 opens the temporary directory every rank writes into.
-  std::unique_ptr<ckpt::AtomicDirectory> staging;
   std::string tmp_name;
   on_every_rank(model, "saving the checkpoint", [&] {
     if (!root) return;
-    fs::create_directories(dir);
-    ckpt::remove_stale_temporaries(dir);  // left by a save that died
-    staging = std::make_unique<ckpt::AtomicDirectory>(final_dir,
-                                                      ckpt::AtomicDirectory::Existing::replace);
-    tmp_name = staging->path().string();
+    fs::create_directories(dir_);
+    ckpt::remove_stale_temporaries(dir_);  // left by a save that died
+    p.staging = std::make_unique<ckpt::AtomicDirectory>(p.final_dir,
+                                                        ckpt::AtomicDirectory::Existing::replace);
+    tmp_name = p.staging->path().string();
+    p.metadata = checkpoint_metadata(trainer, loop, options).dump(1) + "\n";
   });
-  const fs::path tmp_dir = broadcast_string(model, tmp_name);
+  p.tmp_dir = broadcast_string(model, tmp_name);
 
   // The chunks' optimizer state, gathered over DP (collective: every rank, writer or not).
   std::vector<ChunkState> states;
   if (options.save_optim)
     for (int c = 0; c < model.num_chunks(); ++c) states.push_back(gather_state(trainer, c));
 
-  on_every_rank(model, "saving the checkpoint", [&] {
-    if (!writer) return;
-    ckpt::SafetensorsWriter out;
+  if (writer) {
+    // Async: host copies, so training may change the originals while the thread writes.
+    auto keep = [&](const Tensor& t) {
+      if (!async_) return t;
+      return t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
+    };
+    p.file = std::make_unique<ckpt::SafetensorsWriter>();
+    const int tp_rank = state != nullptr ? state->tp_rank() : 0;
+    const int pp_rank = state != nullptr ? state->pp_rank() : 0;
+    p.file_path = p.tmp_dir / file_name(tp_rank, pp_rank);
     for (int c = 0; c < model.num_chunks(); ++c) {
       const model::GPTModel& m = model.chunk(c);
       const model::ParamLayout& layout = m.layout();
       for (const Slice& s : stored_slices(layout)) {
-        const model::Parameter& p = m.parameters()[s.param];
-        const std::string& name = p.spec.name;
-        out.add(name, p.value);
+        const model::Parameter& param = m.parameters()[s.param];
+        const std::string& name = param.spec.name;
+        p.file->add(name, keep(param.value));
         if (!options.save_optim) continue;
         const int64_t at = layout.offsets[s.param];
-        const Shape shape = p.value.shape();
-        out.add("optimizer.exp_avg." + name, states[size_t(c)].exp_avg.slice(at, shape));
-        out.add("optimizer.exp_avg_sq." + name, states[size_t(c)].exp_avg_sq.slice(at, shape));
-        if (states[size_t(c)].master.defined())
-          out.add("optimizer.master." + name, states[size_t(c)].master.slice(at, shape));
+        const Shape shape = param.value.shape();
+        const ChunkState& st = states[size_t(c)];
+        p.file->add("optimizer.exp_avg." + name, keep(st.exp_avg.slice(at, shape)));
+        p.file->add("optimizer.exp_avg_sq." + name, keep(st.exp_avg_sq.slice(at, shape)));
+        if (st.master.defined())
+          p.file->add("optimizer.master." + name, keep(st.master.slice(at, shape)));
       }
     }
-    out.write((tmp_dir / file_name(tp_rank, pp_rank)).string());
-  });
-  barrier(model);
+  }
+  pending_ = std::move(pending);
+  const std::string path = p.final_dir.string();
+  if (async_) {
+    p.thread = std::thread([&p] { p.write(); });
+  } else {
+    p.write();
+    commit(model);
+  }
+  last_blocked_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return path;
+}
 
+bool CheckpointSaver::poll(const ParallelModel& model) {
+  if (!pending_) return false;
+  // Every rank must agree that every file is written: one small all-reduce.
+  int32_t done = pending_->written ? 1 : 0;
+  if (const comm::ParallelState* state = model.state();
+      state != nullptr && state->world().size() > 1) {
+    Tensor flag = Tensor::empty({1}, DType::i32);
+    flag.data_ptr<int32_t>()[0] = done;
+    Tensor on_device = flag.to(state->world().device());
+    state->world().all_reduce(on_device, comm::ReduceOp::min)->wait();
+    done = on_device.to(Device::cpu()).data_ptr<int32_t>()[0];
+  }
+  if (!done) return false;
+  commit(model);
+  return true;
+}
+
+void CheckpointSaver::wait(const ParallelModel& model) {
+  if (!pending_) return;
+  if (pending_->thread.joinable()) pending_->thread.join();
+  commit(model);
+}
+
+void CheckpointSaver::commit(const ParallelModel& model) {
+  std::unique_ptr<Pending> p = std::move(pending_);
+  if (p->thread.joinable()) p->thread.join();
   on_every_rank(model, "saving the checkpoint", [&] {
-    if (!root) return;
-    const model::TransformerConfig& config = model.config();
-    json tensors = json::object();
-    const bool bf16 = config.params_dtype != DType::f32;
-    for (int p = 0; p < saved.pp; ++p) {
-      for (int c = 0; c < saved.virtual_stages; ++c) {
-        const model::ModelChunk held =
-            pipeline_chunk(int(config.num_layers), saved.pp, saved.virtual_stages, p, c);
-        for (int t = 0; t < saved.tp; ++t) {
-          const model::ParamLayout layout = model::parameter_layout(config, t, saved.tp, held);
-          for (const Slice& s : stored_slices(layout)) {
-            const model::ParamSpec& spec = layout.specs[s.param];
-            std::vector<std::string> keys{spec.name};
-            if (options.save_optim) {
-              keys.push_back("optimizer.exp_avg." + spec.name);
-              keys.push_back("optimizer.exp_avg_sq." + spec.name);
-              if (bf16) keys.push_back("optimizer.master." + spec.name);
-            }
-            for (const std::string& key : keys) {
-              json& entry = tensors[key];
-              entry["shape"] = std::vector<int64_t>(spec.shape.begin(), spec.shape.end());
-              entry["split_dim"] = s.tp_dim;
-              entry["shards"].push_back(
-                  json{{"file", file_name(t, p)}, {"start", s.start}, {"length", s.length}});
-            }
-          }
-        }
-      }
-    }
-    const LossScaler::State scaler = trainer.loss_scaler().state();
-    json meta{{"format", "braid-checkpoint"},
-              {"format_version", kCheckpointFormatVersion},
-              {"iteration", iteration},
-              {"config", config_json(config)},
-              {"layout",
-               {{"tensor_model_parallel_size", saved.tp},
-                {"pipeline_model_parallel_size", saved.pp},
-                {"data_parallel_size", saved.dp},
-                {"virtual_pipeline_stages", saved.virtual_stages},
-                {"use_distributed_optimizer", saved.distributed_optimizer}}},
-              {"trainer",
-               {{"iteration", trainer.iteration()},
-                {"skipped_iterations", trainer.skipped_iterations()},
-                {"optimizer_steps", trainer.optimizer().step()}}},
-              {"loss_scaler",
-               {{"scale", scaler.scale},
-                {"growth_tracker", scaler.growth_tracker},
-                {"hysteresis_tracker", scaler.hysteresis_tracker}}},
-              {"consumed_samples", loop.consumed_samples},
-              {"optimizer", options.save_optim},
-              {"tensors", tensors}};
-    if (options.save_rng) {
-      meta["rng"] = {{"seed", model.chunk(0).seed()},
-                     {"dropout_forwards", model.chunk(0).dropout_forwards()}};
-    }
-    ckpt::write_file(tmp_dir / kMetadata, meta.dump(1) + "\n");
-    staging->commit();  // fsyncs everything, renames into place (replacing a re-save)
-    ckpt::replace_file_atomically(fs::path(dir) / kTracker, std::to_string(iteration) + "\n");
+    if (p->error) std::rethrow_exception(p->error);
+  });
+  barrier(model);  // every file is written and fsynced
+  on_every_rank(model, "saving the checkpoint", [&] {
+    if (!p->staging) return;
+    p->staging->commit();  // fsyncs everything, renames into place (replacing a re-save)
+    ckpt::replace_file_atomically(p->dir / kTracker, std::to_string(p->iteration) + "\n");
   });
   barrier(model);
-  return final_dir.string();
+  last_committed_ = p->iteration;
+}
+
+std::string save_checkpoint(const std::string& dir, Trainer& trainer, const LoopState& loop,
+                            const SaveOptions& options) {
+  CheckpointSaver saver(dir, false);
+  return saver.save(trainer, loop, options);
 }
 
 namespace {

@@ -25,6 +25,7 @@
 // checkpoint is executed.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "braid/engine/trainer.h"
@@ -58,6 +59,40 @@ std::string iteration_directory(const std::string& dir, int64_t iteration);
 // current iteration; returns the checkpoint's directory. Files go to a shared file system.
 std::string save_checkpoint(const std::string& dir, Trainer& trainer, const LoopState& loop,
                             const SaveOptions& options = {});
+
+// Saves into one directory, synchronously or (--async-save) in the background: save() gathers
+// the state (ZeRO shards over DP: collective), copies what this rank writes to host memory and
+// returns; a thread writes and fsyncs the files while training goes on. The save becomes the
+// latest - directory renamed into place, tracker replaced - only when poll() (call it once
+// per iteration, on every rank: one small all-reduce) sees every rank's files written, or at
+// wait(). A save while one is in flight waits for it first. Destroying the saver with a save
+// in flight joins the thread but commits nothing: the previous checkpoint stays the latest.
+class CheckpointSaver {
+ public:
+  CheckpointSaver(std::string dir, bool async);
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  std::string save(Trainer& trainer, const LoopState& loop, const SaveOptions& options = {});
+  bool poll(const ParallelModel& model);  // true when it committed a save just now
+  void wait(const ParallelModel& model);  // commits the save in flight, if any
+
+  bool in_flight() const { return pending_ != nullptr; }
+  int64_t last_committed() const { return last_committed_; }  // -1: none yet
+  // How long the last save() kept the caller (the whole save when synchronous).
+  double last_blocked_seconds() const { return last_blocked_seconds_; }
+
+ private:
+  struct Pending;
+  void commit(const ParallelModel& model);
+
+  std::string dir_;
+  bool async_;
+  std::unique_ptr<Pending> pending_;
+  int64_t last_committed_ = -1;
+  double last_blocked_seconds_ = 0;
+};
 
 // Collective. Loads the latest (or options.iteration) checkpoint of `dir` into the trainer -
 // parameters, and unless told otherwise optimizer state, iteration counters, loss scale and

@@ -1,9 +1,12 @@
-// A small data-parallel training job that saves after every step, for kill_tests.py:
-//   mpirun -np 2 ckpt_kill_driver --dir D --steps N   resume from D's latest checkpoint (if
-//                                                      any), train to N, saving each step
-//   mpirun -np 2 ckpt_kill_driver --dir D --verify    load the latest checkpoint, print it
-// Prints "resumed <iteration>", "saving <iteration>" before and "saved <iteration>" after
-// each save, "loaded <iteration>" with --verify; errors exit non-zero (comm::run_main).
+// A small data-parallel training job (2 ranks, ZeRO), for kill_tests.py:
+//   mpirun -np 2 ckpt_kill_driver --dir D --steps N [--save-interval K] [--async-save]
+//       [--exit-interval I] [--exit-duration-in-mins M]
+//     resumes from D's latest checkpoint (if any) and trains to N, saving every K steps
+//     (default 1; 0: only when leaving early), and stops early - saving, exit 0 - on SIGTERM,
+//     SIGUSR1, --exit-interval or --exit-duration-in-mins;
+//   mpirun -np 2 ckpt_kill_driver --dir D --verify: loads the latest checkpoint.
+// Prints "resumed I", "step I", "saving I" / "saved I" around each save, "exiting at I: why",
+// "loaded I" with --verify; errors exit non-zero (comm::run_main).
 
 #include <cstdio>
 #include <cstring>
@@ -12,6 +15,7 @@
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
 #include "braid/engine/checkpoint.h"
+#include "braid/engine/exit_conditions.h"
 #include "tp/tp_test_util.h"
 
 using namespace braid;
@@ -19,11 +23,19 @@ using namespace braid;
 int main(int argc, char** argv) {
   return comm::run_main([&] {
     std::string dir;
-    int steps = 0;
-    bool verify = false;
+    int steps = 0, save_interval = 1;
+    bool verify = false, async_save = false;
+    engine::ExitConfig exit;
     for (int i = 1; i < argc; ++i) {
-      if (!std::strcmp(argv[i], "--dir") && i + 1 < argc) dir = argv[++i];
-      if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
+      const bool value = i + 1 < argc;
+      if (!std::strcmp(argv[i], "--dir") && value) dir = argv[++i];
+      if (!std::strcmp(argv[i], "--steps") && value) steps = std::atoi(argv[++i]);
+      if (!std::strcmp(argv[i], "--save-interval") && value) save_interval = std::atoi(argv[++i]);
+      if (!std::strcmp(argv[i], "--exit-interval") && value)
+        exit.exit_interval = std::atoi(argv[++i]);
+      if (!std::strcmp(argv[i], "--exit-duration-in-mins") && value)
+        exit.exit_duration_minutes = std::atof(argv[++i]);
+      if (!std::strcmp(argv[i], "--async-save")) async_save = true;
       if (!std::strcmp(argv[i], "--verify")) verify = true;
     }
     BRAID_CONFIG_CHECK(!dir.empty(), "usage: ckpt_kill_driver --dir D (--steps N | --verify)");
@@ -52,17 +64,36 @@ int main(int argc, char** argv) {
                     static_cast<long long>(trainer.iteration()));
     }
     if (verify) return 0;
+    engine::ExitConditions exits(exit);
+    engine::CheckpointSaver saver(dir, async_save);
+    auto save = [&] {
+      const long long it = trainer.iteration();
+      if (root) std::printf("saving %lld\n", it);
+      std::fflush(stdout);
+      saver.save(trainer, {.consumed_samples = trainer.iteration() * 2});
+      if (root) std::printf("saved %lld\n", it);
+      std::fflush(stdout);
+    };
     while (trainer.iteration() < steps) {
       const tp_testing::Batch b =
           tp_testing::batch(2, 16, config.vocab_size, uint64_t(trainer.iteration()));
       const int64_t first = state.dp_rank();
       trainer.train_step(b.ids.narrow(first, 1).clone(), b.targets.narrow(first, 1).clone(), 1);
-      if (root) std::printf("saving %lld\n", static_cast<long long>(trainer.iteration()));
+      saver.poll(model);
+      if (root) std::printf("step %lld\n", static_cast<long long>(trainer.iteration()));
       std::fflush(stdout);
-      engine::save_checkpoint(dir, trainer, {.consumed_samples = trainer.iteration() * 2});
-      if (root) std::printf("saved %lld\n", static_cast<long long>(trainer.iteration()));
-      std::fflush(stdout);
+      const std::string why = exits.check(model, trainer.iteration());
+      if (!why.empty()) {
+        save();
+        saver.wait(model);
+        if (root)
+          std::printf("exiting at %lld: %s\n", static_cast<long long>(trainer.iteration()),
+                      why.c_str());
+        return 0;
+      }
+      if (save_interval > 0 && trainer.iteration() % save_interval == 0) save();
     }
+    saver.wait(model);
     return 0;
   });
 }

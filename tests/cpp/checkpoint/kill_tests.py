@@ -1,5 +1,6 @@
-"""A save killed at any moment leaves the previous checkpoint intact and the tracker naming a
-complete one.
+"""Leaving a run: a save killed at any moment leaves the previous checkpoint intact and the
+tracker naming a complete one; SIGTERM, SIGUSR1, --exit-interval and --exit-duration-in-mins
+end the job with a saved checkpoint and exit 0.
 
 Runs tests/cpp/checkpoint/ckpt_kill_driver (2 ranks, ZeRO, a save after every step) under
 mpirun, SIGKILLs the whole job (mpirun and both ranks) at a spread of moments after a save
@@ -64,11 +65,70 @@ def verify(args, directory):
     return p.returncode, (loaded[0] if loaded else None), p.stdout + p.stderr
 
 
+def leave_early(args, directory, extra, signal_to=None, wait_for_step=3):
+    """Runs the driver (saving only when leaving) with `extra` flags; with `signal_to`
+    ("ranks": SIGTERM to each rank, as Slurm does; "mpirun": SIGUSR1 to mpirun, which forwards
+    it), sends the signal once it has printed `step <wait_for_step>`. Returns (exit code, the
+    iteration it said it left at, the reason, output)."""
+    marker = tempfile.mktemp(prefix="braid-exit-")
+    cmd = [args.mpiexec, "-np", "2", "--oversubscribe", args.driver, "--dir", directory,
+           "--steps", "1000000", "--save-interval", "0", *extra, "--marker", marker]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    out = []
+    try:
+        for line in p.stdout:
+            out.append(line)
+            if signal_to and line.strip() == f"step {wait_for_step}":
+                if signal_to == "ranks":
+                    pids = subprocess.run(["pgrep", "-f", f"{args.driver} .*{marker}"],
+                                          capture_output=True, text=True).stdout.split()
+                    for pid in pids:
+                        if int(pid) != p.pid:
+                            os.kill(int(pid), signal.SIGTERM)
+                else:
+                    os.kill(p.pid, signal.SIGUSR1)
+        rc = p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        return None, None, "", "".join(out) + "hung"
+    text = "".join(out) + p.stderr.read()
+    left = [l for l in out if l.startswith("exiting at")]
+    if not left:
+        return rc, None, "", text
+    words = left[0].split()
+    return rc, int(words[2].rstrip(":")), " ".join(words[3:]), text
+
+
+def check_leaving(args):
+    for name, extra, signal_to, want_reason in [
+        ("SIGTERM to every rank", [], "ranks", "SIGTERM"),
+        ("SIGUSR1 to mpirun", [], "mpirun", "SIGUSR1"),
+        ("--exit-interval 4", ["--exit-interval", "4"], None, "--exit-interval"),
+        ("--exit-duration-in-mins 0.01", ["--exit-duration-in-mins", "0.01"], None,
+         "--exit-duration-in-mins"),
+        ("SIGTERM with --async-save", ["--async-save"], "ranks", "SIGTERM"),
+    ]:
+        directory = tempfile.mkdtemp(prefix="braid_exit_")
+        try:
+            rc, left_at, reason, out = leave_early(args, directory, extra, signal_to)
+            check(f"{name}: the job saves and exits 0 ({reason} at {left_at})",
+                  rc == 0 and reason == want_reason and left_at is not None, out)
+            if want_reason == "--exit-interval":
+                check("  after exactly 4 iterations", left_at == 4, out)
+            rc, loaded, out = verify(args, directory)
+            check(f"  and the checkpoint it saved loads at {left_at}",
+                  rc == 0 and loaded == left_at, out)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--driver", required=True)
     parser.add_argument("--mpiexec", required=True)
     args = parser.parse_args()
+    check_leaving(args)
     directory = tempfile.mkdtemp(prefix="braid_kill_save_")
     try:
         last, mid_save = -1, 0
