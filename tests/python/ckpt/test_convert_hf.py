@@ -1,0 +1,381 @@
+"""tools/convert_hf.py: tiny random HF models (Llama with GQA, untied and tied; GPT-2, tied, saved
+sharded; a bf16 Llama) imported into braid checkpoints and exported back.
+
+- the round trip is bit-exact and the config equivalent; transformers loads the export with no
+  missing or unexpected keys
+- braid's GPTModel, given the imported checkpoint's config and tensors, computes the exported
+  HF model's logits (f32, same tolerance as test_hf_oracle.py)
+- a checkpoint sharded as braid saves it at (tp 2, pp 2), optimizer state included, exports to
+  the same bits
+- bad inputs: one clear line on stderr and a non-zero exit
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+import braid
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+TOOL = os.path.join(ROOT, "tools", "convert_hf.py")
+LOGITS_RTOL = 1e-5
+
+_spec = importlib.util.spec_from_file_location("convert_hf", TOOL)
+convert_hf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(convert_hf)
+
+
+def run_tool(*args):
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, TOOL, *map(str, args)], capture_output=True, text=True,
+                          env=env)
+
+
+def perturb(model):
+    """HF initialises biases and norms trivially; make them matter."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or ".ln_" in name:
+                p.add_(0.1 * torch.randn_like(p))
+
+
+def llama(tmp, kv_heads=2, tie=False, dtype=torch.float32, **extra):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64,
+        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=tie, **extra)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    perturb(model)
+    model.to(dtype).save_pretrained(tmp)
+    return tmp
+
+
+def gpt2(tmp, shard=False, tie=True):
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4,
+                                  layer_norm_epsilon=1e-5, activation_function="gelu_new",
+                                  tie_word_embeddings=tie)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    perturb(model)
+    model.save_pretrained(tmp, max_shard_size="40KB" if shard else "10GB")
+    return tmp
+
+
+MODELS = {
+    "llama-gqa-untied": lambda d: llama(d, kv_heads=2, tie=False),
+    "llama-mqa-tied": lambda d: llama(d, kv_heads=1, tie=True),
+    "llama-bias": lambda d: llama(d, kv_heads=2, attention_bias=True, mlp_bias=True),
+    "gpt2-tied-sharded": lambda d: gpt2(d, shard=True),
+    "gpt2-untied": lambda d: gpt2(d, tie=False),
+}
+
+
+def hf_weights(hf_dir):
+    files = [n for n in os.listdir(hf_dir) if n.endswith(".safetensors")]
+    out = {}
+    for name in files:
+        out.update(load_file(os.path.join(hf_dir, name)))
+    return out
+
+
+def assert_same_bits(got, want):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        a, b = got[name], want[name]
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.numel() else True, name
+
+
+CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
+               "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
+               "mlp_bias", "n_embd", "n_layer", "n_head", "n_positions", "n_inner",
+               "layer_norm_epsilon", "activation_function", "hidden_act", "head_dim")
+
+
+def assert_equivalent_configs(got_dir, want_dir):
+    got = transformers.AutoConfig.from_pretrained(got_dir)
+    want = transformers.AutoConfig.from_pretrained(want_dir)
+    assert type(got) is type(want)
+    for key in CONFIG_KEYS:
+        if hasattr(want, key):
+            g, w = getattr(got, key), getattr(want, key)
+            if key == "n_inner" and w is None:
+                w = 4 * want.n_embd
+            assert g == w, (key, g, w)
+    if want.model_type == "llama":
+        assert got.rope_parameters["rope_theta"] == want.rope_parameters["rope_theta"]
+
+
+def load_hf(out_dir):
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out_dir, output_loading_info=True, attn_implementation="eager")
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        assert not info[kind], (kind, info[kind])
+    return model.float().eval()
+
+
+def braid_model(ckpt):
+    """A braid.GPTModel with the checkpoint's config and tensors (read by the tool's reader)."""
+    meta, tensors = convert_hf.read_checkpoint(str(ckpt))
+    c = meta["config"]
+    cfg = braid.TransformerConfig()
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
+                "activation", "position_embedding", "add_bias_linear", "tie_embeddings",
+                "rope_theta", "norm_eps"):
+        setattr(cfg, key, c[key])
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    params = model.parameters()
+    assert sorted(params) == sorted(tensors)
+    for name, t in tensors.items():
+        assert t.dtype == "F32"
+        params[name].copy_(np.ascontiguousarray(t.array, dtype=np.float32))
+    return model
+
+
+def imported(tmp_path, kind):
+    hf_dir = MODELS[kind](tmp_path / "hf")
+    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt")
+    assert r.returncode == 0, r.stderr
+    return hf_dir, tmp_path / "ckpt"
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
+    hf_dir, ckpt = imported(tmp_path, kind)
+    if kind.startswith("gpt2-tied-sharded"):
+        assert os.path.exists(hf_dir / "model.safetensors.index.json")
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", ckpt, "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    assert_equivalent_configs(out, hf_dir)
+
+    hf = load_hf(out)
+    model = braid_model(ckpt)
+    ids = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
+    got = np.from_dlpack(model.logits(ids))
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids)).logits.numpy()
+    assert got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err <= LOGITS_RTOL, err
+
+
+def test_imported_metadata_is_a_tp1_braid_save(tmp_path):
+    _, ckpt = imported(tmp_path, "llama-gqa-untied")
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "0\n"
+    meta = json.loads((ckpt / "iter_0000000" / "metadata.json").read_text())
+    assert meta["format"] == "braid-checkpoint" and meta["format_version"] == 1
+    assert meta["iteration"] == 0 and meta["optimizer"] is False
+    for key in ("consumed_samples", "trainer", "loss_scaler", "layout", "lr_schedule"):
+        assert key in meta
+    c = meta["config"]
+    assert (c["normalization"], c["activation"], c["position_embedding"]) == ("rmsnorm", "swiglu",
+                                                                             "rope")
+    assert c["num_query_groups"] == 2 and c["tie_embeddings"] is False
+    t = meta["tensors"]
+    assert t["model.layers.0.self_attn.k_proj.weight"] == {
+        "shape": [32, 64], "split_dim": 0,
+        "shards": [{"file": "mp_rank_00_000.safetensors", "start": 0, "length": 32}]}
+    assert t["model.layers.0.self_attn.o_proj.weight"]["split_dim"] == 1
+    assert t["model.layers.0.self_attn.o_proj.weight"]["shards"][0]["length"] == 64
+    assert t["model.norm.weight"]["split_dim"] == -1
+    assert t["model.norm.weight"]["shards"][0]["length"] == 64
+    assert t["lm_head.weight"]["shards"][0]["length"] == 97
+    assert not any(name.startswith("optimizer.") for name in t)
+
+
+def test_bf16_round_trip_is_exact(tmp_path):
+    hf_dir = llama(tmp_path / "hf", dtype=torch.bfloat16)
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
+    meta = json.loads((tmp_path / "ckpt" / "iter_0000000" / "metadata.json").read_text())
+    assert meta["config"]["params_dtype"] == "bf16"
+    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    got, want = hf_weights(tmp_path / "out"), hf_weights(hf_dir)
+    assert all(t.dtype == torch.bfloat16 for t in want.values())
+    assert_same_bits(got, want)
+    assert load_hf(tmp_path / "out").config.vocab_size == 97
+
+
+# ---- a checkpoint in braid's sharded layout --------------------------------------------------
+
+def reshard(src, dst, tp, pp, vocab_divisible=128):
+    """Writes the global checkpoint `src` (tp 1) as braid saves it at (tp, pp): each (tp, pp)
+    position's stored slices (vocabulary padding left out, replicated tensors and shared kv heads
+    once), optimizer state beside the parameters. (Checked once by hand against a real
+    save_checkpoint at tp 2, pp 2 under mpirun: the same tensor index.)"""
+    meta, tensors = convert_hf.read_checkpoint(str(src))
+    c = meta["config"]
+    layers = c["num_layers"]
+    per_stage = layers // pp
+    files, index = {}, {}
+    for name, shape, tp_dim in convert_hf.braid_specs(c):
+        if name.startswith("model.layers."):
+            stage = int(name.split(".")[2]) // per_stage
+        elif name.startswith("model.embed"):
+            stage = 0
+        else:
+            stage = pp - 1
+        kv = ".k_proj." in name or ".v_proj." in name
+        replicated = tp_dim < 0 or (kv and c["num_query_groups"] < tp)
+        assert not kv or c["num_query_groups"] in (1,) or c["num_query_groups"] % tp == 0
+        n = shape[max(tp_dim, 0)]
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            step = -(-n // (vocab_divisible * tp)) * vocab_divisible
+        else:
+            step = n // tp
+        for t in range(tp):
+            if replicated:
+                if t != 0:
+                    continue
+                dim, start, length = -1, 0, shape[0]
+                piece = tensors[name].array
+            else:
+                dim, start = tp_dim, t * step
+                length = max(0, min(n - start, step))
+                if length == 0:
+                    continue
+                sl = [slice(None)] * len(shape)
+                sl[dim] = slice(start, start + length)
+                piece = tensors[name].array[tuple(sl)]
+            file = f"mp_rank_{t:02d}_{stage:03d}.safetensors"
+            for key in (name, "optimizer.exp_avg." + name, "optimizer.exp_avg_sq." + name):
+                value = piece if key == name else np.full(piece.shape, 0.5, np.float32)
+                dtype = tensors[name].dtype if key == name else "F32"
+                files.setdefault(file, {})[key] = convert_hf.Tensor(dtype, np.ascontiguousarray(value))
+                entry = index.setdefault(key, {"shape": shape, "split_dim": dim, "shards": []})
+                entry["shards"].append({"file": file, "start": start, "length": length})
+    iter_dir = dst / "iter_0000005"
+    iter_dir.mkdir(parents=True)
+    for file, content in files.items():
+        convert_hf.write_safetensors(str(iter_dir / file), content)
+    meta = dict(meta, iteration=5, optimizer=True, tensors=index,
+                layout=dict(meta["layout"], tensor_model_parallel_size=tp,
+                            pipeline_model_parallel_size=pp))
+    meta.pop("hf_config")  # braid's own saves carry none
+    (iter_dir / "metadata.json").write_text(json.dumps(meta, indent=1))
+    (dst / "latest_checkpointed_iteration.txt").write_text("5\n")
+    return sorted(files)
+
+
+@pytest.mark.parametrize("kind", ["llama-gqa-untied", "llama-mqa-tied", "gpt2-untied"])
+def test_export_reassembles_a_sharded_braid_save(tmp_path, kind):
+    hf_dir, ckpt = imported(tmp_path, kind)
+    files = reshard(ckpt, tmp_path / "sharded", tp=2, pp=2)
+    assert files == ["mp_rank_00_000.safetensors", "mp_rank_00_001.safetensors",
+                     "mp_rank_01_000.safetensors", "mp_rank_01_001.safetensors"]
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    assert_equivalent_configs(out, hf_dir)
+    load_hf(out)
+
+
+def test_python_save_checkpoint_binding_exports_if_present(tmp_path):
+    if not hasattr(braid, "save_checkpoint"):
+        pytest.skip("braid.save_checkpoint is not bound (yet); the hand-sharded test covers it")
+    pytest.skip("binding present: extend this test with a real sharded save")
+
+
+# ---- bad inputs ------------------------------------------------------------------------------
+
+def assert_fails(r, *words):
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+def test_missing_directory_and_files(tmp_path):
+    assert_fails(run_tool("import", "--hf-dir", tmp_path / "nope", "--save", tmp_path / "c"),
+                 "no such directory")
+    (tmp_path / "empty").mkdir()
+    assert_fails(run_tool("import", "--hf-dir", tmp_path / "empty", "--save", tmp_path / "c"),
+                 "no config.json")
+    hf_dir = llama(tmp_path / "hf")
+    os.remove(hf_dir / "model.safetensors")
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "model.safetensors")
+    assert_fails(run_tool("export", "--load", tmp_path / "nothing", "--hf-dir", tmp_path / "o"),
+                 "no such directory")
+    assert_fails(run_tool("export", "--load", tmp_path / "empty", "--hf-dir", tmp_path / "o"),
+                 "latest_checkpointed_iteration.txt")
+
+
+def test_unsupported_architecture(tmp_path):
+    cfg = transformers.GPTNeoXConfig(vocab_size=97, hidden_size=64, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=128)
+    transformers.GPTNeoXForCausalLM(cfg).save_pretrained(tmp_path / "neox")
+    assert_fails(run_tool("import", "--hf-dir", tmp_path / "neox", "--save", tmp_path / "c"),
+                 "unsupported architecture", "GPTNeoXForCausalLM")
+    assert not (tmp_path / "c").exists()
+
+
+def edit_config(hf_dir, **changes):
+    path = hf_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(changes)
+    path.write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
+    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
+     "rope_parameters.rope_type"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"head_dim": 32}, "head_dim"),
+    ({"attention_bias": True}, "attention_bias"),
+])
+def test_refuses_what_braid_cannot_represent(tmp_path, changes, field):
+    hf_dir = llama(tmp_path / "hf")
+    edit_config(hf_dir, **changes)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), field,
+                 "not supported")
+
+
+def test_refuses_gpt2_activation(tmp_path):
+    hf_dir = gpt2(tmp_path / "hf")
+    edit_config(hf_dir, activation_function="relu")
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "activation_function")
+
+
+def test_shape_that_disagrees(tmp_path):
+    hf_dir = llama(tmp_path / "hf")
+    edit_config(hf_dir, intermediate_size=128)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "mlp.gate_proj.weight", "[160, 64]", "[128, 64]")
+    hf_dir = gpt2(tmp_path / "g")
+    edit_config(hf_dir, n_embd=32)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c2"), "c_attn")
+
+
+def test_export_refuses_a_shape_that_disagrees(tmp_path):
+    _, ckpt = imported(tmp_path, "llama-gqa-untied")
+    path = ckpt / "iter_0000000" / "metadata.json"
+    meta = json.loads(path.read_text())
+    meta["tensors"]["model.norm.weight"]["shape"] = [65]
+    meta["config"]["hidden_size"] = 64
+    path.write_text(json.dumps(meta))
+    assert_fails(run_tool("export", "--load", ckpt, "--hf-dir", tmp_path / "o"),
+                 "model.norm.weight")
+
+
+def test_import_refuses_an_existing_checkpoint(tmp_path):
+    hf_dir, ckpt = imported(tmp_path, "llama-mqa-tied")
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", ckpt), "already holds")
