@@ -160,6 +160,7 @@ void GradBuffer::post_reduce(size_t b, bool during_backward) {
   const Bucket& bucket = buckets_[b];
   const Tensor& grads = model_.flat_grads();
   const Tensor whole = grads.slice(bucket.range.begin, {bucket.range.size()});
+  const int64_t posted = now_ns();
   stream_wait(model_.device(), comm_stream(), Stream{});
   comm::WorkPtr work;
   if (sharded()) {
@@ -170,7 +171,7 @@ void GradBuffer::post_reduce(size_t b, bool during_backward) {
     work = dp_->all_reduce(whole, comm::ReduceOp::sum, comm_stream());
   }
   if (progress_ != nullptr) progress_->watch(work, dp_->timeout());
-  spans_.push_back(Span{int(b), now_ns(), 0, during_backward});
+  spans_.push_back(Span{int(b), posted, 0, during_backward});
   reduce_work_[b] = std::move(work);
 }
 
@@ -200,6 +201,7 @@ void GradBuffer::finish_grad_sync() {
 
 void GradBuffer::start_param_gather() {
   if (dp_ == nullptr || !sharded()) return;
+  finish_param_gather();  // a bucket no forward read (padding only) may still be in flight
   const Tensor& params = model_.flat_params();
   stream_wait(model_.device(), comm_stream(), Stream{});
   for (size_t b = buckets_.size(); b-- > 0;) {  // first layers first: the forward's order

@@ -118,7 +118,8 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
                      " is not divisible by num_microbatches = ", num_microbatches);
   const Device device = model_.device();
   const comm::ParallelState* state = model_.state();
-  model_.finish_param_gather();  // --overlap-param-gather: the previous step's, if any are left
+  // --overlap-param-gather: the previous step's gathers are still in flight; the forward waits
+  // for each bucket just before it reads it (GradBuffer's param-use hook).
   synchronize(device);
   reset_peak_memory(device);
   const auto start = std::chrono::steady_clock::now();
