@@ -14,6 +14,7 @@ void bind_core(py::module_& m);
 void bind_model(py::module_& m);
 void bind_parallel(py::module_& m);
 void bind_engine(py::module_& m);
+void bind_checkpoint(py::module_& m);
 void bind_data(py::module_& m);
 void bind_gpt_data(py::module_& m);
 

@@ -144,7 +144,13 @@ void bind_engine(py::module_& m) {
           py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1,
           "ids, targets [B, S]: this DP rank's share of the global batch (the same on every TP "
           "and PP rank of it), B split into num_microbatches. The loss is the global batch's.")
-      .def_property_readonly("iteration", &Trainer::iteration)
+      .def_property_readonly("iteration", &Trainer::iteration,
+                             "Steps attempted (skipped ones included); a loaded checkpoint's.")
+      .def_property_readonly(
+          "model", [](Trainer& t) -> ParallelModel& { return t.model(); },
+          py::return_value_policy::reference_internal,
+          "The ParallelModel it trains (for the one-process constructor, its internal "
+          "one-rank wrapper of the GPTModel).")
       .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations);
 }
 

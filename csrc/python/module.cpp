@@ -92,6 +92,7 @@ PYBIND11_MODULE(_C, m) {
   braid::python::bind_model(m);
   braid::python::bind_parallel(m);
   braid::python::bind_engine(m);
+  braid::python::bind_checkpoint(m);
   braid::python::bind_data(m);
   braid::python::bind_gpt_data(m);
 }

@@ -13,6 +13,17 @@ and, on a job of more than one process, makes an uncaught exception end the whol
     model = braid.ParallelModel(cfg, "cpu", 1234, state, braid.ParallelConfig())
     trainer = braid.Trainer(model, braid.TrainerConfig(optimizer, schedule))
     trainer.train_step(ids, targets, num_microbatches)  # this DP rank's share of the batch
+
+Checkpoints (Megatron's layout on disk, loadable under any other parallel layout)::
+
+    consumed = braid.load_checkpoint(dir, trainer)     # collective; iteration, optimizer, RNG
+    braid.save_checkpoint(dir, trainer, consumed_samples=loader.consumed_samples)
+    saver = braid.CheckpointSaver(dir, async_save=True)  # poll() every iteration, wait() at exit
+    exits = braid.ExitConditions(exit_interval=0, exit_duration_minutes=0.0, signals=True)
+    reason = exits.check(trainer, trainer.iteration)  # "SIGTERM", "--exit-interval", ... or ""
+
+ExitConditions installs C handlers for SIGTERM and SIGUSR1; Python's signal module installs
+its own only for SIGINT, so they stay unless you call ``signal.signal`` on those two.
 """
 
 import sys as _sys
@@ -22,8 +33,10 @@ from braid import _C
 from braid._C import (  # noqa: F401
     AdamW,
     AdamWConfig,
+    CheckpointSaver,
     DDPConfig,
     Distributed,
+    ExitConditions,
     GPTModel,
     LossScaleConfig,
     LRSchedule,
@@ -40,8 +53,12 @@ from braid._C import (  # noqa: F401
     cuda_available,
     cuda_device_count,
     from_dlpack,
+    iteration_directory,
+    latest_iteration,
+    load_checkpoint,
     memory_stats,
     reset_peak_memory,
+    save_checkpoint,
     set_log_level,
 )
 

@@ -83,6 +83,27 @@ def parse_args(argv=None):
     p.add_argument("--data-cache-path", default=None,
                    help="where the addition data and the sample indices are written (default: "
                         "~/.cache/braid/demo; with --data-path, next to each dataset)")
+    g = p.add_argument_group("checkpoints (Megatron's flags)")
+    g.add_argument("--save", default=None, metavar="DIR",
+                   help="save checkpoints here (every --save-interval iterations, at the end, "
+                        "and when an exit condition fires)")
+    g.add_argument("--load", default=None, metavar="DIR",
+                   help="resume from this directory's latest checkpoint (iteration, optimizer, "
+                        "RNG, data position) under any layout; none yet: start from scratch")
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--no-load-optim", action="store_true", help="load the parameters, not "
+                   "the optimizer state")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--finetune", action="store_true",
+                   help="load the parameters only; iteration, optimizer, RNG and data start anew")
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background while training goes on")
+    g.add_argument("--ckpt-step", type=int, default=None,
+                   help="load this iteration instead of the latest")
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="save and exit 0 when the iteration is a multiple of this")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="save and exit 0 after this many minutes of training")
     args = p.parse_args(argv)
     if args.data_path and args.vocab_size is None:
         p.error("--data-path needs --vocab-size (the tokenizer's vocabulary)")
@@ -90,6 +111,34 @@ def parse_args(argv=None):
         p.error(f"the addition data has {addition.SEQ_LENGTH} tokens per sample; --seq-length "
                 "is for --data-path")
     return args
+
+
+def checkpoint_flag_error(args) -> str | None:
+    """The first checkpoint flag that does not fit the others, as an error message."""
+    if args.save_interval is not None and args.save_interval <= 0:
+        return f"--save-interval must be positive, got {args.save_interval}"
+    for flag, value in (("--save-interval", args.save_interval), ("--async-save", args.async_save)):
+        if value and not args.save:
+            return f"{flag} needs --save DIR"
+    for flag, value in (("--no-load-optim", args.no_load_optim), ("--no-load-rng", args.no_load_rng),
+                        ("--finetune", args.finetune), ("--ckpt-step", args.ckpt_step is not None)):
+        if value and not args.load:
+            return f"{flag} needs --load DIR"
+    if args.ckpt_step is not None and args.ckpt_step < 0:
+        return f"--ckpt-step must be >= 0, got {args.ckpt_step}"
+    if args.exit_interval is not None and args.exit_interval <= 0:
+        return f"--exit-interval must be positive, got {args.exit_interval}"
+    if args.exit_duration_in_mins is not None and args.exit_duration_in_mins <= 0:
+        return f"--exit-duration-in-mins must be positive, got {args.exit_duration_in_mins}"
+    return None
+
+
+def is_rank0() -> bool:
+    """Rank 0 of the job as the launcher tells it (before MPI is up)."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name]) == 0
+    return True
 
 
 def default_cache_dir() -> str:
@@ -236,14 +285,36 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     cfg = demo_config(args)
     try:
+        error = checkpoint_flag_error(args)
+        if error:
+            raise ValueError(error)
         job = Job(args, cfg)
     except ValueError as e:
         # A bad layout or flag is found alike on every rank before any collective: one line
         # (from rank 0), every rank leaves with 2.
-        if launched_processes() == 1 or os.environ.get("OMPI_COMM_WORLD_RANK", "0") == "0":
+        if launched_processes() == 1 or is_rank0():
             print(f"braid: error: {e}", file=sys.stderr, flush=True)
         return 2
     log = print if job.rank == 0 else (lambda *a, **k: None)
+
+    # --load: the iteration, optimizer, RNG and data position of the latest checkpoint (any
+    # layout); nothing there yet starts from scratch, as Megatron does.
+    consumed = 0
+    if args.load:
+        if args.ckpt_step is None and braid.latest_iteration(args.load) < 0:
+            log(f"demo: no checkpoint in {args.load} yet; training from scratch", flush=True)
+        else:
+            try:
+                consumed = braid.load_checkpoint(
+                    args.load, job.trainer, load_optim=not args.no_load_optim,
+                    load_rng=not args.no_load_rng, finetune=args.finetune,
+                    iteration=-1 if args.ckpt_step is None else args.ckpt_step)
+            except ValueError as e:  # every rank reads the same metadata: all fail alike
+                log(f"braid: error: {e}", file=sys.stderr, flush=True)
+                return 2
+            log(f"demo: loaded iteration {job.trainer.iteration} from {args.load} "
+                f"({consumed} samples consumed)", flush=True)
+    first = job.trainer.iteration + 1
 
     # Rank 0 writes the data and the sample indices first; the others then map them.
     if job.rank == 0:
@@ -252,7 +323,8 @@ def main(argv=None) -> int:
     if job.rank != 0:
         train, valid = training_data(args)
     loader = DataLoader(train, args.micro_batch_size, args.global_batch_size,
-                        dp_rank=job.dp_rank, dp_size=job.dp, prefetch=4)
+                        dp_rank=job.dp_rank, dp_size=job.dp, consumed_samples=consumed,
+                        prefetch=4)
     what = ("samples of " + " ".join(args.data_path) if args.data_path
             else "addition problems")
     if job.rank == 0:
@@ -261,9 +333,29 @@ def main(argv=None) -> int:
             f"{cfg.hidden_size}) {job.describe(args)}, {args.train_iters} iterations of "
             f"{args.global_batch_size} {what}", flush=True)
 
+    saver = braid.CheckpointSaver(args.save, async_save=args.async_save) if args.save else None
+    saved = job.trainer.iteration if args.load and args.save == args.load else -1
+    exits = None
+    if args.save or args.exit_interval or args.exit_duration_in_mins:
+        # SIGTERM/SIGUSR1 (a scheduler taking the job back) save and exit when there is --save.
+        exits = braid.ExitConditions(exit_interval=args.exit_interval or 0,
+                                     exit_duration_minutes=args.exit_duration_in_mins or 0.0,
+                                     signals=bool(args.save))
+
+    def save(it: int):
+        nonlocal saved
+        if saver is not None and saved != it:
+            saver.save(job.trainer, loader.consumed_samples)
+            saved = it
+
+    precise = args.log_interval == 1  # every loss, all the digits an f32 has
     tokens_since, time_since, train_start = 0, time.perf_counter(), time.perf_counter()
-    for it in range(1, args.train_iters + 1):
+    for it in range(first, args.train_iters + 1):
         batch = loader.next()
+        if batch is None:  # a loaded data position past what these --train-iters hold
+            log(f"braid: error: the training data ran out before iteration {it} "
+                f"({loader.consumed_samples} samples consumed)", file=sys.stderr, flush=True)
+            return 2
         ids, targets = batch.tokens, batch.labels
         if not args.data_path:
             targets = addition.answer_targets(np.asarray(ids), np.asarray(targets))
@@ -271,10 +363,26 @@ def main(argv=None) -> int:
         tokens_since += args.global_batch_size * cfg.max_position_embeddings
         if it % args.log_interval == 0 or it == args.train_iters:
             now = time.perf_counter()
-            log(f"step {it:5d}/{args.train_iters} | loss {stats.loss:.4f} | lr {stats.lr:.3e} | "
+            loss = f"{stats.loss:.9g}" if precise else f"{stats.loss:.4f}"
+            log(f"step {it:5d}/{args.train_iters} | loss {loss} | lr {stats.lr:.3e} | "
                 f"grad norm {stats.grad_norm:.3f} | tokens/s {tokens_since / (now - time_since):,.0f}",
                 flush=True)
             tokens_since, time_since = 0, now
+        if saver is not None and args.async_save:
+            saver.poll(job.trainer)  # commits a finished background save (collective)
+        if args.save_interval and it % args.save_interval == 0:
+            save(it)
+        reason = exits.check(job.trainer, it) if exits is not None else ""
+        if reason:
+            save(it)
+            if saver is not None:
+                saver.wait(job.trainer)
+            where = f"; checkpoint saved to {args.save}" if saver is not None else ""
+            log(f"demo: exiting at iteration {it} ({reason}){where}", flush=True)
+            return 0
+    if saver is not None:
+        save(job.trainer.iteration)
+        saver.wait(job.trainer)
     train_seconds = time.perf_counter() - train_start
     log(f"demo: waited {loader.wait_seconds:.3f}s for data "
         f"({100 * loader.wait_seconds / train_seconds:.2f}% of {train_seconds:.1f}s training)",
