@@ -310,7 +310,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
               {"warmup_iters", lr.warmup_iters},
               {"decay_iters", lr.decay_iters},
               {"style", to_string(lr.style)},
-              {"lr_now", lr.lr_at(trainer.optimizer().step())}}},
+              {"lr_now", lr.lr_at(trainer.iteration() - trainer.skipped_iterations())}}},
             {"loss_scaler",
              {{"scale", scaler.scale},
               {"growth_tracker", scaler.growth_tracker},
@@ -619,11 +619,13 @@ LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOp
       }
     }
     if (options.finetune) return;
+    // Megatron: the iteration (and with it the LR schedule and the data position) continues
+    // unless --finetune; --no-load-optim starts only the optimizer afresh.
     loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
+    const json& t = meta.at("trainer");
+    trainer.set_iterations(t.at("iteration").get<int64_t>(),
+                           t.at("skipped_iterations").get<int64_t>());
     if (with_optim) {
-      const json& t = meta.at("trainer");
-      trainer.set_iterations(t.at("iteration").get<int64_t>(),
-                             t.at("skipped_iterations").get<int64_t>());
       trainer.optimizer().set_step(t.at("optimizer_steps").get<int64_t>());
       const json& s = meta.at("loss_scaler");
       trainer.loss_scaler().load_state({s.at("scale").get<float>(),

@@ -156,7 +156,9 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   all_reduce_host(state != nullptr ? &state->world() : nullptr, loss, DType::f32);
   stats.loss = loss[0] / loss_scale;
   stats.grad_norm = optimizer_->grad_norm() / loss_scale;
-  stats.lr = config_.schedule.lr_at(optimizer_->step());
+  // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
+  // which restarts with its state (--no-load-optim).
+  stats.lr = config_.schedule.lr_at(iteration_ - skipped_);
 
   const bool non_finite = !std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm);
   stats.skipped = scaler_.update(non_finite);

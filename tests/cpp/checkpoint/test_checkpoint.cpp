@@ -15,6 +15,7 @@
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
 #include "braid/engine/checkpoint.h"
+#include "dp/parallel_test_models.h"
 #include "tp/tp_test_util.h"
 
 using namespace braid;
@@ -26,48 +27,11 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int64_t kGlobalRows = 8;
-constexpr int64_t kSeq = 16;
+using parallel_testing::gpt2;
+using parallel_testing::kSeq;
+using parallel_testing::llama;
 
-TransformerConfig gpt2(float dropout = 0.0f) {  // tied embeddings, learned positions, biases
-  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
-  c.num_layers = 8;
-  c.hidden_size = 64;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 8;
-  c.ffn_hidden_size = 128;
-  c.vocab_size = 96;
-  c.make_vocab_size_divisible_by = 32;
-  c.max_position_embeddings = kSeq;
-  c.init_std = 0.1f;
-  c.hidden_dropout = dropout;
-  return c;
-}
-
-TransformerConfig llama() {  // untied, GQA
-  TransformerConfig c = TransformerConfig::preset("llama-tiny");
-  c.num_layers = 8;
-  c.hidden_size = 64;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 4;
-  c.ffn_hidden_size = 96;
-  c.vocab_size = 96;
-  c.make_vocab_size_divisible_by = 32;
-  c.max_position_embeddings = kSeq;
-  c.init_std = 0.1f;
-  return c;
-}
-
-TrainerConfig trainer_config() {
-  TrainerConfig t;
-  t.optimizer.lr = 1e-3f;
-  t.optimizer.weight_decay = 0.1f;
-  t.optimizer.clip_grad = 0.5f;
-  t.schedule.lr = 1e-3f;
-  t.schedule.min_lr = 1e-4f;
-  t.schedule.warmup_iters = 2;
-  t.schedule.decay_iters = 12;
-  return t;
-}
+TrainerConfig trainer_config() { return parallel_testing::trainer_config(12); }
 
 tp_testing::Batch global_batch(int64_t vocab, int64_t step) {
   return tp_testing::batch(kGlobalRows, kSeq, vocab, 500 + uint64_t(step));
@@ -368,6 +332,48 @@ TEST(CheckpointAsync, FilesEqualASynchronousSaveWhileTrainingGoesOn) {
       ++files;
     }
     EXPECT_EQ(files, std::distance(fs::directory_iterator(b), fs::directory_iterator()));
+  }
+  barrier();
+}
+
+}  // namespace
+
+namespace {
+
+// Megatron's options: --no-load-optim continues the iteration (LR schedule, data position) with
+// fresh optimizer state; --finetune takes the parameters only and starts counting from zero.
+TEST(CheckpointOptions, NoLoadOptimAndFinetune) {
+  const int world = comm::init_distributed().world->size();
+  const Layout layout = world == 8 ? Layout{2, 2, 2, true} : Layout{1, 1, world, true};
+  const std::string dir = scratch("options");
+  {
+    Job job(llama(), layout, 4);
+    for (int s = 0; s < 3; ++s) job.step(llama());
+    save_checkpoint(dir, *job.trainer, {.consumed_samples = 24});
+  }
+  {
+    Job job(llama(), layout, 8);
+    const LoopState loop = load_checkpoint(dir, *job.trainer, {.load_optim = false});
+    EXPECT_EQ(loop.consumed_samples, 24);
+    EXPECT_EQ(job.trainer->iteration(), 3);
+    EXPECT_EQ(job.trainer->optimizer().step(), 0);
+    for (const AdamW::Segment& s : job.trainer->optimizer().segments())
+      for (float v : std::vector<float>(s.exp_avg.data_ptr<float>(),
+                                        s.exp_avg.data_ptr<float>() + s.exp_avg.numel()))
+        ASSERT_EQ(v, 0.0f);
+    const tp_testing::Batch b = global_batch(llama().vocab_size, 3);
+    const int64_t rows = kGlobalRows / job.dp;
+    const StepStats stats =
+        job.trainer->train_step(b.ids.narrow(job.dp_rank * rows, rows).clone(),
+                                b.targets.narrow(job.dp_rank * rows, rows).clone(), int(rows));
+    EXPECT_EQ(stats.lr, trainer_config().schedule.lr_at(3));  // the schedule goes on
+  }
+  {
+    Job job(llama(), layout, 8);
+    const LoopState loop = load_checkpoint(dir, *job.trainer, {.finetune = true});
+    EXPECT_EQ(loop.consumed_samples, 0);
+    EXPECT_EQ(job.trainer->iteration(), 0);
+    EXPECT_EQ(job.trainer->optimizer().step(), 0);
   }
   barrier();
 }

@@ -17,6 +17,7 @@
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
 #include "braid/engine/trainer.h"
+#include "dp/parallel_test_models.h"
 #include "tp/tp_test_util.h"
 
 using namespace braid;
@@ -28,47 +29,11 @@ namespace {
 
 constexpr int kSteps = 5;
 constexpr int64_t kGlobalRows = 16;
-constexpr int64_t kSeq = 16;
+using parallel_testing::gpt2;
+using parallel_testing::kSeq;
+using parallel_testing::llama;
 
-TransformerConfig llama() {  // untied, GQA (kv heads replicated at tp = 8)
-  TransformerConfig c = TransformerConfig::preset("llama-tiny");
-  c.num_layers = 8;
-  c.hidden_size = 64;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 4;
-  c.ffn_hidden_size = 96;
-  c.vocab_size = 96;
-  c.make_vocab_size_divisible_by = 32;  // at tp = 8 ranks 3..7 hold only padding rows
-  c.max_position_embeddings = kSeq;
-  c.init_std = 0.1f;
-  return c;
-}
-
-TransformerConfig gpt2() {  // tied embeddings (two copies under pp), learned positions, biases
-  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
-  c.num_layers = 8;
-  c.hidden_size = 64;
-  c.num_attention_heads = 8;
-  c.num_query_groups = 8;
-  c.ffn_hidden_size = 128;
-  c.vocab_size = 96;
-  c.make_vocab_size_divisible_by = 32;
-  c.max_position_embeddings = kSeq;
-  c.init_std = 0.1f;
-  return c;
-}
-
-TrainerConfig trainer_config() {
-  TrainerConfig t;
-  t.optimizer.lr = 1e-3f;
-  t.optimizer.weight_decay = 0.1f;
-  t.optimizer.clip_grad = 0.5f;  // clips: the global norm must be right too
-  t.schedule.lr = 1e-3f;
-  t.schedule.min_lr = 1e-4f;
-  t.schedule.warmup_iters = 2;
-  t.schedule.decay_iters = kSteps;
-  return t;
-}
+TrainerConfig trainer_config() { return parallel_testing::trainer_config(kSteps); }
 
 // Step s's global batch; row r ignores its last (r % 5) targets.
 tp_testing::Batch global_batch(int64_t vocab, int step) {
