@@ -13,6 +13,7 @@ sharded; a bf16 Llama) imported into braid checkpoints and exported back.
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -284,10 +285,50 @@ def test_export_reassembles_a_sharded_braid_save(tmp_path, kind):
     load_hf(out)
 
 
-def test_python_save_checkpoint_binding_exports_if_present(tmp_path):
-    if not hasattr(braid, "save_checkpoint"):
-        pytest.skip("braid.save_checkpoint is not bound (yet); the hand-sharded test covers it")
-    pytest.skip("binding present: extend this test with a real sharded save")
+RESAVE = """
+import json, sys
+import braid
+src, dst = sys.argv[1], sys.argv[2]
+braid.init_distributed(timeout_minutes=2)
+c = json.load(open(src + "/iter_0000000/metadata.json"))["config"]
+cfg = braid.TransformerConfig()
+for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+            "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
+            "activation", "position_embedding", "add_bias_linear", "tie_embeddings",
+            "rope_theta", "norm_eps"):
+    setattr(cfg, key, c[key])
+state = braid.ParallelState(tp=2, pp=2, dp=1)
+model = braid.ParallelModel(cfg, device="cpu", seed=5, state=state)
+trainer = braid.Trainer(model, braid.TrainerConfig(braid.AdamWConfig(), braid.LRSchedule(
+    lr=1e-3, min_lr=1e-4, warmup_iters=0, decay_iters=10, style="cosine")))
+braid.load_checkpoint(src, trainer, finetune=True)
+braid.save_checkpoint(dst, trainer)
+"""
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+@pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied"])
+def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
+    """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
+    it there; export reassembles that save bit for bit."""
+    hf_dir, ckpt = imported(tmp_path, kind)
+    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    script = tmp_path / "resave.py"
+    script.write_text(RESAVE)
+    r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
+                        str(ckpt), str(tmp_path / "sharded")],
+                       env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    files = sorted(os.listdir(tmp_path / "sharded" / "iter_0000000"))
+    assert files == ["metadata.json", "mp_rank_00_000.safetensors", "mp_rank_00_001.safetensors",
+                     "mp_rank_01_000.safetensors", "mp_rank_01_001.safetensors"]
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    load_hf(out)
 
 
 # ---- bad inputs ------------------------------------------------------------------------------
