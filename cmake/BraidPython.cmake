@@ -22,4 +22,12 @@ pybind11_add_module(_C ${BRAID_PYTHON_SOURCES})
 target_link_libraries(_C PRIVATE braid)
 target_include_directories(_C SYSTEM PRIVATE ${DLPACK_INCLUDE_DIR})
 target_compile_options(_C PRIVATE -Wall -Wextra -Werror)
-set_target_properties(_C PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_SOURCE_DIR}/python/braid)
+if(SKBUILD)
+  # `pip install .` (scikit-build-core, pyproject.toml): _C stays in the build folder, is
+  # installed into the wheel's braid/, and keeps the run paths of the libraries it links that
+  # lie outside the system's folders (CUDA, cuDNN, NCCL); python/braid/ is left alone.
+  set_target_properties(_C PROPERTIES INSTALL_RPATH_USE_LINK_PATH TRUE)
+  install(TARGETS _C LIBRARY DESTINATION braid COMPONENT python)
+else()
+  set_target_properties(_C PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_SOURCE_DIR}/python/braid)
+endif()
