@@ -81,3 +81,58 @@ function(braid_add_mpi_test)
       ENVIRONMENT "${BRAID_MPI_TEST_ENV}")
   endforeach()
 endfunction()
+
+# braid_add_fuzz_test(NAME <name> LABEL <layer> TARGET <fuzzer> SOURCES <files...>
+#                     DICT <file> CORPUS <dir> [DEPENDS <headers...>] [INCLUDES <dirs...>])
+#   A libFuzzer target (executable <fuzzer>, build target <name>er) built with clang whatever the project's compiler is (libFuzzer needs
+#   it), -fsanitize=fuzzer,address,undefined, and a ctest entry running it 5 s from the seed
+#   CORPUS (new inputs go to a corpus folder in the build tree; the seeds stay read-only).
+#   Skipped, with a message, where clang or libFuzzer is missing.
+find_program(BRAID_FUZZ_CXX NAMES clang++ clang++-19 clang++-18 clang++-17 clang++-16 clang++-15
+             clang++-14 DOC "clang++ with libFuzzer, for the fuzz targets")
+set(BRAID_FUZZ_FLAGS -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined
+    -fno-sanitize-recover=all)
+function(braid_fuzz_available out)
+  if(DEFINED CACHE{BRAID_FUZZ_OK})
+    set(${out} ${BRAID_FUZZ_OK} PARENT_SCOPE)
+    return()
+  endif()
+  set(ok FALSE)
+  if(BRAID_FUZZ_CXX)
+    set(probe ${CMAKE_BINARY_DIR}/fuzz_probe)
+    file(WRITE ${probe}.cpp "#include <cstddef>\n#include <cstdint>\nextern \"C\" int "
+         "LLVMFuzzerTestOneInput(const uint8_t*, size_t) { return 0; }\n")
+    execute_process(COMMAND ${BRAID_FUZZ_CXX} ${BRAID_FUZZ_FLAGS} ${probe}.cpp -o ${probe}
+                    RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+    if(rc EQUAL 0)
+      set(ok TRUE)
+    endif()
+  endif()
+  set(BRAID_FUZZ_OK ${ok} CACHE INTERNAL "clang++ builds libFuzzer targets")
+  set(${out} ${ok} PARENT_SCOPE)
+endfunction()
+
+function(braid_add_fuzz_test)
+  cmake_parse_arguments(F "" "NAME;LABEL;TARGET;DICT;CORPUS" "SOURCES;DEPENDS;INCLUDES" ${ARGN})
+  braid_fuzz_available(ok)
+  if(NOT ok)
+    message(STATUS "${F_NAME}: not registered (no clang++ with libFuzzer; on Debian: apt-get "
+                   "install clang libclang-rt-dev)")
+    return()
+  endif()
+  set(includes -I${PROJECT_SOURCE_DIR}/include -I${PROJECT_SOURCE_DIR}/csrc)
+  foreach(dir ${F_INCLUDES})
+    list(APPEND includes -I${dir})
+  endforeach()
+  set(exe ${CMAKE_CURRENT_BINARY_DIR}/${F_TARGET})
+  add_custom_command(OUTPUT ${exe}
+    COMMAND ${BRAID_FUZZ_CXX} ${BRAID_FUZZ_FLAGS} ${includes} ${F_SOURCES} -o ${exe}
+    DEPENDS ${F_SOURCES} ${F_DEPENDS}
+    COMMENT "Building the fuzz target ${F_TARGET} with ${BRAID_FUZZ_CXX}" VERBATIM)
+  add_custom_target(${F_NAME}er ALL DEPENDS ${exe})
+  file(MAKE_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR}/${F_TARGET}_corpus)
+  add_test(NAME ${F_NAME}
+    COMMAND ${exe} -max_total_time=5 -timeout=10 -rss_limit_mb=2048 -dict=${F_DICT}
+            -print_final_stats=0 ${CMAKE_CURRENT_BINARY_DIR}/${F_TARGET}_corpus ${F_CORPUS})
+  set_tests_properties(${F_NAME} PROPERTIES LABELS ${F_LABEL} TIMEOUT 120)
+endfunction()
