@@ -34,11 +34,20 @@ def temporaries(directory):
     return [n for n in os.listdir(directory) if ".tmp-" in n]
 
 
+def alive(marker):
+    """PIDs of this job's processes (mpirun and its ranks: the marker is in their command line)."""
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split() if int(pid) != os.getpid()]
+
+
 def kill_during_save(args, directory, saves_before, delay_s):
     """Starts a training job, waits until `saves_before` saves have completed and the next has
-    begun, sleeps `delay_s`, and SIGKILLs the job's whole process group."""
+    begun, sleeps `delay_s`, and SIGKILLs every process of the job at once - mpirun and each
+    rank (mpirun gives its ranks process groups of their own, so killing its group would leave
+    them running). Returns the processes still alive 10 s later (none expected)."""
+    marker = tempfile.mktemp(prefix="braid-kill-")
     cmd = [args.mpiexec, "-np", "2", "--oversubscribe", args.driver, "--dir", directory,
-           "--steps", "1000000"]
+           "--steps", "1000000", "--marker", marker]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     started = 0
@@ -53,9 +62,17 @@ def kill_during_save(args, directory, saves_before, delay_s):
             if time.monotonic() > deadline:
                 break
     finally:
-        os.killpg(p.pid, signal.SIGKILL)
+        for pid in alive(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         p.wait()
-    return started
+    for _ in range(100):
+        if not alive(marker):
+            break
+        time.sleep(0.1)
+    return alive(marker)
 
 
 def verify(args, directory):
@@ -135,7 +152,9 @@ def main():
         # From the first save's start (no checkpoint yet) to late in a later one.
         for saves_before, delay in [(0, 0.0), (0, 0.05), (1, 0.0), (1, 0.02), (2, 0.1),
                                     (1, 0.2), (2, 0.005), (1, 0.5)]:
-            kill_during_save(args, directory, saves_before, delay)
+            left = kill_during_save(args, directory, saves_before, delay)
+            check(f"SIGKILL {delay:.3f}s into save {saves_before + 1}: no process left", not left,
+                  str(left))
             mid_save += bool(temporaries(directory))
             rc, loaded, out = verify(args, directory)
             if last < 0 and loaded is None and rc == 0:
