@@ -36,7 +36,7 @@ void bind_checkpoint(py::module_& m) {
         "The iteration dir/latest_checkpointed_iteration.txt names; -1 when there is no "
         "checkpoint yet.");
   m.def("iteration_directory", &iteration_directory, py::arg("dir"), py::arg("iteration"),
-        "dir/iter_XXXXXXX, where that iteration's checkpoint lives.");
+        "dir/iter_0000100 for iteration 100: where that iteration's checkpoint lives.");
   m.def(
       "save_checkpoint",
       [](const std::string& dir, Trainer& trainer, int64_t consumed_samples, bool save_optim,
@@ -48,7 +48,8 @@ void bind_checkpoint(py::module_& m) {
       py::arg("dir"), py::arg("trainer"), py::arg("consumed_samples") = 0,
       py::arg("save_optim") = true, py::arg("save_rng") = true,
       "Collective over the model's world (every rank, the same arguments): saves the trainer at "
-      "its current iteration into dir/iter_XXXXXXX (atomically) and returns that directory. "
+      "its current iteration into dir/iter_<7-digit iteration> (atomically) and returns that "
+      "directory. "
       "consumed_samples: the data loader's position over all DP ranks.");
   m.def(
       "load_checkpoint",

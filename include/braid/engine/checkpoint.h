@@ -18,8 +18,8 @@
 // metadata.json gives each tensor's global shape, split dimension and the slice each file
 // holds, so a loader takes from each file the part its own shard overlaps.
 //
-// Atomic: every rank writes into <dir>/iter_XXXXXXX.tmp and fsyncs its file; rank 0 writes
-// metadata.json last, renames the directory into place, fsyncs <dir>, then replaces the
+// Atomic: every rank writes into a temporary beside <dir>/iter_0000100 and fsyncs its file; rank 0
+// writes metadata.json last, renames the directory into place, fsyncs <dir>, then replaces the
 // tracker file by rename. A process killed at any moment leaves the previous checkpoint and
 // a tracker naming a complete one. Loading reads safetensors and JSON only: nothing in a
 // checkpoint is executed.
