@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh OUTDIR — build braid with CUDA (sm_90) into build-gpu/, run the whole
 # ctest suite on the GPU (BRAID_TEST_DEVICE=cuda; the NCCL tests as MPI jobs of one rank), then
-# benchmarks/step_bench.py in bf16 and comm_bench (NCCL, one rank: braid vs raw NCCL calls),
-# all inside a time budget (default 470 s). Writes into OUTDIR:
+# benchmarks/step_bench.py in bf16, comm_bench (NCCL, one rank: braid vs raw NCCL calls) and
+# benchmarks/mfu.py (a Llama-style bf16 stack, MFU against 989 TFLOP/s), all inside a time
+# budget (default 540 s). Writes into OUTDIR:
 #   summary.txt  GPU, toolchain, pass/fail counts, failed tests, the benchmarks' last lines
 #   setup.log    unpacking .deps, the carried wheels, configure
-#   build.log    the build;  ctest.log  the tests;  bench.log, comm_bench.log  the benchmarks
-# Exit status 0 only when the build, every test and both benchmarks passed.
+#   build.log    the build;  ctest.log  the tests;  bench.log, comm_bench.log, mfu.log  the
+#                benchmarks
+# Exit status 0 only when the build, every test and the three benchmarks passed.
 #
 # For a machine with one NVIDIA GPU, the CUDA toolkit, CMake, ninja and a Python with PyTorch,
 # numpy and pybind11 — and no package registry, OpenBLAS, GoogleTest or DLPack headers.
@@ -16,7 +18,7 @@
 #
 # Environment:
 #   BRAID_GPU_PYTHON             the Python with PyTorch (default python3)
-#   BRAID_GPU_CHECK_BUDGET       seconds for the whole check (default 470)
+#   BRAID_GPU_CHECK_BUDGET       seconds for the whole check (default 540)
 #   BRAID_GPU_CTEST_JOBS         tests run at once (default 6)
 #   BRAID_GPU_CMAKE_ARGS         extra configure arguments
 #   BRAID_GPU_CHECK_SIMULATE=1   rehearse on a machine without a GPU: the Python is .venv's,
@@ -32,7 +34,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$1" && out=$(cd "$1" && pwd)
 simulate=${BRAID_GPU_CHECK_SIMULATE:-0}
 carried_mpi=${BRAID_GPU_CARRIED_MPI:-$simulate}
-budget=${BRAID_GPU_CHECK_BUDGET:-470}
+budget=${BRAID_GPU_CHECK_BUDGET:-540}
 ctest_jobs=${BRAID_GPU_CTEST_JOBS:-6}
 build=$repo/build-gpu
 deps_root=$build/deps-root
@@ -219,8 +221,8 @@ for var in OPENBLAS_LIBRARY GTest_DIR DLPACK_INCLUDE_DIR CUDNN_FRONTEND_INCLUDE_
 done
 
 # ---- build --------------------------------------------------------------------------------------
-# The build may take what the tests and the benchmark leave over (2 minutes).
-build_s=$(( $(left) - 120 ))
+# The build may take what the tests and the benchmarks leave over (4 minutes).
+build_s=$(( $(left) - 240 ))
 [ "$build_s" -ge 60 ] || { note "error: only $(left) s left before the build"; finish 1; }
 say "build (-j$(nproc), $build_s s at most)"
 tb=$SECONDS
@@ -236,7 +238,8 @@ note "build: ok in $((SECONDS - tb)) s"
 
 # ---- tests --------------------------------------------------------------------------------------
 comm_bench_s=30              # comm_bench's share of what the tests leave
-test_s=$(( $(left) - 50 - comm_bench_s ))   # leaves the benchmarks 50 + 30 s
+mfu_s=100                    # mfu.py's: two probes and the timed run
+test_s=$(( $(left) - 50 - comm_bench_s - mfu_s ))   # leaves the benchmarks 50 + 30 + 100 s
 [ "$test_s" -ge 30 ] || test_s=30
 say "ctest -j$ctest_jobs with BRAID_TEST_DEVICE=cuda ($test_s s at most)"
 tt=$SECONDS
@@ -255,7 +258,7 @@ status=0
 
 # ---- benchmark ----------------------------------------------------------------------------------
 if [ -f benchmarks/step_bench.py ]; then
-  bench_s=$(( $(left) - comm_bench_s ))
+  bench_s=$(( $(left) - comm_bench_s - mfu_s ))
   [ "$bench_s" -ge 30 ] || bench_s=30
   say "benchmarks/step_bench.py --device cuda --dtype bf16 ($bench_s s at most)"
   PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$bench_s" \
@@ -271,7 +274,7 @@ fi
 # comm_bench: NCCL through braid vs the raw NCCL calls, one rank (a GPU to itself: the
 # per-call cost of braid's layer, not the network). A world of one needs no mpirun.
 if [ -x "$build/benchmarks/comm_bench" ]; then
-  cb_s=$(left)
+  cb_s=$(( $(left) - mfu_s ))
   [ "$cb_s" -ge 20 ] || cb_s=20
   say "comm_bench --transport nccl ($cb_s s at most)"
   timeout "$cb_s" "$build/benchmarks/comm_bench" --transport nccl -b 64K -e 256M -f 4 -n 20 -w 5 \
@@ -285,4 +288,15 @@ else
   note "comm_bench: not built"
   status=1
 fi
+
+# mfu.py: MFU of a Llama-style bf16 stack with as many layers as the GPU holds.
+mfu_left=$(left)
+[ "$mfu_left" -ge 30 ] || mfu_left=30
+say "benchmarks/mfu.py ($mfu_left s at most)"
+PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$mfu_left" \
+  "$py" benchmarks/mfu.py >"$out/mfu.log" 2>&1
+mfu_rc=$?
+note "mfu: $([ $mfu_rc = 0 ] && echo ok || echo "FAILED (rc $mfu_rc)"); its last lines:"
+tail -n 6 "$out/mfu.log" | sed 's/^/  | /' >>"$summary"
+[ $mfu_rc -eq 0 ] || status=1
 finish $status

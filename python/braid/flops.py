@@ -1,0 +1,109 @@
+"""Model FLOPs, device peaks and MFU, as Megatron-LM reports them.
+
+Model FLOPs follow Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
+Clusters", eq. 3), generalised to grouped-query attention and SwiGLU: every matrix product of
+the forward pass counts 2·m·n·k, attention counts QKᵀ and the weighted sum over the whole
+sequence (no causal halving), and a training iteration is 3× the forward (backward = 2×).
+Recomputation is not counted: that is the hardware FLOPs (HFU), not the model's. For GPT-2
+shapes (ffn = 4h, no GQA) this is exactly the paper's 72·B·s·l·h²·(1 + s/6h + V/12lh).
+
+MFU = achieved model FLOP/s per device / the device's dense bf16 peak (A100 312 TFLOP/s,
+H100/H200 989). On the CPU the peak is measured: one core's f32 GEMM rate (numpy's BLAS, one
+thread) times the cores this rank has, cached per machine in ~/.cache/braid/cpu_peak.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by the device name's model.
+GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0}
+
+
+def forward_flops_per_token(cfg, seq_length: int) -> float:
+    """Model FLOPs of one token's forward pass through `cfg` (a TransformerConfig) with
+    sequences of `seq_length`: the linear layers, attention scores and context, the LM head."""
+    h = cfg.hidden_size
+    kv = cfg.kv_heads * cfg.head_dim
+    mlp_matrices = 3 if cfg.activation == "swiglu" else 2
+    per_layer = 2 * h * (h + 2 * kv)           # query, key and value projections
+    per_layer += 2 * h * h                     # output projection
+    per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
+    per_layer += 2 * 2 * seq_length * h        # QKᵀ and the probabilities times V
+    return cfg.num_layers * per_layer + 2 * h * cfg.vocab_size
+
+
+def flops_per_iteration(cfg, seq_length: int, global_batch_size: int) -> float:
+    """Model FLOPs of one training iteration (forward + backward) over the global batch."""
+    return 3 * forward_flops_per_token(cfg, seq_length) * seq_length * global_batch_size
+
+
+def gpu_peak_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU from its name ("NVIDIA H200", "NVIDIA A100-SXM4-80GB"),
+    None for one not in the table."""
+    words = device_name.replace("-", " ").upper().split()
+    for model in sorted(GPU_PEAK_TFLOPS, key=len, reverse=True):
+        if model in words:
+            return GPU_PEAK_TFLOPS[model]
+    return None
+
+
+_CORE_GEMM = r"""
+import time, numpy as np
+n = 512
+a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+b = a.T.copy()
+for _ in range(3): a @ b
+best = float("inf")
+for _ in range(7):
+    t = time.perf_counter(); [a @ b for _ in range(4)]; best = min(best, time.perf_counter() - t)
+print(4 * 2 * n ** 3 / best)
+"""
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown cpu"
+
+
+def cpu_core_peak_flops(cache_dir: str | None = None) -> float:
+    """One core's f32 GEMM rate (FLOP/s), measured once per machine and cached."""
+    base = cache_dir or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "braid")
+    path = os.path.join(base, "cpu_peak.json")
+    key = f"{_cpu_model()} / {os.cpu_count()} cores"
+    try:
+        with open(path, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("cpu") == key:
+            return float(cached["core_flops"])
+    except (OSError, ValueError, KeyError):
+        pass
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "-c", _CORE_GEMM], env=env, capture_output=True,
+                         text=True, check=True)
+    core = float(out.stdout.split()[-1])
+    try:
+        os.makedirs(base, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"cpu": key, "core_flops": core}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return core
+
+
+def cpu_peak_flops(ranks_on_this_node: int) -> float:
+    """The f32 peak one rank has: one core's GEMM rate × this node's cores / its ranks."""
+    return cpu_core_peak_flops() * (os.cpu_count() or 1) / max(1, ranks_on_this_node)
