@@ -24,7 +24,9 @@ py::capsule to_dlpack(const Tensor& tensor);
 Tensor from_dlpack(py::handle object);
 // A braid Tensor from an argument that is a braid Tensor or any DLPack producer.
 Tensor as_tensor(py::handle object);
-// Token ids or targets as int32 (int64 input, numpy's default, is narrowed with a range check).
+// Token ids or targets as int32: a contiguous int32 input is used in place, on its device; int64
+// (numpy's and torch's default) or a strided view on the host becomes one range-checked int32
+// copy. CUDA producers are asked for the tensor on braid's stream (the legacy default one).
 Tensor token_tensor(py::handle object, const char* what);
 
 }  // namespace braid::python
