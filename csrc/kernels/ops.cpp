@@ -494,6 +494,28 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, stream);
 }
 
+void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, int64_t length, Stream stream) {
+  const char* op = "attention_cached_forward";
+  Device device =
+      device_of(op, {{"out", out}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
+  check_activation(op, device, "q", q);
+  check_same_dtype(op, "k_cache", k_cache, "q", q);
+  check_same_dtype(op, "v_cache", v_cache, "q", q);
+  BRAID_CHECK(q.dim() == 4 && k_cache.dim() == 4, op, ": q ", describe(q), " and k_cache ",
+              describe(k_cache), " must be [B, S, H, D]");
+  check_same_shape(op, "v_cache", v_cache, "k_cache", k_cache);
+  BRAID_CHECK(k_cache.size(0) == q.size(0) && k_cache.size(3) == q.size(3), op, ": q ", q.shape(),
+              " and k_cache ", k_cache.shape(), " disagree on B or D");
+  BRAID_CHECK(k_cache.size(2) > 0 && q.size(2) % k_cache.size(2) == 0, op, ": q has ", q.size(2),
+              " heads, not a multiple of the ", k_cache.size(2), " kv heads");
+  BRAID_CHECK(q.size(1) <= length && length <= k_cache.size(1), op, ": length ", length,
+              " must lie in [Sq, C] = [", q.size(1), ", ", k_cache.size(1), "]");
+  check_like(op, "out", out, "q", q);
+  if (out.numel() == 0) return;
+  BRAID_DISPATCH(device, attention_cached_forward, out, q, k_cache, v_cache, length, stream);
+}
+
 // ---------------------------------------------------------------- cross-entropy
 
 namespace {

@@ -198,7 +198,7 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
   return d;
 }
 
-Tensor GPTModel::embed(Microbatch& mb, bool training) {
+Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
   param_use(embedding_params_);
   const Tokens tokens = tokens_of(mb);
   const int64_t t = tokens.count(), h = config_.hidden_size, region = region_tokens(mb);
@@ -211,7 +211,8 @@ Tensor GPTModel::embed(Microbatch& mb, bool training) {
   if (config_.position_embedding == PositionEmbedding::learned) {
     Tensor host = Tensor::empty({region}, DType::i32);
     int32_t* p = host.data_ptr<int32_t>();
-    for (int64_t i = 0; i < region; ++i) p[i] = int32_t((first_token + i) % tokens.seq);
+    for (int64_t i = 0; i < region; ++i)
+      p[i] = int32_t(position_offset + (first_token + i) % tokens.seq);
     mb.positions = host.to(device_);
     Tensor pos = Tensor::empty({region, h}, config_.params_dtype, device_);
     ops::embedding_forward(pos, mb.positions,
@@ -462,11 +463,16 @@ void GPTModel::finalize_grads() {
 
 Tensor GPTModel::logits(const Tensor& ids) {
   Microbatch mb = prepare(ids, Tensor());
-  const int64_t b = ids.size(0), s = ids.size(1), t = b * s, v = config_.vocab_size;
+  const int64_t b = ids.size(0), s = ids.size(1);
   NormStats stats;
   BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::logits needs the whole model");
   const Tensor hf =
       enter_tp_forward(tp_, final_norm(run_layers(mb, embed(mb, false), false), stats));
+  return head_logits(hf, b, s);
+}
+
+Tensor GPTModel::head_logits(const Tensor& hf, int64_t b, int64_t s) {
+  const int64_t t = b * s, v = config_.vocab_size;
   // Each rank's slice, padding rows included, so that the slices gather into one buffer.
   const ParamShard& vocab =
       shard_of(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
@@ -498,5 +504,56 @@ Tensor GPTModel::logits(const Tensor& ids) {
 }
 
 void GPTModel::zero_grad() { flat_grads_.zero_(); }
+
+KVCache GPTModel::kv_cache(int64_t batch, int64_t capacity) const {
+  const int64_t max_positions = config_.max_position_embeddings;
+  if (capacity == 0) capacity = max_positions;
+  BRAID_CONFIG_CHECK(batch > 0 && capacity > 0 && capacity <= max_positions,
+                     "GPTModel::kv_cache: batch ", batch, " and capacity ", capacity,
+                     " must be positive, the capacity at most max_position_embeddings ",
+                     max_positions);
+  const LayerShape n = LayerShape::of(config_, tp_.size());
+  return KVCache(int(layers_.size()), batch, capacity, n.kv_heads, n.head_dim, config_.params_dtype,
+                 device_);
+}
+
+Tensor GPTModel::decode(const Tensor& ids, KVCache& cache, bool last_only) {
+  BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::decode needs the whole model");
+  BRAID_CONFIG_CHECK(!tp_.sharded_tokens(), "GPTModel::decode: not with sequence parallelism");
+  BRAID_CONFIG_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32,
+                     "GPTModel::decode: ids must be [B, n] i32, got ",
+                     ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());
+  const int64_t b = ids.size(0), s = ids.size(1), offset = cache.length();
+  BRAID_CONFIG_CHECK(cache.layers() == int(layers_.size()) && cache.batch() == b &&
+                         (cache.layers() == 0 || cache.keys(0).device() == device_),
+                     "GPTModel::decode: the cache holds ", cache.batch(), " sequences of ",
+                     cache.layers(), " layers; ids are ", ids.shape(), " for ", layers_.size(),
+                     " layers on ", device_.str(), " (make it with this model's kv_cache)");
+  BRAID_CONFIG_CHECK(offset + s <= config_.max_position_embeddings,
+                     "GPTModel::decode: positions up to ", offset + s,
+                     " exceed max_position_embeddings ", config_.max_position_embeddings, " (",
+                     offset, " in the cache + ", s, " new)");
+  BRAID_CONFIG_CHECK(offset + s <= cache.capacity(), "GPTModel::decode: ", offset,
+                     " positions in the cache + ", s, " new exceed its capacity ",
+                     cache.capacity());
+  Microbatch mb = prepare(ids, Tensor());
+  Tensor x = embed(mb, false, offset);
+  const Tokens tokens{b, s};
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    param_use(layer_params_[l]);
+    x = layers_[l].forward_cached(x, tokens, cache, int(l));
+  }
+  cache.advance(s);
+  int64_t rows = s;
+  if (last_only && s > 1) {  // the head (a [T, V] GEMM) on each sequence's last position only
+    const int64_t h = config_.hidden_size;
+    Tensor last = Tensor::empty({b, h}, x.dtype(), device_);
+    for (int64_t i = 0; i < b; ++i) last.narrow(i, 1).copy_from(x.narrow(i * s + s - 1, 1));
+    x = last;
+    rows = 1;
+  }
+  NormStats stats;
+  return head_logits(enter_tp_forward(tp_, final_norm(x, stats)), b, rows);
+}
 
 }  // namespace braid::model

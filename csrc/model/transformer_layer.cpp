@@ -150,6 +150,59 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   return out;
 }
 
+Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache& cache,
+                                        int cache_layer) const {
+  const TransformerConfig& c = config_;
+  const LayerShape& n = shape_;
+  BRAID_CHECK(x.dim() == 2 && x.size(0) == tokens.count() && x.size(1) == c.hidden_size,
+              "TransformerLayer::forward_cached: input must be [", tokens.count(), ", ",
+              c.hidden_size, "], got ", x.shape());
+  BRAID_CHECK(!tp_.sharded_tokens(), "TransformerLayer::forward_cached: no sequence parallelism");
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
+  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * n.ffn : n.ffn;
+  const int64_t offset = cache.length();
+  const DType dt = x.dtype();
+  const Device dev = x.device();
+
+  NormStats s1;
+  const Tensor h1 = enter_tp_forward(tp_, norm_forward(c.normalization, c.norm_eps, s1, x,
+                                                       w_.input_norm_weight, w_.input_norm_bias));
+  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV bqkv = split_qkv(w_.qkv_bias, n.q_heads * d, n.kv_heads * d);
+  Tensor q = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
+  Tensor k = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
+  Tensor v = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
+  linear_forward(q.view({t, n.q_heads * d}), h1, wqkv.q, bqkv.q);
+  linear_forward(k.view({t, n.kv_heads * d}), h1, wqkv.k, bqkv.k);
+  linear_forward(v.view({t, n.kv_heads * d}), h1, wqkv.v, bqkv.v);
+  if (c.position_embedding == PositionEmbedding::rope) {
+    ops::rope_forward(q, q, c.rope_theta, offset);
+    ops::rope_forward(k, k, c.rope_theta, offset);
+  }
+  cache.write(cache_layer, k, v);
+  release(k, v);
+  Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
+  ops::attention_cached_forward(attn, q, cache.keys(cache_layer), cache.values(cache_layer),
+                                offset + s);
+
+  Tensor mid = Tensor::empty({t, c.hidden_size}, dt, dev);
+  linear_forward(mid, attn.view({t, n.q_heads * d}), w_.o_weight, row_bias(w_.o_bias));
+  mid = exit_tp_forward(tp_, mid);
+  ops::add(mid, x, mid);
+
+  NormStats s2;
+  const Tensor h2 = enter_tp_forward(tp_, norm_forward(c.normalization, c.norm_eps, s2, mid,
+                                                       w_.post_norm_weight, w_.post_norm_bias));
+  Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
+  linear_forward(fc1, h2, w_.fc1_weight, w_.fc1_bias);
+  const Tensor act = mlp_activation(fc1);
+  Tensor out = Tensor::empty({t, c.hidden_size}, dt, dev);
+  linear_forward(out, act, w_.fc2_weight, row_bias(w_.fc2_bias));
+  out = exit_tp_forward(tp_, out);
+  ops::add(out, mid, out);
+  return out;
+}
+
 Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const DropoutContext& drop,
                                   Recompute policy, LayerActivations& saved) const {
   const TransformerConfig& c = config_;

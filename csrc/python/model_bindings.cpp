@@ -7,11 +7,13 @@
 #include "bindings.h"
 #include "braid/model/config.h"
 #include "braid/model/gpt_model.h"
+#include "braid/model/kv_cache.h"
 
 namespace braid::python {
 namespace {
 
 using model::GPTModel;
+using model::KVCache;
 using model::TransformerConfig;
 
 template <typename Enum>
@@ -57,6 +59,18 @@ void bind_model(py::module_& m) {
   def_enum_property(cfg, "position_embedding", &TransformerConfig::position_embedding);
   def_enum_property(cfg, "recompute", &TransformerConfig::recompute);
 
+  py::class_<KVCache>(m, "KVCache",
+                      "Keys and values of the positions a model has seen, per layer (inference). "
+                      "Make one with GPTModel.kv_cache; GPTModel.decode fills it.")
+      .def_property_readonly("batch", &KVCache::batch)
+      .def_property_readonly("capacity", &KVCache::capacity)
+      .def_property_readonly("length", &KVCache::length, "Positions filled so far.")
+      .def_property_readonly("num_layers", &KVCache::layers)
+      .def("keys", &KVCache::keys, py::arg("layer"),
+           "[batch, capacity, kv_heads, head_dim] (after rope); positions [0, length) are set.")
+      .def("values", &KVCache::values, py::arg("layer"))
+      .def("reset", &KVCache::reset, "Forgets every position; the buffers stay allocated.");
+
   py::class_<GPTModel>(m, "GPTModel",
                        "A GPT-2 / Llama model in one process, with explicit "
                        "forward and backward.")
@@ -94,6 +108,20 @@ void bind_model(py::module_& m) {
           },
           py::arg("ids"), "Logits [B, S, V] (f32, CPU) without keeping activations.")
       .def("zero_grad", &GPTModel::zero_grad)
+      .def("kv_cache", &GPTModel::kv_cache, py::arg("batch"), py::arg("capacity") = 0,
+           "An empty KVCache for `batch` sequences of up to `capacity` positions (0: "
+           "max_position_embeddings).")
+      .def(
+          "decode",
+          [](GPTModel& g, py::handle ids, KVCache& cache, bool last_only) {
+            Tensor i = token_tensor(ids, "ids");
+            py::gil_scoped_release release;
+            return g.decode(i, cache, last_only);
+          },
+          py::arg("ids"), py::arg("cache"), py::arg("last_only") = false,
+          "ids [B, n]: the next n tokens after the cache.length positions the cache holds. "
+          "Appends them to the cache and returns their logits [B, n, V] (f32, CPU), or with "
+          "last_only [B, 1, V] of the last one. ValueError past max_position_embeddings.")
       .def(
           "parameters",
           [](GPTModel& g) {

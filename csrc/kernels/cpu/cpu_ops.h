@@ -42,6 +42,8 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         Stream stream);
+void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, int64_t length, Stream stream);
 void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
                             const Tensor& targets, int64_t vocab_offset, Stream stream);
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,

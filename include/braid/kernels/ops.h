@@ -127,6 +127,14 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         Stream stream = {});
 
+// Inference over a KV cache (no backward): q [B, Sq, Hq, D] holds the queries of positions
+// length - Sq .. length - 1; k_cache, v_cache [B, C, Hkv, D] the keys and values of positions
+// 0 .. C - 1, of which [0, length) are valid (1 <= Sq <= length <= C). Query row i attends to key
+// positions 0 .. length - Sq + i (causal, aligned to the end as flash-attention aligns Sq < Sk);
+// GQA and scale as attention_forward. out [B, Sq, Hq, D] (q's dtype).
+void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
+                              const Tensor& v_cache, int64_t length, Stream stream = {});
+
 // ---------------------------------------------------------------- cross-entropy
 // logits [T, V_local] (activation dtype; this rank's slice starts at vocab_offset); targets [T]
 // i32, negative = ignored. One online-softmax pass gives, per row, the partials a vocab-parallel

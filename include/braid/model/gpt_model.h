@@ -37,6 +37,7 @@
 
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
+#include "braid/model/kv_cache.h"
 #include "braid/model/parameters.h"
 #include "braid/model/tensor_parallel.h"
 #include "braid/model/transformer_layer.h"
@@ -101,6 +102,19 @@ class GPTModel {
   Tensor logits(const Tensor& ids);
   void zero_grad();
 
+  // Inference with a KV cache (kv_cache.h). kv_cache: an empty cache for `batch` sequences of
+  // up to `capacity` positions (0: max_position_embeddings) on the model's device.
+  KVCache kv_cache(int64_t batch, int64_t capacity = 0) const;
+  // ids [B, n] i32: the next n tokens of the B sequences whose first cache.length() tokens
+  // the cache holds (prefill: an empty cache and the prompts; then n = 1 per decoding step).
+  // Runs the n positions alone, appends their keys and values to the cache and returns their
+  // logits [B, n, V] f32 on the CPU - with last_only, [B, 1, V] of the last position only -
+  // equal to those logits() gives for the whole sequence. No dropout. ConfigError when
+  // cache.length() + n exceeds max_position_embeddings or the cache's capacity. The whole
+  // model only (not a pipeline stage); under TP every rank calls it alike, without sequence
+  // parallelism.
+  Tensor decode(const Tensor& ids, KVCache& cache, bool last_only = false);
+
   // Hooks for data parallelism (engine/grad_buffer.h). Parameters are named by their index in
   // parameters(). The model runs in pieces - the embeddings, each layer, the head (final norm
   // and output weight) - and calls
@@ -147,8 +161,12 @@ class GPTModel {
   // The vocab-parallel cross-entropy's partials, combined across TP.
   void cross_entropy_partials(Microbatch& mb, Tensor& target_logit) const;
   DropoutContext dropout_context(const Microbatch& mb, int layer, bool training) const;
-  Tensor embed(Microbatch& mb, bool training);  // [T_region, H]
+  // [T_region, H]; learned positions start at position_offset (decode: the cache's length).
+  Tensor embed(Microbatch& mb, bool training, int64_t position_offset = 0);
   Tensor run_layers(Microbatch& mb, Tensor x, bool training);
+  // The LM head over the final norm's output hf [B * S, H]: [B, S, V] f32 on the CPU, the
+  // vocabulary slices of the TP ranks gathered.
+  Tensor head_logits(const Tensor& hf, int64_t batch, int64_t seq);
   const Tensor& output_weight() const;
   Tensor& output_grad();
 

@@ -14,6 +14,7 @@
 
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
+#include "braid/model/kv_cache.h"
 #include "braid/model/norm.h"
 #include "braid/model/tensor_parallel.h"
 
@@ -95,6 +96,13 @@ class TransformerLayer {
   // `tokens`, `dropout` and `policy` must be those of the forward that filled `saved`.
   Tensor backward(const Tensor& dout, Tokens tokens, const DropoutContext& dropout,
                   Recompute policy, LayerActivations& saved) const;
+
+  // Inference: x [B * n, H] holds the next n positions of B sequences that follow the
+  // cache.length() positions already in `cache`. Appends their keys (after rope) and values to
+  // cache layer `cache_layer` and attends over the cache; returns out [B * n, H]. No dropout,
+  // nothing kept; the caller advances the cache once every layer has run. Not with sequence
+  // parallelism (x must hold every token).
+  Tensor forward_cached(const Tensor& x, Tokens tokens, KVCache& cache, int cache_layer) const;
 
   const LayerTensors& weights() const { return w_; }
   const LayerTensors& grads() const { return g_; }
