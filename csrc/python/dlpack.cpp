@@ -133,6 +133,23 @@ Tensor adopt(Imported& in) {
   });
 }
 
+// dst = one row of n elements `stride` apart, narrowed to int32; false if one does not fit. The
+// check is a branch-free AND so that the unit-stride loop vectorises.
+template <typename T>
+bool narrow_row(const T* src, int64_t n, int64_t stride, int32_t* dst) {
+  bool fits = true;
+  const auto one = [&](int64_t j, T v) {
+    if constexpr (sizeof(T) > sizeof(int32_t)) fits &= (v >= INT32_MIN) & (v <= INT32_MAX);
+    dst[j] = int32_t(v);
+  };
+  if (stride == 1) {
+    for (int64_t j = 0; j < n; ++j) one(j, src[j]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) one(j, src[j * stride]);
+  }
+  return fits;
+}
+
 // dst[i] = src element i in row-major order, read through `strides` (elements; the compact
 // ones when empty), each checked to fit in int32. One pass: strided gather and narrowing.
 template <typename T>
@@ -145,15 +162,18 @@ void narrow_to_int32(const T* src, std::span<const int64_t> dims, std::span<cons
     step[d] = strides.empty() ? n : strides[d];
     n *= dims[d];
   }
+  const int64_t row = nd ? dims[nd - 1] : 1, row_stride = nd ? step[nd - 1] : 1;
+  if (n == 0) return;
   int64_t offset = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const T v = src[offset];
-    if constexpr (sizeof(T) > sizeof(int32_t)) {
-      BRAID_CONFIG_CHECK(v >= INT32_MIN && v <= INT32_MAX, what, "[", i, "] = ", v,
-                         " does not fit in int32");
+  for (int64_t first = 0; first < n; first += row) {
+    if (!narrow_row(src + offset, row, row_stride, dst + first)) {
+      for (int64_t j = 0; j < row; ++j) {
+        const T v = src[offset + j * row_stride];
+        BRAID_CONFIG_CHECK(v >= INT32_MIN && v <= INT32_MAX, what, "[", first + j, "] = ", v,
+                           " does not fit in int32");
+      }
     }
-    dst[i] = int32_t(v);
-    for (size_t d = nd; d-- > 0;) {  // the next index, last dimension fastest
+    for (size_t d = nd ? nd - 1 : 0; d-- > 0;) {  // the next row's first element
       offset += step[d];
       if (++index[d] < dims[d]) break;
       offset -= step[d] * dims[d];

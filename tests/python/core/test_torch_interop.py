@@ -138,6 +138,18 @@ def test_parameter_views_follow_training():
     assert not torch.equal(weight, before)  # the view taken before the step sees the update
 
 
+def test_strided_batches_read_like_their_contiguous_copies():
+    model = tiny_model()
+    columns = token_rows(16, 4, seed=6)  # [S, B]: its transpose has strides (1, 16)
+    expected = np.from_dlpack(model.logits(columns.t().contiguous().to(torch.int32)))
+    for ids in (columns.t(), columns.to(torch.int32).t()):  # int64 and int32, transposed
+        assert not ids.is_contiguous()
+        assert np.array_equal(np.from_dlpack(model.logits(ids)), expected)
+    every_other = token_rows(4, 32, seed=7)[:, ::2]  # strides (32, 2)
+    assert np.array_equal(np.from_dlpack(model.logits(every_other)),
+                          np.from_dlpack(model.logits(every_other.contiguous())))
+
+
 def test_bad_token_inputs_are_value_errors():
     model = tiny_model()
     with pytest.raises(ValueError, match="ids must be int32 or int64, got f32"):
