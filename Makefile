@@ -47,15 +47,25 @@ DEMO_RANKS ?= 8
 DEMO_ARGS ?= --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 \
   --sequence-parallel --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \
   --num-layers 4 --micro-batch-size 24 --global-batch-size 96 --train-iters 2000 --log-interval 200
+# Both save the trained model (the demo's --save) and then sample a few completions from that
+# checkpoint with tools/generate.py (one process, KV cache; docs/generate.md).
 demo:
 	@$(BOOTSTRAP)
-	@PYTHONPATH=$(CURDIR)/python OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive \
+	@ckpt=$${BRAID_CACHE:-$$HOME/.cache/braid}/demo-ckpt; \
+	 PYTHONPATH=$(CURDIR)/python OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive \
 	 mpirun -np $(DEMO_RANKS) --oversubscribe -x PYTHONPATH -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
-	 -x OPENBLAS_NUM_THREADS $(PYTHON) -m braid.demo $(DEMO_ARGS)
+	 -x OPENBLAS_NUM_THREADS $(PYTHON) -m braid.demo $(DEMO_ARGS) --save "$$ckpt"; \
+	 echo "demo: sampled from $$ckpt (tools/generate.py --temperature 0.7 --top-k 3):"; \
+	 PYTHONPATH=$(CURDIR)/python $(PYTHON) tools/generate.py --load "$$ckpt" --temperature 0.7 \
+	 --top-k 3 --seed 1 --max-new-tokens 5 --prompt 123+456= 905+095= 318+682= 777+111=
 
 demo-cpu1:
 	@$(BOOTSTRAP)
-	@PYTHONPATH=$(CURDIR)/python $(PYTHON) -m braid.demo
+	@ckpt=$${BRAID_CACHE:-$$HOME/.cache/braid}/demo-cpu1-ckpt; \
+	 PYTHONPATH=$(CURDIR)/python $(PYTHON) -m braid.demo --save "$$ckpt"; \
+	 echo "demo: sampled from $$ckpt (tools/generate.py --temperature 0.7 --top-k 3):"; \
+	 PYTHONPATH=$(CURDIR)/python $(PYTHON) tools/generate.py --load "$$ckpt" --temperature 0.7 \
+	 --top-k 3 --seed 1 --max-new-tokens 5 --prompt 123+456= 905+095= 318+682= 777+111=
 
 test:
 	@$(BOOTSTRAP)
