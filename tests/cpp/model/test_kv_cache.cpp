@@ -1,0 +1,116 @@
+// KV-cache inference: GPTModel::decode against GPTModel::logits, and the op it rests on,
+// attention_cached_forward, against attention_forward. Every present device (CPU, and CUDA
+// where there is one), f32.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "braid/core/error.h"
+#include "braid/kernels/ops.h"
+#include "model_test_util.h"
+
+namespace braid::model {
+namespace {
+
+using namespace testing_util;
+
+constexpr float kTol = 1e-5f;
+
+// The rows [first, first + n) of dim 1 of a [B, S, ...] host tensor, as [B, n, ...].
+Tensor positions(const Tensor& t, int64_t first, int64_t n) {
+  const Tensor h = t.to(Device::cpu());
+  const int64_t b = h.size(0), s = h.size(1), row = h.numel() / (b * s);
+  Shape shape = h.shape();
+  std::vector<int64_t> dims(shape.begin(), shape.end());
+  dims[1] = n;
+  Tensor out = Tensor::empty(Shape(std::span<const int64_t>(dims)), h.dtype());
+  for (int64_t i = 0; i < b; ++i)
+    out.slice(i * n * row, {n * row}).copy_from(h.slice((i * s + first) * row, {n * row}));
+  return out;
+}
+
+float max_abs_diff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  const std::vector<float> x = host_floats(a), y = host_floats(b);
+  float m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+class KVCacheTest : public ::testing::TestWithParam<Device> {};
+
+// Query rows of the last positions over the whole cache equal those rows of causal attention.
+TEST_P(KVCacheTest, CachedAttentionIsTheLastRowsOfCausalAttention) {
+  const Device dev = GetParam();
+  const int64_t b = 2, s = 37, hq = 6, hkv = 2, d = 40, cap = 45;
+  const Tensor q = testing::random_tensor({b, s, hq, d}, 1).to(dev);
+  const Tensor k = testing::random_tensor({b, s, hkv, d}, 2).to(dev);
+  const Tensor v = testing::random_tensor({b, s, hkv, d}, 3).to(dev);
+  Tensor out = Tensor::empty({b, s, hq, d}, DType::f32, dev);
+  Tensor lse = Tensor::empty({b, hq, s}, DType::f32, dev);
+  ops::attention_forward(out, lse, q, k, v);
+  // The cache: capacity 45, positions [0, 37) filled with k, v, the rest garbage it must skip.
+  Tensor kc = testing::random_tensor({b, cap, hkv, d}, 4, 100.0f);
+  Tensor vc = testing::random_tensor({b, cap, hkv, d}, 5, 100.0f);
+  const int64_t row = hkv * d;
+  for (int64_t i = 0; i < b; ++i) {
+    kc.slice(i * cap * row, {s * row}).copy_from(k.to(Device::cpu()).slice(i * s * row, {s * row}));
+    vc.slice(i * cap * row, {s * row}).copy_from(v.to(Device::cpu()).slice(i * s * row, {s * row}));
+  }
+  kc = kc.to(dev);
+  vc = vc.to(dev);
+  for (int64_t n : {int64_t(1), int64_t(3), s}) {
+    const Tensor qn = positions(q, s - n, n).to(dev);
+    Tensor got = Tensor::empty({b, n, hq, d}, DType::f32, dev);
+    ops::attention_cached_forward(got, qn, kc, vc, s);
+    EXPECT_LT(max_abs_diff(got, positions(out, s - n, n)), kTol) << n << " new positions";
+  }
+  Tensor bad = Tensor::empty({b, 3, hq, d}, DType::f32, dev);
+  EXPECT_THROW(ops::attention_cached_forward(bad, positions(q, 0, 3).to(dev), kc, vc, cap + 1),
+               Error);
+}
+
+void check_decode(const TransformerConfig& config, Device dev) {
+  GPTModel model(config, dev, 17);
+  perturb_norms_and_biases(model, 5);
+  const int64_t b = 3, p = 5, total = config.max_position_embeddings;
+  const Batch batch = make_batch(b, total, config.vocab_size, 8);
+  KVCache cache = model.kv_cache(b);
+  EXPECT_EQ(cache.capacity(), total);
+  // Prefill, then one token per step, then the last positions two at a time.
+  std::vector<std::pair<int64_t, int64_t>> steps{{0, p}};
+  for (int64_t i = p; i < total - 4; ++i) steps.push_back({i, 1});
+  steps.push_back({total - 4, 2});
+  steps.push_back({total - 2, 2});
+  for (auto [first, n] : steps) {
+    const Tensor got = model.decode(positions(batch.ids, first, n), cache);
+    EXPECT_EQ(cache.length(), first + n);
+    const Tensor want = positions(model.logits(positions(batch.ids, 0, first + n)), first, n);
+    EXPECT_LT(max_abs_diff(got, want), kTol) << "positions " << first << ".." << first + n - 1;
+  }
+  // Full: one more position is past max_position_embeddings.
+  try {
+    model.decode(positions(batch.ids, 0, 1), cache);
+    ADD_FAILURE() << "decode past max_position_embeddings did not throw";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceed max_position_embeddings"), std::string::npos)
+        << e.what();
+  }
+  // reset: the same cache decodes a new batch from position 0, last position only.
+  cache.reset();
+  const Tensor last = model.decode(positions(batch.ids, 0, 7), cache, true);
+  EXPECT_EQ(last.shape(), (Shape{b, 1, config.vocab_size}));
+  EXPECT_LT(max_abs_diff(last, positions(model.logits(positions(batch.ids, 0, 7)), 6, 1)), kTol);
+}
+
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsGpt2) { check_decode(small_gpt2(), GetParam()); }
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsLlamaGqa) { check_decode(small_llama(), GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Devices, KVCacheTest, ::testing::ValuesIn(testing::test_devices()),
+                         testing::device_test_name);
+
+}  // namespace
+}  // namespace braid::model
