@@ -76,8 +76,9 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
         Trace::Scope span(trace_, "forward", "compute", a.microbatch, a.chunk);
         const Tensor input = m.chunk().embedding ? Tensor() : take(inputs, key, "input activation");
         float microbatch_loss = 0;
-        Tensor out = m.forward_stage(ids[size_t(a.microbatch)], targets[size_t(a.microbatch)],
-                                     input, a.microbatch, &microbatch_loss);
+        Tensor out =
+            m.forward_stage(ids[size_t(a.microbatch)], targets[size_t(a.microbatch)], input,
+                            a.microbatch, &microbatch_loss, !schedule_.forward_only);
         if (m.chunk().head) {
           loss += double(grad_scales[size_t(a.microbatch)]) * microbatch_loss;
         } else {

@@ -189,11 +189,13 @@ struct InterleavedTables {
 
 }  // namespace
 
-Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
+namespace {
+
+// The interleaved schedule; forward_only: every forward is a warmup step and no backward runs.
+Schedule build_interleaved(int pp, int microbatches, int virtual_stages, bool forward_only) {
   check_common(pp, microbatches);
   BRAID_CONFIG_CHECK(virtual_stages >= 1,
                      "--num-virtual-stages-per-pipeline-rank must be >= 1, got ", virtual_stages);
-  if (virtual_stages == 1) return make_1f1b(pp, microbatches);
   BRAID_CONFIG_CHECK(pp > 1, "--num-virtual-stages-per-pipeline-rank (", virtual_stages,
                      ") > 1 needs --pipeline-model-parallel-size > 1 (the interleaved schedule "
                      "interleaves pipeline ranks), got ",
@@ -206,7 +208,8 @@ Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
 
   const int v = virtual_stages;
   const InterleavedTables t{pp, v, microbatches * v};
-  Schedule s{"interleaved-1f1b", pp, microbatches, v, {}};
+  Schedule s{forward_only ? "forward-only" : "interleaved-1f1b", pp, microbatches, v, {}};
+  s.forward_only = forward_only;
   for (int r = 0; r < pp; ++r) {
     const bool first_rank = r == 0, last_rank = r == pp - 1;
     auto is_first_stage = [&](int chunk) { return first_rank && chunk == 0; };
@@ -229,7 +232,7 @@ Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
     auto recv_act = [&](int chunk) { b.recv_activation(chunk, acts_received[chunk]++); };
     auto recv_grad = [&](int chunk) { b.recv_grad(chunk, grads_received[chunk]++); };
 
-    const int warmup = interleaved_warmup_steps(pp, microbatches, v, r);
+    const int warmup = forward_only ? t.total : interleaved_warmup_steps(pp, microbatches, v, r);
     const bool all_warmup = warmup == t.total;
     const int remaining = t.total - warmup;
 
@@ -261,6 +264,10 @@ Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
       if (recv_next) recv_grad(next_bc);
       b.flush();
     }
+    if (forward_only) {
+      s.ranks.push_back(b.take());
+      continue;
+    }
     if (all_warmup && !last_rank) recv_grad(v - 1);
     b.flush();
     for (int k = remaining; k < t.total; ++k) {
@@ -272,6 +279,29 @@ Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
       if (recv_next) recv_grad(next_chunk);
       b.flush();
     }
+    s.ranks.push_back(b.take());
+  }
+  return s;
+}
+
+}  // namespace
+
+Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages) {
+  if (virtual_stages == 1) {
+    check_common(pp, microbatches);
+    return make_1f1b(pp, microbatches);
+  }
+  return build_interleaved(pp, microbatches, virtual_stages, false);
+}
+
+Schedule make_forward_only(int pp, int microbatches, int virtual_stages) {
+  if (virtual_stages != 1) return build_interleaved(pp, microbatches, virtual_stages, true);
+  check_common(pp, microbatches);
+  Schedule s{"forward-only", pp, microbatches, 1, {}};
+  s.forward_only = true;
+  for (int r = 0; r < pp; ++r) {
+    RankBuilder b(pp, r);
+    for (int i = 0; i < microbatches; ++i) b.forward_alone(i);
     s.ranks.push_back(b.take());
   }
   return s;

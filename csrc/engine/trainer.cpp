@@ -82,40 +82,81 @@ void Trainer::set_iterations(int64_t iteration, int64_t skipped) {
   skipped_ = skipped;
 }
 
-PipelineExecutor& Trainer::executor(int microbatches) {
-  if (executor_ == nullptr || executor_->schedule().microbatches != microbatches) {
+PipelineExecutor& Trainer::executor(int microbatches, bool forward_only) {
+  std::unique_ptr<PipelineExecutor>& slot = forward_only ? eval_executor_ : executor_;
+  if (slot == nullptr || slot->schedule().microbatches != microbatches) {
     const comm::ParallelState& state = *model_.state();
     const int pp = state.grid().pp(), v = model_.num_chunks();
-    Schedule schedule = v > 1 ? make_interleaved_1f1b(pp, microbatches, v)
+    Schedule schedule = forward_only ? make_forward_only(pp, microbatches, v)
+                        : v > 1      ? make_interleaved_1f1b(pp, microbatches, v)
                         : config_.pipeline_schedule == "gpipe" ? make_gpipe(pp, microbatches)
                                                                : make_1f1b(pp, microbatches);
-    executor_ =
-        std::make_unique<PipelineExecutor>(std::move(schedule), model_.chunks(), state.pp());
+    slot = std::make_unique<PipelineExecutor>(std::move(schedule), model_.chunks(), state.pp());
   }
-  return *executor_;
+  return *slot;
 }
 
-float Trainer::run_microbatches(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
-                                const std::vector<float>& scales) {
+float Trainer::run_microbatches(const Microbatches& batch, bool forward_only) {
   const comm::ParallelState* state = model_.state();
   if (state != nullptr && state->grid().pp() > 1)
-    return executor(int(ids.size())).run(ids, targets, scales);
+    return executor(int(batch.ids.size()), forward_only)
+        .run(batch.ids, batch.targets, batch.scales);
   model::GPTModel& m = model_.chunk(0);
   double loss = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    loss += double(scales[i]) * m.forward(ids[i], targets[i], int(i));
-    m.backward(int(i), scales[i]);
+  for (size_t i = 0; i < batch.ids.size(); ++i) {
+    float microbatch_loss = 0;
+    m.forward_stage(batch.ids[i], batch.targets[i], Tensor(), int(i), &microbatch_loss,
+                    !forward_only);
+    loss += double(batch.scales[i]) * microbatch_loss;
+    if (!forward_only) m.backward(int(i), batch.scales[i]);
   }
   return float(loss);
 }
 
-StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_microbatches) {
-  BRAID_CONFIG_CHECK(ids.dim() == 2 && targets.shape() == ids.shape(),
-                     "Trainer::train_step: ids and targets must both be [B, S], got ", ids.shape(),
-                     " and ", targets.shape());
-  BRAID_CONFIG_CHECK(num_microbatches > 0 && ids.size(0) % num_microbatches == 0,
-                     "Trainer::train_step: batch size ", ids.size(0),
+Trainer::Microbatches Trainer::split(const Tensor& ids, const Tensor& targets, int num_microbatches,
+                                     float loss_scale, const char* what) const {
+  BRAID_CONFIG_CHECK(ids.dim() == 2 && targets.shape() == ids.shape(), "Trainer::", what,
+                     ": ids and targets must both be [B, S], got ", ids.shape(), " and ",
+                     targets.shape());
+  BRAID_CONFIG_CHECK(num_microbatches > 0 && ids.size(0) % num_microbatches == 0, "Trainer::", what,
+                     ": batch size ", ids.size(0),
                      " is not divisible by num_microbatches = ", num_microbatches);
+  // Microbatches, and each one's share of the global batch's tokens.
+  Microbatches batch;
+  const int64_t rows = ids.size(0) / num_microbatches;
+  std::vector<int64_t> counts;
+  int64_t local = 0;
+  for (int m = 0; m < num_microbatches; ++m) {
+    batch.ids.push_back(ids.narrow(m * rows, rows));
+    batch.targets.push_back(targets.narrow(m * rows, rows));
+    counts.push_back(count_targets(batch.targets.back()));
+    local += counts.back();
+  }
+  std::vector<int64_t> total{local};
+  const comm::ParallelState* state = model_.state();
+  all_reduce_host(state != nullptr ? &state->dp() : nullptr, total, DType::i64);
+  batch.tokens = total[0];
+  for (int64_t count : counts)
+    batch.scales.push_back(total[0] > 0 ? loss_scale * float(double(count) / double(total[0]))
+                                        : 0.0f);
+  return batch;
+}
+
+float Trainer::global_loss(float local_loss) const {
+  // This DP rank's part of the global mean sits on its last stage's TP ranks.
+  const comm::ParallelState* state = model_.state();
+  std::vector<float> loss{
+      model_.is_last_stage() && (state == nullptr || state->tp_rank() == 0) ? local_loss : 0.0f};
+  all_reduce_host(state != nullptr ? &state->world() : nullptr, loss, DType::f32);
+  return loss[0];
+}
+
+float Trainer::evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches) {
+  const Microbatches batch = split(ids, targets, num_microbatches, 1.0f, "evaluate");
+  return global_loss(run_microbatches(batch, /*forward_only=*/true));
+}
+
+StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_microbatches) {
   const Device device = model_.device();
   const comm::ParallelState* state = model_.state();
   // --overlap-param-gather: the previous step's gathers are still in flight; the forward waits
@@ -123,38 +164,18 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   synchronize(device);
   reset_peak_memory(device);
   const auto start = std::chrono::steady_clock::now();
-
-  // Microbatches, and each one's share of the global batch's tokens.
-  const int64_t rows = ids.size(0) / num_microbatches;
-  std::vector<Tensor> mb_ids, mb_targets;
-  std::vector<int64_t> counts(size_t(num_microbatches) + 1, 0);  // last: the total
-  for (int m = 0; m < num_microbatches; ++m) {
-    mb_ids.push_back(ids.narrow(m * rows, rows));
-    mb_targets.push_back(targets.narrow(m * rows, rows));
-    counts[size_t(m)] = count_targets(mb_targets.back());
-    counts.back() += counts[size_t(m)];
-  }
-  std::vector<int64_t> total{counts.back()};
-  all_reduce_host(state != nullptr ? &state->dp() : nullptr, total, DType::i64);
   const float loss_scale = scaler_.scale();
-  std::vector<float> scales;
-  for (int m = 0; m < num_microbatches; ++m)
-    scales.push_back(total[0] > 0 ? loss_scale * float(double(counts[size_t(m)]) / double(total[0]))
-                                  : 0.0f);
+  const Microbatches batch = split(ids, targets, num_microbatches, loss_scale, "train_step");
 
   model_.zero_grad();
   model_.start_grad_sync(num_microbatches);
-  const float local_loss = run_microbatches(mb_ids, mb_targets, scales);
+  const float local_loss = run_microbatches(batch, /*forward_only=*/false);
   model_.finish_grad_sync();
 
   StepStats stats;
-  stats.tokens = total[0];
+  stats.tokens = batch.tokens;
   stats.loss_scale = loss_scale;
-  // The loss: this DP rank's part of the global mean sits on its last stage's TP ranks.
-  std::vector<float> loss{
-      model_.is_last_stage() && (state == nullptr || state->tp_rank() == 0) ? local_loss : 0.0f};
-  all_reduce_host(state != nullptr ? &state->world() : nullptr, loss, DType::f32);
-  stats.loss = loss[0] / loss_scale;
+  stats.loss = global_loss(local_loss) / loss_scale;
   stats.grad_norm = optimizer_->grad_norm() / loss_scale;
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).

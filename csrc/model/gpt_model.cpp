@@ -321,17 +321,17 @@ void GPTModel::backward(int microbatch, float grad_scale) {
 }
 
 Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const Tensor& input,
-                               int microbatch, float* loss) {
+                               int microbatch, float* loss, bool training) {
   BRAID_CHECK(!has_activations(microbatch), "GPTModel::forward: microbatch ", microbatch,
               " still holds the activations of a forward without backward");
   BRAID_CHECK(targets.defined() || !chunk().head, "GPTModel::forward: targets are required");
   auto mb = std::make_unique<Microbatch>(prepare(ids, chunk().head ? targets : Tensor()));
-  mb->forward_index = forward_count_++;
+  mb->forward_index = training ? forward_count_++ : forward_count_;
   const int64_t tokens = ids.numel(), h = config_.hidden_size;
 
   Tensor x;
   if (chunk().embedding) {
-    x = embed(*mb, true);
+    x = embed(*mb, training);
   } else {
     BRAID_CHECK(input.defined() && input.dim() == 2 && input.size(0) == region_tokens(*mb) &&
                     input.size(1) == h && input.dtype() == config_.params_dtype,
@@ -340,9 +340,9 @@ Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const T
                 input.defined() ? dtype_name(input.dtype()) : "undefined ", input.shape());
     x = input;
   }
-  x = run_layers(*mb, x, true);
+  x = run_layers(*mb, x, training);
   if (!chunk().head) {
-    activations_.emplace(microbatch, std::move(mb));
+    if (training) activations_.emplace(microbatch, std::move(mb));
     return x;
   }
   NormStats stats;
@@ -365,7 +365,7 @@ Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const T
     mb->final_out = hf;
   }
   const int64_t count = mb->count;
-  activations_.emplace(microbatch, std::move(mb));
+  if (training) activations_.emplace(microbatch, std::move(mb));
   if (loss != nullptr) *loss = count > 0 ? float(sum / double(count)) : 0.0f;
   return Tensor();
 }

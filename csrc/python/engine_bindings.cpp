@@ -144,6 +144,16 @@ void bind_engine(py::module_& m) {
           py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1,
           "ids, targets [B, S]: this DP rank's share of the global batch (the same on every TP "
           "and PP rank of it), B split into num_microbatches. The loss is the global batch's.")
+      .def(
+          "evaluate",
+          [](Trainer& t, py::handle ids, py::handle targets, int num_microbatches) {
+            Tensor i = token_tensor(ids, "ids"), tg = token_tensor(targets, "targets");
+            py::gil_scoped_release release;
+            return t.evaluate(i, tg, num_microbatches);
+          },
+          py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1,
+          "The global batch's loss without training on it (validation): forwards only, no "
+          "dropout, nothing changes. Collective, like train_step.")
       .def_property_readonly("iteration", &Trainer::iteration,
                              "Steps attempted (skipped ones included); a loaded checkpoint's.")
       .def_property_readonly(

@@ -52,11 +52,12 @@ struct Action {
 };
 
 struct Schedule {
-  std::string name;  // "gpipe", "1f1b", "interleaved-1f1b"
+  std::string name;  // "gpipe", "1f1b", "interleaved-1f1b", "forward-only"
   int pp = 1;
   int microbatches = 1;
   int virtual_stages = 1;
   std::vector<std::vector<Action>> ranks;  // ranks[r] = rank r's ordered action list
+  bool forward_only = false;  // evaluation: forwards without activations kept, no backwards
 
   int num_model_chunks() const { return pp * virtual_stages; }
   int model_chunk(int rank, int chunk) const { return chunk * pp + rank; }
@@ -72,6 +73,12 @@ Schedule make_1f1b(int pp, int microbatches);
 // chunks in groups of pp microbatches, backwards walk them in reverse chunk order.
 // v == 1 returns make_1f1b. Rules (ConfigError): v > 1 needs pp > 1 and m % pp == 0.
 Schedule make_interleaved_1f1b(int pp, int microbatches, int virtual_stages);
+
+// Evaluation (Megatron's forward_only=True): the forwards of the schedule Megatron would run,
+// without backwards - GPipe's forward half for v == 1, the interleaved schedule's all-warmup
+// order for v > 1 (same rules) - and forward_only set, so chunks keep no activations and run
+// without dropout.
+Schedule make_forward_only(int pp, int microbatches, int virtual_stages = 1);
 
 // Warmup forwards of rank `rank` under the interleaved schedule (capped at v * m); the
 // number of (chunk, microbatch) activations it holds at most is this + 1 (capped likewise).

@@ -54,6 +54,11 @@ class Trainer {
   // ids, targets [B, S] i32 (any device): this DP rank's share of the global batch, the same
   // on every TP and PP rank of it. B splits into num_microbatches equal microbatches.
   StepStats train_step(const Tensor& ids, const Tensor& targets, int num_microbatches = 1);
+  // The loss of a batch without training on it (validation): the mean over the global batch's
+  // non-ignored targets, on every rank, like train_step's. Forwards only (Megatron's
+  // forward_only schedule under pp > 1), no dropout; parameters, optimizer, counters and the
+  // dropout random state stay as they are.
+  float evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches = 1);
 
   int64_t iteration() const { return iteration_; }  // steps attempted (skipped ones included)
   int64_t skipped_iterations() const { return skipped_; }
@@ -67,17 +72,28 @@ class Trainer {
   void set_iterations(int64_t iteration, int64_t skipped);
 
  private:
-  PipelineExecutor& executor(int microbatches);
-  // Runs the step's forwards and backwards; returns sum_m scales[m] · loss_m on the last stage.
-  float run_microbatches(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
-                         const std::vector<float>& scales);
+  // A batch cut into microbatches; scales[m] = loss scale × microbatch m's share of the
+  // global batch's non-ignored targets (`tokens`, summed over DP).
+  struct Microbatches {
+    std::vector<Tensor> ids, targets;
+    std::vector<float> scales;
+    int64_t tokens = 0;
+  };
+  Microbatches split(const Tensor& ids, const Tensor& targets, int num_microbatches,
+                     float loss_scale, const char* what) const;
+  PipelineExecutor& executor(int microbatches, bool forward_only);
+  // Runs the forwards (and unless forward_only the backwards); returns sum_m scales[m] · loss_m
+  // on the last stage.
+  float run_microbatches(const Microbatches& batch, bool forward_only);
+  // Sums the last stages' losses over the job: the global batch's loss on every rank.
+  float global_loss(float local_loss) const;
 
   std::unique_ptr<ParallelModel> owned_;  // the one-process constructor's wrapper
   ParallelModel& model_;
   TrainerConfig config_;
   std::unique_ptr<AdamW> optimizer_;
   LossScaler scaler_;
-  std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<PipelineExecutor> executor_, eval_executor_;
   int64_t iteration_ = 0;
   int64_t skipped_ = 0;
 };

@@ -89,8 +89,10 @@ class GPTModel {
   // output activation, or (the last stage) an undefined tensor and the mean loss in *loss.
   // backward_stage: `dout` is the output activation's gradient (undefined on the last stage);
   // returns the input activation's gradient (undefined on the first stage).
+  // training = false (evaluation): no dropout, nothing kept for a backward, and the dropout
+  // random state does not advance.
   Tensor forward_stage(const Tensor& ids, const Tensor& targets, const Tensor& input,
-                       int microbatch, float* loss = nullptr);
+                       int microbatch, float* loss = nullptr, bool training = true);
   Tensor backward_stage(const Tensor& dout, int microbatch, float grad_scale = 1.0f);
   // The first and last stages of this model's pipeline (tied embeddings): finalize_grads sums
   // the embed_tokens gradients over it. nullptr (the default) or one rank: nothing to sum.

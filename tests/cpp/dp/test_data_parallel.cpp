@@ -46,8 +46,11 @@ tp_testing::Batch global_batch(int64_t vocab, int step) {
 
 struct Run {
   std::vector<float> losses;
+  float eval_loss = 0;        // Trainer::evaluate on the validation batch after the steps
   std::vector<float> params;  // the whole model's flat buffer after the steps
 };
+
+constexpr int kValidStep = 99;  // global_batch(vocab, kValidStep) is the validation batch
 
 std::vector<float> floats(const Tensor& t) {
   const Tensor f = t.to(Device::cpu());
@@ -67,6 +70,8 @@ const Run& reference(const std::string& name, const TransformerConfig& config) {
     const tp_testing::Batch b = global_batch(config.vocab_size, s);
     run.losses.push_back(trainer.train_step(b.ids, b.targets, int(kGlobalRows)).loss);
   }
+  const tp_testing::Batch valid = global_batch(config.vocab_size, kValidStep);
+  run.eval_loss = trainer.evaluate(valid.ids, valid.targets, 4);  // other microbatches: same mean
   run.params = floats(model.flat_params());
   return cache.emplace(name, std::move(run)).first->second;
 }
@@ -119,6 +124,23 @@ void check_layout(const std::string& name, const Layout& l) {
     }
     EXPECT_NEAR(stats.loss, want.losses[size_t(s)], 2e-5 * std::abs(want.losses[size_t(s)]))
         << "step " << s + 1;
+  }
+  // Validation: forwards only (the forward-only pipeline schedule under pp > 1), the same loss
+  // as one process, twice alike; no counter or dropout state moves (the parameters are
+  // compared below).
+  {
+    const tp_testing::Batch valid = global_batch(config.vocab_size, kValidStep);
+    const int64_t first = state.dp_rank() * rows;
+    const uint64_t forwards = model.chunk(0).dropout_forwards();
+    const float eval_loss = trainer.evaluate(valid.ids.narrow(first, rows).clone(),
+                                             valid.targets.narrow(first, rows).clone(), int(rows));
+    EXPECT_NEAR(eval_loss, want.eval_loss, 2e-5 * std::abs(want.eval_loss));
+    EXPECT_EQ(trainer.evaluate(valid.ids.narrow(first, rows).clone(),
+                               valid.targets.narrow(first, rows).clone(), int(rows)),
+              eval_loss);
+    EXPECT_EQ(model.chunk(0).dropout_forwards(), forwards);
+    EXPECT_EQ(trainer.iteration(), kSteps);
+    for (int c = 0; c < model.num_chunks(); ++c) EXPECT_FALSE(model.chunk(c).has_activations(0));
   }
   GPTModel whole(config, Device::cpu(), 1);
   model.gather_into(whole);

@@ -115,6 +115,51 @@ TEST(Schedule, ExhaustiveUpToPp8M32V4) {
   EXPECT_EQ(simulations, 2 * schedules);
 }
 
+// Evaluation: every forward once, no backward, every boundary carries each microbatch once,
+// deadlock-free under both send semantics, and pipelined: with unit forwards the last rank
+// finishes at v m + p - 1, as the training schedules' forward halves do.
+TEST(Schedule, ForwardOnlyExhaustiveUpToPp8M32V4) {
+  int schedules = 0;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 32; ++m) {
+      for (int v = 1; v <= 4; ++v) {
+        if (v > 1 && (p == 1 || m % p != 0)) continue;  // the interleaved schedule's rules
+        const Schedule s = make_forward_only(p, m, v);
+        const std::string label = "forward-only pp=" + std::to_string(p) +
+                                  " m=" + std::to_string(m) + " v=" + std::to_string(v);
+        ++schedules;
+        ASSERT_TRUE(s.forward_only) << label;
+        int sends = 0, recvs = 0;
+        for (int r = 0; r < p; ++r) {
+          std::vector<int> forwards(size_t(v * m), 0);
+          for (const Action& a : s.ranks[size_t(r)]) {
+            ASSERT_NE(a.kind, ActionKind::backward) << label;
+            if (a.kind == ActionKind::forward) ++forwards[size_t(a.chunk * m + a.microbatch)];
+            for (const P2POp& op : a.ops) {
+              ASSERT_TRUE(op.kind == P2PKind::send_activation ||
+                          op.kind == P2PKind::recv_activation)
+                  << label;
+              (op.kind == P2PKind::send_activation ? sends : recvs) += 1;
+            }
+          }
+          for (int n : forwards) ASSERT_EQ(n, 1) << label << " rank " << r;
+        }
+        ASSERT_EQ(sends, (p * v - 1) * m) << label;
+        ASSERT_EQ(recvs, sends) << label;
+        for (P2PSemantics sem : {P2PSemantics::rendezvous, P2PSemantics::eager}) {
+          SimulationCosts costs;
+          costs.semantics = sem;
+          const SimulationResult res = simulate(s, costs);
+          ASSERT_TRUE(res.ok()) << label << ": " << res.error;
+          EXPECT_EQ(res.makespan, double(v * m + p - 1)) << label;
+          for (int r = 0; r < p; ++r) EXPECT_EQ(res.busy[size_t(r)], double(v * m)) << label;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(schedules, 8 * 32 + 3 * (16 + 10 + 8 + 6 + 5 + 4 + 4));
+}
+
 TEST(Schedule, BubbleFormulaHoldsForOtherCostRatios) {
   for (auto [tf, tb] : {std::pair{1.0, 1.0}, std::pair{1.0, 3.0}, std::pair{2.0, 1.0}}) {
     for (int p : {2, 4, 8})
