@@ -130,7 +130,8 @@ def test_parameter_and_gradient_views_share_braids_memory():
 
 def test_parameter_views_follow_training():
     model = tiny_model()
-    trainer = braid.Trainer(model, braid.AdamWConfig(lr=1e-2), braid.LRSchedule(lr=1e-2, style="constant"))
+    schedule = braid.LRSchedule(lr=1e-2, style="constant")
+    trainer = braid.Trainer(model, braid.AdamWConfig(lr=1e-2), schedule)
     weight = torch.from_dlpack(model.parameters()["model.layers.0.mlp.up_proj.weight"])
     before = weight.clone()
     rows = token_rows(4, 17, seed=4)
