@@ -66,7 +66,8 @@ def test_greedy_matches_transformers_generate(tmp_path, make):
         top2 = torch.topk(logits, 2, dim=-1).values
         assert (top2[..., 0] - top2[..., 1]).min() > 1e-3
     r = run(os.path.join(REPO, "tools", "generate.py"), "--load", tmp_path / "ckpt", "--greedy",
-            "--max-new-tokens", NEW_TOKENS, "--prompt-ids", *[",".join(map(str, p)) for p in prompts])
+            "--max-new-tokens", NEW_TOKENS, "--prompt-ids",
+            *[",".join(map(str, p)) for p in prompts])
     assert r.returncode == 0, r.stderr
     got = [list(map(int, line.split())) for line in r.stdout.splitlines()]
     assert got == want

@@ -154,13 +154,14 @@ def test_bad_flags_are_one_error_line(demo, args, message):
 
 
 def test_text_prompt_needs_the_addition_vocabulary_or_a_tokenizer(tmp_path):
-    import braid  # noqa: F401  (the checkpoint is written in this process)
-    import braid as b
-    cfg = b.TransformerConfig.preset("gpt2-tiny")
+    import braid  # this process writes the checkpoint
+
+    cfg = braid.TransformerConfig.preset("gpt2-tiny")
     cfg.vocab_size = 300
-    model = b.GPTModel(cfg, device="cpu", seed=1)
-    trainer = b.Trainer(model, b.AdamWConfig(), b.LRSchedule(lr=1e-3, style="constant"))
-    b.save_checkpoint(str(tmp_path), trainer)
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    trainer = braid.Trainer(model, braid.AdamWConfig(),
+                            braid.LRSchedule(lr=1e-3, style="constant"))
+    braid.save_checkpoint(str(tmp_path), trainer)
     r = generate("--load", tmp_path, "--prompt", "hello")
     assert r.returncode == 2
     assert r.stderr.strip() == ("braid: error: --prompt: the checkpoint's vocabulary (300 tokens) "
