@@ -51,6 +51,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("init_std", &TransformerConfig::init_std)
       .def_readwrite("hidden_dropout", &TransformerConfig::hidden_dropout)
       .def_readwrite("attention_dropout", &TransformerConfig::attention_dropout)
+      .def_readwrite("make_vocab_size_divisible_by",
+                     &TransformerConfig::make_vocab_size_divisible_by)
       .def_property(
           "params_dtype", [](const TransformerConfig& c) { return dtype_name(c.params_dtype); },
           [](TransformerConfig& c, const std::string& v) { c.params_dtype = dtype_from_name(v); });

@@ -81,9 +81,16 @@ class AdditionData:
 
     def batch(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """ids [B, S] and next-token targets [B, S] (int32); IGNORE except on the answer."""
-        ids = np.full((batch_size, SEQ_LENGTH), PAD, dtype=np.int32)
-        targets = np.full((batch_size, SEQ_LENGTH), IGNORE, dtype=np.int32)
-        for row, (a, b) in enumerate(zip(*self._sample_pairs(batch_size, held_out=False))):
+        return self._rows(*self._sample_pairs(batch_size, held_out=False))
+
+    def held_out_batch(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Like batch, of held-out problems (validation)."""
+        return self._rows(*self._sample_pairs(batch_size, held_out=True))
+
+    def _rows(self, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.full((len(first), SEQ_LENGTH), PAD, dtype=np.int32)
+        targets = np.full((len(first), SEQ_LENGTH), IGNORE, dtype=np.int32)
+        for row, (a, b) in enumerate(zip(first, second)):
             prompt, answer = problem_text(int(a), int(b), self.width)
             tokens = encode(prompt + answer)
             ids[row, : len(tokens)] = tokens

@@ -1,0 +1,375 @@
+"""pretrain_gpt.py's command line: Megatron-LM's argument names for what braid supports.
+
+``parse_args(argv, world_size)`` returns the arguments with Megatron's derived values filled in
+(``dp``, ``global_batch_size``, ``max_position_embeddings``, ...) or raises ``ArgumentError``:
+one message naming the argument and the rule. Every rank parses and checks alike, before MPI is
+up, so a bad value ends every rank the same way and none waits in a collective.
+
+A Megatron argument braid does not implement is an error naming it (and, for the common ones,
+why and what to use instead); an argument neither knows is an error too. Nothing is ignored.
+The list, with defaults and rules: docs/arguments.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+# Megatron arguments braid refuses, with the reason. Anything else unknown is refused as well
+# ("not a braid argument"); these only get a better message.
+UNSUPPORTED = {
+    "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
+    "--fp8-format": "braid has no FP8 kernels",
+    "--rampup-batch-size": "batch-size ramp-up is not implemented; use a fixed --global-batch-size",
+    "--recompute-method": "--recompute-granularity full recomputes every layer; partial "
+                          "recomputation (--recompute-method/--recompute-num-layers) is not "
+                          "implemented",
+    "--recompute-num-layers": "see --recompute-method",
+    "--tokenizer-type": "braid trains on pre-tokenized data (tools/preprocess_data.py); give "
+                        "--vocab-size instead",
+    "--tokenizer-model": "braid trains on pre-tokenized data; give --vocab-size",
+    "--vocab-file": "braid trains on pre-tokenized data; give --vocab-size",
+    "--merge-file": "braid trains on pre-tokenized data; give --vocab-size",
+    "--context-parallel-size": "context parallelism is not implemented",
+    "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
+    "--num-experts": "mixture-of-experts models are not implemented",
+    "--decoder-first-pipeline-num-layers": "uneven pipeline stages are not exposed yet",
+    "--decoder-last-pipeline-num-layers": "uneven pipeline stages are not exposed yet",
+    "--distributed-backend": "braid chooses: NCCL for CUDA tensors, MPI on the CPU",
+    "--optimizer": "AdamW is braid's only optimizer (the default, --optimizer adam)",
+    "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
+                         "(--use-distributed-optimizer)",
+    "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
+    "--train-data-path": "give --data-path with --split",
+    "--valid-data-path": "give --data-path with --split",
+    "--test-data-path": "give --data-path with --split",
+    "--start-weight-decay": "weight decay is constant (--weight-decay)",
+    "--end-weight-decay": "weight decay is constant (--weight-decay)",
+    "--apply-query-key-layer-scaling": "not implemented",
+    "--qk-layernorm": "not implemented",
+    "--use-mcore-models": "braid has its own model; drop the flag",
+}
+
+
+class ArgumentError(ValueError):
+    """A bad or unsupported argument: the message names it and the rule."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors (bad type, missing value) as exceptions
+        raise ArgumentError(message)
+
+
+def _positive(kind):
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+def _non_negative(kind):
+    def parse(text):
+        value = kind(text)
+        if value < 0 or (isinstance(value, float) and math.isnan(value)):
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        return value
+    parse.__name__ = f"non-negative {kind.__name__}"
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    pos_int, pos_float = _positive(int), _positive(float)
+    nonneg_int, nonneg_float = _non_negative(int), _non_negative(float)
+    p = _Parser(prog="pretrain_gpt.py", allow_abbrev=False,
+                description="Train a GPT or Llama model with braid under mpirun, with "
+                            "Megatron-LM's arguments (docs/arguments.md).")
+    g = p.add_argument_group("model")
+    g.add_argument("--num-layers", type=pos_int, default=4)
+    g.add_argument("--hidden-size", type=pos_int, default=128)
+    g.add_argument("--ffn-hidden-size", type=pos_int, default=None,
+                   help="default 4 x hidden (with --swiglu: 2/3 of that, a multiple of 64)")
+    g.add_argument("--num-attention-heads", type=pos_int, default=4)
+    g.add_argument("--group-query-attention", action="store_true")
+    g.add_argument("--num-query-groups", type=pos_int, default=1,
+                   help="key/value heads with --group-query-attention")
+    g.add_argument("--seq-length", type=pos_int, default=None,
+                   help="default: 16 on the addition data, else required")
+    g.add_argument("--max-position-embeddings", type=pos_int, default=None,
+                   help="default --seq-length")
+    g.add_argument("--position-embedding-type", default="learned_absolute",
+                   choices=["learned_absolute", "rope"])
+    g.add_argument("--rotary-base", type=pos_float, default=10000.0)
+    g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
+    g.add_argument("--norm-epsilon", type=pos_float, default=1e-5)
+    g.add_argument("--swiglu", action="store_true")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    g.add_argument("--disable-bias-linear", action="store_true")
+    g.add_argument("--init-method-std", type=pos_float, default=0.02)
+    g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
+    g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
+                   help="must be 0: braid's flash-style attention keeps no probabilities")
+    g.add_argument("--vocab-size", type=pos_int, default=None,
+                   help="the tokenizer's vocabulary (required with --data-path / --mock-data)")
+    g.add_argument("--make-vocab-size-divisible-by", type=pos_int, default=128)
+    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+
+    g = p.add_argument_group("training")
+    g.add_argument("--micro-batch-size", type=pos_int, default=16)
+    g.add_argument("--global-batch-size", type=pos_int, default=None,
+                   help="default micro-batch size x data-parallel size")
+    g.add_argument("--train-iters", type=pos_int, default=None)
+    g.add_argument("--train-samples", type=pos_int, default=None,
+                   help="instead of --train-iters: iterations = samples / global batch")
+    g.add_argument("--seed", type=nonneg_int, default=1234)
+    g.add_argument("--exit-interval", type=pos_int, default=None)
+    g.add_argument("--exit-duration-in-mins", type=pos_float, default=None)
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="save and exit on SIGTERM (braid does this whenever --save is given)")
+
+    g = p.add_argument_group("optimizer and learning rate (AdamW)")
+    g.add_argument("--lr", type=pos_float, default=1e-3)
+    g.add_argument("--min-lr", type=nonneg_float, default=0.0)
+    g.add_argument("--lr-decay-style", default="cosine",
+                   choices=["constant", "linear", "cosine"])
+    g.add_argument("--lr-decay-iters", type=pos_int, default=None, help="default --train-iters")
+    g.add_argument("--lr-warmup-iters", type=nonneg_int, default=0)
+    g.add_argument("--lr-warmup-fraction", type=nonneg_float, default=None)
+    g.add_argument("--weight-decay", type=nonneg_float, default=0.01)
+    g.add_argument("--adam-beta1", type=nonneg_float, default=0.9)
+    g.add_argument("--adam-beta2", type=nonneg_float, default=0.999)
+    g.add_argument("--adam-eps", type=pos_float, default=1e-8)
+    g.add_argument("--clip-grad", type=nonneg_float, default=1.0, help="0: no clipping")
+
+    g = p.add_argument_group("mixed precision")
+    g.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (CUDA)")
+    g.add_argument("--loss-scale", type=pos_float, default=None,
+                   help="a constant loss scale; default: none for bf16/f32 (Megatron's)")
+    g.add_argument("--initial-loss-scale", type=pos_float, default=2.0**32,
+                   help="with --dynamic-loss-scale")
+    g.add_argument("--dynamic-loss-scale", action="store_true",
+                   help="Megatron's dynamic scaler (skip, halve on overflow; grow after a window)")
+    g.add_argument("--min-loss-scale", type=pos_float, default=1.0)
+    g.add_argument("--loss-scale-window", type=pos_int, default=1000)
+    g.add_argument("--hysteresis", type=pos_int, default=2)
+
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", type=pos_int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=pos_int, default=1)
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=pos_int, default=None)
+    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=pos_int, default=None)
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--overlap-grad-reduce", action="store_true")
+    g.add_argument("--overlap-param-gather", action="store_true")
+    g.add_argument("--ddp-bucket-size", type=pos_int, default=None)
+    g.add_argument("--distributed-timeout-minutes", type=pos_float, default=10.0)
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=None,
+                   help="PREFIX, or WEIGHT PREFIX WEIGHT PREFIX ... (Megatron .bin/.idx)")
+    g.add_argument("--split", default="969,30,1")
+    g.add_argument("--mock-data", action="store_true", help="random tokens (Megatron's mock data)")
+    g.add_argument("--data-cache-path", default=None)
+
+    g = p.add_argument_group("validation")
+    g.add_argument("--eval-interval", type=pos_int, default=1000)
+    g.add_argument("--eval-iters", type=nonneg_int, default=100, help="0: no validation")
+
+    g = p.add_argument_group("checkpointing")
+    g.add_argument("--save", default=None, metavar="DIR")
+    g.add_argument("--load", default=None, metavar="DIR")
+    g.add_argument("--save-interval", type=pos_int, default=None)
+    g.add_argument("--no-load-optim", action="store_true")
+    g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--finetune", action="store_true")
+    g.add_argument("--async-save", action="store_true")
+    g.add_argument("--ckpt-step", type=nonneg_int, default=None)
+
+    g = p.add_argument_group("logging")
+    g.add_argument("--log-interval", type=pos_int, default=100)
+    g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--tensorboard-log-interval", type=pos_int, default=1)
+    g.add_argument("--log-throughput", action="store_true",
+                   help="accepted for Megatron scripts: braid always logs throughput and MFU")
+
+    g = p.add_argument_group("braid")
+    g.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="default: cuda when a GPU is visible, else cpu")
+    g.add_argument("--pipeline-schedule", default="1f1b", choices=["1f1b", "gpipe"])
+    g.add_argument("--metrics-jsonl", default=None, metavar="PATH",
+                   help="append one JSON line of metrics per logged iteration (default with "
+                        "--tensorboard-dir: DIR/metrics.jsonl)")
+    g.add_argument("--gpu-hour-price", type=nonneg_float, default=None, metavar="P",
+                   help="price of one device-hour (any currency): cost so far and projected")
+    g.add_argument("--progress-bar", default="auto", choices=["auto", "on", "off"],
+                   help="a progress bar with the ETA under the log; auto: on a terminal, in one "
+                        "process (mpirun gives ranks a pseudo-terminal even when its own output "
+                        "is a file, so under mpirun say on)")
+    g.add_argument("--peak-tflops", type=pos_float, default=None,
+                   help="the device's peak for MFU (default: A100 312, H100/H200 989, the CPU "
+                        "measured)")
+    return p
+
+
+def _refuse_unknown(unknown: list[str]):
+    for item in unknown:
+        flag = item.split("=", 1)[0]
+        if not flag.startswith("--"):
+            raise ArgumentError(f"unexpected value '{item}' (not after an argument that takes it)")
+        if flag in UNSUPPORTED:
+            raise ArgumentError(f"{flag} is not supported by braid: {UNSUPPORTED[flag]}")
+        raise ArgumentError(f"{flag} is not a braid argument (the ones braid takes: "
+                            "docs/arguments.md or --help)")
+
+
+def parse_args(argv: list[str] | None, world_size: int) -> argparse.Namespace:
+    """Parses and checks `argv` for a job of `world_size` processes; ArgumentError on any
+    problem. Fills in Megatron's derived values."""
+    args, unknown = build_parser().parse_known_args(argv)
+    _refuse_unknown(unknown)
+    validate(args, world_size)
+    return args
+
+
+def _check(ok: bool, message: str):
+    if not ok:
+        raise ArgumentError(message)
+
+
+def validate(a: argparse.Namespace, world_size: int):
+    tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
+    _check(world_size % (tp * pp) == 0,
+           f"the job's {world_size} processes are not divisible by --tensor-model-parallel-size "
+           f"{tp} x --pipeline-model-parallel-size {pp}")
+    a.dp = world_size // (tp * pp)
+    a.world_size = world_size
+
+    # Model shape.
+    _check(a.hidden_size % a.num_attention_heads == 0,
+           f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
+           f"{a.num_attention_heads}")
+    if not a.group_query_attention:
+        a.num_query_groups = a.num_attention_heads
+    _check(a.num_attention_heads % a.num_query_groups == 0,
+           f"--num-attention-heads {a.num_attention_heads} is not divisible by "
+           f"--num-query-groups {a.num_query_groups}")
+    _check(a.num_attention_heads % tp == 0,
+           f"--num-attention-heads {a.num_attention_heads} is not divisible by "
+           f"--tensor-model-parallel-size {tp}")
+    if a.ffn_hidden_size is None:
+        a.ffn_hidden_size = 4 * a.hidden_size
+        if a.swiglu:  # Megatron: 2/3 of 4h, rounded down to a multiple of 64
+            a.ffn_hidden_size = max(64, int(4 * a.hidden_size * 2 / 3) // 64 * 64)
+    _check(a.ffn_hidden_size % tp == 0,
+           f"--ffn-hidden-size {a.ffn_hidden_size} is not divisible by "
+           f"--tensor-model-parallel-size {tp}")
+    _check(a.attention_dropout == 0.0,
+           f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
+           f"probabilities to drop), got {a.attention_dropout}")
+    _check(a.hidden_dropout < 1.0, f"--hidden-dropout must be < 1, got {a.hidden_dropout}")
+    _check(a.adam_beta1 < 1.0 and a.adam_beta2 < 1.0,
+           f"--adam-beta1 and --adam-beta2 must be < 1, got {a.adam_beta1}, {a.adam_beta2}")
+
+    # Data.
+    _check(not (a.data_path and a.mock_data), "--data-path and --mock-data exclude each other")
+    a.addition_data = not a.data_path and not a.mock_data
+    if a.addition_data:
+        from braid import addition
+        _check(a.seq_length in (None, addition.SEQ_LENGTH),
+               f"--seq-length {a.seq_length}: the embedded addition data has "
+               f"{addition.SEQ_LENGTH} tokens per sample (give --data-path or --mock-data for "
+               "other lengths)")
+        _check(a.vocab_size in (None, addition.VOCAB_SIZE),
+               f"--vocab-size {a.vocab_size}: the embedded addition data has a vocabulary of "
+               f"{addition.VOCAB_SIZE} (byte-level)")
+        a.seq_length = addition.SEQ_LENGTH
+        a.vocab_size = addition.VOCAB_SIZE
+    else:
+        what = "--data-path" if a.data_path else "--mock-data"
+        _check(a.vocab_size is not None,
+               f"{what} needs --vocab-size (the vocabulary of the tokenizer the data was made with)")
+        _check(a.seq_length is not None, f"{what} needs --seq-length")
+    if a.max_position_embeddings is None:
+        a.max_position_embeddings = a.seq_length
+    _check(a.seq_length <= a.max_position_embeddings,
+           f"--seq-length {a.seq_length} exceeds --max-position-embeddings "
+           f"{a.max_position_embeddings}")
+    _check(not a.sequence_parallel or a.seq_length % tp == 0,
+           f"--sequence-parallel: --seq-length {a.seq_length} is not divisible by "
+           f"--tensor-model-parallel-size {tp}")
+
+    # Batches and iterations.
+    if a.global_batch_size is None:
+        a.global_batch_size = a.micro_batch_size * a.dp
+    _check(a.global_batch_size % (a.micro_batch_size * a.dp) == 0,
+           f"--global-batch-size {a.global_batch_size} is not divisible by --micro-batch-size "
+           f"{a.micro_batch_size} x data-parallel size {a.dp}")
+    a.num_microbatches = a.global_batch_size // (a.micro_batch_size * a.dp)
+    _check(not (a.train_iters and a.train_samples),
+           "give --train-iters or --train-samples, not both")
+    if a.train_samples:
+        _check(a.train_samples >= a.global_batch_size,
+               f"--train-samples {a.train_samples} is less than one global batch "
+               f"({a.global_batch_size})")
+        a.train_iters = a.train_samples // a.global_batch_size
+    if a.train_iters is None:
+        a.train_iters = 500
+    if a.lr_decay_iters is None:
+        a.lr_decay_iters = a.train_iters
+    if a.lr_warmup_fraction is not None:
+        _check(a.lr_warmup_iters == 0, "give --lr-warmup-iters or --lr-warmup-fraction, not both")
+        _check(a.lr_warmup_fraction <= 1, f"--lr-warmup-fraction must be <= 1, got "
+               f"{a.lr_warmup_fraction}")
+        a.lr_warmup_iters = int(a.lr_warmup_fraction * a.lr_decay_iters)
+    _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
+
+    # Pipeline.
+    _check(a.num_layers % pp == 0,
+           f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
+    a.virtual_stages = 1
+    if a.num_layers_per_virtual_pipeline_stage and a.num_virtual_stages_per_pipeline_rank:
+        raise ArgumentError("give --num-layers-per-virtual-pipeline-stage or "
+                            "--num-virtual-stages-per-pipeline-rank, not both")
+    if a.num_layers_per_virtual_pipeline_stage:
+        per_rank = a.num_layers // pp
+        _check(per_rank % a.num_layers_per_virtual_pipeline_stage == 0,
+               f"--num-layers-per-virtual-pipeline-stage {a.num_layers_per_virtual_pipeline_stage}"
+               f" does not divide the {per_rank} layers of each pipeline rank")
+        a.virtual_stages = per_rank // a.num_layers_per_virtual_pipeline_stage
+    elif a.num_virtual_stages_per_pipeline_rank:
+        a.virtual_stages = a.num_virtual_stages_per_pipeline_rank
+        _check((a.num_layers // pp) % a.virtual_stages == 0,
+               f"--num-virtual-stages-per-pipeline-rank {a.virtual_stages} does not divide the "
+               f"{a.num_layers // pp} layers of each pipeline rank")
+    if a.virtual_stages > 1:
+        _check(pp > 1, "virtual pipeline stages need --pipeline-model-parallel-size > 1")
+        _check(a.num_microbatches % pp == 0,
+               f"the interleaved schedule needs the number of microbatches "
+               f"({a.num_microbatches} = --global-batch-size / (--micro-batch-size x dp)) to be "
+               f"a multiple of --pipeline-model-parallel-size {pp}")
+        _check(a.pipeline_schedule == "1f1b", "virtual pipeline stages need --pipeline-schedule 1f1b")
+    _check(not a.overlap_param_gather or a.use_distributed_optimizer,
+           "--overlap-param-gather needs --use-distributed-optimizer")
+
+    # Precision and device.
+    if a.device is None:
+        import braid
+        a.device = "cuda" if braid.cuda_available() else "cpu"
+    _check(not a.bf16 or a.device == "cuda",
+           "--bf16 needs a CUDA device (braid's CPU kernels compute in float32)")
+    _check(a.loss_scale is None or not a.dynamic_loss_scale,
+           "give --loss-scale (constant) or --dynamic-loss-scale, not both")
+
+    # Checkpoints.
+    for flag, value in (("--save-interval", a.save_interval), ("--async-save", a.async_save),
+                        ("--exit-signal-handler", a.exit_signal_handler)):
+        _check(not value or a.save, f"{flag} needs --save DIR")
+    for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng),
+                        ("--finetune", a.finetune), ("--ckpt-step", a.ckpt_step is not None)):
+        _check(not value or a.load, f"{flag} needs --load DIR")
+    if a.tensorboard_dir and a.metrics_jsonl is None:
+        import os
+        a.metrics_jsonl = os.path.join(a.tensorboard_dir, "metrics.jsonl")

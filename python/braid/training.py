@@ -1,0 +1,491 @@
+"""The training loop behind pretrain_gpt.py: Megatron-LM's pretrain() on braid.
+
+    mpirun -np 8 python pretrain_gpt.py --tensor-model-parallel-size 2 \\
+        --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 128 \\
+        --num-attention-heads 4 --micro-batch-size 8 --global-batch-size 64 --train-iters 500
+
+Data: the embedded addition problems by default, ``--mock-data`` (random tokens), or
+``--data-path`` (Megatron .bin/.idx with ``--split``). Every ``--log-interval`` iterations rank 0
+prints Megatron's line (iteration, consumed samples, ms per iteration, learning rate, batch,
+loss, loss scale, grad norm, skipped and nan iterations) plus tokens/s, model TFLOP/s per device,
+MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the cost so far and projected; on
+a terminal a progress bar with the ETA stays below the lines. Every ``--eval-interval``
+iterations and at the end it prints the validation loss. ``--tensorboard-dir`` gets TensorBoard
+event files and ``metrics.jsonl`` (braid.metrics). Checkpoints, resuming under any layout and
+the exit conditions are those of docs/checkpoints.md.
+
+Errors in the arguments are found by every rank before MPI starts: one ``braid: error: ...`` line
+(rank 0), exit code 2 on every rank.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+import braid
+from braid import addition, flops
+from braid.arguments import ArgumentError, parse_args
+from braid.data import DataLoader, build_gpt_datasets
+from braid.metrics import MetricsWriter
+
+MEGATRON_NORMALIZATION = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+
+
+# ---- the launcher's view (before MPI is up) -------------------------------------------------
+
+def launched_processes() -> int:
+    """The job's size as the launcher tells it (mpirun, srun, torchrun-style), 1 if none."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher tells it, 0 if none."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def processes_on_this_node() -> int:
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                 "LOCAL_WORLD_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return launched_processes()
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "braid", "demo")
+
+
+# ---- model ------------------------------------------------------------------------------------
+
+def model_config(a) -> braid.TransformerConfig:
+    """The TransformerConfig the arguments describe (ValueError naming a field it rejects)."""
+    cfg = braid.TransformerConfig()
+    cfg.num_layers = a.num_layers
+    cfg.hidden_size = a.hidden_size
+    cfg.num_attention_heads = a.num_attention_heads
+    cfg.num_query_groups = a.num_query_groups
+    cfg.ffn_hidden_size = a.ffn_hidden_size
+    cfg.vocab_size = a.vocab_size
+    cfg.max_position_embeddings = a.max_position_embeddings
+    cfg.normalization = MEGATRON_NORMALIZATION[a.normalization]
+    cfg.norm_eps = a.norm_epsilon
+    cfg.activation = "swiglu" if a.swiglu else "gelu"
+    cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
+    cfg.rope_theta = a.rotary_base
+    cfg.add_bias_linear = not a.disable_bias_linear
+    cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
+    cfg.init_std = a.init_method_std
+    cfg.hidden_dropout = a.hidden_dropout
+    cfg.attention_dropout = a.attention_dropout
+    cfg.params_dtype = "bf16" if a.bf16 else "f32"
+    cfg.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by
+    cfg.recompute = a.recompute_granularity or "none"
+    cfg.validate()
+    return cfg
+
+
+def trainer_config(a) -> braid.TrainerConfig:
+    optimizer = braid.AdamWConfig(lr=a.lr, beta1=a.adam_beta1, beta2=a.adam_beta2, eps=a.adam_eps,
+                                  weight_decay=a.weight_decay, clip_grad=a.clip_grad)
+    schedule = braid.LRSchedule(lr=a.lr, min_lr=a.min_lr, warmup_iters=a.lr_warmup_iters,
+                                decay_iters=a.lr_decay_iters, style=a.lr_decay_style)
+    scaling = braid.LossScaleConfig(
+        loss_scale=a.loss_scale or 0.0, dynamic=a.dynamic_loss_scale,
+        initial_loss_scale=a.initial_loss_scale, min_loss_scale=a.min_loss_scale,
+        loss_scale_window=a.loss_scale_window, hysteresis=a.hysteresis)
+    return braid.TrainerConfig(optimizer, schedule, loss_scale=scaling,
+                               pipeline_schedule=a.pipeline_schedule)
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+class _Rows:
+    """A batch of this DP rank's rows, shaped like braid.data.Batch."""
+
+    def __init__(self, tokens, labels, num_microbatches):
+        self.tokens, self.labels, self.num_microbatches = tokens, labels, num_microbatches
+
+
+class ArrayLoader:
+    """Global batches of samples from `sample(i) -> (tokens, labels)` in Megatron's order: the
+    global batch at `consumed_samples`, each microbatch step's mbs x dp samples split by DP rank.
+    Cycles when `num_samples` is given (validation)."""
+
+    def __init__(self, sample, micro_batch_size, global_batch_size, dp_rank, dp_size,
+                 consumed_samples=0, num_samples=None):
+        self.sample, self.mbs, self.gbs = sample, micro_batch_size, global_batch_size
+        self.dp_rank, self.dp = dp_rank, dp_size
+        self.consumed_samples, self.num_samples = consumed_samples, num_samples
+        self.wait_seconds = 0.0
+
+    def next(self):
+        if self.num_samples and self.consumed_samples + self.gbs > self.num_samples:
+            self.consumed_samples = 0
+        rows = []
+        for step in range(self.gbs // (self.mbs * self.dp)):
+            first = self.consumed_samples + step * self.mbs * self.dp + self.dp_rank * self.mbs
+            rows.extend(self.sample(i) for i in range(first, first + self.mbs))
+        self.consumed_samples += self.gbs
+        tokens = np.stack([r[0] for r in rows]).astype(np.int32)
+        labels = np.stack([r[1] for r in rows]).astype(np.int32)
+        return _Rows(tokens, labels, len(rows) // self.mbs)
+
+
+def mock_sample(seed, seq_length, vocab_size, offset):
+    """Megatron's mock data: sample i is seq_length + 1 random tokens of its own seed."""
+    def sample(i):
+        x = np.random.default_rng([seed, offset + i]).integers(0, vocab_size, seq_length + 1)
+        return x[:-1], x[1:]
+    return sample
+
+
+def addition_valid_sample(seed, count):
+    """Held-out addition problems (never trained on), loss on the answer alone."""
+    ids, targets = addition.AdditionData(seed=seed + 1, short_fraction=0.0,
+                                         padded=True).held_out_batch(count)
+    return lambda i: (ids[i % count], targets[i % count])
+
+
+class Data:
+    """The run's train and validation loaders for this DP rank."""
+
+    def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
+        train_samples = a.train_iters * a.global_batch_size
+        evals = a.train_iters // a.eval_interval + 1
+        valid_samples = evals * a.eval_iters * a.global_batch_size
+        # Megatron's: the validation position follows from the iteration (resumes alike).
+        valid_consumed = iteration // a.eval_interval * a.eval_iters * a.global_batch_size
+        self.answer_only = a.addition_data
+        self.valid = None
+        loader = lambda ds, consumed: DataLoader(ds, a.micro_batch_size, a.global_batch_size,
+                                                 dp_rank=dp_rank, dp_size=a.dp,
+                                                 consumed_samples=consumed, prefetch=4)
+        if a.mock_data:
+            self.train = ArrayLoader(mock_sample(a.seed, a.seq_length, a.vocab_size, 0),
+                                     a.micro_batch_size, a.global_batch_size, dp_rank, a.dp,
+                                     consumed)
+            if a.eval_iters:
+                self.valid = ArrayLoader(
+                    mock_sample(a.seed, a.seq_length, a.vocab_size, 1 << 40), a.micro_batch_size,
+                    a.global_batch_size, dp_rank, a.dp, valid_consumed)
+            return
+        # Rank 0 writes the data and the sample indices first; the others then map them.
+        if rank == 0:
+            datasets = self._datasets(a, train_samples, valid_samples)
+        barrier()
+        if rank != 0:
+            datasets = self._datasets(a, train_samples, valid_samples)
+        train, valid = datasets
+        self.train = loader(train, consumed)
+        if a.eval_iters and valid is not None:
+            self.restart_valid = lambda: loader(valid, 0)
+            self.valid = loader(valid, valid_consumed % len(valid))
+        elif a.eval_iters and a.addition_data:
+            count = max(a.global_batch_size, 1024)
+            self.valid = ArrayLoader(addition_valid_sample(a.seed, count), a.micro_batch_size,
+                                     a.global_batch_size, dp_rank, a.dp, valid_consumed % count,
+                                     num_samples=count)
+
+    @staticmethod
+    def _datasets(a, train_samples, valid_samples):
+        if a.data_path:
+            train, valid, _ = build_gpt_datasets(
+                a.data_path, a.seq_length, [train_samples, valid_samples, 0], split=a.split,
+                seed=a.seed, cache_path=a.data_cache_path or "")
+            return train, valid
+        # One problem per sample: one more problem than samples, so one epoch covers the run.
+        directory = a.data_cache_path or default_cache_dir()
+        prefix = addition.training_data_prefix(directory, train_samples + 1, seed=a.seed,
+                                               padded=True)
+        if not os.path.exists(prefix + ".idx"):  # .idx is renamed into place last
+            addition.write_training_data(prefix, train_samples + 1, seed=a.seed, padded=True)
+        train, _, _ = build_gpt_datasets([prefix], addition.SEQ_LENGTH, [train_samples, 0, 0],
+                                         split="1", seed=a.seed,
+                                         cache_path=a.data_cache_path or "")
+        return train, None
+
+    def targets(self, batch):
+        labels = np.asarray(batch.labels)
+        return addition.answer_targets(np.asarray(batch.tokens), labels) if self.answer_only \
+            and not isinstance(batch, _Rows) else labels
+
+    def next_valid(self):
+        batch = self.valid.next()
+        if batch is None:  # a validation split shorter than the run's evaluations: start over
+            self.valid = self.restart_valid()
+            batch = self.valid.next()
+        return batch
+
+
+# ---- what the log line says ---------------------------------------------------------------------
+
+class Meter:
+    """Throughput, MFU, memory and cost of the run so far (rank 0's view)."""
+
+    def __init__(self, a, cfg, device_name, start_time):
+        self.a, self.start = a, start_time
+        self.flops_per_iteration = flops.flops_per_iteration(cfg, a.seq_length, a.global_batch_size)
+        self.tokens_per_iteration = a.global_batch_size * a.seq_length
+        if a.peak_tflops:
+            self.peak, self.peak_source = a.peak_tflops * 1e12, "--peak-tflops"
+        elif a.device == "cuda":
+            peak = flops.gpu_peak_tflops(device_name)
+            self.peak = peak * 1e12 if peak else None
+            self.peak_source = f"{device_name} dense bf16" if peak else f"{device_name} unknown"
+        else:
+            self.peak = flops.cpu_peak_flops(processes_on_this_node())
+            self.peak_source = "measured f32 GEMM of this rank's cores"
+
+    def rates(self, seconds_per_iteration):
+        tflops = self.flops_per_iteration / seconds_per_iteration / self.a.world_size / 1e12
+        mfu = tflops * 1e12 / self.peak if self.peak else float("nan")
+        return self.tokens_per_iteration / seconds_per_iteration, tflops, mfu
+
+    def cost(self, now, train_start, done, total):
+        """(cost so far, projected cost of the whole run), or None without a price."""
+        if self.a.gpu_hour_price is None:
+            return None
+        per_second = self.a.gpu_hour_price * self.a.world_size / 3600.0
+        so_far = (now - self.start) * per_second
+        if done <= 0:
+            return so_far, float("nan")
+        projected = (train_start - self.start) + (now - train_start) / done * total
+        return so_far, projected * per_second
+
+
+class ProgressBar:
+    """One line under the log on a terminal: a bar, iterations/s and the ETA."""
+
+    def __init__(self, enabled, total, first):
+        self.enabled, self.total, self.first = enabled, total, first
+        self.shown = False
+
+    def show(self, iteration, started):
+        if not self.enabled:
+            return
+        done = iteration - self.first + 1
+        rate = done / max(time.time() - started, 1e-9)
+        eta = (self.total - iteration) / rate if rate > 0 else float("nan")
+        width = 30
+        filled = int(width * iteration / self.total)
+        bar = "=" * filled + (">" if filled < width else "") + " " * max(0, width - filled - 1)
+        sys.stdout.write(f"\r[{bar}] {100 * iteration / self.total:3.0f}% {iteration}/{self.total}"
+                         f" | {rate:.2f} it/s | ETA {_hms(eta)} ")
+        sys.stdout.flush()
+        self.shown = True
+
+    def clear(self):
+        if self.shown:
+            sys.stdout.write("\r\033[K")
+            self.shown = False
+
+
+def _hms(seconds):
+    if not math.isfinite(seconds):
+        return "?"
+    return str(datetime.timedelta(seconds=int(seconds)))
+
+
+def _now():
+    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def print_arguments(a, log):
+    log("------------------------ arguments ------------------------")
+    for name in sorted(vars(a)):
+        log(f"  {name} {'.' * max(1, 40 - len(name))} {getattr(a, name)}")
+    log("-------------------- end of arguments ---------------------")
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    start = time.time()
+    rank0 = launched_rank() == 0
+    try:
+        a = parse_args(argv, launched_processes())
+        cfg = model_config(a)
+    except (ArgumentError, ValueError) as e:
+        # Found alike on every rank before any collective: one line (rank 0), exit 2 everywhere.
+        if rank0:
+            print(f"braid: error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+    braid.init_distributed(a.distributed_timeout_minutes)
+    state = braid.ParallelState(tp=a.tensor_model_parallel_size,
+                                pp=a.pipeline_model_parallel_size)
+    rank = state.rank
+    log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
+    print_arguments(a, log)
+    device = "cuda" if a.device == "cuda" else "cpu"
+    ddp = braid.DDPConfig(bucket_size=a.ddp_bucket_size or 0,
+                          overlap_grad_reduce=a.overlap_grad_reduce,
+                          use_distributed_optimizer=a.use_distributed_optimizer,
+                          overlap_param_gather=a.overlap_param_gather)
+    model = braid.ParallelModel(cfg, device, a.seed, state,
+                                braid.ParallelConfig(sequence_parallel=a.sequence_parallel,
+                                                     virtual_stages=a.virtual_stages, ddp=ddp))
+    trainer = braid.Trainer(model, trainer_config(a))
+    params = braid.GPTModel(cfg, device="cpu", seed=a.seed).num_parameters() if rank == 0 else 0
+    log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
+        f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv) on "
+        f"{state.world_size} x {device}: tp={state.tp} pp={state.pp} dp={state.dp}"
+        + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else ""))
+
+    consumed = 0
+    if a.load:
+        if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
+            log(f"braid: no checkpoint in {a.load} yet; training from scratch")
+        else:
+            try:
+                consumed = braid.load_checkpoint(
+                    a.load, trainer, load_optim=not a.no_load_optim, load_rng=not a.no_load_rng,
+                    finetune=a.finetune, iteration=-1 if a.ckpt_step is None else a.ckpt_step)
+            except ValueError as e:  # every rank reads the same metadata: all fail alike
+                log(f"braid: error: {e}", file=sys.stderr)
+                return 2
+            log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
+                f"({consumed} samples consumed)")
+    first = trainer.iteration + 1
+
+    data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
+    device_name = "cpu"
+    if device == "cuda" and rank == 0:
+        import torch  # the device's name, for its peak
+        device_name = torch.cuda.get_device_name(0)
+    meter = Meter(a, cfg, device_name, start) if rank == 0 else None
+    if meter is not None:
+        peak = f"{meter.peak / 1e12:.3f} TFLOP/s per device ({meter.peak_source})" \
+            if meter.peak else f"unknown ({meter.peak_source}; give --peak-tflops)"
+        log(f"braid: {flops.flops_per_iteration(cfg, a.seq_length, a.global_batch_size):.4g} "
+            f"model FLOPs per iteration; MFU against {peak}")
+    metrics = MetricsWriter(a.tensorboard_dir, a.metrics_jsonl,
+                            enabled=rank == 0 and bool(a.tensorboard_dir or a.metrics_jsonl))
+    saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
+    saved = trainer.iteration if a.load and a.save == a.load else -1
+    exits = None
+    if a.save or a.exit_interval or a.exit_duration_in_mins:
+        exits = braid.ExitConditions(exit_interval=a.exit_interval or 0,
+                                     exit_duration_minutes=a.exit_duration_in_mins or 0.0,
+                                     signals=bool(a.save))
+
+    def save(iteration):
+        nonlocal saved
+        if saver is not None and saved != iteration:
+            saver.save(trainer, data.train.consumed_samples)
+            saved = iteration
+
+    def evaluate(iteration):
+        if data.valid is None:
+            return
+        losses = []
+        for _ in range(a.eval_iters):
+            batch = data.next_valid()
+            losses.append(trainer.evaluate(batch.tokens, data.targets(batch),
+                                           batch.num_microbatches))
+        loss = float(np.mean(losses))
+        ppl = math.exp(min(loss, 20.0))
+        bar.clear()
+        line = (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+                f"lm loss PPL: {ppl:.6E} | ")
+        log("-" * len(line))
+        log(line)
+        log("-" * len(line))
+        metrics.scalars(iteration, {"lm loss validation": loss, "lm loss validation ppl": ppl})
+
+    # mpirun gives its ranks a pseudo-terminal whatever its own output is, so under a launcher
+    # the bar is shown only when asked for (--progress-bar on).
+    show_bar = a.progress_bar == "on" or (a.progress_bar == "auto" and sys.stdout.isatty()
+                                          and state.world_size == 1)
+    bar = ProgressBar(rank == 0 and show_bar, a.train_iters, first)
+    train_start = interval_start = time.time()
+    interval_iters = skipped = nans = 0
+    stats = None
+    for it in range(first, a.train_iters + 1):
+        batch = data.train.next()
+        if batch is None:  # a loaded data position past what these --train-iters hold
+            log(f"braid: error: the training data ran out before iteration {it} "
+                f"({data.train.consumed_samples} samples consumed)", file=sys.stderr)
+            return 2
+        stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
+        interval_iters += 1
+        skipped += stats.skipped
+        nans += not math.isfinite(stats.loss)
+        if meter is not None and it % a.tensorboard_log_interval == 0:
+            tokens_per_s, tflops, mfu = meter.rates(stats.seconds)
+            values = {"lm loss": stats.loss, "learning-rate": stats.lr,
+                      "grad-norm": stats.grad_norm, "loss-scale": stats.loss_scale,
+                      "batch-size": a.global_batch_size, "iteration-time": stats.seconds,
+                      "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
+                      "mem-peak-gb": stats.peak_memory_bytes / 1e9,
+                      "skipped-iterations": trainer.skipped_iterations}
+            cost = meter.cost(time.time(), train_start, it - first + 1, a.train_iters - first + 1)
+            if cost is not None:
+                values["cost"] = cost[0]
+            metrics.scalars(it, values)
+        if it % a.log_interval == 0 or it == a.train_iters:
+            now = time.time()
+            if meter is not None:
+                per_iteration = (now - interval_start) / interval_iters
+                tokens_per_s, tflops, mfu = meter.rates(per_iteration)
+                cost = meter.cost(now, train_start, it - first + 1, a.train_iters - first + 1)
+                bar.clear()
+                log(f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
+                    f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
+                    f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | global batch "
+                    f"size: {a.global_batch_size:5d} | lm loss: {stats.loss:.6E} | loss scale: "
+                    f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | number of "
+                    f"skipped iterations: {skipped:3d} | number of nan iterations: {nans:3d} | "
+                    f"tokens per second: {tokens_per_s:.0f} | throughput per device (TFLOP/s): "
+                    f"{tflops:.3f} | MFU: {100 * mfu:.2f}% | peak memory (MB): "
+                    f"{stats.peak_memory_bytes / 2**20:.1f} |"
+                    + (f" cost: {cost[0]:.4f} (projected {cost[1]:.4f}) |" if cost else ""))
+            interval_start, interval_iters, skipped, nans = now, 0, 0, 0
+        bar.show(it, train_start)
+        if saver is not None and a.async_save:
+            saver.poll(trainer)  # commits a finished background save (collective)
+        if a.eval_iters and it % a.eval_interval == 0 and it != a.train_iters:
+            evaluate(it)
+        if a.save_interval and it % a.save_interval == 0:
+            save(it)
+        reason = exits.check(trainer, it) if exits is not None else ""
+        if reason:
+            save(it)
+            if saver is not None:
+                saver.wait(trainer)
+            bar.clear()
+            where = f"; checkpoint saved to {a.save}" if saver is not None else ""
+            log(f"braid: exiting at iteration {it} ({reason}){where}")
+            metrics.close()
+            return 0
+    bar.clear()
+    if a.eval_iters and trainer.iteration >= first:
+        evaluate(trainer.iteration)
+    if saver is not None:
+        save(trainer.iteration)
+        saver.wait(trainer)
+    metrics.close()
+    if meter is not None:
+        seconds = time.time() - start
+        iterations = trainer.iteration - first + 1
+        cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1))
+        log(f"braid: trained {iterations} iterations in {_hms(seconds)} "
+            f"({seconds:.1f} s, {state.world_size} x {device})"
+            + (f"; final lm loss {stats.loss:.6E}" if stats is not None else "")
+            + (f"; cost {cost[0]:.4f} ({a.gpu_hour_price} per device-hour x "
+               f"{state.world_size} devices x {seconds / 3600:.4f} h)" if cost else ""))
+    state.barrier()
+    return 0

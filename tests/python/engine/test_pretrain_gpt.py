@@ -1,0 +1,212 @@
+"""pretrain_gpt.py end to end, as real MPI jobs: a 3D layout (tp 2, pp 2, dp 2, sequence
+parallel, ZeRO) trains, validates, writes TensorBoard files that tensorboard's own reader loads,
+saves, and resumed from its checkpoint continues exactly (losses and validation loss, read from
+the JSONL metrics at full precision); the same model trains alike in one process; --data-path
+reads the valid split; bad or unsupported arguments end every rank with one error line."""
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SCRIPT = os.path.join(REPO, "pretrain_gpt.py")
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+
+MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--group-query-attention", "--num-query-groups", "2", "--swiglu",
+         "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--hidden-dropout", "0",
+         "--mock-data", "--vocab-size", "300", "--seq-length", "32",
+         "--micro-batch-size", "2", "--global-batch-size", "16", "--lr", "3e-3",
+         "--lr-warmup-iters", "3", "--distributed-timeout-minutes", "1", "--log-interval", "5",
+         "--eval-interval", "10", "--eval-iters", "2"]
+LAYOUT_3D = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+             "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce"]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS="1",
+             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+             OMPI_MCA_rmaps_base_oversubscribe="1")
+    e["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(REPO, "python")] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    return e
+
+
+def run(ranks: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, SCRIPT, *args]
+    if ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *cmd]
+    return subprocess.run(cmd, env=env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["lm loss"] for r in records if "lm loss" in r}
+
+
+def validation(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["lm loss validation"] for r in records if "lm loss validation" in r}
+
+
+def log_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if re.search(r"\] iteration +\d+/", line)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pretrain")
+    full_tb, part_tb, resumed_tb = (str(tmp / n) for n in ("full_tb", "part_tb", "resumed_tb"))
+    ckpt = str(tmp / "ckpt")
+    full = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--tensorboard-dir", full_tb,
+                   "--gpu-hour-price", "2.5"])
+    assert full.returncode == 0, full.stdout + full.stderr
+    part = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--save", ckpt, "--save-interval",
+                   "10", "--exit-interval", "10", "--tensorboard-dir", part_tb])
+    assert part.returncode == 0, part.stdout + part.stderr
+    resumed = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--load", ckpt,
+                      "--tensorboard-dir", resumed_tb])
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    return dict(full=full, part=part, resumed=resumed, full_tb=full_tb, part_tb=part_tb,
+                resumed_tb=resumed_tb, ckpt=ckpt)
+
+
+def test_3d_run_logs_megatron_lines_and_validates(runs):
+    out = runs["full"].stdout
+    lines = log_lines(out)
+    assert len(lines) == 4, out  # iterations 5, 10, 15, 20 from rank 0 alone
+    for field in ("consumed samples:", "elapsed time per iteration (ms):", "learning rate:",
+                  "global batch size:    16", "lm loss:", "loss scale:", "grad norm:",
+                  "number of skipped iterations:", "number of nan iterations:",
+                  "tokens per second:", "throughput per device (TFLOP/s):", "MFU:",
+                  "peak memory (MB):", "cost:"):
+        assert all(field in line for line in lines), (field, lines[0])
+    assert "iteration       20/      20 | consumed samples:          320" in lines[-1]
+    assert "tp=2 pp=2 dp=2" in out
+    # Validation at iteration 10 and at the end, every value finite.
+    vals = re.findall(r"validation loss at iteration (\d+) \| lm loss value: ([0-9.E+-]+)", out)
+    assert [int(i) for i, _ in vals] == [10, 20], out
+    assert all(math.isfinite(float(v)) for _, v in vals)
+    # The cost: 8 devices x 2.5 per hour; the final line names it.
+    final = [line for line in out.splitlines() if line.startswith("braid: trained 20 iterations")]
+    assert len(final) == 1 and "2.5 per device-hour x 8 devices" in final[0], out
+
+
+def test_tensorboard_files_load_in_tensorboard(runs):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(runs["full_tb"])
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("lm loss", "learning-rate", "grad-norm", "loss-scale", "throughput", "mfu",
+                "tokens-per-sec", "lm loss validation", "cost"):
+        assert tag in tags, tags
+    loss = acc.Scalars("lm loss")
+    assert [e.step for e in loss] == list(range(1, 21))
+    records = jsonl(os.path.join(runs["full_tb"], "metrics.jsonl"))
+    # The event file and the JSONL file hold the same values (event files store float32).
+    for event in loss:
+        assert event.value == pytest.approx(losses(records)[event.step], rel=1e-6)
+    assert [e.step for e in acc.Scalars("lm loss validation")] == [10, 20]
+
+
+def test_resume_continues_exactly(runs):
+    full = jsonl(os.path.join(runs["full_tb"], "metrics.jsonl"))
+    part = jsonl(os.path.join(runs["part_tb"], "metrics.jsonl"))
+    resumed = jsonl(os.path.join(runs["resumed_tb"], "metrics.jsonl"))
+    assert "braid: exiting at iteration 10 (--exit-interval)" in runs["part"].stdout
+    assert "braid: loaded iteration 10" in runs["resumed"].stdout, runs["resumed"].stdout
+    assert sorted(losses(part)) == list(range(1, 11))
+    assert sorted(losses(resumed)) == list(range(11, 21))
+    want = losses(full)
+    assert losses(part) == {i: want[i] for i in range(1, 11)}
+    assert losses(resumed) == {i: want[i] for i in range(11, 21)}
+    # Validation resumes at the position Megatron's formula gives: the same batches.
+    assert validation(resumed) == {20: validation(full)[20]}
+    assert validation(part) == {10: validation(full)[10]}
+
+
+def test_one_process_trains_like_the_3d_layout(runs, tmp_path):
+    tb = str(tmp_path / "tb")
+    r = run(1, [*MODEL, "--train-iters", "20", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    one = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
+    three_d = losses(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")))
+    assert sorted(one) == sorted(three_d) == list(range(1, 21))
+    got, want = np.array([three_d[i] for i in range(1, 21)]), np.array([one[i] for i in range(1, 21)])
+    np.testing.assert_allclose(got, want, rtol=2e-4)
+    one_valid = validation(jsonl(os.path.join(tb, "metrics.jsonl")))
+    full_valid = validation(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")))
+    assert one_valid.keys() == full_valid.keys() == {10, 20}
+    for step in one_valid:
+        assert one_valid[step] == pytest.approx(full_valid[step], rel=2e-4)
+
+
+def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
+    r = run(2, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+                "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
+                "--eval-interval", "15", "--eval-iters", "2", "--data-cache-path",
+                str(tmp_path / "cache")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tp=1 pp=1 dp=2" in r.stdout
+    vals = [float(v) for v in re.findall(r"lm loss value: ([0-9.E+-]+)", r.stdout)]
+    assert len(vals) == 2 and vals[1] < vals[0] < 6, r.stdout
+
+    # A Megatron dataset of random documents; the 969,30,1 split gives it a valid part.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from braid.data import IndexedDatasetWriter
+
+    prefix = str(tmp_path / "docs_text_document")
+    rng = np.random.default_rng(0)
+    with IndexedDatasetWriter(prefix, "u16") as w:
+        for _ in range(400):
+            w.add_document(rng.integers(0, 1000, size=int(rng.integers(20, 80)), dtype=np.int32))
+    r = run(2, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
+                "--data-path", prefix, "--split", "90,10,0", "--vocab-size", "1000",
+                "--seq-length", "32", "--micro-batch-size", "4", "--train-iters", "12",
+                "--log-interval", "6", "--eval-interval", "6", "--eval-iters", "3"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    vals = re.findall(r"validation loss at iteration (\d+) \| lm loss value: ([0-9.E+-]+)",
+                      r.stdout)
+    assert [int(i) for i, _ in vals] == [6, 12], r.stdout
+    assert all(0 < float(v) < 10 for _, v in vals)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fp16"], "--fp16 is not supported by braid: braid has no float16 kernels"),
+    (["--recompute-method", "uniform"], "--recompute-method is not supported by braid"),
+    (["--no-such-flag", "3"], "--no-such-flag is not a braid argument"),
+    (["--tensor-model-parallel-size", "3"],
+     "processes are not divisible by --tensor-model-parallel-size 3"),
+    (["--num-attention-heads", "3", "--hidden-size", "96", "--tensor-model-parallel-size", "2"],
+     "--num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2"),
+    (["--global-batch-size", "6", "--micro-batch-size", "4"],
+     "--global-batch-size 6 is not divisible by --micro-batch-size 4 x data-parallel size 4"),
+    (["--micro-batch-size", "0"], "argument --micro-batch-size: must be > 0, got 0"),
+    (["--lr", "fast"], "argument --lr: invalid positive float value: 'fast'"),
+    (["--bf16", "--device", "cpu"], "--bf16 needs a CUDA device"),
+    (["--attention-dropout", "0.1"], "--attention-dropout must be 0"),
+    (["--mock-data", "--seq-length", "32"], "--mock-data needs --vocab-size"),
+    (["--save-interval", "5"], "--save-interval needs --save DIR"),
+])
+def test_bad_arguments_end_every_rank_with_one_line(args, message):
+    r = run(4, args, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr  # mpirun passes the ranks' code on
+    errors = [line for line in (r.stdout + r.stderr).splitlines() if "braid: error:" in line]
+    assert len(errors) == 1, r.stdout + r.stderr
+    assert message in errors[0], errors[0]
+    assert "iteration" not in r.stdout
