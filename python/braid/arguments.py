@@ -36,7 +36,6 @@ UNSUPPORTED = {
     "--decoder-first-pipeline-num-layers": "uneven pipeline stages are not exposed yet",
     "--decoder-last-pipeline-num-layers": "uneven pipeline stages are not exposed yet",
     "--distributed-backend": "braid chooses: NCCL for CUDA tensors, MPI on the CPU",
-    "--optimizer": "AdamW is braid's only optimizer (the default, --optimizer adam)",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
@@ -130,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save and exit on SIGTERM (braid does this whenever --save is given)")
 
     g = p.add_argument_group("optimizer and learning rate (AdamW)")
+    g.add_argument("--optimizer", default="adam", choices=["adam"],
+                   help="AdamW with decoupled weight decay (Megatron's adam); no SGD")
     g.add_argument("--lr", type=pos_float, default=1e-3)
     g.add_argument("--min-lr", type=nonneg_float, default=0.0)
     g.add_argument("--lr-decay-style", default="cosine",

@@ -210,3 +210,16 @@ def test_bad_arguments_end_every_rank_with_one_line(args, message):
     assert len(errors) == 1, r.stdout + r.stderr
     assert message in errors[0], errors[0]
     assert "iteration" not in r.stdout
+
+
+def test_docs_list_every_argument():
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from braid.arguments import UNSUPPORTED, build_parser
+
+    with open(os.path.join(REPO, "docs", "arguments.md"), encoding="utf-8") as f:
+        documented = set(re.findall(r"^\| `(--[a-z0-9-]+)` \|", f.read(), re.MULTILINE))
+    flags = {a.option_strings[0] for a in build_parser()._actions
+             if a.option_strings and a.dest != "help"}
+    assert flags - documented == set(), "arguments missing from docs/arguments.md"
+    assert set(UNSUPPORTED) - documented == set(), "refused arguments missing from the docs"
+    assert documented - flags - set(UNSUPPORTED) == set(), "docs list arguments braid lacks"
