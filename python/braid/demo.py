@@ -28,6 +28,7 @@ import numpy as np
 import braid
 from braid import addition
 from braid.data import DataLoader, build_gpt_datasets
+from braid.training import default_cache_dir, launched_processes, launched_rank
 
 
 def parse_args(argv=None):
@@ -133,19 +134,6 @@ def checkpoint_flag_error(args) -> str | None:
     return None
 
 
-def is_rank0() -> bool:
-    """Rank 0 of the job as the launcher tells it (before MPI is up)."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name]) == 0
-    return True
-
-
-def default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "braid", "demo")
-
-
 def training_data(args):
     """(train, valid) datasets: the user's --data-path, or the addition problems written once."""
     samples = args.train_iters * args.global_batch_size
@@ -195,14 +183,6 @@ def demo_config(args) -> braid.TransformerConfig:
     cfg.max_position_embeddings = args.seq_length or addition.SEQ_LENGTH
     cfg.validate()
     return cfg
-
-
-def launched_processes() -> int:
-    """The job's size as the launcher tells it (mpirun, srun, torchrun-style), 1 if none."""
-    for name in ("OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS", "WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 1
 
 
 class Job:
@@ -292,7 +272,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         # A bad layout or flag is found alike on every rank before any collective: one line
         # (from rank 0), every rank leaves with 2.
-        if launched_processes() == 1 or is_rank0():
+        if launched_rank() == 0:
             print(f"braid: error: {e}", file=sys.stderr, flush=True)
         return 2
     log = print if job.rank == 0 else (lambda *a, **k: None)
