@@ -5,6 +5,9 @@
 // (enqueued on the stream, or the communicator ready) only once ncclCommGetAsyncError stops
 // answering ncclInProgress. Until then nothing else may be issued on that communicator, so
 // every call settles its communicator before returning (under the communicator's mutex).
+// A call's ncclSuccess is not proof of that: ncclCommSplit (2.28) returns ncclSuccess while the
+// split still runs on NCCL's thread, the parent still answers ncclInProgress and the child
+// handle is written only when it is done. So the communicator's state is always queried.
 
 #include "braid/comm/nccl_communicator.h"
 
@@ -103,12 +106,16 @@ ncclDataType_t nccl_dtype(DType dtype) {
   BRAID_FAIL("NCCL backend does not support dtype ", dtype_name(dtype));
 }
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// In a group of one, avg is sum (a copy): NCCL runs a group of one's avg (a pre-multiplied
+// sum) with its own one-rank kernel (ncclLaunchOneRank), which never writes the last
+// n mod blocks elements when n / blocks is a whole number of 16-byte packs (seen with
+// n = 2^20 + 3 in NCCL 2.28: the last 3 elements were left as they were).
+ncclRedOp_t nccl_op(ReduceOp op, int group_size) {
   switch (op) {
     case ReduceOp::sum:
       return ncclSum;
     case ReduceOp::avg:
-      return ncclAvg;
+      return group_size == 1 ? ncclSum : ncclAvg;
     case ReduceOp::max:
       return ncclMax;
     case ReduceOp::min:
@@ -167,7 +174,7 @@ struct NcclCommunicator::State {
       BRAID_FAIL(message);
     }
     Backoff backoff;
-    while (result == ncclInProgress) {
+    for (;;) {  // a query even after ncclSuccess (see the top of the file)
       ncclResult_t query = ncclCommGetAsyncError(target, &result);
       if (query != ncclSuccess) result = query;
       if (result != ncclInProgress) break;
@@ -432,7 +439,7 @@ WorkPtr NcclCommunicator::all_reduce(const Tensor& input, Tensor output, ReduceO
   BRAID_CHECK(input.numel() == output.numel(), "all_reduce on group ", name(), ": input has ",
               input.numel(), " elements, output ", output.numel());
   const ncclDataType_t dtype = nccl_dtype(input.dtype());
-  const ncclRedOp_t redop = nccl_op(op);
+  const ncclRedOp_t redop = nccl_op(op, size());
   const void* send = input.data();
   void* recv = output.data();
   const size_t count = size_t(input.numel());
@@ -451,7 +458,7 @@ WorkPtr NcclCommunicator::reduce_scatter(const Tensor& input, Tensor output, Red
               ": input has ", input.numel(), " elements, expected size ", size(), " × output ",
               output.numel());
   const ncclDataType_t dtype = nccl_dtype(input.dtype());
-  const ncclRedOp_t redop = nccl_op(op);
+  const ncclRedOp_t redop = nccl_op(op, size());
   const void* send = input.data();
   void* recv = output.data();
   const size_t count = size_t(output.numel());
@@ -564,15 +571,16 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     ncclComm_t parent = state_->comm;
     const ncclResult_t result =
         ncclCommSplit(parent, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm, &config);
-    // Both settle: the parent is busy until the split has been agreed, the child until it is
-    // ready.
-    std::lock_guard child_lock(child->mutex);
-    if (child->comm != nullptr) child->settle_locked(result, info, deadline, timeout());
-    state_->settle_locked(parent, result == ncclInProgress ? ncclInProgress : ncclSuccess, info,
-                          deadline, timeout());
-    if (result != ncclSuccess && result != ncclInProgress && child->comm == nullptr) {
-      BRAID_FAIL(info.str(), ": ", nccl_error(result, parent));
+    if (result != ncclSuccess && result != ncclInProgress) {
+      // Failed up front (NCCL has reset the child handle): throws, aborting the parent only
+      // if its state shows the failure.
+      state_->settle_locked(parent, result, info, deadline, timeout());
     }
+    // The parent first: it is busy until the split has been agreed, and only then does NCCL
+    // write the child's handle (whatever the call returned). Then the child, until it is ready.
+    state_->settle_locked(parent, ncclInProgress, info, deadline, timeout());
+    std::lock_guard child_lock(child->mutex);
+    if (child->comm != nullptr) child->settle_locked(ncclInProgress, info, deadline, timeout());
   }
   if (child->comm == nullptr) return nullptr;
   return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(std::move(child), name, timeout()));

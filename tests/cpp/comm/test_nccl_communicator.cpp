@@ -249,6 +249,9 @@ TEST_F(NcclCommunicatorTest, Split) {
   // Two groups by parity, each ordered backwards (key = -rank).
   std::shared_ptr<Communicator> half = comm_->split(rank % 2, -rank, "parity");
   ASSERT_NE(half, nullptr);
+  // The parent is usable at once: split() returns only when NCCL has released it (NCCL 2.28's
+  // ncclCommSplit returns ncclSuccess while the parent is still busy with the split).
+  comm_->barrier()->wait();
   std::vector<int> members;
   for (int r = rank % 2; r < size; r += 2) members.push_back(r);
   EXPECT_EQ(half->size(), int(members.size()));
