@@ -297,9 +297,11 @@ else
     echo "== $module_so"
     readelf -d "$module_so" | grep -E 'NEEDED|RPATH|RUNPATH'
     ldd "$module_so" | grep -E 'stdc|gcc_s|not found'
+    # _M_insert<long> and num_put<char>::id (a GNU-unique symbol, shared across libraries)
+    # are the system libstdc++'s; defined here, they come with a second, static copy of it.
     echo "the C++ library's own code it defines (only a statically linked libstdc++ brings these):"
     nm -D --defined-only -C "$module_so" |
-      grep -E ' std::(locale::classic\(\)|ios_base::Init::Init\(\)|basic_ostream<char.*::_M_insert<long>|num_put<char.*::id$)' |
+      grep -E 'locale::classic\(\)|ios_base::Init::Init\(\)|ostream::_M_insert<long>|num_put<char, .*::id$' |
       head -n 8
     echo "== the probe with the system's libstdc++ preloaded"
   } >>"$out/module.log" 2>&1
