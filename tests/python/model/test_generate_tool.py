@@ -19,10 +19,11 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 TOOL = os.path.join(REPO, "tools", "generate.py")
 
+# Trained far enough that its answers differ from problem to problem (none is right yet).
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
-        "--lr-warmup-iters", "4", "--eval-problems", "24", "--distributed-timeout-minutes", "1",
-        "--micro-batch-size", "8", "--global-batch-size", "16", "--log-interval", "10",
-        "--train-iters", "60", "--lr", "5e-3"]
+        "--lr-warmup-iters", "10", "--eval-problems", "24", "--distributed-timeout-minutes", "1",
+        "--micro-batch-size", "16", "--global-batch-size", "32", "--log-interval", "50",
+        "--train-iters", "200", "--lr", "1e-2"]
 
 
 def env():
@@ -53,15 +54,15 @@ def demo(tmp_path_factory):
     r = subprocess.run(cmd, env=env(), cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     printed = dict(re.findall(r"^  (\d+\+\d+=)(\d*) *(?:ok|wrong)", r.stdout, re.MULTILINE))
-    assert len(printed) == 6, r.stdout
+    assert len(printed) == 6 and len(set(printed.values())) > 3, r.stdout
     return ckpt, printed
 
 
 def test_tp2_pp2_checkpoint_greedy_matches_the_gathered_model(demo):
     ckpt, printed = demo
     with open(ckpt / "latest_checkpointed_iteration.txt") as f:
-        assert f.read().strip() == "60"
-    assert len(os.listdir(ckpt / "iter_0000060")) == 5  # metadata + 4 (tp, pp) files
+        assert f.read().strip() == "200"
+    assert len(os.listdir(ckpt / "iter_0000200")) == 5  # metadata + 4 (tp, pp) files
     prompts = list(printed)
     r = generate("--load", ckpt, "--greedy", "--max-new-tokens", "5", "--prompt", *prompts)
     assert r.returncode == 0, r.stderr
