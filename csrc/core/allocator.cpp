@@ -122,4 +122,15 @@ int cuda_device_count() {
 
 bool cuda_available() { return cuda_device_count() > 0; }
 
+std::string cuda_device_name(int index) {
+  const int count = cuda_device_count();
+  BRAID_CONFIG_CHECK(index >= 0 && index < count, "cuda:", index, " requested, but ", count,
+                     " CUDA device(s) are visible");
+#ifdef BRAID_WITH_CUDA
+  return detail::cuda_device_name(index);
+#else
+  return "";
+#endif
+}
+
 }  // namespace braid

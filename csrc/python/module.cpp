@@ -55,6 +55,7 @@ void bind_core(py::module_& m) {
         "A braid Tensor sharing memory with any DLPack producer (numpy array, torch tensor).");
   m.def("cuda_available", &cuda_available);
   m.def("cuda_device_count", &cuda_device_count);
+  m.def("cuda_device_name", &cuda_device_name, py::arg("index") = 0);
   m.def(
       "memory_stats",
       [](const std::string& device) {

@@ -362,10 +362,7 @@ def main(argv=None) -> int:
     first = trainer.iteration + 1
 
     data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
-    device_name = "cpu"
-    if device == "cuda" and rank == 0:
-        import torch  # the device's name, for its peak
-        device_name = torch.cuda.get_device_name(0)
+    device_name = braid.cuda_device_name(0) if device == "cuda" and rank == 0 else "cpu"
     meter = Meter(a, cfg, device_name, start) if rank == 0 else None
     if meter is not None:
         peak = f"{meter.peak / 1e12:.3f} TFLOP/s per device ({meter.peak_source})" \

@@ -113,6 +113,12 @@ int cuda_device_count() {
   return count;
 }
 
+std::string cuda_device_name(int index) {
+  cudaDeviceProp properties{};
+  CUDA_CHECK(cudaGetDeviceProperties(&properties, index));
+  return properties.name;
+}
+
 Allocator& cuda_caching_allocator(int device_index) {
   // Never destroyed: CUDA tensors held by static objects may be freed after main().
   static auto* mutex = new std::mutex;

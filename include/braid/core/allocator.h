@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "braid/core/dtype.h"
 
@@ -34,5 +35,8 @@ void reset_peak_memory(Device device);
 // True when braid was built with CUDA and at least one device is visible.
 bool cuda_available();
 int cuda_device_count();
+// The device's name as the driver reports it ("NVIDIA H200"); ConfigError for a device that
+// is not visible.
+std::string cuda_device_name(int index);
 
 }  // namespace braid
