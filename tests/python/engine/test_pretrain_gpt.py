@@ -124,6 +124,17 @@ def test_tensorboard_files_load_in_tensorboard(runs):
     assert [e.step for e in acc.Scalars("lm loss validation")] == [10, 20]
 
 
+def test_plot_metrics_draws_the_run(runs, tmp_path):
+    out = tmp_path / "plots"
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "plot_metrics.py"),
+                        runs["full_tb"], "--out", str(out)], env=env(), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("lm_loss.png", "learning-rate.png", "throughput.png", "lm_loss_validation.png"):
+        png = out / name
+        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
 def test_resume_continues_exactly(runs):
     full = jsonl(os.path.join(runs["full_tb"], "metrics.jsonl"))
     part = jsonl(os.path.join(runs["part_tb"], "metrics.jsonl"))
