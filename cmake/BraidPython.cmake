@@ -22,6 +22,11 @@ pybind11_add_module(_C ${BRAID_PYTHON_SOURCES})
 target_link_libraries(_C PRIVATE braid)
 target_include_directories(_C SYSTEM PRIVATE ${DLPACK_INCLUDE_DIR})
 target_compile_options(_C PRIVATE -Wall -Wextra -Werror)
+# Symbols of the static archives linked in stay inside the module. A toolchain that links part
+# of libstdc++ statically (seen on the H200 machine's GCC 13) would otherwise export its copy
+# of the stream internals, which then mixes with the process's shared libstdc++ (numpy, torch,
+# cuDNN load it): formatting any number crashed.
+target_link_options(_C PRIVATE -Wl,--exclude-libs,ALL)
 if(SKBUILD)
   # `pip install .` (scikit-build-core, pyproject.toml): _C stays in the build folder, is
   # installed into the wheel's braid/, and keeps the run paths of the libraries it links that
