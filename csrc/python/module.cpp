@@ -9,6 +9,8 @@
 
 namespace braid::python {
 
+void bind_schedule(py::module_& m);  // schedule_bindings.cpp (bindings.h is not the planner's)
+
 void bind_core(py::module_& m) {
   py::class_<Tensor>(
       m, "Tensor", py::buffer_protocol(),
@@ -96,4 +98,5 @@ PYBIND11_MODULE(_C, m) {
   braid::python::bind_checkpoint(m);
   braid::python::bind_data(m);
   braid::python::bind_gpt_data(m);
+  braid::python::bind_schedule(m);
 }
