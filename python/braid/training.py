@@ -55,14 +55,6 @@ def launched_rank() -> int:
     return 0
 
 
-def processes_on_this_node() -> int:
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
-                 "LOCAL_WORLD_SIZE"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return launched_processes()
-
-
 def default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "braid", "demo")
@@ -235,7 +227,7 @@ class Data:
 class Meter:
     """Throughput, MFU, memory and cost of the run so far (rank 0's view)."""
 
-    def __init__(self, a, cfg, device_name, start_time):
+    def __init__(self, a, cfg, device_name, local_processes, start_time):
         self.a, self.start = a, start_time
         self.flops_per_iteration = flops.flops_per_iteration(cfg, a.seq_length, a.global_batch_size)
         self.tokens_per_iteration = a.global_batch_size * a.seq_length
@@ -246,7 +238,7 @@ class Meter:
             self.peak = peak * 1e12 if peak else None
             self.peak_source = f"{device_name} dense bf16" if peak else f"{device_name} unknown"
         else:
-            self.peak = flops.cpu_peak_flops(processes_on_this_node())
+            self.peak = flops.cpu_peak_flops(local_processes)
             self.peak_source = "measured f32 GEMM of this rank's cores"
 
     def rates(self, seconds_per_iteration):
@@ -324,13 +316,20 @@ def main(argv=None) -> int:
             print(f"braid: error: {e}", file=sys.stderr, flush=True)
         return 2
 
-    braid.init_distributed(a.distributed_timeout_minutes)
+    job = braid.init_distributed(a.distributed_timeout_minutes)
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
                                 pp=a.pipeline_model_parallel_size)
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
-    device = "cuda" if a.device == "cuda" else "cpu"
+    device = "cpu"
+    if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
+        visible = braid.cuda_device_count()
+        if visible > 1 and job.local_rank >= visible:
+            log(f"braid: error: local rank {job.local_rank} has no GPU of its own: this node shows "
+                f"{visible}; start at most {visible} processes per node", file=sys.stderr)
+            return 2
+        device = f"cuda:{job.local_rank if visible > 1 else 0}"
     ddp = braid.DDPConfig(bucket_size=a.ddp_bucket_size or 0,
                           overlap_grad_reduce=a.overlap_grad_reduce,
                           use_distributed_optimizer=a.use_distributed_optimizer,
@@ -362,8 +361,9 @@ def main(argv=None) -> int:
     first = trainer.iteration + 1
 
     data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
-    device_name = braid.cuda_device_name(0) if device == "cuda" and rank == 0 else "cpu"
-    meter = Meter(a, cfg, device_name, start) if rank == 0 else None
+    device_name = braid.cuda_device_name(int(device[5:])) if device != "cpu" and rank == 0 \
+        else "cpu"
+    meter = Meter(a, cfg, device_name, job.local_world_size, start) if rank == 0 else None
     if meter is not None:
         peak = f"{meter.peak / 1e12:.3f} TFLOP/s per device ({meter.peak_source})" \
             if meter.peak else f"unknown ({meter.peak_source}; give --peak-tflops)"

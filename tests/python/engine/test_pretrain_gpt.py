@@ -171,9 +171,11 @@ def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     r = run(2, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
                 "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
                 "--eval-interval", "15", "--eval-iters", "2", "--data-cache-path",
-                str(tmp_path / "cache")])
+                str(tmp_path / "cache"), "--progress-bar", "on"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "tp=1 pp=1 dp=2" in r.stdout
+    # The bar redraws one line (carriage returns, read here as newlines) and ends at 100%.
+    assert re.search(r"^\[=+\] 100% 30/30 \| [0-9.]+ it/s \| ETA 0:00:00", r.stdout, re.M), r.stdout
     vals = [float(v) for v in re.findall(r"lm loss value: ([0-9.E+-]+)", r.stdout)]
     assert len(vals) == 2 and vals[1] < vals[0] < 6, r.stdout
 
