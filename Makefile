@@ -3,7 +3,8 @@
 # clone of a Debian 12 machine and takes seconds on a ready one.
 #
 #   make demo       train a small GPT on the CPU as a 3D-parallel job (8 ranks: tp 2, pp 2,
-#                   dp 2); ends with `demo: accuracy=… time=…s`
+#                   dp 2), print `demo: accuracy=… time=…s`, then sample completions from its
+#                   checkpoint with tools/generate.py
 #   make demo-cpu1  the same model in one process
 #   make test       build, then every C++ and Python test through ctest (CTEST_ARGS="-L core")
 #   make sanitize   the C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer
