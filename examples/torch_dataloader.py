@@ -33,10 +33,7 @@ class AdditionProblems(Dataset):
 
     def __init__(self, n: int, seed: int, dtype: torch.dtype = torch.int32, held_out: bool = False):
         data = addition.AdditionData(seed=seed, padded=True)
-        if held_out:
-            ids, targets = held_out_batch(data, n)
-        else:
-            ids, targets = data.batch(n)
+        ids, targets = data.held_out_batch(n) if held_out else data.batch(n)
         self.ids = torch.from_numpy(ids).to(dtype)
         self.targets = torch.from_numpy(targets).to(dtype)
 
@@ -45,18 +42,6 @@ class AdditionProblems(Dataset):
 
     def __getitem__(self, i):
         return self.ids[i], self.targets[i]
-
-
-def held_out_batch(data: addition.AdditionData, n: int):
-    """ids and targets of n problems training never sees (the answer supervised, as in training)."""
-    ids = np.full((n, addition.SEQ_LENGTH), addition.PAD, dtype=np.int32)
-    targets = np.full((n, addition.SEQ_LENGTH), addition.IGNORE, dtype=np.int32)
-    for row, (a, b) in enumerate(data.held_out_problems(n)):
-        prompt, answer = addition.problem_text(a, b, data.width)
-        tokens = addition.encode(prompt + answer)
-        ids[row, : len(tokens)] = tokens
-        targets[row, len(prompt) - 1 : len(tokens) - 1] = tokens[len(prompt) :]
-    return ids, targets
 
 
 def parse_args(argv=None):
