@@ -90,3 +90,137 @@ def test_mismatched_schedule_surfaces_as_an_error():
     schedule.ranks = ranks
     result = _C.simulate(schedule)
     assert not result.ok and "mismatched" in result.error
+
+
+# ---- the planner ---------------------------------------------------------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from braid import planner  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+PLAN = os.path.join(REPO, "tools", "plan.py")
+CSV = os.path.join(REPO, "..", "shared", "published_runs.csv")
+
+
+def test_bandwidth_units():
+    assert planner.parse_bandwidth("300GB/s", "--nvlink-bw") == pytest.approx(300e9)
+    assert planner.parse_bandwidth("200Gb/s", "--net-bw") == pytest.approx(25e9)
+    assert planner.parse_bandwidth("100 Gbps", "--net-bw") == pytest.approx(12.5e9)
+    assert planner.parse_bandwidth("1.5TB/s", "--nvlink-bw") == pytest.approx(1.5e12)
+    assert planner.parse_bandwidth("1GiB/s", "--net-bw") == pytest.approx(2 ** 30)
+    for bad in ["300", "300G", "fast", "-3GB/s", ""]:
+        with pytest.raises(ValueError, match="--net-bw"):
+            planner.parse_bandwidth(bad, "--net-bw")
+
+
+def _plan(*args):
+    return subprocess.run([sys.executable, PLAN, *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
+
+
+def test_plan_cli_rejects_a_bare_number_naming_the_flag():
+    out = _plan("--model", "llama2-7b", "--gpu", "h100-80g", "--num-gpus", "8",
+                "--nvlink-bw", "450", "--net-bw", "400Gb/s", "--global-batch", "64")
+    assert out.returncode == 2 and "--nvlink-bw" in out.stderr and "unit" in out.stderr
+
+
+def test_plan_cli_json_best_first_with_the_fields():
+    out = _plan("--model", "llama2-7b", "--gpu", "h100-80g", "--num-gpus", "16",
+                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
+                "--train-tokens", "1e11", "--gpu-hour-price", "2.5", "--zero", "true",
+                "--micro-batch-size", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows and [r["tokens_per_s"] for r in rows] == sorted(
+        (r["tokens_per_s"] for r in rows), reverse=True)
+    for key in ["tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
+                "step_time_s", "tokens_per_s", "mfu", "hfu", "memory_gb_per_gpu",
+                "scaling_efficiency", "days_to_train", "cost"]:
+        assert key in rows[0]
+    assert set(rows[0]["memory_parts_gb"]) >= {"params", "grads", "optimizer", "activations"}
+    assert all(r["zero"] and r["micro_batch_size"] == 1 for r in rows)
+    assert all(r["memory_gb_per_gpu"] <= 80 for r in rows)
+    assert 0 < rows[0]["mfu"] < 1 and 0 < rows[0]["scaling_efficiency"] <= 1.0 + 1e-9
+
+
+H100 = planner.Cluster(planner.GPUS["h100-80g"], 8, 64, 450e9, 50e9)
+
+
+def test_a_layout_that_cannot_fit_is_never_proposed():
+    model = planner.PRESETS["llama2-70b"]
+    # tp 1 pp 1: 70B parameters' state on one GPU cannot fit; all the others are checked.
+    lay = planner.Layout(1, 1, 64, 1, recompute="full", zero=True)
+    with pytest.raises(planner.DoesNotFit, match="GB per GPU"):
+        planner.predict(model, H100, lay, 64)
+    results, rejected = planner.search(model, H100, 64)
+    assert results and rejected.get("out of memory", 0) > 0
+    assert all((r["tp"], r["pp"]) != (1, 1) for r in results)
+    assert all(r["memory_gb_per_gpu"] <= 80 for r in results)
+
+
+def test_none_fits_says_why():
+    model = planner.PRESETS["llama3-405b"]
+    small = planner.Cluster(planner.GPUS["a100-40g"], 8, 8, 300e9, 25e9)
+    results, _ = planner.search(model, small, 8)
+    assert results == []
+    why = planner.why_nothing_fits(model, small, 8, {})
+    assert "no layout fits in 40 GB" in why and "optimizer" in why and "more GPUs" in why
+    out = _plan("--model", "llama3-405b", "--gpu", "a100-40g", "--num-gpus", "8",
+                "--nvlink-bw", "300GB/s", "--net-bw", "200Gb/s", "--global-batch", "8")
+    assert out.returncode == 1 and "no layout fits" in out.stderr
+
+
+def test_invalid_fixed_layout_says_why():
+    out = _plan("--model", "llama2-7b", "--gpu", "h100-80g", "--num-gpus", "16",
+                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
+                "--tp", "3", "--pp", "1", "--micro-batch-size", "1", "--virtual-stages", "1")
+    assert out.returncode == 1 and "tp 3" in out.stderr
+
+
+@pytest.mark.parametrize("pp,v", [(4, 1), (4, 2), (8, 2)])
+def test_simulated_bubble_of_a_uniform_stack(pp, v, monkeypatch):
+    # Uniform layers without an LM head (vocab_size 0), free p2p (one big
+    # node, no latency): the planner's simulated pipeline has Narayanan's bubble (p - 1) / (v m).
+    monkeypatch.setattr(planner, "NVLINK_ALPHA_S", 0.0)
+    model = planner.ModelShape(32, 4096, 32, 32, 16384, 0, 2048, "gelu")
+    cluster = planner.Cluster(planner.GPUS["h100-80g"], 64, 64, 1e18, 50e9)
+    lay = planner.Layout(8, pp, 64 // (8 * pp), 1, v, "selective", True, True)
+    r = planner.predict(model, cluster, lay, 16 * (64 // (8 * pp)), baseline=False)
+    m = r["microbatches"]
+    assert r["bubble_fraction"] == pytest.approx((pp - 1) / (v * m), rel=0.01)
+    # with the real p2p cost (NVLink latency and bandwidth) the bubble only grows
+    monkeypatch.undo()
+    real = planner.Cluster(planner.GPUS["h100-80g"], 64, 64, 450e9, 50e9)
+    assert planner.predict(model, real, lay, 16 * (64 // (8 * pp)),
+                           baseline=False)["bubble_fraction"] > r["bubble_fraction"]
+
+
+def test_memory_parts_add_up_and_zero_shards_the_optimizer():
+    model = planner.PRESETS["llama2-7b"]
+    base = planner.Layout(2, 2, 16, 1, recompute="selective", sequence_parallel=True)
+    plain = planner.predict(model, H100, base, 64)
+    zero = planner.predict(model, H100, planner.Layout(2, 2, 16, 1, 1, "selective", True, True),
+                           64)
+    for r in (plain, zero):
+        assert r["memory_gb_per_gpu"] == pytest.approx(sum(r["memory_parts_gb"].values()))
+    pz, pp_ = zero["memory_parts_gb"], plain["memory_parts_gb"]
+    assert pz["optimizer"] == pytest.approx(pp_["optimizer"] / 16)
+    assert pz["params"] == pp_["params"] and pz["grads"] == pp_["grads"]
+    # braid's accounting: bf16 params, f32 grads, f32 master + 2 moments = 2 : 4 : 12
+    assert pp_["grads"] == pytest.approx(2 * pp_["params"])
+    assert pp_["optimizer"] == pytest.approx(6 * pp_["params"])
+    # activations: docs/memory.md's GPT block, none = 32sbh + 16sb + 4abs bytes without TP
+    gpt = planner.ModelShape(1, 1024, 16, 16, 4096, 8, 512, "gelu")
+    one = planner.Layout(1, 1, 1, 1)
+    assert planner.layer_activation_bytes(gpt, one, "none") == 32 * 512 * 1024 + 16 * 512 \
+        + 4 * 16 * 512
+    assert planner.layer_activation_bytes(gpt, one, "selective") == 20 * 512 * 1024 + 4 * 16 * 512
+    # SP divides everything by t exactly (docs/memory.md, measured to the byte)
+    sp4 = planner.Layout(4, 1, 1, 1, sequence_parallel=True)
+    assert planner.layer_activation_bytes(gpt, sp4, "none") == pytest.approx(
+        planner.layer_activation_bytes(gpt, one, "none") / 4)

@@ -1,0 +1,534 @@
+"""The cluster planner: predicted step time, MFU, memory, scaling, time and cost of training a
+GPT/Llama model with braid on N GPUs, for one parallel layout or the best of all that fit.
+
+The model (docs/planner.md has the derivation, the assumed and the fitted numbers):
+
+* compute: per layer and microbatch, every GEMM's FLOPs at an efficiency that grows with the
+  GEMM's smallest dimension (e_max · n / (n + n_half), per GPU type), flash attention's
+  executed (causal) FLOPs at its own efficiency, the elementwise ops' bytes at HBM bandwidth;
+  backward = 2× the GEMMs, 2.5× attention, 2× the bytes; full recompute adds the forward.
+* pipeline: braid's own schedule (make_1f1b / make_interleaved_1f1b) simulated through
+  braid._C.simulate with per-(rank, chunk) forward/backward costs (embedding and LM head on
+  the first/last stage) and the p2p transfer time; the result is each rank's finish time.
+* communication: NCCL ring/tree alpha-beta costs; NVLink inside a node, the network across.
+  TP collectives are not overlapped (braid does not), p2p is as exposed as the schedule
+  leaves it, the DP reduction overlaps the last microbatch's backward when
+  overlap_grad_reduce (braid's --overlap-grad-reduce), the ZeRO param all-gather is exposed.
+* memory: braid's accounting: bf16 parameters, f32 gradient buffer, f32 master + two f32
+  Adam moments (sharded by dp under ZeRO-1), activations per layer as docs/memory.md
+  (LayerActivations) times the (chunk, microbatch) pairs the schedule keeps in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import re
+
+from braid import _C
+from braid import flops as _flops
+
+GB = 1e9
+
+
+# ---- inputs --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The attribute names braid.flops reads (TransformerConfig's)."""
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    seq_length: int
+    activation: str = "swiglu"        # "swiglu" (Llama) or "gelu" (GPT)
+    # vocab_size 0: a bare stack of layers, no embedding or LM head (tests)
+    tied_embeddings: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def gpt_style(self) -> bool:
+        return self.activation == "gelu"
+
+    def layer_params(self) -> float:
+        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_heads * self.head_dim
+        mats = 3 if self.activation == "swiglu" else 2
+        p = h * (h + 2 * kv) + h * h + mats * h * f
+        p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
+        if self.gpt_style:
+            p += (h + 2 * kv) + h + f + h                        # biases
+        return p
+
+    def num_params(self) -> float:
+        emb = self.vocab_size * self.hidden_size
+        return self.num_layers * self.layer_params() + emb * (1 if self.tied_embeddings else 2)
+
+
+PRESETS = {
+    "gpt2-1.5b": ModelShape(48, 1600, 25, 25, 6400, 50257, 1024, "gelu", True),
+    "llama2-7b": ModelShape(32, 4096, 32, 32, 11008, 32000, 4096),
+    "llama3-8b": ModelShape(32, 4096, 32, 8, 14336, 128256, 8192),
+    "llama2-70b": ModelShape(80, 8192, 64, 8, 28672, 32000, 4096),
+    "llama3-70b": ModelShape(80, 8192, 64, 8, 28672, 128256, 8192),
+    "llama3-405b": ModelShape(126, 16384, 128, 8, 53248, 128256, 8192),
+    "gpt3-175b": ModelShape(96, 12288, 96, 96, 49152, 51200, 2048, "gelu", True),
+    # The seed scenario's ~650B Llama-style model (docs/planner.md): 655B parameters.
+    "llama-650b": ModelShape(128, 20480, 160, 16, 67584, 128256, 4096),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GPUType:
+    name: str
+    peak_tflops: float       # dense bf16 (braid.flops.GPU_PEAK_TFLOPS)
+    memory_gb: float         # HBM capacity, 1e9 bytes
+    hbm_gbps: float          # HBM bandwidth, GB/s
+    gemm_eff_max: float      # GEMM efficiency for large GEMMs (fitted, see docs/planner.md)
+    gemm_n_half: float       # smallest GEMM dimension at which efficiency is e_max / 2
+    attn_eff: float          # flash attention's executed FLOPs / peak
+
+
+# gemm_eff_max: A100 fitted to the four Narayanan et al. 2021 rows, H100 to the Megatron-Core
+# row (benchmarks/planner_validation.py --fit); H200 takes H100's (same SMs and clocks, more and
+# faster HBM). gemm_n_half (A100: fitted; H100/H200: scaled with the peak, as a GEMM needs
+# more work per SM to fill a faster tensor core) and attn_eff (FlashAttention-2's published
+# forward+backward rates: ~0.55 of peak on A100, ~0.45 on H100) are assumed.
+GPUS = {
+    "a100-40g": GPUType("a100-40g", 312.0, 40.0, 1555.0, 0.79, 360.0, 0.55),
+    "a100-80g": GPUType("a100-80g", 312.0, 80.0, 2039.0, 0.79, 360.0, 0.55),
+    "h100-80g": GPUType("h100-80g", 989.0, 80.0, 3350.0, 0.70, 720.0, 0.45),
+    "h200": GPUType("h200", 989.0, 141.0, 4800.0, 0.70, 720.0, 0.45),
+}
+
+# Assumed constants (docs/planner.md):
+HBM_EFFICIENCY = 0.8          # elementwise kernels reach ~80% of HBM bandwidth
+KERNEL_LATENCY_S = 6e-6       # launch + tail per kernel
+NVLINK_EFFICIENCY = 0.8       # NCCL bus bandwidth / link bandwidth in a node (A100: ~235/300)
+NET_EFFICIENCY = 0.9          # NCCL bus bandwidth / NIC line rate (IB, RoCE)
+NVLINK_ALPHA_S = 5e-6         # NCCL per-step latency in a node
+NET_ALPHA_S = 12e-6           # ... across nodes
+MEMORY_RESERVED_GB = 4.0      # CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers, fragmentation
+OPTIMIZER_BYTES_PER_PARAM = 34  # AdamW: grads, master, m, v read; master, m, v, bf16 written; norm
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    gpu: GPUType
+    gpus_per_node: int
+    num_gpus: int
+    nvlink_bw: float   # bytes/s per GPU per direction
+    net_bw: float      # bytes/s per GPU
+
+
+_UNITS = {"": None, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+def parse_bandwidth(text: str, flag: str) -> float:
+    """'300GB/s' -> 3e11 bytes/s, '200Gb/s' -> 2.5e10 bytes/s (B bytes, b bits; GiB/s too).
+    A bare number is an error naming the flag, as the unit decides a factor of 8."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)(i?)([Bb])"
+                     r"(?:/s|ps)\s*", str(text))
+    if not m:
+        raise ValueError(f"{flag} {text!r}: give a bandwidth with its unit, e.g. 300GB/s "
+                         "(bytes) or 200Gb/s (bits)")
+    value, prefix, binary, unit = m.groups()
+    scale = _UNITS[prefix.lower()] or 1.0
+    if binary:
+        scale = 1024.0 ** " kmgt".index(prefix.lower())
+    out = float(value) * scale / (8.0 if unit == "b" else 1.0)
+    if out <= 0:
+        raise ValueError(f"{flag} {text!r}: the bandwidth must be positive")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    micro_batch_size: int
+    virtual_stages: int = 1
+    recompute: str = "none"          # none | selective | full
+    sequence_parallel: bool = False
+    zero: bool = False               # ZeRO-1 (--use-distributed-optimizer)
+    overlap_grad_reduce: bool = True
+
+
+# ---- costs ---------------------------------------------------------------------------------
+
+def _gemm_time(gpu: GPUType, m: float, n: float, k: float) -> float:
+    small = min(m, n, k)
+    eff = gpu.gemm_eff_max * small / (small + gpu.gemm_n_half)
+    return 2.0 * m * n * k / (gpu.peak_tflops * 1e12 * eff) + KERNEL_LATENCY_S
+
+
+def _bytes_time(gpu: GPUType, nbytes: float, kernels: int) -> float:
+    return nbytes / (gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY) + kernels * KERNEL_LATENCY_S
+
+
+def _ring(nbytes: float, n: int, bw: float, alpha: float, kind: str) -> float:
+    """NCCL ring time of one collective over n ranks: all_reduce moves 2(n-1)/n of the buffer,
+    reduce_scatter / all_gather (n-1)/n (nbytes is the full buffer). For large n across nodes
+    NCCL may pick a tree for all-reduce (2 log2 n latency steps): the faster one is taken."""
+    if n <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        ring = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha
+        tree = 2 * nbytes / bw + 2 * math.log2(n) * alpha
+        return min(ring, tree)
+    return (n - 1) / n * nbytes / bw + (n - 1) * alpha
+
+
+def _link(cluster: Cluster, span: int):
+    """(bandwidth, alpha) of a group whose ranks span `span` consecutive global ranks."""
+    if span <= cluster.gpus_per_node:
+        return cluster.nvlink_bw * NVLINK_EFFICIENCY, NVLINK_ALPHA_S
+    return cluster.net_bw * NET_EFFICIENCY, NET_ALPHA_S
+
+
+def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None = None) -> float:
+    """Bytes one layer keeps for its backward per microbatch and rank (docs/memory.md,
+    generalised to GQA and SwiGLU): 16-bit tensors, f32 norm statistics and lse."""
+    t, h, a = lay.tp, model.hidden_size, model.num_attention_heads
+    kv = model.kv_heads * model.head_dim
+    f1 = 2 * model.ffn_hidden_size if model.activation == "swiglu" else model.ffn_hidden_size
+    f = model.ffn_hidden_size
+    sp = t if lay.sequence_parallel else 1
+    tokens = lay.micro_batch_size * model.seq_length
+    rec = recompute or lay.recompute
+    if rec == "full":
+        per_token = 2 * h / sp
+    elif rec == "selective":
+        per_token = 2 * h / sp + (2 * h + 4 * kv) / t + 2 * h / t + 4 * a / t + 2 * h / sp \
+            + 2 * f1 / t
+    else:
+        per_token = (2 * h + 8 + 2 * h) / sp + (2 * h + 4 * kv) / t + 2 * h / t + 4 * a / t \
+            + (2 * h + 8 + 2 * h) / sp + 2 * f1 / t + 2 * f / t
+    return per_token * tokens
+
+
+@dataclasses.dataclass
+class LayerCost:
+    forward: float
+    backward: float       # including recomputation
+    model_flops: float    # forward model FLOPs of this rank (braid.flops' count)
+
+
+def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
+    """One transformer layer, one microbatch, one TP rank."""
+    gpu, t = cluster.gpu, lay.tp
+    h, s, f = model.hidden_size, model.seq_length, model.ffn_hidden_size
+    kv = model.kv_heads * model.head_dim
+    T = lay.micro_batch_size * s
+    h_rep = h / t if lay.sequence_parallel else h
+    fc1 = 2 * f if model.activation == "swiglu" else f
+    gemms = [(T, (h + 2 * kv) / t, h), (T, h, h / t), (T, fc1 / t, h), (T, h, f / t)]
+    gemm_f = sum(_gemm_time(gpu, *g) for g in gemms)
+    attn_exec = 2 * T * s * h / t  # causal flash attention executes half of QKᵀ and PV
+    attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
+    act_bytes = (6 if model.activation == "swiglu" else 4) * f / t
+    norm_bytes = 8 * h_rep
+    elem_bytes = norm_bytes + 12 * h_rep + 4 * (h + kv) / t + act_bytes
+    elem_f = _bytes_time(gpu, elem_bytes * T, 8)
+    # TP: two all-reduces (or with SP two all-gathers + two reduce-scatters, the same bytes)
+    # per forward, as many in backward; SP's backward all-gathers the norm outputs again.
+    tp_f = tp_b = 0.0
+    if t > 1:
+        bw, alpha = _link(cluster, t)
+        ar = _ring(T * h * 2, t, bw, alpha, "all_reduce")
+        ag = _ring(T * h * 2, t, bw, alpha, "all_gather")
+        tp_f = 2 * ar if not lay.sequence_parallel else 4 * ag
+        tp_b = 2 * ar if not lay.sequence_parallel else 6 * ag
+    forward = gemm_f + attn_f + elem_f + tp_f
+    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b
+    if lay.recompute == "full":
+        backward += forward
+    elif lay.recompute == "selective":  # braid's: the two norm outputs and the activation
+        backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
+    model_flops = _flops.forward_flops_per_token(
+        dataclasses.replace(model, num_layers=1, vocab_size=0), s) * T / t
+    return LayerCost(forward, backward, model_flops)
+
+
+def head_cost(model: ModelShape, cluster: Cluster, lay: Layout):
+    """(forward, backward) of the LM head + vocab-parallel cross-entropy on the last stage."""
+    gpu, t = cluster.gpu, lay.tp
+    if model.vocab_size == 0:  # a bare stack of layers (tests)
+        return 0.0, 0.0
+    T = lay.micro_batch_size * model.seq_length
+    g = _gemm_time(gpu, T, model.vocab_size / t, model.hidden_size)
+    ce = _bytes_time(gpu, T * model.vocab_size / t * (2 + 4 + 4), 3)  # logits, f32 softmax
+    return g + ce, 2 * g + ce
+
+
+# ---- memory --------------------------------------------------------------------------------
+
+def stage_params(model: ModelShape, lay: Layout):
+    """Parameters held by each pipeline rank (one TP shard)."""
+    ranges = _C.stage_layers(model.num_layers, lay.pp, lay.virtual_stages)
+    emb = model.vocab_size * model.hidden_size / lay.tp
+    out = []
+    for r, chunks in enumerate(ranges):
+        layers = sum(e - b for b, e in chunks)
+        p = layers * model.layer_params() / lay.tp
+        if r == 0:
+            p += emb
+        if r == lay.pp - 1:
+            p += emb + model.hidden_size  # LM head (tied: the embedding's copy) + final norm
+            if model.tied_embeddings and lay.pp == 1:
+                p -= emb
+        out.append(p)
+    return out
+
+
+def in_flight(lay: Layout, microbatches: int):
+    """(chunk, microbatch) activations each rank keeps at most under braid's schedule."""
+    if lay.pp == 1:
+        return [1]
+    if lay.virtual_stages == 1:
+        return [min(lay.pp - r, microbatches) for r in range(lay.pp)]
+    return [min(_C.interleaved_warmup_steps(lay.pp, microbatches, lay.virtual_stages, r) + 1,
+                lay.virtual_stages * microbatches) for r in range(lay.pp)]
+
+
+def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
+    """Per-GPU memory parts (GB) of the rank that needs the most."""
+    per_layer = layer_activation_bytes(model, lay)
+    layers_per_chunk = model.num_layers / (lay.pp * lay.virtual_stages)
+    T = lay.micro_batch_size * model.seq_length
+    best = None
+    for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
+        act = per_layer * layers_per_chunk * n
+        if lay.recompute == "full":  # one layer recomputed in full during its backward
+            act += layer_activation_bytes(model, lay, "none")
+        if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
+            act += T * model.vocab_size / lay.tp * (2 + 4)
+        parts = {"params": 2 * p / GB, "grads": 4 * p / GB,
+                 "optimizer": 12 * p / (lay.dp if lay.zero else 1) / GB,
+                 "activations": act / GB, "reserved": MEMORY_RESERVED_GB}
+        total = sum(parts.values())
+        if best is None or total > best[0]:
+            best = (total, parts)
+    return best
+
+
+# ---- one layout ----------------------------------------------------------------------------
+
+class DoesNotFit(Exception):
+    pass
+
+
+def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int) -> int:
+    """The number of microbatches, or ValueError saying why the layout is not valid."""
+    t, p, d, b, v = lay.tp, lay.pp, lay.dp, lay.micro_batch_size, lay.virtual_stages
+    if t * p * d != cluster.num_gpus:
+        raise ValueError(f"tp {t} x pp {p} x dp {d} = {t * p * d} != {cluster.num_gpus} GPUs")
+    if model.num_attention_heads % t:
+        raise ValueError(f"{model.num_attention_heads} heads do not divide by tp {t}")
+    if model.kv_heads % t and t % model.kv_heads:
+        raise ValueError(f"{model.kv_heads} KV heads and tp {t}: neither divides the other")
+    if model.ffn_hidden_size % t or model.vocab_size % t:
+        raise ValueError(f"ffn {model.ffn_hidden_size} / vocab {model.vocab_size} by tp {t}")
+    if lay.sequence_parallel and (t == 1 or model.seq_length % t):
+        raise ValueError("sequence parallelism needs tp > 1 dividing the sequence")
+    if global_batch % (b * d):
+        raise ValueError(f"global batch {global_batch} is not a multiple of micro batch {b} "
+                         f"x dp {d}")
+    m = global_batch // (b * d)
+    if model.num_layers % (p * v):
+        raise ValueError(f"{model.num_layers} layers do not split into pp {p} x v {v} chunks")
+    if v > 1 and (p == 1 or m % p):
+        raise ValueError(f"virtual stages need pp > 1 and microbatches {m} divisible by pp {p}")
+    if lay.recompute not in ("none", "selective", "full"):
+        raise ValueError(f"recompute {lay.recompute!r}: none, selective or full")
+    return m
+
+
+def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
+            baseline: bool = True) -> dict:
+    """The prediction for one layout (ValueError if invalid, DoesNotFit if over memory).
+    baseline=False: the scaling baseline's run, timed whether or not it fits (a reference
+    point, not a proposal), without a baseline of its own."""
+    m = check_layout(model, cluster, lay, global_batch)
+    total_mem, parts = memory(model, cluster, lay, m)
+    if baseline and total_mem > cluster.gpu.memory_gb:
+        raise DoesNotFit(f"needs {total_mem:.1f} GB per GPU (params {parts['params']:.1f}, "
+                         f"grads {parts['grads']:.1f}, optimizer {parts['optimizer']:.1f}, "
+                         f"activations {parts['activations']:.1f}, reserved "
+                         f"{parts['reserved']:.1f}) > {cluster.gpu.memory_gb:.0f} GB")
+    gpu, p, v, t, d = cluster.gpu, lay.pp, lay.virtual_stages, lay.tp, lay.dp
+    lc = layer_cost(model, cluster, lay)
+    hf, hb = head_cost(model, cluster, lay)
+    ranges = _C.stage_layers(model.num_layers, p, v)
+    fwd = [[(e - b) * lc.forward for b, e in rank] for rank in ranges]
+    bwd = [[(e - b) * lc.backward for b, e in rank] for rank in ranges]
+    fwd[p - 1][v - 1] += hf   # the last model chunk: LM head and loss
+    bwd[p - 1][v - 1] += hb
+    T = lay.micro_batch_size * model.seq_length
+    p2p_bytes = T * model.hidden_size * 2 / (t if lay.sequence_parallel else 1)
+    bw, alpha = _link(cluster, t * d * p)
+    p2p = alpha + p2p_bytes / bw if p > 1 else 0.0
+    schedule = _C.make_interleaved_1f1b(p, m, v) if p > 1 else _C.make_1f1b(1, m)
+    sim = _C.simulate(schedule, forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
+    if not sim.ok:
+        raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
+    # DP: f32 gradient buffer reduced (ZeRO: reduce-scattered) over dp, overlapped with the
+    # backward of the last microbatch when overlap_grad_reduce; bf16 params all-gathered.
+    dbw, dalpha = _link(cluster, t * d)
+    params = stage_params(model, lay)
+    ends = []
+    for r in range(p):
+        grad_bytes = 4 * params[r]
+        dp_t = _ring(grad_bytes, d, dbw, dalpha, "reduce_scatter" if lay.zero else "all_reduce")
+        if lay.overlap_grad_reduce and d > 1:
+            bucket = max(40e6, 1e6 * d) / max(params[r], 1.0)
+            window = sum(bwd[r]) / v  # the last microbatch's backward, chunk 0 unbucketed
+            exposed = max(dp_t - window, dp_t * min(1.0, bucket))
+        else:
+            exposed = dp_t
+        ends.append(sim.finish[r] + exposed)
+    shard = max(params) / (d if lay.zero else 1)
+    opt = _bytes_time(gpu, OPTIMIZER_BYTES_PER_PARAM * shard, 4)
+    gather = _ring(2 * max(params), d, dbw, dalpha, "all_gather") if lay.zero else 0.0
+    emb_sync = 0.0
+    if model.tied_embeddings and p > 1:
+        nbw, nalpha = _link(cluster, cluster.num_gpus)
+        emb_sync = _ring(4 * model.vocab_size * model.hidden_size / t, 2, nbw, nalpha,
+                         "all_reduce")
+    step = max(ends) + opt + gather + emb_sync + 2 * NET_ALPHA_S * math.log2(max(2, d * p * t))
+    model_flops = _flops.flops_per_iteration(model, model.seq_length, global_batch)
+    layer_flops_total = 3 * lc.model_flops * t * model.num_layers * m * d
+    hw_flops = model_flops + (layer_flops_total / 3 if lay.recompute == "full" else 0.0)
+    peak = gpu.peak_tflops * 1e12
+    out = dict(
+        tp=t, pp=p, dp=d, micro_batch_size=lay.micro_batch_size, virtual_stages=v,
+        recompute=lay.recompute, sequence_parallel=lay.sequence_parallel, zero=lay.zero,
+        microbatches=m, step_time_s=step, tokens_per_s=global_batch * model.seq_length / step,
+        mfu=model_flops / (step * cluster.num_gpus * peak),
+        hfu=hw_flops / (step * cluster.num_gpus * peak),
+        model_tflops_per_gpu=model_flops / (step * cluster.num_gpus) / 1e12,
+        memory_gb_per_gpu=total_mem, memory_parts_gb=parts,
+        bubble_fraction=sim.bubble_fraction, pipeline_s=sim.makespan,
+        exposed_dp_s=max(ends) - max(sim.finish), optimizer_s=opt + gather + emb_sync,
+    )
+    out["scaling_efficiency"] = _scaling(model, cluster, lay, m, out) if baseline else 1.0
+    return out
+
+
+def _scaling(model, cluster, lay, m, result) -> float:
+    """Per-GPU throughput against the same layout (tp, pp, micro batch, microbatches per
+    replica, ...) on one node's worth of data parallelism: dp0 = max(1, gpus_per_node /
+    (tp pp)) replicas, where DP traffic stays on NVLink (or there is none)."""
+    dp0 = max(1, cluster.gpus_per_node // (lay.tp * lay.pp))
+    if dp0 >= lay.dp:
+        return 1.0
+    small = dataclasses.replace(cluster, num_gpus=lay.tp * lay.pp * dp0)
+    base = predict(model, small, dataclasses.replace(lay, dp=dp0),
+                   m * lay.micro_batch_size * dp0, baseline=False)
+    per_gpu = result["tokens_per_s"] / cluster.num_gpus
+    return per_gpu / (base["tokens_per_s"] / small.num_gpus)
+
+
+# ---- search --------------------------------------------------------------------------------
+
+def _pow2_upto(n):
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def _divisors(n):
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict | None = None,
+           train_tokens: float | None = None, gpu_hour_price: float | None = None):
+    """All valid layouts that fit, best (highest tokens/s) first, and the reasons the others
+    were rejected (a dict reason -> count; empty when something fits)."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    n = cluster.num_gpus
+    tps = [fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))
+    pps = [fixed["pp"]] if "pp" in fixed else [p for p in _divisors(n) if p <= model.num_layers]
+    mbs = [fixed["micro_batch_size"]] if "micro_batch_size" in fixed else [1, 2, 4, 8]
+    vs = [fixed["virtual_stages"]] if "virtual_stages" in fixed else [1, 2, 4, 8]
+    recs = [fixed["recompute"]] if "recompute" in fixed else ["none", "selective", "full"]
+    sps = [fixed["sequence_parallel"]] if "sequence_parallel" in fixed else [True, False]
+    zeros = [fixed["zero"]] if "zero" in fixed else [True, False]
+    overlap = fixed.get("overlap_grad_reduce", True)
+    results, rejected = [], {}
+    for t, p, b, v, rec, sp, z in itertools.product(tps, pps, mbs, vs, recs, sps, zeros):
+        d = max(1, n // (t * p))  # check_layout rejects t p d != n
+        if "dp" in fixed and fixed["dp"] != d:
+            continue
+        if sp and t == 1 and "sequence_parallel" not in fixed:
+            continue
+        lay = Layout(t, p, d, b, v, rec, sp, z, overlap)
+        try:
+            check_layout(model, cluster, lay, global_batch)
+        except ValueError as e:
+            if len(tps) * len(pps) * len(mbs) * len(vs) == 1:
+                rejected[str(e)] = rejected.get(str(e), 0) + 1
+            continue
+        try:
+            mem, _ = memory(model, cluster, lay, global_batch // (b * d))
+            if mem > cluster.gpu.memory_gb:
+                raise DoesNotFit
+            r = predict(model, cluster, lay, global_batch)
+        except DoesNotFit:
+            key = "out of memory"
+            rejected[key] = rejected.get(key, 0) + 1
+            continue
+        _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price, model.seq_length)
+        results.append(r)
+    results.sort(key=lambda r: -r["tokens_per_s"])
+    return results, rejected
+
+
+def _add_time_and_cost(r, cluster, train_tokens, price, seq):
+    if train_tokens:
+        seconds = train_tokens / r["tokens_per_s"]
+        r["days_to_train"] = seconds / 86400
+        r["gpu_hours"] = seconds / 3600 * cluster.num_gpus
+        if price is not None:
+            r["cost"] = r["gpu_hours"] * price
+
+
+def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict) -> str:
+    """The smallest-memory valid layout's breakdown, to say why none fits."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    best = None
+    n = cluster.num_gpus
+    for t in ([fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))):
+        for p in ([fixed["pp"]] if "pp" in fixed else _divisors(n)):
+            if n % (t * p):
+                continue
+            lay = Layout(t, p, n // (t * p), fixed.get("micro_batch_size", 1),
+                         fixed.get("virtual_stages", 1), fixed.get("recompute", "full"),
+                         fixed.get("sequence_parallel", t > 1), fixed.get("zero", True))
+            try:
+                m = check_layout(model, cluster, lay, global_batch)
+            except ValueError:
+                continue
+            mem = memory(model, cluster, lay, m)
+            if best is None or mem[0] < best[0][0]:
+                best = (mem, lay)
+    if best is None:
+        return ("no valid layout: tp x pp x dp must equal the GPUs, heads/ffn/vocab divide by "
+                "tp, layers by pp x v, the global batch by micro batch x dp")
+    (total, parts), lay = best
+    return (f"no layout fits in {cluster.gpu.memory_gb:.0f} GB per {cluster.gpu.name}: the "
+            f"smallest, tp {lay.tp} pp {lay.pp} dp {lay.dp} micro batch "
+            f"{lay.micro_batch_size} recompute {lay.recompute} ZeRO {lay.zero}, needs "
+            f"{total:.1f} GB (params {parts['params']:.1f}, grads {parts['grads']:.1f}, "
+            f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "
+            f"reserved {parts['reserved']:.1f}); {model.num_params() / 1e9:.1f}B parameters "
+            f"need {18 * model.num_params() / GB / cluster.num_gpus:.1f} GB per GPU of state "
+            "even fully sharded: more GPUs, or a GPU with more memory")

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Plan a braid training run on a GPU cluster: predicted step time, tokens/s, MFU, memory per
+GPU, scaling efficiency, days and cost for every parallel layout that fits, best first.
+
+    python tools/plan.py --model llama3-70b --gpu h100-80g --gpus-per-node 8 --num-gpus 512 \\
+        --nvlink-bw 450GB/s --net-bw 400Gb/s --global-batch 1024 --train-tokens 15e12 \\
+        --gpu-hour-price 2.5 [--tp 8 --pp 4 ...] [--json] [--top 10]
+
+Any of --tp --pp --dp --micro-batch-size --virtual-stages --recompute --sequence-parallel
+--zero fixes that choice; the rest are searched. The model behind the numbers is in
+docs/planner.md (python/braid/planner.py).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "python"))
+
+from braid import planner  # noqa: E402
+
+
+def _bool(text):
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r}: true or false")
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = ap.add_argument_group("model (a preset, or the shape)")
+    g.add_argument("--model", choices=sorted(planner.PRESETS))
+    g.add_argument("--num-layers", type=int)
+    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--num-query-groups", type=int, help="KV heads (GQA); default: the heads")
+    g.add_argument("--ffn-hidden-size", type=int)
+    g.add_argument("--vocab-size", type=int)
+    g.add_argument("--seq-length", type=int)
+    g.add_argument("--activation", choices=["swiglu", "gelu"], default=None)
+    g.add_argument("--tie-embeddings", action="store_true")
+    g = ap.add_argument_group("cluster")
+    g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
+    g.add_argument("--gpus-per-node", type=int, default=8)
+    g.add_argument("--num-gpus", type=int, required=True)
+    g.add_argument("--nvlink-bw", required=True, help="per GPU per direction, e.g. 300GB/s")
+    g.add_argument("--net-bw", required=True, help="per GPU (RoCE/IB), e.g. 200Gb/s")
+    g = ap.add_argument_group("run")
+    g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    g.add_argument("--train-tokens", type=float)
+    g.add_argument("--gpu-hour-price", type=float)
+    g = ap.add_argument_group("layout (fixed when given, searched otherwise)")
+    g.add_argument("--tp", type=int)
+    g.add_argument("--pp", type=int)
+    g.add_argument("--dp", type=int)
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--virtual-stages", type=int)
+    g.add_argument("--recompute", choices=["none", "selective", "full"])
+    g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
+    g.add_argument("--zero", type=_bool, metavar="true|false",
+                   help="ZeRO-1 (--use-distributed-optimizer)")
+    g.add_argument("--no-overlap-grad-reduce", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--top", type=int, default=10, help="rows of the table (--json: all)")
+    a = ap.parse_args(argv)
+    try:
+        a.nvlink = planner.parse_bandwidth(a.nvlink_bw, "--nvlink-bw")
+        a.net = planner.parse_bandwidth(a.net_bw, "--net-bw")
+    except ValueError as e:
+        ap.error(str(e))
+    shape = [a.num_layers, a.hidden_size, a.num_attention_heads, a.ffn_hidden_size,
+             a.vocab_size, a.seq_length]
+    if a.model:
+        m = planner.PRESETS[a.model]
+        a.model_shape = planner.ModelShape(
+            a.num_layers or m.num_layers, a.hidden_size or m.hidden_size,
+            a.num_attention_heads or m.num_attention_heads, a.num_query_groups or m.kv_heads,
+            a.ffn_hidden_size or m.ffn_hidden_size, a.vocab_size or m.vocab_size,
+            a.seq_length or m.seq_length, a.activation or m.activation,
+            a.tie_embeddings or m.tied_embeddings)
+    elif all(x is not None for x in shape):
+        a.model_shape = planner.ModelShape(
+            a.num_layers, a.hidden_size, a.num_attention_heads,
+            a.num_query_groups or a.num_attention_heads, a.ffn_hidden_size, a.vocab_size,
+            a.seq_length, a.activation or "swiglu", a.tie_embeddings)
+    else:
+        ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
+                 "--ffn-hidden-size --vocab-size --seq-length")
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    model = a.model_shape
+    cluster = planner.Cluster(planner.GPUS[a.gpu], a.gpus_per_node, a.num_gpus, a.nvlink, a.net)
+    fixed = dict(tp=a.tp, pp=a.pp, dp=a.dp, micro_batch_size=a.micro_batch_size,
+                 virtual_stages=a.virtual_stages, recompute=a.recompute,
+                 sequence_parallel=a.sequence_parallel, zero=a.zero,
+                 overlap_grad_reduce=not a.no_overlap_grad_reduce)
+    results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
+                                       a.gpu_hour_price)
+    if not results:
+        why = planner.why_nothing_fits(model, cluster, a.global_batch, fixed)
+        if rejected and "out of memory" not in rejected:
+            why = "; ".join(rejected)
+        if a.json:
+            print(json.dumps({"error": why}))
+        else:
+            print(f"plan.py: no layout: {why}", file=sys.stderr)
+        return 1
+    if a.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    print(f"{model.num_params() / 1e9:.1f}B parameters on {a.num_gpus} x {a.gpu} "
+          f"({a.gpus_per_node}/node), global batch {a.global_batch} x {model.seq_length}; "
+          f"{len(results)} layouts fit")
+    cols = ("tp pp dp mbs v recompute sp zero step_s tok/s mfu hfu mem_GB "
+            "(par/grad/opt/act) scaling").split()
+    extra = (["days"] if a.train_tokens else []) + (["cost"] if a.gpu_hour_price and
+                                                    a.train_tokens else [])
+    print(" ".join(f"{c:>8}" for c in cols + extra))
+    for r in results[:a.top]:
+        p = r["memory_parts_gb"]
+        row = [r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["virtual_stages"],
+               r["recompute"], int(r["sequence_parallel"]), int(r["zero"]),
+               f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
+               f"{r['hfu']:.3f}", f"{r['memory_gb_per_gpu']:.1f}",
+               f"{p['params']:.0f}/{p['grads']:.0f}/{p['optimizer']:.0f}/{p['activations']:.0f}",
+               f"{r['scaling_efficiency']:.3f}"]
+        if a.train_tokens:
+            row.append(f"{r['days_to_train']:.1f}")
+            if a.gpu_hour_price:
+                row.append(f"{r['cost']:.4g}")
+        print(" ".join(f"{x!s:>8}" for x in row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
