@@ -75,6 +75,27 @@ Tensor TransformerLayer::row_bias(const Tensor& bias) const {
   return tp_.rank() == 0 ? bias : Tensor();
 }
 
+TransformerLayer::Projection TransformerLayer::project_qkv(const Tensor& h, Tokens tokens,
+                                                           int64_t position_offset) const {
+  const LayerShape& n = shape_;
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
+  const DType dt = h.dtype();
+  const Device dev = h.device();
+  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV bqkv = split_qkv(w_.qkv_bias, n.q_heads * d, n.kv_heads * d);
+  Projection p{Tensor::empty({b, s, n.q_heads, d}, dt, dev),
+               Tensor::empty({b, s, n.kv_heads, d}, dt, dev),
+               Tensor::empty({b, s, n.kv_heads, d}, dt, dev)};
+  linear_forward(p.q.view({t, n.q_heads * d}), h, wqkv.q, bqkv.q);
+  linear_forward(p.k.view({t, n.kv_heads * d}), h, wqkv.k, bqkv.k);
+  linear_forward(p.v.view({t, n.kv_heads * d}), h, wqkv.v, bqkv.v);
+  if (config_.position_embedding == PositionEmbedding::rope) {
+    ops::rope_forward(p.q, p.q, config_.rope_theta, position_offset);
+    ops::rope_forward(p.k, p.k, config_.rope_theta, position_offset);
+  }
+  return p;
+}
+
 Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutContext& drop,
                                  Recompute policy, LayerActivations* saved) const {
   const TransformerConfig& c = config_;
@@ -90,18 +111,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   Tensor h1 =
       norm_forward(c.normalization, c.norm_eps, s1, x, w_.input_norm_weight, w_.input_norm_bias);
   const Tensor h1_full = enter_tp_forward(tp_, h1);
-  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
-  const QKV bqkv = split_qkv(w_.qkv_bias, n.q_heads * d, n.kv_heads * d);
-  Tensor q = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
-  Tensor k = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
-  Tensor v = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
-  linear_forward(q.view({t, n.q_heads * d}), h1_full, wqkv.q, bqkv.q);
-  linear_forward(k.view({t, n.kv_heads * d}), h1_full, wqkv.k, bqkv.k);
-  linear_forward(v.view({t, n.kv_heads * d}), h1_full, wqkv.v, bqkv.v);
-  if (c.position_embedding == PositionEmbedding::rope) {
-    ops::rope_forward(q, q, c.rope_theta);
-    ops::rope_forward(k, k, c.rope_theta);
-  }
+  auto [q, k, v] = project_qkv(h1_full, tokens, 0);
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
   ops::attention_forward(attn, lse, q, k, v);
@@ -167,18 +177,7 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   NormStats s1;
   const Tensor h1 = enter_tp_forward(tp_, norm_forward(c.normalization, c.norm_eps, s1, x,
                                                        w_.input_norm_weight, w_.input_norm_bias));
-  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
-  const QKV bqkv = split_qkv(w_.qkv_bias, n.q_heads * d, n.kv_heads * d);
-  Tensor q = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
-  Tensor k = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
-  Tensor v = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
-  linear_forward(q.view({t, n.q_heads * d}), h1, wqkv.q, bqkv.q);
-  linear_forward(k.view({t, n.kv_heads * d}), h1, wqkv.k, bqkv.k);
-  linear_forward(v.view({t, n.kv_heads * d}), h1, wqkv.v, bqkv.v);
-  if (c.position_embedding == PositionEmbedding::rope) {
-    ops::rope_forward(q, q, c.rope_theta, offset);
-    ops::rope_forward(k, k, c.rope_theta, offset);
-  }
+  auto [q, k, v] = project_qkv(h1, tokens, offset);
   cache.write(cache_layer, k, v);
   release(k, v);
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);

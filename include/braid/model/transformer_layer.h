@@ -108,6 +108,12 @@ class TransformerLayer {
   const LayerTensors& grads() const { return g_; }
 
  private:
+  // q [B, S, q_heads, D], k and v [B, S, kv_heads, D] of the normed input h [T, H] (the whole
+  // sequence under TP), RoPE applied from position `position_offset` on.
+  struct Projection {
+    Tensor q, k, v;
+  };
+  Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;
   Tensor row_bias(const Tensor& bias) const;
   TransformerConfig config_;
