@@ -63,7 +63,10 @@ def parse_args(argv):
     g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
     g.add_argument("--zero", type=_bool, metavar="true|false",
                    help="ZeRO-1 (--use-distributed-optimizer)")
-    g.add_argument("--no-overlap-grad-reduce", action="store_true")
+    g.add_argument("--no-overlap-grad-reduce", action="store_true",
+                   help="time braid without --overlap-grad-reduce")
+    g.add_argument("--no-overlap-param-gather", action="store_true",
+                   help="time braid's ZeRO without --overlap-param-gather")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--top", type=int, default=10, help="rows of the table (--json: all)")
     a = ap.parse_args(argv)
@@ -100,7 +103,8 @@ def main(argv=None):
     fixed = dict(tp=a.tp, pp=a.pp, dp=a.dp, micro_batch_size=a.micro_batch_size,
                  virtual_stages=a.virtual_stages, recompute=a.recompute,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
-                 overlap_grad_reduce=not a.no_overlap_grad_reduce)
+                 overlap_grad_reduce=not a.no_overlap_grad_reduce,
+                 overlap_param_gather=not a.no_overlap_param_gather)
     results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
                                        a.gpu_hour_price)
     if not results:

@@ -224,3 +224,15 @@ def test_memory_parts_add_up_and_zero_shards_the_optimizer():
     sp4 = planner.Layout(4, 1, 1, 1, sequence_parallel=True)
     assert planner.layer_activation_bytes(gpt, sp4, "none") == pytest.approx(
         planner.layer_activation_bytes(gpt, one, "none") / 4)
+
+
+@pytest.mark.skipif(not os.path.exists(CSV), reason="../shared/published_runs.csv not present")
+def test_published_runs_within_ten_percent():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import planner_validation
+    rows = planner_validation.validate(CSV)
+    assert len(rows) >= 5
+    for r in rows:
+        assert abs(r["error"]) <= planner_validation.TOLERANCE, r
+    # like with like: the Narayanan rows were run and counted with full recomputation
+    assert all(r["recompute"] == "full" for r in rows if r["accounting"].startswith("eq3"))
