@@ -12,6 +12,21 @@
 #include "braid/engine/trainer.h"
 
 namespace braid::python {
+namespace {
+
+// Trainer::train_step or Trainer::evaluate on a batch given as any DLPack/numpy token array,
+// the GIL released while it runs.
+template <typename Method>
+auto on_batch(Method method) {
+  return [method](engine::Trainer& t, py::handle ids, py::handle targets, int num_microbatches) {
+    Tensor i = token_tensor(ids, "ids"), tg = token_tensor(targets, "targets");
+    py::gil_scoped_release release;
+    return (t.*method)(i, tg, num_microbatches);
+  };
+}
+
+}  // namespace
+
 void bind_engine(py::module_& m) {
   using namespace engine;
   py::class_<AdamWConfig>(m, "AdamWConfig")
@@ -134,26 +149,14 @@ void bind_engine(py::module_& m) {
              return std::make_unique<Trainer>(model, config);
            }),
            py::arg("model"), py::arg("config"), py::keep_alive<1, 2>())
-      .def(
-          "train_step",
-          [](Trainer& t, py::handle ids, py::handle targets, int num_microbatches) {
-            Tensor i = token_tensor(ids, "ids"), tg = token_tensor(targets, "targets");
-            py::gil_scoped_release release;
-            return t.train_step(i, tg, num_microbatches);
-          },
-          py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1,
-          "ids, targets [B, S]: this DP rank's share of the global batch (the same on every TP "
-          "and PP rank of it), B split into num_microbatches. The loss is the global batch's.")
-      .def(
-          "evaluate",
-          [](Trainer& t, py::handle ids, py::handle targets, int num_microbatches) {
-            Tensor i = token_tensor(ids, "ids"), tg = token_tensor(targets, "targets");
-            py::gil_scoped_release release;
-            return t.evaluate(i, tg, num_microbatches);
-          },
-          py::arg("ids"), py::arg("targets"), py::arg("num_microbatches") = 1,
-          "The global batch's loss without training on it (validation): forwards only, no "
-          "dropout, nothing changes. Collective, like train_step.")
+      .def("train_step", on_batch(&Trainer::train_step), py::arg("ids"), py::arg("targets"),
+           py::arg("num_microbatches") = 1,
+           "ids, targets [B, S]: this DP rank's share of the global batch (the same on every TP "
+           "and PP rank of it), B split into num_microbatches. The loss is the global batch's.")
+      .def("evaluate", on_batch(&Trainer::evaluate), py::arg("ids"), py::arg("targets"),
+           py::arg("num_microbatches") = 1,
+           "The global batch's loss without training on it (validation): forwards only, no "
+           "dropout, nothing changes. Collective, like train_step.")
       .def_property_readonly("iteration", &Trainer::iteration,
                              "Steps attempted (skipped ones included); a loaded checkpoint's.")
       .def_property_readonly(
