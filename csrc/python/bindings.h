@@ -17,6 +17,7 @@ void bind_engine(py::module_& m);
 void bind_checkpoint(py::module_& m);
 void bind_data(py::module_& m);
 void bind_gpt_data(py::module_& m);
+void bind_schedule(py::module_& m);
 
 // A braid Tensor as a DLPack capsule ("dltensor"); the capsule keeps the storage alive.
 py::capsule to_dlpack(const Tensor& tensor);

@@ -9,8 +9,6 @@
 
 namespace braid::python {
 
-void bind_schedule(py::module_& m);  // schedule_bindings.cpp (bindings.h is not the planner's)
-
 void bind_core(py::module_& m) {
   py::class_<Tensor>(
       m, "Tensor", py::buffer_protocol(),
