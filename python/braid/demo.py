@@ -4,8 +4,8 @@ One process by default; under mpirun it trains under a (tp, pp, dp) layout with 
 flags (``--tensor-model-parallel-size``, ``--pipeline-model-parallel-size``, dp = ranks / (tp ·
 pp), ``--sequence-parallel``, ``--use-distributed-optimizer``, ...): every DP rank reads its own
 share of each global batch, and at the end the whole model is gathered onto every rank and rank
-0 evaluates it (only rank 0 prints). A bad layout or flag is one ``braid: error: ...`` line and
-exit code 2.
+0 evaluates it (only rank 0 prints). A bad layout or flag is a ``braid: error: ...`` line (the
+same from every rank) and exit code 2.
 
 Prints one line per logging step and, at the end, the exact-match accuracy on held-out
 problems as ``demo: accuracy=<fraction> time=<seconds>s`` and a few sampled completions.
@@ -28,7 +28,7 @@ import numpy as np
 import braid
 from braid import addition
 from braid.data import DataLoader, build_gpt_datasets
-from braid.training import default_cache_dir, launched_processes, launched_rank
+from braid.training import default_cache_dir, launched_processes
 
 
 def parse_args(argv=None):
@@ -270,10 +270,11 @@ def main(argv=None) -> int:
             raise ValueError(error)
         job = Job(args, cfg)
     except ValueError as e:
-        # A bad layout or flag is found alike on every rank before any collective: one line
-        # (from rank 0), every rank leaves with 2.
-        if launched_rank() == 0:
-            print(f"braid: error: {e}", file=sys.stderr, flush=True)
+        # A bad layout or flag is found alike on every rank before any collective: every rank
+        # prints the same line and leaves with 2 (mpirun ends the job at the first rank's exit,
+        # so no single rank can be relied on to print; braid's C++ programs do the same).
+        sys.stderr.write(f"braid: error: {e}\n")  # one write: mpirun interleaves ranks' writes
+        sys.stderr.flush()
         return 2
     log = print if job.rank == 0 else (lambda *a, **k: None)
 

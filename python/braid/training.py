@@ -14,8 +14,8 @@ iterations and at the end it prints the validation loss. ``--tensorboard-dir`` g
 event files and ``metrics.jsonl`` (braid.metrics). Checkpoints, resuming under any layout and
 the exit conditions are those of docs/checkpoints.md.
 
-Errors in the arguments are found by every rank before MPI starts: one ``braid: error: ...`` line
-(rank 0), exit code 2 on every rank.
+Errors in the arguments are found by every rank before MPI starts: each prints the same
+``braid: error: ...`` line and exits with code 2.
 """
 
 from __future__ import annotations
@@ -45,14 +45,6 @@ def launched_processes() -> int:
         if os.environ.get(name, "").isdigit():
             return int(os.environ[name])
     return 1
-
-
-def launched_rank() -> int:
-    """This process's rank as the launcher tells it, 0 if none."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", "RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
 
 
 def default_cache_dir() -> str:
@@ -306,14 +298,15 @@ def print_arguments(a, log):
 
 def main(argv=None) -> int:
     start = time.time()
-    rank0 = launched_rank() == 0
     try:
         a = parse_args(argv, launched_processes())
         cfg = model_config(a)
     except (ArgumentError, ValueError) as e:
-        # Found alike on every rank before any collective: one line (rank 0), exit 2 everywhere.
-        if rank0:
-            print(f"braid: error: {e}", file=sys.stderr, flush=True)
+        # Found alike on every rank before any collective: every rank prints the same line and
+        # leaves with 2 (mpirun ends the job at the first rank's exit, so no single rank can be
+        # relied on to print; braid's C++ programs do the same).
+        sys.stderr.write(f"braid: error: {e}\n")  # one write: mpirun interleaves ranks' writes
+        sys.stderr.flush()
         return 2
 
     job = braid.init_distributed(a.distributed_timeout_minutes)
