@@ -28,7 +28,7 @@ import numpy as np
 import braid
 from braid import addition
 from braid.data import DataLoader, build_gpt_datasets
-from braid.training import default_cache_dir, launched_processes
+from braid.training import default_cache_dir, error_exit, launched_processes
 
 
 def parse_args(argv=None):
@@ -270,12 +270,7 @@ def main(argv=None) -> int:
             raise ValueError(error)
         job = Job(args, cfg)
     except ValueError as e:
-        # A bad layout or flag is found alike on every rank before any collective: every rank
-        # prints the same line and leaves with 2 (mpirun ends the job at the first rank's exit,
-        # so no single rank can be relied on to print; braid's C++ programs do the same).
-        sys.stderr.write(f"braid: error: {e}\n")  # one write: mpirun interleaves ranks' writes
-        sys.stderr.flush()
-        return 2
+        return error_exit(str(e))  # found alike on every rank, before any collective
     log = print if job.rank == 0 else (lambda *a, **k: None)
 
     # --load: the iteration, optimizer, RNG and data position of the latest checkpoint (any
@@ -291,8 +286,7 @@ def main(argv=None) -> int:
                     load_rng=not args.no_load_rng, finetune=args.finetune,
                     iteration=-1 if args.ckpt_step is None else args.ckpt_step)
             except ValueError as e:  # every rank reads the same metadata: all fail alike
-                log(f"braid: error: {e}", file=sys.stderr, flush=True)
-                return 2
+                return error_exit(str(e))
             log(f"demo: loaded iteration {job.trainer.iteration} from {args.load} "
                 f"({consumed} samples consumed)", flush=True)
     first = job.trainer.iteration + 1
@@ -334,9 +328,8 @@ def main(argv=None) -> int:
     for it in range(first, args.train_iters + 1):
         batch = loader.next()
         if batch is None:  # a loaded data position past what these --train-iters hold
-            log(f"braid: error: the training data ran out before iteration {it} "
-                f"({loader.consumed_samples} samples consumed)", file=sys.stderr, flush=True)
-            return 2
+            return error_exit(f"the training data ran out before iteration {it} "
+                              f"({loader.consumed_samples} samples consumed)")
         ids, targets = batch.tokens, batch.labels
         if not args.data_path:
             targets = addition.answer_targets(np.asarray(ids), np.asarray(targets))

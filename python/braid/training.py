@@ -47,6 +47,15 @@ def launched_processes() -> int:
     return 1
 
 
+def error_exit(message: str) -> int:
+    """An error every rank found alike: each writes the same line (in one write, since mpirun
+    interleaves the ranks' writes, and from every rank, since mpirun ends the job when the
+    first rank exits) and the caller returns 2."""
+    sys.stderr.write(f"braid: error: {message}\n")
+    sys.stderr.flush()
+    return 2
+
+
 def default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "braid", "demo")
@@ -302,12 +311,7 @@ def main(argv=None) -> int:
         a = parse_args(argv, launched_processes())
         cfg = model_config(a)
     except (ArgumentError, ValueError) as e:
-        # Found alike on every rank before any collective: every rank prints the same line and
-        # leaves with 2 (mpirun ends the job at the first rank's exit, so no single rank can be
-        # relied on to print; braid's C++ programs do the same).
-        sys.stderr.write(f"braid: error: {e}\n")  # one write: mpirun interleaves ranks' writes
-        sys.stderr.flush()
-        return 2
+        return error_exit(str(e))  # found alike on every rank, before any collective
 
     job = braid.init_distributed(a.distributed_timeout_minutes)
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
@@ -319,9 +323,8 @@ def main(argv=None) -> int:
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
         visible = braid.cuda_device_count()
         if visible > 1 and job.local_rank >= visible:
-            log(f"braid: error: local rank {job.local_rank} has no GPU of its own: this node shows "
-                f"{visible}; start at most {visible} processes per node", file=sys.stderr)
-            return 2
+            return error_exit(f"local rank {job.local_rank} has no GPU of its own: this node "
+                              f"shows {visible}; start at most {visible} processes per node")
         device = f"cuda:{job.local_rank if visible > 1 else 0}"
     ddp = braid.DDPConfig(bucket_size=a.ddp_bucket_size or 0,
                           overlap_grad_reduce=a.overlap_grad_reduce,
@@ -347,8 +350,7 @@ def main(argv=None) -> int:
                     a.load, trainer, load_optim=not a.no_load_optim, load_rng=not a.no_load_rng,
                     finetune=a.finetune, iteration=-1 if a.ckpt_step is None else a.ckpt_step)
             except ValueError as e:  # every rank reads the same metadata: all fail alike
-                log(f"braid: error: {e}", file=sys.stderr)
-                return 2
+                return error_exit(str(e))
             log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
                 f"({consumed} samples consumed)")
     first = trainer.iteration + 1
@@ -407,9 +409,8 @@ def main(argv=None) -> int:
     for it in range(first, a.train_iters + 1):
         batch = data.train.next()
         if batch is None:  # a loaded data position past what these --train-iters hold
-            log(f"braid: error: the training data ran out before iteration {it} "
-                f"({data.train.consumed_samples} samples consumed)", file=sys.stderr)
-            return 2
+            return error_exit(f"the training data ran out before iteration {it} "
+                              f"({data.train.consumed_samples} samples consumed)")
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
         interval_iters += 1
         skipped += stats.skipped
