@@ -1,5 +1,5 @@
 // pipeline_bench: GPipe, 1F1B and interleaved 1F1B on real ranks (pp = the job's size), timed
-// from per-rank traces (engine/trace.h): step time, the measured pipeline bubble next to the
+// from per-rank traces (core/trace.h): step time, the measured pipeline bubble next to the
 // formula and to simulate() fed with the measured costs, and the first stage's peak
 // activation memory.
 //
@@ -36,10 +36,10 @@
 #include "braid/comm/parallel_state.h"  // defines: ParallelState (pp = world)
 #include "braid/core/allocator.h"       // defines: memory_stats, reset_peak_memory
 #include "braid/core/error.h"
+#include "braid/core/trace.h"       // defines: Trace
 #include "braid/engine/adamw.h"     // defines: AdamW
 #include "braid/engine/pipeline.h"  // defines: PipelineExecutor
 #include "braid/engine/schedule.h"  // defines: make_gpipe, make_1f1b, simulate
-#include "braid/engine/trace.h"     // defines: Trace
 
 using namespace braid;
 using namespace braid::model;
@@ -164,7 +164,7 @@ Row bench(const Options& o, const engine::Schedule& schedule, comm::MpiCommunica
     targets.push_back(tokens(o, i, true)[0]);
   }
   engine::PipelineExecutor executor(schedule, pointers, state.pp());
-  engine::Trace trace(world.rank());
+  Trace trace(world.rank());
   executor.set_trace(&trace);
 
   Row row;
@@ -183,7 +183,7 @@ Row bench(const Options& o, const engine::Schedule& schedule, comm::MpiCommunica
     const int64_t peak = memory_stats(Device::cpu()).peak_bytes - held;
     const int64_t end_of_run = trace.now_ns();
     {
-      engine::Trace::Scope span(&trace, "optimizer", "compute");
+      Trace::Scope span(&trace, "optimizer", "compute");
       for (auto& c : chunks) c->finalize_grads();
       for (auto& opt : optimizers) opt->clip_and_step();
     }
@@ -192,7 +192,7 @@ Row bench(const Options& o, const engine::Schedule& schedule, comm::MpiCommunica
     mine[step_end] = trace.now_ns();
     mine[activation_peak] = peak;
     std::vector<int64_t> by_chunk_f(size_t(v), 0), by_chunk_b(size_t(v), 0);
-    for (const engine::TraceSpan& s : trace.spans()) {
+    for (const TraceSpan& s : trace.spans()) {
       if (s.name == "forward")
         mine[forward_ns] += s.dur_ns, ++mine[forwards], by_chunk_f[size_t(s.chunk)] += s.dur_ns;
       if (s.name == "backward")

@@ -6,8 +6,9 @@
 Each file is one rank's Trace Event Format JSON (pipeline_bench --trace-dir DIR writes
 DIR/<schedule>_rank<r>.json). The picture has one row per rank (the trace's pid), time in ms
 from the shared origin: forwards and backwards as colored boxes labeled with their microbatch
-(and chunk when a rank holds several), the optimizer step, and the p2p lane's postings and
-waits shaded in a thin strip under each row. Needs matplotlib (requirements-test.txt).
+(and chunk when a rank holds several), the optimizer step, the p2p lane's postings and
+waits shaded in a thin strip under each row, and every communication wait (lanes comm:tp,
+comm:dp, comm:pp, ...: Trainer.set_trace) in a second strip below it. Needs matplotlib (requirements-test.txt).
 """
 
 import argparse
@@ -20,6 +21,7 @@ COLORS = {  # forward blue, backward green, optimizer grey (Narayanan et al.'s f
     "optimizer": ["#9d9d9d"],
 }
 P2P_COLORS = {"wait": "#e45756", "send": "#f58518", "recv": "#f58518", "exchange": "#f58518"}
+COMM_COLOR = "#b279a2"  # any communication wait (lanes "comm:<group>": tp, dp, pp, ...)
 
 
 def load(paths):
@@ -54,9 +56,13 @@ def plot(ranks, out, title=None):
             x, w = e["ts"] / 1e3, e["dur"] / 1e3
             args = e.get("args", {})
             lane = e.get("cat", "compute")
-            if lane == "p2p":
-                ax.broken_barh([(x, w)], (y - 0.42, 0.14), color=P2P_COLORS.get(e["name"], "#bab0ac"),
-                               alpha=0.55, linewidth=0)
+            if lane == "step":  # Trainer's whole-step span: the row itself
+                continue
+            if lane == "p2p" or lane.startswith("comm:"):
+                color = COMM_COLOR if lane.startswith("comm:") else P2P_COLORS.get(e["name"],
+                                                                                   "#bab0ac")
+                strip = -0.42 if lane == "p2p" else -0.56
+                ax.broken_barh([(x, w)], (y + strip, 0.14), color=color, alpha=0.55, linewidth=0)
                 continue
             palette = COLORS.get(e["name"], ["#bab0ac"])
             chunk = args.get("chunk", 0)
@@ -83,6 +89,8 @@ def plot(ranks, out, title=None):
     legend += [Patch(color=COLORS["optimizer"][0], label="optimizer"),
                Patch(color=P2P_COLORS["send"], alpha=0.55, label="p2p post"),
                Patch(color=P2P_COLORS["wait"], alpha=0.55, label="p2p wait")]
+    if any(e.get("cat", "").startswith("comm:") for es in ranks.values() for e in es):
+        legend.append(Patch(color=COMM_COLOR, alpha=0.55, label="comm wait (any group)"))
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, -0.18 - 0.02 * (4 - len(rows))),
               ncol=len(legend), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)

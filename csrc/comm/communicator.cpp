@@ -26,6 +26,21 @@ std::string OpInfo::str() const {
                         group_rank, ", global rank ", global_rank, "), ", bytes, " bytes");
 }
 
+void Work::wait(Duration timeout) {
+  WaitSpan span(info_);
+  wait_for_completion(timeout);
+}
+
+WaitSpan::WaitSpan(const OpInfo& info) : info_(info), trace_(Trace::current()) {
+  if (trace_ != nullptr) start_ns_ = trace_->now_ns();
+}
+
+WaitSpan::~WaitSpan() {
+  if (trace_ != nullptr)
+    trace_->end(info_.name, "comm:" + info_.group, start_ns_, -1, -1,
+                std::to_string(info_.bytes) + " bytes");
+}
+
 void Communicator::set_timeout(Duration timeout) {
   BRAID_CONFIG_CHECK(timeout.count() > 0, "communicator '", name_,
                      "': the timeout must be positive, got ", timeout.count(), " ms");

@@ -22,7 +22,6 @@ using Clock = std::chrono::steady_clock;
 class MpiWork final : public Work {
  public:
   MpiWork(OpInfo info, Duration default_timeout) : Work(std::move(info), default_timeout) {}
-  using Work::wait;
 
   std::vector<MPI_Request> requests;
   std::function<void()> finish;
@@ -33,7 +32,7 @@ class MpiWork final : public Work {
     return test_locked();
   }
 
-  void wait(Duration timeout) override {
+  void wait_for_completion(Duration timeout) override {
     const Clock::time_point start = Clock::now();
     const Clock::time_point deadline = start + timeout;
     // MPI progresses inside MPI calls, so the waiting thread polls. Spin briefly for latency,

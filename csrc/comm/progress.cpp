@@ -28,6 +28,7 @@ void ProgressThread::watch(const WorkPtr& work, Duration timeout) {
 }
 
 void ProgressThread::wait(const WorkPtr& work) {
+  WaitSpan span(work->info());
   std::unique_lock<std::mutex> lock(mutex_);
   auto find = [&] {
     return std::find_if(entries_.begin(), entries_.end(),

@@ -58,6 +58,7 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
   BRAID_CONFIG_CHECK(ids.size() == m && targets.size() == m && grad_scales.size() == m,
                      "pipeline: the schedule runs ", m, " microbatches, got ", ids.size(), " ids, ",
                      targets.size(), " targets and ", grad_scales.size(), " gradient scales");
+  const Trace::Recording recording(trace_ != nullptr ? trace_ : Trace::current());
   std::map<Key, Tensor> inputs, outputs, grads_in, grads_out;
   double loss = 0;
   const model::GPTModel& any = *chunks_.front();

@@ -48,6 +48,23 @@ int64_t count_targets(const Tensor& targets) {
   return n;
 }
 
+// Fills stats' breakdown from the spans a step recorded ([first, end) of trace's spans).
+void add_breakdown(const Trace& trace, size_t first, StepStats& stats) {
+  const std::vector<TraceSpan>& spans = trace.spans();
+  for (size_t i = first; i < spans.size(); ++i) {
+    const TraceSpan& s = spans[i];
+    if (s.lane.rfind("comm:", 0) != 0) continue;
+    const std::string group = s.lane.substr(5);
+    const double seconds = double(s.dur_ns) * 1e-9;
+    (group == "pp"   ? stats.pipeline_wait_seconds
+     : group == "tp" ? stats.tp_wait_seconds
+     : group == "dp" ? stats.dp_wait_seconds
+                     : stats.other_wait_seconds) += seconds;
+  }
+  stats.compute_seconds = stats.seconds - stats.pipeline_wait_seconds - stats.tp_wait_seconds -
+                          stats.dp_wait_seconds - stats.other_wait_seconds;
+}
+
 }  // namespace
 
 Trainer::Trainer(model::GPTModel& model, AdamWConfig optimizer, LRSchedule schedule)
@@ -82,6 +99,11 @@ void Trainer::set_iterations(int64_t iteration, int64_t skipped) {
   skipped_ = skipped;
 }
 
+void Trainer::set_trace(Trace* trace) {
+  trace_ = trace;
+  if (executor_) executor_->set_trace(trace);
+}
+
 PipelineExecutor& Trainer::executor(int microbatches, bool forward_only) {
   std::unique_ptr<PipelineExecutor>& slot = forward_only ? eval_executor_ : executor_;
   if (slot == nullptr || slot->schedule().microbatches != microbatches) {
@@ -92,6 +114,7 @@ PipelineExecutor& Trainer::executor(int microbatches, bool forward_only) {
                         : config_.pipeline_schedule == "gpipe" ? make_gpipe(pp, microbatches)
                                                                : make_1f1b(pp, microbatches);
     slot = std::make_unique<PipelineExecutor>(std::move(schedule), model_.chunks(), state.pp());
+    if (!forward_only) slot->set_trace(trace_);
   }
   return *slot;
 }
@@ -103,12 +126,19 @@ float Trainer::run_microbatches(const Microbatches& batch, bool forward_only) {
         .run(batch.ids, batch.targets, batch.scales);
   model::GPTModel& m = model_.chunk(0);
   double loss = 0;
+  Trace* trace = forward_only ? nullptr : trace_;
   for (size_t i = 0; i < batch.ids.size(); ++i) {
     float microbatch_loss = 0;
-    m.forward_stage(batch.ids[i], batch.targets[i], Tensor(), int(i), &microbatch_loss,
-                    !forward_only);
+    {
+      Trace::Scope span(trace, "forward", "compute", int(i), 0);
+      m.forward_stage(batch.ids[i], batch.targets[i], Tensor(), int(i), &microbatch_loss,
+                      !forward_only);
+    }
     loss += double(batch.scales[i]) * microbatch_loss;
-    if (!forward_only) m.backward(int(i), batch.scales[i]);
+    if (!forward_only) {
+      Trace::Scope span(trace, "backward", "compute", int(i), 0);
+      m.backward(int(i), batch.scales[i]);
+    }
   }
   return float(loss);
 }
@@ -163,6 +193,9 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   // for each bucket just before it reads it (GradBuffer's param-use hook).
   synchronize(device);
   reset_peak_memory(device);
+  const Trace::Recording recording(trace_);
+  const size_t first_span = trace_ != nullptr ? trace_->spans().size() : 0;
+  const int64_t start_ns = trace_ != nullptr ? trace_->now_ns() : 0;
   const auto start = std::chrono::steady_clock::now();
   const float loss_scale = scaler_.scale();
   const Microbatches batch = split(ids, targets, num_microbatches, loss_scale, "train_step");
@@ -196,6 +229,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     float coeff = 1.0f;
     if (config_.optimizer.clip_grad > 0)
       coeff = std::min(1.0f, config_.optimizer.clip_grad / (stats.grad_norm + 1e-6f));
+    Trace::Scope span(trace_, "optimizer", "compute");
     optimizer_->step_with(stats.lr, coeff / loss_scale);
     model_.start_param_gather();
   }
@@ -203,6 +237,10 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
 
   synchronize(device);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (trace_ != nullptr) {
+    trace_->end("step", "step", start_ns);
+    add_breakdown(*trace_, first_span, stats);
+  }
   const int dp = state != nullptr ? state->grid().dp() : 1;
   stats.tokens_per_second = stats.seconds > 0 ? double(ids.numel()) * dp / stats.seconds : 0.0;
   stats.peak_memory_bytes = memory_stats(device).peak_bytes;

@@ -118,7 +118,40 @@ void bind_engine(py::module_& m) {
       .def_readonly("tokens", &StepStats::tokens)
       .def_readonly("seconds", &StepStats::seconds)
       .def_readonly("tokens_per_second", &StepStats::tokens_per_second)
-      .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes);
+      .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes)
+      .def_readonly("compute_seconds", &StepStats::compute_seconds)
+      .def_readonly("pipeline_wait_seconds", &StepStats::pipeline_wait_seconds)
+      .def_readonly("tp_wait_seconds", &StepStats::tp_wait_seconds)
+      .def_readonly("dp_wait_seconds", &StepStats::dp_wait_seconds)
+      .def_readonly("other_wait_seconds", &StepStats::other_wait_seconds);
+
+  py::class_<Trace>(
+      m, "Trace",
+      "A rank's timeline of spans, written as Chrome's Trace Event Format (open it in "
+      "Perfetto; tools/plot_schedule.py draws the ranks' files). Give it to "
+      "Trainer.set_trace to record the steps.")
+      .def(py::init([](int rank, const std::string& device) {
+             return std::make_unique<Trace>(rank, device_from_name(device));
+           }),
+           py::arg("rank") = 0, py::arg("device") = "cpu",
+           "rank: the process row; device: on cuda spans synchronize the device before ending.")
+      .def("set_origin", py::overload_cast<>(&Trace::set_origin),
+           "Time spans from now (call right after a barrier to align the ranks).")
+      .def("clear", &Trace::clear)
+      .def("write", &Trace::write, py::arg("path"))
+      .def("__len__", [](const Trace& t) { return t.spans().size(); })
+      .def_property_readonly(
+          "spans",
+          [](const Trace& t) {
+            py::list out;
+            for (const TraceSpan& s : t.spans())
+              out.append(py::dict(py::arg("name") = s.name, py::arg("lane") = s.lane,
+                                  py::arg("start_ns") = s.start_ns, py::arg("dur_ns") = s.dur_ns,
+                                  py::arg("microbatch") = s.microbatch, py::arg("chunk") = s.chunk,
+                                  py::arg("detail") = s.detail));
+            return out;
+          },
+          "The spans as dicts: name, lane, start_ns, dur_ns, microbatch, chunk, detail.");
 
   py::class_<AdamW>(m, "AdamW",
                     "AdamW over a model's flat buffers, for hand-written loops: "
@@ -164,7 +197,10 @@ void bind_engine(py::module_& m) {
           py::return_value_policy::reference_internal,
           "The ParallelModel it trains (for the one-process constructor, its internal "
           "one-rank wrapper of the GPTModel).")
-      .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations);
+      .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations)
+      .def("set_trace", &Trainer::set_trace, py::arg("trace"), py::keep_alive<1, 2>(),
+           "Record every train_step on trace (None: stop): spans per step, and the step's "
+           "breakdown in StepStats (compute, pipeline wait, tp/dp/other communication waits).");
 }
 
 }  // namespace braid::python

@@ -4,6 +4,8 @@
 
 #include <pybind11/stl.h>
 
+#include <cstring>
+
 #include "bindings.h"
 #include "braid/comm/communicator.h"
 #include "braid/comm/launch.h"
@@ -96,10 +98,34 @@ void bind_parallel(py::module_& m) {
       .def_property_readonly("dp_rank", &comm::ParallelState::dp_rank)
       .def_property_readonly("is_first_stage", &comm::ParallelState::is_first_stage)
       .def_property_readonly("is_last_stage", &comm::ParallelState::is_last_stage)
-      .def("barrier", [](const comm::ParallelState& s) {
-        py::gil_scoped_release release;
-        s.world().barrier()->wait();
-      });
+      .def("barrier",
+           [](const comm::ParallelState& s) {
+             py::gil_scoped_release release;
+             s.world().barrier()->wait();
+           })
+      .def(
+          "all_gather",
+          [](const comm::ParallelState& s, const std::vector<double>& values) {
+            // Gathered as their 64-bit patterns: no arithmetic, so every value arrives exact.
+            const int64_t n = int64_t(values.size()), ranks = s.grid().world_size();
+            Tensor mine = Tensor::empty({n}, DType::i64);
+            std::memcpy(mine.data(), values.data(), values.size() * sizeof(double));
+            Tensor all = Tensor::empty({ranks * n}, DType::i64, s.world().device());
+            {
+              py::gil_scoped_release release;
+              s.world().all_gather(mine.to(s.world().device()), all)->wait();
+            }
+            const Tensor host = all.to(Device::cpu());
+            std::vector<std::vector<double>> out(static_cast<size_t>(ranks),
+                                                 std::vector<double>(static_cast<size_t>(n)));
+            for (int64_t r = 0; r < ranks; ++r)
+              std::memcpy(out[size_t(r)].data(), host.data_ptr<int64_t>() + r * n,
+                          size_t(n) * sizeof(double));
+            return out;
+          },
+          py::arg("values"),
+          "Every rank's list of floats, by global rank, on every rank (collective: each rank "
+          "gives the same number of values).");
 
   py::class_<DDPConfig>(m, "DDPConfig", "Data-parallel gradient buffers (Megatron's DDP options).")
       .def(py::init([](int64_t bucket_size, bool overlap_grad_reduce,

@@ -47,6 +47,7 @@ from braid._C import (  # noqa: F401
     ParallelState,
     StepStats,
     Tensor,
+    Trace,
     Trainer,
     TrainerConfig,
     TransformerConfig,

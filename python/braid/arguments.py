@@ -195,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensorboard-log-interval", type=pos_int, default=1)
     g.add_argument("--log-throughput", action="store_true",
                    help="accepted for Megatron scripts: braid always logs throughput and MFU")
+    g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
+                   help="where each rank's step time went, every --log-interval: 1: compute, "
+                        "pipeline wait, communication wait; 2: the wait by group (tp, dp, "
+                        "other). 0: off (no tracing)")
+    g.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"],
+                   help="timers across ranks: the max, the min and max, or every rank's")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="write the timers as metrics: <name>-time (max over ranks, ms) and "
+                        "<name>-time-mean")
 
     g = p.add_argument_group("braid")
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],

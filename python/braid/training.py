@@ -259,6 +259,62 @@ class Meter:
         return so_far, projected * per_second
 
 
+class Timers:
+    """Where each rank's step time went (--timing-log-level), from the trainer's trace: ms per
+    iteration over a log interval, compared across ranks like Megatron's timers."""
+
+    LEVELS = {1: ["step", "compute", "pipeline-wait", "comm-wait"],
+              2: ["tp-comm-wait", "dp-comm-wait", "other-comm-wait"]}
+
+    def __init__(self, level, option):
+        self.names = [n for lv in sorted(self.LEVELS) if lv <= level for n in self.LEVELS[lv]]
+        self.option = option
+        self.sums = [0.0] * len(self.names)
+        self.iterations = 0
+
+    def add(self, stats):
+        comm = stats.tp_wait_seconds + stats.dp_wait_seconds + stats.other_wait_seconds
+        values = {"step": stats.seconds, "compute": stats.compute_seconds,
+                  "pipeline-wait": stats.pipeline_wait_seconds, "comm-wait": comm,
+                  "tp-comm-wait": stats.tp_wait_seconds, "dp-comm-wait": stats.dp_wait_seconds,
+                  "other-comm-wait": stats.other_wait_seconds}
+        self.sums = [s + values[n] for s, n in zip(self.sums, self.names)]
+        self.iterations += 1
+
+    def gather(self, state):
+        """Every rank's ms per iteration since the last gather, {name: [rank 0, ...]}
+        (collective over the job); starts a new interval."""
+        mine = [1e3 * s / max(self.iterations, 1) for s in self.sums]
+        ranks = state.all_gather(mine)
+        self.sums = [0.0] * len(self.names)
+        self.iterations = 0
+        return {n: [r[i] for r in ranks] for i, n in enumerate(self.names)}
+
+    def lines(self, per_rank):
+        width = max(len(n) for n in self.names) + 4
+        def label(n):
+            return f"    {n} {'.' * (width - len(n))}:"
+        if self.option == "max":
+            return ["max time across ranks (ms):"] + [
+                f"{label(n)} {max(v):.2f}" for n, v in per_rank.items()]
+        if self.option == "minmax":
+            return ["(min, max) time across ranks (ms):"] + [
+                f"{label(n)} ({min(v):.2f}, {max(v):.2f})" for n, v in per_rank.items()]
+        lines = ["times across ranks (ms):"]
+        for n, v in per_rank.items():
+            lines.append(f"  {n}:")
+            lines += [f"     rank {r:2d}: {t:.2f}" for r, t in enumerate(v)]
+        return lines
+
+    @staticmethod
+    def metrics(per_rank):
+        out = {}
+        for n, v in per_rank.items():
+            out[f"{n}-time"] = max(v)
+            out[f"{n}-time-mean"] = sum(v) / len(v)
+        return out
+
+
 class ProgressBar:
     """One line under the log on a terminal: a bar, iterations/s and the ETA."""
 
@@ -334,6 +390,11 @@ def main(argv=None) -> int:
                                 braid.ParallelConfig(sequence_parallel=a.sequence_parallel,
                                                      virtual_stages=a.virtual_stages, ddp=ddp))
     trainer = braid.Trainer(model, trainer_config(a))
+    timers, trace = None, None
+    if a.timing_log_level > 0:
+        timers = Timers(a.timing_log_level, a.timing_log_option)
+        trace = braid.Trace(rank, device)
+        trainer.set_trace(trace)
     params = braid.GPTModel(cfg, device="cpu", seed=a.seed).num_parameters() if rank == 0 else 0
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv) on "
@@ -412,6 +473,9 @@ def main(argv=None) -> int:
             return error_exit(f"the training data ran out before iteration {it} "
                               f"({data.train.consumed_samples} samples consumed)")
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
+        if timers is not None:
+            timers.add(stats)
+            trace.clear()
         interval_iters += 1
         skipped += stats.skipped
         nans += not math.isfinite(stats.loss)
@@ -429,6 +493,7 @@ def main(argv=None) -> int:
             metrics.scalars(it, values)
         if it % a.log_interval == 0 or it == a.train_iters:
             now = time.time()
+            per_rank = timers.gather(state) if timers is not None else None
             if meter is not None:
                 per_iteration = (now - interval_start) / interval_iters
                 tokens_per_s, tflops, mfu = meter.rates(per_iteration)
@@ -444,6 +509,10 @@ def main(argv=None) -> int:
                     f"{tflops:.3f} | MFU: {100 * mfu:.2f}% | peak memory (MB): "
                     f"{stats.peak_memory_bytes / 2**20:.1f} |"
                     + (f" cost: {cost[0]:.4f} (projected {cost[1]:.4f}) |" if cost else ""))
+                if per_rank is not None:
+                    log("\n".join(timers.lines(per_rank)))
+                    if a.log_timers_to_tensorboard:
+                        metrics.scalars(it, Timers.metrics(per_rank))
             interval_start, interval_iters, skipped, nans = now, 0, 0, 0
         bar.show(it, train_start)
         if saver is not None and a.async_save:

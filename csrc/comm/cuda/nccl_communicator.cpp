@@ -295,7 +295,7 @@ class NcclWork final : public Work {
     return true;
   }
 
-  void wait(Duration timeout) override {
+  void wait_for_completion(Duration timeout) override {
     if (done_.load(std::memory_order_acquire)) return;
     const Clock::time_point deadline = deadline_after(timeout);
     Backoff backoff;

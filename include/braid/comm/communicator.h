@@ -31,6 +31,7 @@
 
 #include "braid/core/stream.h"
 #include "braid/core/tensor.h"
+#include "braid/core/trace.h"
 
 namespace braid::comm {
 
@@ -62,8 +63,9 @@ class Work {
 
   // Blocks the calling thread until the operation has finished (CUDA: on the device, too).
   // If `timeout` passes first, the job is aborted (see the header comment); a transport
-  // error throws braid::Error. Waiting twice is allowed and returns at once.
-  virtual void wait(Duration timeout) = 0;
+  // error throws braid::Error. Waiting twice is allowed and returns at once. The wait is a
+  // span on lane "comm:<group>" of the thread's current Trace, if any (core/trace.h).
+  void wait(Duration timeout);
   void wait() { wait(default_timeout_); }
 
   const OpInfo& info() const { return info_; }
@@ -71,6 +73,8 @@ class Work {
  protected:
   Work(OpInfo info, Duration default_timeout)
       : info_(std::move(info)), default_timeout_(default_timeout) {}
+  // The backend's blocking wait (the contract of wait()).
+  virtual void wait_for_completion(Duration timeout) = 0;
   OpInfo info_;
   Duration default_timeout_;
 };
@@ -132,6 +136,21 @@ class Communicator {
  private:
   std::string name_;
   Duration timeout_;
+};
+
+// Records a blocking wait for `info`'s operation on the thread's current Trace (core/trace.h),
+// lane "comm:<group>", from construction to destruction; nothing when no trace is current.
+class WaitSpan {
+ public:
+  explicit WaitSpan(const OpInfo& info);
+  ~WaitSpan();
+  WaitSpan(const WaitSpan&) = delete;
+  WaitSpan& operator=(const WaitSpan&) = delete;
+
+ private:
+  const OpInfo& info_;
+  Trace* trace_;
+  int64_t start_ns_ = 0;
 };
 
 // The one line printed when `info` passed its deadline `timeout`.

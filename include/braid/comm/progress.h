@@ -32,6 +32,7 @@ class ProgressThread {
   // has returned. `timeout` is its deadline, counted from now.
   void watch(const WorkPtr& work, Duration timeout);
   // Blocks until `work` (watched) has completed; rethrows the Error its completion raised.
+  // Recorded like Work::wait on the thread's current Trace (comm::WaitSpan).
   void wait(const WorkPtr& work);
 
  private:

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "braid/comm/communicator.h"
+#include "braid/core/trace.h"
 #include "braid/engine/schedule.h"
-#include "braid/engine/trace.h"
 #include "braid/model/gpt_model.h"
 
 namespace braid::engine {
@@ -38,7 +38,8 @@ class PipelineExecutor {
   // Records every action of run() on `trace` (null: none, the default, costs one branch per
   // action): forward/backward spans (microbatch, chunk) on lane "compute"; for an exchange the
   // posting as "send", "recv" or "exchange" (both kinds) with its ops, then its "wait", on
-  // lane "p2p". The trace must outlive the runs it records.
+  // lane "p2p"; and, as the thread's current trace during run(), every communication wait on
+  // its group's lane "comm:<group>" (core/trace.h). The trace must outlive the runs it records.
   void set_trace(Trace* trace) { trace_ = trace; }
   Trace* trace() const { return trace_; }
 

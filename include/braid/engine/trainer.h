@@ -42,6 +42,15 @@ struct StepStats {
   double seconds = 0;
   double tokens_per_second = 0;   // global batch tokens (ids) per second
   int64_t peak_memory_bytes = 0;  // the device allocator's peak during the step
+
+  // Where this rank's step time went, from the spans of the trace given to set_trace (all 0
+  // without one). The waits are the time this rank's thread was blocked on communication,
+  // by group (core/trace.h); compute is the rest: seconds - the waits.
+  double compute_seconds = 0;        // forward, backward, optimizer, and host work between
+  double pipeline_wait_seconds = 0;  // pipeline p2p: the bubble, the transfers, imbalance
+  double tp_wait_seconds = 0;        // tensor-parallel collectives (never overlapped)
+  double dp_wait_seconds = 0;        // DP reductions and ZeRO gathers the step did not hide
+  double other_wait_seconds = 0;     // loss, gradient norm, tied embeddings: other groups
 };
 
 class Trainer {
@@ -71,6 +80,14 @@ class Trainer {
   // A loaded checkpoint's counters (checkpoint.h).
   void set_iterations(int64_t iteration, int64_t skipped);
 
+  // Records each train_step on `trace` (null: none, the default): a "step" span on lane
+  // "step", forwards, backwards and the optimizer on "compute", the pipeline's exchanges on
+  // "p2p" and every communication wait on "comm:<group>" (core/trace.h); StepStats then
+  // carries the step's breakdown. On CUDA the spans synchronize the device (Trace), which
+  // serializes the overlapped communication. The trace must outlive the steps it records.
+  void set_trace(Trace* trace);
+  Trace* trace() const { return trace_; }
+
  private:
   // A batch cut into microbatches; scales[m] = loss scale × microbatch m's share of the
   // global batch's non-ignored targets (`tokens`, summed over DP).
@@ -94,6 +111,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   LossScaler scaler_;
   std::unique_ptr<PipelineExecutor> executor_, eval_executor_;
+  Trace* trace_ = nullptr;
   int64_t iteration_ = 0;
   int64_t skipped_ = 0;
 };

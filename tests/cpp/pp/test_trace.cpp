@@ -1,4 +1,4 @@
-// Tracing a pipeline run (engine/trace.h): a 2-stage 1F1B run with a Trace writes Chrome
+// Tracing a pipeline run (core/trace.h): a 2-stage 1F1B run with a Trace writes Chrome
 // trace JSON that parses back, holds every forward/backward of the schedule exactly once with
 // its microbatch and chunk, never overlaps two compute spans, and orders them as the schedule.
 
@@ -17,8 +17,8 @@
 
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
+#include "braid/core/trace.h"
 #include "braid/engine/pipeline.h"
-#include "braid/engine/trace.h"
 #include "tp/tp_test_util.h"
 
 using namespace braid;
@@ -181,7 +181,7 @@ void check_trace(const engine::Schedule& schedule) {
     targets.push_back(b.targets);
   }
 
-  engine::Trace trace(world->rank());
+  Trace trace(world->rank());
   world->barrier()->wait();
   trace.set_origin();
   engine::PipelineExecutor executor(schedule, pointers, state.pp());
@@ -198,7 +198,7 @@ void check_trace(const engine::Schedule& schedule) {
   const Json doc = JsonParser(text.str()).parse();
 
   std::vector<Span> compute;
-  int waits = 0, postings = 0;
+  int waits = 0, postings = 0, comm_waits = 0;
   for (const Json& e : doc["traceEvents"].array()) {
     ASSERT_TRUE(e.has("ph") && e.has("pid") && e.has("name"));
     EXPECT_EQ(int(e["pid"].number()), world->rank());
@@ -211,6 +211,11 @@ void check_trace(const engine::Schedule& schedule) {
     if (e["cat"].str() == "compute") {
       EXPECT_TRUE(name == "forward" || name == "backward") << name;
       compute.push_back({name, mb, chunk, e["ts"].number(), e["dur"].number()});
+    } else if (e["cat"].str().starts_with("comm:")) {
+      // The communicator's view of the same waits (the trace is current during run()).
+      EXPECT_EQ(e["cat"].str(), "comm:pp");
+      EXPECT_TRUE(name == "p2p" || name == "send" || name == "recv") << name;
+      ++comm_waits;
     } else {
       EXPECT_EQ(e["cat"].str(), "p2p");
       if (name == "wait") {
@@ -233,6 +238,7 @@ void check_trace(const engine::Schedule& schedule) {
                       a.chunk, 0, 0});
   }
   EXPECT_EQ(waits, exchanges);
+  EXPECT_EQ(comm_waits, exchanges);
   EXPECT_EQ(postings, exchanges);
   ASSERT_EQ(compute.size(), want.size());
   std::sort(compute.begin(), compute.end(), [](auto& a, auto& b) { return a.ts < b.ts; });
@@ -261,19 +267,19 @@ TEST(PipelineTrace, InterleavedSpansMatchTheSchedule) {
 }
 
 TEST(PipelineTrace, NoTraceRecordsNothingAndEmptyTraceIsValidJson) {
-  engine::Trace trace(3);
-  { engine::Trace::Scope none(nullptr, "forward", "compute", 0, 0); }
+  Trace trace(3);
+  { Trace::Scope none(nullptr, "forward", "compute", 0, 0); }
   EXPECT_TRUE(trace.spans().empty());
   const Json empty = JsonParser(trace.to_json()).parse();
   for (const Json& e : empty["traceEvents"].array()) EXPECT_EQ(e["ph"].str(), "M");
-  { engine::Trace::Scope s(&trace, "opt\"imizer", "optimizer", -1, -1, "a\\b\n"); }
+  { Trace::Scope s(&trace, "opt\"imizer", "optimizer", -1, -1, "a\\b\n"); }
   const Json one = JsonParser(trace.to_json()).parse();
   int spans = 0;
   for (const Json& e : one["traceEvents"].array()) {
     if (e["ph"].str() != "X") continue;
     ++spans;
     EXPECT_EQ(e["name"].str(), "opt\"imizer");
-    EXPECT_EQ(e["args"]["ops"].str(), "a\\b\n");
+    EXPECT_EQ(e["args"]["detail"].str(), "a\\b\n");
     EXPECT_FALSE(e["args"].has("microbatch"));
     EXPECT_EQ(int(e["tid"].number()), 2);
   }

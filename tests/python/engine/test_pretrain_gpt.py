@@ -72,8 +72,11 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pretrain")
     full_tb, part_tb, resumed_tb = (str(tmp / n) for n in ("full_tb", "part_tb", "resumed_tb"))
     ckpt = str(tmp / "ckpt")
+    # The full run also times its steps (--timing-log-level 2): the resumed run, untraced,
+    # must still match it bit for bit.
     full = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--tensorboard-dir", full_tb,
-                   "--gpu-hour-price", "2.5"])
+                   "--gpu-hour-price", "2.5", "--timing-log-level", "2",
+                   "--log-timers-to-tensorboard"])
     assert full.returncode == 0, full.stdout + full.stderr
     part = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--save", ckpt, "--save-interval",
                    "10", "--exit-interval", "10", "--tensorboard-dir", part_tb])
@@ -104,6 +107,37 @@ def test_3d_run_logs_megatron_lines_and_validates(runs):
     # The cost: 8 devices x 2.5 per hour; the final line names it.
     final = [line for line in out.splitlines() if line.startswith("braid: trained 20 iterations")]
     assert len(final) == 1 and "2.5 per device-hour x 8 devices" in final[0], out
+
+
+TIMERS = ["step", "compute", "pipeline-wait", "comm-wait", "tp-comm-wait", "dp-comm-wait",
+          "other-comm-wait"]
+
+
+def test_timers_say_where_the_step_time_went(runs):
+    out = runs["full"].stdout
+    blocks = re.findall(r"\(min, max\) time across ranks \(ms\):\n((?:    .*\n)+)", out)
+    assert len(blocks) == 4, out  # one per log line
+    for block in blocks:
+        timers = {m[0]: (float(m[1]), float(m[2]))
+                  for m in re.findall(r"    (\S+) \.+: \(([0-9.]+), ([0-9.]+)\)", block)}
+        assert list(timers) == TIMERS, block
+        assert all(lo <= hi for lo, hi in timers.values()), block
+    records = [r for r in jsonl(os.path.join(runs["full_tb"], "metrics.jsonl"))
+               if "step-time" in r]
+    assert [r["step"] for r in records] == [5, 10, 15, 20]
+    for r in records:
+        # tp 2, pp 2, dp 2: every rank waits on each group at some point of every step.
+        for name in ("pipeline-wait", "tp-comm-wait", "dp-comm-wait", "other-comm-wait"):
+            assert r[f"{name}-time"] > 0, (name, r)
+        # Per rank compute + the waits is the step; so are their means over the ranks.
+        parts = sum(r[f"{n}-time-mean"] for n in ("compute", "pipeline-wait", "comm-wait"))
+        assert parts == pytest.approx(r["step-time-mean"], rel=1e-9)
+        assert r["comm-wait-time-mean"] == pytest.approx(
+            sum(r[f"{n}-time-mean"] for n in ("tp-comm-wait", "dp-comm-wait", "other-comm-wait")),
+            rel=1e-9)
+        assert r["step-time-mean"] <= r["step-time"]
+    # Untraced runs print no timers.
+    assert "time across ranks" not in runs["part"].stdout
 
 
 def test_tensorboard_files_load_in_tensorboard(runs):

@@ -1,4 +1,4 @@
-#include "braid/engine/trace.h"
+#include "braid/core/trace.h"
 
 #include <cstdio>
 #include <fstream>
@@ -6,9 +6,12 @@
 
 #include "braid/core/error.h"
 #include "braid/core/json.h"
+#include "braid/core/stream.h"
 
-namespace braid::engine {
+namespace braid {
 namespace {
+
+thread_local Trace* current_trace = nullptr;
 
 void append_escaped(std::string& out, const std::string& s) { out += json_quote(s); }
 
@@ -31,6 +34,16 @@ int lane_id(std::map<std::string, int>& lanes, const std::string& lane) {
 }
 
 }  // namespace
+
+Trace* Trace::current() { return current_trace; }
+
+Trace::Recording::Recording(Trace* trace) : previous_(current_trace) { current_trace = trace; }
+
+Trace::Recording::~Recording() { current_trace = previous_; }
+
+void Trace::synchronize() const {
+  if (device_.is_cuda()) braid::synchronize(device_);
+}
 
 void Trace::end(std::string name, std::string lane, int64_t start_ns, int microbatch, int chunk,
                 std::string detail) {
@@ -56,7 +69,7 @@ std::string Trace::to_json() const {
     if (s.chunk >= 0)
       args += std::string(args.empty() ? "" : ",") + "\"chunk\":" + std::to_string(s.chunk);
     if (!s.detail.empty()) {
-      args += std::string(args.empty() ? "" : ",") + "\"ops\":";
+      args += std::string(args.empty() ? "" : ",") + "\"detail\":";
       append_escaped(args, s.detail);
     }
     events += args + "}}";
@@ -84,4 +97,4 @@ void Trace::write(const std::string& path) const {
   BRAID_CHECK(!out.fail(), "trace: writing ", path, " failed");
 }
 
-}  // namespace braid::engine
+}  // namespace braid

@@ -8,6 +8,17 @@
 // Ranks align when they share an origin: take it right after a barrier (set_origin()), so
 // every rank's zero is the same instant up to the barrier's skew.
 //
+// Lanes braid records: "step" (Trainer::train_step), "compute" (forward, backward, optimizer),
+// "p2p" (the pipeline's postings and waits, with their microbatch), and "comm:<group>" - every
+// wait for a collective or exchange (comm::Work::wait, ProgressThread::wait) made while a
+// trace is current on the thread (Recording), on the lane of its group: "comm:tp", "comm:dp",
+// "comm:pp", "comm:world", ... That is the time the thread was blocked on communication; the
+// pipeline's "p2p" waits show the same waits again from the schedule's side.
+//
+// On a CUDA device (the constructor's `device`), a Scope synchronizes the device before it
+// ends, so that a span times the GPU work issued in it, not its launch (Megatron's timers do
+// the same); this serializes communication that would otherwise overlap the compute.
+//
 // Not thread-safe: one Trace per rank, recorded from the thread that runs the schedule.
 
 #include <chrono>
@@ -15,7 +26,9 @@
 #include <string>
 #include <vector>
 
-namespace braid::engine {
+#include "braid/core/dtype.h"
+
+namespace braid {
 
 struct TraceSpan {
   std::string name;      // "forward", "backward", "send", "recv", "exchange", "wait", ...
@@ -33,7 +46,23 @@ class Trace {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Trace(int rank = 0) : rank_(rank), origin_(Clock::now()) {}
+  explicit Trace(int rank = 0, Device device = Device::cpu())
+      : rank_(rank), device_(device), origin_(Clock::now()) {}
+
+  // The trace this thread records communication waits on (null: none).
+  static Trace* current();
+  // Makes `trace` this thread's current trace for its lifetime (null: none), then restores the
+  // one before.
+  class Recording {
+   public:
+    explicit Recording(Trace* trace);
+    ~Recording();
+    Recording(const Recording&) = delete;
+    Recording& operator=(const Recording&) = delete;
+
+   private:
+    Trace* previous_;
+  };
 
   // Spans are timed from here on (earlier spans keep their numbers).
   void set_origin(Clock::time_point origin) { origin_ = origin; }
@@ -60,7 +89,9 @@ class Trace {
           detail_(std::move(detail)),
           start_ns_(trace ? trace->now_ns() : 0) {}
     ~Scope() {
-      if (trace_) trace_->end(name_, lane_, start_ns_, microbatch_, chunk_, std::move(detail_));
+      if (trace_ == nullptr) return;
+      trace_->synchronize();
+      trace_->end(name_, lane_, start_ns_, microbatch_, chunk_, std::move(detail_));
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -75,6 +106,9 @@ class Trace {
   };
 
   int rank() const { return rank_; }
+  const Device& device() const { return device_; }
+  // Waits for the device's queued work (CUDA; nothing on the CPU).
+  void synchronize() const;
   const std::vector<TraceSpan>& spans() const { return spans_; }
   void clear() { spans_.clear(); }
 
@@ -85,8 +119,9 @@ class Trace {
 
  private:
   int rank_;
+  Device device_;
   Clock::time_point origin_;
   std::vector<TraceSpan> spans_;
 };
 
-}  // namespace braid::engine
+}  // namespace braid
