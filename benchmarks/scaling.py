@@ -17,9 +17,15 @@ Experiments, all against one 1-rank baseline (the base model, the base batch):
   strong dp/tp/pp/3d   the base model and batch spread over N ranks (3d: tp 2 x pp 2)
 
 Efficiency is model FLOP/s (braid.flops, Narayanan et al.) of N ranks over N times the
-baseline's: 100% is linear. With more ranks than cores, the ranks share cores and the best
-possible is cores/N; the "per core" column divides that out. Pipeline wait is compared with the
-bubble braid's own 1F1B schedule implies for the measured compute (braid.simulate).
+baseline's: 100% is linear. With more ranks than CPUs (logical ones, as the OS schedules them),
+the ranks share them and the best possible is CPUs/N; the "per core" column divides that out
+(each rank's MPI polling and DP progress thread share its CPU too, so the limit is generous).
+Pipeline wait is compared with the bubble braid's own 1F1B schedule implies for the measured
+compute (braid._C.simulate; compute includes the optimizer step, a few % of it, so this bubble
+is a slight overestimate).
+
+On CUDA the timers synchronize the device around every span (core/trace.h), so the host does
+not run ahead of the GPU: figures there are those of a traced run, lower than an untraced one's.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draw a pipeline timeline from per-rank Chrome traces (braid::engine::Trace).
+"""Draw a pipeline timeline from per-rank Chrome traces (braid::Trace, core/trace.h).
 
     tools/plot_schedule.py RANK_TRACES... -o out.png [--title TEXT]
 

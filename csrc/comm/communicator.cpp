@@ -27,18 +27,26 @@ std::string OpInfo::str() const {
 }
 
 void Work::wait(Duration timeout) {
+  if (waited_.exchange(true)) return wait_for_completion(timeout);  // recorded the first time
   WaitSpan span(info_);
   wait_for_completion(timeout);
 }
 
-WaitSpan::WaitSpan(const OpInfo& info) : info_(info), trace_(Trace::current()) {
-  if (trace_ != nullptr) start_ns_ = trace_->now_ns();
+WaitSpan::WaitSpan(const OpInfo& info) : trace_(Trace::current()) {
+  if (trace_ == nullptr) return;
+  name_ = info.name;
+  lane_ = "comm:" + info.group;
+  detail_ = std::to_string(info.bytes) + " bytes";
+  trace_->synchronize();  // CUDA: compute queued before the collective is not the wait
+  start_ns_ = trace_->now_ns();
 }
 
 WaitSpan::~WaitSpan() {
-  if (trace_ != nullptr)
-    trace_->end(info_.name, "comm:" + info_.group, start_ns_, -1, -1,
-                std::to_string(info_.bytes) + " bytes");
+  if (trace_ == nullptr) return;
+  try {
+    trace_->end(std::move(name_), std::move(lane_), start_ns_, -1, -1, std::move(detail_));
+  } catch (...) {  // a span lost to a failed allocation is not worth ending the job over
+  }
 }
 
 void Communicator::set_timeout(Duration timeout) {

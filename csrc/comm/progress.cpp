@@ -28,7 +28,6 @@ void ProgressThread::watch(const WorkPtr& work, Duration timeout) {
 }
 
 void ProgressThread::wait(const WorkPtr& work) {
-  WaitSpan span(work->info());
   std::unique_lock<std::mutex> lock(mutex_);
   auto find = [&] {
     return std::find_if(entries_.begin(), entries_.end(),
@@ -36,6 +35,9 @@ void ProgressThread::wait(const WorkPtr& work) {
   };
   BRAID_CHECK(find() != entries_.end(), "ProgressThread::wait: ", work->info().str(),
               " is not watched (or was waited for already)");
+  lock.unlock();
+  const WaitSpan span(work->info());
+  lock.lock();
   done_.wait(lock, [&] { return find()->done; });
   const auto it = find();
   const std::exception_ptr error = it->error;

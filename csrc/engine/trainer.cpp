@@ -54,12 +54,13 @@ void add_breakdown(const Trace& trace, size_t first, StepStats& stats) {
   for (size_t i = first; i < spans.size(); ++i) {
     const TraceSpan& s = spans[i];
     if (s.lane.rfind("comm:", 0) != 0) continue;
+    // "tp" and "tp_kv" (the GQA key/value heads' group) are tensor parallelism.
     const std::string group = s.lane.substr(5);
     const double seconds = double(s.dur_ns) * 1e-9;
-    (group == "pp"   ? stats.pipeline_wait_seconds
-     : group == "tp" ? stats.tp_wait_seconds
-     : group == "dp" ? stats.dp_wait_seconds
-                     : stats.other_wait_seconds) += seconds;
+    (group == "pp"             ? stats.pipeline_wait_seconds
+     : group.starts_with("tp") ? stats.tp_wait_seconds
+     : group == "dp"           ? stats.dp_wait_seconds
+                               : stats.other_wait_seconds) += seconds;
   }
   stats.compute_seconds = stats.seconds - stats.pipeline_wait_seconds - stats.tp_wait_seconds -
                           stats.dp_wait_seconds - stats.other_wait_seconds;
@@ -193,7 +194,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   // for each bucket just before it reads it (GradBuffer's param-use hook).
   synchronize(device);
   reset_peak_memory(device);
-  const Trace::Recording recording(trace_);
+  const Trace::Recording recording(trace_ != nullptr ? trace_ : Trace::current());
   const size_t first_span = trace_ != nullptr ? trace_->spans().size() : 0;
   const int64_t start_ns = trace_ != nullptr ? trace_->now_ns() : 0;
   const auto start = std::chrono::steady_clock::now();

@@ -23,6 +23,7 @@
 // and aborts the whole job (MPI_Abort; NCCL communicators are aborted first), so no process
 // is left hanging.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -63,8 +64,8 @@ class Work {
 
   // Blocks the calling thread until the operation has finished (CUDA: on the device, too).
   // If `timeout` passes first, the job is aborted (see the header comment); a transport
-  // error throws braid::Error. Waiting twice is allowed and returns at once. The wait is a
-  // span on lane "comm:<group>" of the thread's current Trace, if any (core/trace.h).
+  // error throws braid::Error. Waiting twice is allowed and returns at once. The first wait
+  // is a span on lane "comm:<group>" of the thread's current Trace, if any (core/trace.h).
   void wait(Duration timeout);
   void wait() { wait(default_timeout_); }
 
@@ -77,6 +78,9 @@ class Work {
   virtual void wait_for_completion(Duration timeout) = 0;
   OpInfo info_;
   Duration default_timeout_;
+
+ private:
+  std::atomic<bool> waited_{false};
 };
 
 using WorkPtr = std::shared_ptr<Work>;
@@ -140,6 +144,7 @@ class Communicator {
 
 // Records a blocking wait for `info`'s operation on the thread's current Trace (core/trace.h),
 // lane "comm:<group>", from construction to destruction; nothing when no trace is current.
+// On CUDA the device's queued work is waited for first, so the span is the wait alone.
 class WaitSpan {
  public:
   explicit WaitSpan(const OpInfo& info);
@@ -148,8 +153,8 @@ class WaitSpan {
   WaitSpan& operator=(const WaitSpan&) = delete;
 
  private:
-  const OpInfo& info_;
   Trace* trace_;
+  std::string name_, lane_, detail_;
   int64_t start_ns_ = 0;
 };
 

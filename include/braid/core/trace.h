@@ -15,14 +15,17 @@
 // "comm:pp", "comm:world", ... That is the time the thread was blocked on communication; the
 // pipeline's "p2p" waits show the same waits again from the schedule's side.
 //
-// On a CUDA device (the constructor's `device`), a Scope synchronizes the device before it
-// ends, so that a span times the GPU work issued in it, not its launch (Megatron's timers do
-// the same); this serializes communication that would otherwise overlap the compute.
+// On a CUDA device (the constructor's `device`), a Scope synchronizes the device's default
+// stream before it ends, and a communication wait before it begins, so that a span times the
+// GPU work issued in it, not its launch, and a wait does not include compute still queued
+// before the collective (Megatron's timers synchronize the same way). The host then no longer
+// runs ahead of the GPU, so a traced step is slower than an untraced one.
 //
 // Not thread-safe: one Trace per rank, recorded from the thread that runs the schedule.
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -90,8 +93,12 @@ class Trace {
           start_ns_(trace ? trace->now_ns() : 0) {}
     ~Scope() {
       if (trace_ == nullptr) return;
-      trace_->synchronize();
-      trace_->end(name_, lane_, start_ns_, microbatch_, chunk_, std::move(detail_));
+      try {
+        // A CUDA error here stays sticky: the next checked CUDA call reports it.
+        if (std::uncaught_exceptions() == unwinding_) trace_->synchronize();
+        trace_->end(name_, lane_, start_ns_, microbatch_, chunk_, std::move(detail_));
+      } catch (...) {
+      }
     }
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -103,6 +110,7 @@ class Trace {
     int microbatch_, chunk_;
     std::string detail_;
     int64_t start_ns_;
+    int unwinding_ = std::uncaught_exceptions();
   };
 
   int rank() const { return rank_; }

@@ -48,9 +48,12 @@ struct StepStats {
   // by group (core/trace.h); compute is the rest: seconds - the waits.
   double compute_seconds = 0;        // forward, backward, optimizer, and host work between
   double pipeline_wait_seconds = 0;  // pipeline p2p: the bubble, the transfers, imbalance
-  double tp_wait_seconds = 0;        // tensor-parallel collectives (never overlapped)
+  double tp_wait_seconds = 0;        // tensor-parallel collectives ("tp", "tp_kv")
   double dp_wait_seconds = 0;        // DP reductions and ZeRO gathers the step did not hide
-  double other_wait_seconds = 0;     // loss, gradient norm, tied embeddings: other groups
+  // The loss, gradient norm and tied embeddings (other groups). These wait for the slowest
+  // rank, so they also hold the skew at the step's end - under pp, stages waiting for the
+  // first stage's last backwards.
+  double other_wait_seconds = 0;
 };
 
 class Trainer {

@@ -89,6 +89,9 @@ SKIP = {
         "a benchmark: timed collectives up to 128 MiB", "none: a timing run, not a check"),
     ("docs/performance.md", "--target dp_overlap_bench"): (
         "builds and runs a benchmark", "none: a timing run, not a check"),
+    ("docs/performance.md", "benchmarks/scaling.py --json"): (
+        "a benchmark (12 timed training jobs of 1 to 4 ranks)",
+        "tests/python/planner/test_scaling.py (the same script on 1 and 2 ranks)"),
     ("docs/performance.md", "checkpoint_bench --repeats"): (
         "a benchmark (timed saves and loads)", "none: a timing run, not a check"),
     ("docs/pipeline.md", "build/benchmarks/pipeline_bench --trace-dir"): (

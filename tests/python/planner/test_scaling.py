@@ -1,8 +1,8 @@
 """benchmarks/scaling.py: real 1- and 2-rank braid jobs, weak and strong, each step split into
 compute and the waits by group. The figures themselves are not asserted (no test asserts a
 time); what is: every experiment ran with the layout it names, a group of one never waits and
-a group of two always does, the parts of a step add up to at most the step, weak pipeline
-scaling really doubled the model, and bad input is refused with a clear line."""
+a group of two always does, weak pipeline scaling really doubled the model, and bad input is
+refused with a clear line."""
 
 import json
 import os
@@ -59,11 +59,6 @@ def test_a_group_of_one_never_waits_and_of_two_always_does(result):
         assert (r["dp_comm_wait_ms"] > 0) == (r["dp"] > 1), where
         assert (r["bubble_schedule_ms"] > 0) == (r["pp"] > 1), where
         assert r["compute_ms"] > 0, where
-        # Means over the ranks of parts that add up to each rank's step: at most the slowest
-        # rank's step, which sets the job's pace.
-        parts = sum(r[k] for k in ("compute_ms", "pipeline_wait_ms", "tp_comm_wait_ms",
-                                   "dp_comm_wait_ms", "other_comm_wait_ms"))
-        assert parts <= r["step_ms"] * (1 + 1e-9), where
 
 
 def test_weak_scaling_grows_the_work_strong_scaling_keeps_it(result):
