@@ -148,7 +148,7 @@ def main(argv=None):
     print(f"mfu: step {step * 1e3:.1f} ms (median of {len(result['times'])}), "
           f"{tokens / step:,.0f} tokens/s, peak memory {result['peak_bytes'] / 2**30:.1f} GiB, "
           f"loss {result['loss']:.3f}")
-    print(f"mfu: {tflops:.1f} TFLOP/s of model FLOPs = MFU {100 * tflops / args.peak_tflops:.1f}% "
+    print(f"mfu: {tflops:.4g} TFLOP/s of model FLOPs = MFU {100 * tflops / args.peak_tflops:.1f}% "
           f"of {args.peak_tflops:g}")
     return 0
 
