@@ -159,6 +159,8 @@ class Simulator {
     res_.max_in_flight.assign(p, 0);
     res_.start.resize(p);
     res_.end.resize(p);
+    res_.last_backward_start.assign(p, std::vector<double>(v, -1.0));
+    res_.last_backward_end.assign(p, std::vector<double>(v, -1.0));
     for (int r = 0; r < p; ++r) {
       posted[r].assign(s_.ranks[r].size(), -1.0);
       res_.start[r].assign(s_.ranks[r].size(), 0.0);
@@ -195,6 +197,10 @@ class Simulator {
             clock[r] += cost;
             res_.end[r][i] = clock[r];
             res_.busy[r] += cost;
+            if (a.kind == ActionKind::backward) {
+              res_.last_backward_start[r][a.chunk] = res_.start[r][i];
+              res_.last_backward_end[r][a.chunk] = clock[r];
+            }
             ++pc[r];
             progress = true;
             continue;

@@ -66,8 +66,7 @@ void bind_schedule(py::module_& m) {
       .def(
           "format_rank",
           [](const Schedule& s, int rank, bool with_exchanges) {
-            BRAID_CONFIG_CHECK(rank >= 0 && rank < s.pp, "rank ", rank, " outside [0, ", s.pp,
-                               ")");
+            BRAID_CONFIG_CHECK(rank >= 0 && rank < s.pp, "rank ", rank, " outside [0, ", s.pp, ")");
             return format_rank(s, rank, with_exchanges);
           },
           py::arg("rank"), py::arg("with_exchanges") = true)
@@ -111,6 +110,8 @@ void bind_schedule(py::module_& m) {
       .def_readonly("idle_fraction", &SimulationResult::idle_fraction)
       .def_readonly("start", &SimulationResult::start)
       .def_readonly("end", &SimulationResult::end)
+      .def_readonly("last_backward_start", &SimulationResult::last_backward_start)
+      .def_readonly("last_backward_end", &SimulationResult::last_backward_end)
       .def_property_readonly("ok", &SimulationResult::ok);
 
   m.def(

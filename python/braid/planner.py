@@ -12,8 +12,10 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   the first/last stage) and the p2p transfer time; the result is each rank's finish time.
 * communication: NCCL ring/tree alpha-beta costs; NVLink inside a node, the network across.
   TP collectives are not overlapped (braid does not), p2p is as exposed as the schedule
-  leaves it, the DP reduction overlaps the last microbatch's backward when
-  overlap_grad_reduce (braid's --overlap-grad-reduce), the ZeRO param all-gather is exposed.
+  leaves it; with overlap_grad_reduce (braid's --overlap-grad-reduce) each model chunk's DP
+  reduction starts while its last backward runs, bucket by bucket, and the chunks queue on
+  the DP channel (interleaved: behind the other chunks' backwards); the ZeRO param
+  all-gather overlaps the first forward with --overlap-param-gather.
 * memory: braid's accounting: bf16 parameters, f32 gradient buffer, f32 master + two f32
   Adam moments (sharded by dp under ZeRO-1), activations per layer as docs/memory.md
   (LayerActivations) times the (chunk, microbatch) pairs the schedule keeps in flight.
@@ -277,19 +279,20 @@ def head_cost(model: ModelShape, cluster: Cluster, lay: Layout):
 
 def stage_params(model: ModelShape, lay: Layout):
     """Parameters held by each pipeline rank (one TP shard)."""
+    return [sum(chunks) for chunks in chunk_params(model, lay)]
+
+
+def chunk_params(model: ModelShape, lay: Layout):
+    """Parameters of each model chunk of each pipeline rank ([rank][chunk], one TP shard):
+    the embedding in rank 0's chunk 0, the LM head and final norm in the last rank's last."""
     ranges = _C.stage_layers(model.num_layers, lay.pp, lay.virtual_stages)
     emb = model.vocab_size * model.hidden_size / lay.tp
-    out = []
-    for r, chunks in enumerate(ranges):
-        layers = sum(e - b for b, e in chunks)
-        p = layers * model.layer_params() / lay.tp
-        if r == 0:
-            p += emb
-        if r == lay.pp - 1:
-            p += emb + model.hidden_size  # LM head (tied: the embedding's copy) + final norm
-            if model.tied_embeddings and lay.pp == 1:
-                p -= emb
-        out.append(p)
+    out = [[(e - b) * model.layer_params() / lay.tp for b, e in chunks] for chunks in ranges]
+    out[0][0] += emb
+    head = emb + model.hidden_size
+    if model.tied_embeddings and lay.pp == 1:
+        head -= emb
+    out[lay.pp - 1][lay.virtual_stages - 1] += head
     return out
 
 
@@ -384,21 +387,35 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     sim = _C.simulate(schedule, forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
     if not sim.ok:
         raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
-    # DP: f32 gradient buffer reduced (ZeRO: reduce-scattered) over dp, overlapped with the
-    # backward of the last microbatch when overlap_grad_reduce; bf16 params all-gathered.
+    # DP: each model chunk's f32 gradient buffer is reduced (ZeRO: reduce-scattered) over dp.
+    # With overlap_grad_reduce, as braid does: a chunk's buckets are posted while its last
+    # microbatch's backward completes them (the first once a bucket's share of that backward
+    # has run, the last at its end), the chunks one after another on the rank's DP channel in
+    # the order their last backwards end - under the interleaved schedule the later chunks
+    # finish theirs first, so their reductions hide behind the earlier chunks' backwards.
+    # Without it: the whole buffer after the rank's last action.
     dbw, dalpha = _link(cluster, t * d)
     params = stage_params(model, lay)
+    per_chunk = chunk_params(model, lay)
+    kind = "reduce_scatter" if lay.zero else "all_reduce"
+    bucket = max(40e6, 1e6 * d)  # braid's (and Megatron's) default DDP bucket, in elements
+    began, ended = sim.last_backward_start, sim.last_backward_end
     ends = []
     for r in range(p):
-        grad_bytes = 4 * params[r]
-        dp_t = _ring(grad_bytes, d, dbw, dalpha, "reduce_scatter" if lay.zero else "all_reduce")
-        if lay.overlap_grad_reduce and d > 1:
-            bucket = max(40e6, 1e6 * d) / max(params[r], 1.0)
-            window = sum(bwd[r]) / v  # the last microbatch's backward, chunk 0 unbucketed
-            exposed = max(dp_t - window, dp_t * min(1.0, bucket))
-        else:
-            exposed = dp_t
-        ends.append(sim.finish[r] + exposed)
+        if d == 1:
+            ends.append(sim.finish[r])
+            continue
+        if not lay.overlap_grad_reduce:
+            ends.append(sim.finish[r] + _ring(4 * params[r], d, dbw, dalpha, kind))
+            continue
+        free = 0.0
+        for c in sorted(range(v), key=lambda c: ended[r][c]):
+            begin, end = began[r][c], ended[r][c]
+            reduce_s = _ring(4 * per_chunk[r][c], d, dbw, dalpha, kind)
+            first = min(1.0, bucket / max(per_chunk[r][c], 1.0))  # the first bucket's share
+            start = max(free, begin + first * (end - begin))
+            free = max(start + reduce_s, end + first * reduce_s)
+        ends.append(max(sim.finish[r], free))
     shard = max(params) / (d if lay.zero else 1)
     opt = _bytes_time(gpu, OPTIMIZER_BYTES_PER_PARAM * shard, 4)
     gather = 0.0

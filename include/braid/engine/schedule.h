@@ -142,6 +142,10 @@ struct SimulationResult {
   // start[r][i], end[r][i]: when rank r's action i began and completed (an exchange begins
   // when it is posted).
   std::vector<std::vector<double>> start, end;
+  // last_backward_start[r][c], last_backward_end[r][c]: when rank r's last backward of chunk c
+  // began and ended - the chunk's gradients are complete then (-1: it has no backward, as in a
+  // forward-only schedule). The planner times the DP reduction of each chunk from these.
+  std::vector<std::vector<double>> last_backward_start, last_backward_end;
 
   bool ok() const { return error.empty(); }
 };

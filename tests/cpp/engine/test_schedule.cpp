@@ -197,6 +197,35 @@ TEST(Schedule, P2PCostAndPerChunkCosts) {
   EXPECT_EQ(res.busy[0], 8 * 3.0);
 }
 
+// When each chunk's gradients are complete: the last backward of that chunk in the rank's
+// list, timed like every action; in the interleaved order the later chunks finish first.
+TEST(Schedule, LastBackwardOfEachChunk) {
+  for (const Schedule& s : {make_1f1b(4, 8), make_gpipe(4, 8), make_interleaved_1f1b(4, 8, 2),
+                            make_interleaved_1f1b(2, 4, 4)}) {
+    SCOPED_TRACE(s.name);
+    const SimulationResult r = simulate(s);
+    ASSERT_TRUE(r.ok()) << r.error;
+    for (int rank = 0; rank < s.pp; ++rank) {
+      const std::vector<Action>& list = s.ranks[size_t(rank)];
+      for (int c = 0; c < s.virtual_stages; ++c) {
+        size_t last = list.size();
+        for (size_t i = 0; i < list.size(); ++i)
+          if (list[i].kind == ActionKind::backward && list[i].chunk == c) last = i;
+        ASSERT_LT(last, list.size());
+        EXPECT_EQ(r.last_backward_start[size_t(rank)][size_t(c)], r.start[size_t(rank)][last]);
+        EXPECT_EQ(r.last_backward_end[size_t(rank)][size_t(c)], r.end[size_t(rank)][last]);
+        if (c > 0) {
+          EXPECT_LT(r.last_backward_end[size_t(rank)][size_t(c)],
+                    r.last_backward_end[size_t(rank)][size_t(c - 1)]);
+        }
+      }
+    }
+  }
+  const SimulationResult forward_only = simulate(make_forward_only(2, 4));
+  ASSERT_TRUE(forward_only.ok());
+  EXPECT_EQ(forward_only.last_backward_end[0][0], -1.0);
+}
+
 TEST(Schedule, MegatronOrdersForPp4M8) {
   EXPECT_EQ(format_rank(make_1f1b(4, 8), 0, false),
             "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");

@@ -200,6 +200,31 @@ def test_simulated_bubble_of_a_uniform_stack(pp, v, monkeypatch):
                            baseline=False)["bubble_fraction"] > r["bubble_fraction"]
 
 
+def test_dp_overlap_per_chunk():
+    # A slow network (2 GB/s per GPU) so the DP reduction matters: overlapping it hides part of
+    # it, and interleaving hides more, since a rank's later chunks complete their gradients
+    # while its earlier chunks are still in backward.
+    model = planner.PRESETS["llama2-7b"]
+    slow = planner.Cluster(planner.GPUS["h100-80g"], 8, 64, 450e9, 2e9)
+
+    def exposed(v, overlap):
+        lay = planner.Layout(2, 4, 8, 1, v, "selective", True, False, overlap)
+        return planner.predict(model, slow, lay, 64, baseline=False)["exposed_dp_s"]
+
+    assert 0 < exposed(1, True) < exposed(1, False)
+    assert exposed(2, True) < exposed(1, True)
+    assert exposed(4, True) < exposed(2, True)
+    # Without overlap the whole buffer waits: the same exposed time whatever the chunking.
+    assert exposed(4, False) == pytest.approx(exposed(1, False), rel=1e-9)
+    # Each chunk's parameters add up to its rank's, and the ranks' to the model's TP shard (up
+    # to the final norm, which every TP rank holds whole).
+    lay = planner.Layout(2, 4, 8, 1, 4)
+    chunks = planner.chunk_params(model, lay)
+    assert [sum(c) for c in chunks] == planner.stage_params(model, lay)
+    assert sum(map(sum, chunks)) == pytest.approx(model.num_params() / 2, abs=model.hidden_size)
+    assert chunks[0][0] > chunks[1][0] and chunks[3][3] > chunks[3][2]  # embedding, LM head
+
+
 def test_memory_parts_add_up_and_zero_shards_the_optimizer():
     model = planner.PRESETS["llama2-7b"]
     base = planner.Layout(2, 2, 16, 1, recompute="selective", sequence_parallel=True)
