@@ -8,7 +8,8 @@ the gradient norm, tied embeddings). The figures are the second half of the run 
 is warm-up), ms per iteration averaged over the ranks.
 
     python benchmarks/scaling.py                     # 1, 2, 4 CPU ranks: weak and strong
-    python benchmarks/scaling.py --ranks 1 2 --train-iters 6 --json out.json
+    python benchmarks/scaling.py --ranks 1 2 --train-iters 6 --json out.json --trace-dir traces
+    python tools/plot_schedule.py traces/weak_pp_2/traces/*.json -o weak_pp_2.png
     python benchmarks/scaling.py --device cuda --ranks 1 2 4 8   # one GPU per rank
 
 Experiments, all against one 1-rank baseline (the base model, the base batch):
@@ -65,6 +66,10 @@ def parse_args(argv=None):
     p.add_argument("--train-iters", type=int, default=8,
                    help="iterations per run; the second half is measured")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the rows as JSON")
+    p.add_argument("--trace-dir", default=None, metavar="DIR",
+                   help="keep every rank's timeline of the first two measured iterations of "
+                        "each run: DIR/<experiment>_<N>/traces/rank<r>.json "
+                        "(tools/plot_schedule.py draws them)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     a = p.parse_args(argv)
     if a.train_iters < 2 or a.train_iters % 2:
@@ -94,7 +99,7 @@ def experiments(a):
     return runs
 
 
-def training_args(a, tp, pp, layers, batch, metrics):
+def training_args(a, tp, pp, layers, batch, metrics, trace_dir=None, ranks=1):
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--num-layers", str(layers), "--hidden-size", str(a.hidden_size),
             "--num-attention-heads", str(a.num_attention_heads),
@@ -107,6 +112,11 @@ def training_args(a, tp, pp, layers, batch, metrics):
             "--log-timers-to-tensorboard", "--metrics-jsonl", metrics]
     if a.device == "cuda":
         args.append("--bf16")
+    if trace_dir:
+        start = a.train_iters // 2 + 1
+        args += ["--profile", "--profile-step-start", str(start), "--profile-step-end",
+                 str(min(start + 2, a.train_iters + 1)), "--profile-ranks",
+                 *map(str, range(ranks)), "--tensorboard-dir", trace_dir]
     return args
 
 
@@ -122,9 +132,11 @@ def environment(ranks):
 
 def run(a, experiment, ranks, tp, pp, layers, batch, workdir):
     """One job; its row (timers: mean over ranks, ms per iteration)."""
-    metrics = os.path.join(workdir, f"{experiment.replace(' ', '_')}_{ranks}.jsonl")
+    name = f"{experiment.replace(' ', '_')}_{ranks}"
+    metrics = os.path.join(workdir, f"{name}.jsonl")
+    trace_dir = os.path.join(a.trace_dir, name) if a.trace_dir else None
     cmd = [sys.executable, os.path.join(REPO, "pretrain_gpt.py"),
-           *training_args(a, tp, pp, layers, batch, metrics)]
+           *training_args(a, tp, pp, layers, batch, metrics, trace_dir, ranks)]
     if ranks > 1 or shutil.which("mpirun"):
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *cmd]
     r = subprocess.run(cmd, env=environment(ranks), cwd=REPO, capture_output=True, text=True,

@@ -47,6 +47,8 @@ UNSUPPORTED = {
     "--apply-query-key-layer-scaling": "not implemented",
     "--qk-layernorm": "not implemented",
     "--use-mcore-models": "braid has its own model; drop the flag",
+    "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
+                              "trace format) to --tensorboard-dir/traces",
 }
 
 
@@ -204,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-timers-to-tensorboard", action="store_true",
                    help="write the timers as metrics: <name>-time (max over ranks, ms) and "
                         "<name>-time-mean")
+    g.add_argument("--profile", action="store_true",
+                   help="trace iterations --profile-step-start to --profile-step-end - 1 on "
+                        "the --profile-ranks ranks: braid's Chrome traces (Perfetto, "
+                        "tools/plot_schedule.py) in --tensorboard-dir/traces/rank<r>.json")
+    g.add_argument("--profile-step-start", type=pos_int, default=10)
+    g.add_argument("--profile-step-end", type=pos_int, default=12)
+    g.add_argument("--profile-ranks", type=nonneg_int, nargs="+", default=[0],
+                   help="global ranks to trace")
 
     g = p.add_argument_group("braid")
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],
@@ -380,6 +390,19 @@ def validate(a: argparse.Namespace, world_size: int):
     for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng),
                         ("--finetune", a.finetune), ("--ckpt-step", a.ckpt_step is not None)):
         _check(not value or a.load, f"{flag} needs --load DIR")
+    # Profiling.
+    if a.profile:
+        _check(a.tensorboard_dir is not None,
+               "--profile needs --tensorboard-dir (the traces go to DIR/traces)")
+        _check(a.profile_step_start < a.profile_step_end,
+               f"--profile-step-start {a.profile_step_start} must be before --profile-step-end "
+               f"{a.profile_step_end} (iterations start to end - 1 are traced)")
+        _check(a.profile_step_start <= a.train_iters,
+               f"--profile-step-start {a.profile_step_start} is after the last iteration "
+               f"({a.train_iters})")
+        bad = [r for r in a.profile_ranks if r >= world_size]
+        _check(not bad, f"--profile-ranks {' '.join(map(str, bad))}: the job has ranks 0 to "
+               f"{world_size - 1}")
     if a.tensorboard_dir and a.metrics_jsonl is None:
         import os
         a.metrics_jsonl = os.path.join(a.tensorboard_dir, "metrics.jsonl")

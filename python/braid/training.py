@@ -390,10 +390,10 @@ def main(argv=None) -> int:
                                 braid.ParallelConfig(sequence_parallel=a.sequence_parallel,
                                                      virtual_stages=a.virtual_stages, ddp=ddp))
     trainer = braid.Trainer(model, trainer_config(a))
-    timers, trace = None, None
-    if a.timing_log_level > 0:
-        timers = Timers(a.timing_log_level, a.timing_log_option)
-        trace = braid.Trace(rank, device)
+    timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
+    profiling = a.profile and rank in a.profile_ranks
+    trace = braid.Trace(rank, device) if timers is not None or profiling else None
+    if timers is not None:
         trainer.set_trace(trace)
     params = braid.GPTModel(cfg, device="cpu", seed=a.seed).num_parameters() if rank == 0 else 0
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
@@ -464,10 +464,40 @@ def main(argv=None) -> int:
     show_bar = a.progress_bar == "on" or (a.progress_bar == "auto" and sys.stdout.isatty()
                                           and state.world_size == 1)
     bar = ProgressBar(rank == 0 and show_bar, a.train_iters, first)
+    # --profile: iterations [profile_start, profile_end) of the --profile-ranks ranks, on one time
+    # axis (every rank takes the origin after one barrier).
+    profile_start = max(a.profile_step_start, first)
+    profile_end = min(a.profile_step_end, a.train_iters + 1)
+
+    def profile_begin(it):
+        if a.profile and it == profile_start and profile_start < profile_end:
+            state.barrier()  # collective: every rank, traced or not
+            if profiling:
+                trace.clear()
+                trace.set_origin()
+                trainer.set_trace(trace)
+
+    profile_written = False
+
+    def profile_done(it):
+        """Writes the traced iterations (the window's end, or an earlier exit inside it)."""
+        nonlocal profile_written
+        if not profiling or profile_written or not profile_start <= it < profile_end:
+            return
+        profile_written = True
+        path = os.path.join(a.tensorboard_dir, "traces", f"rank{rank}.json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        trace.write(path)
+        trace.clear()
+        if timers is None:
+            trainer.set_trace(None)
+        print(f"braid: rank {rank} traced iterations {profile_start} to {it}: {path}", flush=True)
+
     train_start = interval_start = time.time()
     interval_iters = skipped = nans = 0
     stats = None
     for it in range(first, a.train_iters + 1):
+        profile_begin(it)
         batch = data.train.next()
         if batch is None:  # a loaded data position past what these --train-iters hold
             return error_exit(f"the training data ran out before iteration {it} "
@@ -475,7 +505,10 @@ def main(argv=None) -> int:
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
         if timers is not None:
             timers.add(stats)
-            trace.clear()
+        if it == profile_end - 1:
+            profile_done(it)
+        elif trace is not None and not (profiling and profile_start <= it < profile_end):
+            trace.clear()  # the timers' spans: StepStats has their sums
         interval_iters += 1
         skipped += stats.skipped
         nans += not math.isfinite(stats.loss)
@@ -523,6 +556,7 @@ def main(argv=None) -> int:
             save(it)
         reason = exits.check(trainer, it) if exits is not None else ""
         if reason:
+            profile_done(it)
             save(it)
             if saver is not None:
                 saver.wait(trainer)

@@ -227,6 +227,40 @@ def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     assert all(0 < float(v) < 10 for _, v in vals)
 
 
+def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
+    tb = str(tmp_path / "tb")
+    r = run(4, [*MODEL, *LAYOUT_3D, "--train-iters", "6", "--eval-iters", "0", "--profile",
+                "--profile-step-start", "3", "--profile-step-end", "5", "--profile-ranks",
+                "0", "3", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    traces = sorted(os.listdir(os.path.join(tb, "traces")))
+    assert traces == ["rank0.json", "rank3.json"]  # the --profile-ranks only
+    steps = {}
+    for name in traces:
+        with open(os.path.join(tb, "traces", name)) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e["ph"] == "X"]
+        step_spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["cat"] == "step")
+        assert len(step_spans) == 2, name  # iterations 3 and 4
+        steps[name] = step_spans
+        lanes = {e["cat"] for e in events}
+        # tp 2, pp 2, dp 1 on 4 ranks: 2 microbatches of 2 per step (global batch 16 / dp 1
+        # / micro batch 2 = 8; see MODEL), forward and backward each.
+        assert {"step", "compute", "p2p", "comm:tp", "comm:pp"} <= lanes, lanes
+        forwards = [e for e in events if e["cat"] == "compute" and e["name"] == "forward"]
+        assert len(forwards) == 2 * 8, name
+        assert all(0 <= e["ts"] for e in events)
+    # One time axis: the two ranks' iterations overlap in time.
+    for (a0, a1), (b0, b1) in zip(steps["rank0.json"], steps["rank3.json"]):
+        assert a0 < b1 and b0 < a1
+    assert "braid: rank 0 traced iterations 3 to 4:" in r.stdout
+    out = tmp_path / "timeline.png"
+    p = subprocess.run([sys.executable, os.path.join(REPO, "tools", "plot_schedule.py"),
+                        *(os.path.join(tb, "traces", n) for n in traces), "-o", str(out)],
+                       env=env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--fp16"], "--fp16 is not supported by braid: braid has no float16 kernels"),
     (["--recompute-method", "uniform"], "--recompute-method is not supported by braid"),
@@ -243,6 +277,11 @@ def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     (["--attention-dropout", "0.1"], "--attention-dropout must be 0"),
     (["--mock-data", "--seq-length", "32"], "--mock-data needs --vocab-size"),
     (["--save-interval", "5"], "--save-interval needs --save DIR"),
+    (["--profile"], "--profile needs --tensorboard-dir"),
+    (["--profile", "--tensorboard-dir", "/tmp/x", "--profile-ranks", "0", "4"],
+     "--profile-ranks 4: the job has ranks 0 to 3"),
+    (["--profile", "--tensorboard-dir", "/tmp/x", "--profile-step-start", "5",
+      "--profile-step-end", "5"], "--profile-step-start 5 must be before --profile-step-end 5"),
 ])
 def test_bad_arguments_end_every_rank_with_one_line(args, message):
     r = run(4, args, timeout=60)

@@ -30,15 +30,16 @@ def scaling(*args, timeout=600):
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("scaling") / "rows.json"
-    r = scaling("--ranks", "1", "2", *SMALL, "--json", str(out))
+    tmp = tmp_path_factory.mktemp("scaling")
+    r = scaling("--ranks", "1", "2", *SMALL, "--json", str(tmp / "rows.json"), "--trace-dir",
+                str(tmp / "traces"))
     assert r.returncode == 0, r.stdout + r.stderr
-    with open(out) as f:
-        return r.stdout, json.load(f)
+    with open(tmp / "rows.json") as f:
+        return r.stdout, json.load(f), tmp / "traces"
 
 
 def test_every_experiment_ran_its_layout(result):
-    _, doc = result
+    _, doc, _ = result
     rows = {(r["experiment"], r["ranks"]): r for r in doc["rows"]}
     assert set(rows) == {("baseline", 1), ("weak dp", 2), ("weak pp", 2), ("strong dp", 2),
                          ("strong tp", 2), ("strong pp", 2)}
@@ -51,7 +52,7 @@ def test_every_experiment_ran_its_layout(result):
 
 
 def test_a_group_of_one_never_waits_and_of_two_always_does(result):
-    _, doc = result
+    _, doc, _ = result
     for r in doc["rows"]:
         where = (r["experiment"], r["ranks"])
         assert (r["tp_comm_wait_ms"] > 0) == (r["tp"] > 1), where
@@ -62,7 +63,7 @@ def test_a_group_of_one_never_waits_and_of_two_always_does(result):
 
 
 def test_weak_scaling_grows_the_work_strong_scaling_keeps_it(result):
-    _, doc = result
+    _, doc, _ = result
     rows = {(r["experiment"], r["ranks"]): r for r in doc["rows"]}
 
     def flops_per_token(r):
@@ -76,7 +77,7 @@ def test_weak_scaling_grows_the_work_strong_scaling_keeps_it(result):
 
 
 def test_the_table_names_the_machine_and_the_summary(result):
-    out, doc = result
+    out, doc, _ = result
     assert f"braid scaling: cpu, {doc['cores']} cores" in out
     assert "weak scaling at 2 ranks: best" in out and "strong scaling at 2 ranks: best" in out
     rows = [line for line in out.splitlines() if line.startswith(("baseline", "weak", "strong"))
@@ -93,3 +94,14 @@ def test_bad_input_is_refused(args, message):
     r = scaling(*args, timeout=60)
     assert r.returncode != 0
     assert message in r.stderr, r.stderr
+
+
+def test_every_rank_of_every_run_left_its_timeline(result):
+    _, doc, traces = result
+    for r in doc["rows"]:
+        run = traces / f"{r['experiment'].replace(' ', '_')}_{r['ranks']}" / "traces"
+        assert sorted(os.listdir(run)) == [f"rank{i}.json" for i in range(r["ranks"])], run
+        with open(run / "rank0.json") as f:
+            events = json.load(f)["traceEvents"]
+        # The first two measured iterations: 3 and 4 of the 4 (the second half).
+        assert len([e for e in events if e.get("cat") == "step"]) == 2, run
