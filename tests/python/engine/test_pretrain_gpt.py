@@ -20,7 +20,9 @@ SCRIPT = os.path.join(REPO, "pretrain_gpt.py")
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
-MODEL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+# On the CPU ranks even where a GPU is visible (BRAID_TEST_DEVICE=cuda): 8 ranks cannot share
+# one GPU under NCCL.
+MODEL = ["--device", "cpu", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
          "--group-query-attention", "--num-query-groups", "2", "--swiglu",
          "--normalization", "RMSNorm", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--hidden-dropout", "0",
@@ -196,8 +198,8 @@ def test_one_process_trains_like_the_3d_layout(runs, tmp_path):
 
 
 def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
-    r = run(2, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
-                "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
+    r = run(2, ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
+                "--num-attention-heads", "2", "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
                 "--eval-interval", "15", "--eval-iters", "2", "--data-cache-path",
                 str(tmp_path / "cache"), "--progress-bar", "on"])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -216,8 +218,8 @@ def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     with IndexedDatasetWriter(prefix, "u16") as w:
         for _ in range(400):
             w.add_document(rng.integers(0, 1000, size=int(rng.integers(20, 80)), dtype=np.int32))
-    r = run(2, ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2",
-                "--data-path", prefix, "--split", "90,10,0", "--vocab-size", "1000",
+    r = run(2, ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
+                "--num-attention-heads", "2", "--data-path", prefix, "--split", "90,10,0", "--vocab-size", "1000",
                 "--seq-length", "32", "--micro-batch-size", "4", "--train-iters", "12",
                 "--log-interval", "6", "--eval-interval", "6", "--eval-iters", "3"])
     assert r.returncode == 0, r.stdout + r.stderr
