@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "braid/engine/trainer.h"
 #include "model/model_test_util.h"
@@ -51,6 +53,44 @@ void check_loss_falls(const std::string& preset) {
 TEST(Trainer, Gpt2LossFallsOnARepeatedBatch) { check_loss_falls("gpt2-tiny"); }
 
 TEST(Trainer, LlamaLossFallsOnARepeatedBatch) { check_loss_falls("llama-tiny"); }
+
+// A traced trainer (on the test device: on CUDA every span synchronizes it) trains exactly
+// like an untraced one and records each step: its forwards and backwards, the optimizer, and,
+// in one process, no communication - the whole step is compute.
+TEST(Trainer, TracedStepsTrainAlikeAndAreAllCompute) {
+  const TransformerConfig c = small_llama();
+  const Device d = testing::default_test_device();
+  const Batch batch = make_batch(4, 8, c.vocab_size, 4);
+  GPTModel a(c, d, 6), b(c, d, 6);
+  LRSchedule constant;
+  constant.style = LRDecayStyle::constant;
+  Trainer plain(a, AdamWConfig{}, constant), traced(b, AdamWConfig{}, constant);
+  Trace trace(0, d);
+  traced.set_trace(&trace);
+  for (int step = 0; step < 3; ++step) {
+    trace.clear();
+    const StepStats want = plain.train_step(batch.ids, batch.targets, 2);
+    const StepStats got = traced.train_step(batch.ids, batch.targets, 2);
+    EXPECT_EQ(got.loss, want.loss) << "step " << step;
+    EXPECT_EQ(got.grad_norm, want.grad_norm) << "step " << step;
+    EXPECT_EQ(want.compute_seconds, 0);  // untraced: no breakdown
+    EXPECT_EQ(got.compute_seconds, got.seconds);
+    EXPECT_EQ(got.pipeline_wait_seconds + got.tp_wait_seconds + got.dp_wait_seconds +
+                  got.other_wait_seconds,
+              0);
+    std::map<std::string, int> names;
+    int64_t compute_ns = 0, step_ns = 0;
+    for (const TraceSpan& span : trace.spans()) {
+      ++names[span.name];
+      EXPECT_GE(span.dur_ns, 0);
+      (span.lane == "step" ? step_ns : compute_ns) += span.dur_ns;
+      EXPECT_TRUE(span.lane == "step" || span.lane == "compute") << span.lane;
+    }
+    EXPECT_EQ(names, (std::map<std::string, int>{
+                         {"backward", 2}, {"forward", 2}, {"optimizer", 1}, {"step", 1}}));
+    EXPECT_LE(compute_ns, step_ns);
+  }
+}
 
 TEST(Trainer, MicrobatchesAccumulateToTheFullBatchStep) {
   const TransformerConfig c = small_llama();
