@@ -549,8 +549,11 @@ class CheckpointReader {
 
 }  // namespace
 
-LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOptions& options) {
-  ParallelModel& model = trainer.model();
+namespace {
+
+// load_checkpoint's work; trainer null: the parameters only (load_parameters).
+LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* trainer,
+                    const LoadOptions& options) {
   model.finish_param_gather();
   LoopState loop;
   on_every_rank(model, "loading the checkpoint", [&] {
@@ -568,7 +571,7 @@ LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOp
                        " is newer than this braid reads (", kCheckpointFormatVersion,
                        "); update braid");
     check_same_model(meta.at("config"), model.config(), where);
-    const bool with_optim = options.load_optim && !options.finetune;
+    const bool with_optim = trainer != nullptr && options.load_optim && !options.finetune;
     BRAID_CONFIG_CHECK(!with_optim || meta.at("optimizer").get<bool>(), where,
                        ": saved without optimizer state; load with --no-load-optim or --finetune");
     CheckpointReader reader(path, meta.at("tensors"));
@@ -582,7 +585,11 @@ LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOp
       const int64_t n = m.flat_params().numel();
       // The chunk's values and (with the optimizer) state over its whole buffer, host f32.
       Tensor values = Tensor::zeros({n}, DType::f32);
-      Tensor exp_avg = Tensor::zeros({n}, DType::f32), exp_avg_sq = Tensor::zeros({n}, DType::f32);
+      Tensor exp_avg, exp_avg_sq;
+      if (with_optim) {
+        exp_avg = Tensor::zeros({n}, DType::f32);
+        exp_avg_sq = Tensor::zeros({n}, DType::f32);
+      }
       for (size_t i = 0; i < layout.specs.size(); ++i) {
         const model::ParamSpec& spec = layout.specs[i];
         const model::ParamShard& shard = layout.shards[i];
@@ -609,7 +616,7 @@ LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOp
       // Parameters (rounded to their dtype), then this rank's optimizer segments.
       ops::cast(m.flat_params(), values.to(m.device()));
       if (!with_optim) continue;
-      for (const AdamW::Segment& seg : trainer.optimizer().segments()) {
+      for (const AdamW::Segment& seg : trainer->optimizer().segments()) {
         if (seg.chunk != c) continue;
         const int64_t b = seg.range.begin, size = seg.range.size();
         const_cast<Tensor&>(seg.exp_avg).copy_from(exp_avg.slice(b, {size}).to(m.device()));
@@ -618,19 +625,19 @@ LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOp
           const_cast<Tensor&>(seg.master).copy_from(values.slice(b, {size}).to(m.device()));
       }
     }
-    if (options.finetune) return;
+    if (trainer == nullptr || options.finetune) return;
     // Megatron: the iteration (and with it the LR schedule and the data position) continues
     // unless --finetune; --no-load-optim starts only the optimizer afresh.
     loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
     const json& t = meta.at("trainer");
-    trainer.set_iterations(t.at("iteration").get<int64_t>(),
-                           t.at("skipped_iterations").get<int64_t>());
+    trainer->set_iterations(t.at("iteration").get<int64_t>(),
+                            t.at("skipped_iterations").get<int64_t>());
     if (with_optim) {
-      trainer.optimizer().set_step(t.at("optimizer_steps").get<int64_t>());
+      trainer->optimizer().set_step(t.at("optimizer_steps").get<int64_t>());
       const json& s = meta.at("loss_scaler");
-      trainer.loss_scaler().load_state({s.at("scale").get<float>(),
-                                        s.at("growth_tracker").get<int>(),
-                                        s.at("hysteresis_tracker").get<int>()});
+      trainer->loss_scaler().load_state({s.at("scale").get<float>(),
+                                         s.at("growth_tracker").get<int>(),
+                                         s.at("hysteresis_tracker").get<int>()});
     }
     if (options.load_rng && meta.contains("rng")) {
       const json& rng = meta.at("rng");
@@ -641,6 +648,20 @@ LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOp
   });
   barrier(model);
   return loop;
+}
+
+}  // namespace
+
+LoopState load_checkpoint(const std::string& dir, Trainer& trainer, const LoadOptions& options) {
+  return load_into(dir, trainer.model(), &trainer, options);
+}
+
+void load_parameters(const std::string& dir, ParallelModel& model, int64_t iteration) {
+  LoadOptions options;
+  options.load_optim = options.load_rng = false;
+  options.finetune = true;
+  options.iteration = iteration;
+  load_into(dir, model, nullptr, options);
 }
 
 }  // namespace braid::engine

@@ -70,6 +70,25 @@ void bind_checkpoint(py::module_& m) {
       "loss scale and RNG - and returns the consumed samples it saved (0 with finetune). "
       "ValueError naming the file and tensor for anything that does not fit.");
 
+  m.def(
+      "load_parameters",
+      [](const std::string& dir, ParallelModel& model, int64_t iteration) {
+        py::gil_scoped_release release;
+        load_parameters(dir, model, iteration);
+      },
+      py::arg("dir"), py::arg("model"), py::arg("iteration") = -1,
+      "Collective. Loads only the parameters of the latest (or `iteration`'s) checkpoint of dir "
+      "into a ParallelModel, saved under any layout: no optimizer state is allocated or read.");
+  m.def(
+      "load_parameters",
+      [](const std::string& dir, model::GPTModel& model, int64_t iteration) {
+        py::gil_scoped_release release;
+        ParallelModel one_process(model);
+        load_parameters(dir, one_process, iteration);
+      },
+      py::arg("dir"), py::arg("model"), py::arg("iteration") = -1,
+      "The same into a one-process GPTModel (the whole model, e.g. for generation).");
+
   py::class_<CheckpointSaver>(
       m, "CheckpointSaver",
       "Saves into one directory, synchronously or (async_save, --async-save) in the background: "

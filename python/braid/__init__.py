@@ -59,6 +59,7 @@ from braid._C import (  # noqa: F401
     iteration_directory,
     latest_iteration,
     load_checkpoint,
+    load_parameters,
     memory_stats,
     reset_peak_memory,
     save_checkpoint,

@@ -98,9 +98,7 @@ def load_model(load: str, iteration: int | None = None, device: str = "cpu"
     iteration, meta = checkpoint_metadata(load, iteration)
     cfg = config_from_metadata(meta["config"], device)
     model = braid.GPTModel(cfg, device=device, seed=0)
-    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=0.0, style="constant"))
-    braid.load_checkpoint(load, trainer, load_optim=False, load_rng=False, finetune=True,
-                          iteration=iteration)
+    braid.load_parameters(load, model, iteration=iteration)  # no optimizer state allocated
     return model, meta
 
 

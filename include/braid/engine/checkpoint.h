@@ -102,4 +102,9 @@ class CheckpointSaver {
 LoopState load_checkpoint(const std::string& dir, Trainer& trainer,
                           const LoadOptions& options = {});
 
+// Collective. Loads only the parameters of the latest (or `iteration`'s) checkpoint of `dir`
+// into `model`, saved under any layout - for generation or evaluation: no optimizer state is
+// read, and none need exist (no Trainer). Errors as load_checkpoint's.
+void load_parameters(const std::string& dir, ParallelModel& model, int64_t iteration = -1);
+
 }  // namespace braid::engine

@@ -236,3 +236,28 @@ def test_load_model_gives_the_saved_models_logits(tmp_path):
         gen.load_model(str(tmp_path), iteration=7)
     with pytest.raises(ValueError, match="no checkpoint"):
         gen.load_model(str(tmp_path / "empty"))
+
+
+def test_load_parameters_allocates_no_optimizer_state(tmp_path):
+    # A trained step, so the checkpoint holds optimizer state too.
+    cfg = braid.TransformerConfig.preset("llama-tiny")
+    model = braid.GPTModel(cfg, device="cpu", seed=21)
+    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3, style="constant"))
+    ids = random_ids(model, (2, 9))
+    trainer.train_step(ids, ids)
+    braid.save_checkpoint(str(tmp_path), trainer)
+
+    def allocated():
+        return braid.memory_stats("cpu")["current_bytes"]
+
+    start = allocated()
+    params_only = braid.GPTModel(cfg, device="cpu", seed=0)
+    braid.load_parameters(str(tmp_path), params_only)
+    one_model = allocated() - start
+    with_trainer = braid.GPTModel(cfg, device="cpu", seed=0)
+    t = braid.Trainer(with_trainer, braid.AdamWConfig(), braid.LRSchedule(lr=0.0, style="constant"))
+    braid.load_checkpoint(str(tmp_path), t, finetune=True)
+    # The trainer's path holds Adam's two f32 moments besides the same model.
+    assert allocated() - start - 2 * one_model >= 8 * model.num_parameters()
+    np.testing.assert_array_equal(full_logits(params_only, ids), full_logits(model, ids))
+    np.testing.assert_array_equal(full_logits(with_trainer, ids), full_logits(model, ids))
