@@ -507,7 +507,7 @@ def main(argv=None) -> int:
             timers.add(stats)
         if it == profile_end - 1:
             profile_done(it)
-        elif trace is not None and not (profiling and profile_start <= it < profile_end):
+        if trace is not None and not (profiling and profile_start <= it < profile_end):
             trace.clear()  # the timers' spans: StepStats has their sums
         interval_iters += 1
         skipped += stats.skipped
