@@ -24,6 +24,7 @@ import transformers
 from safetensors.torch import load_file
 
 import braid
+from mpi_job import mpi_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 TOOL = os.path.join(ROOT, "tools", "convert_hf.py")
@@ -312,9 +313,7 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""
     hf_dir, ckpt = imported(tmp_path, kind)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+    env = mpi_env()
     script = tmp_path / "resave.py"
     script.write_text(RESAVE)
     r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from mpi_job import mpi_env
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
@@ -30,14 +32,7 @@ def demo_command(ranks: int, args: list[str]) -> list[str]:
     return ["mpirun", "-np", str(ranks), "--oversubscribe", *demo] if ranks > 1 else demo
 
 
-def demo_env() -> dict:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
+demo_env = mpi_env
 
 
 def run_demo(ranks: int, args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:

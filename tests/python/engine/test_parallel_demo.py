@@ -11,18 +11,15 @@ import sys
 
 import pytest
 
+from mpi_job import mpi_env
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
 
 def run_demo(ranks: int, args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS="1",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = mpi_env()
     cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", sys.executable, "-m", "braid.demo",
            *args]
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)

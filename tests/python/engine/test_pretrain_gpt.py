@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from mpi_job import mpi_env
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SCRIPT = os.path.join(REPO, "pretrain_gpt.py")
 
@@ -34,14 +36,7 @@ LAYOUT_3D = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-siz
              "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce"]
 
 
-def env() -> dict:
-    e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS="1",
-             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-             OMPI_MCA_rmaps_base_oversubscribe="1")
-    e["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "python")] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
-    return e
+env = mpi_env
 
 
 def run(ranks: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from mpi_job import mpi_env
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 TOOL = os.path.join(REPO, "tools", "generate.py")
 
@@ -27,12 +29,7 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2"
 
 
 def env():
-    e = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive", OPENBLAS_NUM_THREADS="1",
-             OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-             OMPI_MCA_rmaps_base_oversubscribe="1", HF_HUB_OFFLINE="1")
-    e["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "python")] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
-    return e
+    return mpi_env(HF_HUB_OFFLINE="1")
 
 
 def generate(*args, timeout=120):

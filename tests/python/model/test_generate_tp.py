@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from mpi_job import mpi_env
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
@@ -42,11 +44,7 @@ for preset in ("gpt2-tiny", "llama-tiny"):
 def test_decode_under_tensor_parallelism(tmp_path, tp):
     script = tmp_path / "decode_tp.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1", OMP_WAIT_POLICY="passive",
-               OPENBLAS_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1",
-               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(REPO, "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env = mpi_env()
     r = subprocess.run(["mpirun", "-np", str(tp), "--oversubscribe", sys.executable, str(script),
                         str(tp)], env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
