@@ -2,12 +2,13 @@
 # scripts/gpu_check.sh OUTDIR — build braid with CUDA (sm_90) into build-gpu/, run the whole
 # ctest suite on the GPU (BRAID_TEST_DEVICE=cuda; the NCCL tests as MPI jobs of one rank), then
 # benchmarks/step_bench.py in bf16, comm_bench (NCCL, one rank: braid vs raw NCCL calls) and
-# benchmarks/mfu.py (a Llama-style bf16 stack, MFU against 989 TFLOP/s), all inside a time
-# budget (default 540 s). Writes into OUTDIR:
+# benchmarks/mfu.py (a Llama-style bf16 stack, MFU against 989 TFLOP/s) and one GPU's row of
+# benchmarks/scaling.py (pretrain_gpt.py in bf16 with its step timers: the whole training script
+# on the GPU), all inside a time budget (default 540 s). Writes into OUTDIR:
 #   summary.txt  GPU, toolchain, pass/fail counts, failed tests, the benchmarks' last lines
 #   setup.log    unpacking .deps, the carried wheels, configure
-#   build.log    the build;  ctest.log  the tests;  bench.log, comm_bench.log, mfu.log  the
-#                benchmarks;  module.log  the module check (below)
+#   build.log    the build;  ctest.log  the tests;  bench.log, comm_bench.log, mfu.log,
+#                scaling.log  the benchmarks;  module.log  the module check (below)
 # Exit status 0 only when the build, the module check, every test and the benchmarks passed.
 #
 # Right after the build, a module check imports braid._C and has it raise a C++ error whose
@@ -37,13 +38,14 @@
 #                                (the default when simulating)
 #   BRAID_GPU_BUILD_TARGETS      build only these targets (space-separated; default: all)
 #   BRAID_GPU_CHECK_TESTS        run only the ctest entries matching this regex (ctest -R)
-#   BRAID_GPU_CHECK_BENCH        which benchmarks run (default "step_bench comm_bench mfu")
+#   BRAID_GPU_CHECK_BENCH        which benchmarks run (default "step_bench comm_bench mfu
+#                                scaling")
 #   BRAID_GPU_COMM_BENCH_ARGS    comm_bench's sizes and rounds (default -b 64K -e 256M -f 4
 #                                -n 20 -w 5 -r 3)
 #   BRAID_GPU_MFU_ARGS           extra arguments of benchmarks/mfu.py (e.g. --num-layers 4)
 #   BRAID_GPU_AFTER_BUILD_S      seconds kept from the build for what follows (default 240),
-#   BRAID_GPU_STEP_BENCH_S, BRAID_GPU_COMM_BENCH_S, BRAID_GPU_MFU_S
-#                                and kept from the tests for each benchmark (50, 30, 100)
+#   BRAID_GPU_STEP_BENCH_S, BRAID_GPU_COMM_BENCH_S, BRAID_GPU_MFU_S, BRAID_GPU_SCALING_S
+#                                and kept from the tests for each benchmark (50, 30, 100, 30)
 set -uo pipefail
 
 [ $# -eq 1 ] || { echo "usage: scripts/gpu_check.sh OUTDIR" >&2; exit 2; }
@@ -55,7 +57,7 @@ budget=${BRAID_GPU_CHECK_BUDGET:-540}
 ctest_jobs=${BRAID_GPU_CTEST_JOBS:-6}
 read -r -a build_targets <<<"${BRAID_GPU_BUILD_TARGETS:-}"
 test_regex=${BRAID_GPU_CHECK_TESTS:-}
-benches=" ${BRAID_GPU_CHECK_BENCH:-step_bench comm_bench mfu} "
+benches=" ${BRAID_GPU_CHECK_BENCH:-step_bench comm_bench mfu scaling} "
 read -r -a comm_bench_args <<<"${BRAID_GPU_COMM_BENCH_ARGS:--b 64K -e 256M -f 4 -n 20 -w 5 -r 3}"
 read -r -a mfu_args <<<"${BRAID_GPU_MFU_ARGS:-}"
 build=$repo/build-gpu
@@ -352,10 +354,12 @@ fi
 comm_bench_s=${BRAID_GPU_COMM_BENCH_S:-30}  # comm_bench's share of what the tests leave
 mfu_s=${BRAID_GPU_MFU_S:-100}               # mfu.py's: two probes and the timed run
 step_bench_s=${BRAID_GPU_STEP_BENCH_S:-50}
+scaling_s=${BRAID_GPU_SCALING_S:-30}         # scaling.py's one-GPU row
+[[ $benches == *" scaling "* ]] || scaling_s=0
 [[ $benches == *" comm_bench "* ]] || comm_bench_s=0
 [[ $benches == *" mfu "* ]] || mfu_s=0
 [[ $benches == *" step_bench "* ]] || step_bench_s=0
-test_s=$(( $(left) - step_bench_s - comm_bench_s - mfu_s ))  # leaves the benchmarks theirs
+test_s=$(( $(left) - step_bench_s - comm_bench_s - mfu_s - scaling_s ))  # the benchmarks' share
 [ "$test_s" -ge 30 ] || test_s=30
 say "ctest -j$ctest_jobs with BRAID_TEST_DEVICE=cuda ($test_s s at most${test_regex:+; -R $test_regex})"
 tt=$SECONDS
@@ -376,7 +380,7 @@ grep -E 'tests passed, [0-9]+ tests failed' "$out/ctest.log" | sed 's/^/  ctest:
 if [[ $benches != *" step_bench "* ]]; then
   :
 elif [ -f benchmarks/step_bench.py ]; then
-  bench_s=$(( $(left) - comm_bench_s - mfu_s ))
+  bench_s=$(( $(left) - comm_bench_s - mfu_s - scaling_s ))
   [ "$bench_s" -ge 30 ] || bench_s=30
   say "benchmarks/step_bench.py --device cuda --dtype bf16 ($bench_s s at most)"
   PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$bench_s" \
@@ -394,7 +398,7 @@ fi
 if [[ $benches != *" comm_bench "* ]]; then
   :
 elif [ -x "$build/benchmarks/comm_bench" ]; then
-  cb_s=$(( $(left) - mfu_s ))
+  cb_s=$(( $(left) - mfu_s - scaling_s ))
   [ "$cb_s" -ge 20 ] || cb_s=20
   say "comm_bench --transport nccl ${comm_bench_args[*]} ($cb_s s at most)"
   timeout "$cb_s" "$build/benchmarks/comm_bench" --transport nccl "${comm_bench_args[@]}" \
@@ -411,7 +415,7 @@ fi
 
 # mfu.py: MFU of a Llama-style bf16 stack with as many layers as the GPU holds.
 if [[ $benches == *" mfu "* ]]; then
-  mfu_left=$(left)
+  mfu_left=$(( $(left) - scaling_s ))
   [ "$mfu_left" -ge 30 ] || mfu_left=30
   say "benchmarks/mfu.py ${mfu_args[*]} ($mfu_left s at most)"
   PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$mfu_left" \
@@ -420,5 +424,19 @@ if [[ $benches == *" mfu "* ]]; then
   note "mfu: $([ $mfu_rc = 0 ] && echo ok || echo "FAILED (rc $mfu_rc)"); its last lines:"
   tail -n 6 "$out/mfu.log" | sed 's/^/  | /' >>"$summary"
   [ $mfu_rc -eq 0 ] || status=1
+fi
+# scaling.py's baseline row on the GPU: pretrain_gpt.py --device cuda --bf16 with the step
+# timers (every span synchronizes the GPU), a tiny model - a check that the training script and
+# its tracing run on CUDA, not a figure.
+if [[ $benches == *" scaling "* ]]; then
+  sc_left=$(left)
+  [ "$sc_left" -ge 20 ] || sc_left=20
+  say "benchmarks/scaling.py --device cuda --ranks 1 ($sc_left s at most)"
+  PYTHONPATH=$repo/python:$PYTHONPATH PYTHONUNBUFFERED=1 timeout "$sc_left" \
+    "$py" benchmarks/scaling.py --device cuda --ranks 1 --train-iters 8 >"$out/scaling.log" 2>&1
+  sc_rc=$?
+  note "scaling: $([ $sc_rc = 0 ] && echo ok || echo "FAILED (rc $sc_rc)"); its last lines:"
+  tail -n 5 "$out/scaling.log" | sed 's/^/  | /' >>"$summary"
+  [ $sc_rc -eq 0 ] || status=1
 fi
 finish $status
