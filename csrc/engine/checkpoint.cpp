@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -30,6 +31,7 @@ constexpr const char* kMetadata = "metadata.json";
 
 struct SavedLayout {
   int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
+  std::optional<int> first_stage_layers, last_stage_layers;
   bool distributed_optimizer = false;
 };
 
@@ -43,6 +45,8 @@ SavedLayout layout_of(const ParallelModel& model) {
     l.tp = model.chunk(0).tensor_parallel().size();
   }
   l.virtual_stages = model.num_chunks();
+  l.first_stage_layers = model.parallel().first_stage_layers;
+  l.last_stage_layers = model.parallel().last_stage_layers;
   l.distributed_optimizer = model.parallel().ddp.use_distributed_optimizer;
   return l;
 }
@@ -263,10 +267,11 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
   const model::TransformerConfig& config = model.config();
   json tensors = json::object();
   const bool bf16 = config.params_dtype != DType::f32;
+  const auto layers = stage_layers(int(config.num_layers), saved.pp, saved.virtual_stages,
+                                   saved.first_stage_layers, saved.last_stage_layers);
   for (int p = 0; p < saved.pp; ++p) {
     for (int c = 0; c < saved.virtual_stages; ++c) {
-      const model::ModelChunk held =
-          pipeline_chunk(int(config.num_layers), saved.pp, saved.virtual_stages, p, c);
+      const model::ModelChunk held = pipeline_chunk(layers, p, c);
       for (int t = 0; t < saved.tp; ++t) {
         const model::ParamLayout layout = model::parameter_layout(config, t, saved.tp, held);
         for (const Slice& s : stored_slices(layout)) {
@@ -288,18 +293,22 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
       }
     }
   }
+  json saved_layout{{"tensor_model_parallel_size", saved.tp},
+                    {"pipeline_model_parallel_size", saved.pp},
+                    {"data_parallel_size", saved.dp},
+                    {"virtual_pipeline_stages", saved.virtual_stages},
+                    {"use_distributed_optimizer", saved.distributed_optimizer}};
+  if (saved.first_stage_layers)
+    saved_layout["decoder_first_pipeline_num_layers"] = *saved.first_stage_layers;
+  if (saved.last_stage_layers)
+    saved_layout["decoder_last_pipeline_num_layers"] = *saved.last_stage_layers;
   const LossScaler::State scaler = trainer.loss_scaler().state();
   const LRSchedule& lr = trainer.schedule();
   json meta{{"format", "braid-checkpoint"},
             {"format_version", kCheckpointFormatVersion},
             {"iteration", trainer.iteration()},
             {"config", config_json(config)},
-            {"layout",
-             {{"tensor_model_parallel_size", saved.tp},
-              {"pipeline_model_parallel_size", saved.pp},
-              {"data_parallel_size", saved.dp},
-              {"virtual_pipeline_stages", saved.virtual_stages},
-              {"use_distributed_optimizer", saved.distributed_optimizer}}},
+            {"layout", saved_layout},
             {"trainer",
              {{"iteration", trainer.iteration()},
               {"skipped_iterations", trainer.skipped_iterations()},

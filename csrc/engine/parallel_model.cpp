@@ -20,13 +20,17 @@ void ParallelConfig::validate(const model::TransformerConfig& config,
                      "virtual pipeline stages (interleaving) need --pipeline-model-parallel-size "
                      "> 1, got ",
                      grid.pp());
-  stage_layers(int(config.num_layers), grid.pp(), virtual_stages);  // ConfigError if uneven
+  layers(int(config.num_layers), grid.pp());  // ConfigError unless the layers split
 }
 
-model::ModelChunk pipeline_chunk(int num_layers, int pp, int virtual_stages, int pp_rank,
+std::vector<std::vector<LayerRange>> ParallelConfig::layers(int num_layers, int pp) const {
+  return stage_layers(num_layers, pp, virtual_stages, first_stage_layers, last_stage_layers);
+}
+
+model::ModelChunk pipeline_chunk(const std::vector<std::vector<LayerRange>>& layers, int pp_rank,
                                  int chunk) {
-  const LayerRange range =
-      stage_layers(num_layers, pp, virtual_stages)[size_t(pp_rank)][size_t(chunk)];
+  const int pp = int(layers.size()), virtual_stages = int(layers.front().size());
+  const LayerRange range = layers.at(size_t(pp_rank)).at(size_t(chunk));
   const int model_chunk = chunk * pp + pp_rank;
   return {range.begin, range.end, model_chunk == 0, model_chunk == pp * virtual_stages - 1};
 }
@@ -48,9 +52,9 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
       log::warn("MPI lacks MPI_THREAD_MULTIPLE: data-parallel reductions will not overlap");
     }
   }
+  const auto layers = parallel_.layers(int(config.num_layers), pp);
   for (int c = 0; c < v; ++c) {
-    const model::ModelChunk held =
-        pipeline_chunk(int(config.num_layers), pp, v, state.pp_rank(), c);
+    const model::ModelChunk held = pipeline_chunk(layers, state.pp_rank(), c);
     const model::ParamLayout layout =
         model::parameter_layout(config, state.tp_rank(), grid.tp(), held);
     // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see

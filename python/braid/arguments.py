@@ -33,8 +33,6 @@ UNSUPPORTED = {
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
     "--num-experts": "mixture-of-experts models are not implemented",
-    "--decoder-first-pipeline-num-layers": "uneven pipeline stages are not exposed yet",
-    "--decoder-last-pipeline-num-layers": "uneven pipeline stages are not exposed yet",
     "--distributed-backend": "braid chooses: NCCL for CUDA tensors, MPI on the CPU",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
@@ -163,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline-model-parallel-size", type=pos_int, default=1)
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=pos_int, default=None)
     g.add_argument("--num-virtual-stages-per-pipeline-rank", type=pos_int, default=None)
+    g.add_argument("--decoder-first-pipeline-num-layers", type=pos_int, default=None,
+                   help="layers of the first pipeline stage (uneven stages; the other stages "
+                        "split the rest evenly)")
+    g.add_argument("--decoder-last-pipeline-num-layers", type=pos_int, default=None,
+                   help="layers of the last pipeline stage, which also runs the LM head and loss")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
@@ -347,13 +350,20 @@ def validate(a: argparse.Namespace, world_size: int):
     _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
 
     # Pipeline.
-    _check(a.num_layers % pp == 0,
-           f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {pp}")
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    uneven = first is not None or last is not None
+    _check(uneven or a.num_layers % pp == 0,
+           f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {pp} "
+           "(uneven stages: --decoder-first-pipeline-num-layers / "
+           "--decoder-last-pipeline-num-layers)")
     a.virtual_stages = 1
     if a.num_layers_per_virtual_pipeline_stage and a.num_virtual_stages_per_pipeline_rank:
         raise ArgumentError("give --num-layers-per-virtual-pipeline-stage or "
                             "--num-virtual-stages-per-pipeline-rank, not both")
     if a.num_layers_per_virtual_pipeline_stage:
+        _check(not uneven, "--num-layers-per-virtual-pipeline-stage assumes stages of equal size; "
+               "with --decoder-first/last-pipeline-num-layers give "
+               "--num-virtual-stages-per-pipeline-rank")
         per_rank = a.num_layers // pp
         _check(per_rank % a.num_layers_per_virtual_pipeline_stage == 0,
                f"--num-layers-per-virtual-pipeline-stage {a.num_layers_per_virtual_pipeline_stage}"
@@ -361,7 +371,7 @@ def validate(a: argparse.Namespace, world_size: int):
         a.virtual_stages = per_rank // a.num_layers_per_virtual_pipeline_stage
     elif a.num_virtual_stages_per_pipeline_rank:
         a.virtual_stages = a.num_virtual_stages_per_pipeline_rank
-        _check((a.num_layers // pp) % a.virtual_stages == 0,
+        _check(uneven or (a.num_layers // pp) % a.virtual_stages == 0,
                f"--num-virtual-stages-per-pipeline-rank {a.virtual_stages} does not divide the "
                f"{a.num_layers // pp} layers of each pipeline rank")
     if a.virtual_stages > 1:
@@ -371,6 +381,13 @@ def validate(a: argparse.Namespace, world_size: int):
                f"({a.num_microbatches} = --global-batch-size / (--micro-batch-size x dp)) to be "
                f"a multiple of --pipeline-model-parallel-size {pp}")
         _check(a.pipeline_schedule == "1f1b", "virtual pipeline stages need --pipeline-schedule 1f1b")
+    a.stage_layers = None  # [pp rank][chunk] = (first layer, end), when uneven
+    if uneven:  # braid's own rule (engine::stage_layers) and its messages
+        from braid import _C
+        try:
+            a.stage_layers = _C.stage_layers(a.num_layers, pp, a.virtual_stages, first, last)
+        except ValueError as e:
+            raise ArgumentError(str(e)) from None
     _check(not a.overlap_param_gather or a.use_distributed_optimizer,
            "--overlap-param-gather needs --use-distributed-optimizer")
 

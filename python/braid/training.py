@@ -386,9 +386,10 @@ def main(argv=None) -> int:
                           overlap_grad_reduce=a.overlap_grad_reduce,
                           use_distributed_optimizer=a.use_distributed_optimizer,
                           overlap_param_gather=a.overlap_param_gather)
-    model = braid.ParallelModel(cfg, device, a.seed, state,
-                                braid.ParallelConfig(sequence_parallel=a.sequence_parallel,
-                                                     virtual_stages=a.virtual_stages, ddp=ddp))
+    model = braid.ParallelModel(cfg, device, a.seed, state, braid.ParallelConfig(
+        sequence_parallel=a.sequence_parallel, virtual_stages=a.virtual_stages, ddp=ddp,
+        first_stage_layers=a.decoder_first_pipeline_num_layers,
+        last_stage_layers=a.decoder_last_pipeline_num_layers))
     trainer = braid.Trainer(model, trainer_config(a))
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
@@ -399,7 +400,10 @@ def main(argv=None) -> int:
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv) on "
         f"{state.world_size} x {device}: tp={state.tp} pp={state.pp} dp={state.dp}"
-        + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else ""))
+        + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")
+        + (", layers per stage " + " | ".join(str(sum(e - b for b, e in chunks))
+                                             for chunks in a.stage_layers)
+           if a.stage_layers else ""))
 
     consumed = 0
     if a.load:

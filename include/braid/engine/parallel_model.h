@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "braid/comm/parallel_state.h"
 #include "braid/comm/progress.h"
 #include "braid/engine/grad_buffer.h"
+#include "braid/engine/schedule.h"
 #include "braid/model/gpt_model.h"
 
 namespace braid::engine {
@@ -23,16 +25,24 @@ struct ParallelConfig {
   bool sequence_parallel = false;  // --sequence-parallel
   int virtual_stages = 1;          // model chunks per pipeline rank (interleaved 1F1B when > 1)
   DDPConfig ddp;
+  // Uneven pipeline stages (--decoder-first-pipeline-num-layers / --decoder-last-...): the
+  // layers of the first / last pipeline rank; the other ranks split the rest evenly. Unset:
+  // every rank holds num_layers / pp. Lightening the last stage offsets its LM head and loss.
+  std::optional<int> first_stage_layers = std::nullopt;
+  std::optional<int> last_stage_layers = std::nullopt;
 
   // ConfigError (same on every rank, before any communication) unless the model splits over
-  // the layout: the TP rules (check_tensor_parallel), layers divisible by pp × virtual_stages,
-  // virtual stages only with pp > 1, and the DDP options.
+  // the layout: the TP rules (check_tensor_parallel), the layers over pp × virtual_stages
+  // (stage_layers), virtual stages only with pp > 1, and the DDP options.
   void validate(const model::TransformerConfig& config, const comm::RankGrid& grid) const;
+  // stage_layers under this config: [pp rank][chunk].
+  std::vector<std::vector<LayerRange>> layers(int num_layers, int pp) const;
 };
 
-// What chunk c of pipeline rank pp_rank holds: model chunk c·pp + pp_rank's layers
-// (stage_layers), the embeddings if it is model chunk 0, the head if it is the last one.
-model::ModelChunk pipeline_chunk(int num_layers, int pp, int virtual_stages, int pp_rank,
+// What chunk c of pipeline rank pp_rank holds, given every rank's layers (stage_layers):
+// model chunk c·pp + pp_rank's layers, the embeddings if it is model chunk 0, the head if it
+// is the last one.
+model::ModelChunk pipeline_chunk(const std::vector<std::vector<LayerRange>>& layers, int pp_rank,
                                  int chunk);
 
 class ParallelModel {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -41,10 +42,14 @@ struct Layout {
   int tp, pp, dp;
   bool zero;
   int virtual_stages = 1;
+  std::optional<int> first_stage_layers = std::nullopt;  // uneven pipeline stages
+  std::optional<int> last_stage_layers = std::nullopt;
   std::string str() const {
     std::ostringstream out;
     out << "(" << tp << ", " << pp << ", " << dp << ")" << (zero ? " zero" : "")
         << (virtual_stages > 1 ? " v2" : "");
+    if (first_stage_layers) out << " first " << *first_stage_layers;
+    if (last_stage_layers) out << " last " << *last_stage_layers;
     return out.str();
   }
 };
@@ -67,6 +72,8 @@ struct Job {
                                                     comm::ParallelLayout{l.tp, l.pp, l.dp});
       ParallelConfig parallel;
       parallel.virtual_stages = l.virtual_stages;
+      parallel.first_stage_layers = l.first_stage_layers;
+      parallel.last_stage_layers = l.last_stage_layers;
       parallel.ddp.use_distributed_optimizer = l.zero;
       parallel.ddp.overlap_grad_reduce = l.zero;
       parallel.ddp.bucket_size = 5000;
@@ -101,12 +108,13 @@ std::string scratch(const std::string& name) {
 
 void barrier() { comm::init_distributed().world->barrier()->wait(); }
 
-// Saved at (2, 2, 2) with ZeRO after 3 steps; every other layout that loads it takes the same
+// Saved under `saving` after 3 steps; every layout of `loading` that loads it takes the same
 // next 3 steps as the saving layout does.
-void check_reshard(const std::string& name, const TransformerConfig& config) {
-  SCOPED_TRACE(name);
-  const std::string dir = scratch("reshard_" + name);
-  const Layout saving{2, 2, 2, true};
+void check_reshard(const std::string& name, const TransformerConfig& config, const Layout& saving,
+                   const std::vector<Layout>& loading) {
+  SCOPED_TRACE(name + " saved at " + saving.str());
+  static int saves = 0;
+  const std::string dir = scratch("reshard_" + std::to_string(saves++));
   std::vector<float> want;
   {
     Job job(config, saving, 11);
@@ -114,9 +122,7 @@ void check_reshard(const std::string& name, const TransformerConfig& config) {
     save_checkpoint(dir, *job.trainer, {.consumed_samples = 3 * kGlobalRows});
     for (int s = 0; s < 3; ++s) want.push_back(job.step(config));
   }
-  for (const Layout& l :
-       {Layout{1, 1, 1, false}, Layout{4, 2, 1, false}, Layout{1, 4, 2, true},
-        Layout{2, 1, 4, true}, Layout{2, 2, 2, false}, Layout{1, 4, 2, false, 2}}) {
+  for (const Layout& l : loading) {
     SCOPED_TRACE("loaded at " + l.str());
     Job job(config, l, 99);  // another seed: everything must come from the checkpoint
     const LoopState loop = load_checkpoint(dir, *job.trainer);
@@ -133,8 +139,22 @@ void check_reshard(const std::string& name, const TransformerConfig& config) {
 
 TEST(CheckpointReshard, SavedAt222WithZeroLoadsEverywhere) {
   if (comm::init_distributed().world->size() != 8) GTEST_SKIP() << "runs on 8 ranks";
-  check_reshard("gpt2", gpt2());
-  check_reshard("llama", llama());
+  const Layout saving{2, 2, 2, true};
+  const std::vector<Layout> loading{{1, 1, 1, false},        {4, 2, 1, false}, {1, 4, 2, true},
+                                    {2, 1, 4, true},         {2, 2, 2, false}, {1, 4, 2, false, 2},
+                                    {1, 4, 2, true, 1, 3, 1}};  // uneven stages: 3 | 2 | 2 | 1
+                                                                // layers
+  check_reshard("gpt2", gpt2(), saving, loading);
+  check_reshard("llama", llama(), saving, loading);
+}
+
+// Uneven stages saved (5 | 3 layers) load under even stages, one process included, and under
+// other uneven ones (2 | 6 layers, interleaved: chunks of 1 on rank 0, of 3 on rank 1).
+TEST(CheckpointReshard, SavedWithUnevenStagesLoadsEverywhere) {
+  if (comm::init_distributed().world->size() != 8) GTEST_SKIP() << "runs on 8 ranks";
+  const Layout saving{2, 2, 2, true, 1, std::nullopt, 3};
+  check_reshard("gpt2", gpt2(), saving,
+                {{1, 1, 1, false}, {2, 4, 1, true}, {1, 2, 4, false, 2, 2, std::nullopt}});
 }
 
 // Same layout, f32 on the CPU: stopping at step 4 and resuming gives bit-identical losses for

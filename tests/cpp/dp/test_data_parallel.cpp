@@ -1,8 +1,8 @@
 // Data parallelism and 3D layouts: 5 training steps of the Trainer on this rank's share equal
 // the one-process Trainer's on the same global batch - every step's loss, and every parameter
 // afterwards (gathered from all shards and stages) - with ZeRO-1 on and off, bucket reductions
-// overlapped with the backward or not, sequence parallelism and interleaved pipelines where
-// the layout has them. Rows of the global batch carry different numbers of ignored targets,
+// overlapped with the backward or not, sequence parallelism, interleaved and uneven pipelines
+// where the layout has them. Rows of the global batch carry different numbers of ignored targets,
 // so only the mean over the global batch's tokens (not a mean of microbatch means) matches.
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,10 +83,15 @@ struct Layout {
   bool zero = false;
   bool overlap = false;
   bool sequence_parallel = false;
+  std::optional<int> first_stage_layers = std::nullopt;  // uneven pipeline stages
+  std::optional<int> last_stage_layers = std::nullopt;
+  std::vector<int> rank_layers = {};  // the layers each pipeline rank must hold, when given
   std::string str() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
            " v " + std::to_string(virtual_stages) + (zero ? " zero" : "") +
-           (overlap ? " overlap" : "") + (sequence_parallel ? " sp" : "");
+           (overlap ? " overlap" : "") + (sequence_parallel ? " sp" : "") +
+           (first_stage_layers ? " first " + std::to_string(*first_stage_layers) : "") +
+           (last_stage_layers ? " last " + std::to_string(*last_stage_layers) : "");
   }
 };
 
@@ -98,11 +104,19 @@ void check_layout(const std::string& name, const Layout& l) {
   ParallelConfig parallel;
   parallel.sequence_parallel = l.sequence_parallel;
   parallel.virtual_stages = l.virtual_stages;
+  parallel.first_stage_layers = l.first_stage_layers;
+  parallel.last_stage_layers = l.last_stage_layers;
   parallel.ddp.use_distributed_optimizer = l.zero;
   parallel.ddp.overlap_grad_reduce = l.overlap;
   parallel.ddp.overlap_param_gather = l.zero && l.overlap;
   parallel.ddp.bucket_size = l.overlap ? 4000 : 0;  // several buckets per chunk when overlapped
   ParallelModel model(config, Device::cpu(), 7, state, parallel);
+  if (!l.rank_layers.empty()) {
+    int held = 0;
+    for (int c = 0; c < model.num_chunks(); ++c)
+      held += model.chunk(c).chunk().end_layer - model.chunk(c).chunk().first_layer;
+    EXPECT_EQ(held, l.rank_layers[size_t(state.pp_rank())]) << "pp rank " << state.pp_rank();
+  }
   Trainer trainer(model, trainer_config());
 
   const int64_t rows = kGlobalRows / l.dp;  // this DP rank's contiguous share, one per microbatch
@@ -183,6 +197,35 @@ TEST(DataParallelEqualsOneRank, WithTensorAndPipelineParallelism) {
         "llama",
         {.tp = 2, .pp = 1, .dp = 2, .zero = zero, .overlap = zero, .sequence_parallel = true});
   }
+}
+
+// Uneven stages (Megatron's --decoder-first/last-pipeline-num-layers) of the 8 layers: the
+// same training as one process, tied embeddings across stages of different sizes included.
+TEST(DataParallelEqualsOneRank, UnevenPipelineStages) {
+  if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  // pp 4: layers 3 | 2 | 2 | 1 (the head's stage lightest).
+  check_layout("gpt2", {.tp = 1,
+                        .pp = 4,
+                        .dp = 1,
+                        .first_stage_layers = 3,
+                        .last_stage_layers = 1,
+                        .rank_layers = {3, 2, 2, 1}});
+  // pp 2 x dp 2, ZeRO, overlapped: 5 | 3.
+  check_layout("llama", {.tp = 1,
+                         .pp = 2,
+                         .dp = 2,
+                         .zero = true,
+                         .overlap = true,
+                         .last_stage_layers = 3,
+                         .rank_layers = {5, 3}});
+  // pp 2, interleaved: rank 0 holds 2 layers (chunks of 1), rank 1 holds 6 (chunks of 3).
+  check_layout("gpt2", {.tp = 2,
+                        .pp = 2,
+                        .dp = 1,
+                        .virtual_stages = 2,
+                        .sequence_parallel = true,
+                        .first_stage_layers = 2,
+                        .rank_layers = {2, 6}});
 }
 
 // The matrix on 8 ranks, where the heads allow (8 heads, 4 kv groups: every tp <= 8).

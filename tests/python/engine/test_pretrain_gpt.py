@@ -176,20 +176,40 @@ def test_resume_continues_exactly(runs):
     assert validation(part) == {10: validation(full)[10]}
 
 
-def test_one_process_trains_like_the_3d_layout(runs, tmp_path):
-    tb = str(tmp_path / "tb")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The same 20 iterations in one process: every layout must train alike."""
+    tb = str(tmp_path_factory.mktemp("one_process") / "tb")
     r = run(1, [*MODEL, "--train-iters", "20", "--tensorboard-dir", tb])
     assert r.returncode == 0, r.stdout + r.stderr
-    one = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
-    three_d = losses(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")))
-    assert sorted(one) == sorted(three_d) == list(range(1, 21))
-    got, want = np.array([three_d[i] for i in range(1, 21)]), np.array([one[i] for i in range(1, 21)])
-    np.testing.assert_allclose(got, want, rtol=2e-4)
-    one_valid = validation(jsonl(os.path.join(tb, "metrics.jsonl")))
-    full_valid = validation(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")))
-    assert one_valid.keys() == full_valid.keys() == {10, 20}
+    return jsonl(os.path.join(tb, "metrics.jsonl"))
+
+
+def assert_trains_alike(records, one_process):
+    one, got = losses(one_process), losses(records)
+    assert sorted(one) == sorted(got) == list(range(1, 21))
+    np.testing.assert_allclose([got[i] for i in range(1, 21)], [one[i] for i in range(1, 21)],
+                               rtol=2e-4)
+    one_valid, got_valid = validation(one_process), validation(records)
+    assert one_valid.keys() == got_valid.keys() == {10, 20}
     for step in one_valid:
-        assert one_valid[step] == pytest.approx(full_valid[step], rel=2e-4)
+        assert got_valid[step] == pytest.approx(one_valid[step], rel=2e-4)
+
+
+def test_one_process_trains_like_the_3d_layout(runs, one_process):
+    assert_trains_alike(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")), one_process)
+
+
+def test_uneven_pipeline_stages_train_like_one_process(one_process, tmp_path):
+    # Megatron's --decoder-last-pipeline-num-layers: the stage with the LM head holds 1 of the
+    # 4 layers, the first 3; under pp 2 x dp 2 with ZeRO and overlapped reductions.
+    tb = str(tmp_path / "tb")
+    r = run(4, [*MODEL, "--pipeline-model-parallel-size", "2", "--decoder-last-pipeline-num-layers",
+                "1", "--use-distributed-optimizer", "--overlap-grad-reduce", "--train-iters",
+                "20", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "tp=1 pp=2 dp=2, layers per stage 3 | 1" in r.stdout, r.stdout
+    assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
 
 
 def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
@@ -271,6 +291,17 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--micro-batch-size", "0"], "argument --micro-batch-size: must be > 0, got 0"),
     (["--lr", "fast"], "argument --lr: invalid positive float value: 'fast'"),
     (["--bf16", "--device", "cpu"], "--bf16 needs a CUDA device"),
+    (["--num-layers", "6", "--pipeline-model-parallel-size", "4"],
+     "--num-layers 6 is not divisible by --pipeline-model-parallel-size 4 (uneven stages: "
+     "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)"),
+    (["--num-layers", "8", "--pipeline-model-parallel-size", "4",
+      "--decoder-last-pipeline-num-layers", "3"],
+     "--num-layers (8) minus --decoder-first-pipeline-num-layers and "
+     "--decoder-last-pipeline-num-layers leaves 5 layers, which must split evenly"),
+    (["--num-layers", "8", "--pipeline-model-parallel-size", "2",
+      "--decoder-first-pipeline-num-layers", "9"], "exceed --num-layers (8)"),
+    (["--num-layers", "8", "--decoder-first-pipeline-num-layers", "4"],
+     "need --pipeline-model-parallel-size > 1, got 1"),
     (["--attention-dropout", "0.1"], "--attention-dropout must be 0"),
     (["--mock-data", "--seq-length", "32"], "--mock-data needs --vocab-size"),
     (["--save-interval", "5"], "--save-interval needs --save DIR"),
