@@ -16,6 +16,10 @@ Experiments, all against one 1-rank baseline (the base model, the base batch):
   weak dp      N ranks of data parallelism, the global batch N times the base
   weak pp      N pipeline stages, N times the base's layers (the same work per stage)
   strong dp/tp/pp/3d   the base model and batch spread over N ranks (3d: tp 2 x pp 2)
+  strong pp uneven     strong pp with one layer fewer on the last stage, which also runs the LM
+                       head and loss (--decoder-last-pipeline-num-layers; where the other stages
+                       can split the rest evenly). It pays when the head outweighs a layer:
+                       a large vocabulary against the hidden size (--vocab-size)
 
 Efficiency is model FLOP/s (braid.flops, Narayanan et al.) of N ranks over N times the
 baseline's: 100% is linear. With more ranks than CPUs (logical ones, as the OS schedules them),
@@ -81,25 +85,37 @@ def parse_args(argv=None):
 
 
 def experiments(a):
-    """(experiment, ranks, tp, pp, layers, global batch) of every run but the baseline."""
+    """(experiment, ranks, tp, pp, layers, global batch, last stage's layers or None) of every
+    run but the baseline."""
     runs = []
     for n in a.ranks:
         if n == 1:
             continue
-        runs.append(("weak dp", n, 1, 1, a.num_layers, a.batch * n))
-        runs.append(("weak pp", n, 1, n, a.num_layers * n, a.batch))
+        runs.append(("weak dp", n, 1, 1, a.num_layers, a.batch * n, None))
+        runs.append(("weak pp", n, 1, n, a.num_layers * n, a.batch, None))
         if a.batch % n == 0:
-            runs.append(("strong dp", n, 1, 1, a.num_layers, a.batch))
+            runs.append(("strong dp", n, 1, 1, a.num_layers, a.batch, None))
         if a.num_attention_heads % n == 0:
-            runs.append(("strong tp", n, n, 1, a.num_layers, a.batch))
+            runs.append(("strong tp", n, n, 1, a.num_layers, a.batch, None))
         if a.num_layers % n == 0:
-            runs.append(("strong pp", n, 1, n, a.num_layers, a.batch))
+            runs.append(("strong pp", n, 1, n, a.num_layers, a.batch, None))
+            last = a.num_layers // n - 1
+            if last >= 1 and (a.num_layers - last) % (n - 1) == 0:
+                runs.append(("strong pp uneven", n, 1, n, a.num_layers, a.batch, last))
         if n == 4 and a.num_attention_heads % 2 == 0 and a.num_layers % 2 == 0:
-            runs.append(("strong 3d", n, 2, 2, a.num_layers, a.batch))
+            runs.append(("strong 3d", n, 2, 2, a.num_layers, a.batch, None))
     return runs
 
 
-def training_args(a, tp, pp, layers, batch, metrics, trace_dir=None, ranks=1):
+def stages(layers, pp, last):
+    """Layers per stage: "4" (even), "3|1" (first|last), "3|3..|2" (first, the middle, last)."""
+    if last is None:
+        return str(layers // pp)
+    each = (layers - last) // (pp - 1)
+    return f"{each}|{last}" if pp == 2 else f"{each}|{each}..|{last}"
+
+
+def training_args(a, tp, pp, layers, batch, metrics, trace_dir=None, ranks=1, last=None):
     args = ["--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", str(pp),
             "--num-layers", str(layers), "--hidden-size", str(a.hidden_size),
             "--num-attention-heads", str(a.num_attention_heads),
@@ -112,6 +128,8 @@ def training_args(a, tp, pp, layers, batch, metrics, trace_dir=None, ranks=1):
             "--log-timers-to-tensorboard", "--metrics-jsonl", metrics]
     if a.device == "cuda":
         args.append("--bf16")
+    if last is not None:
+        args += ["--decoder-last-pipeline-num-layers", str(last)]
     if trace_dir:
         start = a.train_iters // 2 + 1
         args += ["--profile", "--profile-step-start", str(start), "--profile-step-end",
@@ -130,13 +148,13 @@ def environment(ranks):
     return env
 
 
-def run(a, experiment, ranks, tp, pp, layers, batch, workdir):
+def run(a, experiment, ranks, tp, pp, layers, batch, last, workdir):
     """One job; its row (timers: mean over ranks, ms per iteration)."""
     name = f"{experiment.replace(' ', '_')}_{ranks}"
     metrics = os.path.join(workdir, f"{name}.jsonl")
     trace_dir = os.path.join(a.trace_dir, name) if a.trace_dir else None
     cmd = [sys.executable, os.path.join(REPO, "pretrain_gpt.py"),
-           *training_args(a, tp, pp, layers, batch, metrics, trace_dir, ranks)]
+           *training_args(a, tp, pp, layers, batch, metrics, trace_dir, ranks, last)]
     if ranks > 1 or shutil.which("mpirun"):
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *cmd]
     r = subprocess.run(cmd, env=environment(ranks), cwd=REPO, capture_output=True, text=True,
@@ -146,16 +164,16 @@ def run(a, experiment, ranks, tp, pp, layers, batch, workdir):
                  + (r.stdout + r.stderr)[-3000:])
     with open(metrics) as f:
         timed = [rec for rec in map(json.loads, f) if "step-time" in rec]
-    last = timed[-1]  # the second half of the run
     cfg = model_config(parse_training_args(training_args(a, tp, pp, layers, batch, metrics),
                                            ranks))
-    step_s = last["step-time"] / 1e3  # the slowest rank's: the job's pace
+    step_s = timed[-1]["step-time"] / 1e3  # the second half of the run; the slowest rank's
     row = {"experiment": experiment, "ranks": ranks, "tp": tp, "pp": pp, "dp": ranks // (tp * pp),
-           "layers": layers, "global_batch": batch, "step_ms": last["step-time"],
+           "layers": layers, "stages": stages(layers, pp, last), "global_batch": batch,
+           "step_ms": timed[-1]["step-time"],
            "tokens_per_s": batch * a.seq_length / step_s,
            "model_flops_per_s": flops.flops_per_iteration(cfg, a.seq_length, batch) / step_s}
     for part in PARTS:
-        row[part.replace("-", "_") + "_ms"] = last[f"{part}-time-mean"]
+        row[part.replace("-", "_") + "_ms"] = timed[-1][f"{part}-time-mean"]
     row["bubble_schedule_ms"] = schedule_bubble_ms(pp, batch // row["dp"], row["compute_ms"])
     return row
 
@@ -180,7 +198,7 @@ def add_efficiency(rows, cores):
 
 
 def print_table(rows, cores, device):
-    header = (f"{'experiment':<11}{'N':>3}{'tp':>3}{'pp':>3}{'dp':>3}{'layers':>7}{'batch':>6}"
+    header = (f"{'experiment':<17}{'N':>3}{'tp':>3}{'pp':>3}{'dp':>3}{'stages':>8}{'batch':>6}"
               f"{'step ms':>9}{'tokens/s':>10}{'effic.':>8}{'per core':>9} |"
               f"{'compute':>9}{'pp wait':>9}{'bubble*':>9}{'tp wait':>9}{'dp wait':>9}"
               f"{'other':>8}")
@@ -189,8 +207,8 @@ def print_table(rows, cores, device):
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['experiment']:<11}{r['ranks']:>3}{r['tp']:>3}{r['pp']:>3}{r['dp']:>3}"
-              f"{r['layers']:>7}{r['global_batch']:>6}{r['step_ms']:>9.1f}"
+        print(f"{r['experiment']:<17}{r['ranks']:>3}{r['tp']:>3}{r['pp']:>3}{r['dp']:>3}"
+              f"{r['stages']:>8}{r['global_batch']:>6}{r['step_ms']:>9.1f}"
               f"{r['tokens_per_s']:>10.0f}{100 * r['efficiency']:>7.1f}%"
               f"{100 * r['efficiency_per_core']:>8.1f}% |{r['compute_ms']:>9.1f}"
               f"{r['pipeline_wait_ms']:>9.1f}{r['bubble_schedule_ms']:>9.1f}"
@@ -215,7 +233,7 @@ def main(argv=None):
                      f"this machine shows {gpus}")
         cores = max(a.ranks)  # one device per rank: no sharing
     with tempfile.TemporaryDirectory(prefix="braid_scaling_") as workdir:
-        rows = [run(a, "baseline", 1, 1, 1, a.num_layers, a.batch, workdir)]
+        rows = [run(a, "baseline", 1, 1, 1, a.num_layers, a.batch, None, workdir)]
         for experiment in experiments(a):
             rows.append(run(a, *experiment, workdir))
             print(f"  measured {experiment[0]} on {experiment[1]} ranks", file=sys.stderr)

@@ -59,6 +59,10 @@ def parse_args(argv):
     g.add_argument("--dp", type=int)
     g.add_argument("--micro-batch-size", type=int)
     g.add_argument("--virtual-stages", type=int)
+    g.add_argument("--decoder-first-pipeline-num-layers", type=int, metavar="N",
+                   help="uneven stages: the first stage's layers (searched otherwise)")
+    g.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
+                   help="uneven stages: the last stage's layers (searched otherwise)")
     g.add_argument("--recompute", choices=["none", "selective", "full"])
     g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
     g.add_argument("--zero", type=_bool, metavar="true|false",
@@ -96,12 +100,23 @@ def parse_args(argv):
     return a
 
 
+def stages(layers: list[int]) -> str:
+    """Layers per pipeline stage, short: "even", "5|3", "7|8..|7" (first, the middle, last)."""
+    if len(set(layers)) == 1:
+        return "even"
+    if len(layers) == 2:
+        return f"{layers[0]}|{layers[1]}"
+    return f"{layers[0]}|{layers[1]}..|{layers[-1]}"
+
+
 def main(argv=None):
     a = parse_args(argv)
     model = a.model_shape
     cluster = planner.Cluster(planner.GPUS[a.gpu], a.gpus_per_node, a.num_gpus, a.nvlink, a.net)
     fixed = dict(tp=a.tp, pp=a.pp, dp=a.dp, micro_batch_size=a.micro_batch_size,
-                 virtual_stages=a.virtual_stages, recompute=a.recompute,
+                 virtual_stages=a.virtual_stages,
+                 first_stage_layers=a.decoder_first_pipeline_num_layers,
+                 last_stage_layers=a.decoder_last_pipeline_num_layers, recompute=a.recompute,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
                  overlap_grad_reduce=not a.no_overlap_grad_reduce,
                  overlap_param_gather=not a.no_overlap_param_gather)
@@ -122,7 +137,7 @@ def main(argv=None):
     print(f"{model.num_params() / 1e9:.1f}B parameters on {a.num_gpus} x {a.gpu} "
           f"({a.gpus_per_node}/node), global batch {a.global_batch} x {model.seq_length}; "
           f"{len(results)} layouts fit")
-    cols = ("tp pp dp mbs v recompute sp zero step_s tok/s mfu hfu mem_GB "
+    cols = ("tp pp dp mbs v stages recompute sp zero step_s tok/s mfu hfu mem_GB "
             "(par/grad/opt/act) scaling").split()
     extra = (["days"] if a.train_tokens else []) + (["cost"] if a.gpu_hour_price and
                                                     a.train_tokens else [])
@@ -130,7 +145,7 @@ def main(argv=None):
     for r in results[:a.top]:
         p = r["memory_parts_gb"]
         row = [r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["virtual_stages"],
-               r["recompute"], int(r["sequence_parallel"]), int(r["zero"]),
+               stages(r["stage_layers"]), r["recompute"], int(r["sequence_parallel"]), int(r["zero"]),
                f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
                f"{r['hfu']:.3f}", f"{r['memory_gb_per_gpu']:.1f}",
                f"{p['params']:.0f}/{p['grads']:.0f}/{p['optimizer']:.0f}/{p['activations']:.0f}",

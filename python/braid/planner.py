@@ -166,6 +166,43 @@ class Layout:
     zero: bool = False               # ZeRO-1 (--use-distributed-optimizer)
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True  # with ZeRO (braid's --overlap-param-gather)
+    # Uneven stages (--decoder-first/last-pipeline-num-layers); None: num_layers / pp each.
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+
+def stage_ranges(model: ModelShape, lay: Layout):
+    """[rank][chunk] layer ranges, braid's own split (engine::stage_layers); ValueError naming
+    the rule when the layers do not split."""
+    return _C.stage_layers(model.num_layers, lay.pp, lay.virtual_stages, lay.first_stage_layers,
+                           lay.last_stage_layers)
+
+
+def stage_splits(num_layers: int, pp: int, v: int):
+    """The (first, last) stage sizes the search tries for pp stages of v chunks: the even split
+    (None, None) where the layers divide, and uneven ones whose first and last stages are up to
+    2 v layers lighter than the stages between them (or, at pp 2, the last up to 2 v lighter
+    than the first) - room for the embedding and the LM head, and the only way to pipeline a
+    model whose layers do not divide by pp (Llama 3 405B: 126 layers, pp 16 -> 7 | 8 ... | 7)."""
+    if pp == 1:
+        return [(None, None)]
+    out = []
+    if num_layers % pp == 0 and num_layers // pp % v == 0:
+        out.append((None, None))
+    if pp == 2:
+        for last in range(v, num_layers, v):
+            first = num_layers - last
+            if first % v == 0 and 0 < first - last <= 2 * v:
+                out.append((first, last))
+        return out
+    for middle in range(v, num_layers // (pp - 2) + 1, v):  # layers of each stage between
+        rest = num_layers - middle * (pp - 2)
+        for first in range(max(v, middle - 2 * v), middle + 1, v):
+            last = rest - first
+            if max(v, middle - 2 * v) <= last <= middle and last % v == 0 \
+                    and (first, last) != (middle, middle):
+                out.append((first, last))
+    return out
 
 
 # ---- costs ---------------------------------------------------------------------------------
@@ -285,7 +322,7 @@ def stage_params(model: ModelShape, lay: Layout):
 def chunk_params(model: ModelShape, lay: Layout):
     """Parameters of each model chunk of each pipeline rank ([rank][chunk], one TP shard):
     the embedding in rank 0's chunk 0, the LM head and final norm in the last rank's last."""
-    ranges = _C.stage_layers(model.num_layers, lay.pp, lay.virtual_stages)
+    ranges = stage_ranges(model, lay)
     emb = model.vocab_size * model.hidden_size / lay.tp
     out = [[(e - b) * model.layer_params() / lay.tp for b, e in chunks] for chunks in ranges]
     out[0][0] += emb
@@ -309,11 +346,11 @@ def in_flight(lay: Layout, microbatches: int):
 def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
     """Per-GPU memory parts (GB) of the rank that needs the most."""
     per_layer = layer_activation_bytes(model, lay)
-    layers_per_chunk = model.num_layers / (lay.pp * lay.virtual_stages)
+    rank_layers = [sum(e - b for b, e in chunks) for chunks in stage_ranges(model, lay)]
     T = lay.micro_batch_size * model.seq_length
     best = None
     for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
-        act = per_layer * layers_per_chunk * n
+        act = per_layer * rank_layers[r] / lay.virtual_stages * n
         if lay.recompute == "full":  # one layer recomputed in full during its backward
             act += layer_activation_bytes(model, lay, "none")
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
@@ -350,8 +387,7 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         raise ValueError(f"global batch {global_batch} is not a multiple of micro batch {b} "
                          f"x dp {d}")
     m = global_batch // (b * d)
-    if model.num_layers % (p * v):
-        raise ValueError(f"{model.num_layers} layers do not split into pp {p} x v {v} chunks")
+    stage_ranges(model, lay)  # ValueError naming the rule unless the layers split
     if v > 1 and (p == 1 or m % p):
         raise ValueError(f"virtual stages need pp > 1 and microbatches {m} divisible by pp {p}")
     if lay.recompute not in ("none", "selective", "full"):
@@ -374,7 +410,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     gpu, p, v, t, d = cluster.gpu, lay.pp, lay.virtual_stages, lay.tp, lay.dp
     lc = layer_cost(model, cluster, lay)
     hf, hb = head_cost(model, cluster, lay)
-    ranges = _C.stage_layers(model.num_layers, p, v)
+    ranges = stage_ranges(model, lay)
     fwd = [[(e - b) * lc.forward for b, e in rank] for rank in ranges]
     bwd = [[(e - b) * lc.backward for b, e in rank] for rank in ranges]
     fwd[p - 1][v - 1] += hf   # the last model chunk: LM head and loss
@@ -436,6 +472,8 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     peak = gpu.peak_tflops * 1e12
     out = dict(
         tp=t, pp=p, dp=d, micro_batch_size=lay.micro_batch_size, virtual_stages=v,
+        first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers,
+        stage_layers=[sum(e - b for b, e in chunks) for chunks in ranges],
         recompute=lay.recompute, sequence_parallel=lay.sequence_parallel, zero=lay.zero,
         microbatches=m, step_time_s=step, tokens_per_s=global_batch * model.seq_length / step,
         mfu=model_flops / (step * cluster.num_gpus * peak),
@@ -499,26 +537,43 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
             continue
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
-        lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather)
-        try:
-            check_layout(model, cluster, lay, global_batch)
-        except ValueError as e:
-            if len(tps) * len(pps) * len(mbs) * len(vs) == 1:
-                rejected[str(e)] = rejected.get(str(e), 0) + 1
-            continue
-        try:
-            mem, _ = memory(model, cluster, lay, global_batch // (b * d))
-            if mem > cluster.gpu.memory_gb:
-                raise DoesNotFit
-            r = predict(model, cluster, lay, global_batch)
-        except DoesNotFit:
-            key = "out of memory"
-            rejected[key] = rejected.get(key, 0) + 1
-            continue
-        _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price, model.seq_length)
-        results.append(r)
+        uneven = "first_stage_layers" in fixed or "last_stage_layers" in fixed
+        splits = [(fixed.get("first_stage_layers"), fixed.get("last_stage_layers"))] if uneven \
+            else stage_splits(model.num_layers, p, v)
+        for first, last in splits:
+            lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last)
+            r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
+                                    single=len(tps) * len(pps) * len(mbs) * len(vs) == 1)
+            if r is not None:
+                _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price, model.seq_length)
+                results.append(r)
+        if not splits and len(tps) * len(pps) * len(mbs) * len(vs) == 1:
+            why = (f"{model.num_layers} layers do not split over pp {p} x v {v}, evenly or "
+                   "with lighter first/last stages")
+            rejected[why] = rejected.get(why, 0) + 1
     results.sort(key=lambda r: -r["tokens_per_s"])
     return results, rejected
+
+
+def _predict_if_it_fits(model, cluster, lay, global_batch, rejected, single):
+    """predict(), or None after counting why not in `rejected` (an invalid layout's reason only
+    when the search had one layout shape to try)."""
+    try:
+        check_layout(model, cluster, lay, global_batch)
+    except ValueError as e:
+        if single:
+            rejected[str(e)] = rejected.get(str(e), 0) + 1
+        return None
+    b, d = lay.micro_batch_size, lay.dp
+    try:
+        mem, _ = memory(model, cluster, lay, global_batch // (b * d))
+        if mem > cluster.gpu.memory_gb:
+            raise DoesNotFit
+        return predict(model, cluster, lay, global_batch)
+    except DoesNotFit:
+        rejected["out of memory"] = rejected.get("out of memory", 0) + 1
+        return None
+
 
 
 def _add_time_and_cost(r, cluster, train_tokens, price, seq):
@@ -533,25 +588,33 @@ def _add_time_and_cost(r, cluster, train_tokens, price, seq):
 def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict) -> str:
     """The smallest-memory valid layout's breakdown, to say why none fits."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
-    best = None
+    best, first_error = None, None
     n = cluster.num_gpus
     for t in ([fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))):
         for p in ([fixed["pp"]] if "pp" in fixed else _divisors(n)):
             if n % (t * p):
                 continue
-            lay = Layout(t, p, n // (t * p), fixed.get("micro_batch_size", 1),
-                         fixed.get("virtual_stages", 1), fixed.get("recompute", "full"),
-                         fixed.get("sequence_parallel", t > 1), fixed.get("zero", True))
-            try:
-                m = check_layout(model, cluster, lay, global_batch)
-            except ValueError:
-                continue
-            mem = memory(model, cluster, lay, m)
-            if best is None or mem[0] < best[0][0]:
-                best = (mem, lay)
+            v = fixed.get("virtual_stages", 1)
+            uneven = "first_stage_layers" in fixed or "last_stage_layers" in fixed
+            splits = [(fixed.get("first_stage_layers"), fixed.get("last_stage_layers"))] \
+                if uneven else stage_splits(model.num_layers, p, v)
+            for first, last in splits:
+                lay = Layout(t, p, n // (t * p), fixed.get("micro_batch_size", 1), v,
+                             fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
+                             fixed.get("zero", True), first_stage_layers=first,
+                             last_stage_layers=last)
+                try:
+                    m = check_layout(model, cluster, lay, global_batch)
+                except ValueError as e:
+                    first_error = first_error or f"tp {t} pp {p} v {v}: {e}"
+                    continue
+                mem = memory(model, cluster, lay, m)
+                if best is None or mem[0] < best[0][0]:
+                    best = (mem, lay)
     if best is None:
         return ("no valid layout: tp x pp x dp must equal the GPUs, heads/ffn/vocab divide by "
-                "tp, layers by pp x v, the global batch by micro batch x dp")
+                "tp, layers split over pp x v, the global batch by micro batch x dp"
+                + (f" (the first tried, {first_error})" if first_error else ""))
     (total, parts), lay = best
     return (f"no layout fits in {cluster.gpu.memory_gb:.0f} GB per {cluster.gpu.name}: the "
             f"smallest, tp {lay.tp} pp {lay.pp} dp {lay.dp} micro batch "

@@ -251,6 +251,64 @@ def test_memory_parts_add_up_and_zero_shards_the_optimizer():
         planner.layer_activation_bytes(gpt, one, "none") / 4)
 
 
+def test_uneven_stage_splits_the_search_tries():
+    assert planner.stage_splits(8, 1, 1) == [(None, None)]
+    assert planner.stage_splits(8, 2, 1) == [(None, None), (5, 3)]
+    # Llama 3 405B's 126 layers over pp 16: no even split; ends of 6 to 8 around middles of 8.
+    assert planner.stage_splits(126, 16, 1) == [(6, 8), (7, 7), (8, 6)]
+    assert planner.stage_splits(126, 16, 2) == [(6, 8), (8, 6)]
+    assert planner.stage_splits(126, 16, 4) == []
+    # Every split is one braid's engine takes (stage_layers would raise otherwise).
+    for layers, pp, v in [(128, 16, 1), (30, 4, 2), (126, 16, 2), (40, 3, 1), (24, 2, 2)]:
+        for first, last in planner.stage_splits(layers, pp, v):
+            ranges = _C.stage_layers(layers, pp, v, first, last)
+            assert ranges[-1][-1][1] == layers
+
+
+def test_uneven_stages_plan_a_model_whose_layers_do_not_divide():
+    # Llama 3 405B on 16384 H100s: without uneven stages only pp 1, 2 (which do not fit) divide
+    # its 126 layers; with them the best layout is the one Meta trained it with, TP 8 PP 16.
+    model = planner.PRESETS["llama3-405b"]
+    cluster = planner.Cluster(planner.GPUS["h100-80g"], 8, 16384, 450e9, 50e9)
+    results, _ = planner.search(model, cluster, 2048, {"tp": 8, "micro_batch_size": 1,
+                                                       "recompute": "selective"})
+    assert results and (results[0]["tp"], results[0]["pp"]) == (8, 16)
+    for r in results:
+        assert sum(r["stage_layers"]) == 126 and r["memory_gb_per_gpu"] <= 80
+        assert r["first_stage_layers"] is not None or r["last_stage_layers"] is not None \
+            or 126 % r["pp"] == 0
+    # A fixed split is kept, and a split the layers do not allow is an error naming the rule.
+    out = _plan("--model", "llama3-405b", "--gpu", "h100-80g", "--num-gpus", "16384",
+                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "2048",
+                "--pp", "16", "--decoder-first-pipeline-num-layers", "7",
+                "--decoder-last-pipeline-num-layers", "7", "--json")
+    assert out.returncode == 0, out.stderr
+    assert {tuple(r["stage_layers"]) for r in json.loads(out.stdout)} == {(7,) + (8,) * 14 + (7,)}
+    out = _plan("--model", "llama3-405b", "--gpu", "h100-80g", "--num-gpus", "16384",
+                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "2048",
+                "--pp", "16", "--decoder-last-pipeline-num-layers", "5")
+    assert out.returncode == 1 and "leaves 121 layers, which must split evenly" in out.stderr
+
+
+def test_a_lighter_last_stage_balances_a_heavy_head():
+    # 8 layers and a 512k vocabulary: the LM head is worth several layers, so the last of 2
+    # stages holding 3 layers to the first's 5 shortens the step, and a heavier one lengthens it.
+    # The plan's memory follows the layers each rank holds: the last rank (the head's weights
+    # and logits make it the fullest) keeps one microbatch's activations of one layer fewer.
+    model = planner.ModelShape(8, 2048, 16, 16, 8192, 512 * 1024, 2048)
+    cluster = planner.Cluster(planner.GPUS["h100-80g"], 8, 8, 450e9, 50e9)
+    even = planner.predict(model, cluster, planner.Layout(4, 2, 1, 1), 16)
+    light = planner.predict(model, cluster, planner.Layout(4, 2, 1, 1, last_stage_layers=3,
+                                                           first_stage_layers=5), 16)
+    assert even["stage_layers"] == [4, 4] and light["stage_layers"] == [5, 3]
+    heavy = planner.predict(model, cluster, planner.Layout(4, 2, 1, 1, last_stage_layers=5,
+                                                           first_stage_layers=3), 16)
+    assert light["step_time_s"] < even["step_time_s"] < heavy["step_time_s"]
+    layer = planner.layer_activation_bytes(model, planner.Layout(4, 2, 1, 1)) / planner.GB
+    assert even["memory_parts_gb"]["activations"] - light["memory_parts_gb"]["activations"] \
+        == pytest.approx(layer)
+
+
 @pytest.mark.skipif(not os.path.exists(CSV), reason="../shared/published_runs.csv not present")
 def test_published_runs_within_ten_percent():
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))

@@ -18,7 +18,7 @@ SCALING = os.path.join(REPO, "benchmarks", "scaling.py")
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
-SMALL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+SMALL = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
          "--seq-length", "32", "--vocab-size", "256", "--batch", "4", "--train-iters", "4"]
 
 
@@ -42,12 +42,17 @@ def test_every_experiment_ran_its_layout(result):
     _, doc, _ = result
     rows = {(r["experiment"], r["ranks"]): r for r in doc["rows"]}
     assert set(rows) == {("baseline", 1), ("weak dp", 2), ("weak pp", 2), ("strong dp", 2),
-                         ("strong tp", 2), ("strong pp", 2)}
-    layouts = {k: (r["tp"], r["pp"], r["dp"], r["layers"], r["global_batch"])
+                         ("strong tp", 2), ("strong pp", 2), ("strong pp uneven", 2)}
+    layouts = {k: (r["tp"], r["pp"], r["dp"], r["layers"], r["stages"], r["global_batch"])
                for k, r in rows.items()}
-    assert layouts == {("baseline", 1): (1, 1, 1, 2, 4), ("weak dp", 2): (1, 1, 2, 2, 8),
-                       ("weak pp", 2): (1, 2, 1, 4, 4), ("strong dp", 2): (1, 1, 2, 2, 4),
-                       ("strong tp", 2): (2, 1, 1, 2, 4), ("strong pp", 2): (1, 2, 1, 2, 4)}
+    assert layouts == {("baseline", 1): (1, 1, 1, 4, "4", 4),
+                       ("weak dp", 2): (1, 1, 2, 4, "4", 8),
+                       ("weak pp", 2): (1, 2, 1, 8, "4", 4),
+                       ("strong dp", 2): (1, 1, 2, 4, "4", 4),
+                       ("strong tp", 2): (2, 1, 1, 4, "4", 4),
+                       ("strong pp", 2): (1, 2, 1, 4, "2", 4),
+                       # --decoder-last-pipeline-num-layers 1: the first stage holds 3
+                       ("strong pp uneven", 2): (1, 2, 1, 4, "3|1", 4)}
     assert rows[("baseline", 1)]["efficiency"] == 1.0
 
 
@@ -70,7 +75,7 @@ def test_weak_scaling_grows_the_work_strong_scaling_keeps_it(result):
         return r["model_flops_per_s"] / r["tokens_per_s"]
 
     base = flops_per_token(rows[("baseline", 1)])
-    for name in ("weak dp", "strong dp", "strong tp", "strong pp"):
+    for name in ("weak dp", "strong dp", "strong tp", "strong pp", "strong pp uneven"):
         assert flops_per_token(rows[(name, 2)]) == pytest.approx(base, rel=1e-12), name
     # Twice the layers: the layers' share of the FLOPs doubles, the embedding and head's not.
     assert 1.3 * base < flops_per_token(rows[("weak pp", 2)]) < 2 * base
@@ -82,7 +87,7 @@ def test_the_table_names_the_machine_and_the_summary(result):
     assert "weak scaling at 2 ranks: best" in out and "strong scaling at 2 ranks: best" in out
     rows = [line for line in out.splitlines() if line.startswith(("baseline", "weak", "strong"))
             and "%" in line and " scaling at " not in line]
-    assert len(rows) == 6, out
+    assert len(rows) == 7, out
 
 
 @pytest.mark.parametrize("args, message", [
