@@ -50,6 +50,16 @@ const char* to_string(Recompute value) {
   return "?";
 }
 
+const char* to_string(RecomputeMethod value) {
+  switch (value) {
+    case RecomputeMethod::uniform:
+      return "uniform";
+    case RecomputeMethod::block:
+      return "block";
+  }
+  return "?";
+}
+
 void from_string(std::string_view name, Normalization& out) {
   static constexpr Normalization kAll[] = {Normalization::layernorm, Normalization::rmsnorm};
   enum_from_string(name, "normalization", kAll, out);
@@ -68,6 +78,11 @@ void from_string(std::string_view name, PositionEmbedding& out) {
 void from_string(std::string_view name, Recompute& out) {
   static constexpr Recompute kAll[] = {Recompute::none, Recompute::selective, Recompute::full};
   enum_from_string(name, "recompute", kAll, out);
+}
+
+void from_string(std::string_view name, RecomputeMethod& out) {
+  static constexpr RecomputeMethod kAll[] = {RecomputeMethod::uniform, RecomputeMethod::block};
+  enum_from_string(name, "recompute_method", kAll, out);
 }
 
 int64_t TransformerConfig::head_dim() const {
@@ -95,6 +110,7 @@ void TransformerConfig::validate() const {
   check_positive(vocab_size, "vocab_size");
   check_positive(max_position_embeddings, "max_position_embeddings");
   check_positive(make_vocab_size_divisible_by, "make_vocab_size_divisible_by");
+  check_positive(recompute_num_layers, "recompute_num_layers");
   BRAID_CONFIG_CHECK(hidden_size % num_attention_heads == 0, "TransformerConfig.hidden_size (",
                      hidden_size, ") must be divisible by num_attention_heads (",
                      num_attention_heads, ")");

@@ -231,12 +231,34 @@ Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
 
 Tensor GPTModel::run_layers(Microbatch& mb, Tensor x, bool training) {
   if (training) mb.layers.resize(layers_.size());
+  const size_t group = recompute_group();
   for (size_t l = 0; l < layers_.size(); ++l) {
     param_use(layer_params_[l]);
+    const bool keep = training && l % group == 0;
     x = layers_[l].forward(x, tokens_of(mb), dropout_context(mb, first_layer_ + int(l), training),
-                           config_.recompute, training ? &mb.layers[l] : nullptr);
+                           layer_policy(l), keep ? &mb.layers[l] : nullptr);
   }
   return x;
+}
+
+Recompute GPTModel::layer_policy(size_t l) const {
+  if (config_.recompute != Recompute::full || config_.recompute_method == RecomputeMethod::uniform)
+    return config_.recompute;
+  return int64_t(l) < config_.recompute_num_layers ? Recompute::full : Recompute::none;
+}
+
+size_t GPTModel::recompute_group() const {
+  const bool grouped =
+      config_.recompute == Recompute::full && config_.recompute_method == RecomputeMethod::uniform;
+  return grouped ? size_t(config_.recompute_num_layers) : 1;
+}
+
+void GPTModel::rerun_group(Microbatch& mb, size_t begin, size_t end) const {
+  Tensor x = mb.layers[begin].input;  // forward() below resets mb.layers[begin] first
+  for (size_t l = begin; l < end; ++l) {
+    x = layers_[l].forward(x, tokens_of(mb), dropout_context(mb, first_layer_ + int(l), true),
+                           Recompute::none, &mb.layers[l]);
+  }
 }
 
 GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets) const {
@@ -412,11 +434,18 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
     dx = dout;
   }
 
-  // Blocks, last to first.
-  for (size_t l = layers_.size(); l-- > 0;) {
-    dx = layers_[l].backward(dx, tokens, dropout_context(mb, first_layer_ + int(l), true),
-                             config_.recompute, mb.layers[l]);
-    grads_done(microbatch, layer_params_[l]);
+  // Blocks, last to first; a uniform recompute group of several blocks reruns its forward
+  // first, all of it kept, and its blocks then go back as Recompute::none.
+  const size_t group = recompute_group();
+  for (size_t end = layers_.size(); end > 0;) {
+    const size_t begin = (end - 1) / group * group;
+    if (group > 1) rerun_group(mb, begin, end);
+    for (size_t l = end; l-- > begin;) {
+      dx = layers_[l].backward(dx, tokens, dropout_context(mb, first_layer_ + int(l), true),
+                               group > 1 ? Recompute::none : layer_policy(l), mb.layers[l]);
+      grads_done(microbatch, layer_params_[l]);
+    }
+    end = begin;
   }
   if (!chunk().embedding) {
     activations_.erase(it);

@@ -60,6 +60,8 @@ void bind_model(py::module_& m) {
   def_enum_property(cfg, "activation", &TransformerConfig::activation);
   def_enum_property(cfg, "position_embedding", &TransformerConfig::position_embedding);
   def_enum_property(cfg, "recompute", &TransformerConfig::recompute);
+  def_enum_property(cfg, "recompute_method", &TransformerConfig::recompute_method);
+  cfg.def_readwrite("recompute_num_layers", &TransformerConfig::recompute_num_layers);
 
   py::class_<KVCache>(m, "KVCache",
                       "Keys and values of the positions a model has seen, per layer (inference). "

@@ -21,10 +21,6 @@ UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
     "--rampup-batch-size": "batch-size ramp-up is not implemented; use a fixed --global-batch-size",
-    "--recompute-method": "--recompute-granularity full recomputes every layer; partial "
-                          "recomputation (--recompute-method/--recompute-num-layers) is not "
-                          "implemented",
-    "--recompute-num-layers": "see --recompute-method",
     "--tokenizer-type": "braid trains on pre-tokenized data (tools/preprocess_data.py); give "
                         "--vocab-size instead",
     "--tokenizer-model": "braid trains on pre-tokenized data; give --vocab-size",
@@ -114,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tokenizer's vocabulary (required with --data-path / --mock-data)")
     g.add_argument("--make-vocab-size-divisible-by", type=pos_int, default=128)
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
+                   help="with --recompute-granularity full: uniform - each model chunk's layers "
+                        "in groups of --recompute-num-layers, only a group's input kept; "
+                        "block - the first --recompute-num-layers layers of each chunk only "
+                        "(default: uniform, groups of 1)")
+    g.add_argument("--recompute-num-layers", type=pos_int, default=None,
+                   help="layers per uniform group, or recomputed per chunk by block (default 1)")
 
     g = p.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=pos_int, default=16)
@@ -293,6 +296,11 @@ def validate(a: argparse.Namespace, world_size: int):
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")
     _check(a.hidden_dropout < 1.0, f"--hidden-dropout must be < 1, got {a.hidden_dropout}")
+    _check(a.recompute_method is None or a.recompute_granularity == "full",
+           f"--recompute-method {a.recompute_method} needs --recompute-granularity full "
+           "(selective recomputation works inside every layer)")
+    _check(a.recompute_num_layers is None or a.recompute_method is not None,
+           "--recompute-num-layers needs --recompute-method uniform or block")
     _check(a.adam_beta1 < 1.0 and a.adam_beta2 < 1.0,
            f"--adam-beta1 and --adam-beta2 must be < 1, got {a.adam_beta1}, {a.adam_beta2}")
 

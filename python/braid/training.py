@@ -86,6 +86,8 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.params_dtype = "bf16" if a.bf16 else "f32"
     cfg.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by
     cfg.recompute = a.recompute_granularity or "none"
+    cfg.recompute_method = a.recompute_method or "uniform"
+    cfg.recompute_num_layers = a.recompute_num_layers or 1
     cfg.validate()
     return cfg
 

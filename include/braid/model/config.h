@@ -17,6 +17,11 @@ enum class Activation { gelu, swiglu };
 enum class PositionEmbedding { learned, rope };
 // What a layer keeps for its backward (see transformer_layer.h for the exact lists).
 enum class Recompute { none, selective, full };
+// Which layers Recompute::full recomputes (Megatron's --recompute-method), per model chunk:
+// uniform - the chunk's layers in groups of recompute_num_layers; only each group's input is
+//           kept, and the backward reruns the whole group's forward (1: every layer alone);
+// block   - the first recompute_num_layers layers (input only); the others keep everything.
+enum class RecomputeMethod { uniform, block };
 
 struct TransformerConfig {
   int64_t num_layers = 0;
@@ -40,6 +45,8 @@ struct TransformerConfig {
   // The vocabulary is padded to a multiple of this × tensor-parallel size (Megatron's rule).
   int64_t make_vocab_size_divisible_by = 128;
   Recompute recompute = Recompute::none;
+  RecomputeMethod recompute_method = RecomputeMethod::uniform;  // with Recompute::full
+  int64_t recompute_num_layers = 1;                             // >= 1
 
   void validate() const;
   int64_t head_dim() const;  // hidden_size / num_attention_heads
@@ -57,9 +64,11 @@ const char* to_string(Normalization value);
 const char* to_string(Activation value);
 const char* to_string(PositionEmbedding value);
 const char* to_string(Recompute value);
+const char* to_string(RecomputeMethod value);
 void from_string(std::string_view name, Normalization& out);
 void from_string(std::string_view name, Activation& out);
 void from_string(std::string_view name, PositionEmbedding& out);
 void from_string(std::string_view name, Recompute& out);
+void from_string(std::string_view name, RecomputeMethod& out);
 
 }  // namespace braid::model

@@ -5,7 +5,9 @@
 //
 // Activations the backward needs are kept per microbatch id, so a pipeline schedule can run
 // several forwards before their backwards; backward(m) frees microbatch m's activations.
-// config.recompute decides what each block keeps (transformer_layer.h). Across blocks the
+// config.recompute decides what each block keeps (transformer_layer.h), and with
+// Recompute::full config.recompute_method / recompute_num_layers which of this chunk's blocks
+// are recomputed, and in groups of how many (Megatron's --recompute-method). Across blocks the
 // model keeps, per microbatch: the ids and targets on the device, the logits [B*S, V]
 // (overwritten by their gradient in backward) and the cross-entropy statistics, and - with
 // Recompute::none only - the final norm's output and statistics.
@@ -166,6 +168,12 @@ class GPTModel {
   // [T_region, H]; learned positions start at position_offset (decode: the cache's length).
   Tensor embed(Microbatch& mb, bool training, int64_t position_offset = 0);
   Tensor run_layers(Microbatch& mb, Tensor x, bool training);
+  // The policy block l of this chunk runs under, and the blocks of one uniform recompute group
+  // (1 unless Recompute::full with RecomputeMethod::uniform): a group keeps its first block's
+  // input alone, and its backward first reruns the whole group's forward (rerun_group).
+  Recompute layer_policy(size_t l) const;
+  size_t recompute_group() const;
+  void rerun_group(Microbatch& mb, size_t begin, size_t end) const;
   // The LM head over the final norm's output hf [B * S, H]: [B, S, V] f32 on the CPU, the
   // vocabulary slices of the TP ranks gathered.
   Tensor head_logits(const Tensor& hf, int64_t batch, int64_t seq);

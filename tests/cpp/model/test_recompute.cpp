@@ -1,8 +1,11 @@
-// The three recompute policies: bit-identical gradients, decreasing activation memory.
+// The three recompute policies, and full recomputation's methods (Megatron's uniform groups
+// and block): bit-identical gradients, and exactly the activation memory each keeps.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "braid/core/stream.h"
 #include "model_test_util.h"
@@ -15,12 +18,16 @@ using namespace testing_util;
 struct Run {
   Tensor grads;  // host copy
   float loss = 0;
+  int64_t kept_bytes = 0;  // held between the forward and the backward
   int64_t peak_activation_bytes = 0;
   int64_t leaked_bytes = 0;
 };
 
-Run run_policy(TransformerConfig config, Recompute policy, const Batch& batch) {
+Run run_policy(TransformerConfig config, Recompute policy, const Batch& batch,
+               RecomputeMethod method = RecomputeMethod::uniform, int64_t layers = 1) {
   config.recompute = policy;
+  config.recompute_method = method;
+  config.recompute_num_layers = layers;
   const Device device = testing::default_test_device();
   GPTModel model(config, device, 99);
   synchronize(device);
@@ -28,6 +35,8 @@ Run run_policy(TransformerConfig config, Recompute policy, const Batch& batch) {
   reset_peak_memory(device);
   Run run;
   run.loss = model.forward(batch.ids, batch.targets);
+  synchronize(device);
+  run.kept_bytes = memory_stats(device).current_bytes - before;
   model.backward();
   synchronize(device);
   const MemoryStats after = memory_stats(device);
@@ -62,6 +71,42 @@ void check_policies(const TransformerConfig& config) {
               (long long)full.peak_activation_bytes);
 }
 
+// Megatron's --recompute-method on a 4-layer chunk. What the forward keeps is exact: with I
+// the bytes of one layer's input, full (uniform 1) keeps 4 I and uniform N ceil(4 / N) I;
+// block k recomputes the first k layers (their input kept) and keeps everything of the others,
+// so each further layer saves the same bytes, and block 4 keeps what full does. The
+// gradients are bit-identical to none's for every method.
+void check_methods(const TransformerConfig& config) {
+  const Batch batch = make_batch(4, 32, config.vocab_size, 5);
+  const Run none = run_policy(config, Recompute::none, batch);
+  const Run full = run_policy(config, Recompute::full, batch);
+  const int64_t layers = config.num_layers;
+  const int64_t input = 4 * 32 * config.hidden_size * int64_t(dtype_size(config.params_dtype));
+  const size_t bytes = none.grads.nbytes();
+  std::vector<int64_t> block_kept;
+  for (int64_t n = 1; n <= layers + 1; ++n) {
+    SCOPED_TRACE("recompute_num_layers " + std::to_string(n));
+    const Run uniform = run_policy(config, Recompute::full, batch, RecomputeMethod::uniform, n);
+    const Run block = run_policy(config, Recompute::full, batch, RecomputeMethod::block, n);
+    for (const Run* r : {&uniform, &block}) {
+      EXPECT_EQ(r->leaked_bytes, 0) << "activations outlive backward";
+      EXPECT_EQ(r->loss, none.loss);
+      EXPECT_EQ(0, std::memcmp(r->grads.data(), none.grads.data(), bytes))
+          << (r == &uniform ? "uniform" : "block") << " recompute changed the gradients";
+    }
+    const int64_t groups = (layers + n - 1) / n;
+    EXPECT_EQ(uniform.kept_bytes, full.kept_bytes - (layers - groups) * input);
+    block_kept.push_back(block.kept_bytes);
+  }
+  const int64_t saved_per_layer = block_kept[0] - block_kept[1];
+  EXPECT_GT(saved_per_layer, input);  // a layer keeps much more than its input
+  EXPECT_LT(block_kept[0], none.kept_bytes);
+  for (size_t k = 1; k + 1 < size_t(layers); ++k)
+    EXPECT_EQ(block_kept[k] - block_kept[k + 1], saved_per_layer) << "block " << k + 1;
+  EXPECT_EQ(block_kept[size_t(layers) - 1], full.kept_bytes);
+  EXPECT_EQ(block_kept[size_t(layers)], full.kept_bytes);  // more than the chunk has: all
+}
+
 TEST(Recompute, Gpt2PoliciesAgreeAndSaveMemory) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.num_layers = 4;
@@ -73,6 +118,16 @@ TEST(Recompute, LlamaPoliciesAgreeAndSaveMemory) {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_layers = 4;
   check_policies(c);
+}
+
+TEST(Recompute, UniformGroupsAndBlockAgreeAndKeepWhatTheySay) {
+  TransformerConfig gpt2 = TransformerConfig::preset("gpt2-tiny");
+  gpt2.num_layers = 4;
+  gpt2.hidden_dropout = 0.1f;  // a rerun group draws every block's masks again
+  check_methods(gpt2);
+  TransformerConfig llama = TransformerConfig::preset("llama-tiny");
+  llama.num_layers = 4;
+  check_methods(llama);
 }
 
 }  // namespace

@@ -212,6 +212,22 @@ def test_uneven_pipeline_stages_train_like_one_process(one_process, tmp_path):
     assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
 
 
+@pytest.mark.parametrize("ranks, layout, method", [
+    (2, ["--pipeline-model-parallel-size", "2"], ["uniform", "2"]),
+    (4, LAYOUT_3D, ["block", "1"]),
+])
+def test_megatron_recompute_methods_train_like_one_process(ranks, layout, method, one_process,
+                                                           tmp_path):
+    # Megatron's full recomputation flags: uniform groups of the chunk's 2 layers (one input
+    # kept per chunk), or block (the first layer of each chunk recomputed, the other not).
+    tb = str(tmp_path / "tb")
+    r = run(ranks, [*MODEL, *layout, "--recompute-granularity", "full", "--recompute-method",
+                    method[0], "--recompute-num-layers", method[1], "--train-iters", "20",
+                    "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
+
+
 def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     r = run(2, ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
                 "--num-attention-heads", "2", "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
@@ -280,7 +296,11 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--fp16"], "--fp16 is not supported by braid: braid has no float16 kernels"),
-    (["--recompute-method", "uniform"], "--recompute-method is not supported by braid"),
+    (["--recompute-method", "block"],
+     "--recompute-method block needs --recompute-granularity full"),
+    (["--recompute-granularity", "full", "--recompute-num-layers", "2"],
+     "--recompute-num-layers needs --recompute-method uniform or block"),
+    (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--no-such-flag", "3"], "--no-such-flag is not a braid argument"),
     (["--tensor-model-parallel-size", "3"],
      "processes are not divisible by --tensor-model-parallel-size 3"),
