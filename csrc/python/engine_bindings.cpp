@@ -65,6 +65,7 @@ void bind_engine(py::module_& m) {
              s.warmup_iters = warmup_iters;
              s.decay_iters = decay_iters;
              s.style = lr_decay_style_from_string(style);
+             s.validate();
              return s;
            }),
            py::arg("lr"), py::arg("min_lr") = 0.0f, py::arg("warmup_iters") = 0,

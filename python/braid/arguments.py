@@ -21,11 +21,6 @@ UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
     "--rampup-batch-size": "batch-size ramp-up is not implemented; use a fixed --global-batch-size",
-    "--tokenizer-type": "braid trains on pre-tokenized data (tools/preprocess_data.py); give "
-                        "--vocab-size instead",
-    "--tokenizer-model": "braid trains on pre-tokenized data; give --vocab-size",
-    "--vocab-file": "braid trains on pre-tokenized data; give --vocab-size",
-    "--merge-file": "braid trains on pre-tokenized data; give --vocab-size",
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
     "--num-experts": "mixture-of-experts models are not implemented",
@@ -107,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
                    help="must be 0: braid's flash-style attention keeps no probabilities")
     g.add_argument("--vocab-size", type=pos_int, default=None,
-                   help="the tokenizer's vocabulary (required with --data-path / --mock-data)")
+                   help="the tokenizer's vocabulary (with --data-path / --mock-data: this, or "
+                        "a --tokenizer-type)")
     g.add_argument("--make-vocab-size-divisible-by", type=pos_int, default=128)
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
     g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
@@ -117,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: uniform, groups of 1)")
     g.add_argument("--recompute-num-layers", type=pos_int, default=None,
                    help="layers per uniform group, or recomputed per chunk by block (default 1)")
+
+    g = p.add_argument_group("tokenizer (sizes the vocabulary; the data is tokenized already)")
+    g.add_argument("--tokenizer-type", default=None,
+                   help="GPT2BPETokenizer, HuggingFaceTokenizer, ByteLevel or NullTokenizer")
+    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer's vocab.json")
+    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer's merges.txt")
+    g.add_argument("--tokenizer-model", default=None,
+                   help="HuggingFaceTokenizer: a tokenizer.json or the folder holding it")
 
     g = p.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=pos_int, default=16)
@@ -307,6 +311,24 @@ def validate(a: argparse.Namespace, world_size: int):
     # Data.
     _check(not (a.data_path and a.mock_data), "--data-path and --mock-data exclude each other")
     a.addition_data = not a.data_path and not a.mock_data
+    if a.tokenizer_type is None:
+        for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
+                            ("--tokenizer-model", a.tokenizer_model)):
+            _check(value is None, f"{flag} needs --tokenizer-type")
+    else:
+        _check(not a.addition_data, f"--tokenizer-type {a.tokenizer_type}: the embedded "
+               "addition data has its own byte vocabulary; a tokenizer is for --data-path or "
+               "--mock-data")
+        from braid.vocab import VocabError, vocab_size
+        try:
+            size = vocab_size(a.tokenizer_type, vocab_file=a.vocab_file, merge_file=a.merge_file,
+                              tokenizer_model=a.tokenizer_model, null_vocab_size=a.vocab_size)
+        except VocabError as e:
+            raise ArgumentError(str(e)) from None
+        _check(a.vocab_size in (None, size) or a.tokenizer_type == "NullTokenizer",
+               f"--vocab-size {a.vocab_size} disagrees with --tokenizer-type "
+               f"{a.tokenizer_type}, whose vocabulary has {size} tokens (drop --vocab-size)")
+        a.vocab_size = size
     if a.addition_data:
         from braid import addition
         _check(a.seq_length in (None, addition.SEQ_LENGTH),
@@ -356,6 +378,9 @@ def validate(a: argparse.Namespace, world_size: int):
                f"{a.lr_warmup_fraction}")
         a.lr_warmup_iters = int(a.lr_warmup_fraction * a.lr_decay_iters)
     _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
+    _check(a.lr_decay_style == "constant" or a.lr_warmup_iters < a.lr_decay_iters,
+           f"--lr-warmup-iters {a.lr_warmup_iters} must be less than --lr-decay-iters "
+           f"{a.lr_decay_iters} (default: the training iterations) for {a.lr_decay_style} decay")
 
     # Pipeline.
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers

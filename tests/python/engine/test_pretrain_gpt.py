@@ -228,6 +228,26 @@ def test_megatron_recompute_methods_train_like_one_process(ranks, layout, method
     assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
 
 
+def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):
+    # A Megatron launch script's tokenizer flags, unchanged: GPT-2's vocab.json and merges.txt,
+    # or a tokenizer.json (with added tokens), give the vocabulary; NullTokenizer adds its EOD.
+    vocab = {f"t{i}": i for i in range(300)}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    (tmp_path / "tokenizer.json").write_text(json.dumps({
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
+        "added_tokens": [{"id": 300, "content": "<eos>", "special": True}]}))
+    model = [a for a in MODEL if a not in ("--vocab-size", "300")]
+    for flags, size in [
+            (["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(tmp_path / "vocab.json"),
+              "--merge-file", str(tmp_path / "merges.txt")], 300),
+            (["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tmp_path)], 301),
+            (["--tokenizer-type", "NullTokenizer", "--vocab-size", "300"], 301)]:
+        r = run(1, [*model, *flags, "--train-iters", "4", "--eval-iters", "0"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert re.search(rf"^  vocab_size \.+ {size}$", r.stdout, re.M), (flags, r.stdout)
+
+
 def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     r = run(2, ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
                 "--num-attention-heads", "2", "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
@@ -301,6 +321,13 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--recompute-granularity", "full", "--recompute-num-layers", "2"],
      "--recompute-num-layers needs --recompute-method uniform or block"),
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
+    (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
+    (["--train-iters", "2", "--lr-warmup-iters", "3"],
+     "--lr-warmup-iters 3 must be less than --lr-decay-iters 2"),
+    (["--tokenizer-type", "GPT2BPETokenizer", "--mock-data", "--seq-length", "32",
+      "--vocab-file", "vocab.json"], "--tokenizer-type GPT2BPETokenizer needs --merge-file"),
+    (["--tokenizer-type", "NullTokenizer", "--vocab-size", "300"],
+     "the embedded addition data has its own byte vocabulary"),
     (["--no-such-flag", "3"], "--no-such-flag is not a braid argument"),
     (["--tensor-model-parallel-size", "3"],
      "processes are not divisible by --tensor-model-parallel-size 3"),
