@@ -69,8 +69,8 @@ def published_count(row, model, result) -> float:
 def predict_row(row):
     model, cluster = row_model(row), row_cluster(row)
     fixed = dict(tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]))
-    if row["flops_accounting"].startswith("eq3_factor96"):
-        fixed["recompute"] = "full"
+    if row["flops_accounting"].startswith("eq3_factor96"):  # every layer recomputed
+        fixed.update(recompute="full", recompute_method="uniform", recompute_num_layers=1)
     results, rejected = planner.search(model, cluster, int(row["global_batch"]), fixed)
     if not results:
         raise RuntimeError(f"{row['source']} {row['params_b']}B: nothing fits ({rejected})")

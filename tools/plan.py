@@ -6,8 +6,9 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
         --nvlink-bw 450GB/s --net-bw 400Gb/s --global-batch 1024 --train-tokens 15e12 \\
         --gpu-hour-price 2.5 [--tp 8 --pp 4 ...] [--json] [--top 10]
 
-Any of --tp --pp --dp --micro-batch-size --virtual-stages --recompute --sequence-parallel
---zero fixes that choice; the rest are searched. The model behind the numbers is in
+Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
+--recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero fixes that
+choice; the rest are searched. The model behind the numbers is in
 docs/planner.md (python/braid/planner.py).
 """
 
@@ -64,6 +65,10 @@ def parse_args(argv):
     g.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
                    help="uneven stages: the last stage's layers (searched otherwise)")
     g.add_argument("--recompute", choices=["none", "selective", "full"])
+    g.add_argument("--recompute-method", choices=["uniform", "block"],
+                   help="with --recompute full (searched otherwise: uniform 1, and block with "
+                        "the fewest layers that fit)")
+    g.add_argument("--recompute-num-layers", type=int, metavar="N")
     g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
     g.add_argument("--zero", type=_bool, metavar="true|false",
                    help="ZeRO-1 (--use-distributed-optimizer)")
@@ -74,6 +79,10 @@ def parse_args(argv):
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--top", type=int, default=10, help="rows of the table (--json: all)")
     a = ap.parse_args(argv)
+    if (a.recompute_method or a.recompute_num_layers is not None) and a.recompute != "full":
+        ap.error("--recompute-method / --recompute-num-layers need --recompute full")
+    if a.recompute_num_layers is not None and a.recompute_num_layers < 1:
+        ap.error(f"--recompute-num-layers must be >= 1, got {a.recompute_num_layers}")
     try:
         a.nvlink = planner.parse_bandwidth(a.nvlink_bw, "--nvlink-bw")
         a.net = planner.parse_bandwidth(a.net_bw, "--net-bw")
@@ -109,6 +118,14 @@ def stages(layers: list[int]) -> str:
     return f"{layers[0]}|{layers[1]}..|{layers[-1]}"
 
 
+def recompute(r) -> str:
+    """none, selective, full (uniform groups of 1), uniform3, block2 (full, N layers)."""
+    if r["recompute"] != "full" or (r["recompute_method"], r["recompute_num_layers"]) == \
+            ("uniform", 1):
+        return r["recompute"]
+    return f"{r['recompute_method']}{r['recompute_num_layers']}"
+
+
 def main(argv=None):
     a = parse_args(argv)
     model = a.model_shape
@@ -117,6 +134,8 @@ def main(argv=None):
                  virtual_stages=a.virtual_stages,
                  first_stage_layers=a.decoder_first_pipeline_num_layers,
                  last_stage_layers=a.decoder_last_pipeline_num_layers, recompute=a.recompute,
+                 recompute_method=a.recompute_method,
+                 recompute_num_layers=a.recompute_num_layers,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
                  overlap_grad_reduce=not a.no_overlap_grad_reduce,
                  overlap_param_gather=not a.no_overlap_param_gather)
@@ -145,7 +164,7 @@ def main(argv=None):
     for r in results[:a.top]:
         p = r["memory_parts_gb"]
         row = [r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["virtual_stages"],
-               stages(r["stage_layers"]), r["recompute"], int(r["sequence_parallel"]), int(r["zero"]),
+               stages(r["stage_layers"]), recompute(r), int(r["sequence_parallel"]), int(r["zero"]),
                f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
                f"{r['hfu']:.3f}", f"{r['memory_gb_per_gpu']:.1f}",
                f"{p['params']:.0f}/{p['grads']:.0f}/{p['optimizer']:.0f}/{p['activations']:.0f}",

@@ -169,6 +169,11 @@ class Layout:
     # Uneven stages (--decoder-first/last-pipeline-num-layers); None: num_layers / pp each.
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    # With full: Megatron's --recompute-method / --recompute-num-layers, per model chunk
+    # (braid's GPTModel): uniform groups of N layers keep one input each; block recomputes the
+    # first N layers and keeps everything of the rest.
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
 
 
 def stage_ranges(model: ModelShape, lay: Layout):
@@ -261,8 +266,30 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
 @dataclasses.dataclass
 class LayerCost:
     forward: float
-    backward: float       # including recomputation
+    backward: float       # including selective recomputation, not full (recomputed_layers)
     model_flops: float    # forward model FLOPs of this rank (braid.flops' count)
+
+
+def recomputed_layers(lay: Layout, layers: int) -> int:
+    """Layers of a model chunk of `layers` whose forward full recomputation reruns."""
+    if lay.recompute != "full":
+        return 0
+    return min(lay.recompute_num_layers, layers) if lay.recompute_method == "block" else layers
+
+
+def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int):
+    """(kept, transient): the bytes a model chunk of `layers` layers keeps per microbatch from
+    its forward to its backward, and what its backward holds at most on top (full
+    recomputation's rerun layers), per rank."""
+    if lay.recompute != "full":
+        return layers * layer_activation_bytes(model, lay), 0.0
+    inp = layer_activation_bytes(model, lay, "full")
+    every = layer_activation_bytes(model, lay, "none")
+    n = lay.recompute_num_layers
+    if lay.recompute_method == "block":
+        k = min(n, layers)
+        return k * inp + (layers - k) * every, every if k else 0.0
+    return math.ceil(layers / n) * inp, min(n, layers) * every
 
 
 def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
@@ -292,9 +319,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
         tp_b = 2 * ar if not lay.sequence_parallel else 6 * ag
     forward = gemm_f + attn_f + elem_f + tp_f
     backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b
-    if lay.recompute == "full":
-        backward += forward
-    elif lay.recompute == "selective":  # braid's: the two norm outputs and the activation
+    if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
     model_flops = _flops.forward_flops_per_token(
         dataclasses.replace(model, num_layers=1, vocab_size=0), s) * T / t
@@ -345,14 +370,12 @@ def in_flight(lay: Layout, microbatches: int):
 
 def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
     """Per-GPU memory parts (GB) of the rank that needs the most."""
-    per_layer = layer_activation_bytes(model, lay)
     rank_layers = [sum(e - b for b, e in chunks) for chunks in stage_ranges(model, lay)]
     T = lay.micro_batch_size * model.seq_length
     best = None
     for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
-        act = per_layer * rank_layers[r] / lay.virtual_stages * n
-        if lay.recompute == "full":  # one layer recomputed in full during its backward
-            act += layer_activation_bytes(model, lay, "none")
+        kept, transient = chunk_activation_bytes(model, lay, rank_layers[r] // lay.virtual_stages)
+        act = kept * n + transient
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
         parts = {"params": 2 * p / GB, "grads": 4 * p / GB,
@@ -392,6 +415,12 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         raise ValueError(f"virtual stages need pp > 1 and microbatches {m} divisible by pp {p}")
     if lay.recompute not in ("none", "selective", "full"):
         raise ValueError(f"recompute {lay.recompute!r}: none, selective or full")
+    if lay.recompute_method not in ("uniform", "block") or lay.recompute_num_layers < 1:
+        raise ValueError(f"recompute method {lay.recompute_method!r} with "
+                         f"{lay.recompute_num_layers} layers: uniform or block, at least 1")
+    if lay.recompute != "full" and (lay.recompute_method, lay.recompute_num_layers) != \
+            ("uniform", 1):
+        raise ValueError(f"recompute method {lay.recompute_method} needs recompute full")
     return m
 
 
@@ -412,7 +441,8 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     hf, hb = head_cost(model, cluster, lay)
     ranges = stage_ranges(model, lay)
     fwd = [[(e - b) * lc.forward for b, e in rank] for rank in ranges]
-    bwd = [[(e - b) * lc.backward for b, e in rank] for rank in ranges]
+    bwd = [[(e - b) * lc.backward + recomputed_layers(lay, e - b) * lc.forward for b, e in rank]
+           for rank in ranges]
     fwd[p - 1][v - 1] += hf   # the last model chunk: LM head and loss
     bwd[p - 1][v - 1] += hb
     T = lay.micro_batch_size * model.seq_length
@@ -467,14 +497,16 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
                          "all_reduce")
     step = max(ends) + opt + gather + emb_sync + 2 * NET_ALPHA_S * math.log2(max(2, d * p * t))
     model_flops = _flops.flops_per_iteration(model, model.seq_length, global_batch)
-    layer_flops_total = 3 * lc.model_flops * t * model.num_layers * m * d
-    hw_flops = model_flops + (layer_flops_total / 3 if lay.recompute == "full" else 0.0)
+    rerun = sum(recomputed_layers(lay, e - b) for rank in ranges for b, e in rank)
+    hw_flops = model_flops + lc.model_flops * t * rerun * m * d
     peak = gpu.peak_tflops * 1e12
     out = dict(
         tp=t, pp=p, dp=d, micro_batch_size=lay.micro_batch_size, virtual_stages=v,
         first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers,
         stage_layers=[sum(e - b for b, e in chunks) for chunks in ranges],
-        recompute=lay.recompute, sequence_parallel=lay.sequence_parallel, zero=lay.zero,
+        recompute=lay.recompute, recompute_method=lay.recompute_method,
+        recompute_num_layers=lay.recompute_num_layers,
+        sequence_parallel=lay.sequence_parallel, zero=lay.zero,
         microbatches=m, step_time_s=step, tokens_per_s=global_batch * model.seq_length / step,
         mfu=model_flops / (step * cluster.num_gpus * peak),
         hfu=hw_flops / (step * cluster.num_gpus * peak),
@@ -542,17 +574,48 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
             else stage_splits(model.num_layers, p, v)
         for first, last in splits:
             lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last)
-            r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
-                                    single=len(tps) * len(pps) * len(mbs) * len(vs) == 1)
-            if r is not None:
-                _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price, model.seq_length)
-                results.append(r)
+            for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
+                r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
+                                        single=len(tps) * len(pps) * len(mbs) * len(vs) == 1)
+                if r is not None:
+                    _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price,
+                                       model.seq_length)
+                    results.append(r)
         if not splits and len(tps) * len(pps) * len(mbs) * len(vs) == 1:
             why = (f"{model.num_layers} layers do not split over pp {p} x v {v}, evenly or "
                    "with lighter first/last stages")
             rejected[why] = rejected.get(why, 0) + 1
     results.sort(key=lambda r: -r["tokens_per_s"])
     return results, rejected
+
+
+def _recompute_choices(model, cluster, lay, global_batch, fixed):
+    """The layout under the recompute methods the search tries: the fixed one; else, for full
+    recomputation, uniform groups of one layer and - when it fits - block with the fewest
+    recomputed layers per chunk that fit (the fastest full recomputation that fits)."""
+    if lay.recompute != "full":
+        return [lay]
+    if "recompute_method" in fixed or "recompute_num_layers" in fixed:
+        return [dataclasses.replace(lay, recompute_method=fixed.get("recompute_method", "uniform"),
+                                    recompute_num_layers=fixed.get("recompute_num_layers", 1))]
+    choices = [lay]
+    try:
+        m = check_layout(model, cluster, lay, global_batch)
+    except ValueError:
+        return choices
+    def block(k):
+        return dataclasses.replace(lay, recompute_method="block", recompute_num_layers=k)
+
+    def fits(k):  # memory falls as k grows: binary search for the smallest k that fits
+        return memory(model, cluster, block(k), m)[0] <= cluster.gpu.memory_gb
+
+    low, high = 1, max(e - b for rank in stage_ranges(model, lay) for b, e in rank) - 1
+    if high < 1 or not fits(high):
+        return choices
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid + 1, high)
+    return choices + [block(low)]
 
 
 def _predict_if_it_fits(model, cluster, lay, global_batch, rejected, single):

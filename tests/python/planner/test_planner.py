@@ -94,6 +94,7 @@ def test_mismatched_schedule_surfaces_as_an_error():
 
 # ---- the planner ---------------------------------------------------------------------------
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
@@ -307,6 +308,70 @@ def test_a_lighter_last_stage_balances_a_heavy_head():
     layer = planner.layer_activation_bytes(model, planner.Layout(4, 2, 1, 1)) / planner.GB
     assert even["memory_parts_gb"]["activations"] - light["memory_parts_gb"]["activations"] \
         == pytest.approx(layer)
+
+
+def test_recompute_methods_memory_time_and_hfu():
+    # Megatron's --recompute-method per model chunk, as braid's GPTModel runs it: block k keeps
+    # k inputs and the rest whole, recomputes k forwards; uniform N keeps one input per group.
+    model = planner.PRESETS["llama2-70b"]
+    lay = planner.Layout(8, 4, 2, 1, 1, "full", True, True)
+    inp = planner.layer_activation_bytes(model, lay, "full")
+    every = planner.layer_activation_bytes(model, lay, "none")
+    assert planner.chunk_activation_bytes(model, lay, 20) == (20 * inp, every)
+    uniform4 = dataclasses.replace(lay, recompute_num_layers=4)
+    assert planner.chunk_activation_bytes(model, uniform4, 20) == (5 * inp, 4 * every)
+    blocks = [dataclasses.replace(lay, recompute_method="block", recompute_num_layers=k)
+              for k in (1, 5, 10, 20, 30)]
+    assert [planner.chunk_activation_bytes(model, b, 20)[0] for b in blocks] == [
+        k * inp + (20 - k) * every for k in (1, 5, 10, 20, 20)]
+    runs = [planner.predict(model, H100, b, 64) for b in blocks]
+    full = planner.predict(model, H100, lay, 64)
+    steps = [r["step_time_s"] for r in runs]
+    assert steps == sorted(steps) and steps[0] < steps[2] < steps[3] == full["step_time_s"]
+    assert runs[4]["step_time_s"] == full["step_time_s"]  # more than the chunk has: all of it
+    # HFU counts the recomputed forwards: k of each chunk's 20 (FLOPs: utilisation x time).
+    def rerun(r):
+        return (r["hfu"] - r["mfu"]) * r["step_time_s"]
+
+    for k, r in zip((1, 5, 10, 20), runs):
+        assert rerun(r) == pytest.approx(rerun(full) * k / 20)
+    with pytest.raises(ValueError, match="needs recompute full"):
+        planner.predict(model, H100, dataclasses.replace(blocks[0], recompute="selective"), 64)
+
+
+def test_search_finds_the_fewest_recomputed_layers_that_fit():
+    # Micro batch 8: neither none nor selective fits in 80 GB; full recomputation of every layer
+    # does, and so does block with 9 of each chunk's 20 layers, which is faster.
+    model = planner.PRESETS["llama2-70b"]
+    fixed = {"tp": 8, "pp": 4, "micro_batch_size": 8, "virtual_stages": 1,
+             "sequence_parallel": True, "zero": True}
+    results, rejected = planner.search(model, H100, 64, fixed)
+    assert rejected.get("out of memory", 0) > 0
+    assert all(r["recompute"] == "full" and r["memory_gb_per_gpu"] <= 80 for r in results)
+    even = [r for r in results if r["stage_layers"] == [20, 20, 20, 20]]
+    best = even[0]
+    assert best["recompute_method"] == "block"
+    k = best["recompute_num_layers"]
+    assert 1 < k < 20
+    lay = planner.Layout(8, 4, 2, 8, 1, "full", True, True, recompute_method="block",
+                         recompute_num_layers=k - 1)
+    with pytest.raises(planner.DoesNotFit):  # one layer fewer no longer fits
+        planner.predict(model, H100, lay, 64)
+    uniform = [r for r in even if r["recompute_method"] == "uniform"]
+    assert uniform and best["step_time_s"] < uniform[0]["step_time_s"]
+    # Fixed on the command line: kept; and only with --recompute full.
+    out = _plan("--model", "llama2-70b", "--gpu", "h100-80g", "--num-gpus", "64",
+                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
+                "--tp", "8", "--pp", "4", "--recompute", "full", "--recompute-method", "block",
+                "--recompute-num-layers", "12", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows and all((r["recompute_method"], r["recompute_num_layers"]) == ("block", 12)
+                        for r in rows)
+    out = _plan("--model", "llama2-70b", "--gpu", "h100-80g", "--num-gpus", "64",
+                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
+                "--recompute-method", "block")
+    assert out.returncode == 2 and "need --recompute full" in out.stderr
 
 
 @pytest.mark.skipif(not os.path.exists(CSV), reason="../shared/published_runs.csv not present")
