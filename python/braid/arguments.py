@@ -24,7 +24,6 @@ UNSUPPORTED = {
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
     "--num-experts": "mixture-of-experts models are not implemented",
-    "--distributed-backend": "braid chooses: NCCL for CUDA tensors, MPI on the CPU",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
@@ -35,9 +34,43 @@ UNSUPPORTED = {
     "--end-weight-decay": "weight decay is constant (--weight-decay)",
     "--apply-query-key-layer-scaling": "not implemented",
     "--qk-layernorm": "not implemented",
-    "--use-mcore-models": "braid has its own model; drop the flag",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
+}
+
+
+# Megatron arguments that choose an implementation (a kernel fusion, an attention backend, a
+# communication library) where braid has one, or that ask for what braid always does: accepted
+# so Megatron launch scripts run unchanged, with no effect; the run's log names each one given.
+# flag -> (takes a value, why it changes nothing in braid)
+NO_EFFECT = {
+    "--use-mcore-models": (False, "braid has one GPT model (megatron-core's layout and names)"),
+    "--transformer-impl": (True, "braid runs its own kernels"),
+    "--use-flash-attn": (False, "braid's attention is always flash-style"),
+    "--attention-backend": (True, "braid's attention is always flash-style"),
+    "--attention-softmax-in-fp32": (False, "braid's attention keeps its softmax statistics in f32"),
+    "--accumulate-allreduce-grads-in-fp32": (False, "braid's gradients and their reductions are "
+                                                    "always f32"),
+    "--calculate-per-token-loss": (False, "braid's loss is always the mean over the global "
+                                          "batch's tokens (Megatron's default, the mean of the "
+                                          "microbatches' means, is the same when every token "
+                                          "counts)"),
+    "--use-cpu-initialization": (False, "every rank initialises its shard from the same seeded "
+                                        "streams on any device"),
+    "--distributed-backend": (True, "braid chooses NCCL for CUDA tensors and MPI on the CPU"),
+    "--num-workers": (True, "braid's data loader prefetches on a thread of its own"),
+    "--manual-gc": (False, "braid's step runs in C++; Python's garbage collector is not in it"),
+    "--manual-gc-interval": (True, "see --manual-gc"),
+    "--no-masked-softmax-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-bias-gelu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-bias-swiglu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-bias-dropout-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-rope-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-persist-layer-norm": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-gradient-accumulation-fusion": (False, "braid's GEMMs always accumulate weight "
+                                                 "gradients into the f32 buffer"),
+    "--cross-entropy-loss-fusion": (False, "braid's vocab-parallel cross-entropy is one kernel "
+                                           "chain already"),
 }
 
 
@@ -241,7 +274,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--peak-tflops", type=pos_float, default=None,
                    help="the device's peak for MFU (default: A100 312, H100/H200 989, the CPU "
                         "measured)")
+
+    g = p.add_argument_group("accepted from Megatron scripts, no effect in braid")
+    for flag, (takes_value, why) in NO_EFFECT.items():
+        if takes_value:
+            g.add_argument(flag, default=None, metavar="VALUE", help=why)
+        else:
+            g.add_argument(flag, action="store_true", help=why)
     return p
+
+
+def no_effect_given(a: argparse.Namespace) -> list[str]:
+    """The NO_EFFECT flags this run was given, each as a log line saying why it does nothing."""
+    lines = []
+    for flag, (takes_value, why) in NO_EFFECT.items():
+        value = getattr(a, flag[2:].replace("-", "_"))
+        if value not in (None, False):
+            given = f"{flag} {value}" if takes_value else flag
+            lines.append(f"braid: {given} has no effect: {why}")
+    return lines
 
 
 def _refuse_unknown(unknown: list[str]):

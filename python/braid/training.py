@@ -30,7 +30,7 @@ import numpy as np
 
 import braid
 from braid import addition, flops
-from braid.arguments import ArgumentError, parse_args
+from braid.arguments import ArgumentError, no_effect_given, parse_args
 from braid.data import DataLoader, build_gpt_datasets
 from braid.metrics import MetricsWriter
 
@@ -377,6 +377,8 @@ def main(argv=None) -> int:
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
+    for line in no_effect_given(a):
+        log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
         visible = braid.cuda_device_count()

@@ -248,6 +248,23 @@ def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):
         assert re.search(rf"^  vocab_size \.+ {size}$", r.stdout, re.M), (flags, r.stdout)
 
 
+def test_megatron_implementation_flags_change_nothing(one_process, tmp_path):
+    # What a Megatron launch script passes to pick kernels and backends: accepted, each named
+    # in the log with why it changes nothing, and the run trains exactly as without them.
+    flags = ["--use-mcore-models", "--transformer-impl", "transformer_engine", "--use-flash-attn",
+             "--attention-backend", "auto", "--no-gradient-accumulation-fusion",
+             "--distributed-backend", "nccl", "--calculate-per-token-loss", "--num-workers", "2"]
+    tb = str(tmp_path / "tb")
+    r = run(1, [*MODEL, *flags, "--train-iters", "20", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    notes = re.findall(r"^braid: (--[a-z-]+(?: \S+)?) has no effect: ", r.stdout, re.M)
+    assert notes == ["--use-mcore-models", "--transformer-impl transformer_engine",
+                     "--use-flash-attn", "--attention-backend auto", "--calculate-per-token-loss",
+                     "--distributed-backend nccl", "--num-workers 2",
+                     "--no-gradient-accumulation-fusion"], r.stdout
+    assert losses(jsonl(os.path.join(tb, "metrics.jsonl"))) == losses(one_process)
+
+
 def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     r = run(2, ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
                 "--num-attention-heads", "2", "--micro-batch-size", "8", "--train-iters", "30", "--log-interval", "10",
