@@ -27,9 +27,6 @@ UNSUPPORTED = {
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
-    "--train-data-path": "give --data-path with --split",
-    "--valid-data-path": "give --data-path with --split",
-    "--test-data-path": "give --data-path with --split",
     "--start-weight-decay": "weight decay is constant (--weight-decay)",
     "--end-weight-decay": "weight decay is constant (--weight-decay)",
     "--apply-query-key-layer-scaling": "not implemented",
@@ -217,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-path", nargs="+", default=None,
                    help="PREFIX, or WEIGHT PREFIX WEIGHT PREFIX ... (Megatron .bin/.idx)")
     g.add_argument("--split", default="969,30,1")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-data-path", nargs="+", default=None,
+                       help=f"the {split} split's own datasets, used whole (instead of "
+                            "--data-path and --split): PREFIX, or WEIGHT PREFIX ...")
     g.add_argument("--mock-data", action="store_true", help="random tokens (Megatron's mock data)")
     g.add_argument("--data-cache-path", default=None)
 
@@ -360,8 +361,14 @@ def validate(a: argparse.Namespace, world_size: int):
            f"--adam-beta1 and --adam-beta2 must be < 1, got {a.adam_beta1}, {a.adam_beta2}")
 
     # Data.
-    _check(not (a.data_path and a.mock_data), "--data-path and --mock-data exclude each other")
-    a.addition_data = not a.data_path and not a.mock_data
+    per_split = a.train_data_path or a.valid_data_path or a.test_data_path
+    _check(not (a.data_path and per_split), "give --data-path (with --split) or "
+           "--train-data-path / --valid-data-path / --test-data-path, not both")
+    _check(not per_split or a.train_data_path, "--valid-data-path / --test-data-path need "
+           "--train-data-path")
+    _check(not ((a.data_path or per_split) and a.mock_data),
+           "--mock-data excludes --data-path and --train-data-path")
+    a.addition_data = not a.data_path and not per_split and not a.mock_data
     if a.tokenizer_type is None:
         for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
                             ("--tokenizer-model", a.tokenizer_model)):
@@ -392,9 +399,11 @@ def validate(a: argparse.Namespace, world_size: int):
         a.seq_length = addition.SEQ_LENGTH
         a.vocab_size = addition.VOCAB_SIZE
     else:
-        what = "--data-path" if a.data_path else "--mock-data"
+        what = "--data-path" if a.data_path else "--train-data-path" if per_split \
+            else "--mock-data"
         _check(a.vocab_size is not None,
-               f"{what} needs --vocab-size (the vocabulary of the tokenizer the data was made with)")
+               f"{what} needs --vocab-size or --tokenizer-type (the vocabulary of the tokenizer "
+               "the data was made with)")
         _check(a.seq_length is not None, f"{what} needs --seq-length")
     if a.max_position_embeddings is None:
         a.max_position_embeddings = a.seq_length

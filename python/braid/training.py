@@ -4,13 +4,15 @@
         --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 128 \\
         --num-attention-heads 4 --micro-batch-size 8 --global-batch-size 64 --train-iters 500
 
-Data: the embedded addition problems by default, ``--mock-data`` (random tokens), or
-``--data-path`` (Megatron .bin/.idx with ``--split``). Every ``--log-interval`` iterations rank 0
-prints Megatron's line (iteration, consumed samples, ms per iteration, learning rate, batch,
+Data: the embedded addition problems by default, ``--mock-data`` (random tokens),
+``--data-path`` (Megatron .bin/.idx with ``--split``), or each split's own datasets
+(``--train-data-path``, ``--valid-data-path``, ``--test-data-path``). Every
+``--log-interval`` iterations rank 0 prints Megatron's line (iteration, consumed samples, ms per iteration, learning rate, batch,
 loss, loss scale, grad norm, skipped and nan iterations) plus tokens/s, model TFLOP/s per device,
 MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the cost so far and projected; on
 a terminal a progress bar with the ETA stays below the lines. Every ``--eval-interval``
-iterations and at the end it prints the validation loss. ``--tensorboard-dir`` gets TensorBoard
+iterations and at the end it prints the validation loss, and at the end the test loss
+where the data has a test split. ``--tensorboard-dir`` gets TensorBoard
 event files and ``metrics.jsonl`` (braid.metrics). Checkpoints, resuming under any layout and
 the exit conditions are those of docs/checkpoints.md.
 
@@ -31,7 +33,8 @@ import numpy as np
 import braid
 from braid import addition, flops
 from braid.arguments import ArgumentError, no_effect_given, parse_args
-from braid.data import DataLoader, build_gpt_datasets
+from braid.data import (DataLoader, IndexedDataset, build_gpt_datasets, parse_data_path,
+                        parse_split, split_documents)
 from braid.metrics import MetricsWriter
 
 MEGATRON_NORMALIZATION = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -155,16 +158,18 @@ def addition_valid_sample(seed, count):
 
 
 class Data:
-    """The run's train and validation loaders for this DP rank."""
+    """The run's train, validation and test loaders for this DP rank."""
 
     def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
         train_samples = a.train_iters * a.global_batch_size
         evals = a.train_iters // a.eval_interval + 1
         valid_samples = evals * a.eval_iters * a.global_batch_size
+        test_samples = a.eval_iters * a.global_batch_size  # Megatron's: one evaluation, at the end
         # Megatron's: the validation position follows from the iteration (resumes alike).
         valid_consumed = iteration // a.eval_interval * a.eval_iters * a.global_batch_size
         self.answer_only = a.addition_data
-        self.valid = None
+        self.valid = self.test = None
+        self.no_test = None  # why a --data-path run has no test evaluation, if it has none
         loader = lambda ds, consumed: DataLoader(ds, a.micro_batch_size, a.global_batch_size,
                                                  dp_rank=dp_rank, dp_size=a.dp,
                                                  consumed_samples=consumed, prefetch=4)
@@ -177,17 +182,24 @@ class Data:
                     mock_sample(a.seed, a.seq_length, a.vocab_size, 1 << 40), a.micro_batch_size,
                     a.global_batch_size, dp_rank, a.dp, valid_consumed)
             return
+        if a.data_path and a.eval_iters and parse_split(a.split)[2] > 0:
+            self.no_test = self._empty_test_split(a)
+        if self.no_test or not a.eval_iters or (a.data_path and parse_split(a.split)[2] == 0):
+            test_samples = 0
+        samples = (train_samples, valid_samples, test_samples)
         # Rank 0 writes the data and the sample indices first; the others then map them.
         if rank == 0:
-            datasets = self._datasets(a, train_samples, valid_samples)
+            datasets = self._datasets(a, samples)
         barrier()
         if rank != 0:
-            datasets = self._datasets(a, train_samples, valid_samples)
-        train, valid = datasets
+            datasets = self._datasets(a, samples)
+        train, valid, test = datasets
         self.train = loader(train, consumed)
         if a.eval_iters and valid is not None:
             self.restart_valid = lambda: loader(valid, 0)
             self.valid = loader(valid, valid_consumed % len(valid))
+        if test is not None:
+            self.test = loader(test, 0)
         elif a.eval_iters and a.addition_data:
             count = max(a.global_batch_size, 1024)
             self.valid = ArrayLoader(addition_valid_sample(a.seed, count), a.micro_batch_size,
@@ -195,12 +207,37 @@ class Data:
                                      num_samples=count)
 
     @staticmethod
-    def _datasets(a, train_samples, valid_samples):
+    def _empty_test_split(a):
+        """Why --data-path's test split cannot be evaluated (it holds no documents of some
+        dataset), or None."""
+        prefixes, _ = parse_data_path(a.data_path)
+        for prefix in prefixes:
+            begin, end = split_documents(a.split, IndexedDataset(prefix).num_documents)[2]
+            if begin == end:
+                return f"--split {a.split} leaves no test documents of {prefix}"
+        return None
+
+    @staticmethod
+    def _datasets(a, samples):
+        """(train, valid, test) datasets; None where a split is absent or not asked for."""
+        cache = a.data_cache_path or ""
         if a.data_path:
-            train, valid, _ = build_gpt_datasets(
-                a.data_path, a.seq_length, [train_samples, valid_samples, 0], split=a.split,
-                seed=a.seed, cache_path=a.data_cache_path or "")
-            return train, valid
+            return build_gpt_datasets(a.data_path, a.seq_length, list(samples), split=a.split,
+                                      seed=a.seed, cache_path=cache)
+        if a.train_data_path:  # Megatron's blend per split: each split's datasets used whole
+            out = []
+            paths = (a.train_data_path, a.valid_data_path, a.test_data_path)
+            for i, (path, n) in enumerate(zip(paths, samples)):
+                if not path or not n:
+                    out.append(None)
+                    continue
+                sizes = [0, 0, 0]
+                sizes[i] = n
+                split = ",".join("1" if j == i else "0" for j in range(3))
+                out.append(build_gpt_datasets(path, a.seq_length, sizes, split=split,
+                                              seed=a.seed, cache_path=cache)[i])
+            return tuple(out)
+        train_samples = samples[0]
         # One problem per sample: one more problem than samples, so one epoch covers the run.
         directory = a.data_cache_path or default_cache_dir()
         prefix = addition.training_data_prefix(directory, train_samples + 1, seed=a.seed,
@@ -208,9 +245,8 @@ class Data:
         if not os.path.exists(prefix + ".idx"):  # .idx is renamed into place last
             addition.write_training_data(prefix, train_samples + 1, seed=a.seed, padded=True)
         train, _, _ = build_gpt_datasets([prefix], addition.SEQ_LENGTH, [train_samples, 0, 0],
-                                         split="1", seed=a.seed,
-                                         cache_path=a.data_cache_path or "")
-        return train, None
+                                         split="1", seed=a.seed, cache_path=cache)
+        return train, None, None
 
     def targets(self, batch):
         labels = np.asarray(batch.labels)
@@ -449,23 +485,26 @@ def main(argv=None) -> int:
             saver.save(trainer, data.train.consumed_samples)
             saved = iteration
 
-    def evaluate(iteration):
-        if data.valid is None:
+    def evaluate(iteration, test=False):
+        """--eval-iters batches of the validation split (or, at the end, of the test split)."""
+        if (data.test if test else data.valid) is None:
             return
         losses = []
         for _ in range(a.eval_iters):
-            batch = data.next_valid()
+            batch = data.test.next() if test else data.next_valid()
             losses.append(trainer.evaluate(batch.tokens, data.targets(batch),
                                            batch.num_microbatches))
         loss = float(np.mean(losses))
         ppl = math.exp(min(loss, 20.0))
         bar.clear()
-        line = (f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | "
+        where = f"iteration {iteration}" + (" on test set" if test else "")
+        line = (f" validation loss at {where} | lm loss value: {loss:.6E} | "
                 f"lm loss PPL: {ppl:.6E} | ")
         log("-" * len(line))
         log(line)
         log("-" * len(line))
-        metrics.scalars(iteration, {"lm loss validation": loss, "lm loss validation ppl": ppl})
+        name = "lm loss test" if test else "lm loss validation"
+        metrics.scalars(iteration, {name: loss, f"{name} ppl": ppl})
 
     # mpirun gives its ranks a pseudo-terminal whatever its own output is, so under a launcher
     # the bar is shown only when asked for (--progress-bar on).
@@ -576,6 +615,9 @@ def main(argv=None) -> int:
     bar.clear()
     if a.eval_iters and trainer.iteration >= first:
         evaluate(trainer.iteration)
+        evaluate(trainer.iteration, test=True)
+        if data.no_test:
+            log(f"braid: no test evaluation: {data.no_test}")
     if saver is not None:
         save(trainer.iteration)
         saver.wait(trainer)

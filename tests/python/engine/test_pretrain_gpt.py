@@ -297,6 +297,54 @@ def test_addition_data_by_default_and_the_valid_split_of_data_path(tmp_path):
     assert all(0 < float(v) < 10 for _, v in vals)
 
 
+def test_each_splits_own_data_path_and_the_test_evaluation(tmp_path):
+    # Megatron's --train/valid/test-data-path: each split's datasets used whole. Training on
+    # --train-data-path A is training on --data-path A --split 100,0,0 (the same samples); the
+    # valid and test losses come from their own files, the test loss once, at the end.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from braid.data import IndexedDatasetWriter
+
+    prefixes = {}
+    for name, high, seed in (("train", 1000, 0), ("valid", 1000, 1), ("test", 50, 2)):
+        prefixes[name] = str(tmp_path / f"{name}_text_document")
+        rng = np.random.default_rng(seed)
+        with IndexedDatasetWriter(prefixes[name], "u16") as w:
+            for _ in range(200):
+                w.add_document(rng.integers(0, high, size=int(rng.integers(20, 80)),
+                                            dtype=np.int32))
+    common = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
+              "--num-attention-heads", "2", "--vocab-size", "1000", "--seq-length", "32",
+              "--micro-batch-size", "4", "--train-iters", "12", "--log-interval", "6",
+              "--eval-interval", "6", "--eval-iters", "2"]
+    per_split = run(2, [*common, "--train-data-path", prefixes["train"], "--valid-data-path",
+                        prefixes["valid"], "--test-data-path", "1", prefixes["test"],
+                        "--metrics-jsonl", str(tmp_path / "per_split.jsonl")])
+    assert per_split.returncode == 0, per_split.stdout + per_split.stderr
+    out = per_split.stdout
+    assert re.findall(r"validation loss at iteration (\d+) \|", out) == ["6", "12"], out
+    test = re.findall(r"validation loss at iteration 12 on test set \| lm loss value: "
+                      r"([0-9.E+-]+)", out)
+    assert len(test) == 1, out
+    # The test documents use 50 of the 1000 tokens: a different loss from validation's.
+    records = jsonl(str(tmp_path / "per_split.jsonl"))
+    assert [r["lm loss test"] for r in records if "lm loss test" in r] == [
+        pytest.approx(float(test[0]), rel=1e-6)]
+    assert float(test[0]) != pytest.approx(validation(records)[12], rel=1e-3)
+    whole = run(2, [*common, "--data-path", prefixes["train"], "--split", "100,0,0",
+                    "--metrics-jsonl", str(tmp_path / "whole.jsonl")])
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert losses(jsonl(str(tmp_path / "whole.jsonl"))) == losses(records)
+    assert "on test set" not in whole.stdout and "no test evaluation" not in whole.stdout
+    # --data-path's test split is evaluated too when it has documents, and said when not.
+    r = run(2, [*common, "--data-path", prefixes["train"], "--split", "80,10,10"])
+    assert r.returncode == 0 and "validation loss at iteration 12 on test set" in r.stdout, \
+        r.stdout + r.stderr
+    r = run(2, [*common, "--data-path", prefixes["train"]])  # 969,30,1 of 200 documents
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"braid: no test evaluation: --split 969,30,1 leaves no test documents of " \
+           f"{prefixes['train']}" in r.stdout
+
+
 def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     tb = str(tmp_path / "tb")
     r = run(4, [*MODEL, *LAYOUT_3D, "--train-iters", "6", "--eval-iters", "0", "--profile",
@@ -339,6 +387,9 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--recompute-num-layers needs --recompute-method uniform or block"),
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
+    (["--data-path", "A", "--train-data-path", "B"],
+     "give --data-path (with --split) or --train-data-path"),
+    (["--valid-data-path", "B"], "--valid-data-path / --test-data-path need --train-data-path"),
     (["--train-iters", "2", "--lr-warmup-iters", "3"],
      "--lr-warmup-iters 3 must be less than --lr-decay-iters 2"),
     (["--tokenizer-type", "GPT2BPETokenizer", "--mock-data", "--seq-length", "32",
