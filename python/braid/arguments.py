@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 # Megatron arguments braid refuses, with the reason. Anything else unknown is refused as well
 # ("not a braid argument"); these only get a better message.
@@ -321,6 +322,22 @@ def _check(ok: bool, message: str):
         raise ArgumentError(message)
 
 
+def _check_data_files(flag: str, data_path: list[str] | None):
+    """Every prefix of a --data-path style list has its .bin and .idx (before any rank starts
+    building indices from them)."""
+    if not data_path:
+        return
+    from braid.data import parse_data_path
+    try:
+        prefixes, _ = parse_data_path(data_path)
+    except ValueError as e:
+        raise ArgumentError(f"{flag} {' '.join(data_path)}: {e}") from None
+    for prefix in prefixes:
+        missing = [prefix + ext for ext in (".bin", ".idx") if not os.path.isfile(prefix + ext)]
+        _check(not missing, f"{flag}: no {' or '.join(missing)} (a prefix names the .bin/.idx "
+               "pair tools/preprocess_data.py writes)")
+
+
 def validate(a: argparse.Namespace, world_size: int):
     tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
     _check(world_size % (tp * pp) == 0,
@@ -369,6 +386,8 @@ def validate(a: argparse.Namespace, world_size: int):
     _check(not ((a.data_path or per_split) and a.mock_data),
            "--mock-data excludes --data-path and --train-data-path")
     a.addition_data = not a.data_path and not per_split and not a.mock_data
+    for flag in ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path"):
+        _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))
     if a.tokenizer_type is None:
         for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
                             ("--tokenizer-model", a.tokenizer_model)):
