@@ -229,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("checkpointing")
     g.add_argument("--save", default=None, metavar="DIR")
     g.add_argument("--load", default=None, metavar="DIR")
+    g.add_argument("--use-checkpoint-args", action="store_true",
+                   help="take the model's shape from the --load checkpoint (--ckpt-step or the "
+                        "latest) instead of the command line")
+    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
+                   help="with --load: stop (exit 1) when it holds no checkpoint, instead of "
+                        "training from scratch")
     g.add_argument("--save-interval", type=pos_int, default=None)
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
@@ -313,8 +319,62 @@ def parse_args(argv: list[str] | None, world_size: int) -> argparse.Namespace:
     problem. Fills in Megatron's derived values."""
     args, unknown = build_parser().parse_known_args(argv)
     _refuse_unknown(unknown)
+    args.checkpoint_args = _checkpoint_model_args(args) if args.use_checkpoint_args else []
     validate(args, world_size)
     return args
+
+
+# --use-checkpoint-args: the checkpoint's metadata.json "config" key -> (argument, its value)
+_FROM_CHECKPOINT = {
+    "num_layers": lambda v: [("num_layers", v)],
+    "hidden_size": lambda v: [("hidden_size", v)],
+    "num_attention_heads": lambda v: [("num_attention_heads", v)],
+    "num_query_groups": lambda v: [("num_query_groups", v)],
+    "ffn_hidden_size": lambda v: [("ffn_hidden_size", v)],
+    "vocab_size": lambda v: [("vocab_size", v)],
+    "max_position_embeddings": lambda v: [("max_position_embeddings", v)],
+    "normalization": lambda v: [("normalization", {"layernorm": "LayerNorm",
+                                                   "rmsnorm": "RMSNorm"}[v])],
+    "activation": lambda v: [("swiglu", v == "swiglu")],
+    "position_embedding": lambda v: [("position_embedding_type",
+                                      {"rope": "rope", "learned": "learned_absolute"}[v])],
+    "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
+    "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
+    "rope_theta": lambda v: [("rotary_base", v)],
+    "norm_eps": lambda v: [("norm_epsilon", v)],
+}
+
+
+def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
+    """Sets the model arguments from the checkpoint --load names (Megatron's
+    --use-checkpoint-args); the log lines of those that change what the command line said."""
+    _check(a.load is not None, "--use-checkpoint-args needs --load DIR")
+    import json
+
+    from braid import _C
+    iteration = a.ckpt_step if a.ckpt_step is not None else _C.latest_iteration(a.load)
+    if iteration < 0:
+        return [f"braid: --use-checkpoint-args: no checkpoint in {a.load} yet; the model "
+                "arguments are the command line's"]
+    path = os.path.join(_C.iteration_directory(a.load, iteration), "metadata.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)["config"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ArgumentError(f"--use-checkpoint-args: cannot read the model config from {path} "
+                            f"({e})") from None
+    notes = []
+    for key, convert in _FROM_CHECKPOINT.items():
+        if key not in config:
+            raise ArgumentError(f"--use-checkpoint-args: {path} has no config.{key}")
+        for dest, value in convert(config[key]):
+            if getattr(a, dest) != value:
+                flag = "--" + dest.replace("_", "-")
+                notes.append(f"braid: {flag} {value} from the checkpoint (the command line: "
+                             f"{getattr(a, dest)})")
+                setattr(a, dest, value)
+    a.group_query_attention = a.num_query_groups != a.num_attention_heads
+    return notes
 
 
 def _check(ok: bool, message: str):

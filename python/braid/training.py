@@ -413,7 +413,7 @@ def main(argv=None) -> int:
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
-    for line in no_effect_given(a):
+    for line in a.checkpoint_args + no_effect_given(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
@@ -448,6 +448,10 @@ def main(argv=None) -> int:
     consumed = 0
     if a.load:
         if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
+            if a.exit_on_missing_checkpoint:
+                sys.stderr.write(f"braid: --exit-on-missing-checkpoint: no checkpoint in "
+                                 f"{a.load}\n")
+                return 1
             log(f"braid: no checkpoint in {a.load} yet; training from scratch")
         else:
             try:

@@ -176,6 +176,43 @@ def test_resume_continues_exactly(runs):
     assert validation(part) == {10: validation(full)[10]}
 
 
+def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(runs, tmp_path):
+    # Megatron's --use-checkpoint-args: the model's shape comes from the checkpoint, so the
+    # resumed run names none of MODEL's model flags and continues exactly like the full run.
+    model_flags = {"--num-layers": 1, "--hidden-size": 1, "--num-attention-heads": 1,
+                   "--group-query-attention": 0, "--num-query-groups": 1, "--swiglu": 0,
+                   "--normalization": 1, "--position-embedding-type": 1,
+                   "--untie-embeddings-and-output-weights": 0, "--disable-bias-linear": 0,
+                   "--vocab-size": 1}
+    rest, skip = [], 0
+    for arg in MODEL:
+        if skip:
+            skip -= 1
+        elif arg in model_flags:
+            skip = model_flags[arg]
+        else:
+            rest.append(arg)
+    tb = str(tmp_path / "tb")
+    r = run(8, [*rest, *LAYOUT_3D, "--train-iters", "20", "--load", runs["ckpt"],
+                "--use-checkpoint-args", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: --num-layers 4 from the checkpoint (the command line: 4)" not in r.stdout
+    for note in ("--hidden-size 64 from the checkpoint (the command line: 128)",
+                 "--swiglu True from the checkpoint (the command line: False)",
+                 "--vocab-size 300 from the checkpoint (the command line: None)"):
+        assert f"braid: {note}" in r.stdout, r.stdout
+    want = losses(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")))
+    assert losses(jsonl(os.path.join(tb, "metrics.jsonl"))) == {i: want[i] for i in range(11, 21)}
+
+
+def test_exit_on_missing_checkpoint(tmp_path):
+    r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
+                "--exit-on-missing-checkpoint"])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"braid: --exit-on-missing-checkpoint: no checkpoint in {tmp_path / 'none'}" in r.stderr
+    assert "iteration" not in r.stdout
+
+
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     """The same 20 iterations in one process: every layout must train alike."""
@@ -387,6 +424,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--recompute-num-layers needs --recompute-method uniform or block"),
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
+    (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
     (["--data-path", "A", "--train-data-path", "B"],
      "give --data-path (with --split) or --train-data-path"),
     (["--valid-data-path", "B"], "--valid-data-path / --test-data-path need --train-data-path"),
