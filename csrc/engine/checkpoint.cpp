@@ -325,6 +325,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
               {"growth_tracker", scaler.growth_tracker},
               {"hysteresis_tracker", scaler.hysteresis_tracker}}},
             {"consumed_samples", loop.consumed_samples},
+            {"device_seconds", loop.device_seconds},
             {"optimizer", options.save_optim},
             {"tensors", tensors}};
   if (options.save_rng) {
@@ -638,6 +639,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     // Megatron: the iteration (and with it the LR schedule and the data position) continues
     // unless --finetune; --no-load-optim starts only the optimizer afresh.
     loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
+    loop.device_seconds = meta.value("device_seconds", 0.0);
     const json& t = meta.at("trainer");
     trainer->set_iterations(t.at("iteration").get<int64_t>(),
                             t.at("skipped_iterations").get<int64_t>());

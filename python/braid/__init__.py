@@ -19,6 +19,7 @@ Checkpoints (Megatron's layout on disk, loadable under any other parallel layout
     consumed = braid.load_checkpoint(dir, trainer)     # collective; iteration, optimizer, RNG
     braid.save_checkpoint(dir, trainer, consumed_samples=loader.consumed_samples)
     saver = braid.CheckpointSaver(dir, async_save=True)  # poll() every iteration, wait() at exit
+    braid.checkpoint_metadata(dir)["consumed_samples"]  # what a checkpoint saved, as JSON
     exits = braid.ExitConditions(exit_interval=0, exit_duration_minutes=0.0, signals=True)
     reason = exits.check(trainer, trainer.iteration)  # "SIGTERM", "--exit-interval", ... or ""
 
@@ -26,6 +27,8 @@ ExitConditions installs C handlers for SIGTERM and SIGUSR1; Python's signal modu
 its own only for SIGINT, so they stay unless you call ``signal.signal`` on those two.
 """
 
+import json as _json
+import os as _os
 import sys as _sys
 import traceback as _traceback
 
@@ -74,6 +77,23 @@ def _abort_on_uncaught(kind, value, tb):
     _traceback.print_exception(kind, value, tb)
     _sys.stderr.flush()
     _C.abort(f"braid: error: uncaught {kind.__name__}: {value}")
+
+
+def checkpoint_metadata(dir: str, iteration: int = -1) -> dict:
+    """The metadata.json of the latest (or `iteration`'s) checkpoint in `dir`: the model config,
+    the layout it was saved from, the trainer's counters, consumed samples, device seconds, ...
+    (docs/checkpoints.md). Reads one file on this rank; ValueError naming it when there is no
+    such checkpoint or it is not JSON."""
+    if iteration < 0:
+        iteration = latest_iteration(dir)
+        if iteration < 0:
+            raise ValueError(f"checkpoint: no checkpoint in {dir}")
+    path = _os.path.join(iteration_directory(dir, iteration), "metadata.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return _json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"checkpoint: cannot read {path}: {e}") from None
 
 
 def init_distributed(timeout_minutes: float = 10.0) -> Distributed:

@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=nonneg_int, default=1234)
     g.add_argument("--exit-interval", type=pos_int, default=None)
     g.add_argument("--exit-duration-in-mins", type=pos_float, default=None)
+    g.add_argument("--exit-cost", type=pos_float, default=None, metavar="C",
+                   help="save (with --save) and exit 0 once the run has cost C: its device-hours "
+                        "x --gpu-hour-price, over every job of the run (checkpoints carry what "
+                        "the jobs before used)")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="save and exit on SIGTERM (braid does this whenever --save is given)")
 
@@ -349,24 +353,19 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
     """Sets the model arguments from the checkpoint --load names (Megatron's
     --use-checkpoint-args); the log lines of those that change what the command line said."""
     _check(a.load is not None, "--use-checkpoint-args needs --load DIR")
-    import json
-
-    from braid import _C
-    iteration = a.ckpt_step if a.ckpt_step is not None else _C.latest_iteration(a.load)
-    if iteration < 0:
+    import braid
+    if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
         return [f"braid: --use-checkpoint-args: no checkpoint in {a.load} yet; the model "
                 "arguments are the command line's"]
-    path = os.path.join(_C.iteration_directory(a.load, iteration), "metadata.json")
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)["config"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ArgumentError(f"--use-checkpoint-args: cannot read the model config from {path} "
-                            f"({e})") from None
+        config = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None
+                                           else a.ckpt_step).get("config", {})
+    except ValueError as e:
+        raise ArgumentError(f"--use-checkpoint-args: {e}") from None
     notes = []
     for key, convert in _FROM_CHECKPOINT.items():
         if key not in config:
-            raise ArgumentError(f"--use-checkpoint-args: {path} has no config.{key}")
+            raise ArgumentError(f"--use-checkpoint-args: the checkpoint's config has no {key}")
         for dest, value in convert(config[key]):
             if getattr(a, dest) != value:
                 flag = "--" + dest.replace("_", "-")
@@ -573,6 +572,8 @@ def validate(a: argparse.Namespace, world_size: int):
            "give --loss-scale (constant) or --dynamic-loss-scale, not both")
 
     # Checkpoints.
+    _check(a.exit_cost is None or a.gpu_hour_price is not None,
+           "--exit-cost needs --gpu-hour-price (the price of one device-hour)")
     for flag, value in (("--save-interval", a.save_interval), ("--async-save", a.async_save),
                         ("--exit-signal-handler", a.exit_signal_handler)):
         _check(not value or a.save, f"{flag} needs --save DIR")

@@ -285,16 +285,19 @@ class Meter:
         mfu = tflops * 1e12 / self.peak if self.peak else float("nan")
         return self.tokens_per_iteration / seconds_per_iteration, tflops, mfu
 
-    def cost(self, now, train_start, done, total):
-        """(cost so far, projected cost of the whole run), or None without a price."""
+    def cost(self, now, train_start, done, total, earlier_device_seconds=0.0):
+        """(cost so far, projected cost of the whole run), or None without a price. The run's
+        earlier jobs (resumed from a checkpoint) used `earlier_device_seconds`."""
         if self.a.gpu_hour_price is None:
             return None
-        per_second = self.a.gpu_hour_price * self.a.world_size / 3600.0
-        so_far = (now - self.start) * per_second
+        per_device_second = self.a.gpu_hour_price / 3600.0
+        earlier = earlier_device_seconds * per_device_second
+        per_second = per_device_second * self.a.world_size
+        so_far = earlier + (now - self.start) * per_second
         if done <= 0:
             return so_far, float("nan")
         projected = (train_start - self.start) + (now - train_start) / done * total
-        return so_far, projected * per_second
+        return so_far, earlier + projected * per_second
 
 
 class Timers:
@@ -446,6 +449,7 @@ def main(argv=None) -> int:
            if a.stage_layers else ""))
 
     consumed = 0
+    earlier_device_seconds = 0.0  # what the run's earlier jobs used (from the checkpoint)
     if a.load:
         if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
             if a.exit_on_missing_checkpoint:
@@ -460,8 +464,17 @@ def main(argv=None) -> int:
                     finetune=a.finetune, iteration=-1 if a.ckpt_step is None else a.ckpt_step)
             except ValueError as e:  # every rank reads the same metadata: all fail alike
                 return error_exit(str(e))
+            if not a.finetune:
+                earlier_device_seconds = braid.checkpoint_metadata(
+                    a.load, -1 if a.ckpt_step is None else a.ckpt_step).get("device_seconds", 0.0)
             log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
-                f"({consumed} samples consumed)")
+                f"({consumed} samples consumed"
+                + (f", {earlier_device_seconds / 3600:.4f} device-hours used"
+                   if earlier_device_seconds else "") + ")")
+
+    def device_seconds():
+        """The run's device time so far: the earlier jobs' and this one's since it started."""
+        return earlier_device_seconds + (time.time() - start) * state.world_size
     first = trainer.iteration + 1
 
     data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
@@ -478,15 +491,27 @@ def main(argv=None) -> int:
     saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
     saved = trainer.iteration if a.load and a.save == a.load else -1
     exits = None
-    if a.save or a.exit_interval or a.exit_duration_in_mins:
+    duration = a.exit_duration_in_mins
+    budget_binds = False  # --exit-cost comes before --exit-duration-in-mins
+    if a.exit_cost is not None:
+        left = a.exit_cost / a.gpu_hour_price * 3600 - device_seconds()  # device-seconds
+        minutes = left / state.world_size / 60
+        if minutes <= 0:
+            log(f"braid: --exit-cost {a.exit_cost} is spent already "
+                f"({device_seconds() / 3600 * a.gpu_hour_price:.4f} so far); not training")
+            metrics.close()
+            return 0
+        budget_binds = duration is None or minutes < duration
+        duration = min(minutes, duration or minutes)
+    if a.save or a.exit_interval or duration:
         exits = braid.ExitConditions(exit_interval=a.exit_interval or 0,
-                                     exit_duration_minutes=a.exit_duration_in_mins or 0.0,
+                                     exit_duration_minutes=duration or 0.0,
                                      signals=bool(a.save))
 
     def save(iteration):
         nonlocal saved
         if saver is not None and saved != iteration:
-            saver.save(trainer, data.train.consumed_samples)
+            saver.save(trainer, data.train.consumed_samples, device_seconds=device_seconds())
             saved = iteration
 
     def evaluate(iteration, test=False):
@@ -571,7 +596,8 @@ def main(argv=None) -> int:
                       "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
                       "mem-peak-gb": stats.peak_memory_bytes / 1e9,
                       "skipped-iterations": trainer.skipped_iterations}
-            cost = meter.cost(time.time(), train_start, it - first + 1, a.train_iters - first + 1)
+            cost = meter.cost(time.time(), train_start, it - first + 1, a.train_iters - first + 1,
+                              earlier_device_seconds)
             if cost is not None:
                 values["cost"] = cost[0]
             metrics.scalars(it, values)
@@ -581,7 +607,8 @@ def main(argv=None) -> int:
             if meter is not None:
                 per_iteration = (now - interval_start) / interval_iters
                 tokens_per_s, tflops, mfu = meter.rates(per_iteration)
-                cost = meter.cost(now, train_start, it - first + 1, a.train_iters - first + 1)
+                cost = meter.cost(now, train_start, it - first + 1, a.train_iters - first + 1,
+                                  earlier_device_seconds)
                 bar.clear()
                 log(f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
                     f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
@@ -606,6 +633,8 @@ def main(argv=None) -> int:
         if a.save_interval and it % a.save_interval == 0:
             save(it)
         reason = exits.check(trainer, it) if exits is not None else ""
+        if reason == "--exit-duration-in-mins" and budget_binds:
+            reason = f"--exit-cost {a.exit_cost}"
         if reason:
             profile_done(it)
             save(it)
@@ -629,11 +658,14 @@ def main(argv=None) -> int:
     if meter is not None:
         seconds = time.time() - start
         iterations = trainer.iteration - first + 1
-        cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1))
+        cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1),
+                          earlier_device_seconds)
+        earlier = (f" + {earlier_device_seconds / 3600:.4f} device-hours of the run's earlier "
+                   "jobs") if earlier_device_seconds else ""
         log(f"braid: trained {iterations} iterations in {_hms(seconds)} "
             f"({seconds:.1f} s, {state.world_size} x {device})"
             + (f"; final lm loss {stats.loss:.6E}" if stats is not None else "")
             + (f"; cost {cost[0]:.4f} ({a.gpu_hour_price} per device-hour x "
-               f"{state.world_size} devices x {seconds / 3600:.4f} h)" if cost else ""))
+               f"{state.world_size} devices x {seconds / 3600:.4f} h{earlier})" if cost else ""))
     state.barrier()
     return 0

@@ -49,6 +49,10 @@ struct LoadOptions {
 // What the training loop keeps besides the Trainer.
 struct LoopState {
   int64_t consumed_samples = 0;  // the data loader's position, over all DP ranks
+  // Device time the run has used up to this save, over every job that led to it (seconds x
+  // devices): what pretrain_gpt.py's cost meter and --exit-cost count on. 0 after --finetune
+  // and in checkpoints that predate it.
+  double device_seconds = 0;
 };
 
 // The iteration the tracker file in `dir` names; -1 when there is no checkpoint yet.

@@ -369,12 +369,13 @@ TEST(CheckpointOptions, NoLoadOptimAndFinetune) {
   {
     Job job(llama(), layout, 4);
     for (int s = 0; s < 3; ++s) job.step(llama());
-    save_checkpoint(dir, *job.trainer, {.consumed_samples = 24});
+    save_checkpoint(dir, *job.trainer, {.consumed_samples = 24, .device_seconds = 1234.5});
   }
   {
     Job job(llama(), layout, 8);
     const LoopState loop = load_checkpoint(dir, *job.trainer, {.load_optim = false});
     EXPECT_EQ(loop.consumed_samples, 24);
+    EXPECT_EQ(loop.device_seconds, 1234.5);  // the run's cost so far goes on too
     EXPECT_EQ(job.trainer->iteration(), 3);
     EXPECT_EQ(job.trainer->optimizer().step(), 0);
     for (const AdamW::Segment& s : job.trainer->optimizer().segments())
@@ -392,6 +393,7 @@ TEST(CheckpointOptions, NoLoadOptimAndFinetune) {
     Job job(llama(), layout, 8);
     const LoopState loop = load_checkpoint(dir, *job.trainer, {.finetune = true});
     EXPECT_EQ(loop.consumed_samples, 0);
+    EXPECT_EQ(loop.device_seconds, 0.0);  // a new run
     EXPECT_EQ(job.trainer->iteration(), 0);
     EXPECT_EQ(job.trainer->optimizer().step(), 0);
   }

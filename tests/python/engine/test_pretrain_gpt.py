@@ -205,6 +205,35 @@ def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(runs, tmp_path)
     assert losses(jsonl(os.path.join(tb, "metrics.jsonl"))) == {i: want[i] for i in range(11, 21)}
 
 
+def test_exit_cost_stops_the_run_and_counts_over_its_jobs(tmp_path):
+    # At 3600 per device-hour a device-second costs 1: --exit-cost 8 stops a long run after
+    # about 8 s, saving; the checkpoint carries the 8+ device-seconds used, so a job resumed
+    # under the same budget does not train, and one with more budget counts on from there.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt = str(tmp_path / "ckpt")
+    budget = [*MODEL, "--eval-iters", "0", "--gpu-hour-price", "3600", "--save", ckpt]
+    first = run(1, [*budget, "--train-iters", "100000", "--exit-cost", "8"])
+    assert first.returncode == 0, first.stdout + first.stderr
+    stop = re.search(r"braid: exiting at iteration (\d+) \(--exit-cost 8.0\); checkpoint saved",
+                     first.stdout)
+    assert stop and 0 < int(stop.group(1)) < 100000, first.stdout
+    spent = braid.checkpoint_metadata(ckpt)["device_seconds"]
+    assert spent >= 8.0  # the stop comes once the budget is reached, the save after it
+    again = run(1, [*budget, "--train-iters", "100000", "--exit-cost", "8", "--load", ckpt])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "braid: --exit-cost 8.0 is spent already" in again.stdout and "iteration " \
+        not in again.stdout.split("loaded iteration")[-1], again.stdout
+    assert braid.latest_iteration(ckpt) == int(stop.group(1))
+    more = int(stop.group(1)) + 2
+    last = run(1, [*budget, "--train-iters", str(more), "--exit-cost", "1e9", "--load", ckpt])
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert "device-hours of the run's earlier jobs" in last.stdout, last.stdout
+    assert braid.latest_iteration(ckpt) == more
+    assert braid.checkpoint_metadata(ckpt)["device_seconds"] > spent
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
