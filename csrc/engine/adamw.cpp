@@ -72,8 +72,10 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
             seg.master.slice(local, {n}), m.flat_grads().slice(begin, {n}),
             seg.exp_avg.slice(local, {n}), seg.exp_avg_sq.slice(local, {n}),
             weight_decay_of(p.spec), f32_params ? Tensor() : flat.slice(begin, {n})});
-        if (!is_tied_copy(m, p.spec))
+        if (!is_tied_copy(m, p.spec)) {
           grads_by_replicas_[p.shard.replicas].push_back(m.flat_grads().slice(begin, {n}));
+          params_by_replicas_[p.shard.replicas].push_back(seg.master.slice(local, {n}));
+        }
       }
       segments_.push_back(std::move(seg));
       at += r.size();
@@ -92,12 +94,16 @@ float AdamW::weight_decay_of(const model::ParamSpec& spec) const {
   return decay ? config_.weight_decay : 0.0f;
 }
 
-float AdamW::grad_norm() const {
+float AdamW::grad_norm() const { return global_norm(grads_by_replicas_); }
+
+float AdamW::params_norm() const { return global_norm(params_by_replicas_); }
+
+float AdamW::global_norm(const std::map<int, std::vector<Tensor>>& by_replicas) const {
   // Every parameter counts once: a shard that k TP ranks hold adds 1/k of its squares on each.
   double local = 0;
-  for (const auto& [replicas, grads] : grads_by_replicas_) {
+  for (const auto& [replicas, tensors] : by_replicas) {
     Tensor sum = Tensor::empty({1}, DType::f32, device_);
-    ops::sum_of_squares(sum, grads);
+    ops::sum_of_squares(sum, tensors);
     local += sum.item(0) / replicas;
   }
   if (norm_group_ == nullptr || norm_group_->size() == 1) return float(std::sqrt(local));

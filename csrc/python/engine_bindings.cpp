@@ -199,6 +199,15 @@ void bind_engine(py::module_& m) {
           "The ParallelModel it trains (for the one-process constructor, its internal "
           "one-rank wrapper of the GPTModel).")
       .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations)
+      .def(
+          "params_norm",
+          [](Trainer& t) {
+            py::gil_scoped_release release;
+            return t.optimizer().params_norm();
+          },
+          "The global L2 norm of the model's parameters (f32 master weights), every element "
+          "counted once across TP, PP and DP (Megatron's --log-params-norm). Collective: every "
+          "rank calls it.")
       .def("set_trace", &Trainer::set_trace, py::arg("trace"), py::keep_alive<1, 2>(),
            "Record every train_step on trace (None: stop): spans per step, and the step's "
            "breakdown in StepStats (compute, pipeline wait, tp/dp/other communication waits).");

@@ -588,7 +588,12 @@ def main(argv=None) -> int:
         interval_iters += 1
         skipped += stats.skipped
         nans += not math.isfinite(stats.loss)
-        if meter is not None and it % a.tensorboard_log_interval == 0:
+        logged = it % a.log_interval == 0 or it == a.train_iters
+        recorded = it % a.tensorboard_log_interval == 0
+        # Collective (every rank, the same iterations): Megatron's --log-params-norm.
+        params_norm = trainer.params_norm() if a.log_params_norm and (logged or recorded) \
+            else None
+        if meter is not None and recorded:
             tokens_per_s, tflops, mfu = meter.rates(stats.seconds)
             values = {"lm loss": stats.loss, "learning-rate": stats.lr,
                       "grad-norm": stats.grad_norm, "loss-scale": stats.loss_scale,
@@ -596,12 +601,14 @@ def main(argv=None) -> int:
                       "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
                       "mem-peak-gb": stats.peak_memory_bytes / 1e9,
                       "skipped-iterations": trainer.skipped_iterations}
+            if params_norm is not None:
+                values["params-norm"] = params_norm
             cost = meter.cost(time.time(), train_start, it - first + 1, a.train_iters - first + 1,
                               earlier_device_seconds)
             if cost is not None:
                 values["cost"] = cost[0]
             metrics.scalars(it, values)
-        if it % a.log_interval == 0 or it == a.train_iters:
+        if logged:
             now = time.time()
             per_rank = timers.gather(state) if timers is not None else None
             if meter is not None:
@@ -614,7 +621,9 @@ def main(argv=None) -> int:
                     f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
                     f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | global batch "
                     f"size: {a.global_batch_size:5d} | lm loss: {stats.loss:.6E} | loss scale: "
-                    f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | number of "
+                    f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
+                    + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")
+                    + f"number of "
                     f"skipped iterations: {skipped:3d} | number of nan iterations: {nans:3d} | "
                     f"tokens per second: {tokens_per_s:.0f} | throughput per device (TFLOP/s): "
                     f"{tflops:.3f} | MFU: {100 * mfu:.2f}% | peak memory (MB): "

@@ -54,6 +54,9 @@ class AdamW {
   // once - a shard that k TP ranks hold adds 1/k of its squares on each, and the last stage's
   // copy of tied embeddings none (the first stage's counts).
   float grad_norm() const;
+  // The same global L2 norm of the parameters, from the f32 master weights (Megatron's
+  // --log-params-norm). Collective over the norm group, like grad_norm.
+  float params_norm() const;
   // Computes the global norm, scales the gradients by clip_grad / (norm + 1e-6) when that is
   // below 1 (Megatron), and takes one AdamW step with `lr`. Returns the norm before clipping.
   // A non-finite norm throws Error and leaves parameters and state untouched.
@@ -94,8 +97,11 @@ class AdamW {
   int64_t step_ = 0;
   int64_t state_bytes_ = 0;
   std::vector<Segment> segments_;
-  std::vector<ops::AdamWGroup> groups_;                   // one per (parameter, owned range)
-  std::map<int, std::vector<Tensor>> grads_by_replicas_;  // norm inputs by TP copies held
+  std::vector<ops::AdamWGroup> groups_;  // one per (parameter, owned range)
+  // The global norm of `by_replicas` (a shard that k TP ranks hold adds 1/k of its squares).
+  float global_norm(const std::map<int, std::vector<Tensor>>& by_replicas) const;
+  std::map<int, std::vector<Tensor>> grads_by_replicas_;   // norm inputs by TP copies held
+  std::map<int, std::vector<Tensor>> params_by_replicas_;  // the master weights alike
   Device device_;
 };
 

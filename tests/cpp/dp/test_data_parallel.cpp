@@ -49,6 +49,7 @@ struct Run {
   std::vector<float> losses;
   float eval_loss = 0;        // Trainer::evaluate on the validation batch after the steps
   std::vector<float> params;  // the whole model's flat buffer after the steps
+  float params_norm = 0;      // Trainer's optimizer().params_norm() after the steps
 };
 
 constexpr int kValidStep = 99;  // global_batch(vocab, kValidStep) is the validation batch
@@ -74,6 +75,10 @@ const Run& reference(const std::string& name, const TransformerConfig& config) {
   const tp_testing::Batch valid = global_batch(config.vocab_size, kValidStep);
   run.eval_loss = trainer.evaluate(valid.ids, valid.targets, 4);  // other microbatches: same mean
   run.params = floats(model.flat_params());
+  run.params_norm = trainer.optimizer().params_norm();
+  double squares = 0;
+  for (float v : run.params) squares += double(v) * v;
+  EXPECT_NEAR(run.params_norm, std::sqrt(squares), 1e-6 * std::sqrt(squares));
   return cache.emplace(name, std::move(run)).first->second;
 }
 
@@ -156,6 +161,9 @@ void check_layout(const std::string& name, const Layout& l) {
     EXPECT_EQ(trainer.iteration(), kSteps);
     for (int c = 0; c < model.num_chunks(); ++c) EXPECT_FALSE(model.chunk(c).has_activations(0));
   }
+  // The parameter norm counts every element once: TP replicas (kv heads at tp 8, norms), the
+  // tied embedding's second copy, ZeRO shards, pipeline stages.
+  EXPECT_NEAR(trainer.optimizer().params_norm(), want.params_norm, 1e-5 * want.params_norm);
   GPTModel whole(config, Device::cpu(), 1);
   model.gather_into(whole);
   const std::vector<float> got = floats(whole.flat_params());

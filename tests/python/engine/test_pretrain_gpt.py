@@ -73,7 +73,7 @@ def runs(tmp_path_factory):
     # must still match it bit for bit.
     full = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--tensorboard-dir", full_tb,
                    "--gpu-hour-price", "2.5", "--timing-log-level", "2",
-                   "--log-timers-to-tensorboard"])
+                   "--log-timers-to-tensorboard", "--log-params-norm"])
     assert full.returncode == 0, full.stdout + full.stderr
     part = run(8, [*MODEL, *LAYOUT_3D, "--train-iters", "20", "--save", ckpt, "--save-interval",
                    "10", "--exit-interval", "10", "--tensorboard-dir", part_tb])
@@ -246,7 +246,7 @@ def test_exit_on_missing_checkpoint(tmp_path):
 def one_process(tmp_path_factory):
     """The same 20 iterations in one process: every layout must train alike."""
     tb = str(tmp_path_factory.mktemp("one_process") / "tb")
-    r = run(1, [*MODEL, "--train-iters", "20", "--tensorboard-dir", tb])
+    r = run(1, [*MODEL, "--train-iters", "20", "--tensorboard-dir", tb, "--log-params-norm"])
     assert r.returncode == 0, r.stdout + r.stderr
     return jsonl(os.path.join(tb, "metrics.jsonl"))
 
@@ -263,7 +263,18 @@ def assert_trains_alike(records, one_process):
 
 
 def test_one_process_trains_like_the_3d_layout(runs, one_process):
-    assert_trains_alike(jsonl(os.path.join(runs["full_tb"], "metrics.jsonl")), one_process)
+    three_d = jsonl(os.path.join(runs["full_tb"], "metrics.jsonl"))
+    assert_trains_alike(three_d, one_process)
+    # --log-params-norm: every parameter once over tp 2 x pp 2 x dp 2 with ZeRO, as in one
+    # process; in the log line and the metrics of every iteration.
+    norms = [{r["step"]: r["params-norm"] for r in run if "params-norm" in r}
+             for run in (three_d, one_process)]
+    assert sorted(norms[0]) == sorted(norms[1]) == list(range(1, 21))
+    for step in norms[0]:
+        assert norms[0][step] == pytest.approx(norms[1][step], rel=1e-5), step
+    lines = log_lines(runs["full"].stdout)
+    assert all(re.search(r"\| grad norm: [0-9.]+ \| params norm: [0-9.]+ \|", line)
+               for line in lines), lines[0]
 
 
 def test_uneven_pipeline_stages_train_like_one_process(one_process, tmp_path):
