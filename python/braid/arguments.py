@@ -242,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save-interval", type=pos_int, default=None)
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
+    g.add_argument("--no-save-optim", action="store_true",
+                   help="save the parameters without the optimizer state (a third the size; "
+                        "load it with --no-load-optim or --finetune)")
+    g.add_argument("--no-save-rng", action="store_true",
+                   help="save without the dropout RNG state")
     g.add_argument("--finetune", action="store_true")
     g.add_argument("--async-save", action="store_true")
     g.add_argument("--ckpt-step", type=nonneg_int, default=None)
@@ -578,6 +583,7 @@ def validate(a: argparse.Namespace, world_size: int):
     _check(a.exit_cost is None or a.gpu_hour_price is not None,
            "--exit-cost needs --gpu-hour-price (the price of one device-hour)")
     for flag, value in (("--save-interval", a.save_interval), ("--async-save", a.async_save),
+                        ("--no-save-optim", a.no_save_optim), ("--no-save-rng", a.no_save_rng),
                         ("--exit-signal-handler", a.exit_signal_handler)):
         _check(not value or a.save, f"{flag} needs --save DIR")
     for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng),

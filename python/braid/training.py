@@ -511,7 +511,8 @@ def main(argv=None) -> int:
     def save(iteration):
         nonlocal saved
         if saver is not None and saved != iteration:
-            saver.save(trainer, data.train.consumed_samples, device_seconds=device_seconds())
+            saver.save(trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
+                       save_rng=not a.no_save_rng, device_seconds=device_seconds())
             saved = iteration
 
     def evaluate(iteration, test=False):

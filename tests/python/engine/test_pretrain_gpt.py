@@ -234,6 +234,27 @@ def test_exit_cost_stops_the_run_and_counts_over_its_jobs(tmp_path):
     assert braid.checkpoint_metadata(ckpt)["device_seconds"] > spent
 
 
+def test_no_save_optim_and_rng(tmp_path):
+    # Megatron's --no-save-optim / --no-save-rng: parameters only; loading such a checkpoint
+    # to resume asks for --no-load-optim (or --finetune), and then trains on from it.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt = str(tmp_path / "ckpt")
+    r = run(1, [*MODEL, "--train-iters", "4", "--eval-iters", "0", "--save", ckpt,
+                "--no-save-optim", "--no-save-rng"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    meta = braid.checkpoint_metadata(ckpt)
+    assert meta["optimizer"] is False and "rng" not in meta
+    assert meta["tensors"] and not any(k.startswith("optimizer.") for k in meta["tensors"])
+    again = [*MODEL, "--train-iters", "6", "--eval-iters", "0", "--load", ckpt]
+    r = run(1, again)
+    assert r.returncode == 2 and "saved without optimizer state; load with --no-load-optim" \
+        in r.stderr, r.stdout + r.stderr
+    r = run(1, [*again, "--no-load-optim", "--no-load-rng"])
+    assert r.returncode == 0 and "braid: loaded iteration 4" in r.stdout, r.stdout + r.stderr
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
@@ -465,6 +486,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
+    (["--no-save-optim"], "--no-save-optim needs --save DIR"),
     (["--data-path", "A", "--train-data-path", "B"],
      "give --data-path (with --split) or --train-data-path"),
     (["--valid-data-path", "B"], "--valid-data-path / --test-data-path need --train-data-path"),
