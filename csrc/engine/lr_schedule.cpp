@@ -31,7 +31,10 @@ void LRSchedule::validate() const {
   BRAID_CONFIG_CHECK(std::isfinite(lr) && lr >= 0, "LRSchedule.lr must be >= 0, got ", lr);
   BRAID_CONFIG_CHECK(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= lr,
                      "LRSchedule.min_lr must be in [0, lr = ", lr, "], got ", min_lr);
-  BRAID_CONFIG_CHECK(warmup_iters >= 0, "LRSchedule.warmup_iters must be >= 0, got ", warmup_iters);
+  BRAID_CONFIG_CHECK(std::isfinite(warmup_iters) && warmup_iters >= 0,
+                     "LRSchedule.warmup_iters must be >= 0, got ", warmup_iters);
+  BRAID_CONFIG_CHECK(std::isfinite(decay_iters), "LRSchedule.decay_iters must be finite, got ",
+                     decay_iters);
   if (style != LRDecayStyle::constant) {
     BRAID_CONFIG_CHECK(decay_iters > warmup_iters, "LRSchedule.decay_iters (", decay_iters,
                        ") must exceed warmup_iters (", warmup_iters, ") for ", to_string(style),
@@ -41,11 +44,11 @@ void LRSchedule::validate() const {
 
 float LRSchedule::lr_at(int64_t iteration) const {
   BRAID_CHECK(iteration >= 0, "LRSchedule::lr_at: negative iteration ", iteration);
-  if (warmup_iters > 0 && iteration <= warmup_iters)
-    return float(double(lr) * double(iteration) / double(warmup_iters));
+  if (warmup_iters > 0 && double(iteration) <= warmup_iters)
+    return float(double(lr) * double(iteration) / warmup_iters);
   if (style == LRDecayStyle::constant) return lr;
-  if (iteration > decay_iters) return min_lr;
-  const double ratio = double(iteration - warmup_iters) / double(decay_iters - warmup_iters);
+  if (double(iteration) > decay_iters) return min_lr;
+  const double ratio = (double(iteration) - warmup_iters) / (decay_iters - warmup_iters);
   const double coeff =
       style == LRDecayStyle::linear ? 1.0 - ratio : 0.5 * (std::cos(std::numbers::pi * ratio) + 1);
   return float(double(min_lr) + coeff * (double(lr) - double(min_lr)));

@@ -57,7 +57,7 @@ void bind_engine(py::module_& m) {
       .def_readwrite("decay_embeddings", &AdamWConfig::decay_embeddings);
 
   py::class_<LRSchedule>(m, "LRSchedule")
-      .def(py::init([](float lr, float min_lr, int64_t warmup_iters, int64_t decay_iters,
+      .def(py::init([](float lr, float min_lr, double warmup_iters, double decay_iters,
                        const std::string& style) {
              LRSchedule s;
              s.lr = lr;

@@ -180,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-decay-iters", type=pos_int, default=None, help="default --train-iters")
     g.add_argument("--lr-warmup-iters", type=nonneg_int, default=0)
     g.add_argument("--lr-warmup-fraction", type=nonneg_float, default=None)
+    g.add_argument("--lr-decay-samples", type=pos_int, default=None,
+                   help="with --train-samples: decay over this many samples (default "
+                        "--train-samples)")
+    g.add_argument("--lr-warmup-samples", type=nonneg_int, default=0,
+                   help="with --train-samples: warm up over this many samples")
     g.add_argument("--weight-decay", type=nonneg_float, default=0.01)
     g.add_argument("--adam-beta1", type=nonneg_float, default=0.9)
     g.add_argument("--adam-beta2", type=nonneg_float, default=0.999)
@@ -516,13 +521,29 @@ def validate(a: argparse.Namespace, world_size: int):
         a.train_iters = a.train_samples // a.global_batch_size
     if a.train_iters is None:
         a.train_iters = 500
-    if a.lr_decay_iters is None:
-        a.lr_decay_iters = a.train_iters
+    # The LR schedule in iterations; Megatron's sample-based one (--train-samples) is samples /
+    # global batch, fractional where it does not divide (engine::LRSchedule takes that).
+    if a.train_samples:
+        for flag, value in (("--lr-decay-iters", a.lr_decay_iters),
+                            ("--lr-warmup-iters", a.lr_warmup_iters)):
+            _check(not value, f"{flag} is for --train-iters; with --train-samples give "
+                   f"{flag.replace('iters', 'samples')}")
+        a.lr_decay_iters = (a.lr_decay_samples or a.train_samples) / a.global_batch_size
+        a.lr_warmup_iters = a.lr_warmup_samples / a.global_batch_size
+        warmup_flag = "--lr-warmup-samples"
+    else:
+        for flag, value in (("--lr-decay-samples", a.lr_decay_samples),
+                            ("--lr-warmup-samples", a.lr_warmup_samples)):
+            _check(not value, f"{flag} is for --train-samples; with --train-iters give "
+                   f"{flag.replace('samples', 'iters')}")
+        if a.lr_decay_iters is None:
+            a.lr_decay_iters = a.train_iters
+        warmup_flag = "--lr-warmup-iters"
     if a.lr_warmup_fraction is not None:
-        _check(a.lr_warmup_iters == 0, "give --lr-warmup-iters or --lr-warmup-fraction, not both")
+        _check(a.lr_warmup_iters == 0, f"give {warmup_flag} or --lr-warmup-fraction, not both")
         _check(a.lr_warmup_fraction <= 1, f"--lr-warmup-fraction must be <= 1, got "
                f"{a.lr_warmup_fraction}")
-        a.lr_warmup_iters = int(a.lr_warmup_fraction * a.lr_decay_iters)
+        a.lr_warmup_iters = a.lr_warmup_fraction * a.lr_decay_iters  # Megatron's, unrounded
     _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
     _check(a.lr_decay_style == "constant" or a.lr_warmup_iters < a.lr_decay_iters,
            f"--lr-warmup-iters {a.lr_warmup_iters} must be less than --lr-decay-iters "

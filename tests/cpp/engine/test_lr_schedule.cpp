@@ -42,6 +42,33 @@ TEST(LRSchedule, CosineDecayToMinLr) {
   EXPECT_EQ(s.lr_at(100000), 6e-5f);
 }
 
+// Megatron's sample-based schedule (--lr-warmup-samples 183105 --lr-decay-samples 126953125,
+// GPT-3's, over global batches of 1536): its scheduler counts samples, so at iteration i it is
+// at i * 1536 samples. Fractional warmup/decay iterations give the same learning rates.
+TEST(LRSchedule, SampleBasedScheduleAsFractionalIterations) {
+  const double batch = 1536, warmup_samples = 183105, decay_samples = 126953125;
+  LRSchedule s;
+  s.lr = 6e-5f;
+  s.min_lr = 6e-6f;
+  s.warmup_iters = warmup_samples / batch;  // 119.2...
+  s.decay_iters = decay_samples / batch;
+  s.validate();
+  for (int64_t i : {int64_t(1), int64_t(119), int64_t(120), int64_t(121), int64_t(50000),
+                    int64_t(82652), int64_t(82653), int64_t(90000)}) {
+    const double samples = double(i) * batch;
+    double want;
+    if (samples <= warmup_samples) {
+      want = 6e-5 * samples / warmup_samples;
+    } else if (samples > decay_samples) {
+      want = 6e-6;
+    } else {
+      const double r = (samples - warmup_samples) / (decay_samples - warmup_samples);
+      want = 6e-6 + (6e-5 - 6e-6) * 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+    }
+    EXPECT_NEAR(s.lr_at(i), want, 1e-6 * 6e-5) << "iteration " << i;
+  }
+}
+
 TEST(LRSchedule, LinearDecayToMinLr) {
   const LRSchedule s = schedule(LRDecayStyle::linear);
   for (int64_t i = 11; i <= 110; ++i) {

@@ -255,6 +255,29 @@ def test_no_save_optim_and_rng(tmp_path):
     assert r.returncode == 0 and "braid: loaded iteration 4" in r.stdout, r.stdout + r.stderr
 
 
+def test_sample_based_learning_rate_schedule(tmp_path):
+    # Megatron's --train-samples with --lr-warmup-samples / --lr-decay-samples that global batches
+    # of 16 do not divide: its scheduler counts samples, and step s runs at (s - 1) x 16 of them.
+    tb = str(tmp_path / "tb")
+    r = run(1, [*[x for x in MODEL if x not in ("--lr-warmup-iters", "3")], "--train-samples",
+                "200", "--lr-warmup-samples", "40", "--lr-decay-samples", "150", "--min-lr",
+                "3e-4", "--eval-iters", "0", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    lrs = {rec["step"]: rec["learning-rate"] for rec in jsonl(os.path.join(tb, "metrics.jsonl"))
+           if "learning-rate" in rec}
+    assert sorted(lrs) == list(range(1, 13))  # 200 // 16 iterations
+    for step, lr in lrs.items():
+        samples = (step - 1) * 16
+        if samples <= 40:
+            want = 3e-3 * samples / 40
+        elif samples > 150:
+            want = 3e-4
+        else:
+            ratio = (samples - 40) / (150 - 40)
+            want = 3e-4 + (3e-3 - 3e-4) * 0.5 * (math.cos(math.pi * ratio) + 1)
+        assert lr == pytest.approx(want, rel=1e-5, abs=1e-12), step
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
@@ -487,6 +510,10 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
+    (["--train-samples", "64", "--lr-decay-iters", "10"],
+     "--lr-decay-iters is for --train-iters; with --train-samples give --lr-decay-samples"),
+    (["--lr-warmup-samples", "10"],
+     "--lr-warmup-samples is for --train-samples; with --train-iters give --lr-warmup-iters"),
     (["--data-path", "A", "--train-data-path", "B"],
      "give --data-path (with --split) or --train-data-path"),
     (["--valid-data-path", "B"], "--valid-data-path / --test-data-path need --train-data-path"),
