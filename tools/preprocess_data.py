@@ -20,9 +20,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
+from braid.vocab import BYTE_LEVEL_EOD, BYTE_LEVEL_VOCAB_SIZE, EOS_CANDIDATES, \
+    eos_from_config  # noqa: E402  (pretrain_gpt.py finds the same end-of-document token)
+
 EXIT_SKIPPED = 3
-BYTE_LEVEL_EOD = 256
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "[SEP]")
 
 EPILOG = f"""\
 input formats:
@@ -60,7 +61,7 @@ class RecordError(Exception):
 class ByteLevelTokenizer:
     """Each UTF-8 byte is a token (0-255); the end-of-document token is 256."""
 
-    vocab_size = 257
+    vocab_size = BYTE_LEVEL_VOCAB_SIZE
     eod = BYTE_LEVEL_EOD
 
     def encode_batch(self, texts):
@@ -89,7 +90,7 @@ class HuggingFaceTokenizer:
         self.special = include_special_tokens
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod = None
-        name = eod_token or self._eos_from_config(os.path.dirname(path))
+        name = eod_token or eos_from_config(os.path.dirname(path))
         candidates = [name] if name else list(EOS_CANDIDATES)
         for candidate in candidates:
             self.eod = self.tokenizer.token_to_id(candidate)
@@ -98,15 +99,6 @@ class HuggingFaceTokenizer:
         if name and self.eod is None:
             raise SystemExit(
                 f"preprocess_data: error: end-of-document token {name!r} is not in {path}")
-
-    @staticmethod
-    def _eos_from_config(folder):
-        try:
-            with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
-                eos = json.load(f).get("eos_token")
-        except (OSError, ValueError):
-            return None
-        return eos.get("content") if isinstance(eos, dict) else eos
 
     def encode_batch(self, texts):
         try:

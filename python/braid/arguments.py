@@ -229,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"the {split} split's own datasets, used whole (instead of "
                             "--data-path and --split): PREFIX, or WEIGHT PREFIX ...")
     g.add_argument("--mock-data", action="store_true", help="random tokens (Megatron's mock data)")
+    g.add_argument("--eod-mask-loss", action="store_true",
+                   help="no loss where the input token is the tokenizer's end of document (the "
+                        "prediction of the next document's first token)")
     g.add_argument("--data-cache-path", default=None)
 
     g = p.add_argument_group("validation")
@@ -462,18 +465,25 @@ def validate(a: argparse.Namespace, world_size: int):
         _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))
     if a.tokenizer_type is None:
         for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
-                            ("--tokenizer-model", a.tokenizer_model)):
-            _check(value is None, f"{flag} needs --tokenizer-type")
+                            ("--tokenizer-model", a.tokenizer_model),
+                            ("--eod-mask-loss", a.eod_mask_loss or None)):
+            _check(value is None, f"{flag} needs --tokenizer-type"
+                   + (" (it names the end-of-document token)" if flag == "--eod-mask-loss"
+                      else ""))
     else:
         _check(not a.addition_data, f"--tokenizer-type {a.tokenizer_type}: the embedded "
                "addition data has its own byte vocabulary; a tokenizer is for --data-path or "
                "--mock-data")
-        from braid.vocab import VocabError, vocab_size
+        from braid.vocab import VocabError, read
         try:
-            size = vocab_size(a.tokenizer_type, vocab_file=a.vocab_file, merge_file=a.merge_file,
-                              tokenizer_model=a.tokenizer_model, null_vocab_size=a.vocab_size)
+            vocab = read(a.tokenizer_type, vocab_file=a.vocab_file, merge_file=a.merge_file,
+                         tokenizer_model=a.tokenizer_model, null_vocab_size=a.vocab_size)
         except VocabError as e:
             raise ArgumentError(str(e)) from None
+        size, a.eod = vocab.size, vocab.eod
+        _check(not a.eod_mask_loss or a.eod is not None,
+               f"--eod-mask-loss: --tokenizer-type {a.tokenizer_type} has no end-of-document "
+               f"token (looked for {vocab.eod_looked_for})")
         _check(a.vocab_size in (None, size) or a.tokenizer_type == "NullTokenizer",
                f"--vocab-size {a.vocab_size} disagrees with --tokenizer-type "
                f"{a.tokenizer_type}, whose vocabulary has {size} tokens (drop --vocab-size)")

@@ -168,6 +168,7 @@ class Data:
         # Megatron's: the validation position follows from the iteration (resumes alike).
         valid_consumed = iteration // a.eval_interval * a.eval_iters * a.global_batch_size
         self.answer_only = a.addition_data
+        self.eod_mask = a.eod if a.eod_mask_loss else None
         self.valid = self.test = None
         self.no_test = None  # why a --data-path run has no test evaluation, if it has none
         loader = lambda ds, consumed: DataLoader(ds, a.micro_batch_size, a.global_batch_size,
@@ -250,8 +251,12 @@ class Data:
 
     def targets(self, batch):
         labels = np.asarray(batch.labels)
-        return addition.answer_targets(np.asarray(batch.tokens), labels) if self.answer_only \
-            and not isinstance(batch, _Rows) else labels
+        if self.answer_only and not isinstance(batch, _Rows):
+            return addition.answer_targets(np.asarray(batch.tokens), labels)
+        if self.eod_mask is not None:  # Megatron's --eod-mask-loss: by the input token
+            return np.where(np.asarray(batch.tokens) == self.eod_mask, -1, labels).astype(
+                labels.dtype)
+        return labels
 
     def next_valid(self):
         batch = self.valid.next()

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
 
-from braid.vocab import VocabError, vocab_size  # noqa: E402
+from braid.vocab import VocabError, eod_id, vocab_size  # noqa: E402
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -53,6 +53,24 @@ def test_gpt2_bpe_is_the_vocab_files_entries(trained):
     tmp, _, base = trained
     assert vocab_size("GPT2BPETokenizer", vocab_file=str(tmp / "vocab.json"),
                       merge_file=str(tmp / "merges.txt")) == base
+
+
+def test_end_of_document_tokens(trained, tmp_path):
+    tmp, tok, _ = trained
+    eos = tok.token_to_id("<|endoftext|>")
+    assert eod_id("GPT2BPETokenizer", vocab_file=str(tmp / "vocab.json"),
+                  merge_file=str(tmp / "merges.txt")) == eos
+    assert eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp / "hf")) == eos  # a candidate
+    # A tokenizer_config.json's eos_token wins over the candidates.
+    (tmp_path / "tokenizer.json").write_text((tmp / "hf" / "tokenizer.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_start|>"}))
+    assert eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp_path)) == \
+        tok.token_to_id("<|im_start|>")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
+    with pytest.raises(VocabError, match="no end-of-document token"):
+        eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp_path))
+    assert eod_id("NullTokenizer", null_vocab_size=300) == 300
+    assert eod_id("ByteLevel") == 256
 
 
 def test_null_and_byte_level():

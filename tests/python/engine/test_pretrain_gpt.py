@@ -466,6 +466,41 @@ def test_each_splits_own_data_path_and_the_test_evaluation(tmp_path):
            f"{prefixes['train']}" in r.stdout
 
 
+def test_eod_mask_loss(tmp_path):
+    # Megatron's --eod-mask-loss: no loss where the *input* token is the end of document (the
+    # guess at the next document's first token). NullTokenizer --vocab-size 1000: EOD is 1000.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from braid.data import IndexedDatasetWriter
+    from braid.training import Data
+
+    prefix = str(tmp_path / "docs_text_document")
+    rng = np.random.default_rng(0)
+    with IndexedDatasetWriter(prefix, "u16") as w:
+        for _ in range(200):  # short documents, each ending with EOD: many EOD inputs
+            doc = rng.integers(0, 1000, size=int(rng.integers(3, 12)), dtype=np.int32)
+            w.add_document(np.append(doc, 1000).astype(np.int32))
+    common = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
+              "--num-attention-heads", "2", "--data-path", prefix, "--split", "100,0,0",
+              "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--seq-length", "32",
+              "--micro-batch-size", "4", "--train-iters", "6", "--log-interval", "1",
+              "--eval-iters", "0"]
+    masked, plain = (run(1, [*common, *extra, "--metrics-jsonl", str(tmp_path / f"{n}.jsonl")])
+                     for n, extra in (("masked", ["--eod-mask-loss"]), ("plain", [])))
+    for r in (masked, plain):
+        assert r.returncode == 0, r.stdout + r.stderr
+    first = [losses(jsonl(str(tmp_path / f"{n}.jsonl")))[1] for n in ("masked", "plain")]
+    assert first[0] != pytest.approx(first[1], rel=1e-4)  # other targets count
+    # Which ones: the positions whose input is EOD, whatever their label.
+    data = object.__new__(Data)
+    data.answer_only, data.eod_mask = False, 1000
+
+    class Batch:
+        tokens = np.array([[5, 1000, 7, 1000]], dtype=np.int32)
+        labels = np.array([[1000, 7, 1000, 3]], dtype=np.int32)
+
+    np.testing.assert_array_equal(data.targets(Batch()), [[1000, -1, 1000, -1]])
+
+
 def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     tb = str(tmp_path / "tb")
     r = run(4, [*MODEL, *LAYOUT_3D, "--train-iters", "6", "--eval-iters", "0", "--profile",
@@ -509,6 +544,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
+    (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
     (["--train-samples", "64", "--lr-decay-iters", "10"],
      "--lr-decay-iters is for --train-iters; with --train-samples give --lr-decay-samples"),
