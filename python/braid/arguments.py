@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default 4 x hidden (with --swiglu: 2/3 of that, a multiple of 64)")
     g.add_argument("--num-attention-heads", type=pos_int, default=4)
     g.add_argument("--group-query-attention", action="store_true")
+    g.add_argument("--kv-channels", type=pos_int, default=None,
+                   help="the head dimension; braid's is --hidden-size / --num-attention-heads")
     g.add_argument("--num-query-groups", type=pos_int, default=1,
                    help="key/value heads with --group-query-attention")
     g.add_argument("--seq-length", type=pos_int, default=None,
@@ -237,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("validation")
     g.add_argument("--eval-interval", type=pos_int, default=1000)
     g.add_argument("--eval-iters", type=nonneg_int, default=100, help="0: no validation")
+    g.add_argument("--skip-train", action="store_true",
+                   help="no training: evaluate the validation and test splits (of the --load "
+                        "checkpoint, or the initial model) and exit")
 
     g = p.add_argument_group("checkpointing")
     g.add_argument("--save", default=None, metavar="DIR")
@@ -425,6 +430,11 @@ def validate(a: argparse.Namespace, world_size: int):
     _check(a.hidden_size % a.num_attention_heads == 0,
            f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
            f"{a.num_attention_heads}")
+    _check(a.kv_channels in (None, a.hidden_size // a.num_attention_heads),
+           f"--kv-channels {a.kv_channels}: braid's head dimension is --hidden-size / "
+           f"--num-attention-heads = {a.hidden_size // a.num_attention_heads}")
+    _check(not a.skip_train or a.eval_iters > 0, "--skip-train evaluates: it needs --eval-iters "
+           "> 0")
     if not a.group_query_attention:
         a.num_query_groups = a.num_attention_heads
     _check(a.num_attention_heads % a.num_query_groups == 0,

@@ -575,6 +575,14 @@ def main(argv=None) -> int:
             trainer.set_trace(None)
         print(f"braid: rank {rank} traced iterations {profile_start} to {it}: {path}", flush=True)
 
+    if a.skip_train:  # Megatron's: evaluation alone
+        evaluate(trainer.iteration)
+        evaluate(trainer.iteration, test=True)
+        if data.no_test:
+            log(f"braid: no test evaluation: {data.no_test}")
+        metrics.close()
+        state.barrier()
+        return 0
     train_start = interval_start = time.time()
     interval_iters = skipped = nans = 0
     stats = None

@@ -278,6 +278,18 @@ def test_sample_based_learning_rate_schedule(tmp_path):
         assert lr == pytest.approx(want, rel=1e-5, abs=1e-12), step
 
 
+def test_skip_train_evaluates_a_checkpoint(runs, tmp_path):
+    # Megatron's --skip-train: load, evaluate, exit - on another layout than the one that saved.
+    r = run(2, [*MODEL, "--pipeline-model-parallel-size", "2", "--train-iters", "20", "--load",
+                runs["ckpt"], "--skip-train"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: loaded iteration 10" in r.stdout and not log_lines(r.stdout), r.stdout
+    vals = re.findall(r"validation loss at iteration (\d+) \| lm loss value: ([0-9.E+-]+)",
+                      r.stdout)
+    assert [int(i) for i, _ in vals] == [10] and math.isfinite(float(vals[0][1])), r.stdout
+    assert "braid: trained" not in r.stdout
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
@@ -544,6 +556,9 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
+    (["--kv-channels", "64"], "--kv-channels 64: braid's head dimension is --hidden-size / "
+     "--num-attention-heads = 32"),
+    (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),
     (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
     (["--train-samples", "64", "--lr-decay-iters", "10"],
