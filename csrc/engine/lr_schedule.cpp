@@ -1,11 +1,29 @@
 #include "braid/engine/lr_schedule.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include "braid/core/error.h"
 
 namespace braid::engine {
+
+namespace {
+
+template <typename Style, size_t N>
+Style style_from_string(std::string_view name, const char* what, const Style (&all)[N]) {
+  std::string valid;
+  for (Style s : all) {
+    if (name == to_string(s)) return s;
+    valid += std::string(valid.empty() ? "" : ", ") + to_string(s);
+  }
+  throw ConfigError(
+      detail::concat("unknown ", what, " '", name, "' (expected one of: ", valid, ")"), __FILE__,
+      __LINE__);
+}
+
+}  // namespace
 
 const char* to_string(LRDecayStyle style) {
   switch (style) {
@@ -15,16 +33,39 @@ const char* to_string(LRDecayStyle style) {
       return "linear";
     case LRDecayStyle::cosine:
       return "cosine";
+    case LRDecayStyle::inverse_square_root:
+      return "inverse-square-root";
+    case LRDecayStyle::wsd:
+      return "WSD";
+  }
+  return "?";
+}
+
+const char* to_string(WSDDecayStyle style) {
+  switch (style) {
+    case WSDDecayStyle::exponential:
+      return "exponential";
+    case WSDDecayStyle::linear:
+      return "linear";
+    case WSDDecayStyle::cosine:
+      return "cosine";
+    case WSDDecayStyle::minus_sqrt:
+      return "minus_sqrt";
   }
   return "?";
 }
 
 LRDecayStyle lr_decay_style_from_string(std::string_view name) {
-  for (LRDecayStyle s : {LRDecayStyle::constant, LRDecayStyle::linear, LRDecayStyle::cosine})
-    if (name == to_string(s)) return s;
-  throw ConfigError(detail::concat("unknown lr decay style '", name,
-                                   "' (expected one of: constant, linear, cosine)"),
-                    __FILE__, __LINE__);
+  static constexpr LRDecayStyle kAll[] = {LRDecayStyle::constant, LRDecayStyle::linear,
+                                          LRDecayStyle::cosine, LRDecayStyle::inverse_square_root,
+                                          LRDecayStyle::wsd};
+  return style_from_string(name, "lr decay style", kAll);
+}
+
+WSDDecayStyle wsd_decay_style_from_string(std::string_view name) {
+  static constexpr WSDDecayStyle kAll[] = {WSDDecayStyle::exponential, WSDDecayStyle::linear,
+                                           WSDDecayStyle::cosine, WSDDecayStyle::minus_sqrt};
+  return style_from_string(name, "WSD decay style", kAll);
 }
 
 void LRSchedule::validate() const {
@@ -35,22 +76,68 @@ void LRSchedule::validate() const {
                      "LRSchedule.warmup_iters must be >= 0, got ", warmup_iters);
   BRAID_CONFIG_CHECK(std::isfinite(decay_iters), "LRSchedule.decay_iters must be finite, got ",
                      decay_iters);
+  BRAID_CONFIG_CHECK(std::isfinite(warmup_init) && warmup_init >= 0 && warmup_init <= lr,
+                     "LRSchedule.warmup_init must be in [0, lr = ", lr, "], got ", warmup_init);
   if (style != LRDecayStyle::constant) {
     BRAID_CONFIG_CHECK(decay_iters > warmup_iters, "LRSchedule.decay_iters (", decay_iters,
                        ") must exceed warmup_iters (", warmup_iters, ") for ", to_string(style),
                        " decay");
   }
+  if (style == LRDecayStyle::wsd) {
+    BRAID_CONFIG_CHECK(std::isfinite(wsd_decay_iters) && wsd_decay_iters > 0 &&
+                           wsd_decay_iters <= decay_iters - warmup_iters,
+                       "LRSchedule.wsd_decay_iters must be in (0, decay_iters - warmup_iters = ",
+                       decay_iters - warmup_iters, "] for WSD decay, got ", wsd_decay_iters);
+  }
 }
 
 float LRSchedule::lr_at(int64_t iteration) const {
   BRAID_CHECK(iteration >= 0, "LRSchedule::lr_at: negative iteration ", iteration);
-  if (warmup_iters > 0 && double(iteration) <= warmup_iters)
-    return float(double(lr) * double(iteration) / warmup_iters);
+  const double it = double(iteration);
+  if (warmup_iters > 0 && it <= warmup_iters)
+    return float(double(warmup_init) + (double(lr) - warmup_init) * it / warmup_iters);
   if (style == LRDecayStyle::constant) return lr;
-  if (double(iteration) > decay_iters) return min_lr;
-  const double ratio = (double(iteration) - warmup_iters) / (decay_iters - warmup_iters);
-  const double coeff =
-      style == LRDecayStyle::linear ? 1.0 - ratio : 0.5 * (std::cos(std::numbers::pi * ratio) + 1);
+  if (it > decay_iters) return min_lr;
+  if (style == LRDecayStyle::inverse_square_root) {
+    const double value = lr * std::sqrt(std::max(warmup_iters, 1.0) / std::max(it, 1.0));
+    return float(std::max(double(min_lr), value));
+  }
+  const double ratio = (it - warmup_iters) / (decay_iters - warmup_iters);
+  double coeff = 0;
+  switch (style) {
+    case LRDecayStyle::linear:
+      coeff = 1.0 - ratio;
+      break;
+    case LRDecayStyle::cosine:
+      coeff = 0.5 * (std::cos(std::numbers::pi * ratio) + 1);
+      break;
+    case LRDecayStyle::wsd: {
+      const double anneal_start = decay_iters - wsd_decay_iters;
+      if (it <= anneal_start) {
+        coeff = 1.0;
+        break;
+      }
+      const double q = (it - anneal_start) / wsd_decay_iters;
+      switch (wsd_style) {
+        case WSDDecayStyle::exponential:
+          coeff = 2.0 * std::pow(0.5, q) - 1.0;
+          break;
+        case WSDDecayStyle::linear:
+          coeff = 1.0 - q;
+          break;
+        case WSDDecayStyle::cosine:
+          coeff = 0.5 * (std::cos(std::numbers::pi * q) + 1);
+          break;
+        case WSDDecayStyle::minus_sqrt:
+          coeff = 1.0 - std::sqrt(q);
+          break;
+      }
+      break;
+    }
+    case LRDecayStyle::constant:
+    case LRDecayStyle::inverse_square_root:
+      break;  // returned above
+  }
   return float(double(min_lr) + coeff * (double(lr) - double(min_lr)));
 }
 

@@ -178,7 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=pos_float, default=1e-3)
     g.add_argument("--min-lr", type=nonneg_float, default=0.0)
     g.add_argument("--lr-decay-style", default="cosine",
-                   choices=["constant", "linear", "cosine"])
+                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
+    g.add_argument("--lr-wsd-decay-style", default="exponential",
+                   choices=["exponential", "linear", "cosine", "minus_sqrt"],
+                   help="WSD: the shape of the final annealing")
+    g.add_argument("--lr-wsd-decay-iters", type=pos_int, default=None,
+                   help="WSD: the annealing's length, the last iterations before the decay's end")
+    g.add_argument("--lr-wsd-decay-samples", type=pos_int, default=None,
+                   help="WSD with --train-samples: the annealing's length in samples")
+    g.add_argument("--lr-warmup-init", type=nonneg_float, default=0.0,
+                   help="the learning rate the warmup starts from")
     g.add_argument("--lr-decay-iters", type=pos_int, default=None, help="default --train-iters")
     g.add_argument("--lr-warmup-iters", type=nonneg_int, default=0)
     g.add_argument("--lr-warmup-fraction", type=nonneg_float, default=None)
@@ -550,24 +559,34 @@ def validate(a: argparse.Namespace, world_size: int):
                    f"{flag.replace('iters', 'samples')}")
         a.lr_decay_iters = (a.lr_decay_samples or a.train_samples) / a.global_batch_size
         a.lr_warmup_iters = a.lr_warmup_samples / a.global_batch_size
-        warmup_flag = "--lr-warmup-samples"
+        if a.lr_wsd_decay_samples:
+            a.lr_wsd_decay_iters = a.lr_wsd_decay_samples / a.global_batch_size
+        warmup_flag, wsd_flag = "--lr-warmup-samples", "--lr-wsd-decay-samples"
     else:
         for flag, value in (("--lr-decay-samples", a.lr_decay_samples),
-                            ("--lr-warmup-samples", a.lr_warmup_samples)):
+                            ("--lr-warmup-samples", a.lr_warmup_samples),
+                            ("--lr-wsd-decay-samples", a.lr_wsd_decay_samples)):
             _check(not value, f"{flag} is for --train-samples; with --train-iters give "
                    f"{flag.replace('samples', 'iters')}")
         if a.lr_decay_iters is None:
             a.lr_decay_iters = a.train_iters
-        warmup_flag = "--lr-warmup-iters"
+        warmup_flag, wsd_flag = "--lr-warmup-iters", "--lr-wsd-decay-iters"
     if a.lr_warmup_fraction is not None:
         _check(a.lr_warmup_iters == 0, f"give {warmup_flag} or --lr-warmup-fraction, not both")
         _check(a.lr_warmup_fraction <= 1, f"--lr-warmup-fraction must be <= 1, got "
                f"{a.lr_warmup_fraction}")
         a.lr_warmup_iters = a.lr_warmup_fraction * a.lr_decay_iters  # Megatron's, unrounded
     _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
+    _check(a.lr_warmup_init <= a.lr, f"--lr-warmup-init {a.lr_warmup_init} exceeds --lr {a.lr}")
     _check(a.lr_decay_style == "constant" or a.lr_warmup_iters < a.lr_decay_iters,
            f"--lr-warmup-iters {a.lr_warmup_iters} must be less than --lr-decay-iters "
            f"{a.lr_decay_iters} (default: the training iterations) for {a.lr_decay_style} decay")
+    if a.lr_decay_style == "WSD":
+        _check(a.lr_wsd_decay_iters is not None, f"--lr-decay-style WSD needs {wsd_flag} (the "
+               "length of the final annealing)")
+        _check(a.lr_wsd_decay_iters <= a.lr_decay_iters - a.lr_warmup_iters,
+               f"{wsd_flag}: the annealing ({a.lr_wsd_decay_iters} iterations) is longer than "
+               f"the decay after the warmup ({a.lr_decay_iters - a.lr_warmup_iters})")
 
     # Pipeline.
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers

@@ -99,7 +99,10 @@ def trainer_config(a) -> braid.TrainerConfig:
     optimizer = braid.AdamWConfig(lr=a.lr, beta1=a.adam_beta1, beta2=a.adam_beta2, eps=a.adam_eps,
                                   weight_decay=a.weight_decay, clip_grad=a.clip_grad)
     schedule = braid.LRSchedule(lr=a.lr, min_lr=a.min_lr, warmup_iters=a.lr_warmup_iters,
-                                decay_iters=a.lr_decay_iters, style=a.lr_decay_style)
+                                decay_iters=a.lr_decay_iters, style=a.lr_decay_style,
+                                warmup_init=a.lr_warmup_init,
+                                wsd_decay_iters=a.lr_wsd_decay_iters or 0,
+                                wsd_style=a.lr_wsd_decay_style)
     scaling = braid.LossScaleConfig(
         loss_scale=a.loss_scale or 0.0, dynamic=a.dynamic_loss_scale,
         initial_loss_scale=a.initial_loss_scale, min_loss_scale=a.min_loss_scale,

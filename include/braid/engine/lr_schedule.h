@@ -1,11 +1,17 @@
 #pragma once
 // The learning-rate schedule of Megatron-LM (OptimizerParamScheduler.get_lr), in iterations:
-//   iteration <= warmup_iters (warmup_iters > 0):  lr * iteration / warmup_iters
+//   iteration <= warmup_iters (warmup_iters > 0):
+//                      warmup_init + (lr - warmup_init) * iteration / warmup_iters
 //   constant:                                      lr
 //   iteration > decay_iters:                       min_lr
-//   otherwise, r = (iteration - warmup_iters) / (decay_iters - warmup_iters):
-//     linear:  min_lr + (lr - min_lr) * (1 - r)
-//     cosine:  min_lr + (lr - min_lr) * 0.5 * (cos(pi * r) + 1)
+//   inverse-square-root: max(min_lr, lr * sqrt(max(warmup_iters, 1) / max(iteration, 1)))
+//   otherwise min_lr + (lr - min_lr) * c, with r = (iteration - warmup_iters) /
+//   (decay_iters - warmup_iters):
+//     linear:  c = 1 - r
+//     cosine:  c = 0.5 * (cos(pi * r) + 1)
+//     WSD (warmup-stable-decay): c = 1 until the last wsd_decay_iters before decay_iters, then
+//              with q the fraction of those done, by wsd_style: exponential 2 * 0.5^q - 1,
+//              linear 1 - q, cosine 0.5 * (cos(pi * q) + 1), minus_sqrt 1 - sqrt(q)
 // `iteration` counts the optimizer steps already taken, so step 0 uses lr_at(0) - which is
 // 0 during warmup, exactly as in Megatron. warmup_iters and decay_iters may be fractional: a
 // sample-based schedule (--lr-warmup-samples, --lr-decay-samples) over global batches that do
@@ -16,18 +22,25 @@
 
 namespace braid::engine {
 
-enum class LRDecayStyle { constant, linear, cosine };
+enum class LRDecayStyle { constant, linear, cosine, inverse_square_root, wsd };
+enum class WSDDecayStyle { exponential, linear, cosine, minus_sqrt };
 
-// "constant", "linear", "cosine"; ConfigError on unknown names.
+// Megatron's names: "constant", "linear", "cosine", "inverse-square-root", "WSD"; and
+// "exponential", "linear", "cosine", "minus_sqrt". ConfigError on unknown names.
 const char* to_string(LRDecayStyle style);
 LRDecayStyle lr_decay_style_from_string(std::string_view name);
+const char* to_string(WSDDecayStyle style);
+WSDDecayStyle wsd_decay_style_from_string(std::string_view name);
 
 struct LRSchedule {
   float lr = 0.0f;  // peak (max) learning rate
   float min_lr = 0.0f;
   double warmup_iters = 0;
-  double decay_iters = 0;  // linear and cosine: must exceed warmup_iters
+  double decay_iters = 0;  // all but constant: must exceed warmup_iters
   LRDecayStyle style = LRDecayStyle::cosine;
+  float warmup_init = 0.0f;    // --lr-warmup-init: where the warmup starts
+  double wsd_decay_iters = 0;  // WSD: the annealing's length, in (0, decay_iters - warmup_iters]
+  WSDDecayStyle wsd_style = WSDDecayStyle::exponential;
 
   void validate() const;  // ConfigError naming the field
   float lr_at(int64_t iteration) const;

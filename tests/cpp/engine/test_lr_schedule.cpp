@@ -111,12 +111,73 @@ TEST(LRSchedule, InvalidFieldsAreNamed) {
   s = schedule(LRDecayStyle::constant);
   s.decay_iters = 0;  // irrelevant for a constant schedule
   EXPECT_NO_THROW(s.validate());
+  s = schedule(LRDecayStyle::wsd);
+  expect_rejected(s, "wsd_decay_iters");  // WSD needs its annealing length
+  s.wsd_decay_iters = 101;                // longer than decay - warmup
+  expect_rejected(s, "wsd_decay_iters");
+  s = schedule(LRDecayStyle::cosine);
+  s.warmup_init = 1e-3f;  // above lr
+  expect_rejected(s, "warmup_init");
+}
+
+// Megatron's --lr-warmup-init: the warmup starts there instead of 0.
+TEST(LRSchedule, WarmupFromInit) {
+  LRSchedule s = schedule(LRDecayStyle::cosine);
+  s.warmup_init = 1e-4f;
+  EXPECT_FLOAT_EQ(s.lr_at(0), 1e-4f);
+  EXPECT_FLOAT_EQ(s.lr_at(5), 1e-4f + (6e-4f - 1e-4f) * 0.5f);
+  EXPECT_FLOAT_EQ(s.lr_at(10), 6e-4f);
+}
+
+// Megatron's inverse-square-root: lr * sqrt(warmup / iteration) after the warmup, never below
+// min_lr, min_lr past decay_iters.
+TEST(LRSchedule, InverseSquareRoot) {
+  const LRSchedule s = schedule(LRDecayStyle::inverse_square_root);
+  for (int64_t i : {11, 40, 90})
+    EXPECT_NEAR(s.lr_at(i), 6e-4 * std::sqrt(10.0 / double(i)), 1e-7 * 6e-4) << i;
+  LRSchedule floor = s;
+  floor.min_lr = 3e-4f;
+  EXPECT_FLOAT_EQ(floor.lr_at(90), 3e-4f);  // 6e-4 * sqrt(1/9) = 2e-4 is below it
+  EXPECT_EQ(s.lr_at(111), 6e-5f);
+}
+
+// WSD: the peak until the last wsd_decay_iters before decay_iters, then each annealing shape
+// (Megatron's coefficients) down to min_lr.
+TEST(LRSchedule, WarmupStableDecay) {
+  LRSchedule s = schedule(LRDecayStyle::wsd);
+  s.wsd_decay_iters = 20;  // annealing over iterations 90..110
+  const double lr = 6e-4, min_lr = 6e-5;
+  for (WSDDecayStyle style : {WSDDecayStyle::exponential, WSDDecayStyle::linear,
+                              WSDDecayStyle::cosine, WSDDecayStyle::minus_sqrt}) {
+    SCOPED_TRACE(to_string(style));
+    s.wsd_style = style;
+    s.validate();
+    for (int64_t i : {11, 50, 90}) EXPECT_FLOAT_EQ(s.lr_at(i), 6e-4f) << i;  // stable
+    for (int64_t i = 91; i <= 110; ++i) {
+      const double q = double(i - 90) / 20.0;
+      double c = 0;
+      if (style == WSDDecayStyle::exponential) c = 2.0 * std::pow(0.5, q) - 1.0;
+      if (style == WSDDecayStyle::linear) c = 1.0 - q;
+      if (style == WSDDecayStyle::cosine) c = 0.5 * (std::cos(std::numbers::pi * q) + 1.0);
+      if (style == WSDDecayStyle::minus_sqrt) c = 1.0 - std::sqrt(q);
+      EXPECT_NEAR(s.lr_at(i), min_lr + c * (lr - min_lr), 1e-7 * lr) << i;
+    }
+    EXPECT_NEAR(s.lr_at(110), 6e-5, 1e-9);
+    EXPECT_EQ(s.lr_at(111), 6e-5f);
+  }
 }
 
 TEST(LRSchedule, StyleNames) {
-  for (LRDecayStyle style : {LRDecayStyle::constant, LRDecayStyle::linear, LRDecayStyle::cosine})
+  for (LRDecayStyle style : {LRDecayStyle::constant, LRDecayStyle::linear, LRDecayStyle::cosine,
+                             LRDecayStyle::inverse_square_root, LRDecayStyle::wsd})
     EXPECT_EQ(lr_decay_style_from_string(to_string(style)), style);
-  EXPECT_THROW(lr_decay_style_from_string("inverse-square-root"), ConfigError);
+  for (WSDDecayStyle style : {WSDDecayStyle::exponential, WSDDecayStyle::linear,
+                              WSDDecayStyle::cosine, WSDDecayStyle::minus_sqrt})
+    EXPECT_EQ(wsd_decay_style_from_string(to_string(style)), style);
+  EXPECT_EQ(to_string(lr_decay_style_from_string("inverse-square-root")),
+            std::string("inverse-square-root"));
+  EXPECT_THROW(lr_decay_style_from_string("wsd"), ConfigError);  // Megatron spells it WSD
+  EXPECT_THROW(wsd_decay_style_from_string("sqrt"), ConfigError);
 }
 
 }  // namespace

@@ -290,6 +290,30 @@ def test_skip_train_evaluates_a_checkpoint(runs, tmp_path):
     assert "braid: trained" not in r.stdout
 
 
+def test_warmup_stable_decay_schedule(tmp_path):
+    # Megatron's --lr-decay-style WSD: warm up from --lr-warmup-init, hold the peak, anneal over
+    # the last --lr-wsd-decay-iters (here cosine) down to --min-lr. Step s runs at s - 1.
+    tb = str(tmp_path / "tb")
+    args = [x for x in MODEL if x not in ("--lr-warmup-iters", "3")]
+    r = run(1, [*args, "--train-iters", "12", "--lr-warmup-iters", "2", "--lr-warmup-init",
+                "1e-4", "--lr-decay-style", "WSD", "--lr-wsd-decay-style", "cosine",
+                "--lr-wsd-decay-iters", "4", "--min-lr", "3e-4", "--eval-iters", "0",
+                "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    lrs = {rec["step"]: rec["learning-rate"] for rec in jsonl(os.path.join(tb, "metrics.jsonl"))
+           if "learning-rate" in rec}
+    for step, lr in lrs.items():
+        it = step - 1
+        if it <= 2:
+            want = 1e-4 + (3e-3 - 1e-4) * it / 2
+        elif it <= 12 - 4:
+            want = 3e-3
+        else:
+            q = (it - 8) / 4
+            want = 3e-4 + (3e-3 - 3e-4) * 0.5 * (math.cos(math.pi * q) + 1)
+        assert lr == pytest.approx(want, rel=1e-5), step
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
@@ -561,6 +585,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),
     (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
+    (["--lr-decay-style", "WSD"], "--lr-decay-style WSD needs --lr-wsd-decay-iters"),
     (["--train-samples", "64", "--lr-decay-iters", "10"],
      "--lr-decay-iters is for --train-iters; with --train-samples give --lr-decay-samples"),
     (["--lr-warmup-samples", "10"],
