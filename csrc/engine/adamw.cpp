@@ -72,6 +72,7 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
             seg.master.slice(local, {n}), m.flat_grads().slice(begin, {n}),
             seg.exp_avg.slice(local, {n}), seg.exp_avg_sq.slice(local, {n}),
             weight_decay_of(p.spec), f32_params ? Tensor() : flat.slice(begin, {n})});
+        decays_.push_back(decays(p.spec));
         if (!is_tied_copy(m, p.spec)) {
           grads_by_replicas_[p.shard.replicas].push_back(m.flat_grads().slice(begin, {n}));
           params_by_replicas_[p.shard.replicas].push_back(seg.master.slice(local, {n}));
@@ -89,9 +90,20 @@ const AdamW::Segment& AdamW::only_segment() const {
   return segments_.front();
 }
 
+bool AdamW::decays(const model::ParamSpec& spec) const {
+  return spec.weight_decay || (config_.decay_embeddings && model::is_embedding(spec));
+}
+
 float AdamW::weight_decay_of(const model::ParamSpec& spec) const {
-  const bool decay = spec.weight_decay || (config_.decay_embeddings && model::is_embedding(spec));
-  return decay ? config_.weight_decay : 0.0f;
+  return decays(spec) ? config_.weight_decay : 0.0f;
+}
+
+void AdamW::set_weight_decay(float weight_decay) {
+  BRAID_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+              "AdamW: weight decay must be >= 0, got ", weight_decay);
+  config_.weight_decay = weight_decay;
+  for (size_t i = 0; i < groups_.size(); ++i)
+    if (decays_[i]) groups_[i].weight_decay = weight_decay;
 }
 
 float AdamW::grad_norm() const { return global_norm(grads_by_replicas_); }

@@ -55,6 +55,33 @@ const char* to_string(WSDDecayStyle style) {
   return "?";
 }
 
+const char* to_string(WDIncrStyle style) {
+  return style == WDIncrStyle::linear ? "linear" : "cosine";
+}
+
+WDIncrStyle wd_incr_style_from_string(std::string_view name) {
+  static constexpr WDIncrStyle kAll[] = {WDIncrStyle::linear, WDIncrStyle::cosine};
+  return style_from_string(name, "weight decay increment style", kAll);
+}
+
+void WeightDecaySchedule::validate() const {
+  BRAID_CONFIG_CHECK(std::isfinite(start) && start >= 0,
+                     "WeightDecaySchedule.start must be >= 0, got ", start);
+  BRAID_CONFIG_CHECK(std::isfinite(end) && end >= 0, "WeightDecaySchedule.end must be >= 0, got ",
+                     end);
+  BRAID_CONFIG_CHECK(std::isfinite(incr_iters) && incr_iters > 0,
+                     "WeightDecaySchedule.incr_iters must be > 0, got ", incr_iters);
+}
+
+float WeightDecaySchedule::weight_decay_at(int64_t iteration) const {
+  BRAID_CHECK(iteration >= 0, "WeightDecaySchedule: negative iteration ", iteration);
+  if (double(iteration) > incr_iters) return end;
+  const double r = double(iteration) / incr_iters;
+  const double coeff =
+      style == WDIncrStyle::linear ? r : 0.5 * (std::cos(std::numbers::pi * (1.0 - r)) + 1.0);
+  return float(double(start) + coeff * (double(end) - double(start)));
+}
+
 LRDecayStyle lr_decay_style_from_string(std::string_view name) {
   static constexpr LRDecayStyle kAll[] = {LRDecayStyle::constant, LRDecayStyle::linear,
                                           LRDecayStyle::cosine, LRDecayStyle::inverse_square_root,

@@ -71,7 +71,7 @@ void add_breakdown(const Trace& trace, size_t first, StepStats& stats) {
 Trainer::Trainer(model::GPTModel& model, AdamWConfig optimizer, LRSchedule schedule)
     : owned_(std::make_unique<ParallelModel>(model)),
       model_(*owned_),
-      config_{optimizer, schedule, {}, "1f1b"},
+      config_{optimizer, schedule, {}, {}, "1f1b"},
       optimizer_(std::make_unique<AdamW>(optimizer_chunks(model_), optimizer, norm_group(model_))),
       scaler_(config_.loss_scale) {
   config_.schedule.validate();
@@ -84,6 +84,7 @@ Trainer::Trainer(ParallelModel& model, TrainerConfig config)
           std::make_unique<AdamW>(optimizer_chunks(model_), config_.optimizer, norm_group(model_))),
       scaler_(config_.loss_scale) {
   config_.schedule.validate();
+  if (config_.weight_decay_schedule) config_.weight_decay_schedule->validate();
   BRAID_CONFIG_CHECK(config_.pipeline_schedule == "1f1b" || config_.pipeline_schedule == "gpipe",
                      "pipeline schedule must be 1f1b or gpipe, got '", config_.pipeline_schedule,
                      "'");
@@ -214,6 +215,9 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).
   stats.lr = config_.schedule.lr_at(iteration_ - skipped_);
+  if (config_.weight_decay_schedule)
+    optimizer_->set_weight_decay(
+        config_.weight_decay_schedule->weight_decay_at(iteration_ - skipped_));
 
   const bool non_finite = !std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm);
   stats.skipped = scaler_.update(non_finite);

@@ -104,15 +104,28 @@ void bind_engine(py::module_& m) {
       .def_readwrite("loss_scale_window", &LossScaleConfig::loss_scale_window)
       .def_readwrite("hysteresis", &LossScaleConfig::hysteresis);
 
+  py::class_<WeightDecaySchedule>(m, "WeightDecaySchedule",
+                                  "Megatron's --start-weight-decay / --end-weight-decay over "
+                                  "incr_iters, --weight-decay-incr-style linear or cosine.")
+      .def(py::init([](float start, float end, double incr_iters, const std::string& style) {
+             WeightDecaySchedule s{start, end, incr_iters, wd_incr_style_from_string(style)};
+             s.validate();
+             return s;
+           }),
+           py::arg("start"), py::arg("end"), py::arg("incr_iters"), py::arg("style") = "linear")
+      .def("weight_decay_at", &WeightDecaySchedule::weight_decay_at, py::arg("iteration"));
+
   py::class_<TrainerConfig>(m, "TrainerConfig")
       .def(py::init([](const AdamWConfig& optimizer, const LRSchedule& schedule,
-                       const LossScaleConfig& loss_scale, const std::string& pipeline_schedule) {
-             return TrainerConfig{optimizer, schedule, loss_scale, pipeline_schedule};
+                       const LossScaleConfig& loss_scale, const std::string& pipeline_schedule,
+                       std::optional<WeightDecaySchedule> weight_decay_schedule) {
+             return TrainerConfig{optimizer, schedule, weight_decay_schedule, loss_scale,
+                                  pipeline_schedule};
            }),
            py::arg("optimizer"), py::arg("schedule"), py::arg("loss_scale") = LossScaleConfig{},
-           py::arg("pipeline_schedule") = "1f1b",
+           py::arg("pipeline_schedule") = "1f1b", py::arg("weight_decay_schedule") = py::none(),
            "pipeline_schedule: \"1f1b\" (interleaved with virtual stages) or \"gpipe\", when pp > "
-           "1.")
+           "1. weight_decay_schedule: each step's weight decay (None: the optimizer's).")
       .def_readwrite("optimizer", &TrainerConfig::optimizer)
       .def_readwrite("schedule", &TrainerConfig::schedule)
       .def_readwrite("loss_scale", &TrainerConfig::loss_scale)

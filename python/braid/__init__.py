@@ -54,6 +54,7 @@ from braid._C import (  # noqa: F401
     Trainer,
     TrainerConfig,
     TransformerConfig,
+    WeightDecaySchedule,
     abort,
     cuda_available,
     cuda_device_count,

@@ -28,8 +28,6 @@ UNSUPPORTED = {
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
-    "--start-weight-decay": "weight decay is constant (--weight-decay)",
-    "--end-weight-decay": "weight decay is constant (--weight-decay)",
     "--apply-query-key-layer-scaling": "not implemented",
     "--qk-layernorm": "not implemented",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
@@ -197,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr-warmup-samples", type=nonneg_int, default=0,
                    help="with --train-samples: warm up over this many samples")
     g.add_argument("--weight-decay", type=nonneg_float, default=0.01)
+    g.add_argument("--weight-decay-incr-style", default="constant",
+                   choices=["constant", "linear", "cosine"],
+                   help="linear / cosine: from --start-weight-decay to --end-weight-decay over "
+                        "the training iterations (constant: --weight-decay)")
+    g.add_argument("--start-weight-decay", type=nonneg_float, default=None)
+    g.add_argument("--end-weight-decay", type=nonneg_float, default=None)
     g.add_argument("--adam-beta1", type=nonneg_float, default=0.9)
     g.add_argument("--adam-beta2", type=nonneg_float, default=0.999)
     g.add_argument("--adam-eps", type=pos_float, default=1e-8)
@@ -577,6 +581,17 @@ def validate(a: argparse.Namespace, world_size: int):
                f"{a.lr_warmup_fraction}")
         a.lr_warmup_iters = a.lr_warmup_fraction * a.lr_decay_iters  # Megatron's, unrounded
     _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
+    given = [f for f, v in (("--start-weight-decay", a.start_weight_decay),
+                            ("--end-weight-decay", a.end_weight_decay)) if v is not None]
+    if a.weight_decay_incr_style == "constant":
+        _check(not given, f"{' and '.join(given)}: give --weight-decay-incr-style linear or "
+               "cosine (constant uses --weight-decay)")
+    else:
+        _check(len(given) == 2, f"--weight-decay-incr-style {a.weight_decay_incr_style} needs "
+               "--start-weight-decay and --end-weight-decay")
+    # Megatron's: the decay's schedule runs over the whole training, in the LR's units.
+    a.weight_decay_incr_iters = (a.train_samples / a.global_batch_size if a.train_samples
+                                 else a.train_iters)
     _check(a.lr_warmup_init <= a.lr, f"--lr-warmup-init {a.lr_warmup_init} exceeds --lr {a.lr}")
     _check(a.lr_decay_style == "constant" or a.lr_warmup_iters < a.lr_decay_iters,
            f"--lr-warmup-iters {a.lr_warmup_iters} must be less than --lr-decay-iters "

@@ -107,8 +107,13 @@ def trainer_config(a) -> braid.TrainerConfig:
         loss_scale=a.loss_scale or 0.0, dynamic=a.dynamic_loss_scale,
         initial_loss_scale=a.initial_loss_scale, min_loss_scale=a.min_loss_scale,
         loss_scale_window=a.loss_scale_window, hysteresis=a.hysteresis)
+    decay = None
+    if a.weight_decay_incr_style != "constant":
+        decay = braid.WeightDecaySchedule(a.start_weight_decay, a.end_weight_decay,
+                                          a.weight_decay_incr_iters, a.weight_decay_incr_style)
     return braid.TrainerConfig(optimizer, schedule, loss_scale=scaling,
-                               pipeline_schedule=a.pipeline_schedule)
+                               pipeline_schedule=a.pipeline_schedule,
+                               weight_decay_schedule=decay)
 
 
 # ---- data -------------------------------------------------------------------------------------

@@ -66,6 +66,10 @@ class AdamW {
   // decided by the caller).
   void step_with(float lr, float grad_scale);
 
+  // The weight decay of the parameters that decay (not norms and biases; embeddings with
+  // decay_embeddings) from the next step on: a weight-decay schedule's value.
+  void set_weight_decay(float weight_decay);
+
   int64_t step() const { return step_; }  // steps taken so far
   void set_step(int64_t steps);           // a loaded checkpoint's count (bias correction)
   const AdamWConfig& config() const { return config_; }
@@ -98,6 +102,8 @@ class AdamW {
   int64_t state_bytes_ = 0;
   std::vector<Segment> segments_;
   std::vector<ops::AdamWGroup> groups_;  // one per (parameter, owned range)
+  std::vector<bool> decays_;             // groups_[i] takes the weight decay
+  bool decays(const model::ParamSpec& spec) const;
   // The global norm of `by_replicas` (a shard that k TP ranks hold adds 1/k of its squares).
   float global_norm(const std::map<int, std::vector<Tensor>>& by_replicas) const;
   std::map<int, std::vector<Tensor>> grads_by_replicas_;   // norm inputs by TP copies held

@@ -46,4 +46,23 @@ struct LRSchedule {
   float lr_at(int64_t iteration) const;
 };
 
+// Megatron's weight-decay schedule (OptimizerParamScheduler.get_wd, --start-weight-decay,
+// --end-weight-decay, --weight-decay-incr-style), in iterations like the learning rate's:
+//   iteration > incr_iters: end;  otherwise, r = iteration / incr_iters:
+//     linear: start + (end - start) * r;  cosine: start + (end - start) * 0.5 * (cos(pi (1 - r)) +
+//     1)
+enum class WDIncrStyle { linear, cosine };
+const char* to_string(WDIncrStyle style);
+WDIncrStyle wd_incr_style_from_string(std::string_view name);  // "linear", "cosine"
+
+struct WeightDecaySchedule {
+  float start = 0.0f;
+  float end = 0.0f;
+  double incr_iters = 0;  // > 0: the training iterations, in Megatron
+  WDIncrStyle style = WDIncrStyle::linear;
+
+  void validate() const;  // ConfigError naming the field
+  float weight_decay_at(int64_t iteration) const;
+};
+
 }  // namespace braid::engine

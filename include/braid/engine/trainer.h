@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "braid/core/tensor.h"
@@ -27,6 +28,9 @@ namespace braid::engine {
 struct TrainerConfig {
   AdamWConfig optimizer;
   LRSchedule schedule;
+  // --start/end-weight-decay: the decay of every step from this schedule (over the same
+  // iterations as the learning rate's); none: optimizer.weight_decay throughout.
+  std::optional<WeightDecaySchedule> weight_decay_schedule;
   LossScaleConfig loss_scale;
   // "1f1b" (interleaved 1F1B with virtual stages) or "gpipe"; used when pp > 1.
   std::string pipeline_schedule = "1f1b";

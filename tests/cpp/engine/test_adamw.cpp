@@ -148,6 +148,26 @@ TEST(AdamW, WeightDecayAloneShrinksDecayedWeights) {
   EXPECT_EQ(host_floats(model.parameter("model.embed_tokens.weight").value), embed);
 }
 
+TEST(AdamW, SetWeightDecayChangesTheDecayedWeightsOnly) {
+  // A weight-decay schedule's step: from 0 (nothing decays) to 0.3 - (1 - 0.1 x 0.3) on the
+  // weights that decay, nothing on the norms and embeddings.
+  GPTModel model(small_gpt2(), testing::default_test_device(), 3);
+  AdamWConfig c;
+  c.weight_decay = 0.0f;
+  AdamW opt(model, c);
+  const auto before = host_floats(model.parameter("model.layers.0.mlp.up_proj.weight").value);
+  const auto norm = host_floats(model.parameter("model.layers.0.input_layernorm.weight").value);
+  model.zero_grad();
+  opt.clip_and_step(0.1f);
+  EXPECT_EQ(host_floats(model.parameter("model.layers.0.mlp.up_proj.weight").value), before);
+  opt.set_weight_decay(0.3f);
+  EXPECT_EQ(opt.config().weight_decay, 0.3f);
+  opt.clip_and_step(0.1f);
+  const auto after = host_floats(model.parameter("model.layers.0.mlp.up_proj.weight").value);
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_FLOAT_EQ(after[i], before[i] * 0.97f);
+  EXPECT_EQ(host_floats(model.parameter("model.layers.0.input_layernorm.weight").value), norm);
+}
+
 TEST(AdamW, NonFiniteGradientLeavesEverythingUntouched) {
   GPTModel model(small_gpt2(), testing::default_test_device(), 3);
   AdamW opt(model, AdamWConfig{});

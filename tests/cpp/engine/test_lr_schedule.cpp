@@ -167,6 +167,24 @@ TEST(LRSchedule, WarmupStableDecay) {
   }
 }
 
+// Megatron's get_wd: start to end over incr_iters, linear or cosine, then end.
+TEST(WeightDecaySchedule, LinearAndCosineThenEnd) {
+  WeightDecaySchedule s{0.0f, 0.1f, 20, WDIncrStyle::linear};
+  s.validate();
+  for (int64_t i : {0, 5, 10, 20}) EXPECT_FLOAT_EQ(s.weight_decay_at(i), 0.1f * float(i) / 20);
+  EXPECT_EQ(s.weight_decay_at(21), 0.1f);
+  s.style = WDIncrStyle::cosine;
+  for (int64_t i : {0, 5, 10, 15, 20}) {
+    const double r = double(i) / 20;
+    EXPECT_NEAR(s.weight_decay_at(i), 0.1 * 0.5 * (std::cos(std::numbers::pi * (1 - r)) + 1), 1e-8)
+        << i;
+  }
+  EXPECT_EQ(wd_incr_style_from_string("cosine"), WDIncrStyle::cosine);
+  EXPECT_THROW(wd_incr_style_from_string("constant"), ConfigError);  // no schedule instead
+  s.incr_iters = 0;
+  EXPECT_THROW(s.validate(), ConfigError);
+}
+
 TEST(LRSchedule, StyleNames) {
   for (LRDecayStyle style : {LRDecayStyle::constant, LRDecayStyle::linear, LRDecayStyle::cosine,
                              LRDecayStyle::inverse_square_root, LRDecayStyle::wsd})

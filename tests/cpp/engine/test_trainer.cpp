@@ -168,6 +168,30 @@ TEST(Trainer, BatchMustSplitIntoMicrobatches) {
   EXPECT_EQ(trainer.iteration(), 0);
 }
 
+// A weight-decay schedule sets each step's decay from the steps taken, like the learning rate:
+// the model of one process trains exactly as an AdamW whose decay is set by hand before each
+// step does.
+TEST(Trainer, WeightDecayScheduleSetsEachStepsDecay) {
+  const TransformerConfig c = small_gpt2();
+  GPTModel scheduled(c, testing::default_test_device(), 6),
+      by_hand(c, testing::default_test_device(), 6);
+  ParallelModel wrapped(scheduled);
+  TrainerConfig config{AdamWConfig{}, warmup_cosine(1e-2f, 0, 10), {}, {}, "1f1b"};
+  config.weight_decay_schedule = WeightDecaySchedule{0.0f, 0.5f, 4, WDIncrStyle::linear};
+  Trainer trainer(wrapped, config);
+  Trainer reference(by_hand, AdamWConfig{}, warmup_cosine(1e-2f, 0, 10));
+  const Batch batch = make_batch(2, 8, c.vocab_size, 4);
+  for (int i = 0; i < 6; ++i) {
+    reference.optimizer().set_weight_decay(config.weight_decay_schedule->weight_decay_at(i));
+    trainer.train_step(batch.ids, batch.targets, 1);
+    reference.train_step(batch.ids, batch.targets, 1);
+    EXPECT_EQ(trainer.optimizer().config().weight_decay, std::min(0.5f, 0.125f * float(i)));
+  }
+  EXPECT_EQ(host_floats(scheduled.flat_params()), host_floats(by_hand.flat_params()));
+  config.weight_decay_schedule->incr_iters = 0;
+  EXPECT_THROW({ Trainer t(wrapped, config); }, ConfigError);
+}
+
 TEST(Trainer, InvalidScheduleIsRejected) {
   GPTModel model(small_gpt2(), testing::default_test_device(), 6);
   EXPECT_THROW({ Trainer t(model, AdamWConfig{}, warmup_cosine(1e-3f, 10, 10)); }, ConfigError);

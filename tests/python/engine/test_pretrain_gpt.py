@@ -314,6 +314,25 @@ def test_warmup_stable_decay_schedule(tmp_path):
         assert lr == pytest.approx(want, rel=1e-5), step
 
 
+def test_weight_decay_schedule(tmp_path):
+    # Megatron's --start/--end-weight-decay: a schedule from 0.1 to 0.1 is --weight-decay 0.1,
+    # bit for bit; one from 0 rising is --weight-decay 0 for the first step only.
+    def train(name, *flags):
+        r = run(1, [*MODEL, "--train-iters", "8", "--eval-iters", "0", "--metrics-jsonl",
+                    str(tmp_path / f"{name}.jsonl"), *flags])
+        assert r.returncode == 0, r.stdout + r.stderr
+        return losses(jsonl(str(tmp_path / f"{name}.jsonl")))
+
+    flat = train("flat", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0.1",
+                 "--end-weight-decay", "0.1")
+    assert flat == train("constant", "--weight-decay", "0.1")
+    rising = train("rising", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0",
+                   "--end-weight-decay", "0.9")
+    none = train("none", "--weight-decay", "0")
+    assert [rising[s] for s in (1, 2)] == [none[s] for s in (1, 2)]  # step 1 decays by 0
+    assert all(rising[s] != none[s] for s in range(3, 9))
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
@@ -585,6 +604,10 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),
     (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
+    (["--start-weight-decay", "0.1"], "--start-weight-decay: give --weight-decay-incr-style "
+     "linear or cosine"),
+    (["--weight-decay-incr-style", "cosine", "--end-weight-decay", "0.1"],
+     "--weight-decay-incr-style cosine needs --start-weight-decay and --end-weight-decay"),
     (["--lr-decay-style", "WSD"], "--lr-decay-style WSD needs --lr-wsd-decay-iters"),
     (["--train-samples", "64", "--lr-decay-iters", "10"],
      "--lr-decay-iters is for --train-iters; with --train-samples give --lr-decay-samples"),
