@@ -10,6 +10,14 @@ Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-p
 --recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero fixes that
 choice; the rest are searched. The model behind the numbers is in
 docs/planner.md (python/braid/planner.py).
+
+Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
+layout, the batch, the recomputation, the iterations (-> tokens) and --gpu-hour-price all come
+from them, and the prediction is for exactly that run (--search: every layout for its model
+and batch instead):
+
+    python tools/plan.py --gpu h100-80g --num-gpus 64 --nvlink-bw 450GB/s --net-bw 400Gb/s \\
+        -- --num-layers 80 --hidden-size 8192 ... --tensor-model-parallel-size 8 ...
 """
 
 import argparse
@@ -21,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "python"))
 
 from braid import planner  # noqa: E402
+from braid.arguments import parse_args as parse_training_args  # noqa: E402
 
 
 def _bool(text):
@@ -51,7 +60,8 @@ def parse_args(argv):
     g.add_argument("--nvlink-bw", required=True, help="per GPU per direction, e.g. 300GB/s")
     g.add_argument("--net-bw", required=True, help="per GPU (RoCE/IB), e.g. 200Gb/s")
     g = ap.add_argument_group("run")
-    g.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    g.add_argument("--global-batch", type=int, help="sequences per step (required without "
+                   "training arguments after --)")
     g.add_argument("--train-tokens", type=float)
     g.add_argument("--gpu-hour-price", type=float)
     g = ap.add_argument_group("layout (fixed when given, searched otherwise)")
@@ -78,7 +88,13 @@ def parse_args(argv):
                    help="time braid's ZeRO without --overlap-param-gather")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--top", type=int, default=10, help="rows of the table (--json: all)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--search", action="store_true",
+                    help="with training arguments after --: search every layout for their model "
+                         "and batch instead of predicting theirs")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    training = argv[argv.index("--") + 1:] if "--" in argv else None
+    a = ap.parse_args(argv[:argv.index("--")] if training is not None else argv)
+    a.even_stages = None  # True: the training arguments' pipeline split, even
     if (a.recompute_method or a.recompute_num_layers is not None) and a.recompute != "full":
         ap.error("--recompute-method / --recompute-num-layers need --recompute full")
     if a.recompute_num_layers is not None and a.recompute_num_layers < 1:
@@ -88,6 +104,10 @@ def parse_args(argv):
         a.net = planner.parse_bandwidth(a.net_bw, "--net-bw")
     except ValueError as e:
         ap.error(str(e))
+    if training is not None:
+        return _from_training_arguments(ap, a, training)
+    if a.global_batch is None:
+        ap.error("--global-batch is required (or give the run's training arguments after --)")
     shape = [a.num_layers, a.hidden_size, a.num_attention_heads, a.ffn_hidden_size,
              a.vocab_size, a.seq_length]
     if a.model:
@@ -106,6 +126,48 @@ def parse_args(argv):
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
+    return a
+
+
+MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+               "ffn_hidden_size", "vocab_size", "seq_length", "activation")
+LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
+                "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
+                "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+
+
+def _from_training_arguments(ap, a, training):
+    """The plan of the run pretrain_gpt.py `training` describes on this cluster."""
+    given = [f for f in MODEL_FLAGS + LAYOUT_FLAGS if getattr(a, f) not in (None, False)]
+    if given:
+        ap.error(f"--{given[0].replace('_', '-')}: with training arguments after --, the model "
+                 "and the layout are theirs")
+    if "--device" not in training:
+        training = [*training, "--device", "cuda"]  # a GPU run, planned from anywhere
+    try:
+        t = parse_training_args(training, a.num_gpus, check_files=False)
+    except ValueError as e:
+        ap.error(f"the training arguments: {e}")
+    a.model_shape = planner.ModelShape(
+        t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
+        t.ffn_hidden_size, t.vocab_size, t.seq_length, "swiglu" if t.swiglu else "gelu",
+        not t.untie_embeddings_and_output_weights)
+    a.global_batch = t.global_batch_size
+    a.train_tokens = a.train_tokens or t.train_iters * t.global_batch_size * t.seq_length
+    a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
+    if not a.search:
+        a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp
+        a.micro_batch_size, a.virtual_stages = t.micro_batch_size, t.virtual_stages
+        a.recompute = t.recompute_granularity or "none"
+        if a.recompute == "full":
+            a.recompute_method = t.recompute_method or "uniform"
+            a.recompute_num_layers = t.recompute_num_layers or 1
+        a.sequence_parallel, a.zero = t.sequence_parallel, t.use_distributed_optimizer
+        a.no_overlap_grad_reduce = not t.overlap_grad_reduce
+        a.no_overlap_param_gather = not t.overlap_param_gather
+        a.decoder_first_pipeline_num_layers = t.decoder_first_pipeline_num_layers
+        a.decoder_last_pipeline_num_layers = t.decoder_last_pipeline_num_layers
+        a.even_stages = t.stage_layers is None  # the run's split, not a search of splits
     return a
 
 
@@ -138,7 +200,8 @@ def main(argv=None):
                  recompute_num_layers=a.recompute_num_layers,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
                  overlap_grad_reduce=not a.no_overlap_grad_reduce,
-                 overlap_param_gather=not a.no_overlap_param_gather)
+                 overlap_param_gather=not a.no_overlap_param_gather,
+                 even_stages=a.even_stages)
     results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
                                        a.gpu_hour_price)
     if not results:

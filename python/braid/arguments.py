@@ -352,13 +352,15 @@ def _refuse_unknown(unknown: list[str]):
                             "docs/arguments.md or --help)")
 
 
-def parse_args(argv: list[str] | None, world_size: int) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, world_size: int,
+               check_files: bool = True) -> argparse.Namespace:
     """Parses and checks `argv` for a job of `world_size` processes; ArgumentError on any
-    problem. Fills in Megatron's derived values."""
+    problem. Fills in Megatron's derived values. check_files=False (tools/plan.py, planning on
+    another machine) does not look for the --data-path files."""
     args, unknown = build_parser().parse_known_args(argv)
     _refuse_unknown(unknown)
     args.checkpoint_args = _checkpoint_model_args(args) if args.use_checkpoint_args else []
-    validate(args, world_size)
+    validate(args, world_size, check_files)
     return args
 
 
@@ -431,7 +433,7 @@ def _check_data_files(flag: str, data_path: list[str] | None):
                "pair tools/preprocess_data.py writes)")
 
 
-def validate(a: argparse.Namespace, world_size: int):
+def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
     _check(world_size % (tp * pp) == 0,
            f"the job's {world_size} processes are not divisible by --tensor-model-parallel-size "
@@ -485,7 +487,8 @@ def validate(a: argparse.Namespace, world_size: int):
            "--mock-data excludes --data-path and --train-data-path")
     a.addition_data = not a.data_path and not per_split and not a.mock_data
     for flag in ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path"):
-        _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))
+        if check_files:
+            _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))
     if a.tokenizer_type is None:
         for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
                             ("--tokenizer-model", a.tokenizer_model),

@@ -569,9 +569,7 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
             continue
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
-        uneven = "first_stage_layers" in fixed or "last_stage_layers" in fixed
-        splits = [(fixed.get("first_stage_layers"), fixed.get("last_stage_layers"))] if uneven \
-            else stage_splits(model.num_layers, p, v)
+        splits = _splits_to_try(model, p, v, fixed)
         for first, last in splits:
             lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last)
             for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
@@ -587,6 +585,16 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
             rejected[why] = rejected.get(why, 0) + 1
     results.sort(key=lambda r: -r["tokens_per_s"])
     return results, rejected
+
+
+def _splits_to_try(model, p, v, fixed):
+    """The (first, last) stage sizes to try: those fixed, the even split alone with
+    fixed["even_stages"], else stage_splits'."""
+    if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
+        return [(fixed.get("first_stage_layers"), fixed.get("last_stage_layers"))]
+    if fixed.get("even_stages"):
+        return [(None, None)]
+    return stage_splits(model.num_layers, p, v)
 
 
 def _recompute_choices(model, cluster, lay, global_batch, fixed):
@@ -658,10 +666,7 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
             if n % (t * p):
                 continue
             v = fixed.get("virtual_stages", 1)
-            uneven = "first_stage_layers" in fixed or "last_stage_layers" in fixed
-            splits = [(fixed.get("first_stage_layers"), fixed.get("last_stage_layers"))] \
-                if uneven else stage_splits(model.num_layers, p, v)
-            for first, last in splits:
+            for first, last in _splits_to_try(model, p, v, fixed):
                 lay = Layout(t, p, n // (t * p), fixed.get("micro_batch_size", 1), v,
                              fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
                              fixed.get("zero", True), first_stage_layers=first,

@@ -374,6 +374,47 @@ def test_search_finds_the_fewest_recomputed_layers_that_fit():
     assert out.returncode == 2 and "need --recompute full" in out.stderr
 
 
+TRAINING = ["--num-layers", "80", "--hidden-size", "8192", "--num-attention-heads", "64",
+            "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "28672",
+            "--swiglu", "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm",
+            "--position-embedding-type", "rope", "--disable-bias-linear", "--seq-length", "4096",
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", "31999",
+            "--data-path", "/not/here/on/the/planning/machine", "--micro-batch-size", "1",
+            "--global-batch-size", "64", "--train-iters", "1000",
+            "--tensor-model-parallel-size", "8", "--pipeline-model-parallel-size", "4",
+            "--num-layers-per-virtual-pipeline-stage", "10", "--sequence-parallel",
+            "--use-distributed-optimizer", "--overlap-grad-reduce",
+            "--recompute-granularity", "selective", "--bf16", "--gpu-hour-price", "2.5"]
+CLUSTER = ["--gpu", "h100-80g", "--num-gpus", "64", "--nvlink-bw", "450GB/s", "--net-bw",
+           "400Gb/s"]
+
+
+def test_plan_from_the_runs_own_training_arguments():
+    # pretrain_gpt.py's arguments after --: the prediction for exactly that run (its layout,
+    # even stages, recomputation, overlap flags, batch, iterations and price) on this cluster.
+    out = _plan(*CLUSTER, "--json", "--", *TRAINING)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert len(rows) == 1
+    model = planner.ModelShape(80, 8192, 64, 8, 28672, 32000, 4096)  # NullTokenizer: N + 1
+    cluster = planner.Cluster(planner.GPUS["h100-80g"], 8, 64, 450e9, 50e9)
+    lay = planner.Layout(8, 4, 2, 1, 2, "selective", True, True, overlap_grad_reduce=True,
+                         overlap_param_gather=False)
+    want = planner.predict(model, cluster, lay, 64)
+    assert rows[0]["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
+    assert rows[0]["stage_layers"] == [20, 20, 20, 20]
+    tokens = 1000 * 64 * 4096
+    assert rows[0]["days_to_train"] == pytest.approx(tokens / want["tokens_per_s"] / 86400)
+    assert rows[0]["cost"] == pytest.approx(rows[0]["gpu_hours"] * 2.5)
+    # --search: every layout for that model and batch.
+    out = _plan(*CLUSTER, "--json", "--search", "--", *TRAINING)
+    assert out.returncode == 0 and len(json.loads(out.stdout)) > 100, out.stderr
+    out = _plan(*CLUSTER, "--tp", "4", "--", *TRAINING)
+    assert out.returncode == 2 and "--tp: with training arguments after --" in out.stderr
+    out = _plan(*CLUSTER, "--", *TRAINING, "--tensor-model-parallel-size", "3")
+    assert out.returncode == 2 and "the training arguments: the job's 64 processes" in out.stderr
+
+
 @pytest.mark.skipif(not os.path.exists(CSV), reason="../shared/published_runs.csv not present")
 def test_published_runs_within_ten_percent():
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
