@@ -269,8 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-load-optim", action="store_true")
     g.add_argument("--no-load-rng", action="store_true")
     g.add_argument("--no-save-optim", action="store_true",
-                   help="save the parameters without the optimizer state (a third the size; "
-                        "load it with --no-load-optim or --finetune)")
+                   help="save the parameters without the optimizer state (a third of the size "
+                        "with f32 parameters, a seventh with bf16; load it with --no-load-optim "
+                        "or --finetune)")
     g.add_argument("--no-save-rng", action="store_true",
                    help="save without the dropout RNG state")
     g.add_argument("--finetune", action="store_true")
@@ -359,6 +360,7 @@ def parse_args(argv: list[str] | None, world_size: int,
     another machine) does not look for the --data-path files."""
     args, unknown = build_parser().parse_known_args(argv)
     _refuse_unknown(unknown)
+    args.checkpoint_vocab = False  # True: --use-checkpoint-args set --vocab-size
     args.checkpoint_args = _checkpoint_model_args(args) if args.use_checkpoint_args else []
     validate(args, world_size, check_files)
     return args
@@ -399,6 +401,7 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
     except ValueError as e:
         raise ArgumentError(f"--use-checkpoint-args: {e}") from None
     notes = []
+    a.checkpoint_vocab = True
     for key, convert in _FROM_CHECKPOINT.items():
         if key not in config:
             raise ArgumentError(f"--use-checkpoint-args: the checkpoint's config has no {key}")
@@ -481,8 +484,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     per_split = a.train_data_path or a.valid_data_path or a.test_data_path
     _check(not (a.data_path and per_split), "give --data-path (with --split) or "
            "--train-data-path / --valid-data-path / --test-data-path, not both")
-    _check(not per_split or a.train_data_path, "--valid-data-path / --test-data-path need "
-           "--train-data-path")
+    _check(not per_split or a.train_data_path or a.skip_train, "--valid-data-path / "
+           "--test-data-path need --train-data-path (or --skip-train, evaluating only)")
     _check(not ((a.data_path or per_split) and a.mock_data),
            "--mock-data excludes --data-path and --train-data-path")
     a.addition_data = not a.data_path and not per_split and not a.mock_data
@@ -501,15 +504,31 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                "addition data has its own byte vocabulary; a tokenizer is for --data-path or "
                "--mock-data")
         from braid.vocab import VocabError, read
-        try:
-            vocab = read(a.tokenizer_type, vocab_file=a.vocab_file, merge_file=a.merge_file,
-                         tokenizer_model=a.tokenizer_model, null_vocab_size=a.vocab_size)
-        except VocabError as e:
-            raise ArgumentError(str(e)) from None
-        size, a.eod = vocab.size, vocab.eod
-        _check(not a.eod_mask_loss or a.eod is not None,
-               f"--eod-mask-loss: --tokenizer-type {a.tokenizer_type} has no end-of-document "
-               f"token (looked for {vocab.eod_looked_for})")
+        # --use-checkpoint-args set the model's (padded, for converted HF models) vocabulary:
+        # the tokenizer then names the EOD and must fit in it. NullTokenizer's N + 1 is saved.
+        from_checkpoint = a.checkpoint_vocab
+        null = a.vocab_size - 1 if from_checkpoint and a.tokenizer_type == "NullTokenizer" \
+            else a.vocab_size
+        files = [f for f in (a.vocab_file, a.merge_file, a.tokenizer_model) if f]
+        if not check_files and a.vocab_size and not all(os.path.exists(f) for f in files):
+            size, a.eod = a.vocab_size, None  # planning elsewhere: --vocab-size stands for it
+        else:
+            try:
+                vocab = read(a.tokenizer_type, vocab_file=a.vocab_file,
+                             merge_file=a.merge_file, tokenizer_model=a.tokenizer_model,
+                             null_vocab_size=null)
+            except VocabError as e:
+                raise ArgumentError(str(e) + ("" if check_files else
+                                              " (planning where it is not: give --vocab-size)")
+                                    ) from None
+            size, a.eod = vocab.size, vocab.eod
+            _check(not a.eod_mask_loss or a.eod is not None,
+                   f"--eod-mask-loss: --tokenizer-type {a.tokenizer_type} has no end-of-document "
+                   f"token (looked for {vocab.eod_looked_for})")
+        if from_checkpoint:
+            _check(size <= a.vocab_size, f"--tokenizer-type {a.tokenizer_type}: its {size} "
+                   f"tokens do not fit the checkpoint's vocabulary of {a.vocab_size}")
+            size = a.vocab_size
         _check(a.vocab_size in (None, size) or a.tokenizer_type == "NullTokenizer",
                f"--vocab-size {a.vocab_size} disagrees with --tokenizer-type "
                f"{a.tokenizer_type}, whose vocabulary has {size} tokens (drop --vocab-size)")
@@ -561,7 +580,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     # global batch, fractional where it does not divide (engine::LRSchedule takes that).
     if a.train_samples:
         for flag, value in (("--lr-decay-iters", a.lr_decay_iters),
-                            ("--lr-warmup-iters", a.lr_warmup_iters)):
+                            ("--lr-warmup-iters", a.lr_warmup_iters),
+                            ("--lr-wsd-decay-iters", a.lr_wsd_decay_iters)):
             _check(not value, f"{flag} is for --train-iters; with --train-samples give "
                    f"{flag.replace('iters', 'samples')}")
         a.lr_decay_iters = (a.lr_decay_samples or a.train_samples) / a.global_batch_size
@@ -665,6 +685,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                         ("--exit-signal-handler", a.exit_signal_handler)):
         _check(not value or a.save, f"{flag} needs --save DIR")
     for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng),
+                        ("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint),
                         ("--finetune", a.finetune), ("--ckpt-step", a.ckpt_step is not None)):
         _check(not value or a.load, f"{flag} needs --load DIR")
     # Profiling.

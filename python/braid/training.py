@@ -169,7 +169,7 @@ class Data:
     """The run's train, validation and test loaders for this DP rank."""
 
     def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
-        train_samples = a.train_iters * a.global_batch_size
+        train_samples = 0 if a.skip_train else a.train_iters * a.global_batch_size
         evals = a.train_iters // a.eval_interval + 1
         valid_samples = evals * a.eval_iters * a.global_batch_size
         test_samples = a.eval_iters * a.global_batch_size  # Megatron's: one evaluation, at the end
@@ -203,7 +203,7 @@ class Data:
         if rank != 0:
             datasets = self._datasets(a, samples)
         train, valid, test = datasets
-        self.train = loader(train, consumed)
+        self.train = loader(train, consumed) if train is not None else None  # None: skip-train
         if a.eval_iters and valid is not None:
             self.restart_valid = lambda: loader(valid, 0)
             self.valid = loader(valid, valid_consumed % len(valid))
@@ -233,7 +233,8 @@ class Data:
         if a.data_path:
             return build_gpt_datasets(a.data_path, a.seq_length, list(samples), split=a.split,
                                       seed=a.seed, cache_path=cache)
-        if a.train_data_path:  # Megatron's blend per split: each split's datasets used whole
+        if a.train_data_path or a.valid_data_path or a.test_data_path:
+            # Megatron's blend per split: each split's datasets used whole.
             out = []
             paths = (a.train_data_path, a.valid_data_path, a.test_data_path)
             for i, (path, n) in enumerate(zip(paths, samples)):
@@ -247,6 +248,8 @@ class Data:
                                               seed=a.seed, cache_path=cache)[i])
             return tuple(out)
         train_samples = samples[0]
+        if not train_samples:  # --skip-train: the held-out problems validate
+            return None, None, None
         # One problem per sample: one more problem than samples, so one epoch covers the run.
         directory = a.data_cache_path or default_cache_dir()
         prefix = addition.training_data_prefix(directory, train_samples + 1, seed=a.seed,
@@ -466,7 +469,7 @@ def main(argv=None) -> int:
     if a.load:
         if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
             if a.exit_on_missing_checkpoint:
-                sys.stderr.write(f"braid: --exit-on-missing-checkpoint: no checkpoint in "
+                sys.stderr.write(f"braid: error: --exit-on-missing-checkpoint: no checkpoint in "
                                  f"{a.load}\n")
                 return 1
             log(f"braid: no checkpoint in {a.load} yet; training from scratch")
@@ -507,9 +510,11 @@ def main(argv=None) -> int:
     duration = a.exit_duration_in_mins
     budget_binds = False  # --exit-cost comes before --exit-duration-in-mins
     if a.exit_cost is not None:
-        left = a.exit_cost / a.gpu_hour_price * 3600 - device_seconds()  # device-seconds
-        minutes = left / state.world_size / 60
-        if minutes <= 0:
+        budget = a.exit_cost / a.gpu_hour_price * 3600  # device-seconds
+        # Spent already: decided from the checkpoint's count, the same on every rank (each
+        # rank's own clock started a little apart); this job's start-up only shortens the rest.
+        minutes = max(budget - device_seconds(), 0.0) / state.world_size / 60 or 1e-9
+        if earlier_device_seconds >= budget:
             log(f"braid: --exit-cost {a.exit_cost} is spent already "
                 f"({device_seconds() / 3600 * a.gpu_hour_price:.4f} so far); not training")
             metrics.close()
@@ -611,7 +616,9 @@ def main(argv=None) -> int:
         skipped += stats.skipped
         nans += not math.isfinite(stats.loss)
         logged = it % a.log_interval == 0 or it == a.train_iters
-        recorded = it % a.tensorboard_log_interval == 0
+        # By the arguments alone (not by rank 0's writer): params_norm() is collective.
+        recorded = bool(a.tensorboard_dir or a.metrics_jsonl) and \
+            it % a.tensorboard_log_interval == 0
         # Collective (every rank, the same iterations): Megatron's --log-params-norm.
         params_norm = trainer.params_norm() if a.log_params_norm and (logged or recorded) \
             else None

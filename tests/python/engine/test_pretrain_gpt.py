@@ -196,7 +196,8 @@ def test_use_checkpoint_args_takes_the_model_from_the_checkpoint(runs, tmp_path)
     r = run(8, [*rest, *LAYOUT_3D, "--train-iters", "20", "--load", runs["ckpt"],
                 "--use-checkpoint-args", "--tensorboard-dir", tb])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "braid: --num-layers 4 from the checkpoint (the command line: 4)" not in r.stdout
+    # Only the values that change are noted: --num-layers is 4 on both sides.
+    assert not re.search(r"^braid: --num-layers \S+ from the checkpoint", r.stdout, re.M)
     for note in ("--hidden-size 64 from the checkpoint (the command line: 128)",
                  "--swiglu True from the checkpoint (the command line: False)",
                  "--vocab-size 300 from the checkpoint (the command line: None)"):
@@ -333,11 +334,48 @@ def test_weight_decay_schedule(tmp_path):
     assert all(rising[s] != none[s] for s in range(3, 9))
 
 
+def test_use_checkpoint_args_keeps_the_checkpoints_vocabulary(tmp_path):
+    # A NullTokenizer run saves N + 1 (Megatron's EOD); resumed with --use-checkpoint-args and
+    # the same tokenizer flags it loads that vocabulary, not N + 2.
+    ckpt = str(tmp_path / "ckpt")
+    null = [*[x for x in MODEL if x not in ("--vocab-size", "300")], "--tokenizer-type",
+            "NullTokenizer", "--vocab-size", "300", "--eval-iters", "0"]
+    r = run(1, [*null, "--train-iters", "4", "--save", ckpt])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(1, [*null, "--train-iters", "6", "--load", ckpt, "--use-checkpoint-args"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: loaded iteration 4" in r.stdout
+    assert re.search(r"^  vocab_size \.+ 301$", r.stdout, re.M), r.stdout
+
+
+def test_skip_train_with_a_validation_path_alone(tmp_path):
+    # Evaluating only: a --valid-data-path without training data (megatron-core's blend per
+    # split allows it); no training index is built.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from braid.data import IndexedDatasetWriter
+
+    prefix = str(tmp_path / "valid_text_document")
+    rng = np.random.default_rng(3)
+    with IndexedDatasetWriter(prefix, "u16") as w:
+        for _ in range(100):
+            w.add_document(rng.integers(0, 1000, size=40, dtype=np.int32))
+    r = run(1, ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
+                "--num-attention-heads", "2", "--vocab-size", "1000", "--seq-length", "32",
+                "--micro-batch-size", "4", "--eval-iters", "2", "--valid-data-path", prefix,
+                "--skip-train", "--data-cache-path", str(tmp_path / "cache")])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.findall(r"validation loss at iteration 0 \|", r.stdout) and \
+        not log_lines(r.stdout), r.stdout
+    assert not any("train" in f for f in os.listdir(tmp_path / "cache")), \
+        os.listdir(tmp_path / "cache")
+
+
 def test_exit_on_missing_checkpoint(tmp_path):
     r = run(1, [*MODEL, "--train-iters", "4", "--load", str(tmp_path / "none"),
                 "--exit-on-missing-checkpoint"])
     assert r.returncode == 1, r.stdout + r.stderr
-    assert f"braid: --exit-on-missing-checkpoint: no checkpoint in {tmp_path / 'none'}" in r.stderr
+    assert f"braid: error: --exit-on-missing-checkpoint: no checkpoint in {tmp_path / 'none'}" \
+        in r.stderr
     assert "iteration" not in r.stdout
 
 
@@ -604,6 +642,10 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),
     (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
+    (["--train-samples", "64", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "2"],
+     "--lr-wsd-decay-iters is for --train-iters; with --train-samples give "
+     "--lr-wsd-decay-samples"),
+    (["--exit-on-missing-checkpoint"], "--exit-on-missing-checkpoint needs --load DIR"),
     (["--start-weight-decay", "0.1"], "--start-weight-decay: give --weight-decay-incr-style "
      "linear or cosine"),
     (["--weight-decay-incr-style", "cosine", "--end-weight-decay", "0.1"],
