@@ -702,5 +702,4 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
         _check(not bad, f"--profile-ranks {' '.join(map(str, bad))}: the job has ranks 0 to "
                f"{world_size - 1}")
     if a.tensorboard_dir and a.metrics_jsonl is None:
-        import os
         a.metrics_jsonl = os.path.join(a.tensorboard_dir, "metrics.jsonl")

@@ -409,6 +409,17 @@ def test_plan_from_the_runs_own_training_arguments():
     # --search: every layout for that model and batch.
     out = _plan(*CLUSTER, "--json", "--search", "--", *TRAINING)
     assert out.returncode == 0 and len(json.loads(out.stdout)) > 100, out.stderr
+    # The tokenizer files of a real launch script need not be here either: --vocab-size stands.
+    gpt2 = [x for x in TRAINING if x not in ("NullTokenizer", "31999")]
+    gpt2[gpt2.index("--tokenizer-type") + 1:gpt2.index("--tokenizer-type") + 1] = [
+        "GPT2BPETokenizer", "--vocab-file", "/not/here/vocab.json", "--merge-file",
+        "/not/here/merges.txt"]
+    gpt2.remove("--vocab-size")
+    out = _plan(*CLUSTER, "--json", "--", *gpt2, "--vocab-size", "32000")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(want["step_time_s"])
+    out = _plan(*CLUSTER, "--", *gpt2)
+    assert out.returncode == 2 and "(planning where it is not: give --vocab-size)" in out.stderr
     out = _plan(*CLUSTER, "--tp", "4", "--", *TRAINING)
     assert out.returncode == 2 and "--tp: with training arguments after --" in out.stderr
     out = _plan(*CLUSTER, "--", *TRAINING, "--tensor-model-parallel-size", "3")
