@@ -587,6 +587,13 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     const bool with_optim = trainer != nullptr && options.load_optim && !options.finetune;
     BRAID_CONFIG_CHECK(!with_optim || meta.at("optimizer").get<bool>(), where,
                        ": saved without optimizer state; load with --no-load-optim or --finetune");
+    // Resuming mid-run without the dropout streams' state would not continue them (Megatron
+    // refuses too); at iteration 0 (a converted model) the fresh state is the saved one.
+    const bool with_rng = trainer != nullptr && options.load_rng && !options.finetune;
+    BRAID_CONFIG_CHECK(
+        !with_rng || meta.contains("rng") || meta.at("iteration").get<int64_t>() == 0, where,
+        ": saved without RNG state at iteration ", meta.at("iteration").get<int64_t>(),
+        "; load with --no-load-rng (the dropout streams restart) or --finetune");
     CheckpointReader reader(path, meta.at("tensors"));
     const bool master_saved =
         !meta.at("tensors").empty() &&
@@ -653,7 +660,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
                                          s.at("growth_tracker").get<int>(),
                                          s.at("hysteresis_tracker").get<int>()});
     }
-    if (options.load_rng && meta.contains("rng")) {
+    if (with_rng && meta.contains("rng")) {
       const json& rng = meta.at("rng");
       for (int c = 0; c < model.num_chunks(); ++c)
         model.chunk(c).set_rng_state(rng.at("seed").get<uint64_t>(),

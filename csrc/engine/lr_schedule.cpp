@@ -103,6 +103,10 @@ void LRSchedule::validate() const {
                      "LRSchedule.warmup_iters must be >= 0, got ", warmup_iters);
   BRAID_CONFIG_CHECK(std::isfinite(decay_iters), "LRSchedule.decay_iters must be finite, got ",
                      decay_iters);
+  BRAID_CONFIG_CHECK(std::isfinite(iterations_per_sample) && iterations_per_sample > 0 &&
+                         iterations_per_sample <= 1,
+                     "LRSchedule.iterations_per_sample must be in (0, 1], got ",
+                     iterations_per_sample);
   BRAID_CONFIG_CHECK(std::isfinite(warmup_init) && warmup_init >= 0 && warmup_init <= lr,
                      "LRSchedule.warmup_init must be in [0, lr = ", lr, "], got ", warmup_init);
   if (style != LRDecayStyle::constant) {
@@ -111,10 +115,10 @@ void LRSchedule::validate() const {
                        " decay");
   }
   if (style == LRDecayStyle::wsd) {
-    BRAID_CONFIG_CHECK(std::isfinite(wsd_decay_iters) && wsd_decay_iters > 0 &&
-                           wsd_decay_iters <= decay_iters - warmup_iters,
-                       "LRSchedule.wsd_decay_iters must be in (0, decay_iters - warmup_iters = ",
-                       decay_iters - warmup_iters, "] for WSD decay, got ", wsd_decay_iters);
+    BRAID_CONFIG_CHECK(
+        std::isfinite(wsd_decay_iters) && wsd_decay_iters > 0 && wsd_decay_iters <= decay_iters,
+        "LRSchedule.wsd_decay_iters must be in (0, decay_iters = ", decay_iters,
+        "] for WSD decay, got ", wsd_decay_iters);
   }
 }
 
@@ -126,7 +130,8 @@ float LRSchedule::lr_at(int64_t iteration) const {
   if (style == LRDecayStyle::constant) return lr;
   if (it > decay_iters) return min_lr;
   if (style == LRDecayStyle::inverse_square_root) {
-    const double value = lr * std::sqrt(std::max(warmup_iters, 1.0) / std::max(it, 1.0));
+    const double one = iterations_per_sample;  // Megatron's max(steps, 1), steps in samples
+    const double value = lr * std::sqrt(std::max(warmup_iters, one) / std::max(it, one));
     return float(std::max(double(min_lr), value));
   }
   const double ratio = (it - warmup_iters) / (decay_iters - warmup_iters);

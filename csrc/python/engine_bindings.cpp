@@ -59,7 +59,7 @@ void bind_engine(py::module_& m) {
   py::class_<LRSchedule>(m, "LRSchedule")
       .def(py::init([](float lr, float min_lr, double warmup_iters, double decay_iters,
                        const std::string& style, float warmup_init, double wsd_decay_iters,
-                       const std::string& wsd_style) {
+                       const std::string& wsd_style, double iterations_per_sample) {
              LRSchedule s;
              s.lr = lr;
              s.min_lr = min_lr;
@@ -69,12 +69,14 @@ void bind_engine(py::module_& m) {
              s.warmup_init = warmup_init;
              s.wsd_decay_iters = wsd_decay_iters;
              s.wsd_style = wsd_decay_style_from_string(wsd_style);
+             s.iterations_per_sample = iterations_per_sample;
              s.validate();
              return s;
            }),
            py::arg("lr"), py::arg("min_lr") = 0.0f, py::arg("warmup_iters") = 0,
            py::arg("decay_iters") = 0, py::arg("style") = "cosine", py::arg("warmup_init") = 0.0f,
            py::arg("wsd_decay_iters") = 0, py::arg("wsd_style") = "exponential",
+           py::arg("iterations_per_sample") = 1.0,
            "Megatron's schedule (engine/lr_schedule.h): style constant, linear, cosine, "
            "inverse-square-root or WSD (wsd_style exponential, linear, cosine, minus_sqrt over "
            "the last wsd_decay_iters); warmup from warmup_init; iterations may be fractional.")

@@ -622,9 +622,9 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     if a.lr_decay_style == "WSD":
         _check(a.lr_wsd_decay_iters is not None, f"--lr-decay-style WSD needs {wsd_flag} (the "
                "length of the final annealing)")
-        _check(a.lr_wsd_decay_iters <= a.lr_decay_iters - a.lr_warmup_iters,
+        _check(a.lr_wsd_decay_iters <= a.lr_decay_iters,
                f"{wsd_flag}: the annealing ({a.lr_wsd_decay_iters} iterations) is longer than "
-               f"the decay after the warmup ({a.lr_decay_iters - a.lr_warmup_iters})")
+               f"the decay ({a.lr_decay_iters})")
 
     # Pipeline.
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers

@@ -102,7 +102,8 @@ def trainer_config(a) -> braid.TrainerConfig:
                                 decay_iters=a.lr_decay_iters, style=a.lr_decay_style,
                                 warmup_init=a.lr_warmup_init,
                                 wsd_decay_iters=a.lr_wsd_decay_iters or 0,
-                                wsd_style=a.lr_wsd_decay_style)
+                                wsd_style=a.lr_wsd_decay_style,
+                                iterations_per_sample=1.0 / a.global_batch_size)
     scaling = braid.LossScaleConfig(
         loss_scale=a.loss_scale or 0.0, dynamic=a.dynamic_loss_scale,
         initial_loss_scale=a.initial_loss_scale, min_loss_scale=a.min_loss_scale,

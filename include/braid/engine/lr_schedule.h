@@ -4,7 +4,8 @@
 //                      warmup_init + (lr - warmup_init) * iteration / warmup_iters
 //   constant:                                      lr
 //   iteration > decay_iters:                       min_lr
-//   inverse-square-root: max(min_lr, lr * sqrt(max(warmup_iters, 1) / max(iteration, 1)))
+//   inverse-square-root: max(min_lr, lr * sqrt(max(warmup_iters, s) / max(iteration, s))), with
+//              s = iterations_per_sample: Megatron counts samples and clamps both at one
 //   otherwise min_lr + (lr - min_lr) * c, with r = (iteration - warmup_iters) /
 //   (decay_iters - warmup_iters):
 //     linear:  c = 1 - r
@@ -41,6 +42,7 @@ struct LRSchedule {
   float warmup_init = 0.0f;    // --lr-warmup-init: where the warmup starts
   double wsd_decay_iters = 0;  // WSD: the annealing's length, in (0, decay_iters - warmup_iters]
   WSDDecayStyle wsd_style = WSDDecayStyle::exponential;
+  double iterations_per_sample = 1.0;  // 1 / global batch (inverse-square-root's clamp)
 
   void validate() const;  // ConfigError naming the field
   float lr_at(int64_t iteration) const;

@@ -390,6 +390,27 @@ TEST(CheckpointOptions, NoLoadOptimAndFinetune) {
     EXPECT_EQ(stats.lr, trainer_config().schedule.lr_at(3));  // the schedule goes on
   }
   {
+    // Saved without the dropout streams at iteration 3: resuming must say so (Megatron too);
+    // with --no-load-rng it continues.
+    const std::string no_rng = scratch("options_no_rng");
+    {
+      Job job(llama(), layout, 4);
+      for (int s = 0; s < 3; ++s) job.step(llama());
+      save_checkpoint(no_rng, *job.trainer, {.consumed_samples = 24}, {.save_rng = false});
+    }
+    Job job(llama(), layout, 8);
+    try {
+      load_checkpoint(no_rng, *job.trainer);
+      ADD_FAILURE() << "loaded a checkpoint without RNG state as a resume";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("saved without RNG state at iteration 3; load with "
+                                           "--no-load-rng"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(load_checkpoint(no_rng, *job.trainer, {.load_rng = false}).consumed_samples, 24);
+  }
+  {
     Job job(llama(), layout, 8);
     const LoopState loop = load_checkpoint(dir, *job.trainer, {.finetune = true});
     EXPECT_EQ(loop.consumed_samples, 0);

@@ -113,7 +113,7 @@ TEST(LRSchedule, InvalidFieldsAreNamed) {
   EXPECT_NO_THROW(s.validate());
   s = schedule(LRDecayStyle::wsd);
   expect_rejected(s, "wsd_decay_iters");  // WSD needs its annealing length
-  s.wsd_decay_iters = 101;                // longer than decay - warmup
+  s.wsd_decay_iters = 111;                // longer than decay_iters
   expect_rejected(s, "wsd_decay_iters");
   s = schedule(LRDecayStyle::cosine);
   s.warmup_init = 1e-3f;  // above lr
@@ -139,6 +139,13 @@ TEST(LRSchedule, InverseSquareRoot) {
   floor.min_lr = 3e-4f;
   EXPECT_FLOAT_EQ(floor.lr_at(90), 3e-4f);  // 6e-4 * sqrt(1/9) = 2e-4 is below it
   EXPECT_EQ(s.lr_at(111), 6e-5f);
+  // No warmup: Megatron clamps at one *sample* (it counts samples), not one iteration - with
+  // global batches of 256, iteration 4 is 1024 samples: lr / 32.
+  LRSchedule no_warmup = s;
+  no_warmup.warmup_iters = 0;
+  no_warmup.iterations_per_sample = 1.0 / 256;
+  no_warmup.min_lr = 0;
+  EXPECT_FLOAT_EQ(no_warmup.lr_at(4), 6e-4f / 32);
 }
 
 // WSD: the peak until the last wsd_decay_iters before decay_iters, then each annealing shape
@@ -165,6 +172,12 @@ TEST(LRSchedule, WarmupStableDecay) {
     EXPECT_NEAR(s.lr_at(110), 6e-5, 1e-9);
     EXPECT_EQ(s.lr_at(111), 6e-5f);
   }
+  // An annealing longer than the decay after the warmup is Megatron's too: it starts when the
+  // warmup ends, part way down (iteration 11 of an annealing over 10..110).
+  s.wsd_decay_iters = 100;
+  s.wsd_style = WSDDecayStyle::linear;
+  s.validate();
+  EXPECT_NEAR(s.lr_at(11), 6e-5 + (1.0 - 1.0 / 100) * (6e-4 - 6e-5), 1e-7 * 6e-4);
 }
 
 // Megatron's get_wd: start to end over incr_iters, linear or cosine, then end.
