@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tensorboard-log-interval", type=pos_int, default=1)
     g.add_argument("--log-params-norm", action="store_true",
                    help="the global norm of the parameters in the log line and the metrics "
-                        "(params-norm): one all-reduce more per logged iteration")
+                        "(params-norm): one all-reduce more per logged or recorded iteration")
     g.add_argument("--log-throughput", action="store_true",
                    help="accepted for Megatron scripts: braid always logs throughput and MFU")
     g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
