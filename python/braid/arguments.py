@@ -6,8 +6,10 @@ one message naming the argument and the rule. Every rank parses and checks alike
 up, so a bad value ends every rank the same way and none waits in a collective.
 
 A Megatron argument braid does not implement is an error naming it (and, for the common ones,
-why and what to use instead); an argument neither knows is an error too. Nothing is ignored.
-The list, with defaults and rules: docs/arguments.md.
+why and what to use instead); an argument neither knows is an error too. Nothing is ignored
+silently: the Megatron flags that only pick an implementation where braid has its own are
+accepted and the log says so (braid.megatron_flags). The list, with defaults and rules:
+docs/arguments.md.
 """
 
 from __future__ import annotations
@@ -16,58 +18,7 @@ import argparse
 import math
 import os
 
-# Megatron arguments braid refuses, with the reason. Anything else unknown is refused as well
-# ("not a braid argument"); these only get a better message.
-UNSUPPORTED = {
-    "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
-    "--fp8-format": "braid has no FP8 kernels",
-    "--rampup-batch-size": "batch-size ramp-up is not implemented; use a fixed --global-batch-size",
-    "--context-parallel-size": "context parallelism is not implemented",
-    "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
-    "--num-experts": "mixture-of-experts models are not implemented",
-    "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
-                         "(--use-distributed-optimizer)",
-    "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
-    "--apply-query-key-layer-scaling": "not implemented",
-    "--qk-layernorm": "not implemented",
-    "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
-                              "trace format) to --tensorboard-dir/traces",
-}
-
-
-# Megatron arguments that choose an implementation (a kernel fusion, an attention backend, a
-# communication library) where braid has one, or that ask for what braid always does: accepted
-# so Megatron launch scripts run unchanged, with no effect; the run's log names each one given.
-# flag -> (takes a value, why it changes nothing in braid)
-NO_EFFECT = {
-    "--use-mcore-models": (False, "braid has one GPT model (megatron-core's layout and names)"),
-    "--transformer-impl": (True, "braid runs its own kernels"),
-    "--use-flash-attn": (False, "braid's attention is always flash-style"),
-    "--attention-backend": (True, "braid's attention is always flash-style"),
-    "--attention-softmax-in-fp32": (False, "braid's attention keeps its softmax statistics in f32"),
-    "--accumulate-allreduce-grads-in-fp32": (False, "braid's gradients and their reductions are "
-                                                    "always f32"),
-    "--calculate-per-token-loss": (False, "braid's loss is always the mean over the global "
-                                          "batch's tokens (Megatron's default, the mean of the "
-                                          "microbatches' means, is the same when every token "
-                                          "counts)"),
-    "--use-cpu-initialization": (False, "every rank initialises its shard from the same seeded "
-                                        "streams on any device"),
-    "--distributed-backend": (True, "braid chooses NCCL for CUDA tensors and MPI on the CPU"),
-    "--num-workers": (True, "braid's data loader prefetches on a thread of its own"),
-    "--manual-gc": (False, "braid's step runs in C++; Python's garbage collector is not in it"),
-    "--manual-gc-interval": (True, "see --manual-gc"),
-    "--no-masked-softmax-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-bias-gelu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-bias-swiglu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-bias-dropout-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-rope-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-persist-layer-norm": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-gradient-accumulation-fusion": (False, "braid's GEMMs always accumulate weight "
-                                                 "gradients into the f32 buffer"),
-    "--cross-entropy-loss-fusion": (False, "braid's vocab-parallel cross-entropy is one kernel "
-                                           "chain already"),
-}
+from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
 class ArgumentError(ValueError):
@@ -329,17 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             g.add_argument(flag, action="store_true", help=why)
     return p
-
-
-def no_effect_given(a: argparse.Namespace) -> list[str]:
-    """The NO_EFFECT flags this run was given, each as a log line saying why it does nothing."""
-    lines = []
-    for flag, (takes_value, why) in NO_EFFECT.items():
-        value = getattr(a, flag[2:].replace("-", "_"))
-        if value not in (None, False):
-            given = f"{flag} {value}" if takes_value else flag
-            lines.append(f"braid: {given} has no effect: {why}")
-    return lines
 
 
 def _refuse_unknown(unknown: list[str]):

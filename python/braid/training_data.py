@@ -1,0 +1,178 @@
+"""The data of pretrain_gpt.py's run for one DP rank: the training, validation and test
+loaders over the embedded addition problems, Megatron's mock data, --data-path (with --split) or
+each split's own datasets (--train/valid/test-data-path), and the targets the loss counts
+(answers only for the addition problems; --eod-mask-loss)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from braid import addition
+from braid.data import (DataLoader, IndexedDataset, build_gpt_datasets, parse_data_path,
+                        parse_split, split_documents)
+
+
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "braid", "demo")
+
+
+class _Rows:
+    """A batch of this DP rank's rows, shaped like braid.data.Batch."""
+
+    def __init__(self, tokens, labels, num_microbatches):
+        self.tokens, self.labels, self.num_microbatches = tokens, labels, num_microbatches
+
+
+class ArrayLoader:
+    """Global batches of samples from `sample(i) -> (tokens, labels)` in Megatron's order: the
+    global batch at `consumed_samples`, each microbatch step's mbs x dp samples split by DP rank.
+    Cycles when `num_samples` is given (validation)."""
+
+    def __init__(self, sample, micro_batch_size, global_batch_size, dp_rank, dp_size,
+                 consumed_samples=0, num_samples=None):
+        self.sample, self.mbs, self.gbs = sample, micro_batch_size, global_batch_size
+        self.dp_rank, self.dp = dp_rank, dp_size
+        self.consumed_samples, self.num_samples = consumed_samples, num_samples
+        self.wait_seconds = 0.0
+
+    def next(self):
+        if self.num_samples and self.consumed_samples + self.gbs > self.num_samples:
+            self.consumed_samples = 0
+        rows = []
+        for step in range(self.gbs // (self.mbs * self.dp)):
+            first = self.consumed_samples + step * self.mbs * self.dp + self.dp_rank * self.mbs
+            rows.extend(self.sample(i) for i in range(first, first + self.mbs))
+        self.consumed_samples += self.gbs
+        tokens = np.stack([r[0] for r in rows]).astype(np.int32)
+        labels = np.stack([r[1] for r in rows]).astype(np.int32)
+        return _Rows(tokens, labels, len(rows) // self.mbs)
+
+
+def mock_sample(seed, seq_length, vocab_size, offset):
+    """Megatron's mock data: sample i is seq_length + 1 random tokens of its own seed."""
+    def sample(i):
+        x = np.random.default_rng([seed, offset + i]).integers(0, vocab_size, seq_length + 1)
+        return x[:-1], x[1:]
+    return sample
+
+
+def addition_valid_sample(seed, count):
+    """Held-out addition problems (never trained on), loss on the answer alone."""
+    ids, targets = addition.AdditionData(seed=seed + 1, short_fraction=0.0,
+                                         padded=True).held_out_batch(count)
+    return lambda i: (ids[i % count], targets[i % count])
+
+
+class Data:
+    """The run's train, validation and test loaders for this DP rank."""
+
+    def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
+        train_samples = 0 if a.skip_train else a.train_iters * a.global_batch_size
+        evals = a.train_iters // a.eval_interval + 1
+        valid_samples = evals * a.eval_iters * a.global_batch_size
+        test_samples = a.eval_iters * a.global_batch_size  # Megatron's: one evaluation, at the end
+        # Megatron's: the validation position follows from the iteration (resumes alike).
+        valid_consumed = iteration // a.eval_interval * a.eval_iters * a.global_batch_size
+        self.answer_only = a.addition_data
+        self.eod_mask = a.eod if a.eod_mask_loss else None
+        self.valid = self.test = None
+        self.no_test = None  # why a --data-path run has no test evaluation, if it has none
+        loader = lambda ds, consumed: DataLoader(ds, a.micro_batch_size, a.global_batch_size,
+                                                 dp_rank=dp_rank, dp_size=a.dp,
+                                                 consumed_samples=consumed, prefetch=4)
+        if a.mock_data:
+            self.train = ArrayLoader(mock_sample(a.seed, a.seq_length, a.vocab_size, 0),
+                                     a.micro_batch_size, a.global_batch_size, dp_rank, a.dp,
+                                     consumed)
+            if a.eval_iters:
+                self.valid = ArrayLoader(
+                    mock_sample(a.seed, a.seq_length, a.vocab_size, 1 << 40), a.micro_batch_size,
+                    a.global_batch_size, dp_rank, a.dp, valid_consumed)
+            return
+        if a.data_path and a.eval_iters and parse_split(a.split)[2] > 0:
+            self.no_test = self._empty_test_split(a)
+        if self.no_test or not a.eval_iters or (a.data_path and parse_split(a.split)[2] == 0):
+            test_samples = 0
+        samples = (train_samples, valid_samples, test_samples)
+        # Rank 0 writes the data and the sample indices first; the others then map them.
+        if rank == 0:
+            datasets = self._datasets(a, samples)
+        barrier()
+        if rank != 0:
+            datasets = self._datasets(a, samples)
+        train, valid, test = datasets
+        self.train = loader(train, consumed) if train is not None else None  # None: skip-train
+        if a.eval_iters and valid is not None:
+            self.restart_valid = lambda: loader(valid, 0)
+            self.valid = loader(valid, valid_consumed % len(valid))
+        if test is not None:
+            self.test = loader(test, 0)
+        elif a.eval_iters and a.addition_data:
+            count = max(a.global_batch_size, 1024)
+            self.valid = ArrayLoader(addition_valid_sample(a.seed, count), a.micro_batch_size,
+                                     a.global_batch_size, dp_rank, a.dp, valid_consumed % count,
+                                     num_samples=count)
+
+    @staticmethod
+    def _empty_test_split(a):
+        """Why --data-path's test split cannot be evaluated (it holds no documents of some
+        dataset), or None."""
+        prefixes, _ = parse_data_path(a.data_path)
+        for prefix in prefixes:
+            begin, end = split_documents(a.split, IndexedDataset(prefix).num_documents)[2]
+            if begin == end:
+                return f"--split {a.split} leaves no test documents of {prefix}"
+        return None
+
+    @staticmethod
+    def _datasets(a, samples):
+        """(train, valid, test) datasets; None where a split is absent or not asked for."""
+        cache = a.data_cache_path or ""
+        if a.data_path:
+            return build_gpt_datasets(a.data_path, a.seq_length, list(samples), split=a.split,
+                                      seed=a.seed, cache_path=cache)
+        if a.train_data_path or a.valid_data_path or a.test_data_path:
+            # Megatron's blend per split: each split's datasets used whole.
+            out = []
+            paths = (a.train_data_path, a.valid_data_path, a.test_data_path)
+            for i, (path, n) in enumerate(zip(paths, samples)):
+                if not path or not n:
+                    out.append(None)
+                    continue
+                sizes = [0, 0, 0]
+                sizes[i] = n
+                split = ",".join("1" if j == i else "0" for j in range(3))
+                out.append(build_gpt_datasets(path, a.seq_length, sizes, split=split,
+                                              seed=a.seed, cache_path=cache)[i])
+            return tuple(out)
+        train_samples = samples[0]
+        if not train_samples:  # --skip-train: the held-out problems validate
+            return None, None, None
+        # One problem per sample: one more problem than samples, so one epoch covers the run.
+        directory = a.data_cache_path or default_cache_dir()
+        prefix = addition.training_data_prefix(directory, train_samples + 1, seed=a.seed,
+                                               padded=True)
+        if not os.path.exists(prefix + ".idx"):  # .idx is renamed into place last
+            addition.write_training_data(prefix, train_samples + 1, seed=a.seed, padded=True)
+        train, _, _ = build_gpt_datasets([prefix], addition.SEQ_LENGTH, [train_samples, 0, 0],
+                                         split="1", seed=a.seed, cache_path=cache)
+        return train, None, None
+
+    def targets(self, batch):
+        labels = np.asarray(batch.labels)
+        if self.answer_only and not isinstance(batch, _Rows):
+            return addition.answer_targets(np.asarray(batch.tokens), labels)
+        if self.eod_mask is not None:  # Megatron's --eod-mask-loss: by the input token
+            return np.where(np.asarray(batch.tokens) == self.eod_mask, -1, labels).astype(
+                labels.dtype)
+        return labels
+
+    def next_valid(self):
+        batch = self.valid.next()
+        if batch is None:  # a validation split shorter than the run's evaluations: start over
+            self.valid = self.restart_valid()
+            batch = self.valid.next()
+        return batch

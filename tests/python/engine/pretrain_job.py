@@ -1,0 +1,74 @@
+"""pretrain_gpt.py as the engine tests run it: the model and layout they train, a job of N
+MPI ranks, the metrics it writes, and the one-process run every layout must match."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mpi_job import mpi_env
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SCRIPT = os.path.join(REPO, "pretrain_gpt.py")
+
+# On the CPU ranks even where a GPU is visible (BRAID_TEST_DEVICE=cuda): 8 ranks cannot share
+# one GPU under NCCL.
+MODEL = ["--device", "cpu", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+         "--group-query-attention", "--num-query-groups", "2", "--swiglu",
+         "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+         "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--hidden-dropout", "0",
+         "--mock-data", "--vocab-size", "300", "--seq-length", "32",
+         "--micro-batch-size", "2", "--global-batch-size", "16", "--lr", "3e-3",
+         "--lr-warmup-iters", "3", "--distributed-timeout-minutes", "1", "--log-interval", "5",
+         "--eval-interval", "10", "--eval-iters", "2"]
+LAYOUT_3D = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+             "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce"]
+
+
+def run(ranks: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, SCRIPT, *args]
+    if ranks > 1:
+        cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *cmd]
+    return subprocess.run(cmd, env=mpi_env(), cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def losses(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["lm loss"] for r in records if "lm loss" in r}
+
+
+def validation(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["lm loss validation"] for r in records if "lm loss validation" in r}
+
+
+def log_lines(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if re.search(r"\] iteration +\d+/", line)]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """The same 20 iterations in one process: every layout must train alike."""
+    tb = str(tmp_path_factory.mktemp("one_process") / "tb")
+    r = run(1, [*MODEL, "--train-iters", "20", "--tensorboard-dir", tb, "--log-params-norm"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    return jsonl(os.path.join(tb, "metrics.jsonl"))
+
+
+def assert_trains_alike(records, one_process):
+    one, got = losses(one_process), losses(records)
+    assert sorted(one) == sorted(got) == list(range(1, 21))
+    np.testing.assert_allclose([got[i] for i in range(1, 21)], [one[i] for i in range(1, 21)],
+                               rtol=2e-4)
+    one_valid, got_valid = validation(one_process), validation(records)
+    assert one_valid.keys() == got_valid.keys() == {10, 20}
+    for step in one_valid:
+        assert got_valid[step] == pytest.approx(one_valid[step], rel=2e-4)
