@@ -4,17 +4,18 @@
         --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 128 \\
         --num-attention-heads 4 --micro-batch-size 8 --global-batch-size 64 --train-iters 500
 
-Data: the embedded addition problems by default, ``--mock-data`` (random tokens),
-``--data-path`` (Megatron .bin/.idx with ``--split``), or each split's own datasets
-(``--train-data-path``, ``--valid-data-path``, ``--test-data-path``). Every
-``--log-interval`` iterations rank 0 prints Megatron's line (iteration, consumed samples, ms per iteration, learning rate, batch,
-loss, loss scale, grad norm, skipped and nan iterations) plus tokens/s, model TFLOP/s per device,
-MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the cost so far and projected; on
-a terminal a progress bar with the ETA stays below the lines. Every ``--eval-interval``
-iterations and at the end it prints the validation loss, and at the end the test loss
-where the data has a test split. ``--tensorboard-dir`` gets TensorBoard
-event files and ``metrics.jsonl`` (braid.metrics). Checkpoints, resuming under any layout and
-the exit conditions are those of docs/checkpoints.md.
+Data (braid.training_data): the embedded addition problems by default, ``--mock-data`` (random
+tokens), ``--data-path`` (Megatron .bin/.idx with ``--split``), or each split's own datasets
+(``--train-data-path``, ``--valid-data-path``, ``--test-data-path``). Every ``--log-interval``
+iterations rank 0 prints Megatron's line (iteration, consumed samples, ms per iteration,
+learning rate, batch, loss, loss scale, grad norm, skipped and nan iterations) plus tokens/s,
+model TFLOP/s per device, MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the
+cost so far (of the whole run, over its jobs) and projected; on a terminal a progress bar with
+the ETA stays below the lines. Every ``--eval-interval`` iterations and at the end it prints
+the validation loss, and at the end the test loss where the data has a test split.
+``--tensorboard-dir`` gets TensorBoard event files and ``metrics.jsonl`` (braid.metrics).
+Checkpoints, resuming under any layout and the exit conditions are those of
+docs/checkpoints.md.
 
 Errors in the arguments are found by every rank before MPI starts: each prints the same
 ``braid: error: ...`` line and exits with code 2.

@@ -2,8 +2,9 @@
 
 braid trains on data tokenized beforehand (tools/preprocess_data.py), so at training time a
 tokenizer only sizes the model's vocabulary - as in Megatron, whose padded vocabulary starts
-from the tokenizer's size - and names the end-of-document token (--eod-mask-loss). This reads that size from the tokenizer's own files, with Megatron's
-argument names, so a Megatron launch script's tokenizer flags work unchanged:
+from the tokenizer's size - and names the end-of-document token (--eod-mask-loss). This reads
+both from the tokenizer's own files, with Megatron's argument names, so a Megatron launch
+script's tokenizer flags work unchanged:
 
   GPT2BPETokenizer      --vocab-file vocab.json --merge-file merges.txt: the vocab.json entries
   HuggingFaceTokenizer  --tokenizer-model DIR or tokenizer.json: its vocabulary with the added
