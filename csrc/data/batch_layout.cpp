@@ -1,5 +1,7 @@
 #include "braid/data/batch_layout.h"
 
+#include <algorithm>
+
 #include "braid/core/error.h"
 
 namespace braid::data {
@@ -14,6 +16,43 @@ void BatchLayout::validate() const {
                      "global_batch_size (", global_batch_size,
                      ") must be a positive multiple of micro_batch_size x dp_size (",
                      micro_batch_size, " x ", dp_size, ")");
+  if (!rampup) return;
+  const BatchRampup& r = *rampup;
+  BRAID_CONFIG_CHECK(r.start > 0 && r.increment > 0 && r.samples > 0,
+                     "--rampup-batch-size: the start (", r.start, "), increment (", r.increment,
+                     ") and samples (", r.samples, ") must be positive");
+  BRAID_CONFIG_CHECK(
+      r.start <= global_batch_size && (global_batch_size - r.start) % r.increment == 0,
+      "--rampup-batch-size: the ramp from ", r.start, " by ", r.increment,
+      " does not reach the global batch size ", global_batch_size);
+  const int64_t group = micro_batch_size * dp_size;
+  BRAID_CONFIG_CHECK(
+      r.start % group == 0 && (r.start == global_batch_size || r.increment % group == 0),
+      "--rampup-batch-size: every batch of the ramp (", r.start, ", ", r.start + r.increment,
+      ", ...) must be a multiple of micro_batch_size x "
+      "dp_size (",
+      micro_batch_size, " x ", dp_size, "); the start and the increment are not");
+}
+
+int64_t BatchLayout::global_batch_size_at(int64_t consumed_samples) const {
+  if (!rampup || consumed_samples > rampup->samples || rampup->start == global_batch_size)
+    return global_batch_size;
+  const int64_t increments = (global_batch_size - rampup->start) / rampup->increment;
+  const double samples_per_increment = double(rampup->samples) / double(increments);
+  const auto steps = int64_t(double(consumed_samples) / samples_per_increment);
+  return std::min(global_batch_size, rampup->start + steps * rampup->increment);
+}
+
+int64_t BatchLayout::steps_between(int64_t consumed_samples, int64_t end) const {
+  int64_t steps = 0, consumed = consumed_samples;
+  // Through the ramp one step at a time, then whole global batches.
+  while (rampup && consumed <= rampup->samples) {
+    const int64_t batch = global_batch_size_at(consumed);
+    if (consumed + batch > end) return steps;
+    consumed += batch;
+    ++steps;
+  }
+  return end > consumed ? steps + (end - consumed) / global_batch_size : steps;
 }
 
 }  // namespace braid::data

@@ -44,17 +44,17 @@ DataLoader::~DataLoader() {
 
 int64_t DataLoader::steps_left() const {
   if (finished_) return 0;
-  int64_t left = dataset_->size() - consumed_;
-  return left > 0 ? left / layout_.global_batch_size : 0;
+  return layout_.steps_between(consumed_, dataset_->size());
 }
 
 Batch DataLoader::load(int64_t consumed) const {
   const int64_t seq = dataset_->seq_length();
-  const int64_t rows = layout_.rows_per_step();
   Batch b;
-  b.num_microbatches = layout_.num_microbatches();
+  b.global_batch_size = layout_.global_batch_size_at(consumed);
   b.micro_batch_size = layout_.micro_batch_size;
-  b.consumed_samples = consumed + layout_.global_batch_size;
+  b.num_microbatches = b.global_batch_size / (layout_.micro_batch_size * layout_.dp_size);
+  b.consumed_samples = consumed + b.global_batch_size;
+  const int64_t rows = b.num_microbatches * b.micro_batch_size;
   if (!options_.needs_tokens && !options_.needs_labels) return b;
   if (options_.needs_tokens) b.tokens = Tensor::empty({rows, seq}, DType::i32);
   if (options_.needs_labels) b.labels = Tensor::empty({rows, seq}, DType::i32);
@@ -82,9 +82,9 @@ void DataLoader::push(Item item) {
 
 void DataLoader::run() {
   try {
-    const int64_t step = layout_.global_batch_size;
-    for (int64_t consumed = options_.consumed_samples; consumed + step <= dataset_->size();
-         consumed += step) {
+    for (int64_t consumed = options_.consumed_samples;
+         consumed + layout_.global_batch_size_at(consumed) <= dataset_->size();
+         consumed += layout_.global_batch_size_at(consumed)) {
       {
         std::unique_lock<std::mutex> lock(mutex_);
         space_.wait(lock, [&] { return stop_ || int64_t(queue_.size()) < options_.prefetch; });

@@ -312,6 +312,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
             {"trainer",
              {{"iteration", trainer.iteration()},
               {"skipped_iterations", trainer.skipped_iterations()},
+              {"update_samples", trainer.update_samples()},
               {"optimizer_steps", trainer.optimizer().step()}}},
             {"lr_schedule",
              {{"lr", lr.lr},
@@ -322,7 +323,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
               {"warmup_init", lr.warmup_init},
               {"wsd_decay_iters", lr.wsd_decay_iters},
               {"wsd_style", to_string(lr.wsd_style)},
-              {"lr_now", lr.lr_at(trainer.iteration() - trainer.skipped_iterations())}}},
+              {"lr_now", lr.lr_at(trainer.schedule_iterations())}}},
             {"loss_scaler",
              {{"scale", scaler.scale},
               {"growth_tracker", scaler.growth_tracker},
@@ -651,8 +652,13 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
     loop.device_seconds = meta.value("device_seconds", 0.0);
     const json& t = meta.at("trainer");
-    trainer->set_iterations(t.at("iteration").get<int64_t>(),
-                            t.at("skipped_iterations").get<int64_t>());
+    const auto steps = t.at("iteration").get<int64_t>();
+    const auto skipped = t.at("skipped_iterations").get<int64_t>();
+    // Checkpoints before update_samples had no ramps: every update was a full batch.
+    const int64_t update_samples = t.contains("update_samples")
+                                       ? t.at("update_samples").get<int64_t>()
+                                       : (steps - skipped) * trainer->config().global_batch_size;
+    trainer->set_iterations(steps, skipped, update_samples);
     if (with_optim) {
       trainer->optimizer().set_step(t.at("optimizer_steps").get<int64_t>());
       const json& s = meta.at("loss_scaler");

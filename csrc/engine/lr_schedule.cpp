@@ -73,10 +73,10 @@ void WeightDecaySchedule::validate() const {
                      "WeightDecaySchedule.incr_iters must be > 0, got ", incr_iters);
 }
 
-float WeightDecaySchedule::weight_decay_at(int64_t iteration) const {
+float WeightDecaySchedule::weight_decay_at(double iteration) const {
   BRAID_CHECK(iteration >= 0, "WeightDecaySchedule: negative iteration ", iteration);
-  if (double(iteration) > incr_iters) return end;
-  const double r = double(iteration) / incr_iters;
+  if (iteration > incr_iters) return end;
+  const double r = iteration / incr_iters;
   const double coeff =
       style == WDIncrStyle::linear ? r : 0.5 * (std::cos(std::numbers::pi * (1.0 - r)) + 1.0);
   return float(double(start) + coeff * (double(end) - double(start)));
@@ -122,9 +122,9 @@ void LRSchedule::validate() const {
   }
 }
 
-float LRSchedule::lr_at(int64_t iteration) const {
+float LRSchedule::lr_at(double iteration) const {
   BRAID_CHECK(iteration >= 0, "LRSchedule::lr_at: negative iteration ", iteration);
-  const double it = double(iteration);
+  const double it = iteration;
   if (warmup_iters > 0 && it <= warmup_iters)
     return float(double(warmup_init) + (double(lr) - warmup_init) * it / warmup_iters);
   if (style == LRDecayStyle::constant) return lr;

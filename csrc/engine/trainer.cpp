@@ -71,7 +71,7 @@ void add_breakdown(const Trace& trace, size_t first, StepStats& stats) {
 Trainer::Trainer(model::GPTModel& model, AdamWConfig optimizer, LRSchedule schedule)
     : owned_(std::make_unique<ParallelModel>(model)),
       model_(*owned_),
-      config_{optimizer, schedule, {}, {}, "1f1b"},
+      config_{optimizer, schedule, {}, {}, "1f1b", 0},
       optimizer_(std::make_unique<AdamW>(optimizer_chunks(model_), optimizer, norm_group(model_))),
       scaler_(config_.loss_scale) {
   config_.schedule.validate();
@@ -90,15 +90,25 @@ Trainer::Trainer(ParallelModel& model, TrainerConfig config)
                      "'");
   BRAID_CONFIG_CHECK(config_.pipeline_schedule == "1f1b" || model_.num_chunks() == 1,
                      "virtual pipeline stages need the 1f1b (interleaved) schedule");
+  BRAID_CONFIG_CHECK(config_.global_batch_size >= 0, "global_batch_size must not be negative, got ",
+                     config_.global_batch_size);
 }
 
 Trainer::~Trainer() = default;
 
-void Trainer::set_iterations(int64_t iteration, int64_t skipped) {
-  BRAID_CHECK(iteration >= 0 && skipped >= 0 && skipped <= iteration,
-              "Trainer: bad iteration counters ", iteration, " (", skipped, " skipped)");
+void Trainer::set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples) {
+  BRAID_CHECK(iteration >= 0 && skipped >= 0 && skipped <= iteration && update_samples >= 0,
+              "Trainer: bad iteration counters ", iteration, " (", skipped, " skipped, ",
+              update_samples, " samples updated)");
   iteration_ = iteration;
   skipped_ = skipped;
+  update_samples_ = update_samples;
+}
+
+double Trainer::schedule_iterations() const {
+  // Exact for full batches: k * b / b is k in doubles.
+  return config_.global_batch_size > 0 ? double(update_samples_) / double(config_.global_batch_size)
+                                       : double(iteration_ - skipped_);
 }
 
 void Trainer::set_trace(Trace* trace) {
@@ -214,10 +224,10 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   stats.grad_norm = optimizer_->grad_norm() / loss_scale;
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).
-  stats.lr = config_.schedule.lr_at(iteration_ - skipped_);
+  stats.lr = config_.schedule.lr_at(schedule_iterations());
   if (config_.weight_decay_schedule)
     optimizer_->set_weight_decay(
-        config_.weight_decay_schedule->weight_decay_at(iteration_ - skipped_));
+        config_.weight_decay_schedule->weight_decay_at(schedule_iterations()));
 
   const bool non_finite = !std::isfinite(stats.loss) || !std::isfinite(stats.grad_norm);
   stats.skipped = scaler_.update(non_finite);
@@ -237,6 +247,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     Trace::Scope span(trace_, "optimizer", "compute");
     optimizer_->step_with(stats.lr, coeff / loss_scale);
     model_.start_param_gather();
+    update_samples_ += ids.size(0) * (state != nullptr ? state->grid().dp() : 1);
   }
   ++iteration_;
 
@@ -246,7 +257,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     trace_->end("step", "step", start_ns);
     add_breakdown(*trace_, first_span, stats);
   }
-  const int dp = state != nullptr ? state->grid().dp() : 1;
+  const int64_t dp = state != nullptr ? state->grid().dp() : 1;
   stats.tokens_per_second = stats.seconds > 0 ? double(ids.numel()) * dp / stats.seconds : 0.0;
   stats.peak_memory_bytes = memory_stats(device).peak_bytes;
   return stats;

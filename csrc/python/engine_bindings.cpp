@@ -120,14 +120,18 @@ void bind_engine(py::module_& m) {
   py::class_<TrainerConfig>(m, "TrainerConfig")
       .def(py::init([](const AdamWConfig& optimizer, const LRSchedule& schedule,
                        const LossScaleConfig& loss_scale, const std::string& pipeline_schedule,
-                       std::optional<WeightDecaySchedule> weight_decay_schedule) {
-             return TrainerConfig{optimizer, schedule, weight_decay_schedule, loss_scale,
-                                  pipeline_schedule};
+                       std::optional<WeightDecaySchedule> weight_decay_schedule,
+                       int64_t global_batch_size) {
+             return TrainerConfig{optimizer,  schedule,          weight_decay_schedule,
+                                  loss_scale, pipeline_schedule, global_batch_size};
            }),
            py::arg("optimizer"), py::arg("schedule"), py::arg("loss_scale") = LossScaleConfig{},
            py::arg("pipeline_schedule") = "1f1b", py::arg("weight_decay_schedule") = py::none(),
+           py::arg("global_batch_size") = 0,
            "pipeline_schedule: \"1f1b\" (interleaved with virtual stages) or \"gpipe\", when pp > "
-           "1. weight_decay_schedule: each step's weight decay (None: the optimizer's).")
+           "1. weight_decay_schedule: each step's weight decay (None: the optimizer's). "
+           "global_batch_size: the schedules' iteration in samples, so that smaller (ramped-up) "
+           "batches advance them less, as in Megatron (0: one iteration per update).")
       .def_readwrite("optimizer", &TrainerConfig::optimizer)
       .def_readwrite("schedule", &TrainerConfig::schedule)
       .def_readwrite("loss_scale", &TrainerConfig::loss_scale)
@@ -222,6 +226,11 @@ void bind_engine(py::module_& m) {
           "The ParallelModel it trains (for the one-process constructor, its internal "
           "one-rank wrapper of the GPTModel).")
       .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations)
+      .def_property_readonly("update_samples", &Trainer::update_samples,
+                             "Samples (over all DP ranks) of the updates taken.")
+      .def_property_readonly("schedule_iterations", &Trainer::schedule_iterations,
+                             "Where the LR schedule stands: updates, each counted as its share "
+                             "of a full global batch.")
       .def(
           "params_norm",
           [](Trainer& t) {

@@ -3,6 +3,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <array>
+#include <optional>
 #include <sstream>
 
 #include "bindings.h"
@@ -157,6 +159,7 @@ void bind_gpt_data(py::module_& m) {
       .def_property_readonly("labels", [](const Batch& b) { return optional_tensor(b.labels); })
       .def_readonly("num_microbatches", &Batch::num_microbatches)
       .def_readonly("micro_batch_size", &Batch::micro_batch_size)
+      .def_readonly("global_batch_size", &Batch::global_batch_size)
       .def_readonly("consumed_samples", &Batch::consumed_samples)
       .def(
           "microbatch",
@@ -167,6 +170,40 @@ void bind_gpt_data(py::module_& m) {
           },
           py::arg("m"), "(tokens, labels) of microbatch m (views).");
 
+  py::class_<BatchLayout>(
+      m, "BatchLayout",
+      "Which samples a DP rank reads per step (Megatron's sampler), and with rampup_batch_size "
+      "= (start, increment, samples) each step's global batch under Megatron's "
+      "--rampup-batch-size. A ValueError names the rule a bad layout breaks.")
+      .def(py::init([](int64_t micro_batch_size, int64_t global_batch_size, int64_t dp_rank,
+                       int64_t dp_size, std::optional<std::array<int64_t, 3>> rampup) {
+             BatchLayout layout{micro_batch_size, global_batch_size, dp_rank, dp_size};
+             if (rampup) layout.rampup = BatchRampup{(*rampup)[0], (*rampup)[1], (*rampup)[2]};
+             layout.validate();
+             return layout;
+           }),
+           py::arg("micro_batch_size"), py::arg("global_batch_size"), py::arg("dp_rank") = 0,
+           py::arg("dp_size") = 1, py::arg("rampup_batch_size") = py::none())
+      .def_readonly("global_batch_size", &BatchLayout::global_batch_size)
+      .def("__repr__",
+           [](const BatchLayout& l) {
+             std::ostringstream out;
+             out << "BatchLayout(micro_batch_size=" << l.micro_batch_size
+                 << ", global_batch_size=" << l.global_batch_size << ", dp_rank=" << l.dp_rank
+                 << ", dp_size=" << l.dp_size;
+             if (l.rampup)
+               out << ", rampup_batch_size=(" << l.rampup->start << ", " << l.rampup->increment
+                   << ", " << l.rampup->samples << ")";
+             out << ")";
+             return out.str();
+           })
+      .def("global_batch_size_at", &BatchLayout::global_batch_size_at, py::arg("consumed_samples"),
+           "The global batch of the step after consumed_samples.")
+      .def("steps_between", &BatchLayout::steps_between, py::arg("consumed_samples"),
+           py::arg("end"),
+           "The whole steps from consumed_samples that end by sample `end` (from 0 to "
+           "--train-samples: Megatron's training iterations).");
+
   py::class_<DataLoader>(
       m, "DataLoader",
       "A DP rank's batches of a dataset in Megatron's order, loaded on a background thread "
@@ -176,15 +213,18 @@ void bind_gpt_data(py::module_& m) {
       .def(py::init([](std::shared_ptr<SampleDataset> dataset, int64_t micro_batch_size,
                        int64_t global_batch_size, int64_t dp_rank, int64_t dp_size,
                        int64_t consumed_samples, int64_t prefetch, bool needs_tokens,
-                       bool needs_labels) {
+                       bool needs_labels, std::optional<std::array<int64_t, 3>> rampup) {
+             BatchLayout layout{micro_batch_size, global_batch_size, dp_rank, dp_size};
+             if (rampup) layout.rampup = BatchRampup{(*rampup)[0], (*rampup)[1], (*rampup)[2]};
              return std::make_unique<DataLoader>(
-                 std::move(dataset),
-                 BatchLayout{micro_batch_size, global_batch_size, dp_rank, dp_size},
+                 std::move(dataset), layout,
                  LoaderOptions{consumed_samples, prefetch, needs_tokens, needs_labels});
            }),
            py::arg("dataset"), py::arg("micro_batch_size"), py::arg("global_batch_size"),
            py::arg("dp_rank") = 0, py::arg("dp_size") = 1, py::arg("consumed_samples") = 0,
-           py::arg("prefetch") = 2, py::arg("needs_tokens") = true, py::arg("needs_labels") = true)
+           py::arg("prefetch") = 2, py::arg("needs_tokens") = true, py::arg("needs_labels") = true,
+           py::arg("rampup_batch_size") = py::none(),
+           "rampup_batch_size: (start, increment, samples), Megatron's --rampup-batch-size.")
       .def(
           "next",
           [](DataLoader& l) {

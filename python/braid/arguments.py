@@ -17,12 +17,18 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
 class ArgumentError(ValueError):
     """A bad or unsupported argument: the message names it and the rule."""
+
+
+def _without_source(error: ValueError) -> str:
+    """A braid ConfigError's message without the C++ source location it ends with."""
+    return re.sub(r" \[[^\]]+:\d+\]$", "", str(error))
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-iters", type=pos_int, default=None)
     g.add_argument("--train-samples", type=pos_int, default=None,
                    help="instead of --train-iters: iterations = samples / global batch")
+    g.add_argument("--rampup-batch-size", type=pos_int, nargs=3, default=None,
+                   metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="with --train-samples: start the global batch at START and grow it by "
+                        "INCREMENT, evenly over the first SAMPLES samples, up to "
+                        "--global-batch-size")
     g.add_argument("--seed", type=nonneg_int, default=1234)
     g.add_argument("--exit-interval", type=pos_int, default=None)
     g.add_argument("--exit-duration-in-mins", type=pos_float, default=None)
@@ -509,13 +520,29 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     a.num_microbatches = a.global_batch_size // (a.micro_batch_size * a.dp)
     _check(not (a.train_iters and a.train_samples),
            "give --train-iters or --train-samples, not both")
+    # Megatron's: a ramp is counted in samples, so the run is too.
+    _check(a.rampup_batch_size is None or a.train_samples,
+           "--rampup-batch-size needs --train-samples (the ramp and the run are counted in "
+           "samples), not --train-iters")
+    # Each step's global batch (and, under --rampup-batch-size, how it grows): braid's rules
+    # (data::BatchLayout) and their messages.
+    from braid import _C
+    try:
+        a.batch_layout = _C.BatchLayout(a.micro_batch_size, a.global_batch_size, dp_size=a.dp,
+                                        rampup_batch_size=a.rampup_batch_size)
+    except ValueError as e:
+        raise ArgumentError(_without_source(e).replace(
+            "micro_batch_size x dp_size", "--micro-batch-size x data-parallel size")) from None
     if a.train_samples:
-        _check(a.train_samples >= a.global_batch_size,
+        first_batch = a.batch_layout.global_batch_size_at(0)
+        _check(a.train_samples >= first_batch,
                f"--train-samples {a.train_samples} is less than one global batch "
-               f"({a.global_batch_size})")
-        a.train_iters = a.train_samples // a.global_batch_size
+               f"({first_batch})")
+        a.train_iters = a.batch_layout.steps_between(0, a.train_samples)
     if a.train_iters is None:
         a.train_iters = 500
+    # The training data's size in samples, as Megatron sizes it.
+    a.train_data_samples = a.train_samples or a.train_iters * a.global_batch_size
     # The LR schedule in iterations; Megatron's sample-based one (--train-samples) is samples /
     # global batch, fractional where it does not divide (engine::LRSchedule takes that).
     if a.train_samples:
@@ -597,6 +624,15 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                f"the interleaved schedule needs the number of microbatches "
                f"({a.num_microbatches} = --global-batch-size / (--micro-batch-size x dp)) to be "
                f"a multiple of --pipeline-model-parallel-size {pp}")
+        if a.rampup_batch_size:
+            start, increment, _ = a.rampup_batch_size
+            for batch in range(start, a.global_batch_size, increment):
+                microbatches = batch // (a.micro_batch_size * a.dp)
+                _check(microbatches % pp == 0,
+                       f"--rampup-batch-size: the ramp's global batch {batch} makes "
+                       f"{microbatches} microbatch{'es' if microbatches != 1 else ''}, and the "
+                       f"interleaved schedule needs a "
+                       f"multiple of --pipeline-model-parallel-size {pp} at every step")
         _check(a.pipeline_schedule == "1f1b", "virtual pipeline stages need --pipeline-schedule 1f1b")
     a.stage_layers = None  # [pp rank][chunk] = (first layer, end), when uneven
     if uneven:  # braid's own rule (engine::stage_layers) and its messages
@@ -604,7 +640,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
         try:
             a.stage_layers = _C.stage_layers(a.num_layers, pp, a.virtual_stages, first, last)
         except ValueError as e:
-            raise ArgumentError(str(e)) from None
+            raise ArgumentError(_without_source(e)) from None
     _check(not a.overlap_param_gather or a.use_distributed_optimizer,
            "--overlap-param-gather needs --use-distributed-optimizer")
 

@@ -34,6 +34,7 @@ several by weight. Both cache their indices as .npy files (``cache_path``; defau
 
 from braid._C import (  # noqa: F401
     Batch,
+    BatchLayout,
     BlendedDataset,
     DataLoader,
     GPTDataset,

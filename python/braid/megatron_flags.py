@@ -13,7 +13,6 @@ import argparse
 UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
-    "--rampup-batch-size": "batch-size ramp-up is not implemented; use a fixed --global-batch-size",
     "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
     "--num-experts": "mixture-of-experts models are not implemented",

@@ -110,7 +110,8 @@ def trainer_config(a) -> braid.TrainerConfig:
                                           a.weight_decay_incr_iters, a.weight_decay_incr_style)
     return braid.TrainerConfig(optimizer, schedule, loss_scale=scaling,
                                pipeline_schedule=a.pipeline_schedule,
-                               weight_decay_schedule=decay)
+                               weight_decay_schedule=decay,
+                               global_batch_size=a.global_batch_size)
 
 
 # ---- what the log line says ---------------------------------------------------------------------
@@ -120,8 +121,7 @@ class Meter:
 
     def __init__(self, a, cfg, device_name, local_processes, start_time):
         self.a, self.start = a, start_time
-        self.flops_per_iteration = flops.flops_per_iteration(cfg, a.seq_length, a.global_batch_size)
-        self.tokens_per_iteration = a.global_batch_size * a.seq_length
+        self.flops_per_sample = flops.flops_per_iteration(cfg, a.seq_length, 1)
         if a.peak_tflops:
             self.peak, self.peak_source = a.peak_tflops * 1e12, "--peak-tflops"
         elif a.device == "cuda":
@@ -132,14 +132,16 @@ class Meter:
             self.peak = flops.cpu_peak_flops(local_processes)
             self.peak_source = "measured f32 GEMM of this rank's cores"
 
-    def rates(self, seconds_per_iteration):
-        tflops = self.flops_per_iteration / seconds_per_iteration / self.a.world_size / 1e12
+    def rates(self, seconds, samples):
+        """(tokens/s, model TFLOP/s per device, MFU) of `samples` samples in `seconds`."""
+        tflops = self.flops_per_sample * samples / seconds / self.a.world_size / 1e12
         mfu = tflops * 1e12 / self.peak if self.peak else float("nan")
-        return self.tokens_per_iteration / seconds_per_iteration, tflops, mfu
+        return samples * self.a.seq_length / seconds, tflops, mfu
 
     def cost(self, now, train_start, done, total, earlier_device_seconds=0.0):
-        """(cost so far, projected cost of the whole run), or None without a price. The run's
-        earlier jobs (resumed from a checkpoint) used `earlier_device_seconds`."""
+        """(cost so far, projected cost of the whole run), or None without a price. This job
+        has trained `done` of its `total` samples; the run's earlier jobs (resumed from a
+        checkpoint) used `earlier_device_seconds`."""
         if self.a.gpu_hour_price is None:
             return None
         per_device_second = self.a.gpu_hour_price / 3600.0
@@ -338,6 +340,11 @@ def main(argv=None) -> int:
             if meter.peak else f"unknown ({meter.peak_source}; give --peak-tflops)"
         log(f"braid: {flops.flops_per_iteration(cfg, a.seq_length, a.global_batch_size):.4g} "
             f"model FLOPs per iteration; MFU against {peak}")
+    if a.rampup_batch_size:  # Megatron's announcement, and iterations it makes
+        start_batch, increment, ramp_samples = a.rampup_batch_size
+        log(f"braid: ramping up the global batch size from {start_batch} by {increment} to "
+            f"{a.global_batch_size} over {ramp_samples} samples: {a.train_iters} iterations for "
+            f"{a.train_samples} samples")
     metrics = MetricsWriter(a.tensorboard_dir, a.metrics_jsonl,
                             enabled=rank == 0 and bool(a.tensorboard_dir or a.metrics_jsonl))
     saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
@@ -433,7 +440,11 @@ def main(argv=None) -> int:
         state.barrier()
         return 0
     train_start = interval_start = time.time()
-    interval_iters = skipped = nans = 0
+    interval_iters = interval_samples = skipped = nans = 0
+    start_samples = data.train.consumed_samples
+    # This job's samples, for the projections (whole runs: the last partial batch included).
+    job_samples = max(a.train_data_samples - start_samples, 1)
+    batch_size = None  # the last step's global batch (it changes only under a ramp)
     stats = None
     for it in range(first, a.train_iters + 1):
         profile_begin(it)
@@ -441,6 +452,11 @@ def main(argv=None) -> int:
         if batch is None:  # a loaded data position past what these --train-iters hold
             return error_exit(f"the training data ran out before iteration {it} "
                               f"({data.train.consumed_samples} samples consumed)")
+        if batch_size is not None and batch.global_batch_size != batch_size:
+            bar.clear()
+            log(f"braid: ramping up the global batch size from {batch_size} to "
+                f"{batch.global_batch_size} at iteration {it}")
+        batch_size = batch.global_batch_size
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
         if timers is not None:
             timers.add(stats)
@@ -449,6 +465,7 @@ def main(argv=None) -> int:
         if trace is not None and not (profiling and profile_start <= it < profile_end):
             trace.clear()  # the timers' spans: StepStats has their sums
         interval_iters += 1
+        interval_samples += batch_size
         skipped += stats.skipped
         nans += not math.isfinite(stats.loss)
         logged = it % a.log_interval == 0 or it == a.train_iters
@@ -458,17 +475,18 @@ def main(argv=None) -> int:
         # Collective (every rank, the same iterations): Megatron's --log-params-norm.
         params_norm = trainer.params_norm() if a.log_params_norm and (logged or recorded) \
             else None
+        done_samples = data.train.consumed_samples - start_samples
         if meter is not None and recorded:
-            tokens_per_s, tflops, mfu = meter.rates(stats.seconds)
+            tokens_per_s, tflops, mfu = meter.rates(stats.seconds, batch_size)
             values = {"lm loss": stats.loss, "learning-rate": stats.lr,
                       "grad-norm": stats.grad_norm, "loss-scale": stats.loss_scale,
-                      "batch-size": a.global_batch_size, "iteration-time": stats.seconds,
+                      "batch-size": batch_size, "iteration-time": stats.seconds,
                       "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
                       "mem-peak-gb": stats.peak_memory_bytes / 1e9,
                       "skipped-iterations": trainer.skipped_iterations}
             if params_norm is not None:
                 values["params-norm"] = params_norm
-            cost = meter.cost(time.time(), train_start, it - first + 1, a.train_iters - first + 1,
+            cost = meter.cost(time.time(), train_start, done_samples, job_samples,
                               earlier_device_seconds)
             if cost is not None:
                 values["cost"] = cost[0]
@@ -478,14 +496,14 @@ def main(argv=None) -> int:
             per_rank = timers.gather(state) if timers is not None else None
             if meter is not None:
                 per_iteration = (now - interval_start) / interval_iters
-                tokens_per_s, tflops, mfu = meter.rates(per_iteration)
-                cost = meter.cost(now, train_start, it - first + 1, a.train_iters - first + 1,
+                tokens_per_s, tflops, mfu = meter.rates(now - interval_start, interval_samples)
+                cost = meter.cost(now, train_start, done_samples, job_samples,
                                   earlier_device_seconds)
                 bar.clear()
                 log(f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
                     f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
                     f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | global batch "
-                    f"size: {a.global_batch_size:5d} | lm loss: {stats.loss:.6E} | loss scale: "
+                    f"size: {batch_size:5d} | lm loss: {stats.loss:.6E} | loss scale: "
                     f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
                     + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")
                     + f"number of "
@@ -498,7 +516,7 @@ def main(argv=None) -> int:
                     log("\n".join(timers.lines(per_rank)))
                     if a.log_timers_to_tensorboard:
                         metrics.scalars(it, Timers.metrics(per_rank))
-            interval_start, interval_iters, skipped, nans = now, 0, 0, 0
+            interval_start, interval_iters, interval_samples, skipped, nans = now, 0, 0, 0, 0
         bar.show(it, train_start)
         if saver is not None and a.async_save:
             saver.poll(trainer)  # commits a finished background save (collective)

@@ -10,8 +10,8 @@ import os
 import numpy as np
 
 from braid import addition
-from braid.data import (DataLoader, IndexedDataset, build_gpt_datasets, parse_data_path,
-                        parse_split, split_documents)
+from braid.data import (BatchLayout, DataLoader, IndexedDataset, build_gpt_datasets,
+                        parse_data_path, parse_split, split_documents)
 
 
 def default_cache_dir() -> str:
@@ -22,33 +22,36 @@ def default_cache_dir() -> str:
 class _Rows:
     """A batch of this DP rank's rows, shaped like braid.data.Batch."""
 
-    def __init__(self, tokens, labels, num_microbatches):
+    def __init__(self, tokens, labels, num_microbatches, global_batch_size):
         self.tokens, self.labels, self.num_microbatches = tokens, labels, num_microbatches
+        self.global_batch_size = global_batch_size
 
 
 class ArrayLoader:
     """Global batches of samples from `sample(i) -> (tokens, labels)` in Megatron's order: the
-    global batch at `consumed_samples`, each microbatch step's mbs x dp samples split by DP rank.
-    Cycles when `num_samples` is given (validation)."""
+    global batch at `consumed_samples` (its size from `layout`, a braid.data.BatchLayout, so
+    ramps too), each microbatch step's mbs x dp samples split by DP rank. Cycles when
+    `num_samples` is given (validation)."""
 
-    def __init__(self, sample, micro_batch_size, global_batch_size, dp_rank, dp_size,
-                 consumed_samples=0, num_samples=None):
-        self.sample, self.mbs, self.gbs = sample, micro_batch_size, global_batch_size
+    def __init__(self, sample, micro_batch_size, layout, dp_rank, dp_size, consumed_samples=0,
+                 num_samples=None):
+        self.sample, self.mbs, self.layout = sample, micro_batch_size, layout
         self.dp_rank, self.dp = dp_rank, dp_size
         self.consumed_samples, self.num_samples = consumed_samples, num_samples
         self.wait_seconds = 0.0
 
     def next(self):
-        if self.num_samples and self.consumed_samples + self.gbs > self.num_samples:
+        gbs = self.layout.global_batch_size_at(self.consumed_samples)
+        if self.num_samples and self.consumed_samples + gbs > self.num_samples:
             self.consumed_samples = 0
         rows = []
-        for step in range(self.gbs // (self.mbs * self.dp)):
+        for step in range(gbs // (self.mbs * self.dp)):
             first = self.consumed_samples + step * self.mbs * self.dp + self.dp_rank * self.mbs
             rows.extend(self.sample(i) for i in range(first, first + self.mbs))
-        self.consumed_samples += self.gbs
+        self.consumed_samples += gbs
         tokens = np.stack([r[0] for r in rows]).astype(np.int32)
         labels = np.stack([r[1] for r in rows]).astype(np.int32)
-        return _Rows(tokens, labels, len(rows) // self.mbs)
+        return _Rows(tokens, labels, len(rows) // self.mbs, gbs)
 
 
 def mock_sample(seed, seq_length, vocab_size, offset):
@@ -70,7 +73,7 @@ class Data:
     """The run's train, validation and test loaders for this DP rank."""
 
     def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
-        train_samples = 0 if a.skip_train else a.train_iters * a.global_batch_size
+        train_samples = 0 if a.skip_train else a.train_data_samples
         evals = a.train_iters // a.eval_interval + 1
         valid_samples = evals * a.eval_iters * a.global_batch_size
         test_samples = a.eval_iters * a.global_batch_size  # Megatron's: one evaluation, at the end
@@ -80,17 +83,19 @@ class Data:
         self.eod_mask = a.eod if a.eod_mask_loss else None
         self.valid = self.test = None
         self.no_test = None  # why a --data-path run has no test evaluation, if it has none
-        loader = lambda ds, consumed: DataLoader(ds, a.micro_batch_size, a.global_batch_size,
-                                                 dp_rank=dp_rank, dp_size=a.dp,
-                                                 consumed_samples=consumed, prefetch=4)
+        # Training steps ramp under --rampup-batch-size; evaluation takes full batches (Megatron).
+        def loader(ds, consumed, rampup=None):
+            return DataLoader(ds, a.micro_batch_size, a.global_batch_size, dp_rank=dp_rank,
+                              dp_size=a.dp, consumed_samples=consumed, prefetch=4,
+                              rampup_batch_size=rampup)
+        full = BatchLayout(a.micro_batch_size, a.global_batch_size, dp_size=a.dp)
         if a.mock_data:
             self.train = ArrayLoader(mock_sample(a.seed, a.seq_length, a.vocab_size, 0),
-                                     a.micro_batch_size, a.global_batch_size, dp_rank, a.dp,
-                                     consumed)
+                                     a.micro_batch_size, a.batch_layout, dp_rank, a.dp, consumed)
             if a.eval_iters:
                 self.valid = ArrayLoader(
                     mock_sample(a.seed, a.seq_length, a.vocab_size, 1 << 40), a.micro_batch_size,
-                    a.global_batch_size, dp_rank, a.dp, valid_consumed)
+                    full, dp_rank, a.dp, valid_consumed)
             return
         if a.data_path and a.eval_iters and parse_split(a.split)[2] > 0:
             self.no_test = self._empty_test_split(a)
@@ -104,7 +109,8 @@ class Data:
         if rank != 0:
             datasets = self._datasets(a, samples)
         train, valid, test = datasets
-        self.train = loader(train, consumed) if train is not None else None  # None: skip-train
+        # None: --skip-train
+        self.train = loader(train, consumed, a.rampup_batch_size) if train is not None else None
         if a.eval_iters and valid is not None:
             self.restart_valid = lambda: loader(valid, 0)
             self.valid = loader(valid, valid_consumed % len(valid))
@@ -113,7 +119,7 @@ class Data:
         elif a.eval_iters and a.addition_data:
             count = max(a.global_batch_size, 1024)
             self.valid = ArrayLoader(addition_valid_sample(a.seed, count), a.micro_batch_size,
-                                     a.global_batch_size, dp_rank, a.dp, valid_consumed % count,
+                                     full, dp_rank, a.dp, valid_consumed % count,
                                      num_samples=count)
 
     @staticmethod

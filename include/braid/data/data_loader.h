@@ -1,11 +1,12 @@
 #pragma once
 // DataLoader: a DP rank's batches of a SampleDataset, loaded on a background thread.
 //
-// Step k (counting from the loader's start) is the global batch that begins at sample
-// consumed_samples + k * global_batch_size; this rank's rows are its microbatches in Megatron's
-// order (batch_layout.h). A bounded queue holds up to `prefetch` loaded steps; next() takes
+// Each step is the global batch that begins at the samples consumed so far (from
+// consumed_samples on): global_batch_size samples, or under a ramp the layout's
+// global_batch_size_at them; this rank's rows are its microbatches in Megatron's order
+// (batch_layout.h). A bounded queue holds up to `prefetch` loaded steps; next() takes
 // the oldest and waits only when the thread is behind. The loader ends (next() returns nullopt)
-// when fewer than global_batch_size samples are left; an error on the thread (a damaged file, a
+// when the next step's samples are not all left; an error on the thread (a damaged file, a
 // bad index) is rethrown by next(), message and type intact. Destroying the loader stops the
 // thread and joins it.
 //
@@ -40,7 +41,8 @@ struct Batch {
   Tensor labels;  // i32, the same shape: each row's tokens shifted by one
   int64_t num_microbatches = 0;
   int64_t micro_batch_size = 0;
-  int64_t consumed_samples = 0;  // after this step, over all DP ranks
+  int64_t global_batch_size = 0;  // this step's, over all DP ranks (ramps: it grows)
+  int64_t consumed_samples = 0;   // after this step, over all DP ranks
 
   Tensor microbatch_tokens(int64_t m) const;  // views of microbatch m's rows
   Tensor microbatch_labels(int64_t m) const;

@@ -14,7 +14,9 @@
 //              with q the fraction of those done, by wsd_style: exponential 2 * 0.5^q - 1,
 //              linear 1 - q, cosine 0.5 * (cos(pi * q) + 1), minus_sqrt 1 - sqrt(q)
 // `iteration` counts the optimizer steps already taken, so step 0 uses lr_at(0) - which is
-// 0 during warmup, exactly as in Megatron. warmup_iters and decay_iters may be fractional: a
+// 0 during warmup, exactly as in Megatron. It may be fractional: Megatron's schedule counts
+// samples, so a step of a ramped-up batch (--rampup-batch-size) advances it by its share of a
+// full one (Trainer). warmup_iters and decay_iters may be fractional: a
 // sample-based schedule (--lr-warmup-samples, --lr-decay-samples) over global batches that do
 // not divide it is Megatron's samples / global batch, exactly.
 
@@ -45,7 +47,7 @@ struct LRSchedule {
   double iterations_per_sample = 1.0;  // 1 / global batch (inverse-square-root's clamp)
 
   void validate() const;  // ConfigError naming the field
-  float lr_at(int64_t iteration) const;
+  float lr_at(double iteration) const;
 };
 
 // Megatron's weight-decay schedule (OptimizerParamScheduler.get_wd, --start-weight-decay,
@@ -64,7 +66,7 @@ struct WeightDecaySchedule {
   WDIncrStyle style = WDIncrStyle::linear;
 
   void validate() const;  // ConfigError naming the field
-  float weight_decay_at(int64_t iteration) const;
+  float weight_decay_at(double iteration) const;
 };
 
 }  // namespace braid::engine

@@ -34,6 +34,11 @@ struct TrainerConfig {
   LossScaleConfig loss_scale;
   // "1f1b" (interleaved 1F1B with virtual stages) or "gpipe"; used when pp > 1.
   std::string pipeline_schedule = "1f1b";
+  // The schedules' iteration in samples (--global-batch-size). Megatron's schedules count the
+  // samples of the updates, so an update of b samples (over all DP ranks) advances them by
+  // b / global_batch_size iterations - one for a full batch, less for a ramped-up one
+  // (--rampup-batch-size). 0: every update counts one iteration.
+  int64_t global_batch_size = 0;
 };
 
 struct StepStats {
@@ -78,6 +83,10 @@ class Trainer {
 
   int64_t iteration() const { return iteration_; }  // steps attempted (skipped ones included)
   int64_t skipped_iterations() const { return skipped_; }
+  int64_t update_samples() const { return update_samples_; }  // samples of the updates taken
+  // Where the LR and weight-decay schedules stand: the updates taken, each counted as its
+  // share of a full global batch (TrainerConfig::global_batch_size).
+  double schedule_iterations() const;
   ParallelModel& model() { return model_; }
   AdamW& optimizer() { return *optimizer_; }
   const LRSchedule& schedule() const { return config_.schedule; }
@@ -85,7 +94,7 @@ class Trainer {
   LossScaler& loss_scaler() { return scaler_; }
   const TrainerConfig& config() const { return config_; }
   // A loaded checkpoint's counters (checkpoint.h).
-  void set_iterations(int64_t iteration, int64_t skipped);
+  void set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples);
 
   // Records each train_step on `trace` (null: none, the default): a "step" span on lane
   // "step", forwards, backwards and the optimizer on "compute", the pipeline's exchanges on
@@ -121,6 +130,7 @@ class Trainer {
   Trace* trace_ = nullptr;
   int64_t iteration_ = 0;
   int64_t skipped_ = 0;
+  int64_t update_samples_ = 0;
 };
 
 }  // namespace braid::engine

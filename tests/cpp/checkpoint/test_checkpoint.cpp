@@ -32,7 +32,12 @@ using parallel_testing::gpt2;
 using parallel_testing::kSeq;
 using parallel_testing::llama;
 
-TrainerConfig trainer_config() { return parallel_testing::trainer_config(12); }
+// The schedules count samples (Megatron's), in global batches of kGlobalRows.
+TrainerConfig trainer_config() {
+  TrainerConfig config = parallel_testing::trainer_config(12);
+  config.global_batch_size = kGlobalRows;
+  return config;
+}
 
 tp_testing::Batch global_batch(int64_t vocab, int64_t step) {
   return tp_testing::batch(kGlobalRows, kSeq, vocab, 500 + uint64_t(step));
@@ -302,6 +307,28 @@ TEST_F(CheckpointErrors, ShapeThatDisagreesWithTheConfigNamesTheTensor) {
   barrier();
 }
 
+// The samples of the updates (where the LR schedule stands under a batch ramp) are read back;
+// a checkpoint from before they were saved had full batches only: iterations x global batch.
+TEST_F(CheckpointErrors, UpdateSamplesAreRestoredOrDerived) {
+  const std::string saved = "\"update_samples\": 8";
+  auto loaded_samples = [&] {
+    barrier();
+    Job job(llama(), layout(), 9);
+    load_checkpoint(dir_, *job.trainer);
+    return job.trainer->update_samples();
+  };
+  EXPECT_EQ(loaded_samples(), 8);
+  edit_metadata(
+      [&](std::string& s) { s.replace(s.find(saved), saved.size(), "\"update_samples\": 4"); });
+  EXPECT_EQ(loaded_samples(), 4);
+  edit_metadata([&](std::string& s) {  // the key gone (renamed: no comma to mend)
+    const std::string key = "\"update_samples\": 4";
+    s.replace(s.find(key), key.size(), "\"not_saved_then\": 4");
+  });
+  EXPECT_EQ(loaded_samples(), 8);
+  barrier();
+}
+
 TEST_F(CheckpointErrors, NoOptimizerStateNeedsNoLoadOptim) {
   barrier();
   save_checkpoint(dir_, *job_->trainer, {}, {.save_optim = false});
@@ -377,6 +404,7 @@ TEST(CheckpointOptions, NoLoadOptimAndFinetune) {
     EXPECT_EQ(loop.consumed_samples, 24);
     EXPECT_EQ(loop.device_seconds, 1234.5);  // the run's cost so far goes on too
     EXPECT_EQ(job.trainer->iteration(), 3);
+    EXPECT_EQ(job.trainer->update_samples(), 3 * kGlobalRows);
     EXPECT_EQ(job.trainer->optimizer().step(), 0);
     for (const AdamW::Segment& s : job.trainer->optimizer().segments())
       for (float v : std::vector<float>(s.exp_avg.data_ptr<float>(),

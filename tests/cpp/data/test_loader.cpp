@@ -1,11 +1,13 @@
 // DataLoader: Megatron's sample order per DP rank (the union of the ranks is the global batch,
 // disjoint), resuming from consumed_samples, the end of the data, errors from the loading thread,
-// shutdown, and the tokens/labels flags.
+// shutdown, the tokens/labels flags, and batch-size ramps (--rampup-batch-size).
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -193,6 +195,106 @@ TEST(Loader, BadLayoutIsAConfigError) {
                ConfigError);
   EXPECT_THROW(DataLoader(ds, BatchLayout{2, 16, 0, 1}, LoaderOptions{0, 0, true, true}),
                ConfigError);
+}
+
+// --rampup-batch-size 4 4 100 up to 16: 3 increments, one per 100 / 3 samples. Megatron's
+// batch after c samples is 4 + 4 * int(c / 33.33) while c <= 100: 4 for c = 0..32 (9 steps,
+// to 36), 8 for 36..60 (4 steps, to 68), 12 for 68..92 (3 steps, to 104), then 16.
+const BatchRampup kRamp{4, 4, 100};
+const std::vector<int64_t> kRampSteps{4, 4, 4, 4, 4, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 16, 16};
+
+TEST(BatchRamp, GrowsAsMegatronsCalculatorDoes) {
+  const BatchLayout layout{2, 16, 0, 2, kRamp};
+  layout.validate();
+  int64_t consumed = 0;
+  for (size_t step = 0; step < kRampSteps.size(); ++step) {
+    EXPECT_EQ(layout.global_batch_size_at(consumed), kRampSteps[step]) << "step " << step;
+    consumed += kRampSteps[step];
+  }
+  EXPECT_EQ(layout.global_batch_size_at(100), 16);  // the last ramp sample: 4 + 4 * 3
+  EXPECT_EQ(layout.global_batch_size_at(1000000), 16);
+  EXPECT_EQ((BatchLayout{2, 16, 0, 2}).global_batch_size_at(0), 16);  // no ramp
+}
+
+TEST(BatchRamp, StepsAreMegatronsTrainingIterations) {
+  const BatchLayout layout{2, 16, 0, 2, kRamp};
+  // 16 ramp steps read 104 samples; then whole batches of 16, a partial last one dropped.
+  EXPECT_EQ(layout.steps_between(0, 320), 16 + (320 - 104) / 16);
+  EXPECT_EQ(layout.steps_between(0, 104), 16);
+  EXPECT_EQ(layout.steps_between(0, 103), 15);  // inside the ramp: the 12 from 92 does not fit
+  EXPECT_EQ(layout.steps_between(0, 3), 0);
+  EXPECT_EQ(layout.steps_between(36, 104), 7);  // from a ramp step's end
+  EXPECT_EQ((BatchLayout{2, 16, 0, 2}).steps_between(6, 100), 5);
+}
+
+TEST(BatchRamp, EveryBatchOfTheRampMustSplitIntoMicrobatches) {
+  // micro_batch_size 2 x dp 2: the start and the increment must be multiples of 4.
+  EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{6, 2, 100}}).validate(), ConfigError);
+  EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{4, 6, 100}}).validate(), ConfigError);
+  EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{20, 4, 100}}).validate(), ConfigError);
+  EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{4, 8, 100}}).validate(), ConfigError);
+  EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{4, 4, 0}}).validate(), ConfigError);
+  (BatchLayout{2, 16, 0, 2, BatchRampup{16, 3, 100}}).validate();  // nothing to ramp
+  try {
+    (BatchLayout{2, 16, 0, 2, BatchRampup{4, 6, 100}}).validate();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--rampup-batch-size"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BatchRamp, LoaderStepsGrowAndTheRanksReadConsecutiveSamples) {
+  auto ds = std::make_shared<CountingDataset>(200, 4);
+  std::vector<std::unique_ptr<DataLoader>> ranks;
+  for (int64_t r = 0; r < 2; ++r)
+    ranks.push_back(std::make_unique<DataLoader>(ds, BatchLayout{2, 16, r, 2, kRamp}));
+  EXPECT_EQ(ranks[0]->steps_left(), 16 + (200 - 104) / 16);
+  int64_t next_sample = 0;
+  for (size_t step = 0;; ++step) {
+    std::optional<Batch> b0 = ranks[0]->next(), b1 = ranks[1]->next();
+    ASSERT_EQ(b0.has_value(), b1.has_value());
+    if (!b0) {
+      EXPECT_EQ(step, size_t(16 + (200 - 104) / 16));
+      break;
+    }
+    const int64_t batch = step < kRampSteps.size() ? kRampSteps[step] : 16;
+    ASSERT_EQ(b0->global_batch_size, batch) << "step " << step;
+    ASSERT_EQ(b0->num_microbatches, batch / 4);
+    ASSERT_EQ(b0->tokens.size(0), batch / 2);
+    // Microbatch m of rank r holds samples next + 4m + 2r, +1.
+    for (int64_t m = 0; m < b0->num_microbatches; ++m)
+      for (int64_t row = 0; row < 2; ++row) {
+        EXPECT_EQ(sample_of_row(b0->tokens, m * 2 + row), next_sample + 4 * m + row);
+        EXPECT_EQ(sample_of_row(b1->tokens, m * 2 + row), next_sample + 4 * m + 2 + row);
+      }
+    next_sample += batch;
+    EXPECT_EQ(ranks[0]->consumed_samples(), next_sample);
+  }
+}
+
+TEST(BatchRamp, ResumingInsideTheRampYieldsWhatAnUninterruptedRunYields) {
+  auto ds = std::make_shared<CountingDataset>(300, 4);
+  const BatchLayout layout{2, 16, 1, 2, kRamp};
+  std::vector<std::vector<int32_t>> uninterrupted;
+  std::vector<int64_t> consumed;
+  {
+    DataLoader loader(ds, layout);
+    while (std::optional<Batch> b = loader.next()) {
+      const int32_t* p = b->labels.data_ptr<int32_t>();
+      uninterrupted.emplace_back(p, p + b->labels.numel());
+      consumed.push_back(loader.consumed_samples());
+    }
+  }
+  for (size_t stop : {size_t(5), size_t(11), size_t(15)}) {  // in the 4s, the 8s, the 12s
+    DataLoader resumed(ds, layout, LoaderOptions{consumed[stop - 1], 2, true, true});
+    EXPECT_EQ(resumed.steps_left(), int64_t(uninterrupted.size() - stop));
+    for (size_t step = stop; step < uninterrupted.size(); ++step) {
+      Batch b = *resumed.next();
+      const int32_t* p = b.labels.data_ptr<int32_t>();
+      ASSERT_EQ(std::vector<int32_t>(p, p + b.labels.numel()), uninterrupted[step])
+          << "resumed after " << stop << ", step " << step;
+    }
+    EXPECT_FALSE(resumed.next().has_value());
+  }
 }
 
 }  // namespace

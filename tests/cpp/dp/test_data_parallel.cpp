@@ -346,6 +346,7 @@ TEST(LossScaling, OverflowSkipsAndBacksOffThenMatchesTheUnscaledStep) {
   EXPECT_EQ(stats.loss_scale, scale);
   EXPECT_EQ(trainer.skipped_iterations(), skipped);
   EXPECT_EQ(trainer.optimizer().step(), 1);
+  EXPECT_EQ(trainer.update_samples(), kGlobalRows);  // every DP rank's rows, the update's only
   EXPECT_NEAR(stats.loss, want_loss, 2e-5 * want_loss);
   GPTModel whole(llama(), Device::cpu(), 1);
   model.gather_into(whole);
@@ -384,6 +385,7 @@ TEST(LossScaling, NonFiniteLossSkipsTheStepWithoutAScaler) {
   EXPECT_EQ(trainer.optimizer().step(), 0);
   EXPECT_EQ(trainer.skipped_iterations(), 1);
   EXPECT_EQ(trainer.iteration(), 1);
+  EXPECT_EQ(trainer.update_samples(), 0);
   const std::vector<float> after = all_params(model);
   ASSERT_EQ(after.size(), before.size());
   EXPECT_EQ(0, std::memcmp(after.data(), before.data(), after.size() * sizeof(float)))

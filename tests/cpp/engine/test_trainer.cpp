@@ -192,6 +192,44 @@ TEST(Trainer, WeightDecayScheduleSetsEachStepsDecay) {
   EXPECT_THROW({ Trainer t(wrapped, config); }, ConfigError);
 }
 
+// With TrainerConfig::global_batch_size the schedules count the samples of the updates, as
+// Megatron's do: a step of half a global batch (a ramp's) advances them half an iteration, a
+// skipped step not at all, and set_iterations (a checkpoint's counters) restores the count.
+TEST(Trainer, SchedulesCountTheSamplesOfTheUpdates) {
+  const TransformerConfig c = small_gpt2();
+  GPTModel model(c, testing::default_test_device(), 6);
+  ParallelModel wrapped(model);
+  TrainerConfig config{AdamWConfig{}, warmup_cosine(1e-2f, 2, 10), {}, {}, "1f1b", 4};
+  config.weight_decay_schedule = WeightDecaySchedule{0.0f, 0.5f, 4, WDIncrStyle::linear};
+  config.loss_scale.dynamic = true;
+  config.loss_scale.initial_loss_scale = 0x1p66f;  // overflows: the first steps are skipped
+  config.loss_scale.hysteresis = 1;
+  Trainer trainer(wrapped, config);
+  double position = 0;  // in global batches of 4
+  int64_t samples = 0;
+  for (int64_t rows : {2, 2, 4, 2, 4, 4, 2, 4, 2, 4, 2, 4}) {
+    const Batch batch = make_batch(rows, 8, c.vocab_size, 4 + rows);
+    const StepStats s = trainer.train_step(batch.ids, batch.targets, 1);
+    EXPECT_EQ(s.lr, config.schedule.lr_at(position)) << "at " << position;
+    EXPECT_EQ(trainer.optimizer().config().weight_decay,
+              config.weight_decay_schedule->weight_decay_at(position));
+    if (!s.skipped) {
+      position += double(rows) / 4;
+      samples += rows;
+    }
+    EXPECT_EQ(trainer.schedule_iterations(), position);
+    EXPECT_EQ(trainer.update_samples(), samples);
+  }
+  EXPECT_GT(trainer.skipped_iterations(), 0);
+  EXPECT_GT(samples, 4);  // the scale came down and updates followed
+  trainer.set_iterations(9, 1, 22);
+  EXPECT_EQ(trainer.schedule_iterations(), 5.5);
+  // Without it (0) every update is one iteration, whatever its size.
+  Trainer counting(model, AdamWConfig{}, warmup_cosine(1e-2f, 2, 10));
+  counting.set_iterations(9, 1, 22);
+  EXPECT_EQ(counting.schedule_iterations(), 8.0);
+}
+
 TEST(Trainer, InvalidScheduleIsRejected) {
   GPTModel model(small_gpt2(), testing::default_test_device(), 6);
   EXPECT_THROW({ Trainer t(model, AdamWConfig{}, warmup_cosine(1e-3f, 10, 10)); }, ConfigError);

@@ -275,6 +275,20 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--lr-wsd-decay-iters is for --train-iters; with --train-samples give "
      "--lr-wsd-decay-samples"),
     (["--exit-on-missing-checkpoint"], "--exit-on-missing-checkpoint needs --load DIR"),
+    (["--train-iters", "10", "--rampup-batch-size", "16", "16", "100"],
+     "--rampup-batch-size needs --train-samples"),
+    (["--train-samples", "1000", "--micro-batch-size", "4", "--global-batch-size", "128",
+      "--rampup-batch-size", "8", "8", "100"],
+     "--rampup-batch-size: every batch of the ramp (8, 16, ...) must be a multiple of "
+     "--micro-batch-size x data-parallel size (4 x 4); the start and the increment are not"),
+    (["--train-samples", "1000", "--micro-batch-size", "4", "--global-batch-size", "128",
+      "--rampup-batch-size", "16", "48", "100"],
+     "--rampup-batch-size: the ramp from 16 by 48 does not reach the global batch size 128"),
+    (["--train-samples", "1000", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
+      "--num-virtual-stages-per-pipeline-rank", "2", "--micro-batch-size", "2",
+      "--global-batch-size", "16", "--rampup-batch-size", "4", "4", "100"],
+     "--rampup-batch-size: the ramp's global batch 4 makes 1 microbatch, and the interleaved "
+     "schedule needs a multiple of --pipeline-model-parallel-size 2 at every step"),
     (["--start-weight-decay", "0.1"], "--start-weight-decay: give --weight-decay-incr-style "
      "linear or cosine"),
     (["--weight-decay-incr-style", "cosine", "--end-weight-decay", "0.1"],

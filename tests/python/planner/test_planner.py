@@ -406,6 +406,13 @@ def test_plan_from_the_runs_own_training_arguments():
     tokens = 1000 * 64 * 4096
     assert rows[0]["days_to_train"] == pytest.approx(tokens / want["tokens_per_s"] / 86400)
     assert rows[0]["cost"] == pytest.approx(rows[0]["gpu_hours"] * 2.5)
+    # The same samples with Megatron's --rampup-batch-size: the run's tokens, at the full
+    # batch's rate (docs/planner.md).
+    ramped = [x for x in TRAINING if x not in ("--train-iters", "1000")]
+    out = _plan(*CLUSTER, "--json", "--", *ramped, "--train-samples", "64000",
+                "--rampup-batch-size", "16", "16", "6400")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["days_to_train"] == pytest.approx(rows[0]["days_to_train"])
     # --search: every layout for that model and batch.
     out = _plan(*CLUSTER, "--json", "--search", "--", *TRAINING)
     assert out.returncode == 0 and len(json.loads(out.stdout)) > 100, out.stderr
