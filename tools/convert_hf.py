@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face Llama / GPT-2 directories to braid checkpoints and back.
+"""Hugging Face Llama / Qwen2 / GPT-2 directories to braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -130,6 +130,7 @@ def braid_specs(c):
     head_dim = h // c["num_attention_heads"]
     q_out, kv_out = c["num_attention_heads"] * head_dim, c["num_query_groups"] * head_dim
     bias, layernorm = c["add_bias_linear"], c["normalization"] == "layernorm"
+    qkv_bias = bias or c.get("add_qkv_bias", False)  # absent in checkpoints before it
     specs = [("model.embed_tokens.weight", [c["vocab_size"], h], 0)]
     if c["position_embedding"] == "learned":
         specs.append(("model.embed_positions.weight", [c["max_position_embeddings"], h], -1))
@@ -145,7 +146,7 @@ def braid_specs(c):
         specs += [(p + "self_attn.q_proj.weight", [q_out, h], 0),
                   (p + "self_attn.k_proj.weight", [kv_out, h], 0),
                   (p + "self_attn.v_proj.weight", [kv_out, h], 0)]
-        if bias:
+        if qkv_bias:
             specs += [(p + "self_attn.q_proj.bias", [q_out], 0),
                       (p + "self_attn.k_proj.bias", [kv_out], 0),
                       (p + "self_attn.v_proj.bias", [kv_out], 0)]
@@ -168,7 +169,10 @@ def braid_specs(c):
 
 # ---- configs ---------------------------------------------------------------------------------
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "GPT2LMHeadModel": "gpt2"}
+# Qwen2 is Llama with biases on q, k and v alone (braid's add_qkv_bias) and its own name.
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                 "GPT2LMHeadModel": "gpt2"}
+LLAMA_LIKE = ("llama", "qwen2")
 
 
 def hf_architecture(hf):
@@ -203,7 +207,7 @@ def rope_theta_of(hf):
 
 def braid_config_from_hf(hf, arch, dtype):
     """braid's config_json fields for an HF config.json."""
-    if arch == "llama":
+    if arch in LLAMA_LIKE:
         h, heads = hf["hidden_size"], hf["num_attention_heads"]
         if hf.get("hidden_act", "silu") != "silu":
             refuse("hidden_act", hf["hidden_act"], "braid's Llama MLP is SwiGLU (silu)")
@@ -214,7 +218,13 @@ def braid_config_from_hf(hf, arch, dtype):
         if attention_bias != mlp_bias:
             refuse("attention_bias", attention_bias, f"mlp_bias is {json.dumps(mlp_bias)}; braid's "
                    "add_bias_linear gives every linear layer a bias or none")
-        if hf.get("sliding_window"):
+        if arch == "qwen2":  # sliding_window is set but unused unless use_sliding_window
+            if hf.get("use_sliding_window"):
+                refuse("use_sliding_window", True, "braid attends to the whole context")
+            other = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
+            if other:
+                refuse("layer_types", other[0], "braid attends to the whole context")
+        elif hf.get("sliding_window"):
             refuse("sliding_window", hf["sliding_window"], "braid attends to the whole context")
         return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
                 "num_attention_heads": heads,
@@ -222,7 +232,7 @@ def braid_config_from_hf(hf, arch, dtype):
                 "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
                 "max_position_embeddings": hf["max_position_embeddings"],
                 "normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
-                "add_bias_linear": bool(attention_bias),
+                "add_bias_linear": bool(attention_bias), "add_qkv_bias": arch == "qwen2",
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
                 "rope_theta": as_f32(rope_theta_of(hf)),
                 "norm_eps": as_f32(hf.get("rms_norm_eps", 1e-6)),
@@ -239,7 +249,8 @@ def braid_config_from_hf(hf, arch, dtype):
             "num_query_groups": hf["n_head"], "ffn_hidden_size": hf.get("n_inner") or 4 * h,
             "vocab_size": hf["vocab_size"], "max_position_embeddings": hf["n_positions"],
             "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
-            "add_bias_linear": True, "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
+            "add_bias_linear": True, "add_qkv_bias": False,
+            "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
             "rope_theta": 10000.0, "norm_eps": as_f32(hf.get("layer_norm_epsilon", 1e-5)),
             "params_dtype": dtype}
 
@@ -257,7 +268,7 @@ def f32_value(x):
 def braid_architecture(c):
     kind = (c["normalization"], c["activation"], c["position_embedding"])
     if kind == ("rmsnorm", "swiglu", "rope"):
-        return "llama"
+        return "qwen2" if c.get("add_qkv_bias") and not c["add_bias_linear"] else "llama"
     if kind == ("layernorm", "gelu", "learned"):
         check(c["add_bias_linear"], "this braid model is GPT-2 shaped but add_bias_linear is false; "
               "GPT2LMHeadModel always has biases")
@@ -278,6 +289,11 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
               "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
               "rope_parameters", "rope_scaling", "hidden_act", "attention_bias", "mlp_bias",
               "tie_word_embeddings"),
+    "qwen2": ("architectures", "model_type", "hidden_size", "intermediate_size",
+              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+              "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
+              "rope_scaling", "hidden_act", "tie_word_embeddings", "use_sliding_window",
+              "sliding_window", "layer_types"),
     "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
              "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
              "tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
@@ -298,6 +314,18 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "rope_parameters": {"rope_type": "default", "rope_theta": theta},
               "hidden_act": "silu", "attention_bias": c["add_bias_linear"],
               "mlp_bias": c["add_bias_linear"], "tie_word_embeddings": c["tie_embeddings"]}
+    elif arch == "qwen2":
+        theta = f32_value(c["rope_theta"])
+        hf = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+              "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
+              "num_hidden_layers": c["num_layers"],
+              "num_attention_heads": c["num_attention_heads"],
+              "num_key_value_heads": c["num_query_groups"],
+              "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
+              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": theta,
+              "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+              "hidden_act": "silu", "tie_word_embeddings": c["tie_embeddings"],
+              "use_sliding_window": False}
     else:
         hf = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
               "n_embd": c["hidden_size"], "n_inner": c["ffn_hidden_size"],
@@ -328,7 +356,7 @@ def hf_architecture_or_none(hf):
 def hf_to_braid(hf, arch, c):
     """HF tensors (name -> Tensor) -> braid's names and layout; consumes what it maps."""
     take = hf.pop
-    if arch == "llama":
+    if arch in LLAMA_LIKE:
         out = {}
         for name, _, _ in braid_specs(c):
             check(name in hf, f"the HF weights have no {name}")
@@ -387,7 +415,7 @@ def hf_to_braid(hf, arch, c):
 
 def braid_to_hf(t, arch, c):
     """braid's tensors -> HF names and layout (the inverse of hf_to_braid)."""
-    if arch == "llama":
+    if arch in LLAMA_LIKE:
         return dict(t)
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],
            "transformer.wpe.weight": t["model.embed_positions.weight"],

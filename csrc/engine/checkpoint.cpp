@@ -97,6 +97,7 @@ json config_json(const model::TransformerConfig& c) {
               {"activation", model::to_string(c.activation)},
               {"position_embedding", model::to_string(c.position_embedding)},
               {"add_bias_linear", c.add_bias_linear},
+              {"add_qkv_bias", c.add_qkv_bias},
               {"tie_embeddings", c.tie_embeddings},
               {"rope_theta", c.rope_theta},
               {"norm_eps", c.norm_eps},
@@ -116,6 +117,12 @@ void check_same_model(const json& saved, const model::TransformerConfig& config,
                        saved.at(key).dump(), " in the checkpoint and ", mine.at(key).dump(),
                        " in this run");
   }
+  // Checkpoints from before add_qkv_bias have none.
+  const bool qkv_bias = saved.value("add_qkv_bias", false);
+  BRAID_CONFIG_CHECK(qkv_bias == config.add_qkv_bias, where,
+                     ": a different model - add_qkv_bias is ", qkv_bias ? "true" : "false",
+                     " in the checkpoint and ", config.add_qkv_bias ? "true" : "false",
+                     " in this run");
 }
 
 // ---- optimizer state -------------------------------------------------------------------------

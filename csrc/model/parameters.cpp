@@ -103,7 +103,7 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
   b.group({p + "self_attn.q_proj.weight", Shape{q_out, h}, 0, layer, true});
   b.member({p + "self_attn.k_proj.weight", Shape{kv_out, h}, 0, layer, true});
   b.member({p + "self_attn.v_proj.weight", Shape{kv_out, h}, 0, layer, true});
-  if (bias) {
+  if (bias || c.add_qkv_bias) {
     b.group({p + "self_attn.q_proj.bias", Shape{q_out}, 0, layer, false});
     b.member({p + "self_attn.k_proj.bias", Shape{kv_out}, 0, layer, false});
     b.member({p + "self_attn.v_proj.bias", Shape{kv_out}, 0, layer, false});

@@ -47,6 +47,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("rope_theta", &TransformerConfig::rope_theta)
       .def_readwrite("norm_eps", &TransformerConfig::norm_eps)
       .def_readwrite("add_bias_linear", &TransformerConfig::add_bias_linear)
+      .def_readwrite("add_qkv_bias", &TransformerConfig::add_qkv_bias)
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
       .def_readwrite("init_std", &TransformerConfig::init_std)
       .def_readwrite("hidden_dropout", &TransformerConfig::hidden_dropout)

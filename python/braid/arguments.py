@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--swiglu", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")
+    g.add_argument("--add-qkv-bias", action="store_true",
+                   help="biases on the query, key and value projections (Qwen2's), also with "
+                        "--disable-bias-linear")
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
@@ -332,6 +335,7 @@ _FROM_CHECKPOINT = {
     "position_embedding": lambda v: [("position_embedding_type",
                                       {"rope": "rope", "learned": "learned_absolute"}[v])],
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
+    "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
     "norm_eps": lambda v: [("norm_epsilon", v)],
@@ -353,6 +357,7 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
         raise ArgumentError(f"--use-checkpoint-args: {e}") from None
     notes = []
     a.checkpoint_vocab = True
+    config.setdefault("add_qkv_bias", False)  # checkpoints from before it had none
     for key, convert in _FROM_CHECKPOINT.items():
         if key not in config:
             raise ArgumentError(f"--use-checkpoint-args: the checkpoint's config has no {key}")

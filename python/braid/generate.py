@@ -28,8 +28,8 @@ import braid
 # metadata.json "config" keys, set on a TransformerConfig as they are (docs/checkpoints.md).
 _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                 "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
-                "activation", "position_embedding", "add_bias_linear", "tie_embeddings",
-                "rope_theta", "norm_eps", "params_dtype")
+                "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
+                "tie_embeddings", "rope_theta", "norm_eps", "params_dtype")
 
 
 @dataclass

@@ -78,6 +78,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
     cfg.add_bias_linear = not a.disable_bias_linear
+    cfg.add_qkv_bias = a.add_qkv_bias
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
     cfg.init_std = a.init_method_std
     cfg.hidden_dropout = a.hidden_dropout

@@ -37,6 +37,9 @@ struct TransformerConfig {
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   bool add_bias_linear = true;
+  // Biases on the query, key and value projections alone (Qwen2's; Megatron's --add-qkv-bias);
+  // add_bias_linear gives them too.
+  bool add_qkv_bias = false;
   bool tie_embeddings = true;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;

@@ -110,6 +110,30 @@ TEST(ParameterSpecs, ShardAndDecayFlags) {
   EXPECT_FALSE(is_embedding(specs.at("lm_head.weight")));
 }
 
+// add_qkv_bias (Qwen2): biases on q, k and v alone, split over TP like their weights.
+TEST(ParameterSpecs, QkvBiasAlone) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.add_qkv_bias = true;
+  const auto specs = by_name(parameter_specs(c));
+  const std::string p = "model.layers.0.";
+  for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+    const std::string name = p + "self_attn." + proj + ".bias";
+    ASSERT_TRUE(specs.contains(name)) << name;
+    EXPECT_EQ(specs.at(name).tp_dim, 0) << name;
+    EXPECT_EQ(specs.at(name).shape[0], specs.at(p + "self_attn." + proj + ".weight").shape[0]);
+    EXPECT_FALSE(specs.at(name).weight_decay) << name;
+  }
+  for (const char* none :
+       {"self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias"})
+    EXPECT_FALSE(specs.contains(p + none)) << none;
+  c.add_bias_linear = true;  // every bias, the q, k, v ones once
+  EXPECT_EQ(parameter_specs(c).size(), [&] {
+    TransformerConfig all = c;
+    all.add_qkv_bias = false;
+    return parameter_specs(all).size();
+  }());
+}
+
 TEST(ParameterSpecs, InvalidConfigIsRejected) {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_query_groups = 3;

@@ -72,12 +72,26 @@ def gpt2(tmp, shard=False, tie=True):
     return tmp
 
 
+def qwen2(tmp, tie=False):
+    """Llama with biases on q, k and v alone: braid's add_qkv_bias."""
+    torch.manual_seed(2)
+    cfg = transformers.Qwen2Config(
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=tie)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    perturb(model)
+    model.save_pretrained(tmp)
+    return tmp
+
+
 MODELS = {
     "llama-gqa-untied": lambda d: llama(d, kv_heads=2, tie=False),
     "llama-mqa-tied": lambda d: llama(d, kv_heads=1, tie=True),
     "llama-bias": lambda d: llama(d, kv_heads=2, attention_bias=True, mlp_bias=True),
     "gpt2-tied-sharded": lambda d: gpt2(d, shard=True),
     "gpt2-untied": lambda d: gpt2(d, tie=False),
+    "qwen2-tied": lambda d: qwen2(d, tie=True),
 }
 
 
@@ -114,7 +128,7 @@ def assert_equivalent_configs(got_dir, want_dir):
             if key == "n_inner" and w is None:
                 w = 4 * want.n_embd
             assert g == w, (key, g, w)
-    if want.model_type == "llama":
+    if want.model_type in ("llama", "qwen2"):
         assert got.rope_parameters["rope_theta"] == want.rope_parameters["rope_theta"]
 
 
@@ -133,8 +147,8 @@ def braid_model(ckpt):
     cfg = braid.TransformerConfig()
     for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                 "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
-                "activation", "position_embedding", "add_bias_linear", "tie_embeddings",
-                "rope_theta", "norm_eps"):
+                "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
+                "tie_embeddings", "rope_theta", "norm_eps"):
         setattr(cfg, key, c[key])
     model = braid.GPTModel(cfg, device="cpu", seed=1)
     params = model.parameters()
@@ -272,7 +286,8 @@ def reshard(src, dst, tp, pp, vocab_divisible=128):
     return sorted(files)
 
 
-@pytest.mark.parametrize("kind", ["llama-gqa-untied", "llama-mqa-tied", "gpt2-untied"])
+@pytest.mark.parametrize("kind", ["llama-gqa-untied", "llama-mqa-tied", "gpt2-untied",
+                                  "qwen2-tied"])
 def test_export_reassembles_a_sharded_braid_save(tmp_path, kind):
     hf_dir, ckpt = imported(tmp_path, kind)
     files = reshard(ckpt, tmp_path / "sharded", tp=2, pp=2)
@@ -295,8 +310,8 @@ c = json.load(open(src + "/iter_0000000/metadata.json"))["config"]
 cfg = braid.TransformerConfig()
 for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
             "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
-            "activation", "position_embedding", "add_bias_linear", "tie_embeddings",
-            "rope_theta", "norm_eps"):
+            "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
+            "tie_embeddings", "rope_theta", "norm_eps"):
     setattr(cfg, key, c[key])
 state = braid.ParallelState(tp=2, pp=2, dp=1)
 model = braid.ParallelModel(cfg, device="cpu", seed=5, state=state)
@@ -308,7 +323,7 @@ braid.save_checkpoint(dst, trainer)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
-@pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied"])
+@pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied"])
 def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""
@@ -386,6 +401,16 @@ def test_refuses_what_braid_cannot_represent(tmp_path, changes, field):
     edit_config(hf_dir, **changes)
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), field,
                  "not supported")
+
+
+def test_refuses_qwen2_sliding_window(tmp_path):
+    hf_dir = qwen2(tmp_path / "hf")
+    edit_config(hf_dir, sliding_window=4096)  # as Qwen2.5's configs have it: unused
+    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ok")
+    assert r.returncode == 0, r.stderr
+    edit_config(hf_dir, use_sliding_window=True)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "use_sliding_window", "not supported")
 
 
 def test_refuses_gpt2_activation(tmp_path):

@@ -210,6 +210,34 @@ def test_megatron_recompute_methods_train_like_one_process(ranks, layout, method
     assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
 
 
+def test_qkv_bias_trains_like_one_process_and_is_part_of_the_model(tmp_path):
+    # Megatron's --add-qkv-bias (Qwen2): biases on q, k and v beside --disable-bias-linear, split
+    # over TP with their weights; the 3D run trains like one process; a checkpoint of it is a
+    # different model from one without.
+    runs = {}
+    for name, ranks, layout in (("one", 1, []), ("3d", 8, LAYOUT_3D)):
+        tb = str(tmp_path / name)
+        save = ["--save", str(tmp_path / "ckpt")] if name == "3d" else []
+        r = run(ranks, [*MODEL, *layout, *save, "--add-qkv-bias", "--train-iters", "10",
+                        "--eval-iters", "0", "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
+    assert sorted(runs["one"]) == list(range(1, 11))
+    np.testing.assert_allclose([runs["3d"][i] for i in range(1, 11)],
+                               [runs["one"][i] for i in range(1, 11)], rtol=2e-4)
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    meta = braid.checkpoint_metadata(str(tmp_path / "ckpt"))
+    assert meta["config"]["add_qkv_bias"] is True
+    assert "model.layers.0.self_attn.q_proj.bias" in meta["tensors"]
+    assert "model.layers.0.self_attn.o_proj.bias" not in meta["tensors"]
+    r = run(1, [*MODEL, "--train-iters", "12", "--eval-iters", "0", "--load",
+                str(tmp_path / "ckpt")])
+    assert r.returncode == 2 and "a different model - add_qkv_bias is true in the checkpoint " \
+        "and false in this run" in r.stderr, r.stdout + r.stderr
+
+
 def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):
     # A Megatron launch script's tokenizer flags, unchanged: GPT-2's vocab.json and merges.txt,
     # or a tokenizer.json (with added tokens), give the vocabulary; NullTokenizer adds its EOD.

@@ -1,5 +1,5 @@
 """braid against Hugging Face transformers (CPU, f32) with identical weights: logits, loss and
-every parameter gradient of GPT2LMHeadModel and LlamaForCausalLM.
+every parameter gradient of GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM.
 
 Tolerances: f32 with different summation orders (OpenBLAS vs MKL-DNN GEMMs, flash-style vs
 materialised softmax). Logits agree to ~1e-6 relative; gradients, which sum over all tokens,
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_oracle import batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair
+from hf_oracle import (batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair,
+                       qwen2_pair)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -54,6 +55,15 @@ def test_gpt2_logits_loss_and_gradients():
 @pytest.mark.parametrize("kv_heads,tie", [(2, False), (4, False), (1, True)])
 def test_llama_logits_loss_and_gradients(kv_heads, tie):
     hf, model = llama_pair(kv_heads=kv_heads, tie=tie)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
+def test_qwen2_logits_loss_and_gradients():
+    # Biases on q, k and v alone (add_qkv_bias), tied embeddings, rope_theta 1e6.
+    hf, model = qwen2_pair()
+    names = [n for n, _ in hf.named_parameters()]
+    assert any(n.endswith("q_proj.bias") for n in names) and not any(
+        n.endswith("o_proj.bias") for n in names)
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 
