@@ -191,18 +191,51 @@ def refuse(field, value, why):
     raise ConvertError(f"config.json: {field} = {json.dumps(value)} is not supported ({why})")
 
 
-def rope_theta_of(hf):
-    """rope_theta from either config style (transformers 4: top level; 5: rope_parameters);
-    refuses any RoPE variant braid does not compute."""
-    if hf.get("rope_scaling"):
-        refuse("rope_scaling", hf["rope_scaling"], "braid implements plain RoPE only")
-    params = hf.get("rope_parameters") or {}
-    if params.get("rope_type", "default") != "default":
-        refuse("rope_parameters.rope_type", params["rope_type"], "braid implements plain RoPE only")
+NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
+                   "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 8192}
+
+
+def rope_of(hf):
+    """braid's RoPE fields from either config style (transformers 4: rope_theta and rope_scaling
+    at the top level; 5: rope_parameters): plain RoPE or Llama 3.1's scaling (rope_type
+    "llama3"); refuses any other variant."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = hf.get("rope_scaling")
+    if scaling and not params.get("factor"):  # transformers 4
+        params.update(scaling)
+        params.setdefault("rope_type", scaling.get("type"))
+    kind = params.get("rope_type") or "default"
+    if kind not in ("default", "llama3"):
+        field = "rope_scaling" if scaling else "rope_parameters.rope_type"
+        refuse(field, scaling or kind, "braid implements plain RoPE and Llama 3.1's scaling "
+               "(rope_type llama3)")
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
     if factor not in (None, 1, 1.0):
         refuse("partial_rotary_factor", factor, "braid rotates the whole head")
-    return float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    out = {"rope_theta": as_f32(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
+           **NO_ROPE_SCALING}
+    if kind == "llama3":
+        for key in ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings"):
+            check(key in params, f"config.json: rope_type llama3 without {key}")
+        out.update({"rope_scaling_factor": as_f32(params["factor"]),
+                    "rope_low_freq_factor": as_f32(params["low_freq_factor"]),
+                    "rope_high_freq_factor": as_f32(params["high_freq_factor"]),
+                    "rope_original_max_position_embeddings":
+                        int(params["original_max_position_embeddings"])})
+    return out
+
+
+def hf_rope_parameters(c):
+    """HF's rope_parameters for braid's RoPE fields (export)."""
+    theta = f32_value(c["rope_theta"])
+    if not c.get("rope_scaling_factor"):
+        return {"rope_type": "default", "rope_theta": theta}
+    return {"rope_type": "llama3", "rope_theta": theta,
+            "factor": f32_value(c["rope_scaling_factor"]),
+            "low_freq_factor": f32_value(c["rope_low_freq_factor"]),
+            "high_freq_factor": f32_value(c["rope_high_freq_factor"]),
+            "original_max_position_embeddings": c["rope_original_max_position_embeddings"]}
 
 
 def braid_config_from_hf(hf, arch, dtype):
@@ -233,8 +266,7 @@ def braid_config_from_hf(hf, arch, dtype):
                 "max_position_embeddings": hf["max_position_embeddings"],
                 "normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
                 "add_bias_linear": bool(attention_bias), "add_qkv_bias": arch == "qwen2",
-                "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
-                "rope_theta": as_f32(rope_theta_of(hf)),
+                "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf),
                 "norm_eps": as_f32(hf.get("rms_norm_eps", 1e-6)),
                 "params_dtype": dtype}
     act = hf.get("activation_function", "gelu_new")
@@ -251,7 +283,8 @@ def braid_config_from_hf(hf, arch, dtype):
             "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
             "add_bias_linear": True, "add_qkv_bias": False,
             "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
-            "rope_theta": 10000.0, "norm_eps": as_f32(hf.get("layer_norm_epsilon", 1e-5)),
+            "rope_theta": 10000.0, **NO_ROPE_SCALING,
+            "norm_eps": as_f32(hf.get("layer_norm_epsilon", 1e-5)),
             "params_dtype": dtype}
 
 
@@ -302,7 +335,7 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
 
 def hf_config_from_braid(c, arch, torch_dtype, imported):
     if arch == "llama":
-        theta = f32_value(c["rope_theta"])
+        rope = hf_rope_parameters(c)
         hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
               "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
               "num_hidden_layers": c["num_layers"],
@@ -310,20 +343,20 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "num_key_value_heads": c["num_query_groups"],
               "head_dim": c["hidden_size"] // c["num_attention_heads"],
               "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
-              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": theta,
-              "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
+              "rope_parameters": rope,
               "hidden_act": "silu", "attention_bias": c["add_bias_linear"],
               "mlp_bias": c["add_bias_linear"], "tie_word_embeddings": c["tie_embeddings"]}
     elif arch == "qwen2":
-        theta = f32_value(c["rope_theta"])
+        rope = hf_rope_parameters(c)
         hf = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
               "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
               "num_hidden_layers": c["num_layers"],
               "num_attention_heads": c["num_attention_heads"],
               "num_key_value_heads": c["num_query_groups"],
               "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
-              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": theta,
-              "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
+              "rope_parameters": rope,
               "hidden_act": "silu", "tie_word_embeddings": c["tie_embeddings"],
               "use_sliding_window": False}
     else:
@@ -334,6 +367,8 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "layer_norm_epsilon": f32_value(c["norm_eps"]), "activation_function": "gelu_new",
               "tie_word_embeddings": c["tie_embeddings"], "scale_attn_weights": True,
               "scale_attn_by_inverse_layer_idx": False}
+    if arch in LLAMA_LIKE and hf["rope_parameters"]["rope_type"] == "llama3":
+        hf["rope_scaling"] = {k: v for k, v in hf["rope_parameters"].items() if k != "rope_theta"}
     hf["torch_dtype"] = torch_dtype
     # Fields braid does not keep (token ids, dropout, ...) from the config an import stored.
     if imported and hf_architecture_or_none(imported) == arch:

@@ -100,6 +100,10 @@ json config_json(const model::TransformerConfig& c) {
               {"add_qkv_bias", c.add_qkv_bias},
               {"tie_embeddings", c.tie_embeddings},
               {"rope_theta", c.rope_theta},
+              {"rope_scaling_factor", c.rope_scaling_factor},
+              {"rope_low_freq_factor", c.rope_low_freq_factor},
+              {"rope_high_freq_factor", c.rope_high_freq_factor},
+              {"rope_original_max_position_embeddings", c.rope_original_max_position_embeddings},
               {"norm_eps", c.norm_eps},
               {"params_dtype", dtype_name(c.params_dtype)}};
 }

@@ -123,6 +123,24 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
                        "TransformerConfig.rope_theta must be positive and finite, got ",
                        rope_theta);
+    BRAID_CONFIG_CHECK(rope_scaling_factor >= 0 && std::isfinite(rope_scaling_factor),
+                       "TransformerConfig.rope_scaling_factor must be positive (0: no scaling), "
+                       "got ",
+                       rope_scaling_factor);
+    BRAID_CONFIG_CHECK(rope_scaling_factor == 0 || (0 < rope_low_freq_factor &&
+                                                    rope_low_freq_factor < rope_high_freq_factor &&
+                                                    std::isfinite(rope_high_freq_factor)),
+                       "TransformerConfig.rope_low_freq_factor (", rope_low_freq_factor,
+                       ") must be positive and below rope_high_freq_factor (",
+                       rope_high_freq_factor, ")");
+    BRAID_CONFIG_CHECK(rope_scaling_factor == 0 || rope_original_max_position_embeddings > 0,
+                       "TransformerConfig.rope_original_max_position_embeddings must be positive, "
+                       "got ",
+                       rope_original_max_position_embeddings);
+  } else {
+    BRAID_CONFIG_CHECK(rope_scaling_factor == 0,
+                       "TransformerConfig.rope_scaling_factor needs "
+                       "position_embedding = rope");
   }
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);

@@ -8,6 +8,11 @@ namespace {
 
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 
+ops::RotaryFrequencies rotary(const TransformerConfig& c) {
+  return {c.rope_theta, c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
+          float(c.rope_original_max_position_embeddings)};
+}
+
 // Inverted dropout into a new tensor; `x` itself when dropout is off.
 Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, int64_t first_element) {
   if (p == 0.0f) return x;
@@ -90,8 +95,8 @@ TransformerLayer::Projection TransformerLayer::project_qkv(const Tensor& h, Toke
   linear_forward(p.k.view({t, n.kv_heads * d}), h, wqkv.k, bqkv.k);
   linear_forward(p.v.view({t, n.kv_heads * d}), h, wqkv.v, bqkv.v);
   if (config_.position_embedding == PositionEmbedding::rope) {
-    ops::rope_forward(p.q, p.q, config_.rope_theta, position_offset);
-    ops::rope_forward(p.k, p.k, config_.rope_theta, position_offset);
+    ops::rope_forward(p.q, p.q, rotary(config_), position_offset);
+    ops::rope_forward(p.k, p.k, rotary(config_), position_offset);
   }
   return p;
 }
@@ -256,8 +261,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
   if (c.position_embedding == PositionEmbedding::rope) {
-    ops::rope_backward(dq, dq, c.rope_theta);
-    ops::rope_backward(dk, dk, c.rope_theta);
+    ops::rope_backward(dq, dq, rotary(c));
+    ops::rope_backward(dk, dk, rotary(c));
   }
   const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
   const QKV gw = split_qkv(g_.qkv_weight, n.q_heads * d, n.kv_heads * d);

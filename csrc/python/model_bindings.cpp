@@ -45,6 +45,11 @@ void bind_model(py::module_& m) {
       .def_readwrite("vocab_size", &TransformerConfig::vocab_size)
       .def_readwrite("max_position_embeddings", &TransformerConfig::max_position_embeddings)
       .def_readwrite("rope_theta", &TransformerConfig::rope_theta)
+      .def_readwrite("rope_scaling_factor", &TransformerConfig::rope_scaling_factor)
+      .def_readwrite("rope_low_freq_factor", &TransformerConfig::rope_low_freq_factor)
+      .def_readwrite("rope_high_freq_factor", &TransformerConfig::rope_high_freq_factor)
+      .def_readwrite("rope_original_max_position_embeddings",
+                     &TransformerConfig::rope_original_max_position_embeddings)
       .def_readwrite("norm_eps", &TransformerConfig::norm_eps)
       .def_readwrite("add_bias_linear", &TransformerConfig::add_bias_linear)
       .def_readwrite("add_qkv_bias", &TransformerConfig::add_qkv_bias)

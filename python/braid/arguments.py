@@ -80,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope"])
     g.add_argument("--rotary-base", type=pos_float, default=10000.0)
+    g.add_argument("--use-rope-scaling", action="store_true",
+                   help="Llama 3.1's RoPE frequency scaling (with --position-embedding-type rope)")
+    g.add_argument("--rope-scaling-factor", type=pos_float, default=None,
+                   help="with --use-rope-scaling: the factor (default 8, Llama 3.1's; 32 for "
+                        "Llama 3.2)")
     g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     g.add_argument("--norm-epsilon", type=pos_float, default=1e-5)
     g.add_argument("--swiglu", action="store_true")
@@ -338,8 +343,28 @@ _FROM_CHECKPOINT = {
     "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
+    "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
+                                      ("rope_scaling_factor", v if v > 0 else None)],
+    # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
+    "rope_low_freq_factor": lambda v: _megatron_rope_constant("rope_low_freq_factor", v),
+    "rope_high_freq_factor": lambda v: _megatron_rope_constant("rope_high_freq_factor", v),
+    "rope_original_max_position_embeddings": lambda v: _megatron_rope_constant(
+        "rope_original_max_position_embeddings", v),
     "norm_eps": lambda v: [("norm_epsilon", v)],
 }
+
+
+# Llama 3.1's RoPE scaling as Megatron's --use-rope-scaling applies it: only the factor is a flag.
+MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                         "rope_original_max_position_embeddings": 8192}
+
+
+def _megatron_rope_constant(key, value):
+    if value != MEGATRON_ROPE_SCALING[key]:
+        raise ArgumentError(f"--use-checkpoint-args: the checkpoint's {key} is {value}; "
+                            f"Megatron's --use-rope-scaling fixes it at "
+                            f"{MEGATRON_ROPE_SCALING[key]}")
+    return []
 
 
 def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
@@ -357,7 +382,11 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
         raise ArgumentError(f"--use-checkpoint-args: {e}") from None
     notes = []
     a.checkpoint_vocab = True
-    config.setdefault("add_qkv_bias", False)  # checkpoints from before it had none
+    # Checkpoints from before these fields had neither.
+    config.setdefault("add_qkv_bias", False)
+    config.setdefault("rope_scaling_factor", 0.0)
+    for key, value in MEGATRON_ROPE_SCALING.items():
+        config.setdefault(key, value)
     for key, convert in _FROM_CHECKPOINT.items():
         if key not in config:
             raise ArgumentError(f"--use-checkpoint-args: the checkpoint's config has no {key}")
@@ -512,6 +541,10 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(a.seq_length <= a.max_position_embeddings,
            f"--seq-length {a.seq_length} exceeds --max-position-embeddings "
            f"{a.max_position_embeddings}")
+    _check(a.rope_scaling_factor is None or a.use_rope_scaling,
+           "--rope-scaling-factor needs --use-rope-scaling")
+    _check(not a.use_rope_scaling or a.position_embedding_type == "rope",
+           "--use-rope-scaling needs --position-embedding-type rope")
     _check(not a.sequence_parallel or a.seq_length % tp == 0,
            f"--sequence-parallel: --seq-length {a.seq_length} is not divisible by "
            f"--tensor-model-parallel-size {tp}")

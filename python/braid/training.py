@@ -33,7 +33,7 @@ import numpy as np
 
 import braid
 from braid import flops
-from braid.arguments import ArgumentError, parse_args
+from braid.arguments import MEGATRON_ROPE_SCALING, ArgumentError, parse_args
 from braid.megatron_flags import no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
 from braid.metrics import MetricsWriter
@@ -77,6 +77,12 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.activation = "swiglu" if a.swiglu else "gelu"
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
+    if a.use_rope_scaling:  # Megatron's: Llama 3.1's rule, the factor from the flag
+        cfg.rope_scaling_factor = a.rope_scaling_factor or 8.0
+        cfg.rope_low_freq_factor = MEGATRON_ROPE_SCALING["rope_low_freq_factor"]
+        cfg.rope_high_freq_factor = MEGATRON_ROPE_SCALING["rope_high_freq_factor"]
+        cfg.rope_original_max_position_embeddings = \
+            MEGATRON_ROPE_SCALING["rope_original_max_position_embeddings"]
     cfg.add_bias_linear = not a.disable_bias_linear
     cfg.add_qkv_bias = a.add_qkv_bias
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights

@@ -34,14 +34,19 @@ def gpt2_pair(layers=2, hidden=64, heads=4, vocab=97, positions=32, seed=0):
     return hf, model
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+
 def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
-               tie=False):
+               tie=False, llama3_rope=False):
     torch.manual_seed(seed)
+    rope = {"rope_parameters": LLAMA3_ROPE} if llama3_rope else {"rope_theta": 10000.0}
     hf_cfg = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
-        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=tie, attention_bias=False,
-        mlp_bias=False)
+        rms_norm_eps=1e-5, tie_word_embeddings=tie, attention_bias=False, mlp_bias=False, **rope)
     hf_cfg._attn_implementation = "eager"
     hf = transformers.LlamaForCausalLM(hf_cfg).float().eval()
     with torch.no_grad():
@@ -53,6 +58,11 @@ def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
     cfg.num_query_groups, cfg.ffn_hidden_size = kv_heads, ffn
     cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-5
     cfg.tie_embeddings = tie
+    if llama3_rope:
+        cfg.rope_scaling_factor = LLAMA3_ROPE["factor"]
+        cfg.rope_low_freq_factor = LLAMA3_ROPE["low_freq_factor"]
+        cfg.rope_high_freq_factor = LLAMA3_ROPE["high_freq_factor"]
+        cfg.rope_original_max_position_embeddings = LLAMA3_ROPE["original_max_position_embeddings"]
     model = braid.GPTModel(cfg, device="cpu", seed=1)
     load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
     return hf, model

@@ -1,6 +1,7 @@
 // Rotary position embedding on the CPU, as HF Llama computes it (rotate_half): element i of a
 // head pairs with element i + D/2 and turns by angle pos * inv_freq[i].
 #include <cmath>
+#include <span>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -23,14 +24,11 @@ BRAID_CPU_MULTIVERSION void rotate_head(float* out, const float* x, const float*
   }
 }
 
-// Table [S, 2 * half]. Follows HF's float32 arithmetic: inv_freq = 1 / theta^(2i/D) and
-// angle = float(pos) * inv_freq in f32; cos and sin of that f32 angle, correctly rounded.
-std::vector<float> cos_sin_table(int64_t s_len, int64_t d, float theta, int64_t position_offset) {
-  const int64_t half = d / 2;
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i) {
-    inv_freq[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(d));
-  }
+// Table [S, 2 * half]. Follows HF's float32 arithmetic: angle = float(pos) * inv_freq in f32;
+// cos and sin of that f32 angle, correctly rounded.
+std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
+                                 int64_t position_offset) {
+  const auto half = int64_t(inv_freq.size());
   std::vector<float> table(static_cast<size_t>(s_len * 2 * half));
   for (int64_t s = 0; s < s_len; ++s) {
     for (int64_t i = 0; i < half; ++i) {
@@ -42,9 +40,10 @@ std::vector<float> cos_sin_table(int64_t s_len, int64_t d, float theta, int64_t 
   return table;
 }
 
-void rope(Tensor out, const Tensor& x, float theta, int64_t position_offset, float sign) {
+void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t position_offset,
+          float sign) {
   const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3), half = d / 2;
-  std::vector<float> table = cos_sin_table(s_len, d, theta, position_offset);
+  std::vector<float> table = cos_sin_table(s_len, inv_freq, position_offset);
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
   parallel_for(b * s_len, std::max<int64_t>(1, 8192 / std::max<int64_t>(h * d, 1)),
@@ -61,13 +60,15 @@ void rope(Tensor out, const Tensor& x, float theta, int64_t position_offset, flo
 
 }  // namespace
 
-void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset, Stream) {
-  rope(out, x, theta, position_offset, 1.0f);
+void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
+                  int64_t position_offset, Stream) {
+  rope(out, x, inv_freq, position_offset, 1.0f);
 }
 
-void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset, Stream) {
+void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
+                   int64_t position_offset, Stream) {
   // The rotation is orthogonal: its transpose turns by the opposite angle.
-  rope(dx, dout, theta, position_offset, -1.0f);
+  rope(dx, dout, inv_freq, position_offset, -1.0f);
 }
 
 }  // namespace braid::ops::cpu

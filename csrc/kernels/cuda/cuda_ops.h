@@ -30,14 +30,14 @@ void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& wei
                      Stream stream);
 void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tensor& x,
                       const Tensor& weight, const Tensor& rstd, Stream stream);
-void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset,
-                  Stream stream);
-void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset,
-                   Stream stream);
-void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight,
-                       int64_t vocab_offset, Stream stream);
-void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
-                        int64_t vocab_offset, Stream stream);
+void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
+                  int64_t position_offset, Stream stream);
+void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
+                   int64_t position_offset, Stream stream);
+void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight, int64_t vocab_offset,
+                       Stream stream);
+void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_offset,
+                        Stream stream);
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        Stream stream);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,

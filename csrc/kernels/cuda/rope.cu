@@ -1,13 +1,13 @@
 // Rotary position embedding as in HF Llama (rotate_half): element i of a head pairs with
 // element i + D/2 and turns by angle pos * inv_freq[i]. The arithmetic follows the CPU
-// reference (csrc/kernels/cpu/rope.cpp): inv_freq = 1 / theta^(2i/D) computed on the host in
-// f32, angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded.
+// reference (csrc/kernels/cpu/rope.cpp): inv_freq from the host (ops::RotaryFrequencies, f32),
+// angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded.
 
-#include <cmath>
-#include <cstring>
+#include <algorithm>
 #include <map>
 #include <mutex>
-#include <tuple>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -52,24 +52,19 @@ __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_fr
   }
 }
 
-// inv_freq[i] = 1 / theta^(2i / d) for i < d / 2, on `device`; computed once per (theta, d)
-// and kept for the life of the process. Uploaded on the caller's stream, which is then
+// The frequencies on `device`: uploaded once per distinct table (a model has one or two) and
+// kept for the life of the process. Uploaded on the caller's stream, which is then
 // synchronised: a cudaMemcpy from pageable memory runs on the legacy default stream, which
 // does not order with non-blocking streams, and it may return before the data has landed.
-const float* inv_freq_table(Device device, cudaStream_t stream, float theta, int64_t d) {
+const float* inv_freq_table(Device device, cudaStream_t stream, std::span<const float> inv_freq) {
   static std::mutex mutex;
-  static auto* tables = new std::map<std::tuple<int, uint32_t, int64_t>, const float*>();
-  uint32_t theta_bits;
-  std::memcpy(&theta_bits, &theta, sizeof(theta_bits));
+  static auto* tables = new std::map<std::pair<int, std::vector<float>>, const float*>();
   std::lock_guard<std::mutex> lock(mutex);
-  auto key = std::make_tuple(device.index, theta_bits, d);
+  auto key = std::make_pair(device.index, std::vector<float>(inv_freq.begin(), inv_freq.end()));
   auto it = tables->find(key);
   if (it != tables->end()) return it->second;
-  const int64_t half = d / 2;
-  std::vector<float> host(size_t(std::max<int64_t>(half, 1)));
-  for (int64_t i = 0; i < half; ++i) {
-    host[size_t(i)] = 1.0f / std::pow(theta, float(2 * i) / float(d));
-  }
+  std::vector<float> host(inv_freq.begin(), inv_freq.end());
+  host.resize(std::max<size_t>(host.size(), 1));
   size_t nbytes = host.size() * sizeof(float);
   void* dev = allocator_for(device).allocate(nbytes);
   CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), nbytes, cudaMemcpyHostToDevice, stream));
@@ -79,8 +74,8 @@ const float* inv_freq_table(Device device, cudaStream_t stream, float theta, int
   return table;
 }
 
-void rope(const Tensor& out, const Tensor& x, float theta, int64_t position_offset, float sign,
-          Stream stream, const char* op) {
+void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_host,
+          int64_t position_offset, float sign, Stream stream, const char* op) {
   detail::DeviceGuard guard(x.device());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
   if (d == 0) return;
@@ -89,7 +84,7 @@ void rope(const Tensor& out, const Tensor& x, float theta, int64_t position_offs
   size_t smem = size_t(d) * sizeof(float);
   BRAID_CHECK(smem <= 48 * 1024, op, ": head dim ", d, " is too large for the rope kernel");
   cudaStream_t cs = detail::cuda_stream(stream);
-  const float* inv_freq = inv_freq_table(x.device(), cs, theta, d);
+  const float* inv_freq = inv_freq_table(x.device(), cs, inv_freq_host);
   detail::dispatch_activation(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
     rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(static_cast<T*>(out.data()),
@@ -101,15 +96,15 @@ void rope(const Tensor& out, const Tensor& x, float theta, int64_t position_offs
 
 }  // namespace
 
-void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset,
-                  Stream stream) {
-  rope(out, x, theta, position_offset, 1.0f, stream, "rope_forward");
+void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
+                  int64_t position_offset, Stream stream) {
+  rope(out, x, inv_freq, position_offset, 1.0f, stream, "rope_forward");
 }
 
-void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset,
-                   Stream stream) {
+void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
+                   int64_t position_offset, Stream stream) {
   // The rotation is orthogonal: its transpose turns by the opposite angle.
-  rope(dx, dout, theta, position_offset, -1.0f, stream, "rope_backward");
+  rope(dx, dout, inv_freq, position_offset, -1.0f, stream, "rope_backward");
 }
 
 }  // namespace braid::ops::cuda

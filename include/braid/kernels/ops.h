@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "braid/core/stream.h"
 #include "braid/core/tensor.h"
@@ -96,15 +97,32 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
                       const Tensor& weight, const Tensor& rstd, Stream stream = {});
 
 // ---------------------------------------------------------------- positions and embeddings
+// RoPE's frequencies, in f32 as HF computes them: inv_freq[i] = 1 / theta^(2i/D), i < D/2.
+// With llama3_factor > 0, Llama 3.1's scaling (HF rope_type "llama3", Megatron's
+// --use-rope-scaling): with wavelength w = 2 pi / inv_freq[i] and L = original_max_positions,
+// w > L / low_freq_factor divides the frequency by the factor, w < L / high_freq_factor keeps
+// it, and between the two s = (L / w - low) / (high - low) blends them:
+// (1 - s) inv_freq / factor + s inv_freq.
+struct RotaryFrequencies {
+  float theta = 10000.0f;
+  float llama3_factor = 0.0f;  // 0: no scaling
+  float low_freq_factor = 1.0f;
+  float high_freq_factor = 4.0f;
+  float original_max_positions = 8192.0f;
+
+  void validate() const;  // Error naming the field
+  std::vector<float> inv_freq(int64_t head_dim) const;
+};
+
 // Rotary embedding as in HF Llama (rotate_half: element i pairs with i + D/2).
-// x, out [B, S, H, D], D even; position of row s is position_offset + s. As HF computes them
-// in f32: inv_freq[i] = 1 / theta^(2i/D), angle = float(position) * inv_freq[i];
+// x, out [B, S, H, D], D even; position of row s is position_offset + s; angle =
+// float(position) * inv_freq[i] in f32 (RotaryFrequencies);
 // out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin (i < D/2).
 // out may alias x (and dx dout). Backward rotates by the opposite angle.
-void rope_forward(Tensor out, const Tensor& x, float theta, int64_t position_offset = 0,
-                  Stream stream = {});
-void rope_backward(Tensor dx, const Tensor& dout, float theta, int64_t position_offset = 0,
-                   Stream stream = {});
+void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
+                  int64_t position_offset = 0, Stream stream = {});
+void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,
+                   int64_t position_offset = 0, Stream stream = {});
 
 // out[..., C] = weight[ids[...] - vocab_offset]; weight [V_local, C]; ids i32. Ids outside
 // [vocab_offset, vocab_offset + V_local) give zero rows (vocab-parallel embedding: another

@@ -35,6 +35,12 @@ struct TransformerConfig {
   Activation activation = Activation::gelu;
   PositionEmbedding position_embedding = PositionEmbedding::learned;
   float rope_theta = 10000.0f;
+  // Llama 3.1's RoPE frequency scaling (HF rope_type "llama3"; Megatron's --use-rope-scaling
+  // --rope-scaling-factor), ops::RotaryFrequencies' rule; factor 0: none.
+  float rope_scaling_factor = 0.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int64_t rope_original_max_position_embeddings = 8192;
   float norm_eps = 1e-5f;
   bool add_bias_linear = true;
   // Biases on the query, key and value projections alone (Qwen2's; Megatron's --add-qkv-bias);

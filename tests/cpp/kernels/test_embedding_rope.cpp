@@ -1,4 +1,6 @@
 // Token embedding (vocab-parallel slices) and rotary position embedding (HF rotate_half).
+#include <numbers>
+
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -64,14 +66,15 @@ TEST_P(EmbeddingRope, EmbeddingBackwardMatchesFiniteDifferences) {
 // HF Llama: inv_freq[i] = theta^(-2i/D); out[i] = x[i] cos - x[i + D/2] sin,
 // out[i + D/2] = x[i + D/2] cos + x[i] sin, angle = position * inv_freq[i].
 std::vector<double> rope_reference(const std::vector<double>& x, int64_t b, int64_t s, int64_t h,
-                                   int64_t d, double theta, int64_t offset, double sign) {
+                                   int64_t d, const std::vector<double>& inv_freq, int64_t offset,
+                                   double sign) {
   std::vector<double> out(x.size());
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t si = 0; si < s; ++si) {
       for (int64_t hi = 0; hi < h; ++hi) {
         size_t at = size_t(((bi * s + si) * h + hi) * d);
         for (int64_t i = 0; i < d / 2; ++i) {
-          double angle = double(offset + si) * std::pow(theta, -2.0 * double(i) / double(d));
+          double angle = double(offset + si) * inv_freq[size_t(i)];
           double c = std::cos(angle), sn = sign * std::sin(angle);
           double x1 = x[at + size_t(i)], x2 = x[at + size_t(i + d / 2)];
           out[at + size_t(i)] = x1 * c - x2 * sn;
@@ -83,19 +86,82 @@ std::vector<double> rope_reference(const std::vector<double>& x, int64_t b, int6
   return out;
 }
 
+std::vector<double> plain_inv_freq(int64_t d, double theta) {
+  std::vector<double> f(size_t(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i) f[size_t(i)] = std::pow(theta, -2.0 * double(i) / double(d));
+  return f;
+}
+
+// Llama 3.1's scaling, written from its definition in double: wavelengths w = 2 pi / f longer
+// than L / low are slowed by the factor, shorter than L / high kept, and in between blended
+// with s = (L / w - low) / (high - low).
+std::vector<double> llama3_inv_freq(int64_t d, double theta, double factor, double low, double high,
+                                    double original) {
+  std::vector<double> f = plain_inv_freq(d, theta);
+  for (double& x : f) {
+    const double w = 2 * std::numbers::pi / x;
+    if (w > original / low) {
+      x /= factor;
+    } else if (w >= original / high) {
+      const double smooth = (original / w - low) / (high - low);
+      x = (1 - smooth) * x / factor + smooth * x;
+    }
+  }
+  return f;
+}
+
 TEST_P(EmbeddingRope, RopeForwardAndBackward) {
   const int64_t b = 2, s = 7, h = 3, d = 16, offset = 5;
   const float theta = 10000.0f;
   Tensor x = random_tensor({b, s, h, d}, 4);
   std::vector<double> xv = values(seen(x));
   Tensor out = empty({b, s, h, d});
-  ops::rope_forward(out, up(x), theta, offset);
-  EXPECT_TRUE(
-      all_close(out, rope_reference(xv, b, s, h, d, theta, offset, 1.0), tol({2e-6, 1e-5})));
+  ops::rope_forward(out, up(x), {theta}, offset);
+  const std::vector<double> f = plain_inv_freq(d, theta);
+  EXPECT_TRUE(all_close(out, rope_reference(xv, b, s, h, d, f, offset, 1.0), tol({2e-6, 1e-5})));
   // Backward is the transposed rotation, i.e. the opposite angle; in place (dx aliases dout).
   Tensor g = up(x);
-  ops::rope_backward(g, g, theta, offset);
-  EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, theta, offset, -1.0), tol({2e-6, 1e-5})));
+  ops::rope_backward(g, g, {theta}, offset);
+  EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, f, offset, -1.0), tol({2e-6, 1e-5})));
+}
+
+// Llama 3.1's frequencies (factor 8, low 1, high 4, original 8192) at head dim 128 and theta
+// 5e5: every regime occurs - kept, blended, slowed - and each frequency is the definition's.
+TEST(RotaryFrequencies, Llama3ScalingFollowsItsDefinition) {
+  const ops::RotaryFrequencies rotary{500000.0f, 8.0f, 1.0f, 4.0f, 8192.0f};
+  const std::vector<float> got = rotary.inv_freq(128);
+  const std::vector<double> want = llama3_inv_freq(128, 500000.0, 8, 1, 4, 8192);
+  const std::vector<double> plain = plain_inv_freq(128, 500000.0);
+  ASSERT_EQ(got.size(), 64u);
+  int kept = 0, blended = 0, slowed = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 2e-6 * want[i]) << "i = " << i;
+    const double ratio = want[i] / plain[i];
+    (ratio == 1.0 ? kept : ratio == 1.0 / 8 ? slowed : blended) += 1;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(blended, 0);
+  EXPECT_GT(slowed, 0);
+  const std::vector<float> unscaled = ops::RotaryFrequencies{500000.0f}.inv_freq(128);
+  for (size_t i = 0; i < unscaled.size(); ++i)
+    EXPECT_NEAR(unscaled[i], plain[i], 2e-6 * plain[i]) << "i = " << i;
+  EXPECT_THROW(ops::RotaryFrequencies({500000.0f, 8.0f, 4.0f, 1.0f, 8192.0f}).validate(), Error);
+  EXPECT_THROW(ops::RotaryFrequencies({500000.0f, -1.0f}).validate(), Error);
+}
+
+TEST_P(EmbeddingRope, ScaledRopeRotatesByTheScaledFrequencies) {
+  // Head dim 32 with theta 5e5 and a short original context (64): all three regimes.
+  const int64_t b = 1, s = 5, h = 2, d = 32, offset = 9;
+  const ops::RotaryFrequencies rotary{500000.0f, 8.0f, 1.0f, 4.0f, 64.0f};
+  Tensor x = random_tensor({b, s, h, d}, 7);
+  std::vector<double> xv = values(seen(x));
+  const std::vector<double> f = llama3_inv_freq(d, 500000.0, 8, 1, 4, 64);
+  Tensor out = empty({b, s, h, d});
+  ops::rope_forward(out, up(x), rotary, offset);
+  EXPECT_TRUE(all_close(out, rope_reference(xv, b, s, h, d, f, offset, 1.0), tol({2e-6, 1e-5})));
+  Tensor g = up(x);
+  ops::rope_backward(g, g, rotary, offset);
+  EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, f, offset, -1.0), tol({2e-6, 1e-5})));
 }
 
 TEST_P(EmbeddingRope, RopeBackwardMatchesFiniteDifferences) {
@@ -105,12 +171,12 @@ TEST_P(EmbeddingRope, RopeBackwardMatchesFiniteDifferences) {
   g.samples = 80;
   g.forward = [](const Tensors& in) {
     Tensor y = empty_as(in[0], in[0].shape());
-    ops::rope_forward(y, in[0], 500000.0f, 3);
+    ops::rope_forward(y, in[0], {500000.0f}, 3);
     return y;
   };
   g.backward = [](const Tensors& in, const Tensor& dy) {
     Tensor dx = empty_as(in[0], in[0].shape());
-    ops::rope_backward(dx, dy, 500000.0f, 3);
+    ops::rope_backward(dx, dy, {500000.0f}, 3);
     return Tensors{dx};
   };
   g.step = 1e-2;
@@ -125,7 +191,7 @@ TEST_P(EmbeddingRope, RopeAtLongPositionsFollowsF32Angles) {
   const int64_t d = 8, offset = 4000;
   Tensor x = random_tensor({1, 2, 1, d}, 6);
   Tensor out = empty({1, 2, 1, d});
-  ops::rope_forward(out, up(x), 10000.0f, offset);
+  ops::rope_forward(out, up(x), {10000.0f}, offset);
   std::vector<double> xv = values(seen(x)), hf(xv.size());
   for (int64_t si = 0; si < 2; ++si) {
     for (int64_t i = 0; i < d / 2; ++i) {
@@ -138,8 +204,9 @@ TEST_P(EmbeddingRope, RopeAtLongPositionsFollowsF32Angles) {
     }
   }
   EXPECT_TRUE(all_close(out, hf, tol({2e-6, 1e-5})));
-  EXPECT_TRUE(
-      all_close(out, rope_reference(xv, 1, 2, 1, d, 10000.0, offset, 1.0), tol({1e-3, 1e-3})));
+  EXPECT_TRUE(all_close(out,
+                        rope_reference(xv, 1, 2, 1, d, plain_inv_freq(d, 10000.0), offset, 1.0),
+                        tol({1e-3, 1e-3})));
 }
 
 BRAID_KERNEL_TEST_SUITE(EmbeddingRope);

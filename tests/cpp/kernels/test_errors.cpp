@@ -69,12 +69,12 @@ TEST_P(Errors, ShapeMismatchesNameTheOp) {
       "rmsnorm_backward: rstd"));
   EXPECT_TRUE(raises(
       [&] {
-        ops::rope_forward(empty({2, 3, 4, 7}), empty({2, 3, 4, 7}), 1e4f);
+        ops::rope_forward(empty({2, 3, 4, 7}), empty({2, 3, 4, 7}), {1e4f});
       },
       "rope_forward"));
   EXPECT_TRUE(raises(
       [&] {
-        ops::rope_backward(empty({2, 3, 8}), empty({2, 3, 8}), 1e4f);
+        ops::rope_backward(empty({2, 3, 8}), empty({2, 3, 8}), {1e4f});
       },
       "rope_backward"));
   Tensor ids = Tensor::empty({2, 3}, DType::i32, device());
@@ -220,8 +220,8 @@ TEST_P(Errors, ZeroSizedInputsDoNothing) {
   ops::layernorm_backward(none, dw, db, none, none, empty({8}), empty_f32({0}), empty_f32({0}));
   ops::rmsnorm_forward(none, empty_f32({0}), none, empty({8}), 1e-6f);
   ops::rmsnorm_backward(none, dw, none, none, empty({8}), empty_f32({0}));
-  ops::rope_forward(empty({0, 3, 2, 8}), empty({0, 3, 2, 8}), 1e4f);
-  ops::rope_backward(empty({2, 0, 2, 8}), empty({2, 0, 2, 8}), 1e4f);
+  ops::rope_forward(empty({0, 3, 2, 8}), empty({0, 3, 2, 8}), {1e4f});
+  ops::rope_backward(empty({2, 0, 2, 8}), empty({2, 0, 2, 8}), {1e4f});
   Tensor ids = Tensor::empty({0}, DType::i32, device());
   ops::embedding_forward(none, ids, empty({10, 8}));
   Tensor table = up_f32(random_tensor({10, 8}, 3));

@@ -80,6 +80,21 @@ TEST(TransformerConfig, InvalidFieldsAreNamed) {
   expect_rejected([](auto& c) { c.attention_dropout = 0.1f; }, "attention_dropout");
   expect_rejected([](auto& c) { c.params_dtype = DType::i32; }, "params_dtype");
   expect_rejected([](auto& c) { c.rope_theta = 0; }, "rope_theta", "llama-tiny");
+  expect_rejected([](auto& c) { c.rope_scaling_factor = -8; }, "rope_scaling_factor", "llama-tiny");
+  expect_rejected(
+      [](auto& c) {
+        c.rope_scaling_factor = 8;
+        c.rope_low_freq_factor = 4;
+        c.rope_high_freq_factor = 1;
+      },
+      "rope_low_freq_factor", "llama-tiny");
+  expect_rejected(
+      [](auto& c) {
+        c.rope_scaling_factor = 8;
+        c.rope_original_max_position_embeddings = 0;
+      },
+      "rope_original_max_position_embeddings", "llama-tiny");
+  expect_rejected([](auto& c) { c.rope_scaling_factor = 8; }, "rope_scaling_factor");  // gpt2
   // rope rotates pairs (i, i + D/2): an odd head dim has no such pairing.
   expect_rejected(
       [](auto& c) {

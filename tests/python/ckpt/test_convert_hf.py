@@ -51,10 +51,12 @@ def perturb(model):
 
 def llama(tmp, kv_heads=2, tie=False, dtype=torch.float32, **extra):
     torch.manual_seed(0)
+    if "rope_parameters" not in extra:
+        extra["rope_theta"] = 500000.0
     cfg = transformers.LlamaConfig(
         vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64,
-        rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=tie, **extra)
+        rms_norm_eps=1e-5, tie_word_embeddings=tie, **extra)
     model = transformers.LlamaForCausalLM(cfg).eval()
     perturb(model)
     model.to(dtype).save_pretrained(tmp)
@@ -89,6 +91,10 @@ MODELS = {
     "llama-gqa-untied": lambda d: llama(d, kv_heads=2, tie=False),
     "llama-mqa-tied": lambda d: llama(d, kv_heads=1, tie=True),
     "llama-bias": lambda d: llama(d, kv_heads=2, attention_bias=True, mlp_bias=True),
+    # Llama 3.1's RoPE scaling; the original context (32) below the model's, as in the real ones.
+    "llama-rope-llama3": lambda d: llama(d, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     "gpt2-tied-sharded": lambda d: gpt2(d, shard=True),
     "gpt2-untied": lambda d: gpt2(d, tie=False),
     "qwen2-tied": lambda d: qwen2(d, tie=True),
@@ -129,7 +135,7 @@ def assert_equivalent_configs(got_dir, want_dir):
                 w = 4 * want.n_embd
             assert g == w, (key, g, w)
     if want.model_type in ("llama", "qwen2"):
-        assert got.rope_parameters["rope_theta"] == want.rope_parameters["rope_theta"]
+        assert got.rope_parameters == want.rope_parameters
 
 
 def load_hf(out_dir):
@@ -148,7 +154,8 @@ def braid_model(ckpt):
     for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                 "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
                 "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-                "tie_embeddings", "rope_theta", "norm_eps"):
+                "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
+                "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps"):
         setattr(cfg, key, c[key])
     model = braid.GPTModel(cfg, device="cpu", seed=1)
     params = model.parameters()
@@ -311,7 +318,8 @@ cfg = braid.TransformerConfig()
 for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
             "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
             "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-            "tie_embeddings", "rope_theta", "norm_eps"):
+            "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
+            "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps"):
     setattr(cfg, key, c[key])
 state = braid.ParallelState(tp=2, pp=2, dp=1)
 model = braid.ParallelModel(cfg, device="cpu", seed=5, state=state)
@@ -390,7 +398,7 @@ def edit_config(hf_dir, **changes):
 
 @pytest.mark.parametrize("changes,field", [
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}},
      "rope_parameters.rope_type"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"head_dim": 32}, "head_dim"),

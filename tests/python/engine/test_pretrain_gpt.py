@@ -275,6 +275,8 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--lr-wsd-decay-iters is for --train-iters; with --train-samples give "
      "--lr-wsd-decay-samples"),
     (["--exit-on-missing-checkpoint"], "--exit-on-missing-checkpoint needs --load DIR"),
+    (["--rope-scaling-factor", "32"], "--rope-scaling-factor needs --use-rope-scaling"),
+    (["--use-rope-scaling"], "--use-rope-scaling needs --position-embedding-type rope"),
     (["--train-iters", "10", "--rampup-batch-size", "16", "16", "100"],
      "--rampup-batch-size needs --train-samples"),
     (["--train-samples", "1000", "--micro-batch-size", "4", "--global-batch-size", "128",

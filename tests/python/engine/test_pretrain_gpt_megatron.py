@@ -238,6 +238,27 @@ def test_qkv_bias_trains_like_one_process_and_is_part_of_the_model(tmp_path):
         "and false in this run" in r.stderr, r.stdout + r.stderr
 
 
+def test_rope_scaling_is_part_of_the_model(tmp_path):
+    # Megatron's --use-rope-scaling --rope-scaling-factor 32 (Llama 3.2's) reaches the model:
+    # the checkpoint's config records the rule, and --use-checkpoint-args takes it back. (What
+    # the scaling computes is checked against HF's LlamaForCausalLM: test_hf_oracle.py.)
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt = str(tmp_path / "ckpt")
+    r = run(1, [*MODEL, "--use-rope-scaling", "--rope-scaling-factor", "32", "--train-iters",
+                "4", "--eval-iters", "0", "--save", ckpt])
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = braid.checkpoint_metadata(ckpt)["config"]
+    assert (c["rope_scaling_factor"], c["rope_low_freq_factor"], c["rope_high_freq_factor"],
+            c["rope_original_max_position_embeddings"]) == (32.0, 1.0, 4.0, 8192)
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "5",
+                "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: --use-rope-scaling True from the checkpoint" in r.stdout, r.stdout
+    assert "braid: --rope-scaling-factor 32.0 from the checkpoint" in r.stdout, r.stdout
+
+
 def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):
     # A Megatron launch script's tokenizer flags, unchanged: GPT-2's vocab.json and merges.txt,
     # or a tokenizer.json (with added tokens), give the vocabulary; NullTokenizer adds its EOD.

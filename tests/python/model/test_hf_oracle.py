@@ -58,6 +58,16 @@ def test_llama_logits_loss_and_gradients(kv_heads, tie):
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 
+def test_llama3_rope_scaling_logits_loss_and_gradients():
+    # Llama 3.1's RoPE scaling (rope_type llama3): kept, blended and slowed frequencies.
+    hf, model = llama_pair(llama3_rope=True)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+    _, plain = llama_pair()  # the same weights without the scaling: other logits
+    ids, _ = batch(97)
+    assert not np.allclose(np.from_dlpack(plain.logits(ids)), np.from_dlpack(model.logits(ids)),
+                           rtol=1e-3)
+
+
 def test_qwen2_logits_loss_and_gradients():
     # Biases on q, k and v alone (add_qkv_bias), tied embeddings, rope_theta 1e6.
     hf, model = qwen2_pair()
