@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face Llama / Qwen2 / GPT-2 directories to braid checkpoints and back.
+"""Hugging Face Llama / Qwen2 / Qwen3 / GPT-2 directories to braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -135,10 +135,10 @@ def braid_specs(c):
     if c["position_embedding"] == "learned":
         specs.append(("model.embed_positions.weight", [c["max_position_embeddings"], h], -1))
 
-    def norm(prefix):
-        specs.append((prefix + ".weight", [h], -1))
+    def norm(prefix, size=h):
+        specs.append((prefix + ".weight", [size], -1))
         if layernorm:
-            specs.append((prefix + ".bias", [h], -1))
+            specs.append((prefix + ".bias", [size], -1))
 
     for i in range(c["num_layers"]):
         p = f"model.layers.{i}."
@@ -150,6 +150,9 @@ def braid_specs(c):
             specs += [(p + "self_attn.q_proj.bias", [q_out], 0),
                       (p + "self_attn.k_proj.bias", [kv_out], 0),
                       (p + "self_attn.v_proj.bias", [kv_out], 0)]
+        if c.get("qk_layernorm"):
+            norm(p + "self_attn.q_norm", head_dim)
+            norm(p + "self_attn.k_norm", head_dim)
         specs.append((p + "self_attn.o_proj.weight", [h, q_out], 1))
         if bias:
             specs.append((p + "self_attn.o_proj.bias", [h], -1))
@@ -169,10 +172,11 @@ def braid_specs(c):
 
 # ---- configs ---------------------------------------------------------------------------------
 
-# Qwen2 is Llama with biases on q, k and v alone (braid's add_qkv_bias) and its own name.
+# Qwen2 is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
+# norm on each query and key head (qk_layernorm); the names are Llama's.
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "GPT2LMHeadModel": "gpt2"}
-LLAMA_LIKE = ("llama", "qwen2")
+                 "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2"}
+LLAMA_LIKE = ("llama", "qwen2", "qwen3")
 
 
 def hf_architecture(hf):
@@ -251,7 +255,7 @@ def braid_config_from_hf(hf, arch, dtype):
         if attention_bias != mlp_bias:
             refuse("attention_bias", attention_bias, f"mlp_bias is {json.dumps(mlp_bias)}; braid's "
                    "add_bias_linear gives every linear layer a bias or none")
-        if arch == "qwen2":  # sliding_window is set but unused unless use_sliding_window
+        if arch in ("qwen2", "qwen3"):  # sliding_window is set, unused unless use_sliding_window
             if hf.get("use_sliding_window"):
                 refuse("use_sliding_window", True, "braid attends to the whole context")
             other = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
@@ -266,6 +270,7 @@ def braid_config_from_hf(hf, arch, dtype):
                 "max_position_embeddings": hf["max_position_embeddings"],
                 "normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
                 "add_bias_linear": bool(attention_bias), "add_qkv_bias": arch == "qwen2",
+                "qk_layernorm": arch == "qwen3",
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf),
                 "norm_eps": as_f32(hf.get("rms_norm_eps", 1e-6)),
                 "params_dtype": dtype}
@@ -281,7 +286,7 @@ def braid_config_from_hf(hf, arch, dtype):
             "num_query_groups": hf["n_head"], "ffn_hidden_size": hf.get("n_inner") or 4 * h,
             "vocab_size": hf["vocab_size"], "max_position_embeddings": hf["n_positions"],
             "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
-            "add_bias_linear": True, "add_qkv_bias": False,
+            "add_bias_linear": True, "add_qkv_bias": False, "qk_layernorm": False,
             "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
             "rope_theta": 10000.0, **NO_ROPE_SCALING,
             "norm_eps": as_f32(hf.get("layer_norm_epsilon", 1e-5)),
@@ -301,8 +306,15 @@ def f32_value(x):
 def braid_architecture(c):
     kind = (c["normalization"], c["activation"], c["position_embedding"])
     if kind == ("rmsnorm", "swiglu", "rope"):
+        if c.get("qk_layernorm"):
+            check(not c["add_bias_linear"] and not c.get("add_qkv_bias"),
+                  "this braid model has qk_layernorm and biases; Qwen3ForCausalLM has neither "
+                  "attention nor MLP biases")
+            return "qwen3"
         return "qwen2" if c.get("add_qkv_bias") and not c["add_bias_linear"] else "llama"
     if kind == ("layernorm", "gelu", "learned"):
+        check(not c.get("qk_layernorm"), "this braid model is GPT-2 shaped but has qk_layernorm; "
+              "GPT2LMHeadModel has no query/key norms")
         check(c["add_bias_linear"], "this braid model is GPT-2 shaped but add_bias_linear is false; "
               "GPT2LMHeadModel always has biases")
         check(c["num_query_groups"] == c["num_attention_heads"],
@@ -327,6 +339,11 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
               "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
               "rope_scaling", "hidden_act", "tie_word_embeddings", "use_sliding_window",
               "sliding_window", "layer_types"),
+    "qwen3": ("architectures", "model_type", "hidden_size", "intermediate_size",
+              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
+              "rope_parameters", "rope_scaling", "hidden_act", "attention_bias",
+              "tie_word_embeddings", "use_sliding_window", "sliding_window", "layer_types"),
     "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
              "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
              "tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
@@ -359,6 +376,18 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "rope_parameters": rope,
               "hidden_act": "silu", "tie_word_embeddings": c["tie_embeddings"],
               "use_sliding_window": False}
+    elif arch == "qwen3":
+        rope = hf_rope_parameters(c)
+        hf = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+              "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
+              "num_hidden_layers": c["num_layers"],
+              "num_attention_heads": c["num_attention_heads"],
+              "num_key_value_heads": c["num_query_groups"],
+              "head_dim": c["hidden_size"] // c["num_attention_heads"],
+              "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
+              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
+              "rope_parameters": rope, "hidden_act": "silu", "attention_bias": False,
+              "tie_word_embeddings": c["tie_embeddings"], "use_sliding_window": False}
     else:
         hf = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
               "n_embd": c["hidden_size"], "n_inner": c["ffn_hidden_size"],

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "braid/ckpt/atomic_dir.h"
 #include "braid/ckpt/safetensors.h"
@@ -98,6 +99,7 @@ json config_json(const model::TransformerConfig& c) {
               {"position_embedding", model::to_string(c.position_embedding)},
               {"add_bias_linear", c.add_bias_linear},
               {"add_qkv_bias", c.add_qkv_bias},
+              {"qk_layernorm", c.qk_layernorm},
               {"tie_embeddings", c.tie_embeddings},
               {"rope_theta", c.rope_theta},
               {"rope_scaling_factor", c.rope_scaling_factor},
@@ -121,12 +123,14 @@ void check_same_model(const json& saved, const model::TransformerConfig& config,
                        saved.at(key).dump(), " in the checkpoint and ", mine.at(key).dump(),
                        " in this run");
   }
-  // Checkpoints from before add_qkv_bias have none.
-  const bool qkv_bias = saved.value("add_qkv_bias", false);
-  BRAID_CONFIG_CHECK(qkv_bias == config.add_qkv_bias, where,
-                     ": a different model - add_qkv_bias is ", qkv_bias ? "true" : "false",
-                     " in the checkpoint and ", config.add_qkv_bias ? "true" : "false",
-                     " in this run");
+  // Checkpoints from before these fields have neither.
+  for (const auto& [key, mine_value] : {std::pair{"add_qkv_bias", config.add_qkv_bias},
+                                        std::pair{"qk_layernorm", config.qk_layernorm}}) {
+    const bool saved_value = saved.value(key, false);
+    BRAID_CONFIG_CHECK(saved_value == mine_value, where, ": a different model - ", key, " is ",
+                       saved_value ? "true" : "false", " in the checkpoint and ",
+                       mine_value ? "true" : "false", " in this run");
+  }
 }
 
 // ---- optimizer state -------------------------------------------------------------------------

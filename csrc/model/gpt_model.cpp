@@ -152,6 +152,10 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   t.input_norm_bias = view_of(flat, p + "input_layernorm.bias");
   t.qkv_weight = fused_view(flat, p + "self_attn.q_proj.weight", qkv_rows, c.hidden_size);
   t.qkv_bias = fused_view(flat, p + "self_attn.q_proj.bias", qkv_rows, 0);
+  t.q_norm_weight = view_of(flat, p + "self_attn.q_norm.weight");
+  t.q_norm_bias = view_of(flat, p + "self_attn.q_norm.bias");
+  t.k_norm_weight = view_of(flat, p + "self_attn.k_norm.weight");
+  t.k_norm_bias = view_of(flat, p + "self_attn.k_norm.bias");
   t.o_weight = view_of(flat, p + "self_attn.o_proj.weight");
   t.o_bias = view_of(flat, p + "self_attn.o_proj.bias");
   t.post_norm_weight = view_of(flat, p + "post_attention_layernorm.weight");
@@ -477,7 +481,13 @@ void GPTModel::finalize_grads() {
   if (embedding_group_ != nullptr && embedding_group_->size() > 1 && holds_copy)
     embedding_group_->all_reduce(parameter("model.embed_tokens.weight").grad)->wait();
   for (Parameter& p : params_) {
-    if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
+    // q_norm and k_norm are used on this rank's heads only: their gradients are partial
+    // whatever the token split.
+    const bool per_head = p.spec.name.find("self_attn.q_norm.") != std::string::npos ||
+                          p.spec.name.find("self_attn.k_norm.") != std::string::npos;
+    if (per_head) {
+      all_reduce_tp(tp_, p.grad);
+    } else if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
       // Used on this rank's tokens only: norms and position embeddings. (Row-parallel biases
       // take their gradient from the gathered output gradient, complete on every rank.)
       const bool partial = p.spec.name.find("norm.") != std::string::npos ||

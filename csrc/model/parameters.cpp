@@ -85,10 +85,15 @@ class LayoutBuilder {
   int tp_, rank_;
 };
 
-void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& prefix, int layer) {
-  b.group({prefix + ".weight", Shape{c.hidden_size}, -1, layer, false});
+void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& prefix, int layer,
+              int64_t size) {
+  b.group({prefix + ".weight", Shape{size}, -1, layer, false});
   if (c.normalization == Normalization::layernorm)
-    b.group({prefix + ".bias", Shape{c.hidden_size}, -1, layer, false});
+    b.group({prefix + ".bias", Shape{size}, -1, layer, false});
+}
+
+void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& prefix, int layer) {
+  add_norm(b, c, prefix, layer, c.hidden_size);
 }
 
 void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
@@ -107,6 +112,10 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
     b.group({p + "self_attn.q_proj.bias", Shape{q_out}, 0, layer, false});
     b.member({p + "self_attn.k_proj.bias", Shape{kv_out}, 0, layer, false});
     b.member({p + "self_attn.v_proj.bias", Shape{kv_out}, 0, layer, false});
+  }
+  if (c.qk_layernorm) {
+    add_norm(b, c, p + "self_attn.q_norm", layer, c.head_dim());
+    add_norm(b, c, p + "self_attn.k_norm", layer, c.head_dim());
   }
   b.group({p + "self_attn.o_proj.weight", Shape{h, q_out}, 1, layer, true});
   if (bias) b.group({p + "self_attn.o_proj.bias", Shape{h}, -1, layer, false});

@@ -88,12 +88,24 @@ TransformerLayer::Projection TransformerLayer::project_qkv(const Tensor& h, Toke
   const Device dev = h.device();
   const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
   const QKV bqkv = split_qkv(w_.qkv_bias, n.q_heads * d, n.kv_heads * d);
-  Projection p{Tensor::empty({b, s, n.q_heads, d}, dt, dev),
-               Tensor::empty({b, s, n.kv_heads, d}, dt, dev),
-               Tensor::empty({b, s, n.kv_heads, d}, dt, dev)};
+  Projection p;
+  p.q = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
+  p.k = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
+  p.v = Tensor::empty({b, s, n.kv_heads, d}, dt, dev);
   linear_forward(p.q.view({t, n.q_heads * d}), h, wqkv.q, bqkv.q);
   linear_forward(p.k.view({t, n.kv_heads * d}), h, wqkv.k, bqkv.k);
   linear_forward(p.v.view({t, n.kv_heads * d}), h, wqkv.v, bqkv.v);
+  if (config_.qk_layernorm) {
+    const TransformerConfig& c = config_;
+    p.q_raw = p.q;
+    p.k_raw = p.k;
+    p.q = norm_forward(c.normalization, c.norm_eps, p.q_stats, p.q_raw.view({t * n.q_heads, d}),
+                       w_.q_norm_weight, w_.q_norm_bias)
+              .view({b, s, n.q_heads, d});
+    p.k = norm_forward(c.normalization, c.norm_eps, p.k_stats, p.k_raw.view({t * n.kv_heads, d}),
+                       w_.k_norm_weight, w_.k_norm_bias)
+              .view({b, s, n.kv_heads, d});
+  }
   if (config_.position_embedding == PositionEmbedding::rope) {
     ops::rope_forward(p.q, p.q, rotary(config_), position_offset);
     ops::rope_forward(p.k, p.k, rotary(config_), position_offset);
@@ -116,7 +128,8 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   Tensor h1 =
       norm_forward(c.normalization, c.norm_eps, s1, x, w_.input_norm_weight, w_.input_norm_bias);
   const Tensor h1_full = enter_tp_forward(tp_, h1);
-  auto [q, k, v] = project_qkv(h1_full, tokens, 0);
+  Projection qkv = project_qkv(h1_full, tokens, 0);
+  const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
   ops::attention_forward(attn, lse, q, k, v);
@@ -149,6 +162,10 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->q = q;
       saved->k = k;
       saved->v = v;
+      saved->q_raw = qkv.q_raw;
+      saved->k_raw = qkv.k_raw;
+      saved->q_norm_stats = qkv.q_stats;
+      saved->k_norm_stats = qkv.k_stats;
       saved->attn_out = attn;
       saved->lse = lse;
       saved->mid = mid;
@@ -182,9 +199,10 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   NormStats s1;
   const Tensor h1 = enter_tp_forward(tp_, norm_forward(c.normalization, c.norm_eps, s1, x,
                                                        w_.input_norm_weight, w_.input_norm_bias));
-  auto [q, k, v] = project_qkv(h1, tokens, offset);
-  cache.write(cache_layer, k, v);
-  release(k, v);
+  Projection qkv = project_qkv(h1, tokens, offset);
+  const Tensor q = qkv.q;
+  cache.write(cache_layer, qkv.k, qkv.v);
+  qkv = Projection{};
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   ops::attention_cached_forward(attn, q, cache.keys(cache_layer), cache.values(cache_layer),
                                 offset + s);
@@ -263,6 +281,19 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   if (c.position_embedding == PositionEmbedding::rope) {
     ops::rope_backward(dq, dq, rotary(c));
     ops::rope_backward(dk, dk, rotary(c));
+  }
+  if (c.qk_layernorm) {  // dq, dk of the normed heads -> of the projections
+    Tensor dq_raw = empty_like(a.q_raw), dk_raw = empty_like(a.k_raw);
+    norm_backward(c.normalization, dq_raw.view({t * n.q_heads, d}), g_.q_norm_weight,
+                  g_.q_norm_bias, dq.view({t * n.q_heads, d}), a.q_raw.view({t * n.q_heads, d}),
+                  w_.q_norm_weight, a.q_norm_stats);
+    norm_backward(c.normalization, dk_raw.view({t * n.kv_heads, d}), g_.k_norm_weight,
+                  g_.k_norm_bias, dk.view({t * n.kv_heads, d}), a.k_raw.view({t * n.kv_heads, d}),
+                  w_.k_norm_weight, a.k_norm_stats);
+    release(a.q_raw, a.k_raw, a.q_norm_stats.mean, a.q_norm_stats.rstd, a.k_norm_stats.mean,
+            a.k_norm_stats.rstd);
+    dq = dq_raw;
+    dk = dk_raw;
   }
   const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
   const QKV gw = split_qkv(g_.qkv_weight, n.q_heads * d, n.kv_heads * d);

@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--swiglu", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")
+    g.add_argument("--qk-layernorm", action="store_true",
+                   help="a --normalization norm on every query and key head before RoPE (Qwen3)")
     g.add_argument("--add-qkv-bias", action="store_true",
                    help="biases on the query, key and value projections (Qwen2's), also with "
                         "--disable-bias-linear")
@@ -341,6 +343,7 @@ _FROM_CHECKPOINT = {
                                       {"rope": "rope", "learned": "learned_absolute"}[v])],
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
     "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
+    "qk_layernorm": lambda v: [("qk_layernorm", v)],
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
     "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
@@ -384,6 +387,7 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
     a.checkpoint_vocab = True
     # Checkpoints from before these fields had neither.
     config.setdefault("add_qkv_bias", False)
+    config.setdefault("qk_layernorm", False)
     config.setdefault("rope_scaling_factor", 0.0)
     for key, value in MEGATRON_ROPE_SCALING.items():
         config.setdefault(key, value)

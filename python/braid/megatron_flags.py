@@ -20,7 +20,6 @@ UNSUPPORTED = {
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
     "--apply-query-key-layer-scaling": "not implemented",
-    "--qk-layernorm": "not implemented",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
 }

@@ -85,6 +85,7 @@ def model_config(a) -> braid.TransformerConfig:
             MEGATRON_ROPE_SCALING["rope_original_max_position_embeddings"]
     cfg.add_bias_linear = not a.disable_bias_linear
     cfg.add_qkv_bias = a.add_qkv_bias
+    cfg.qk_layernorm = a.qk_layernorm
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
     cfg.init_std = a.init_method_std
     cfg.hidden_dropout = a.hidden_dropout

@@ -91,6 +91,30 @@ def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
     return hf, model
 
 
+def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0):
+    """Qwen3ForCausalLM: Llama with an RMSNorm on each query and key head (qk_layernorm)."""
+    torch.manual_seed(seed)
+    hf_cfg = transformers.Qwen3Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+        max_position_embeddings=positions, rms_norm_eps=1e-6, rope_theta=1000000.0,
+        tie_word_embeddings=False)
+    hf_cfg._attn_implementation = "eager"
+    hf = transformers.Qwen3ForCausalLM(hf_cfg).float().eval()
+    with torch.no_grad():  # unit norms would test nothing
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    cfg = braid.TransformerConfig.preset("llama-tiny")
+    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = layers, hidden, heads
+    cfg.num_query_groups, cfg.ffn_hidden_size = kv_heads, ffn
+    cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-6
+    cfg.rope_theta, cfg.tie_embeddings, cfg.qk_layernorm = 1000000.0, False, True
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
+    return hf, model
+
+
 def gpt2_to_braid(hf, layers, hidden):
     """HF GPT-2 state -> braid names (weights transposed to [out, in], c_attn split)."""
     sd = {n: p.detach() for n, p in hf.named_parameters()}

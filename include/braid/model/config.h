@@ -46,6 +46,9 @@ struct TransformerConfig {
   // Biases on the query, key and value projections alone (Qwen2's; Megatron's --add-qkv-bias);
   // add_bias_linear gives them too.
   bool add_qkv_bias = false;
+  // A norm (the model's normalization, weight [head_dim]) on every query and key head after
+  // the projection, before RoPE (Qwen3's q_norm / k_norm; Megatron's --qk-layernorm).
+  bool qk_layernorm = false;
   bool tie_embeddings = true;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;

@@ -9,7 +9,9 @@
 //     self_attn.o_proj.{weight,bias}, post_attention_layernorm.{weight,bias},
 //     mlp.{gate_proj,up_proj}.weight, mlp.{gate_proj,up_proj}.bias, mlp.down_proj.{weight,bias}
 //   model.norm.{weight,bias}, lm_head.weight (absent when embeddings are tied).
-// Biases exist when add_bias_linear (q, k and v also with add_qkv_bias); norm biases with layernorm; gate_proj with swiglu.
+// Biases exist when add_bias_linear (q, k and v also with add_qkv_bias); q_norm and k_norm
+// (weight [head_dim], replicated over TP) with qk_layernorm; norm biases with layernorm; gate_proj
+// with swiglu.
 //
 // Fused groups are stored back to back with no padding: q/k/v weights (one [q; k; v]
 // view is the weight of one GEMM), q/k/v biases, gate/up weights (one GEMM gives

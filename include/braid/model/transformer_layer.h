@@ -1,7 +1,8 @@
 #pragma once
 // One pre-norm transformer block with explicit forward and backward (Megatron's tensor
 // parallelism: attention split by heads, MLP along its hidden dimension; tensor_parallel.h):
-//   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (+ rope on q, k)
+//   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (qk_layernorm: q, k = norm per head)
+//   (+ rope on q, k)
 //   attn = causal_attention(q, k, v); mid = x + dropout(attn Wo^T + bo)
 //   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | swiglu(fc1)
 //   out = mid + dropout(act W2^T + b2)
@@ -26,7 +27,9 @@ struct LayerTensors {
   Tensor input_norm_weight, input_norm_bias;  // bias: layernorm only
   Tensor qkv_weight;                          // [(Hq + 2 Hkv) D, H] = [q_proj; k_proj; v_proj]
   Tensor qkv_bias;                            // [(Hq + 2 Hkv) D], or undefined
-  Tensor o_weight, o_bias;                    // [H, Hq D], [H]
+  Tensor q_norm_weight, q_norm_bias;          // [D] each (qk_layernorm), or undefined
+  Tensor k_norm_weight, k_norm_bias;
+  Tensor o_weight, o_bias;  // [H, Hq D], [H]
   Tensor post_norm_weight, post_norm_bias;
   Tensor fc1_weight, fc1_bias;  // gelu: up_proj [F, H]; swiglu: [gate_proj; up_proj] [2F, H]
   Tensor fc2_weight, fc2_bias;  // down_proj [H, F], [H]
@@ -49,7 +52,8 @@ struct Tokens {
 // dtype unless noted):
 //   Recompute::none       every field.
 //   Recompute::selective  input, q, k, v (after rope), attn_out, lse, mid and fc1_out (the
-//                         pre-activation): the outputs of the GEMMs and of attention. The
+//                         pre-activation): the outputs of the GEMMs and of attention (with
+//                         qk_layernorm also q_raw, k_raw and their norms' statistics). The
 //                         backward recomputes both norms (outputs and statistics) and the
 //                         activation output from them: cheap elementwise and row-wise
 //                         work that saves 2H + F values per token.
@@ -62,7 +66,9 @@ struct LayerActivations {
   Tensor input;  // the residual stream entering the block (kept by every policy)
   NormStats input_norm_stats;
   Tensor input_norm_out;
-  Tensor q, k, v;   // [B, S, Hq | Hkv, D], after rope
+  Tensor q, k, v;       // [B, S, Hq | Hkv, D], after rope
+  Tensor q_raw, k_raw;  // qk_layernorm: the projections before their norms
+  NormStats q_norm_stats, k_norm_stats;
   Tensor attn_out;  // [B, S, Hq, D]
   Tensor lse;       // [B, Hq, S] f32
   Tensor mid;       // input + attention branch: the residual input of the MLP
@@ -109,9 +115,12 @@ class TransformerLayer {
 
  private:
   // q [B, S, q_heads, D], k and v [B, S, kv_heads, D] of the normed input h [T, H] (the whole
-  // sequence under TP), RoPE applied from position `position_offset` on.
+  // sequence under TP), q and k normed per head (qk_layernorm: q_raw and k_raw before it) and
+  // RoPE applied from position `position_offset` on.
   struct Projection {
     Tensor q, k, v;
+    Tensor q_raw, k_raw;
+    NormStats q_stats, k_stats;
   };
   Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;

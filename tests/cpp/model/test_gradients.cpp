@@ -113,5 +113,18 @@ TEST(Gradients, MixtureMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+TEST(Gradients, QkNormsMatchFiniteDifferences) {
+  // Per-head norms on q and k (qk_layernorm): rmsnorm with GQA and llama3 RoPE scaling, and
+  // layernorm (weight and bias) with learned positions.
+  TransformerConfig llama = small_llama();
+  llama.qk_layernorm = true;
+  llama.rope_scaling_factor = 8.0f;
+  llama.rope_original_max_position_embeddings = 16;
+  check_gradients(llama);
+  TransformerConfig gpt2 = small_gpt2();
+  gpt2.qk_layernorm = true;
+  check_gradients(gpt2);
+}
+
 }  // namespace
 }  // namespace braid::model

@@ -134,6 +134,29 @@ TEST(ParameterSpecs, QkvBiasAlone) {
   }());
 }
 
+// qk_layernorm (Qwen3): q_norm and k_norm per layer, weight [head_dim] (and a bias with
+// layernorm), replicated over TP, not decayed.
+TEST(ParameterSpecs, QkNorms) {
+  for (const char* preset : {"llama-tiny", "gpt2-tiny"}) {
+    TransformerConfig c = TransformerConfig::preset(preset);
+    c.qk_layernorm = true;
+    const auto specs = by_name(parameter_specs(c));
+    const std::vector<std::string> parts = c.normalization == Normalization::layernorm
+                                               ? std::vector<std::string>{"weight", "bias"}
+                                               : std::vector<std::string>{"weight"};
+    for (int layer = 0; layer < c.num_layers; ++layer)
+      for (const char* norm : {"q_norm", "k_norm"})
+        for (const std::string& part : parts) {
+          const std::string name =
+              "model.layers." + std::to_string(layer) + ".self_attn." + norm + "." + part;
+          ASSERT_TRUE(specs.contains(name)) << name;
+          EXPECT_EQ(specs.at(name).shape, Shape{c.head_dim()}) << name;
+          EXPECT_EQ(specs.at(name).tp_dim, -1) << name;
+          EXPECT_FALSE(specs.at(name).weight_decay) << name;
+        }
+  }
+}
+
 TEST(ParameterSpecs, InvalidConfigIsRejected) {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_query_groups = 3;

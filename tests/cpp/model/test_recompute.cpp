@@ -120,6 +120,13 @@ TEST(Recompute, LlamaPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
+TEST(Recompute, QkNormPoliciesAgreeAndSaveMemory) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 4;
+  c.qk_layernorm = true;
+  check_policies(c);
+}
+
 TEST(Recompute, UniformGroupsAndBlockAgreeAndKeepWhatTheySay) {
   TransformerConfig gpt2 = TransformerConfig::preset("gpt2-tiny");
   gpt2.num_layers = 4;

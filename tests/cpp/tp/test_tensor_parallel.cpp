@@ -41,6 +41,21 @@ TransformerConfig llama() {
   return c;
 }
 
+// Qwen3's attention: a norm on each query and key head, whose weights every TP rank holds
+// while normalising only its own heads.
+TransformerConfig qk_norm() {
+  TransformerConfig c = llama();
+  c.qk_layernorm = true;
+  return c;
+}
+
+// Qwen2's: biases on q, k and v alone, split over TP with their weights.
+TransformerConfig qkv_bias() {
+  TransformerConfig c = llama();
+  c.add_qkv_bias = true;
+  return c;
+}
+
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
@@ -53,10 +68,10 @@ struct Case {
   bool sequence_parallel;
 };
 
-const Case kCases[] = {{"gpt2", gpt2, false},
-                       {"gpt2_sp", gpt2, true},
-                       {"llama_gqa", llama, false},
-                       {"llama_gqa_sp", llama, true}};
+const Case kCases[] = {{"gpt2", gpt2, false},        {"gpt2_sp", gpt2, true},
+                       {"llama_gqa", llama, false},  {"llama_gqa_sp", llama, true},
+                       {"qk_norm", qk_norm, false},  {"qk_norm_sp", qk_norm, true},
+                       {"qkv_bias", qkv_bias, false}};
 
 class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

@@ -87,6 +87,19 @@ def qwen2(tmp, tie=False):
     return tmp
 
 
+def qwen3(tmp):
+    """Llama with an RMSNorm on each query and key head: braid's qk_layernorm."""
+    torch.manual_seed(3)
+    cfg = transformers.Qwen3Config(
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    perturb(model)
+    model.save_pretrained(tmp)
+    return tmp
+
+
 MODELS = {
     "llama-gqa-untied": lambda d: llama(d, kv_heads=2, tie=False),
     "llama-mqa-tied": lambda d: llama(d, kv_heads=1, tie=True),
@@ -98,6 +111,7 @@ MODELS = {
     "gpt2-tied-sharded": lambda d: gpt2(d, shard=True),
     "gpt2-untied": lambda d: gpt2(d, tie=False),
     "qwen2-tied": lambda d: qwen2(d, tie=True),
+    "qwen3-untied": qwen3,
 }
 
 
@@ -134,7 +148,7 @@ def assert_equivalent_configs(got_dir, want_dir):
             if key == "n_inner" and w is None:
                 w = 4 * want.n_embd
             assert g == w, (key, g, w)
-    if want.model_type in ("llama", "qwen2"):
+    if want.model_type in ("llama", "qwen2", "qwen3"):
         assert got.rope_parameters == want.rope_parameters
 
 
@@ -154,7 +168,7 @@ def braid_model(ckpt):
     for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                 "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
                 "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-                "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
+                "qk_layernorm", "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
                 "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps"):
         setattr(cfg, key, c[key])
     model = braid.GPTModel(cfg, device="cpu", seed=1)
@@ -318,7 +332,7 @@ cfg = braid.TransformerConfig()
 for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
             "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
             "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-            "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
+            "qk_layernorm", "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
             "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps"):
     setattr(cfg, key, c[key])
 state = braid.ParallelState(tp=2, pp=2, dp=1)
@@ -331,7 +345,8 @@ braid.save_checkpoint(dst, trainer)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
-@pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied"])
+@pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied",
+                                  "qwen3-untied"])
 def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""

@@ -210,32 +210,46 @@ def test_megatron_recompute_methods_train_like_one_process(ranks, layout, method
     assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
 
 
-def test_qkv_bias_trains_like_one_process_and_is_part_of_the_model(tmp_path):
-    # Megatron's --add-qkv-bias (Qwen2): biases on q, k and v beside --disable-bias-linear, split
-    # over TP with their weights; the 3D run trains like one process; a checkpoint of it is a
+TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
+
+
+@pytest.mark.parametrize("flag, ranks, layout, key, present, absent", [
+    ("--add-qkv-bias", 8, LAYOUT_3D, "add_qkv_bias", "self_attn.q_proj.bias",
+     "self_attn.o_proj.bias"),
+    ("--qk-layernorm", 8, LAYOUT_3D, "qk_layernorm", "self_attn.k_norm.weight",
+     "self_attn.q_proj.bias"),
+    ("--qk-layernorm", 4, TP2_PP2, "qk_layernorm", "self_attn.q_norm.weight",
+     "self_attn.q_proj.bias"),
+])
+def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
+        flag, ranks, layout, key, present, absent, tmp_path):
+    # Megatron's --add-qkv-bias (Qwen2: biases on q, k and v beside --disable-bias-linear, split
+    # over TP with their weights) and --qk-layernorm (Qwen3: a norm on each query and key head,
+    # its weights replicated over TP and their gradients summed there, with sequence
+    # parallelism or without): the TP 2 run trains like one process; a checkpoint of it is a
     # different model from one without.
     runs = {}
-    for name, ranks, layout in (("one", 1, []), ("3d", 8, LAYOUT_3D)):
+    for name, n, lay in (("one", 1, []), ("tp", ranks, layout)):
         tb = str(tmp_path / name)
-        save = ["--save", str(tmp_path / "ckpt")] if name == "3d" else []
-        r = run(ranks, [*MODEL, *layout, *save, "--add-qkv-bias", "--train-iters", "10",
-                        "--eval-iters", "0", "--tensorboard-dir", tb])
+        save = ["--save", str(tmp_path / "ckpt")] if name == "tp" else []
+        r = run(n, [*MODEL, *lay, *save, flag, "--train-iters", "10", "--eval-iters", "0",
+                    "--tensorboard-dir", tb])
         assert r.returncode == 0, r.stdout + r.stderr
         runs[name] = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
     assert sorted(runs["one"]) == list(range(1, 11))
-    np.testing.assert_allclose([runs["3d"][i] for i in range(1, 11)],
+    np.testing.assert_allclose([runs["tp"][i] for i in range(1, 11)],
                                [runs["one"][i] for i in range(1, 11)], rtol=2e-4)
     sys.path.insert(0, os.path.join(REPO, "python"))
     import braid
 
     meta = braid.checkpoint_metadata(str(tmp_path / "ckpt"))
-    assert meta["config"]["add_qkv_bias"] is True
-    assert "model.layers.0.self_attn.q_proj.bias" in meta["tensors"]
-    assert "model.layers.0.self_attn.o_proj.bias" not in meta["tensors"]
+    assert meta["config"][key] is True
+    assert f"model.layers.0.{present}" in meta["tensors"]
+    assert f"model.layers.0.{absent}" not in meta["tensors"]
     r = run(1, [*MODEL, "--train-iters", "12", "--eval-iters", "0", "--load",
                 str(tmp_path / "ckpt")])
-    assert r.returncode == 2 and "a different model - add_qkv_bias is true in the checkpoint " \
-        "and false in this run" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 2 and f"a different model - {key} is true in the checkpoint and " \
+        "false in this run" in r.stderr, r.stdout + r.stderr
 
 
 def test_rope_scaling_is_part_of_the_model(tmp_path):

@@ -1,5 +1,6 @@
 """braid against Hugging Face transformers (CPU, f32) with identical weights: logits, loss and
-every parameter gradient of GPT2LMHeadModel, LlamaForCausalLM and Qwen2ForCausalLM.
+every parameter gradient of GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and
+Qwen3ForCausalLM.
 
 Tolerances: f32 with different summation orders (OpenBLAS vs MKL-DNN GEMMs, flash-style vs
 materialised softmax). Logits agree to ~1e-6 relative; gradients, which sum over all tokens,
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from hf_oracle import (batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair,
-                       qwen2_pair)
+                       qwen2_pair, qwen3_pair)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -74,6 +75,13 @@ def test_qwen2_logits_loss_and_gradients():
     names = [n for n, _ in hf.named_parameters()]
     assert any(n.endswith("q_proj.bias") for n in names) and not any(
         n.endswith("o_proj.bias") for n in names)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
+def test_qwen3_logits_loss_and_gradients():
+    # An RMSNorm on each query and key head before RoPE (qk_layernorm): q_norm, k_norm.
+    hf, model = qwen3_pair()
+    assert any(n.endswith("self_attn.q_norm.weight") for n, _ in hf.named_parameters())
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 
