@@ -153,9 +153,9 @@ def _from_training_arguments(ap, a, training):
         t.ffn_hidden_size, t.vocab_size, t.seq_length, "swiglu" if t.swiglu else "gelu",
         not t.untie_embeddings_and_output_weights)
     a.global_batch = t.global_batch_size
-    # The run's samples (--train-samples, or iterations x global batch); a --rampup-batch-size
-    # phase is costed at the full batch's rate (docs/planner.md).
-    a.train_tokens = a.train_tokens or t.train_data_samples * t.seq_length
+    # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full
+    # batch's rate (docs/planner.md).
+    a.train_tokens = a.train_tokens or t.train_end_samples * t.seq_length
     a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
     if not a.search:
         a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp

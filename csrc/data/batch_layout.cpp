@@ -26,12 +26,15 @@ void BatchLayout::validate() const {
       "--rampup-batch-size: the ramp from ", r.start, " by ", r.increment,
       " does not reach the global batch size ", global_batch_size);
   const int64_t group = micro_batch_size * dp_size;
-  BRAID_CONFIG_CHECK(
-      r.start % group == 0 && (r.start == global_batch_size || r.increment % group == 0),
-      "--rampup-batch-size: every batch of the ramp (", r.start, ", ", r.start + r.increment,
-      ", ...) must be a multiple of micro_batch_size x "
-      "dp_size (",
-      micro_batch_size, " x ", dp_size, "); the start and the increment are not");
+  const bool ramps = r.start != global_batch_size;
+  const char* bad = r.start % group != 0                ? "the start"
+                    : ramps && r.increment % group != 0 ? "the increment"
+                                                        : nullptr;
+  BRAID_CONFIG_CHECK(bad == nullptr, "--rampup-batch-size: every batch of the ramp (", r.start,
+                     ", ", r.start + r.increment,
+                     ", ...) must be a multiple of micro_batch_size x "
+                     "dp_size (",
+                     micro_batch_size, " x ", dp_size, "); ", bad, " is not");
 }
 
 int64_t BatchLayout::global_batch_size_at(int64_t consumed_samples) const {
@@ -41,6 +44,13 @@ int64_t BatchLayout::global_batch_size_at(int64_t consumed_samples) const {
   const double samples_per_increment = double(rampup->samples) / double(increments);
   const auto steps = int64_t(double(consumed_samples) / samples_per_increment);
   return std::min(global_batch_size, rampup->start + steps * rampup->increment);
+}
+
+int64_t BatchLayout::samples_after(int64_t steps) const {
+  int64_t consumed = 0;
+  for (; steps > 0 && rampup && consumed <= rampup->samples; --steps)
+    consumed += global_batch_size_at(consumed);
+  return consumed + steps * global_batch_size;
 }
 
 int64_t BatchLayout::steps_between(int64_t consumed_samples, int64_t end) const {

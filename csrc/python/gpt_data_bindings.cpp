@@ -202,7 +202,9 @@ void bind_gpt_data(py::module_& m) {
       .def("steps_between", &BatchLayout::steps_between, py::arg("consumed_samples"),
            py::arg("end"),
            "The whole steps from consumed_samples that end by sample `end` (from 0 to "
-           "--train-samples: Megatron's training iterations).");
+           "--train-samples: Megatron's training iterations).")
+      .def("samples_after", &BatchLayout::samples_after, py::arg("steps"),
+           "The samples consumed after the first `steps` steps.");
 
   py::class_<DataLoader>(
       m, "DataLoader",

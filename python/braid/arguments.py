@@ -583,8 +583,10 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
         a.train_iters = a.batch_layout.steps_between(0, a.train_samples)
     if a.train_iters is None:
         a.train_iters = 500
-    # The training data's size in samples, as Megatron sizes it.
+    # The training data's size in samples, as Megatron sizes it, and the samples the training
+    # iterations read (a partial last batch of --train-samples is dropped).
     a.train_data_samples = a.train_samples or a.train_iters * a.global_batch_size
+    a.train_end_samples = a.batch_layout.samples_after(a.train_iters)
     # The LR schedule in iterations; Megatron's sample-based one (--train-samples) is samples /
     # global batch, fractional where it does not divide (engine::LRSchedule takes that).
     if a.train_samples:

@@ -99,6 +99,29 @@ def model_config(a) -> braid.TransformerConfig:
     return cfg
 
 
+# Numerics a checkpoint's model was trained with that a run may change on purpose (a longer
+# context's RoPE base, say), so loading under other values is allowed but said: key ->
+# (the flags that set it, its value in checkpoints from before the key).
+NUMERICS = {"rope_theta": ("--rotary-base", 10000.0),
+            "rope_scaling_factor": ("--use-rope-scaling --rope-scaling-factor", 0.0),
+            "rope_low_freq_factor": ("--use-rope-scaling", 1.0),
+            "rope_high_freq_factor": ("--use-rope-scaling", 4.0),
+            "rope_original_max_position_embeddings": ("--use-rope-scaling", 8192),
+            "norm_eps": ("--norm-epsilon", None)}
+
+
+def numerics_warnings(saved: dict, cfg) -> list[str]:
+    """A warning per numerics field in which the run's model differs from the checkpoint's."""
+    lines = []
+    for key, (flags, before) in NUMERICS.items():
+        was = saved.get(key, before)
+        if was is not None and was != getattr(cfg, key):
+            lines.append(f"braid: warning: the checkpoint's model has {key} {was}, this run's "
+                         f"{getattr(cfg, key)} ({flags}); it will compute otherwise than it "
+                         "was trained to")
+    return lines
+
+
 def trainer_config(a) -> braid.TrainerConfig:
     optimizer = braid.AdamWConfig(lr=a.lr, beta1=a.adam_beta1, beta2=a.adam_beta2, eps=a.adam_eps,
                                   weight_decay=a.weight_decay, clip_grad=a.clip_grad)
@@ -326,9 +349,11 @@ def main(argv=None) -> int:
                     finetune=a.finetune, iteration=-1 if a.ckpt_step is None else a.ckpt_step)
             except ValueError as e:  # every rank reads the same metadata: all fail alike
                 return error_exit(str(e))
+            meta = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None else a.ckpt_step)
+            for line in numerics_warnings(meta.get("config", {}), cfg):
+                log(line)
             if not a.finetune:
-                earlier_device_seconds = braid.checkpoint_metadata(
-                    a.load, -1 if a.ckpt_step is None else a.ckpt_step).get("device_seconds", 0.0)
+                earlier_device_seconds = meta.get("device_seconds", 0.0)
             log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
                 f"({consumed} samples consumed"
                 + (f", {earlier_device_seconds / 3600:.4f} device-hours used"
@@ -450,8 +475,7 @@ def main(argv=None) -> int:
     train_start = interval_start = time.time()
     interval_iters = interval_samples = skipped = nans = 0
     start_samples = data.train.consumed_samples
-    # This job's samples, for the projections (whole runs: the last partial batch included).
-    job_samples = max(a.train_data_samples - start_samples, 1)
+    job_samples = max(a.train_end_samples - start_samples, 1)  # for the projections
     batch_size = None  # the last step's global batch (it changes only under a ramp)
     stats = None
     for it in range(first, a.train_iters + 1):

@@ -48,6 +48,8 @@ struct BatchLayout {
   // --train-samples that is Megatron's training iterations (update_train_iters), a partial
   // last step dropped.
   int64_t steps_between(int64_t consumed_samples, int64_t end) const;
+  // The samples consumed after the first `steps` steps from sample 0.
+  int64_t samples_after(int64_t steps) const;
   // The sample in row `row` of microbatch `microbatch` of the step that starts at
   // `consumed_samples`.
   int64_t sample(int64_t consumed_samples, int64_t microbatch, int64_t row) const {

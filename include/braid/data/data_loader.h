@@ -61,7 +61,7 @@ class DataLoader {
   std::optional<Batch> next();
 
   int64_t consumed_samples() const { return consumed_; }  // after the last batch next() returned
-  int64_t steps_left() const;                             // full global batches not yet returned
+  int64_t steps_left() const;                             // whole steps not yet returned
   const BatchLayout& layout() const { return layout_; }
   const SampleDataset& dataset() const { return *dataset_; }
   double wait_seconds() const { return wait_seconds_; }  // next()'s total time waiting

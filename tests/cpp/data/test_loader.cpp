@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "braid/core/error.h"
 #include "braid/data/data_loader.h"
@@ -225,6 +226,13 @@ TEST(BatchRamp, StepsAreMegatronsTrainingIterations) {
   EXPECT_EQ(layout.steps_between(0, 3), 0);
   EXPECT_EQ(layout.steps_between(36, 104), 7);  // from a ramp step's end
   EXPECT_EQ((BatchLayout{2, 16, 0, 2}).steps_between(6, 100), 5);
+  for (int64_t steps : {0, 1, 9, 13, 16, 17, 30}) {  // the samples those steps read
+    int64_t consumed = 0;
+    for (int64_t s = 0; s < steps; ++s)
+      consumed += s < int64_t(kRampSteps.size()) ? kRampSteps[size_t(s)] : 16;
+    EXPECT_EQ(layout.samples_after(steps), consumed) << steps << " steps";
+    EXPECT_EQ(layout.steps_between(0, consumed), steps) << steps << " steps";
+  }
 }
 
 TEST(BatchRamp, EveryBatchOfTheRampMustSplitIntoMicrobatches) {
@@ -235,10 +243,15 @@ TEST(BatchRamp, EveryBatchOfTheRampMustSplitIntoMicrobatches) {
   EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{4, 8, 100}}).validate(), ConfigError);
   EXPECT_THROW((BatchLayout{2, 16, 0, 2, BatchRampup{4, 4, 0}}).validate(), ConfigError);
   (BatchLayout{2, 16, 0, 2, BatchRampup{16, 3, 100}}).validate();  // nothing to ramp
-  try {
-    (BatchLayout{2, 16, 0, 2, BatchRampup{4, 6, 100}}).validate();
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--rampup-batch-size"), std::string::npos) << e.what();
+  for (const auto& [ramp, which] : {std::pair{BatchRampup{4, 6, 100}, "the increment is not"},
+                                    std::pair{BatchRampup{6, 2, 100}, "the start is not"}}) {
+    try {
+      (BatchLayout{2, 16, 0, 2, ramp}).validate();
+      ADD_FAILURE() << "accepted " << which;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(which), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("--rampup-batch-size"), std::string::npos);
+    }
   }
 }
 

@@ -282,7 +282,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--train-samples", "1000", "--micro-batch-size", "4", "--global-batch-size", "128",
       "--rampup-batch-size", "8", "8", "100"],
      "--rampup-batch-size: every batch of the ramp (8, 16, ...) must be a multiple of "
-     "--micro-batch-size x data-parallel size (4 x 4); the start and the increment are not"),
+     "--micro-batch-size x data-parallel size (4 x 4); the start is not"),
     (["--train-samples", "1000", "--micro-batch-size", "4", "--global-batch-size", "128",
       "--rampup-batch-size", "16", "48", "100"],
      "--rampup-batch-size: the ramp from 16 by 48 does not reach the global batch size 128"),

@@ -271,6 +271,12 @@ def test_rope_scaling_is_part_of_the_model(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --use-rope-scaling True from the checkpoint" in r.stdout, r.stdout
     assert "braid: --rope-scaling-factor 32.0 from the checkpoint" in r.stdout, r.stdout
+    # Loaded without it, the run goes on (a context extension may change RoPE on purpose) and
+    # says what differs.
+    r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "6", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: warning: the checkpoint's model has rope_scaling_factor 32.0, this run's 0.0 " \
+        "(--use-rope-scaling --rope-scaling-factor)" in r.stdout, r.stdout
 
 
 def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):

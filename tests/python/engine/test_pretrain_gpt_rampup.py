@@ -1,7 +1,8 @@
 """pretrain_gpt.py with Megatron-LM's --rampup-batch-size, as real jobs: each iteration's global
-batch, the samples consumed, the iteration count and the learning rate are Megatron's; the 3D
-layout trains like one process; a run stopped inside the ramp resumes on another layout as if
-it had not stopped."""
+batch, the samples consumed and the iteration count are Megatron's, and each step's learning
+rate is Megatron's schedule at the samples of the updates before it; the 3D layout trains like
+one process; a run stopped inside the ramp resumes on another layout as if it had not
+stopped."""
 
 import math
 import os
@@ -10,6 +11,8 @@ import shutil
 
 import numpy as np
 import pytest
+
+from braid.data import BatchLayout
 
 from pretrain_job import LAYOUT_3D, MODEL, jsonl, log_lines, losses, run
 
@@ -37,10 +40,25 @@ def megatron_steps(start=4, increment=4, ramp_samples=100, global_batch=16, trai
         batch = batch_at(consumed)
         consumed += batch
         steps.append((batch, consumed))
-    for _ in range((train_samples - consumed) // global_batch):  # the constant phase
+    # The constant phase; a ramp step past train_samples comes back off here (-1).
+    constant = (train_samples - consumed) // global_batch
+    if constant < 0:
+        return steps[:constant]
+    for _ in range(constant):
         consumed += global_batch
         steps.append((global_batch, consumed))
     return steps
+
+
+def test_iteration_counts_are_megatrons_wherever_the_run_ends():
+    # --train-samples inside the ramp, at its end, past it, with a partial last batch: braid's
+    # count (BatchLayout.steps_between) is update_train_iters', and the samples those
+    # iterations read are the oracle's.
+    layout = BatchLayout(2, 16, dp_size=2, rampup_batch_size=(4, 4, 100))
+    for train_samples in range(4, 400):
+        want = megatron_steps(train_samples=train_samples)
+        assert layout.steps_between(0, train_samples) == len(want), train_samples
+        assert layout.samples_after(len(want)) == (want[-1][1] if want else 0), train_samples
 
 
 def megatron_lr(update_samples, lr=3e-3, min_lr=0.0, warmup=48, decay=320):
