@@ -248,8 +248,10 @@ def braid_config_from_hf(hf, arch, dtype):
         h, heads = hf["hidden_size"], hf["num_attention_heads"]
         if hf.get("hidden_act", "silu") != "silu":
             refuse("hidden_act", hf["hidden_act"], "braid's Llama MLP is SwiGLU (silu)")
-        if hf.get("head_dim") not in (None, h // heads):
-            refuse("head_dim", hf["head_dim"], f"braid's head_dim is hidden_size / "
+        # Qwen3's configs may leave head_dim out: transformers then takes 128.
+        head_dim = hf.get("head_dim", 128 if arch == "qwen3" else None)
+        if head_dim not in (None, h // heads):
+            refuse("head_dim", head_dim, f"braid's head_dim is hidden_size / "
                    f"num_attention_heads = {h // heads}")
         attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
         if attention_bias != mlp_bias:
@@ -328,66 +330,42 @@ def braid_architecture(c):
                        "GPT-2: layernorm/gelu/learned)")
 
 
-ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
-    "llama": ("architectures", "model_type", "hidden_size", "intermediate_size",
-              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-              "rope_parameters", "rope_scaling", "hidden_act", "attention_bias", "mlp_bias",
-              "tie_word_embeddings"),
-    "qwen2": ("architectures", "model_type", "hidden_size", "intermediate_size",
+LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
               "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
               "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
-              "rope_scaling", "hidden_act", "tie_word_embeddings", "use_sliding_window",
-              "sliding_window", "layer_types"),
-    "qwen3": ("architectures", "model_type", "hidden_size", "intermediate_size",
-              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-              "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
-              "rope_parameters", "rope_scaling", "hidden_act", "attention_bias",
-              "tie_word_embeddings", "use_sliding_window", "sliding_window", "layer_types"),
+              "rope_scaling", "hidden_act", "tie_word_embeddings")
+SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types")
+ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
+    "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
+    "qwen2": LLAMA_KEYS + SLIDING_KEYS,
+    "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
     "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
              "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
              "tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
 }
+HF_NAMES = {arch: name for name, arch in ARCHITECTURES.items()}
 
 
 def hf_config_from_braid(c, arch, torch_dtype, imported):
-    if arch == "llama":
+    if arch in LLAMA_LIKE:
         rope = hf_rope_parameters(c)
-        hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
-              "num_hidden_layers": c["num_layers"],
-              "num_attention_heads": c["num_attention_heads"],
-              "num_key_value_heads": c["num_query_groups"],
-              "head_dim": c["hidden_size"] // c["num_attention_heads"],
-              "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
-              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
-              "rope_parameters": rope,
-              "hidden_act": "silu", "attention_bias": c["add_bias_linear"],
-              "mlp_bias": c["add_bias_linear"], "tie_word_embeddings": c["tie_embeddings"]}
-    elif arch == "qwen2":
-        rope = hf_rope_parameters(c)
-        hf = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        hf = {"architectures": [HF_NAMES[arch]], "model_type": arch,
               "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
               "num_hidden_layers": c["num_layers"],
               "num_attention_heads": c["num_attention_heads"],
               "num_key_value_heads": c["num_query_groups"],
               "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
               "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
-              "rope_parameters": rope,
-              "hidden_act": "silu", "tie_word_embeddings": c["tie_embeddings"],
-              "use_sliding_window": False}
-    elif arch == "qwen3":
-        rope = hf_rope_parameters(c)
-        hf = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-              "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
-              "num_hidden_layers": c["num_layers"],
-              "num_attention_heads": c["num_attention_heads"],
-              "num_key_value_heads": c["num_query_groups"],
-              "head_dim": c["hidden_size"] // c["num_attention_heads"],
-              "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
-              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
-              "rope_parameters": rope, "hidden_act": "silu", "attention_bias": False,
-              "tie_word_embeddings": c["tie_embeddings"], "use_sliding_window": False}
+              "rope_parameters": rope, "hidden_act": "silu",
+              "tie_word_embeddings": c["tie_embeddings"]}
+        head_dim = c["hidden_size"] // c["num_attention_heads"]
+        hf.update({"llama": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
+                             "mlp_bias": c["add_bias_linear"]},
+                   "qwen2": {"use_sliding_window": False},
+                   "qwen3": {"head_dim": head_dim, "attention_bias": False,
+                             "use_sliding_window": False}}[arch])
+        if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling
+            hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     else:
         hf = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
               "n_embd": c["hidden_size"], "n_inner": c["ffn_hidden_size"],
@@ -396,8 +374,6 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "layer_norm_epsilon": f32_value(c["norm_eps"]), "activation_function": "gelu_new",
               "tie_word_embeddings": c["tie_embeddings"], "scale_attn_weights": True,
               "scale_attn_by_inverse_layer_idx": False}
-    if arch in LLAMA_LIKE and hf["rope_parameters"]["rope_type"] == "llama3":
-        hf["rope_scaling"] = {k: v for k, v in hf["rope_parameters"].items() if k != "rope_theta"}
     hf["torch_dtype"] = torch_dtype
     # Fields braid does not keep (token ids, dropout, ...) from the config an import stored.
     if imported and hf_architecture_or_none(imported) == arch:

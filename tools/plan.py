@@ -151,7 +151,7 @@ def _from_training_arguments(ap, a, training):
     a.model_shape = planner.ModelShape(
         t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
         t.ffn_hidden_size, t.vocab_size, t.seq_length, "swiglu" if t.swiglu else "gelu",
-        not t.untie_embeddings_and_output_weights)
+        not t.untie_embeddings_and_output_weights, t.qk_layernorm)
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full
     # batch's rate (docs/planner.md).

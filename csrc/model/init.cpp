@@ -10,7 +10,9 @@ namespace braid::model {
 InitRule init_rule(const ParamSpec& spec, const TransformerConfig& config) {
   const std::string& name = spec.name;
   auto ends_with = [&](const char* suffix) { return name.ends_with(suffix); };
-  if (ends_with("layernorm.weight") || name == "model.norm.weight") return {InitKind::ones, 0};
+  // Norm scales start at one: input_/post_attention_layernorm, model.norm, the q_norm and k_norm
+  // of qk_layernorm.
+  if (ends_with("layernorm.weight") || ends_with("norm.weight")) return {InitKind::ones, 0};
   if (ends_with(".bias")) return {InitKind::zeros, 0};
   if (ends_with("o_proj.weight") || ends_with("down_proj.weight"))
     return {InitKind::normal,

@@ -96,9 +96,18 @@ TransformerLayer::Projection TransformerLayer::project_qkv(const Tensor& h, Toke
   linear_forward(p.k.view({t, n.kv_heads * d}), h, wqkv.k, bqkv.k);
   linear_forward(p.v.view({t, n.kv_heads * d}), h, wqkv.v, bqkv.v);
   if (config_.qk_layernorm) {
-    const TransformerConfig& c = config_;
     p.q_raw = p.q;
     p.k_raw = p.k;
+  }
+  finish_qk(p, tokens, position_offset);
+  return p;
+}
+
+void TransformerLayer::finish_qk(Projection& p, Tokens tokens, int64_t position_offset) const {
+  const TransformerConfig& c = config_;
+  const LayerShape& n = shape_;
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
+  if (c.qk_layernorm) {
     p.q = norm_forward(c.normalization, c.norm_eps, p.q_stats, p.q_raw.view({t * n.q_heads, d}),
                        w_.q_norm_weight, w_.q_norm_bias)
               .view({b, s, n.q_heads, d});
@@ -106,11 +115,10 @@ TransformerLayer::Projection TransformerLayer::project_qkv(const Tensor& h, Toke
                        w_.k_norm_weight, w_.k_norm_bias)
               .view({b, s, n.kv_heads, d});
   }
-  if (config_.position_embedding == PositionEmbedding::rope) {
-    ops::rope_forward(p.q, p.q, rotary(config_), position_offset);
-    ops::rope_forward(p.k, p.k, rotary(config_), position_offset);
+  if (c.position_embedding == PositionEmbedding::rope) {
+    ops::rope_forward(p.q, p.q, rotary(c), position_offset);
+    ops::rope_forward(p.k, p.k, rotary(c), position_offset);
   }
-  return p;
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutContext& drop,
@@ -159,19 +167,23 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
     *saved = LayerActivations{};
     saved->input = x;
     if (policy != Recompute::full) {
-      saved->q = q;
-      saved->k = k;
+      // Selective with qk_layernorm keeps the projections; the backward norms and rotates
+      // them again.
+      if (policy == Recompute::none || !c.qk_layernorm) {
+        saved->q = q;
+        saved->k = k;
+      }
       saved->v = v;
       saved->q_raw = qkv.q_raw;
       saved->k_raw = qkv.k_raw;
-      saved->q_norm_stats = qkv.q_stats;
-      saved->k_norm_stats = qkv.k_stats;
       saved->attn_out = attn;
       saved->lse = lse;
       saved->mid = mid;
       saved->fc1_out = fc1;
     }
     if (policy == Recompute::none) {
+      saved->q_norm_stats = qkv.q_stats;
+      saved->k_norm_stats = qkv.k_stats;
       saved->input_norm_stats = s1;
       saved->input_norm_out = h1;
       saved->post_norm_stats = s2;
@@ -239,6 +251,16 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
     saved.post_norm_out = norm_forward(c.normalization, c.norm_eps, saved.post_norm_stats,
                                        saved.mid, w_.post_norm_weight, w_.post_norm_bias);
     saved.act_out = mlp_activation(saved.fc1_out);
+    if (c.qk_layernorm) {
+      Projection p;
+      p.q_raw = saved.q_raw;
+      p.k_raw = saved.k_raw;
+      finish_qk(p, tokens, 0);
+      saved.q = p.q;
+      saved.k = p.k;
+      saved.q_norm_stats = p.q_stats;
+      saved.k_norm_stats = p.k_stats;
+    }
   }
   LayerActivations& a = saved;
   const int64_t t = tokens.count(), d = n.head_dim;

@@ -49,6 +49,7 @@ class ModelShape:
     activation: str = "swiglu"        # "swiglu" (Llama) or "gelu" (GPT)
     # vocab_size 0: a bare stack of layers, no embedding or LM head (tests)
     tied_embeddings: bool = False
+    qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
 
     @property
     def head_dim(self) -> int:
@@ -63,6 +64,8 @@ class ModelShape:
         mats = 3 if self.activation == "swiglu" else 2
         p = h * (h + 2 * kv) + h * h + mats * h * f
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
+        if self.qk_layernorm:
+            p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
         if self.gpt_style:
             p += (h + 2 * kv) + h + f + h                        # biases
         return p
@@ -260,6 +263,9 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
     else:
         per_token = (2 * h + 8 + 2 * h) / sp + (2 * h + 4 * kv) / t + 2 * h / t + 4 * a / t \
             + (2 * h + 8 + 2 * h) / sp + 2 * f1 / t + 2 * f / t
+        if model.qk_layernorm:  # q and k before their norms, and the norms' statistics
+            stats = 8 if model.gpt_style else 4
+            per_token += (2 * h + 2 * kv) / t + stats * (a + model.kv_heads) / t
     return per_token * tokens
 
 

@@ -53,19 +53,27 @@ def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
         for name, p in hf.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
+    scaling = {"rope_scaling_factor": LLAMA3_ROPE["factor"],
+               "rope_low_freq_factor": LLAMA3_ROPE["low_freq_factor"],
+               "rope_high_freq_factor": LLAMA3_ROPE["high_freq_factor"],
+               "rope_original_max_position_embeddings":
+                   LLAMA3_ROPE["original_max_position_embeddings"]} if llama3_rope else {}
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                norm_eps=1e-5, tie_embeddings=tie, **scaling)
+
+
+def braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions, **fields):
+    """braid's model of a Llama-shaped HF model `hf`: the shape, `fields` set on the config
+    (norm_eps, rope_theta, add_qkv_bias, ...), HF's weights copied in."""
     cfg = braid.TransformerConfig.preset("llama-tiny")
     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = layers, hidden, heads
     cfg.num_query_groups, cfg.ffn_hidden_size = kv_heads, ffn
-    cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-5
-    cfg.tie_embeddings = tie
-    if llama3_rope:
-        cfg.rope_scaling_factor = LLAMA3_ROPE["factor"]
-        cfg.rope_low_freq_factor = LLAMA3_ROPE["low_freq_factor"]
-        cfg.rope_high_freq_factor = LLAMA3_ROPE["high_freq_factor"]
-        cfg.rope_original_max_position_embeddings = LLAMA3_ROPE["original_max_position_embeddings"]
+    cfg.vocab_size, cfg.max_position_embeddings = vocab, positions
+    for name, value in fields.items():
+        setattr(cfg, name, value)
     model = braid.GPTModel(cfg, device="cpu", seed=1)
     load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
-    return hf, model
+    return model
 
 
 def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0):
@@ -81,14 +89,9 @@ def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
         for name, p in hf.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
-    cfg = braid.TransformerConfig.preset("llama-tiny")
-    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = layers, hidden, heads
-    cfg.num_query_groups, cfg.ffn_hidden_size = kv_heads, ffn
-    cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-6
-    cfg.rope_theta, cfg.tie_embeddings, cfg.add_qkv_bias = 1000000.0, True, True
-    model = braid.GPTModel(cfg, device="cpu", seed=1)
-    load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
-    return hf, model
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=True,
+                                add_qkv_bias=True)
 
 
 def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0):
@@ -105,14 +108,9 @@ def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
         for name, p in hf.named_parameters():
             if "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
-    cfg = braid.TransformerConfig.preset("llama-tiny")
-    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = layers, hidden, heads
-    cfg.num_query_groups, cfg.ffn_hidden_size = kv_heads, ffn
-    cfg.vocab_size, cfg.max_position_embeddings, cfg.norm_eps = vocab, positions, 1e-6
-    cfg.rope_theta, cfg.tie_embeddings, cfg.qk_layernorm = 1000000.0, False, True
-    model = braid.GPTModel(cfg, device="cpu", seed=1)
-    load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
-    return hf, model
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=False,
+                                qk_layernorm=True)
 
 
 def gpt2_to_braid(hf, layers, hidden):

@@ -53,8 +53,9 @@ struct Tokens {
 //   Recompute::none       every field.
 //   Recompute::selective  input, q, k, v (after rope), attn_out, lse, mid and fc1_out (the
 //                         pre-activation): the outputs of the GEMMs and of attention (with
-//                         qk_layernorm also q_raw, k_raw and their norms' statistics). The
-//                         backward recomputes both norms (outputs and statistics) and the
+//                         qk_layernorm q_raw and k_raw in place of q and k). The
+//                         backward recomputes the norms (outputs and statistics; q and k
+//                         from q_raw and k_raw, with their rotation) and the
 //                         activation output from them: cheap elementwise and row-wise
 //                         work that saves 2H + F values per token.
 //   Recompute::full       input only; the backward reruns the block's forward first.
@@ -123,6 +124,8 @@ class TransformerLayer {
     NormStats q_stats, k_stats;
   };
   Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
+  // q and k of the projection: normed per head from q_raw and k_raw (qk_layernorm), rotated.
+  void finish_qk(Projection& p, Tokens tokens, int64_t position_offset) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;
   Tensor row_bias(const Tensor& bias) const;
   TransformerConfig config_;

@@ -56,6 +56,7 @@ TEST(Init, RulesPerParameterKind) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.num_layers = 8;
   c.init_std = 0.05f;
+  c.qk_layernorm = true;
   auto moments = [&](const std::string& name) {
     const ParamSpec spec = spec_named(c, name);
     std::vector<float> v(size_t(spec.shape.numel()));
@@ -77,13 +78,17 @@ TEST(Init, RulesPerParameterKind) {
   EXPECT_NEAR(s3, 0.05 / 4.0, 0.0005);
   const auto [m4, s4] = moments("model.embed_tokens.weight");
   EXPECT_NEAR(s4, 0.05, 0.002);
-  for (const char* name : {"model.layers.2.input_layernorm.weight", "model.norm.weight"}) {
+  for (const char* name :
+       {"model.layers.2.input_layernorm.weight", "model.layers.2.post_attention_layernorm.weight",
+        "model.norm.weight", "model.layers.2.self_attn.q_norm.weight",
+        "model.layers.2.self_attn.k_norm.weight"}) {
     const auto [m, s] = moments(name);
     EXPECT_EQ(m, 1.0) << name;
     EXPECT_EQ(s, 0.0) << name;
   }
-  for (const char* name : {"model.layers.2.input_layernorm.bias", "model.layers.2.mlp.up_proj.bias",
-                           "model.layers.2.self_attn.v_proj.bias"}) {
+  for (const char* name :
+       {"model.layers.2.input_layernorm.bias", "model.layers.2.mlp.up_proj.bias",
+        "model.layers.2.self_attn.v_proj.bias", "model.layers.2.self_attn.k_norm.bias"}) {
     const auto [m, s] = moments(name);
     EXPECT_EQ(m, 0.0) << name;
     EXPECT_EQ(s, 0.0) << name;

@@ -22,12 +22,14 @@ import braid
 from braid import generate as gen
 
 DEVICE = os.environ.get("BRAID_TEST_DEVICE", "cpu")
-PRESETS = ["gpt2-tiny", "llama-tiny"]
+PRESETS = ["gpt2-tiny", "llama-tiny", "qwen3-tiny"]  # qwen3: llama with qk_layernorm
 ATOL = 1e-5
 
 
 def tiny(preset, seed=3, max_positions=None):
-    cfg = braid.TransformerConfig.preset(preset)
+    qk_norm = preset == "qwen3-tiny"
+    cfg = braid.TransformerConfig.preset("llama-tiny" if qk_norm else preset)
+    cfg.qk_layernorm = qk_norm
     if max_positions is not None:
         cfg.max_position_embeddings = max_positions
     return braid.GPTModel(cfg, device=DEVICE, seed=seed)

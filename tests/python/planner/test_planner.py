@@ -251,6 +251,13 @@ def test_memory_parts_add_up_and_zero_shards_the_optimizer():
     sp4 = planner.Layout(4, 1, 1, 1, sequence_parallel=True)
     assert planner.layer_activation_bytes(gpt, sp4, "none") == pytest.approx(
         planner.layer_activation_bytes(gpt, one, "none") / 4)
+    # --qk-layernorm keeps q and k before their norms too (none: 4sbh + their statistics, 8
+    # bytes a head for layernorm's mean and rstd); selective keeps them in place of q and k.
+    qk = dataclasses.replace(gpt, qk_layernorm=True)
+    assert planner.layer_activation_bytes(qk, one, "none") == \
+        planner.layer_activation_bytes(gpt, one, "none") + 4 * 512 * 1024 + 8 * 32 * 512
+    assert planner.layer_activation_bytes(qk, one, "selective") == \
+        planner.layer_activation_bytes(gpt, one, "selective")
 
 
 def test_uneven_stage_splits_the_search_tries():
