@@ -242,18 +242,20 @@ class Timers:
 
 
 class ProgressBar:
-    """One line under the log on a terminal: a bar, iterations/s and the ETA."""
+    """One line under the log on a terminal: a bar, iterations/s and the ETA (from the samples
+    trained and left, so a --rampup-batch-size run's small early steps do not make it short)."""
 
     def __init__(self, enabled, total, first):
         self.enabled, self.total, self.first = enabled, total, first
         self.shown = False
 
-    def show(self, iteration, started):
+    def show(self, iteration, started, done_samples, job_samples):
         if not self.enabled:
             return
-        done = iteration - self.first + 1
-        rate = done / max(time.time() - started, 1e-9)
-        eta = (self.total - iteration) / rate if rate > 0 else float("nan")
+        elapsed = max(time.time() - started, 1e-9)
+        rate = (iteration - self.first + 1) / elapsed
+        eta = elapsed * (job_samples - done_samples) / done_samples if done_samples > 0 \
+            else float("nan")
         width = 30
         filled = int(width * iteration / self.total)
         bar = "=" * filled + (">" if filled < width else "") + " " * max(0, width - filled - 1)
@@ -549,7 +551,7 @@ def main(argv=None) -> int:
                     if a.log_timers_to_tensorboard:
                         metrics.scalars(it, Timers.metrics(per_rank))
             interval_start, interval_iters, interval_samples, skipped, nans = now, 0, 0, 0, 0
-        bar.show(it, train_start)
+        bar.show(it, train_start, done_samples, job_samples)
         if saver is not None and a.async_save:
             saver.poll(trainer)  # commits a finished background save (collective)
         if a.eval_iters and it % a.eval_interval == 0 and it != a.train_iters:
