@@ -22,10 +22,16 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling, when imported
+from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
+                               read_safetensors, write_safetensors, write_text)
+
+FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
+TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 FORMAT = "braid-checkpoint"
 FORMAT_VERSION = 1
@@ -41,85 +47,6 @@ class ConvertError(Exception):
 def check(ok, *message):
     if not ok:
         raise ConvertError("".join(str(m) for m in message))
-
-
-# ---- safetensors as raw bytes ---------------------------------------------------------------
-
-# Storage dtype per safetensors dtype; bf16 is kept as its 16 bits (numpy has no bfloat16).
-STORAGE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4",
-           "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
-FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
-TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
-
-
-class Tensor:
-    """A tensor's safetensors dtype and its bytes as a numpy array of the storage dtype."""
-
-    def __init__(self, dtype, array):
-        self.dtype, self.array = dtype, array
-
-    @property
-    def shape(self):
-        return list(self.array.shape)
-
-    def like(self, array):
-        return Tensor(self.dtype, np.ascontiguousarray(array))
-
-
-def read_safetensors(path):
-    """name -> Tensor (memory-mapped), and the file's __metadata__."""
-    try:
-        with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
-    except (OSError, struct.error, ValueError) as e:
-        raise ConvertError(f"{path}: not a readable safetensors file ({e})")
-    data = np.memmap(path, dtype=np.uint8, mode="r")
-    start = 8 + n
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = info["dtype"]
-        check(dtype in STORAGE, f"{path}: {name} has dtype {dtype}, which this tool does not read")
-        begin, end = info["data_offsets"]
-        check(start + end <= data.size, f"{path}: {name} runs past the end of the file (truncated?)")
-        raw = data[start + begin:start + end]
-        tensors[name] = Tensor(dtype, raw.view(STORAGE[dtype]).reshape(info["shape"]))
-    return tensors, header.get("__metadata__", {})
-
-
-def write_safetensors(path, tensors, metadata=None):
-    """Writes name -> Tensor; wider dtypes first, so every tensor is aligned to its element."""
-    order = sorted(tensors, key=lambda k: (-np.dtype(STORAGE[tensors[k].dtype]).itemsize, k))
-    header, offset = {}, 0
-    if metadata:
-        header["__metadata__"] = metadata
-    for name in order:
-        t = tensors[name]
-        nbytes = t.array.nbytes
-        header[name] = {"dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for name in order:
-            f.write(np.ascontiguousarray(tensors[name].array).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_text(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # ---- braid's parameters (include/braid/model/parameters.h) ----------------------------------
@@ -701,7 +628,7 @@ def main(argv=None):
             arch, c = export_hf(args.load, args.hf_dir, args.ckpt_step)
             print(f"exported {arch} ({c['num_layers']} layers, hidden {c['hidden_size']}) "
                   f"to {args.hf_dir}")
-    except ConvertError as e:
+    except (ConvertError, SafetensorsError) as e:
         print(f"convert_hf.py {args.command}: error: {e}", file=sys.stderr)
         return 1
     except (KeyError, TypeError) as e:

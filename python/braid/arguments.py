@@ -19,6 +19,7 @@ import math
 import os
 import re
 
+from braid import checkpoint_args
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -327,49 +328,6 @@ def parse_args(argv: list[str] | None, world_size: int,
     return args
 
 
-# --use-checkpoint-args: the checkpoint's metadata.json "config" key -> (argument, its value)
-_FROM_CHECKPOINT = {
-    "num_layers": lambda v: [("num_layers", v)],
-    "hidden_size": lambda v: [("hidden_size", v)],
-    "num_attention_heads": lambda v: [("num_attention_heads", v)],
-    "num_query_groups": lambda v: [("num_query_groups", v)],
-    "ffn_hidden_size": lambda v: [("ffn_hidden_size", v)],
-    "vocab_size": lambda v: [("vocab_size", v)],
-    "max_position_embeddings": lambda v: [("max_position_embeddings", v)],
-    "normalization": lambda v: [("normalization", {"layernorm": "LayerNorm",
-                                                   "rmsnorm": "RMSNorm"}[v])],
-    "activation": lambda v: [("swiglu", v == "swiglu")],
-    "position_embedding": lambda v: [("position_embedding_type",
-                                      {"rope": "rope", "learned": "learned_absolute"}[v])],
-    "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
-    "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
-    "qk_layernorm": lambda v: [("qk_layernorm", v)],
-    "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
-    "rope_theta": lambda v: [("rotary_base", v)],
-    "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
-                                      ("rope_scaling_factor", v if v > 0 else None)],
-    # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
-    "rope_low_freq_factor": lambda v: _megatron_rope_constant("rope_low_freq_factor", v),
-    "rope_high_freq_factor": lambda v: _megatron_rope_constant("rope_high_freq_factor", v),
-    "rope_original_max_position_embeddings": lambda v: _megatron_rope_constant(
-        "rope_original_max_position_embeddings", v),
-    "norm_eps": lambda v: [("norm_epsilon", v)],
-}
-
-
-# Llama 3.1's RoPE scaling as Megatron's --use-rope-scaling applies it: only the factor is a flag.
-MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
-                         "rope_original_max_position_embeddings": 8192}
-
-
-def _megatron_rope_constant(key, value):
-    if value != MEGATRON_ROPE_SCALING[key]:
-        raise ArgumentError(f"--use-checkpoint-args: the checkpoint's {key} is {value}; "
-                            f"Megatron's --use-rope-scaling fixes it at "
-                            f"{MEGATRON_ROPE_SCALING[key]}")
-    return []
-
-
 def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
     """Sets the model arguments from the checkpoint --load names (Megatron's
     --use-checkpoint-args); the log lines of those that change what the command line said."""
@@ -383,23 +341,18 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
                                            else a.ckpt_step).get("config", {})
     except ValueError as e:
         raise ArgumentError(f"--use-checkpoint-args: {e}") from None
+    try:
+        model_args = checkpoint_args.model_args(config)
+    except ValueError as e:
+        raise ArgumentError(f"--use-checkpoint-args: {e}") from None
     notes = []
     a.checkpoint_vocab = True
-    # Checkpoints from before these fields had neither.
-    config.setdefault("add_qkv_bias", False)
-    config.setdefault("qk_layernorm", False)
-    config.setdefault("rope_scaling_factor", 0.0)
-    for key, value in MEGATRON_ROPE_SCALING.items():
-        config.setdefault(key, value)
-    for key, convert in _FROM_CHECKPOINT.items():
-        if key not in config:
-            raise ArgumentError(f"--use-checkpoint-args: the checkpoint's config has no {key}")
-        for dest, value in convert(config[key]):
-            if getattr(a, dest) != value:
-                flag = "--" + dest.replace("_", "-")
-                notes.append(f"braid: {flag} {value} from the checkpoint (the command line: "
-                             f"{getattr(a, dest)})")
-                setattr(a, dest, value)
+    for dest, value in model_args:
+        if getattr(a, dest) != value:
+            flag = "--" + dest.replace("_", "-")
+            notes.append(f"braid: {flag} {value} from the checkpoint (the command line: "
+                         f"{getattr(a, dest)})")
+            setattr(a, dest, value)
     a.group_query_attention = a.num_query_groups != a.num_attention_heads
     return notes
 

@@ -33,7 +33,8 @@ import numpy as np
 
 import braid
 from braid import flops
-from braid.arguments import MEGATRON_ROPE_SCALING, ArgumentError, parse_args
+from braid.arguments import ArgumentError, parse_args
+from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.megatron_flags import no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
 from braid.metrics import MetricsWriter
@@ -97,29 +98,6 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.recompute_num_layers = a.recompute_num_layers or 1
     cfg.validate()
     return cfg
-
-
-# Numerics a checkpoint's model was trained with that a run may change on purpose (a longer
-# context's RoPE base, say), so loading under other values is allowed but said: key ->
-# (the flags that set it, its value in checkpoints from before the key).
-NUMERICS = {"rope_theta": ("--rotary-base", 10000.0),
-            "rope_scaling_factor": ("--use-rope-scaling --rope-scaling-factor", 0.0),
-            "rope_low_freq_factor": ("--use-rope-scaling", 1.0),
-            "rope_high_freq_factor": ("--use-rope-scaling", 4.0),
-            "rope_original_max_position_embeddings": ("--use-rope-scaling", 8192),
-            "norm_eps": ("--norm-epsilon", None)}
-
-
-def numerics_warnings(saved: dict, cfg) -> list[str]:
-    """A warning per numerics field in which the run's model differs from the checkpoint's."""
-    lines = []
-    for key, (flags, before) in NUMERICS.items():
-        was = saved.get(key, before)
-        if was is not None and was != getattr(cfg, key):
-            lines.append(f"braid: warning: the checkpoint's model has {key} {was}, this run's "
-                         f"{getattr(cfg, key)} ({flags}); it will compute otherwise than it "
-                         "was trained to")
-    return lines
 
 
 def trainer_config(a) -> braid.TrainerConfig:

@@ -1,0 +1,87 @@
+"""A checkpoint's model config (metadata.json, docs/checkpoints.md) against pretrain_gpt.py's
+arguments: Megatron's --use-checkpoint-args takes the model arguments from it, and a run whose
+numerics differ from it is told so."""
+
+from __future__ import annotations
+
+
+# The checkpoint's metadata.json "config" key -> [(argument, its value)]
+FROM_CHECKPOINT = {
+    "num_layers": lambda v: [("num_layers", v)],
+    "hidden_size": lambda v: [("hidden_size", v)],
+    "num_attention_heads": lambda v: [("num_attention_heads", v)],
+    "num_query_groups": lambda v: [("num_query_groups", v)],
+    "ffn_hidden_size": lambda v: [("ffn_hidden_size", v)],
+    "vocab_size": lambda v: [("vocab_size", v)],
+    "max_position_embeddings": lambda v: [("max_position_embeddings", v)],
+    "normalization": lambda v: [("normalization", {"layernorm": "LayerNorm",
+                                                   "rmsnorm": "RMSNorm"}[v])],
+    "activation": lambda v: [("swiglu", v == "swiglu")],
+    "position_embedding": lambda v: [("position_embedding_type",
+                                      {"rope": "rope", "learned": "learned_absolute"}[v])],
+    "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
+    "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
+    "qk_layernorm": lambda v: [("qk_layernorm", v)],
+    "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
+    "rope_theta": lambda v: [("rotary_base", v)],
+    "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
+                                      ("rope_scaling_factor", v if v > 0 else None)],
+    # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
+    "rope_low_freq_factor": lambda v: _megatron_rope_constant("rope_low_freq_factor", v),
+    "rope_high_freq_factor": lambda v: _megatron_rope_constant("rope_high_freq_factor", v),
+    "rope_original_max_position_embeddings": lambda v: _megatron_rope_constant(
+        "rope_original_max_position_embeddings", v),
+    "norm_eps": lambda v: [("norm_epsilon", v)],
+}
+
+
+# Llama 3.1's RoPE scaling as Megatron's --use-rope-scaling applies it: only the factor is a flag.
+MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                         "rope_original_max_position_embeddings": 8192}
+
+
+# What checkpoints from before these fields mean by lacking them.
+BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "rope_scaling_factor": 0.0,
+               **MEGATRON_ROPE_SCALING}
+
+
+def _megatron_rope_constant(key, value):
+    if value != MEGATRON_ROPE_SCALING[key]:
+        raise ValueError(f"the checkpoint's {key} is {value}; Megatron's --use-rope-scaling "
+                         f"fixes it at {MEGATRON_ROPE_SCALING[key]}")
+    return []
+
+
+def model_args(config: dict) -> list[tuple[str, object]]:
+    """[(argument dest, value)] that make the run's model the checkpoint's; ValueError naming a
+    field the config lacks or Megatron's flags cannot express."""
+    config = {**BEFORE_THEM, **config}
+    out = []
+    for key, convert in FROM_CHECKPOINT.items():
+        if key not in config:
+            raise ValueError(f"the checkpoint's config has no {key}")
+        out += convert(config[key])
+    return out
+
+
+# Numerics a run may change on purpose (a longer context's RoPE base, say): loading under other
+# values is allowed but said. Key -> the flags that set it.
+NUMERICS = {"rope_theta": "--rotary-base",
+            "rope_scaling_factor": "--use-rope-scaling --rope-scaling-factor",
+            "rope_low_freq_factor": "--use-rope-scaling",
+            "rope_high_freq_factor": "--use-rope-scaling",
+            "rope_original_max_position_embeddings": "--use-rope-scaling",
+            "norm_eps": "--norm-epsilon"}
+
+
+def numerics_warnings(saved: dict, cfg) -> list[str]:
+    """A warning per numerics field in which the run's model (a TransformerConfig) differs
+    from the checkpoint's config."""
+    saved = {**BEFORE_THEM, **saved}
+    lines = []
+    for key, flags in NUMERICS.items():
+        if key in saved and saved[key] != getattr(cfg, key):
+            lines.append(f"braid: warning: the checkpoint's model has {key} {saved[key]}, this "
+                         f"run's {getattr(cfg, key)} ({flags}); it will compute otherwise than it "
+                         "was trained to")
+    return lines
