@@ -13,11 +13,11 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <utility>
 
 #include "braid/ckpt/atomic_dir.h"
 #include "braid/ckpt/safetensors.h"
 #include "braid/kernels/ops.h"
+#include "engine/checkpoint_config.h"
 
 namespace braid::engine {
 namespace {
@@ -82,55 +82,6 @@ std::vector<Slice> stored_slices(const model::ParamLayout& layout) {
     out.push_back(Slice{i, dim, dim >= 0 ? shard.start : 0, dim >= 0 ? valid[dim] : spec.shape[0]});
   }
   return out;
-}
-
-// ---- model config ----------------------------------------------------------------------------
-
-json config_json(const model::TransformerConfig& c) {
-  return json{{"num_layers", c.num_layers},
-              {"hidden_size", c.hidden_size},
-              {"num_attention_heads", c.num_attention_heads},
-              {"num_query_groups", c.kv_heads()},
-              {"ffn_hidden_size", c.ffn_hidden_size},
-              {"vocab_size", c.vocab_size},
-              {"max_position_embeddings", c.max_position_embeddings},
-              {"normalization", model::to_string(c.normalization)},
-              {"activation", model::to_string(c.activation)},
-              {"position_embedding", model::to_string(c.position_embedding)},
-              {"add_bias_linear", c.add_bias_linear},
-              {"add_qkv_bias", c.add_qkv_bias},
-              {"qk_layernorm", c.qk_layernorm},
-              {"tie_embeddings", c.tie_embeddings},
-              {"rope_theta", c.rope_theta},
-              {"rope_scaling_factor", c.rope_scaling_factor},
-              {"rope_low_freq_factor", c.rope_low_freq_factor},
-              {"rope_high_freq_factor", c.rope_high_freq_factor},
-              {"rope_original_max_position_embeddings", c.rope_original_max_position_embeddings},
-              {"norm_eps", c.norm_eps},
-              {"params_dtype", dtype_name(c.params_dtype)}};
-}
-
-// ConfigError naming the first field that makes the checkpoint a different model.
-void check_same_model(const json& saved, const model::TransformerConfig& config,
-                      const std::string& where) {
-  const json mine = config_json(config);
-  for (const char* key :
-       {"num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-        "vocab_size", "max_position_embeddings", "normalization", "activation",
-        "position_embedding", "add_bias_linear", "tie_embeddings"}) {
-    BRAID_CONFIG_CHECK(saved.contains(key), where, ": the saved config has no ", key);
-    BRAID_CONFIG_CHECK(saved.at(key) == mine.at(key), where, ": a different model - ", key, " is ",
-                       saved.at(key).dump(), " in the checkpoint and ", mine.at(key).dump(),
-                       " in this run");
-  }
-  // Checkpoints from before these fields have neither.
-  for (const auto& [key, mine_value] : {std::pair{"add_qkv_bias", config.add_qkv_bias},
-                                        std::pair{"qk_layernorm", config.qk_layernorm}}) {
-    const bool saved_value = saved.value(key, false);
-    BRAID_CONFIG_CHECK(saved_value == mine_value, where, ": a different model - ", key, " is ",
-                       saved_value ? "true" : "false", " in the checkpoint and ",
-                       mine_value ? "true" : "false", " in this run");
-  }
 }
 
 // ---- optimizer state -------------------------------------------------------------------------

@@ -2,10 +2,7 @@
 // the CPU reference (kernels/cpu) or the CUDA implementation (kernels/cuda).
 #include "braid/kernels/ops.h"
 
-#include <algorithm>
-#include <cmath>
 #include <initializer_list>
-#include <numbers>
 #include <string>
 #include <vector>
 
@@ -382,40 +379,6 @@ void check_rope(const char* op, Device device, const char* out_name, const Tenso
               describe(in));
 }
 }  // namespace
-
-void RotaryFrequencies::validate() const {
-  BRAID_CHECK(theta > 0.0f && std::isfinite(theta), "rope: theta = ", theta,
-              " must be positive and finite");
-  if (llama3_factor == 0.0f) return;
-  BRAID_CHECK(llama3_factor > 0.0f && std::isfinite(llama3_factor), "rope: the llama3 factor ",
-              llama3_factor, " must be positive (0: no scaling)");
-  BRAID_CHECK(0.0f < low_freq_factor && low_freq_factor < high_freq_factor &&
-                  std::isfinite(high_freq_factor),
-              "rope: llama3 scaling needs 0 < low_freq_factor (", low_freq_factor,
-              ") < high_freq_factor (", high_freq_factor, ")");
-  BRAID_CHECK(original_max_positions > 0.0f,
-              "rope: original_max_positions = ", original_max_positions, " must be positive");
-}
-
-std::vector<float> RotaryFrequencies::inv_freq(int64_t head_dim) const {
-  const int64_t half = head_dim / 2;
-  std::vector<float> out(size_t(std::max<int64_t>(half, 0)));
-  for (int64_t i = 0; i < half; ++i) {
-    float f = 1.0f / std::pow(theta, float(2 * i) / float(head_dim));
-    if (llama3_factor > 0.0f) {  // HF's _compute_llama3_parameters, operation for operation
-      const float wavelen = 2.0f * float(std::numbers::pi) / f;
-      if (wavelen > original_max_positions / low_freq_factor) {
-        f = f / llama3_factor;
-      } else if (!(wavelen < original_max_positions / high_freq_factor)) {
-        const float smooth = (original_max_positions / wavelen - low_freq_factor) /
-                             (high_freq_factor - low_freq_factor);
-        f = (1.0f - smooth) * f / llama3_factor + smooth * f;
-      }
-    }
-    out[size_t(i)] = f;
-  }
-  return out;
-}
 
 void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
                   int64_t position_offset, Stream stream) {
