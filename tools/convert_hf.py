@@ -54,7 +54,7 @@ def check(ok, *message):
 def braid_specs(c):
     """[(name, shape, tp_dim)] of the whole model in flat-buffer order, as parameter_layout."""
     h, f = c["hidden_size"], c["ffn_hidden_size"]
-    head_dim = h // c["num_attention_heads"]
+    head_dim = head_width(c)
     q_out, kv_out = c["num_attention_heads"] * head_dim, c["num_query_groups"] * head_dim
     bias, layernorm = c["add_bias_linear"], c["normalization"] == "layernorm"
     qkv_bias = bias or c.get("add_qkv_bias", False)  # absent in checkpoints before it
@@ -98,6 +98,12 @@ def braid_specs(c):
 
 
 # ---- configs ---------------------------------------------------------------------------------
+
+def head_width(c):
+    """A braid config's head width: kv_channels (absent in checkpoints before it) or
+    hidden_size / num_attention_heads."""
+    return c.get("kv_channels") or c["hidden_size"] // c["num_attention_heads"]
+
 
 # Qwen2 is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
 # norm on each query and key head (qk_layernorm); the names are Llama's.
@@ -175,11 +181,9 @@ def braid_config_from_hf(hf, arch, dtype):
         h, heads = hf["hidden_size"], hf["num_attention_heads"]
         if hf.get("hidden_act", "silu") != "silu":
             refuse("hidden_act", hf["hidden_act"], "braid's Llama MLP is SwiGLU (silu)")
-        # Qwen3's configs may leave head_dim out: transformers then takes 128.
-        head_dim = hf.get("head_dim", 128 if arch == "qwen3" else None)
-        if head_dim not in (None, h // heads):
-            refuse("head_dim", head_dim, f"braid's head_dim is hidden_size / "
-                   f"num_attention_heads = {h // heads}")
+        # Qwen3's configs may leave head_dim out: transformers then takes 128; the others
+        # take hidden_size / num_attention_heads.
+        head_dim = hf.get("head_dim") or (128 if arch == "qwen3" else h // heads)
         attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
         if attention_bias != mlp_bias:
             refuse("attention_bias", attention_bias, f"mlp_bias is {json.dumps(mlp_bias)}; braid's "
@@ -194,7 +198,7 @@ def braid_config_from_hf(hf, arch, dtype):
             refuse("sliding_window", hf["sliding_window"], "braid attends to the whole context")
         return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
                 "num_attention_heads": heads,
-                "num_query_groups": hf.get("num_key_value_heads") or heads,
+                "num_query_groups": hf.get("num_key_value_heads") or heads, "kv_channels": head_dim,
                 "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
                 "max_position_embeddings": hf["max_position_embeddings"],
                 "normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
@@ -212,7 +216,8 @@ def braid_config_from_hf(hf, arch, dtype):
         refuse("scale_attn_by_inverse_layer_idx", True, "braid scales every layer alike")
     h = hf["n_embd"]
     return {"num_layers": hf["n_layer"], "hidden_size": h, "num_attention_heads": hf["n_head"],
-            "num_query_groups": hf["n_head"], "ffn_hidden_size": hf.get("n_inner") or 4 * h,
+            "num_query_groups": hf["n_head"], "kv_channels": h // hf["n_head"],
+            "ffn_hidden_size": hf.get("n_inner") or 4 * h,
             "vocab_size": hf["vocab_size"], "max_position_embeddings": hf["n_positions"],
             "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
             "add_bias_linear": True, "add_qkv_bias": False, "qk_layernorm": False,
@@ -250,6 +255,9 @@ def braid_architecture(c):
               "this braid model is GPT-2 shaped but has num_query_groups ",
               c["num_query_groups"], " != num_attention_heads ", c["num_attention_heads"],
               "; GPT2LMHeadModel has no grouped-query attention")
+        check(head_width(c) * c["num_attention_heads"] == c["hidden_size"],
+              "this braid model is GPT-2 shaped but its heads are ", head_width(c), " wide "
+              "(kv_channels), not hidden_size / num_attention_heads; GPT2LMHeadModel's are")
         return "gpt2"
     raise ConvertError("no Hugging Face architecture for a braid model with normalization "
                        f"{c['normalization']}, activation {c['activation']} and position_embedding "
@@ -264,7 +272,7 @@ LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
 SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types")
 ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
     "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
-    "qwen2": LLAMA_KEYS + SLIDING_KEYS,
+    "qwen2": LLAMA_KEYS + ("head_dim",) + SLIDING_KEYS,
     "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
     "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
              "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
@@ -285,10 +293,10 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
               "rope_parameters": rope, "hidden_act": "silu",
               "tie_word_embeddings": c["tie_embeddings"]}
-        head_dim = c["hidden_size"] // c["num_attention_heads"]
+        head_dim = head_width(c)
         hf.update({"llama": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
                              "mlp_bias": c["add_bias_linear"]},
-                   "qwen2": {"use_sliding_window": False},
+                   "qwen2": {"head_dim": head_dim, "use_sliding_window": False},
                    "qwen3": {"head_dim": head_dim, "attention_bias": False,
                              "use_sliding_window": False}}[arch])
         if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling
@@ -489,8 +497,13 @@ def import_hf(hf_dir, save):
                 "max_position_embeddings"):
         check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
               f"positive integer, is {config[key]!r}")
-    check(config["hidden_size"] % config["num_attention_heads"] == 0,
+    check(isinstance(config["kv_channels"], int) and config["kv_channels"] > 0,
+          f"config.json: head_dim should be a positive integer, is {config['kv_channels']!r}")
+    check(arch in LLAMA_LIKE or config["hidden_size"] % config["num_attention_heads"] == 0,
           "config.json: the hidden size is not a multiple of the number of attention heads")
+    check(arch not in LLAMA_LIKE or config["kv_channels"] % 2 == 0,
+          f"config.json: head_dim {config['kv_channels']} is odd; RoPE rotates pairs of a "
+          "head's channels")
     left = dict(tensors)  # hf_to_braid takes what it maps; what is left is unexpected
     braid_tensors = hf_to_braid(left, arch, config)
     if left:

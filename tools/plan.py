@@ -48,6 +48,8 @@ def parse_args(argv):
     g.add_argument("--hidden-size", type=int)
     g.add_argument("--num-attention-heads", type=int)
     g.add_argument("--num-query-groups", type=int, help="KV heads (GQA); default: the heads")
+    g.add_argument("--kv-channels", type=int,
+                   help="each head's width; default --hidden-size / --num-attention-heads")
     g.add_argument("--ffn-hidden-size", type=int)
     g.add_argument("--vocab-size", type=int)
     g.add_argument("--seq-length", type=int)
@@ -117,12 +119,14 @@ def parse_args(argv):
             a.num_attention_heads or m.num_attention_heads, a.num_query_groups or m.kv_heads,
             a.ffn_hidden_size or m.ffn_hidden_size, a.vocab_size or m.vocab_size,
             a.seq_length or m.seq_length, a.activation or m.activation,
-            a.tie_embeddings or m.tied_embeddings)
+            a.tie_embeddings or m.tied_embeddings, m.qk_layernorm,
+            a.kv_channels or m.kv_channels)
     elif all(x is not None for x in shape):
         a.model_shape = planner.ModelShape(
             a.num_layers, a.hidden_size, a.num_attention_heads,
             a.num_query_groups or a.num_attention_heads, a.ffn_hidden_size, a.vocab_size,
-            a.seq_length, a.activation or "swiglu", a.tie_embeddings)
+            a.seq_length, a.activation or "swiglu", a.tie_embeddings,
+            kv_channels=a.kv_channels or 0)
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
@@ -130,7 +134,7 @@ def parse_args(argv):
 
 
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-               "ffn_hidden_size", "vocab_size", "seq_length", "activation")
+               "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation")
 LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
@@ -151,7 +155,7 @@ def _from_training_arguments(ap, a, training):
     a.model_shape = planner.ModelShape(
         t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
         t.ffn_hidden_size, t.vocab_size, t.seq_length, "swiglu" if t.swiglu else "gelu",
-        not t.untie_embeddings_and_output_weights, t.qk_layernorm)
+        not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels)
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full
     # batch's rate (docs/planner.md).

@@ -13,6 +13,7 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"hidden_size", c.hidden_size},
       {"num_attention_heads", c.num_attention_heads},
       {"num_query_groups", c.kv_heads()},
+      {"kv_channels", c.head_dim()},
       {"ffn_hidden_size", c.ffn_hidden_size},
       {"vocab_size", c.vocab_size},
       {"max_position_embeddings", c.max_position_embeddings},
@@ -44,6 +45,13 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                        saved.at(key).dump(), " in the checkpoint and ", mine.at(key).dump(),
                        " in this run");
   }
+  // Checkpoints from before kv_channels had hidden_size / num_attention_heads.
+  const int64_t saved_head_dim =
+      saved.value("kv_channels", saved.at("hidden_size").get<int64_t>() /
+                                     saved.at("num_attention_heads").get<int64_t>());
+  BRAID_CONFIG_CHECK(saved_head_dim == config.head_dim(), where,
+                     ": a different model - kv_channels (the head width) is ", saved_head_dim,
+                     " in the checkpoint and ", config.head_dim(), " in this run");
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] : {std::pair{"add_qkv_bias", config.add_qkv_bias},
                                         std::pair{"qk_layernorm", config.qk_layernorm}}) {

@@ -88,7 +88,7 @@ void from_string(std::string_view name, RecomputeMethod& out) {
 int64_t TransformerConfig::head_dim() const {
   BRAID_CONFIG_CHECK(num_attention_heads > 0, "TransformerConfig.num_attention_heads must be ",
                      "positive, got ", num_attention_heads);
-  return hidden_size / num_attention_heads;
+  return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
 }
 
 int64_t TransformerConfig::kv_heads() const {
@@ -111,15 +111,19 @@ void TransformerConfig::validate() const {
   check_positive(max_position_embeddings, "max_position_embeddings");
   check_positive(make_vocab_size_divisible_by, "make_vocab_size_divisible_by");
   check_positive(recompute_num_layers, "recompute_num_layers");
-  BRAID_CONFIG_CHECK(hidden_size % num_attention_heads == 0, "TransformerConfig.hidden_size (",
-                     hidden_size, ") must be divisible by num_attention_heads (",
-                     num_attention_heads, ")");
+  BRAID_CONFIG_CHECK(kv_channels >= 0, "TransformerConfig.kv_channels must be >= 0 ",
+                     "(0: hidden_size / num_attention_heads), got ", kv_channels);
+  BRAID_CONFIG_CHECK(kv_channels > 0 || hidden_size % num_attention_heads == 0,
+                     "TransformerConfig.hidden_size (", hidden_size,
+                     ") must be divisible by num_attention_heads (", num_attention_heads,
+                     "), or kv_channels must give the head width");
   BRAID_CONFIG_CHECK(num_attention_heads % kv_heads() == 0,
                      "TransformerConfig.num_attention_heads (", num_attention_heads,
                      ") must be divisible by num_query_groups (", kv_heads(), ")");
   if (position_embedding == PositionEmbedding::rope) {
     BRAID_CONFIG_CHECK(head_dim() % 2 == 0, "TransformerConfig.position_embedding = rope needs an ",
-                       "even head dim (hidden_size / num_attention_heads), got ", head_dim());
+                       "even head dim (kv_channels, or hidden_size / num_attention_heads), got ",
+                       head_dim());
     BRAID_CONFIG_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
                        "TransformerConfig.rope_theta must be positive and finite, got ",
                        rope_theta);

@@ -8,6 +8,7 @@
 #include "braid/model/config.h"
 #include "braid/model/gpt_model.h"
 #include "braid/model/kv_cache.h"
+#include "braid/model/parameters.h"
 
 namespace braid::python {
 namespace {
@@ -37,10 +38,13 @@ void bind_model(py::module_& m) {
       .def("validate", &TransformerConfig::validate)
       .def_property_readonly("head_dim", &TransformerConfig::head_dim)
       .def_property_readonly("kv_heads", &TransformerConfig::kv_heads)
+      .def("num_parameters", &model::count_parameters,
+           "The model's parameters (vocabulary unpadded), counted without building it.")
       .def_readwrite("num_layers", &TransformerConfig::num_layers)
       .def_readwrite("hidden_size", &TransformerConfig::hidden_size)
       .def_readwrite("num_attention_heads", &TransformerConfig::num_attention_heads)
       .def_readwrite("num_query_groups", &TransformerConfig::num_query_groups)
+      .def_readwrite("kv_channels", &TransformerConfig::kv_channels)
       .def_readwrite("ffn_hidden_size", &TransformerConfig::ffn_hidden_size)
       .def_readwrite("vocab_size", &TransformerConfig::vocab_size)
       .def_readwrite("max_position_embeddings", &TransformerConfig::max_position_embeddings)

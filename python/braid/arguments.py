@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--num-attention-heads", type=pos_int, default=4)
     g.add_argument("--group-query-attention", action="store_true")
     g.add_argument("--kv-channels", type=pos_int, default=None,
-                   help="the head dimension; braid's is --hidden-size / --num-attention-heads")
+                   help="each attention head's width (default --hidden-size / --num-attention-heads)")
     g.add_argument("--num-query-groups", type=pos_int, default=1,
                    help="key/value heads with --group-query-attention")
     g.add_argument("--seq-length", type=pos_int, default=None,
@@ -387,12 +387,14 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     a.world_size = world_size
 
     # Model shape.
-    _check(a.hidden_size % a.num_attention_heads == 0,
-           f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
-           f"{a.num_attention_heads}")
-    _check(a.kv_channels in (None, a.hidden_size // a.num_attention_heads),
-           f"--kv-channels {a.kv_channels}: braid's head dimension is --hidden-size / "
-           f"--num-attention-heads = {a.hidden_size // a.num_attention_heads}")
+    if a.kv_channels is None:  # Megatron: the head width is hidden / heads unless given
+        _check(a.hidden_size % a.num_attention_heads == 0,
+               f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
+               f"{a.num_attention_heads} (or give the head width with --kv-channels)")
+        a.kv_channels = a.hidden_size // a.num_attention_heads
+    _check(a.position_embedding_type != "rope" or a.kv_channels % 2 == 0,
+           f"--kv-channels {a.kv_channels}: RoPE rotates pairs of a head's channels, so the "
+           "head width must be even")
     _check(not a.skip_train or a.eval_iters > 0, "--skip-train evaluates: it needs --eval-iters "
            "> 0")
     if not a.group_query_attention:

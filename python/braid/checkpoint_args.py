@@ -11,6 +11,7 @@ FROM_CHECKPOINT = {
     "hidden_size": lambda v: [("hidden_size", v)],
     "num_attention_heads": lambda v: [("num_attention_heads", v)],
     "num_query_groups": lambda v: [("num_query_groups", v)],
+    "kv_channels": lambda v: [("kv_channels", v)],
     "ffn_hidden_size": lambda v: [("ffn_hidden_size", v)],
     "vocab_size": lambda v: [("vocab_size", v)],
     "max_position_embeddings": lambda v: [("max_position_embeddings", v)],
@@ -56,6 +57,8 @@ def model_args(config: dict) -> list[tuple[str, object]]:
     """[(argument dest, value)] that make the run's model the checkpoint's; ValueError naming a
     field the config lacks or Megatron's flags cannot express."""
     config = {**BEFORE_THEM, **config}
+    if "kv_channels" not in config and {"hidden_size", "num_attention_heads"} <= config.keys():
+        config["kv_channels"] = config["hidden_size"] // config["num_attention_heads"]
     out = []
     for key, convert in FROM_CHECKPOINT.items():
         if key not in config:

@@ -303,7 +303,7 @@ def main(argv=None) -> int:
     what = ("samples of " + " ".join(args.data_path) if args.data_path
             else "addition problems")
     if job.rank == 0:
-        params = (job.model or braid.GPTModel(cfg, device="cpu", seed=args.seed)).num_parameters()
+        params = cfg.num_parameters()
         log(f"demo: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
             f"{cfg.hidden_size}) {job.describe(args)}, {args.train_iters} iterations of "
             f"{args.global_batch_size} {what}", flush=True)

@@ -27,12 +27,13 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     """Model FLOPs of one token's forward pass through `cfg` (a TransformerConfig) with
     sequences of `seq_length`: the linear layers, attention scores and context, the LM head."""
     h = cfg.hidden_size
+    q = cfg.num_attention_heads * cfg.head_dim  # h, unless --kv-channels widens the heads
     kv = cfg.kv_heads * cfg.head_dim
     mlp_matrices = 3 if cfg.activation == "swiglu" else 2
-    per_layer = 2 * h * (h + 2 * kv)           # query, key and value projections
-    per_layer += 2 * h * h                     # output projection
+    per_layer = 2 * h * (q + 2 * kv)           # query, key and value projections
+    per_layer += 2 * q * h                     # output projection
     per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
-    per_layer += 2 * 2 * seq_length * h        # QKᵀ and the probabilities times V
+    per_layer += 2 * 2 * seq_length * q        # QKᵀ and the probabilities times V
     return cfg.num_layers * per_layer + 2 * h * cfg.vocab_size
 
 

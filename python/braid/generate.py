@@ -27,11 +27,11 @@ import braid
 
 # metadata.json "config" keys, set on a TransformerConfig as they are (docs/checkpoints.md).
 _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
-                "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-                "qk_layernorm", "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
-                "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps",
-                "params_dtype")
+                "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
+                "normalization", "activation", "position_embedding", "add_bias_linear",
+                "add_qkv_bias", "qk_layernorm", "tie_embeddings", "rope_theta",
+                "rope_scaling_factor", "rope_low_freq_factor", "rope_high_freq_factor",
+                "rope_original_max_position_embeddings", "norm_eps", "params_dtype")
 
 
 @dataclass

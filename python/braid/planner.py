@@ -50,24 +50,32 @@ class ModelShape:
     # vocab_size 0: a bare stack of layers, no embedding or LM head (tests)
     tied_embeddings: bool = False
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
+    kv_channels: int = 0  # each head's width; 0: hidden_size / num_attention_heads
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def q_size(self) -> int:
+        """The queries' (and the attention output's) width: hidden_size unless kv_channels
+        widens or narrows the heads."""
+        return self.num_attention_heads * self.head_dim
 
     @property
     def gpt_style(self) -> bool:
         return self.activation == "gelu"
 
     def layer_params(self) -> float:
-        h, f, kv = self.hidden_size, self.ffn_hidden_size, self.kv_heads * self.head_dim
+        h, f, q, kv = self.hidden_size, self.ffn_hidden_size, self.q_size, \
+            self.kv_heads * self.head_dim
         mats = 3 if self.activation == "swiglu" else 2
-        p = h * (h + 2 * kv) + h * h + mats * h * f
+        p = h * (q + 2 * kv) + q * h + mats * h * f
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
         if self.qk_layernorm:
             p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
         if self.gpt_style:
-            p += (h + 2 * kv) + h + f + h                        # biases
+            p += (q + 2 * kv) + h + f + h                        # biases
         return p
 
     def num_params(self) -> float:
@@ -248,7 +256,7 @@ def _link(cluster: Cluster, span: int):
 def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None = None) -> float:
     """Bytes one layer keeps for its backward per microbatch and rank (docs/memory.md,
     generalised to GQA and SwiGLU): 16-bit tensors, f32 norm statistics and lse."""
-    t, h, a = lay.tp, model.hidden_size, model.num_attention_heads
+    t, h, a, q = lay.tp, model.hidden_size, model.num_attention_heads, model.q_size
     kv = model.kv_heads * model.head_dim
     f1 = 2 * model.ffn_hidden_size if model.activation == "swiglu" else model.ffn_hidden_size
     f = model.ffn_hidden_size
@@ -258,14 +266,14 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
     if rec == "full":
         per_token = 2 * h / sp
     elif rec == "selective":
-        per_token = 2 * h / sp + (2 * h + 4 * kv) / t + 2 * h / t + 4 * a / t + 2 * h / sp \
+        per_token = 2 * h / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t + 2 * h / sp \
             + 2 * f1 / t
     else:
-        per_token = (2 * h + 8 + 2 * h) / sp + (2 * h + 4 * kv) / t + 2 * h / t + 4 * a / t \
+        per_token = (2 * h + 8 + 2 * h) / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t \
             + (2 * h + 8 + 2 * h) / sp + 2 * f1 / t + 2 * f / t
         if model.qk_layernorm:  # q and k before their norms, and the norms' statistics
             stats = 8 if model.gpt_style else 4
-            per_token += (2 * h + 2 * kv) / t + stats * (a + model.kv_heads) / t
+            per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
     return per_token * tokens
 
 
@@ -301,18 +309,18 @@ def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int):
 def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
     """One transformer layer, one microbatch, one TP rank."""
     gpu, t = cluster.gpu, lay.tp
-    h, s, f = model.hidden_size, model.seq_length, model.ffn_hidden_size
+    h, s, f, q = model.hidden_size, model.seq_length, model.ffn_hidden_size, model.q_size
     kv = model.kv_heads * model.head_dim
     T = lay.micro_batch_size * s
     h_rep = h / t if lay.sequence_parallel else h
     fc1 = 2 * f if model.activation == "swiglu" else f
-    gemms = [(T, (h + 2 * kv) / t, h), (T, h, h / t), (T, fc1 / t, h), (T, h, f / t)]
+    gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, fc1 / t, h), (T, h, f / t)]
     gemm_f = sum(_gemm_time(gpu, *g) for g in gemms)
-    attn_exec = 2 * T * s * h / t  # causal flash attention executes half of QKᵀ and PV
+    attn_exec = 2 * T * s * q / t  # causal flash attention executes half of QKᵀ and PV
     attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
     act_bytes = (6 if model.activation == "swiglu" else 4) * f / t
     norm_bytes = 8 * h_rep
-    elem_bytes = norm_bytes + 12 * h_rep + 4 * (h + kv) / t + act_bytes
+    elem_bytes = norm_bytes + 12 * h_rep + 4 * (q + kv) / t + act_bytes
     elem_f = _bytes_time(gpu, elem_bytes * T, 8)
     # TP: two all-reduces (or with SP two all-gathers + two reduce-scatters, the same bytes)
     # per forward, as many in backward; SP's backward all-gathers the norm outputs again.

@@ -70,6 +70,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.hidden_size = a.hidden_size
     cfg.num_attention_heads = a.num_attention_heads
     cfg.num_query_groups = a.num_query_groups
+    cfg.kv_channels = a.kv_channels
     cfg.ffn_hidden_size = a.ffn_hidden_size
     cfg.vocab_size = a.vocab_size
     cfg.max_position_embeddings = a.max_position_embeddings
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
     trace = braid.Trace(rank, device) if timers is not None or profiling else None
     if timers is not None:
         trainer.set_trace(trace)
-    params = braid.GPTModel(cfg, device="cpu", seed=a.seed).num_parameters() if rank == 0 else 0
+    params = cfg.num_parameters()
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv) on "
         f"{state.world_size} x {device}: tp={state.tp} pp={state.pp} dp={state.dp}"

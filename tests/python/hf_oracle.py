@@ -94,12 +94,15 @@ def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
                                 add_qkv_bias=True)
 
 
-def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0):
-    """Qwen3ForCausalLM: Llama with an RMSNorm on each query and key head (qk_layernorm)."""
+def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
+               head_dim=None):
+    """Qwen3ForCausalLM: Llama with an RMSNorm on each query and key head (qk_layernorm);
+    `head_dim` other than hidden / heads is braid's kv_channels (Qwen3-0.6B's 128 on 1024 / 16)."""
+    head_dim = head_dim or hidden // heads
     torch.manual_seed(seed)
     hf_cfg = transformers.Qwen3Config(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=positions, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False)
     hf_cfg._attn_implementation = "eager"
@@ -110,7 +113,7 @@ def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
                 p.add_(0.1 * torch.randn_like(p))
     return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                                 norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=False,
-                                qk_layernorm=True)
+                                qk_layernorm=True, kv_channels=head_dim)
 
 
 def gpt2_to_braid(hf, layers, hidden):

@@ -28,6 +28,10 @@ struct TransformerConfig {
   int64_t hidden_size = 0;
   int64_t num_attention_heads = 0;
   int64_t num_query_groups = 0;  // key/value heads; 0 means num_attention_heads (no GQA)
+  // Each query, key and value head's width (Megatron's --kv-channels, HF's head_dim);
+  // 0 means hidden_size / num_attention_heads. Qwen3-0.6B, say, has 16 heads of 128 on a
+  // hidden size of 1024: its attention is 2048 wide.
+  int64_t kv_channels = 0;
   int64_t ffn_hidden_size = 0;
   int64_t vocab_size = 0;
   int64_t max_position_embeddings = 0;
@@ -61,7 +65,7 @@ struct TransformerConfig {
   int64_t recompute_num_layers = 1;                             // >= 1
 
   void validate() const;
-  int64_t head_dim() const;  // hidden_size / num_attention_heads
+  int64_t head_dim() const;  // kv_channels, or hidden_size / num_attention_heads when that is 0
   int64_t kv_heads() const;  // num_query_groups, or num_attention_heads when that is 0
   int64_t padded_vocab_size(int tp_size = 1) const;
 

@@ -73,6 +73,7 @@ TEST(TransformerConfig, InvalidFieldsAreNamed) {
   expect_rejected([](auto& c) { c.vocab_size = 0; }, "vocab_size");
   expect_rejected([](auto& c) { c.max_position_embeddings = 0; }, "max_position_embeddings");
   expect_rejected([](auto& c) { c.num_attention_heads = 3; }, "num_attention_heads");
+  expect_rejected([](auto& c) { c.kv_channels = -1; }, "kv_channels");
   expect_rejected([](auto& c) { c.num_query_groups = 3; }, "num_query_groups", "llama-tiny");
   expect_rejected([](auto& c) { c.norm_eps = 0; }, "norm_eps");
   expect_rejected([](auto& c) { c.init_std = -1; }, "init_std");
@@ -102,6 +103,18 @@ TEST(TransformerConfig, InvalidFieldsAreNamed) {
         c.num_attention_heads = 4;
       },
       "position_embedding", "llama-tiny");
+}
+
+TEST(TransformerConfig, KvChannelsSetTheHeadWidth) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");  // hidden 64, 4 heads
+  EXPECT_EQ(c.head_dim(), 16);
+  c.kv_channels = 32;  // attention 128 wide on a hidden size of 64 (Qwen3-0.6B's ratio)
+  EXPECT_EQ(c.head_dim(), 32);
+  c.num_attention_heads = 3;  // hidden need not divide by the heads when the width is given
+  c.num_query_groups = 3;
+  EXPECT_NO_THROW(c.validate());
+  c.kv_channels = 15;  // but RoPE still needs an even one
+  expect_rejected([&](auto& r) { r = c; }, "position_embedding");
 }
 
 TEST(TransformerConfig, MixturesAreValid) {

@@ -126,5 +126,16 @@ TEST(Gradients, QkNormsMatchFiniteDifferences) {
   check_gradients(gpt2);
 }
 
+TEST(Gradients, WideHeadsMatchFiniteDifferences) {
+  // kv_channels: heads wider than hidden / heads (Qwen3-0.6B's), so q and the attention
+  // output are wider than the hidden size; with GQA and with tied GPT-2 numerics.
+  TransformerConfig llama = small_llama();
+  llama.kv_channels = 2 * llama.head_dim();
+  check_gradients(llama);
+  TransformerConfig gpt2 = small_gpt2();
+  gpt2.kv_channels = gpt2.head_dim() / 2;
+  check_gradients(gpt2);
+}
+
 }  // namespace
 }  // namespace braid::model

@@ -127,6 +127,27 @@ TEST(Recompute, QkNormPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
+TEST(Recompute, WideHeadsKeepTheirWiderQkvAndAttentionOutput) {
+  // kv_channels doubles each head (16 -> 32 on hidden 64, 4 query and 2 kv heads): none and
+  // selective keep q, k, v and the attention output, so each layer keeps
+  // T x (2 x 4 x 16 + 2 x 2 x 16) values more (the planner's layer_activation_bytes term);
+  // full keeps only the layers' inputs, so nothing more.
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 4;
+  TransformerConfig wide = c;
+  wide.kv_channels = 32;
+  check_policies(wide);
+  const Batch batch = make_batch(4, 32, c.vocab_size, 3);
+  const int64_t tokens = 4 * 32, elem = int64_t(dtype_size(c.params_dtype));
+  const int64_t extra = c.num_layers * tokens * (2 * 4 * 16 + 2 * 2 * 16) * elem;
+  for (Recompute policy : {Recompute::none, Recompute::selective, Recompute::full}) {
+    SCOPED_TRACE(to_string(policy));
+    const int64_t more =
+        run_policy(wide, policy, batch).kept_bytes - run_policy(c, policy, batch).kept_bytes;
+    EXPECT_EQ(more, policy == Recompute::full ? 0 : extra);
+  }
+}
+
 TEST(Recompute, UniformGroupsAndBlockAgreeAndKeepWhatTheySay) {
   TransformerConfig gpt2 = TransformerConfig::preset("gpt2-tiny");
   gpt2.num_layers = 4;

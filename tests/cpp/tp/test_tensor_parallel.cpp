@@ -56,6 +56,13 @@ TransformerConfig qkv_bias() {
   return c;
 }
 
+// Qwen3-0.6B's shape: heads wider than hidden / heads (kv_channels), with q/k norms.
+TransformerConfig wide_heads() {
+  TransformerConfig c = qk_norm();
+  c.kv_channels = 16;  // 4 heads of 16: attention 64 wide on a hidden size of 32
+  return c;
+}
+
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
@@ -68,10 +75,10 @@ struct Case {
   bool sequence_parallel;
 };
 
-const Case kCases[] = {{"gpt2", gpt2, false},        {"gpt2_sp", gpt2, true},
-                       {"llama_gqa", llama, false},  {"llama_gqa_sp", llama, true},
-                       {"qk_norm", qk_norm, false},  {"qk_norm_sp", qk_norm, true},
-                       {"qkv_bias", qkv_bias, false}};
+const Case kCases[] = {{"gpt2", gpt2, false},         {"gpt2_sp", gpt2, true},
+                       {"llama_gqa", llama, false},   {"llama_gqa_sp", llama, true},
+                       {"qk_norm", qk_norm, false},   {"qk_norm_sp", qk_norm, true},
+                       {"qkv_bias", qkv_bias, false}, {"wide_heads_sp", wide_heads, true}};
 
 class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

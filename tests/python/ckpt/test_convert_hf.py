@@ -24,6 +24,7 @@ import transformers
 from safetensors.torch import load_file
 
 import braid
+from braid.generate import config_from_metadata
 from mpi_job import mpi_env
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
@@ -87,12 +88,13 @@ def qwen2(tmp, tie=False):
     return tmp
 
 
-def qwen3(tmp):
-    """Llama with an RMSNorm on each query and key head: braid's qk_layernorm."""
+def qwen3(tmp, head_dim=16):
+    """Llama with an RMSNorm on each query and key head: braid's qk_layernorm. A head_dim other
+    than hidden / heads (16) is braid's kv_channels, as in Qwen3-0.6B."""
     torch.manual_seed(3)
     cfg = transformers.Qwen3Config(
         vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=64,
         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
     perturb(model)
@@ -112,6 +114,7 @@ MODELS = {
     "gpt2-untied": lambda d: gpt2(d, tie=False),
     "qwen2-tied": lambda d: qwen2(d, tie=True),
     "qwen3-untied": qwen3,
+    "qwen3-wide-heads": lambda d: qwen3(d, head_dim=32),
 }
 
 
@@ -163,15 +166,7 @@ def load_hf(out_dir):
 def braid_model(ckpt):
     """A braid.GPTModel with the checkpoint's config and tensors (read by the tool's reader)."""
     meta, tensors = convert_hf.read_checkpoint(str(ckpt))
-    c = meta["config"]
-    cfg = braid.TransformerConfig()
-    for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-                "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
-                "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-                "qk_layernorm", "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
-                "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps"):
-        setattr(cfg, key, c[key])
-    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    model = braid.GPTModel(config_from_metadata(meta["config"]), device="cpu", seed=1)
     params = model.parameters()
     assert sorted(params) == sorted(tensors)
     for name, t in tensors.items():
@@ -308,7 +303,7 @@ def reshard(src, dst, tp, pp, vocab_divisible=128):
 
 
 @pytest.mark.parametrize("kind", ["llama-gqa-untied", "llama-mqa-tied", "gpt2-untied",
-                                  "qwen2-tied"])
+                                  "qwen2-tied", "qwen3-wide-heads"])
 def test_export_reassembles_a_sharded_braid_save(tmp_path, kind):
     hf_dir, ckpt = imported(tmp_path, kind)
     files = reshard(ckpt, tmp_path / "sharded", tp=2, pp=2)
@@ -327,14 +322,8 @@ import json, sys
 import braid
 src, dst = sys.argv[1], sys.argv[2]
 braid.init_distributed(timeout_minutes=2)
-c = json.load(open(src + "/iter_0000000/metadata.json"))["config"]
-cfg = braid.TransformerConfig()
-for key in ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-            "ffn_hidden_size", "vocab_size", "max_position_embeddings", "normalization",
-            "activation", "position_embedding", "add_bias_linear", "add_qkv_bias",
-            "qk_layernorm", "tie_embeddings", "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
-            "rope_high_freq_factor", "rope_original_max_position_embeddings", "norm_eps"):
-    setattr(cfg, key, c[key])
+from braid.generate import config_from_metadata
+cfg = config_from_metadata(json.load(open(src + "/iter_0000000/metadata.json"))["config"])
 state = braid.ParallelState(tp=2, pp=2, dp=1)
 model = braid.ParallelModel(cfg, device="cpu", seed=5, state=state)
 trainer = braid.Trainer(model, braid.TrainerConfig(braid.AdamWConfig(), braid.LRSchedule(
@@ -346,7 +335,7 @@ braid.save_checkpoint(dst, trainer)
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 @pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied",
-                                  "qwen3-untied"])
+                                  "qwen3-untied", "qwen3-wide-heads"])
 def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""
@@ -416,7 +405,6 @@ def edit_config(hf_dir, **changes):
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}},
      "rope_parameters.rope_type"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"head_dim": 32}, "head_dim"),
     ({"attention_bias": True}, "attention_bias"),
 ])
 def test_refuses_what_braid_cannot_represent(tmp_path, changes, field):
@@ -424,6 +412,17 @@ def test_refuses_what_braid_cannot_represent(tmp_path, changes, field):
     edit_config(hf_dir, **changes)
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), field,
                  "not supported")
+
+
+def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
+    hf_dir = llama(tmp_path / "hf")  # 4 heads of 16 on hidden 64
+    edit_config(hf_dir, head_dim=32)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "model.layers.0.self_attn.q_proj.weight", "[128, 64]")
+    edit_config(hf_dir, head_dim=15)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "head_dim 15 is odd")
+    assert not (tmp_path / "c").exists()
 
 
 def test_refuses_qwen2_sliding_window(tmp_path):

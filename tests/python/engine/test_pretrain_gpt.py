@@ -266,8 +266,8 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
-    (["--kv-channels", "64"], "--kv-channels 64: braid's head dimension is --hidden-size / "
-     "--num-attention-heads = 32"),
+    (["--position-embedding-type", "rope", "--kv-channels", "31"], "--kv-channels 31: RoPE rotates pairs of a head's channels, so "
+     "the head width must be even"),
     (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),
     (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),

@@ -213,26 +213,31 @@ def test_megatron_recompute_methods_train_like_one_process(ranks, layout, method
 TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2"]
 
 
-@pytest.mark.parametrize("flag, ranks, layout, key, present, absent", [
-    ("--add-qkv-bias", 8, LAYOUT_3D, "add_qkv_bias", "self_attn.q_proj.bias",
-     "self_attn.o_proj.bias"),
-    ("--qk-layernorm", 8, LAYOUT_3D, "qk_layernorm", "self_attn.k_norm.weight",
-     "self_attn.q_proj.bias"),
-    ("--qk-layernorm", 4, TP2_PP2, "qk_layernorm", "self_attn.q_norm.weight",
-     "self_attn.q_proj.bias"),
+@pytest.mark.parametrize("flags, ranks, layout, config, present, absent, refusal", [
+    (["--add-qkv-bias"], 8, LAYOUT_3D, {"add_qkv_bias": True},
+     ("self_attn.q_proj.bias", [64]), "self_attn.o_proj.bias",
+     "add_qkv_bias is true in the checkpoint and false in this run"),
+    # Qwen3-0.6B's attention: heads twice hidden / heads wide, so q is 128 wide on hidden 64.
+    (["--qk-layernorm", "--kv-channels", "32"], 8, LAYOUT_3D,
+     {"qk_layernorm": True, "kv_channels": 32}, ("self_attn.q_proj.weight", [128, 64]),
+     "self_attn.q_proj.bias",
+     "kv_channels (the head width) is 32 in the checkpoint and 16 in this run"),
+    (["--qk-layernorm"], 4, TP2_PP2, {"qk_layernorm": True, "kv_channels": 16},
+     ("self_attn.q_norm.weight", [16]), "self_attn.q_proj.bias",
+     "qk_layernorm is true in the checkpoint and false in this run"),
 ])
 def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
-        flag, ranks, layout, key, present, absent, tmp_path):
+        flags, ranks, layout, config, present, absent, refusal, tmp_path):
     # Megatron's --add-qkv-bias (Qwen2: biases on q, k and v beside --disable-bias-linear, split
-    # over TP with their weights) and --qk-layernorm (Qwen3: a norm on each query and key head,
+    # over TP with their weights), --qk-layernorm (Qwen3: a norm on each query and key head,
     # its weights replicated over TP and their gradients summed there, with sequence
-    # parallelism or without): the TP 2 run trains like one process; a checkpoint of it is a
-    # different model from one without.
+    # parallelism or without) and --kv-channels (heads wider than hidden / heads): the TP 2 run
+    # trains like one process; a checkpoint of it is a different model from one without.
     runs = {}
     for name, n, lay in (("one", 1, []), ("tp", ranks, layout)):
         tb = str(tmp_path / name)
         save = ["--save", str(tmp_path / "ckpt")] if name == "tp" else []
-        r = run(n, [*MODEL, *lay, *save, flag, "--train-iters", "10", "--eval-iters", "0",
+        r = run(n, [*MODEL, *lay, *save, *flags, "--train-iters", "10", "--eval-iters", "0",
                     "--tensorboard-dir", tb])
         assert r.returncode == 0, r.stdout + r.stderr
         runs[name] = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
@@ -243,13 +248,34 @@ def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
     import braid
 
     meta = braid.checkpoint_metadata(str(tmp_path / "ckpt"))
-    assert meta["config"][key] is True
-    assert f"model.layers.0.{present}" in meta["tensors"]
+    assert {key: meta["config"][key] for key in config} == config
+    assert meta["tensors"][f"model.layers.0.{present[0]}"]["shape"] == present[1]
     assert f"model.layers.0.{absent}" not in meta["tensors"]
     r = run(1, [*MODEL, "--train-iters", "12", "--eval-iters", "0", "--load",
                 str(tmp_path / "ckpt")])
-    assert r.returncode == 2 and f"a different model - {key} is true in the checkpoint and " \
-        "false in this run" in r.stderr, r.stdout + r.stderr
+    assert r.returncode == 2 and f"a different model - {refusal}" in r.stderr, \
+        r.stdout + r.stderr
+
+
+def test_checkpoints_from_before_kv_channels_load(tmp_path):
+    # Their config has no kv_channels: the head width was hidden / heads, which the same-model
+    # check and --use-checkpoint-args take it to be.
+    ckpt = tmp_path / "ckpt"
+    r = run(1, [*MODEL, "--train-iters", "4", "--lr-decay-iters", "8", "--eval-iters", "0",
+                "--save", str(ckpt)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    meta_path = ckpt / "iter_0000004" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["config"].pop("kv_channels") == 16
+    meta_path.write_text(json.dumps(meta))
+    for extra in ([], ["--use-checkpoint-args"]):
+        r = run(1, [*MODEL, *extra, "--load", str(ckpt), "--train-iters", "5", "--eval-iters",
+                    "0"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "iteration        5/" in r.stdout, r.stdout
+    r = run(1, [*MODEL, "--kv-channels", "32", "--load", str(ckpt), "--train-iters", "5"])
+    assert r.returncode == 2 and "a different model - kv_channels (the head width) is 16 in the " \
+        "checkpoint and 32 in this run" in r.stderr, r.stdout + r.stderr
 
 
 def test_rope_scaling_is_part_of_the_model(tmp_path):

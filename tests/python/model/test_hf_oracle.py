@@ -85,6 +85,15 @@ def test_qwen3_logits_loss_and_gradients():
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 
+def test_qwen3_wide_heads_logits_loss_and_gradients():
+    # Qwen3-0.6B's shape in small: heads twice hidden / heads wide (kv_channels), so the
+    # queries and the attention output are 2x the hidden size and o_proj narrows them back.
+    hf, model = qwen3_pair(head_dim=32)
+    assert model.config.head_dim == 32
+    assert hf.model.layers[0].self_attn.q_proj.weight.shape == (4 * 32, 64)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
 def test_ignored_targets_match_hf_ignore_index():
     hf, model = llama_pair()
     ids, targets = batch(97, seed=3)

@@ -260,6 +260,72 @@ def test_memory_parts_add_up_and_zero_shards_the_optimizer():
         planner.layer_activation_bytes(gpt, one, "selective")
 
 
+def test_presets_count_the_published_parameters():
+    # Meta's Llama 3 8B has 8,030,261,248; braid counts its preset without allocating it (what
+    # pretrain_gpt.py logs on rank 0), and the planner's preset agrees but for the final norm.
+    import braid
+
+    cfg = braid.TransformerConfig.preset("llama3-8b")
+    assert cfg.num_parameters() == 8_030_261_248
+    cfg.params_dtype = "bf16"  # a GPU run's config: a CPU GPTModel of it cannot even be built
+    assert cfg.num_parameters() == 8_030_261_248
+    assert planner.PRESETS["llama3-8b"].num_params() + 4096 == cfg.num_parameters()
+
+
+def test_wide_heads_count_what_braid_builds():
+    # --kv-channels (Qwen3-0.6B: 16 heads of 128 on hidden 1024): the queries and the attention
+    # output are heads x kv_channels wide, not hidden.
+    import braid
+    from braid import flops
+
+    for act, qk, kv_channels in (("swiglu", True, 32), ("gelu", False, 8)):
+        shape = planner.ModelShape(2, 64, 4, 2 if act == "swiglu" else 4, 160, 97, 32, act,
+                                   act == "gelu", qk, kv_channels)
+        cfg = braid.TransformerConfig.preset("llama-tiny" if act == "swiglu" else "gpt2-tiny")
+        cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = 2, 64, 4
+        cfg.num_query_groups, cfg.ffn_hidden_size, cfg.vocab_size = shape.kv_heads, 160, 97
+        cfg.max_position_embeddings, cfg.qk_layernorm, cfg.kv_channels = 32, qk, kv_channels
+        model = braid.GPTModel(cfg, device="cpu", seed=1)
+        # Not in num_params: the final norm (weight, and bias with layernorm) and GPT-2's learned
+        # positions.
+        extra = 64 + (64 + 32 * 64 if act == "gelu" else 0)
+        assert shape.num_params() + extra == model.num_parameters(), act
+        assert cfg.num_parameters() == model.num_parameters()  # counted without building it
+        # Model FLOPs: every GEMM of the layer at its real width, attention over q's width.
+        q, kv, s = 4 * kv_channels, shape.kv_heads * kv_channels, 32
+        mlp = (3 if act == "swiglu" else 2) * 64 * 160
+        want = 2 * (2 * (64 * (q + 2 * kv) + q * 64 + mlp) + 4 * s * q) + 2 * 64 * 97
+        assert flops.forward_flops_per_token(shape, s) == want
+        assert flops.forward_flops_per_token(cfg, s) == want
+    # Activations: q, k, v and the attention output at their widths (2 bytes each), as
+    # test_recompute.cpp measures them.
+    base = planner.ModelShape(1, 64, 4, 2, 160, 0, 32)
+    wide = dataclasses.replace(base, kv_channels=32)
+    one = planner.Layout(1, 1, 1, 1)
+    for rec in ("none", "selective"):
+        extra = planner.layer_activation_bytes(wide, one, rec) - \
+            planner.layer_activation_bytes(base, one, rec)
+        assert extra == 32 * 2 * (2 * 4 * 16 + 2 * 2 * 16)
+    assert planner.layer_activation_bytes(wide, one, "full") == \
+        planner.layer_activation_bytes(base, one, "full")
+    # tools/plan.py takes --kv-channels, and from a run's own arguments.
+    cluster = ["--gpu", "h100-80g", "--num-gpus", "8", "--nvlink-bw", "450GB/s", "--net-bw",
+               "400Gb/s", "--json", "--tp", "1", "--pp", "1", "--micro-batch-size", "1",
+               "--recompute", "none", "--sequence-parallel", "false", "--zero", "false"]
+    shape = ["--num-layers", "28", "--hidden-size", "1024", "--num-attention-heads", "16",
+             "--num-query-groups", "8", "--ffn-hidden-size", "3072", "--vocab-size", "151936",
+             "--seq-length", "4096"]
+    qwen3 = planner.ModelShape(28, 1024, 16, 8, 3072, 151936, 4096, kv_channels=128)
+    want = planner.predict(qwen3, planner.Cluster(planner.GPUS["h100-80g"], 8, 8, 450e9, 50e9),
+                           planner.Layout(1, 1, 8, 1, overlap_grad_reduce=False), 64)
+    out = _plan(*cluster, *shape, "--kv-channels", "128", "--global-batch", "64",
+                "--no-overlap-grad-reduce")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(want["step_time_s"])
+    assert json.loads(out.stdout)[0]["memory_gb_per_gpu"] == pytest.approx(
+        want["memory_gb_per_gpu"])
+
+
 def test_uneven_stage_splits_the_search_tries():
     assert planner.stage_splits(8, 1, 1) == [(None, None)]
     assert planner.stage_splits(8, 2, 1) == [(None, None), (5, 3)]
