@@ -106,10 +106,13 @@ def head_width(c):
 
 
 # Qwen2 is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
-# norm on each query and key head (qk_layernorm); the names are Llama's.
+# norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
+# bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
+# are Llama's.
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "GPT2LMHeadModel": "gpt2"}
-LLAMA_LIKE = ("llama", "qwen2", "qwen3")
+                 "Qwen3ForCausalLM": "qwen3", "StableLmForCausalLM": "stablelm",
+                 "GPT2LMHeadModel": "gpt2"}
+LLAMA_LIKE = ("llama", "qwen2", "qwen3", "stablelm")
 
 
 def hf_architecture(hf):
@@ -129,10 +132,11 @@ def refuse(field, value, why):
 
 
 NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
-                   "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 8192}
+                   "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 8192,
+                   "rotary_percent": 1.0}
 
 
-def rope_of(hf):
+def rope_of(hf, arch):
     """braid's RoPE fields from either config style (transformers 4: rope_theta and rope_scaling
     at the top level; 5: rope_parameters): plain RoPE or Llama 3.1's scaling (rope_type
     "llama3"); refuses any other variant."""
@@ -146,11 +150,14 @@ def rope_of(hf):
         field = "rope_scaling" if scaling else "rope_parameters.rope_type"
         refuse(field, scaling or kind, "braid implements plain RoPE and Llama 3.1's scaling "
                "(rope_type llama3)")
-    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if factor not in (None, 1, 1.0):
-        refuse("partial_rotary_factor", factor, "braid rotates the whole head")
+    # StableLM's configs may leave it out: transformers then takes a quarter.
+    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
+                                                        0.25 if arch == "stablelm" else 1.0))
+    if arch != "stablelm" and factor not in (None, 1, 1.0):
+        refuse("partial_rotary_factor", factor, f"transformers' {arch} turns the whole head "
+               "(StableLmForCausalLM turns a part)")
     out = {"rope_theta": as_f32(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
-           **NO_ROPE_SCALING}
+           **NO_ROPE_SCALING, "rotary_percent": float(factor or 1.0)}
     if kind == "llama3":
         for key in ("factor", "low_freq_factor", "high_freq_factor",
                     "original_max_position_embeddings"):
@@ -166,9 +173,11 @@ def rope_of(hf):
 def hf_rope_parameters(c):
     """HF's rope_parameters for braid's RoPE fields (export)."""
     theta = f32_value(c["rope_theta"])
+    partial = c.get("rotary_percent", 1.0)
+    partial = {"partial_rotary_factor": partial} if partial != 1.0 else {}
     if not c.get("rope_scaling_factor"):
-        return {"rope_type": "default", "rope_theta": theta}
-    return {"rope_type": "llama3", "rope_theta": theta,
+        return {"rope_type": "default", "rope_theta": theta, **partial}
+    return {"rope_type": "llama3", "rope_theta": theta, **partial,
             "factor": f32_value(c["rope_scaling_factor"]),
             "low_freq_factor": f32_value(c["rope_low_freq_factor"]),
             "high_freq_factor": f32_value(c["rope_high_freq_factor"]),
@@ -196,16 +205,25 @@ def braid_config_from_hf(hf, arch, dtype):
                 refuse("layer_types", other[0], "braid attends to the whole context")
         elif hf.get("sliding_window"):
             refuse("sliding_window", hf["sliding_window"], "braid attends to the whole context")
+        if arch == "stablelm":
+            if hf.get("qk_layernorm"):
+                refuse("qk_layernorm", True, "StableLM's per-head norms have a weight per head; "
+                       "braid's qk_layernorm shares one over the heads")
+            if hf.get("use_parallel_residual"):
+                refuse("use_parallel_residual", True, "braid's layers are sequential")
+        layernorm = arch == "stablelm"
         return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
                 "num_attention_heads": heads,
                 "num_query_groups": hf.get("num_key_value_heads") or heads, "kv_channels": head_dim,
                 "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
                 "max_position_embeddings": hf["max_position_embeddings"],
-                "normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
-                "add_bias_linear": bool(attention_bias), "add_qkv_bias": arch == "qwen2",
+                "normalization": "layernorm" if layernorm else "rmsnorm", "activation": "swiglu",
+                "position_embedding": "rope", "add_bias_linear": bool(attention_bias),
+                "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")),
                 "qk_layernorm": arch == "qwen3",
-                "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf),
-                "norm_eps": as_f32(hf.get("rms_norm_eps", 1e-6)),
+                "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf, arch),
+                "norm_eps": as_f32(hf.get("layer_norm_eps" if layernorm else "rms_norm_eps",
+                                          1e-5 if layernorm else 1e-6)),
                 "params_dtype": dtype}
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -216,7 +234,7 @@ def braid_config_from_hf(hf, arch, dtype):
         refuse("scale_attn_by_inverse_layer_idx", True, "braid scales every layer alike")
     h = hf["n_embd"]
     return {"num_layers": hf["n_layer"], "hidden_size": h, "num_attention_heads": hf["n_head"],
-            "num_query_groups": hf["n_head"], "kv_channels": h // hf["n_head"],
+            "num_query_groups": hf["n_head"], "kv_channels": h // max(hf["n_head"], 1),
             "ffn_hidden_size": hf.get("n_inner") or 4 * h,
             "vocab_size": hf["vocab_size"], "max_position_embeddings": hf["n_positions"],
             "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
@@ -239,6 +257,16 @@ def f32_value(x):
 
 def braid_architecture(c):
     kind = (c["normalization"], c["activation"], c["position_embedding"])
+    partial = c.get("rotary_percent", 1.0) != 1.0
+    if kind == ("layernorm", "swiglu", "rope"):
+        check(not c["add_bias_linear"] and not c.get("qk_layernorm"),
+              "this braid model is StableLM shaped (layernorm, swiglu, rope) but has ",
+              "add_bias_linear" if c["add_bias_linear"] else "qk_layernorm",
+              "; StableLmForCausalLM has neither")
+        return "stablelm"
+    check(not partial or kind != ("rmsnorm", "swiglu", "rope"), "this braid model has "
+          f"rotary_percent {c.get('rotary_percent')} with RMSNorm; of transformers' models only "
+          "StableLmForCausalLM (LayerNorm) turns a part of each head")
     if kind == ("rmsnorm", "swiglu", "rope"):
         if c.get("qk_layernorm"):
             check(not c["add_bias_linear"] and not c.get("add_qkv_bias"),
@@ -261,8 +289,8 @@ def braid_architecture(c):
         return "gpt2"
     raise ConvertError("no Hugging Face architecture for a braid model with normalization "
                        f"{c['normalization']}, activation {c['activation']} and position_embedding "
-                       f"{c['position_embedding']} (export knows Llama: rmsnorm/swiglu/rope and "
-                       "GPT-2: layernorm/gelu/learned)")
+                       f"{c['position_embedding']} (export knows Llama: rmsnorm/swiglu/rope, "
+                       "StableLM: layernorm/swiglu/rope and GPT-2: layernorm/gelu/learned)")
 
 
 LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
@@ -274,6 +302,8 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
     "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
     "qwen2": LLAMA_KEYS + ("head_dim",) + SLIDING_KEYS,
     "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
+    "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
+                              "use_parallel_residual", "partial_rotary_factor"),
     "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
              "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
              "tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
@@ -290,15 +320,22 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "num_attention_heads": c["num_attention_heads"],
               "num_key_value_heads": c["num_query_groups"],
               "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
-              "rms_norm_eps": f32_value(c["norm_eps"]), "rope_theta": rope["rope_theta"],
+              "rope_theta": rope["rope_theta"],
               "rope_parameters": rope, "hidden_act": "silu",
               "tie_word_embeddings": c["tie_embeddings"]}
-        head_dim = head_width(c)
+        head_dim, eps = head_width(c), f32_value(c["norm_eps"])
         hf.update({"llama": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
-                             "mlp_bias": c["add_bias_linear"]},
-                   "qwen2": {"head_dim": head_dim, "use_sliding_window": False},
+                             "mlp_bias": c["add_bias_linear"], "rms_norm_eps": eps},
+                   "qwen2": {"head_dim": head_dim, "use_sliding_window": False,
+                             "rms_norm_eps": eps},
                    "qwen3": {"head_dim": head_dim, "attention_bias": False,
-                             "use_sliding_window": False}}[arch])
+                             "use_sliding_window": False, "rms_norm_eps": eps},
+                   # transformers 4 reads the factor at the top level, 5 in rope_parameters
+                   "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
+                                "qk_layernorm": False, "use_parallel_residual": False,
+                                "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
+        if arch == "stablelm":  # else transformers 5 takes a quarter
+            rope["partial_rotary_factor"] = hf["partial_rotary_factor"]
         if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling
             hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
     else:
@@ -497,10 +534,10 @@ def import_hf(hf_dir, save):
                 "max_position_embeddings"):
         check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
               f"positive integer, is {config[key]!r}")
-    check(isinstance(config["kv_channels"], int) and config["kv_channels"] > 0,
-          f"config.json: head_dim should be a positive integer, is {config['kv_channels']!r}")
     check(arch in LLAMA_LIKE or config["hidden_size"] % config["num_attention_heads"] == 0,
           "config.json: the hidden size is not a multiple of the number of attention heads")
+    check(isinstance(config["kv_channels"], int) and config["kv_channels"] > 0,
+          f"config.json: head_dim should be a positive integer, is {config['kv_channels']!r}")
     check(arch not in LLAMA_LIKE or config["kv_channels"] % 2 == 0,
           f"config.json: head_dim {config['kv_channels']} is odd; RoPE rotates pairs of a "
           "head's channels")

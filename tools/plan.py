@@ -40,6 +40,13 @@ def _bool(text):
     raise argparse.ArgumentTypeError(f"{text!r}: true or false")
 
 
+def _positive_int(text):
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = ap.add_argument_group("model (a preset, or the shape)")
@@ -48,7 +55,7 @@ def parse_args(argv):
     g.add_argument("--hidden-size", type=int)
     g.add_argument("--num-attention-heads", type=int)
     g.add_argument("--num-query-groups", type=int, help="KV heads (GQA); default: the heads")
-    g.add_argument("--kv-channels", type=int,
+    g.add_argument("--kv-channels", type=_positive_int,
                    help="each head's width; default --hidden-size / --num-attention-heads")
     g.add_argument("--ffn-hidden-size", type=int)
     g.add_argument("--vocab-size", type=int)

@@ -29,6 +29,7 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rope_low_freq_factor", c.rope_low_freq_factor},
       {"rope_high_freq_factor", c.rope_high_freq_factor},
       {"rope_original_max_position_embeddings", c.rope_original_max_position_embeddings},
+      {"rotary_percent", c.rotary_percent},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
 }
@@ -52,6 +53,11 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
   BRAID_CONFIG_CHECK(saved_head_dim == config.head_dim(), where,
                      ": a different model - kv_channels (the head width) is ", saved_head_dim,
                      " in the checkpoint and ", config.head_dim(), " in this run");
+  // Checkpoints from before rotary_percent turned whole heads.
+  const double saved_rotary = saved.value("rotary_percent", 1.0);
+  BRAID_CONFIG_CHECK(saved_rotary == config.rotary_percent, where,
+                     ": a different model - rotary_percent is ", saved_rotary,
+                     " in the checkpoint and ", config.rotary_percent, " in this run");
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] : {std::pair{"add_qkv_bias", config.add_qkv_bias},
                                         std::pair{"qk_layernorm", config.qk_layernorm}}) {

@@ -370,13 +370,14 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 
 namespace {
 void check_rope(const char* op, Device device, const char* out_name, const Tensor& out,
-                const char* in_name, const Tensor& in) {
+                const char* in_name, const Tensor& in, const RotaryFrequencies& rotary) {
   check_activation(op, device, in_name, in);
   check_like(op, out_name, out, in_name, in);
-  BRAID_CHECK(in.dim() == 4 && in.size(3) % 2 == 0, op, ": ", in_name,
-              " must be [B, S, H, D] "
-              "with an even D, got ",
-              describe(in));
+  rotary.validate();
+  BRAID_CHECK(in.dim() == 4 && (rotary.rotary_dim > 0 || in.size(3) % 2 == 0), op, ": ", in_name,
+              " must be [B, S, H, D] with an even D, got ", describe(in));
+  BRAID_CHECK(rotary.rotary_dim <= in.size(3), op, ": rotary_dim ", rotary.rotary_dim,
+              " exceeds the head's ", in.size(3), " channels (", in_name, " ", describe(in), ")");
 }
 }  // namespace
 
@@ -384,8 +385,7 @@ void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
                   int64_t position_offset, Stream stream) {
   const char* op = "rope_forward";
   Device device = device_of(op, {{"out", out}, {"x", x}});
-  check_rope(op, device, "out", out, "x", x);
-  rotary.validate();
+  check_rope(op, device, "out", out, "x", x, rotary);
   BRAID_CHECK(position_offset >= 0, op, ": position_offset = ", position_offset,
               " must not be negative");
   if (x.numel() == 0) return;
@@ -397,8 +397,7 @@ void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotar
                    int64_t position_offset, Stream stream) {
   const char* op = "rope_backward";
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
-  check_rope(op, device, "dx", dx, "dout", dout);
-  rotary.validate();
+  check_rope(op, device, "dx", dx, "dout", dout, rotary);
   BRAID_CHECK(position_offset >= 0, op, ": position_offset = ", position_offset,
               " must not be negative");
   if (dout.numel() == 0) return;

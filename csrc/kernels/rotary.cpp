@@ -11,6 +11,8 @@ namespace braid::ops {
 void RotaryFrequencies::validate() const {
   BRAID_CHECK(theta > 0.0f && std::isfinite(theta), "rope: theta = ", theta,
               " must be positive and finite");
+  BRAID_CHECK(rotary_dim >= 0 && rotary_dim % 2 == 0, "rope: rotary_dim = ", rotary_dim,
+              " must be even (0: the whole head)");
   if (llama3_factor == 0.0f) return;
   BRAID_CHECK(llama3_factor > 0.0f && std::isfinite(llama3_factor), "rope: the llama3 factor ",
               llama3_factor, " must be positive (0: no scaling)");
@@ -23,10 +25,13 @@ void RotaryFrequencies::validate() const {
 }
 
 std::vector<float> RotaryFrequencies::inv_freq(int64_t head_dim) const {
-  const int64_t half = head_dim / 2;
+  BRAID_CHECK(rotary_dim <= head_dim, "rope: rotary_dim = ", rotary_dim, " exceeds the head's ",
+              head_dim, " channels");
+  const int64_t dim = rotary_dim > 0 ? rotary_dim : head_dim;
+  const int64_t half = dim / 2;
   std::vector<float> out(size_t(std::max<int64_t>(half, 0)));
   for (int64_t i = 0; i < half; ++i) {
-    float f = 1.0f / std::pow(theta, float(2 * i) / float(head_dim));
+    float f = 1.0f / std::pow(theta, float(2 * i) / float(dim));
     if (llama3_factor > 0.0f) {  // HF's _compute_llama3_parameters, operation for operation
       const float wavelen = 2.0f * float(std::numbers::pi) / f;
       if (wavelen > original_max_positions / low_freq_factor) {

@@ -91,6 +91,10 @@ int64_t TransformerConfig::head_dim() const {
   return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
 }
 
+int64_t TransformerConfig::rotary_dim() const {
+  return int64_t(double(head_dim()) * rotary_percent);
+}
+
 int64_t TransformerConfig::kv_heads() const {
   return num_query_groups == 0 ? num_attention_heads : num_query_groups;
 }
@@ -121,9 +125,12 @@ void TransformerConfig::validate() const {
                      "TransformerConfig.num_attention_heads (", num_attention_heads,
                      ") must be divisible by num_query_groups (", kv_heads(), ")");
   if (position_embedding == PositionEmbedding::rope) {
-    BRAID_CONFIG_CHECK(head_dim() % 2 == 0, "TransformerConfig.position_embedding = rope needs an ",
-                       "even head dim (kv_channels, or hidden_size / num_attention_heads), got ",
-                       head_dim());
+    BRAID_CONFIG_CHECK(rotary_percent > 0 && rotary_percent <= 1,
+                       "TransformerConfig.rotary_percent must be in (0, 1], got ", rotary_percent);
+    BRAID_CONFIG_CHECK(rotary_dim() % 2 == 0 && rotary_dim() > 0,
+                       "TransformerConfig.position_embedding = rope needs an even, nonzero number ",
+                       "of rotated channels (the head dim ", head_dim(), " x rotary_percent ",
+                       rotary_percent, "), got ", rotary_dim());
     BRAID_CONFIG_CHECK(rope_theta > 0 && std::isfinite(rope_theta),
                        "TransformerConfig.rope_theta must be positive and finite, got ",
                        rope_theta);
@@ -145,6 +152,8 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(rope_scaling_factor == 0,
                        "TransformerConfig.rope_scaling_factor needs "
                        "position_embedding = rope");
+    BRAID_CONFIG_CHECK(rotary_percent == 1.0,
+                       "TransformerConfig.rotary_percent needs position_embedding = rope");
   }
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);

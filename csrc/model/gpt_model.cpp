@@ -71,6 +71,10 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
     BRAID_CHECK(tp_.group->device() == device_, "GPTModel: the TP group works on ",
                 tp_.group->device().str(), ", the model on ", device_.str());
   }
+  BRAID_CONFIG_CHECK(!device_.is_cuda() || config_.head_dim() <= 256,
+                     "the CUDA attention kernels take heads up to 256 channels wide; this model's ",
+                     "are ", config_.head_dim(), " (kv_channels, or hidden_size / ",
+                     "num_attention_heads)");
   layout_ = parameter_layout(config_, tp_.rank(), tp_.size(), chunk);
   first_layer_ = layout_.chunk.first_layer;
   if (tp_.active() && config_.hidden_dropout > 0 && tp_.sequence_parallel) {

@@ -9,8 +9,12 @@ namespace {
 Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
 
 ops::RotaryFrequencies rotary(const TransformerConfig& c) {
-  return {c.rope_theta, c.rope_scaling_factor, c.rope_low_freq_factor, c.rope_high_freq_factor,
-          float(c.rope_original_max_position_embeddings)};
+  return {c.rope_theta,
+          c.rope_scaling_factor,
+          c.rope_low_freq_factor,
+          c.rope_high_freq_factor,
+          float(c.rope_original_max_position_embeddings),
+          c.rotary_dim()};
 }
 
 // Inverted dropout into a new tensor; `x` itself when dropout is off.

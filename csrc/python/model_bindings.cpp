@@ -54,6 +54,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("rope_high_freq_factor", &TransformerConfig::rope_high_freq_factor)
       .def_readwrite("rope_original_max_position_embeddings",
                      &TransformerConfig::rope_original_max_position_embeddings)
+      .def_readwrite("rotary_percent", &TransformerConfig::rotary_percent)
+      .def_property_readonly("rotary_dim", &TransformerConfig::rotary_dim)
       .def_readwrite("norm_eps", &TransformerConfig::norm_eps)
       .def_readwrite("add_bias_linear", &TransformerConfig::add_bias_linear)
       .def_readwrite("add_qkv_bias", &TransformerConfig::add_qkv_bias)

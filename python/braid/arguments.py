@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope"])
     g.add_argument("--rotary-base", type=pos_float, default=10000.0)
+    g.add_argument("--rotary-percent", type=pos_float, default=1.0,
+                   help="the fraction of each head RoPE turns, its leading channels "
+                        "(GPT-NeoX and StableLM: 0.25)")
     g.add_argument("--use-rope-scaling", action="store_true",
                    help="Llama 3.1's RoPE frequency scaling (with --position-embedding-type rope)")
     g.add_argument("--rope-scaling-factor", type=pos_float, default=None,
@@ -348,7 +351,10 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
     notes = []
     a.checkpoint_vocab = True
     for dest, value in model_args:
-        if getattr(a, dest) != value:
+        mine = getattr(a, dest)
+        if dest == "kv_channels" and mine is None:  # the command line's default: hidden / heads
+            mine = a.hidden_size // a.num_attention_heads
+        if mine != value:
             flag = "--" + dest.replace("_", "-")
             notes.append(f"braid: {flag} {value} from the checkpoint (the command line: "
                          f"{getattr(a, dest)})")
@@ -504,6 +510,14 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            "--rope-scaling-factor needs --use-rope-scaling")
     _check(not a.use_rope_scaling or a.position_embedding_type == "rope",
            "--use-rope-scaling needs --position-embedding-type rope")
+    _check(a.rotary_percent <= 1.0, f"--rotary-percent must be in (0, 1], got {a.rotary_percent}")
+    _check(a.rotary_percent == 1.0 or a.position_embedding_type == "rope",
+           "--rotary-percent needs --position-embedding-type rope")
+    rotary_dim = int(a.kv_channels * a.rotary_percent)  # Megatron's and HF's rounding
+    _check(a.position_embedding_type != "rope" or (rotary_dim > 0 and rotary_dim % 2 == 0),
+           f"--rotary-percent {a.rotary_percent} turns int({a.kv_channels} x "
+           f"{a.rotary_percent}) = {rotary_dim} channels of each head; RoPE turns pairs, so "
+           "that must be even and nonzero")
     _check(not a.sequence_parallel or a.seq_length % tp == 0,
            f"--sequence-parallel: --seq-length {a.seq_length} is not divisible by "
            f"--tensor-model-parallel-size {tp}")

@@ -25,6 +25,7 @@ FROM_CHECKPOINT = {
     "qk_layernorm": lambda v: [("qk_layernorm", v)],
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
+    "rotary_percent": lambda v: [("rotary_percent", v)],
     "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
                                       ("rope_scaling_factor", v if v > 0 else None)],
     # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
@@ -43,7 +44,7 @@ MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4
 
 # What checkpoints from before these fields mean by lacking them.
 BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "rope_scaling_factor": 0.0,
-               **MEGATRON_ROPE_SCALING}
+               "rotary_percent": 1.0, **MEGATRON_ROPE_SCALING}
 
 
 def _megatron_rope_constant(key, value):

@@ -79,6 +79,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.activation = "swiglu" if a.swiglu else "gelu"
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
+    cfg.rotary_percent = a.rotary_percent
     if a.use_rope_scaling:  # Megatron's: Llama 3.1's rule, the factor from the flag
         cfg.rope_scaling_factor = a.rope_scaling_factor or 8.0
         cfg.rope_low_freq_factor = MEGATRON_ROPE_SCALING["rope_low_freq_factor"]

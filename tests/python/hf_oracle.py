@@ -116,6 +116,29 @@ def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
                                 qk_layernorm=True, kv_channels=head_dim)
 
 
+def stablelm_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64,
+                  seed=0, partial=0.25, qkv_bias=True):
+    """StableLmForCausalLM: Llama with LayerNorms (weight and bias), RoPE on the first
+    `partial` of each head (rotary_percent) and biases on q, k and v (use_qkv_bias)."""
+    torch.manual_seed(seed)
+    hf_cfg = transformers.StableLmConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+        layer_norm_eps=1e-5, use_qkv_bias=qkv_bias, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": partial})
+    hf_cfg._attn_implementation = "eager"
+    hf = transformers.StableLmForCausalLM(hf_cfg).float().eval()
+    assert hf.model.layers[0].self_attn.rotary_ndims == int(hidden // heads * partial)
+    with torch.no_grad():  # unit norms and zero biases would test nothing
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                normalization="layernorm", norm_eps=1e-5, tie_embeddings=False,
+                                add_qkv_bias=qkv_bias, rotary_percent=partial)
+
+
 def gpt2_to_braid(hf, layers, hidden):
     """HF GPT-2 state -> braid names (weights transposed to [out, in], c_attn split)."""
     sd = {n: p.detach() for n, p in hf.named_parameters()}

@@ -1,5 +1,7 @@
 // Rotary position embedding on the CPU, as HF Llama computes it (rotate_half): element i of a
-// head pairs with element i + D/2 and turns by angle pos * inv_freq[i].
+// head pairs with element i + R/2 and turns by angle pos * inv_freq[i], R = 2 x the
+// frequencies; channels from R on pass through (partial rotary).
+#include <algorithm>
 #include <cmath>
 #include <span>
 #include <vector>
@@ -42,7 +44,8 @@ std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
 
 void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t position_offset,
           float sign) {
-  const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3), half = d / 2;
+  const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3);
+  const auto half = int64_t(inv_freq.size());
   std::vector<float> table = cos_sin_table(s_len, inv_freq, position_offset);
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
@@ -53,6 +56,7 @@ void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t 
                    for (int64_t head = 0; head < h; ++head) {
                      int64_t at = (r * h + head) * d;
                      rotate_head(o + at, px + at, cs, half, sign);
+                     if (o != px) std::copy(px + at + 2 * half, px + at + d, o + at + 2 * half);
                    }
                  }
                });

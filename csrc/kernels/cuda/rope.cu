@@ -26,10 +26,9 @@ constexpr int kRopeThreads = 256;
 // sign = 1 rotates by +angle (forward), -1 by -angle (backward). out may alias x.
 template <typename T>
 __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_freq, int64_t b_len,
-                            int64_t s_len, int64_t h_len, int64_t d, int64_t position_offset,
-                            float sign) {
+                            int64_t s_len, int64_t h_len, int64_t d, int64_t half,
+                            int64_t position_offset, float sign) {
   extern __shared__ float table[];  // cos [half], then sin [half]
-  const int64_t half = d / 2;
   const int64_t s = blockIdx.x;
   const float pos = float(position_offset + s);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -48,6 +47,13 @@ __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_fr
       const float c = table[i], sn = table[half + i];
       out[at] = from_float<T>(x1 * c - x2 * sn);
       out[at + half] = from_float<T>(x2 * c + x1 * sn);
+    }
+    if (out != x) {  // partial rotary: the channels past 2 * half pass through
+      const int64_t rest = d - 2 * half, kept = h_len * rest;
+      for (int64_t t = threadIdx.x; t < kept; t += blockDim.x) {
+        const int64_t at = base + (t / rest) * d + 2 * half + t % rest;
+        out[at] = x[at];
+      }
     }
   }
 }
@@ -78,10 +84,11 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
           int64_t position_offset, float sign, Stream stream, const char* op) {
   detail::DeviceGuard guard(x.device());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
+  const auto half = int64_t(inv_freq_host.size());
   if (d == 0) return;
   BRAID_CHECK(s <= INT32_MAX, op, ": sequence length ", s, " exceeds the grid");
   dim3 grid(unsigned(s), unsigned(std::min<int64_t>(b, 1024)));
-  size_t smem = size_t(d) * sizeof(float);
+  size_t smem = size_t(std::max<int64_t>(2 * half, 1)) * sizeof(float);
   BRAID_CHECK(smem <= 48 * 1024, op, ": head dim ", d, " is too large for the rope kernel");
   cudaStream_t cs = detail::cuda_stream(stream);
   const float* inv_freq = inv_freq_table(x.device(), cs, inv_freq_host);
@@ -89,7 +96,7 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
     using T = typename decltype(tag)::type;
     rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(static_cast<T*>(out.data()),
                                                      static_cast<const T*>(x.data()), inv_freq, b,
-                                                     s, h, d, position_offset, sign);
+                                                     s, h, d, half, position_offset, sign);
     CUDA_CHECK_LAUNCH();
   });
 }

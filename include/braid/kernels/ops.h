@@ -109,16 +109,21 @@ struct RotaryFrequencies {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   float original_max_positions = 8192.0f;
+  // The leading channels of each head that turn, R (even); the others pass through
+  // (GPT-NeoX / StableLM's partial rotary, Megatron's --rotary-percent). 0: all of them.
+  int64_t rotary_dim = 0;
 
   void validate() const;  // Error naming the field
+  // The R / 2 frequencies of a head of `head_dim` channels (R = rotary_dim, or head_dim).
   std::vector<float> inv_freq(int64_t head_dim) const;
 };
 
-// Rotary embedding as in HF Llama (rotate_half: element i pairs with i + D/2).
-// x, out [B, S, H, D], D even; position of row s is position_offset + s; angle =
+// Rotary embedding as in HF Llama (rotate_half: element i pairs with i + R/2), on the first R
+// channels of each head (RotaryFrequencies::rotary_dim; all D by default).
+// x, out [B, S, H, D], R even; position of row s is position_offset + s; angle =
 // float(position) * inv_freq[i] in f32 (RotaryFrequencies);
-// out[i] = x[i] cos - x[i + D/2] sin, out[i + D/2] = x[i + D/2] cos + x[i] sin (i < D/2).
-// out may alias x (and dx dout). Backward rotates by the opposite angle.
+// out[i] = x[i] cos - x[i + R/2] sin, out[i + R/2] = x[i + R/2] cos + x[i] sin (i < R/2),
+// out[j] = x[j] (j >= R). out may alias x (and dx dout). Backward rotates by the opposite angle.
 void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
                   int64_t position_offset = 0, Stream stream = {});
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,

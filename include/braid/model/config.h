@@ -45,6 +45,9 @@ struct TransformerConfig {
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
   int64_t rope_original_max_position_embeddings = 8192;
+  // The fraction of each head RoPE turns: its first int(head_dim x rotary_percent) channels
+  // (Megatron's --rotary-percent, HF's partial_rotary_factor: StableLM, GPT-NeoX, Phi).
+  double rotary_percent = 1.0;
   float norm_eps = 1e-5f;
   bool add_bias_linear = true;
   // Biases on the query, key and value projections alone (Qwen2's; Megatron's --add-qkv-bias);
@@ -65,8 +68,9 @@ struct TransformerConfig {
   int64_t recompute_num_layers = 1;                             // >= 1
 
   void validate() const;
-  int64_t head_dim() const;  // kv_channels, or hidden_size / num_attention_heads when that is 0
-  int64_t kv_heads() const;  // num_query_groups, or num_attention_heads when that is 0
+  int64_t head_dim() const;    // kv_channels, or hidden_size / num_attention_heads when that is 0
+  int64_t kv_heads() const;    // num_query_groups, or num_attention_heads when that is 0
+  int64_t rotary_dim() const;  // int(head_dim() x rotary_percent): the channels RoPE turns
   int64_t padded_vocab_size(int tp_size = 1) const;
 
   // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.

@@ -63,22 +63,24 @@ TEST_P(EmbeddingRope, EmbeddingBackwardMatchesFiniteDifferences) {
   check_gradients(GetParam(), g);
 }
 
-// HF Llama: inv_freq[i] = theta^(-2i/D); out[i] = x[i] cos - x[i + D/2] sin,
-// out[i + D/2] = x[i + D/2] cos + x[i] sin, angle = position * inv_freq[i].
+// HF Llama: inv_freq[i] = theta^(-2i/R); out[i] = x[i] cos - x[i + R/2] sin,
+// out[i + R/2] = x[i + R/2] cos + x[i] sin, angle = position * inv_freq[i], R = 2 x the
+// frequencies (D, or fewer with partial rotary: HF StableLM's, whose other channels pass).
 std::vector<double> rope_reference(const std::vector<double>& x, int64_t b, int64_t s, int64_t h,
                                    int64_t d, const std::vector<double>& inv_freq, int64_t offset,
                                    double sign) {
-  std::vector<double> out(x.size());
+  std::vector<double> out(x);
+  const auto half = int64_t(inv_freq.size());
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t si = 0; si < s; ++si) {
       for (int64_t hi = 0; hi < h; ++hi) {
         size_t at = size_t(((bi * s + si) * h + hi) * d);
-        for (int64_t i = 0; i < d / 2; ++i) {
+        for (int64_t i = 0; i < half; ++i) {
           double angle = double(offset + si) * inv_freq[size_t(i)];
           double c = std::cos(angle), sn = sign * std::sin(angle);
-          double x1 = x[at + size_t(i)], x2 = x[at + size_t(i + d / 2)];
+          double x1 = x[at + size_t(i)], x2 = x[at + size_t(i + half)];
           out[at + size_t(i)] = x1 * c - x2 * sn;
-          out[at + size_t(i + d / 2)] = x2 * c + x1 * sn;
+          out[at + size_t(i + half)] = x2 * c + x1 * sn;
         }
       }
     }
@@ -162,6 +164,30 @@ TEST_P(EmbeddingRope, ScaledRopeRotatesByTheScaledFrequencies) {
   Tensor g = up(x);
   ops::rope_backward(g, g, rotary, offset);
   EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, f, offset, -1.0), tol({2e-6, 1e-5})));
+}
+
+TEST_P(EmbeddingRope, PartialRopeTurnsTheLeadingChannelsAlone) {
+  // rotary_dim 6 of an odd head of 11 (StableLM: a quarter of each head): channels 0-5 turn by
+  // the frequencies of a 6-channel head, 6-10 pass through, out of place and in place.
+  const int64_t b = 2, s = 4, h = 3, d = 11, offset = 2;
+  ops::RotaryFrequencies rotary{10000.0f};
+  rotary.rotary_dim = 6;
+  Tensor x = random_tensor({b, s, h, d}, 8);
+  std::vector<double> xv = values(seen(x));
+  const std::vector<double> f = plain_inv_freq(6, 10000.0);
+  Tensor out = empty({b, s, h, d});
+  ops::rope_forward(out, up(x), rotary, offset);
+  EXPECT_TRUE(all_close(out, rope_reference(xv, b, s, h, d, f, offset, 1.0), tol({2e-6, 1e-5})));
+  Tensor g = up(x);
+  ops::rope_backward(g, g, rotary, offset);
+  EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, f, offset, -1.0), tol({2e-6, 1e-5})));
+  Tensor back = empty({b, s, h, d});
+  ops::rope_backward(back, out, rotary, offset);  // out of place: undoes the forward
+  EXPECT_TRUE(all_close(back, xv, tol({2e-6, 1e-5})));
+  rotary.rotary_dim = 12;
+  EXPECT_THROW(ops::rope_forward(out, up(x), rotary, offset), Error);
+  rotary.rotary_dim = 5;
+  EXPECT_THROW(ops::rope_forward(out, up(x), rotary, offset), Error);
 }
 
 TEST_P(EmbeddingRope, RopeBackwardMatchesFiniteDifferences) {

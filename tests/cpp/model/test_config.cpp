@@ -117,6 +117,19 @@ TEST(TransformerConfig, KvChannelsSetTheHeadWidth) {
   expect_rejected([&](auto& r) { r = c; }, "position_embedding");
 }
 
+TEST(TransformerConfig, RotaryPercentTurnsTheLeadingChannels) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");  // head dim 16
+  EXPECT_EQ(c.rotary_dim(), 16);
+  c.rotary_percent = 0.25;  // StableLM's
+  EXPECT_EQ(c.rotary_dim(), 4);
+  EXPECT_NO_THROW(c.validate());
+  expect_rejected([](auto& r) { r.rotary_percent = 0; }, "rotary_percent", "llama-tiny");
+  expect_rejected([](auto& r) { r.rotary_percent = 1.5; }, "rotary_percent", "llama-tiny");
+  // int(16 x 0.1) = 1 channel: no pair to turn.
+  expect_rejected([](auto& r) { r.rotary_percent = 0.1; }, "position_embedding", "llama-tiny");
+  expect_rejected([](auto& r) { r.rotary_percent = 0.5; }, "rotary_percent");  // gpt2: no rope
+}
+
 TEST(TransformerConfig, MixturesAreValid) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.normalization = Normalization::rmsnorm;

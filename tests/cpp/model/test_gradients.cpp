@@ -126,6 +126,16 @@ TEST(Gradients, QkNormsMatchFiniteDifferences) {
   check_gradients(gpt2);
 }
 
+TEST(Gradients, PartialRotaryMatchesFiniteDifferences) {
+  // RoPE on the first half of each head (rotary_percent), the rest unrotated, with layernorm
+  // and q/k/v biases: StableLM's attention.
+  TransformerConfig c = small_llama();
+  c.rotary_percent = 0.5;
+  c.normalization = Normalization::layernorm;
+  c.add_qkv_bias = true;
+  check_gradients(c);
+}
+
 TEST(Gradients, WideHeadsMatchFiniteDifferences) {
   // kv_channels: heads wider than hidden / heads (Qwen3-0.6B's), so q and the attention
   // output are wider than the hidden size; with GQA and with tied GPT-2 numerics.

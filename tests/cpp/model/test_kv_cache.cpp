@@ -108,6 +108,14 @@ void check_decode(const TransformerConfig& config, Device dev) {
 
 TEST_P(KVCacheTest, DecodeEqualsFullLogitsGpt2) { check_decode(small_gpt2(), GetParam()); }
 TEST_P(KVCacheTest, DecodeEqualsFullLogitsLlamaGqa) { check_decode(small_llama(), GetParam()); }
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithPartialRotaryAndWideHeads) {
+  // RoPE on a quarter of each head (StableLM's), heads twice hidden / heads wide (Qwen3's
+  // kv_channels): decoding turns each new position's leading channels at its offset.
+  TransformerConfig c = small_llama();
+  c.kv_channels = 2 * c.head_dim();
+  c.rotary_percent = 0.25;
+  check_decode(c, GetParam());
+}
 
 INSTANTIATE_TEST_SUITE_P(Devices, KVCacheTest, ::testing::ValuesIn(testing::test_devices()),
                          testing::device_test_name);

@@ -102,6 +102,21 @@ def qwen3(tmp, head_dim=16):
     return tmp
 
 
+def stablelm(tmp):
+    """Llama with LayerNorms, RoPE on a quarter of each head and q, k, v biases (StableLM 2's
+    settings): braid's layernorm, rotary_percent and add_qkv_bias."""
+    torch.manual_seed(4)
+    cfg = transformers.StableLmConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        layer_norm_eps=1e-5, use_qkv_bias=True, tie_word_embeddings=False)
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.25  # transformers' default
+    model = transformers.StableLmForCausalLM(cfg).eval()
+    perturb(model)
+    model.save_pretrained(tmp)
+    return tmp
+
+
 MODELS = {
     "llama-gqa-untied": lambda d: llama(d, kv_heads=2, tie=False),
     "llama-mqa-tied": lambda d: llama(d, kv_heads=1, tie=True),
@@ -115,6 +130,7 @@ MODELS = {
     "qwen2-tied": lambda d: qwen2(d, tie=True),
     "qwen3-untied": qwen3,
     "qwen3-wide-heads": lambda d: qwen3(d, head_dim=32),
+    "stablelm-partial-rotary": stablelm,
 }
 
 
@@ -335,7 +351,7 @@ braid.save_checkpoint(dst, trainer)
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 @pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied",
-                                  "qwen3-untied", "qwen3-wide-heads"])
+                                  "qwen3-untied", "qwen3-wide-heads", "stablelm-partial-rotary"])
 def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""
@@ -405,6 +421,7 @@ def edit_config(hf_dir, **changes):
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}},
      "rope_parameters.rope_type"),
     ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
     ({"attention_bias": True}, "attention_bias"),
 ])
 def test_refuses_what_braid_cannot_represent(tmp_path, changes, field):
@@ -423,6 +440,29 @@ def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
                  "head_dim 15 is odd")
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"qk_layernorm": True}, "qk_layernorm"),
+    ({"use_parallel_residual": True}, "use_parallel_residual"),
+])
+def test_refuses_stablelm_variants(tmp_path, changes, field):
+    hf_dir = stablelm(tmp_path / "hf")
+    edit_config(hf_dir, **changes)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), field,
+                 "not supported")
+
+
+def test_stablelm_default_partial_rotary(tmp_path):
+    # A config.json without partial_rotary_factor means a quarter (transformers' default).
+    hf_dir = stablelm(tmp_path / "hf")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.pop("partial_rotary_factor", None)
+    cfg.get("rope_parameters", {}).pop("partial_rotary_factor", None)
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c").returncode == 0
+    meta = json.loads((tmp_path / "c" / "iter_0000000" / "metadata.json").read_text())
+    assert meta["config"]["rotary_percent"] == 0.25
 
 
 def test_refuses_qwen2_sliding_window(tmp_path):

@@ -266,6 +266,11 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
+    (["--rotary-percent", "0.5"], "--rotary-percent needs --position-embedding-type rope"),
+    (["--position-embedding-type", "rope", "--rotary-percent", "1.5"],
+     "--rotary-percent must be in (0, 1], got 1.5"),
+    (["--position-embedding-type", "rope", "--rotary-percent", "0.01"],
+     "--rotary-percent 0.01 turns int(32 x 0.01) = 0 channels of each head"),
     (["--position-embedding-type", "rope", "--kv-channels", "31"], "--kv-channels 31: RoPE rotates pairs of a head's channels, so "
      "the head width must be even"),
     (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),

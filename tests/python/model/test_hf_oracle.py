@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_oracle import (batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair,
-                       qwen2_pair, qwen3_pair)
+                       qwen2_pair, qwen3_pair, stablelm_pair)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -91,6 +91,15 @@ def test_qwen3_wide_heads_logits_loss_and_gradients():
     hf, model = qwen3_pair(head_dim=32)
     assert model.config.head_dim == 32
     assert hf.model.layers[0].self_attn.q_proj.weight.shape == (4 * 32, 64)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
+@pytest.mark.parametrize("partial", [0.25, 0.5])
+def test_stablelm_partial_rotary_logits_loss_and_gradients(partial):
+    # RoPE on a quarter (StableLM's default) or half of each head, LayerNorms with biases, q/k/v
+    # biases: what rotary_percent, layernorm and add_qkv_bias compute is HF's StableLM.
+    hf, model = stablelm_pair(partial=partial)
+    assert model.config.rotary_dim == int(16 * partial)
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 

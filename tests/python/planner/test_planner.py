@@ -477,6 +477,12 @@ def test_plan_from_the_runs_own_training_arguments():
     want = planner.predict(model, cluster, lay, 64)
     assert rows[0]["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
     assert rows[0]["stage_layers"] == [20, 20, 20, 20]
+    # Its --kv-channels: heads twice hidden / heads wide.
+    out = _plan(*CLUSTER, "--json", "--", *TRAINING, "--kv-channels", "256")
+    assert out.returncode == 0, out.stderr
+    wide = planner.predict(dataclasses.replace(model, kv_channels=256), cluster, lay, 64)
+    assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(wide["step_time_s"])
+    assert wide["step_time_s"] > want["step_time_s"]
     tokens = 1000 * 64 * 4096
     assert rows[0]["days_to_train"] == pytest.approx(tokens / want["tokens_per_s"] / 86400)
     assert rows[0]["cost"] == pytest.approx(rows[0]["gpu_hours"] * 2.5)
