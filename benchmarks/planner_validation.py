@@ -16,7 +16,8 @@ recompute=full and counted the same way; "model_flops_as_published" rows are mod
     python benchmarks/planner_validation.py [--csv PATH] [--json] [--fit]
 
 --fit grid-searches the fitted constants (the A100 and H100 GEMM efficiency e_max and the
-A100 GEMM half-efficiency size) against the rows and prints the best; planner.py holds the result.
+A100 GEMM half-efficiency size) against the rows and prints the best; the GPUS table of
+python/braid/planner_inputs.py holds the result.
 """
 
 import argparse

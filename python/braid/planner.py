@@ -26,103 +26,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import re
 
 from braid import _C
 from braid import flops as _flops
+from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
+                                  ModelShape, parse_bandwidth)
 
 GB = 1e9
 
 
-# ---- inputs --------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """The attribute names braid.flops reads (TransformerConfig's)."""
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    kv_heads: int
-    ffn_hidden_size: int
-    vocab_size: int
-    seq_length: int
-    activation: str = "swiglu"        # "swiglu" (Llama) or "gelu" (GPT)
-    # vocab_size 0: a bare stack of layers, no embedding or LM head (tests)
-    tied_embeddings: bool = False
-    qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
-    kv_channels: int = 0  # each head's width; 0: hidden_size / num_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.kv_channels or self.hidden_size // self.num_attention_heads
-
-    @property
-    def q_size(self) -> int:
-        """The queries' (and the attention output's) width: hidden_size unless kv_channels
-        widens or narrows the heads."""
-        return self.num_attention_heads * self.head_dim
-
-    @property
-    def gpt_style(self) -> bool:
-        return self.activation == "gelu"
-
-    def layer_params(self) -> float:
-        h, f, q, kv = self.hidden_size, self.ffn_hidden_size, self.q_size, \
-            self.kv_heads * self.head_dim
-        mats = 3 if self.activation == "swiglu" else 2
-        p = h * (q + 2 * kv) + q * h + mats * h * f
-        p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
-        if self.qk_layernorm:
-            p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
-        if self.gpt_style:
-            p += (q + 2 * kv) + h + f + h                        # biases
-        return p
-
-    def num_params(self) -> float:
-        emb = self.vocab_size * self.hidden_size
-        return self.num_layers * self.layer_params() + emb * (1 if self.tied_embeddings else 2)
-
-
-PRESETS = {
-    "gpt2-1.5b": ModelShape(48, 1600, 25, 25, 6400, 50257, 1024, "gelu", True),
-    "llama2-7b": ModelShape(32, 4096, 32, 32, 11008, 32000, 4096),
-    "llama3-8b": ModelShape(32, 4096, 32, 8, 14336, 128256, 8192),
-    "llama2-70b": ModelShape(80, 8192, 64, 8, 28672, 32000, 4096),
-    "llama3-70b": ModelShape(80, 8192, 64, 8, 28672, 128256, 8192),
-    "llama3-405b": ModelShape(126, 16384, 128, 8, 53248, 128256, 8192),
-    "gpt3-175b": ModelShape(96, 12288, 96, 96, 49152, 51200, 2048, "gelu", True),
-    # The seed scenario's ~650B Llama-style model (docs/planner.md): 655B parameters.
-    "llama-650b": ModelShape(128, 20480, 160, 16, 67584, 128256, 4096),
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class GPUType:
-    name: str
-    peak_tflops: float       # dense bf16 (braid.flops.GPU_PEAK_TFLOPS)
-    memory_gb: float         # HBM capacity, 1e9 bytes
-    hbm_gbps: float          # HBM bandwidth, GB/s
-    gemm_eff_max: float      # GEMM efficiency for large GEMMs (fitted, see docs/planner.md)
-    gemm_n_half: float       # smallest GEMM dimension at which efficiency is e_max / 2
-    attn_eff: float          # flash attention's executed FLOPs / peak
-
-
-# Fitted (benchmarks/planner_validation.py --fit, worst row error minimised over a grid):
-#   gemm_eff_max and gemm_n_half of the A100 to the four Narayanan et al. 2021 rows
-#   (0.90, 2048: their 1.7B model, h 2304, runs at 0.53 x e_max, the 1T at 0.93 x e_max);
-#   gemm_eff_max of the H100 to the one Megatron-Core row (0.91). One row cannot fit two
-#   numbers, so the H100 keeps the A100's n_half (assumed), and the H200 the H100's curve
-#   (same SMs and clocks; its larger, faster HBM enters through memory_gb and hbm_gbps).
-#   The curve also absorbs what the model does not itemise (the published runs' non-flash
-#   attention, unfused kernels, stragglers): it is an effective, not a cuBLAS, efficiency.
-# Assumed: attn_eff, flash attention's executed FLOPs / peak (FlashAttention-2's published
-# forward + backward rates: ~0.55 of peak on A100, ~0.45 on H100 with FA2-class kernels).
-GPUS = {
-    "a100-40g": GPUType("a100-40g", 312.0, 40.0, 1555.0, 0.90, 2048.0, 0.55),
-    "a100-80g": GPUType("a100-80g", 312.0, 80.0, 2039.0, 0.90, 2048.0, 0.55),
-    "h100-80g": GPUType("h100-80g", 989.0, 80.0, 3350.0, 0.91, 2048.0, 0.45),
-    "h200": GPUType("h200", 989.0, 141.0, 4800.0, 0.91, 2048.0, 0.45),
-}
+# ---- the assumed constants (the inputs: braid.planner_inputs) -------------------------------
 
 # Assumed constants (docs/planner.md):
 HBM_EFFICIENCY = 0.8          # elementwise kernels reach ~80% of HBM bandwidth
@@ -133,58 +46,6 @@ NVLINK_ALPHA_S = 5e-6         # NCCL per-step latency in a node
 NET_ALPHA_S = 12e-6           # ... across nodes
 MEMORY_RESERVED_GB = 4.0      # CUDA context, cuBLAS/cuDNN workspaces, NCCL buffers, fragmentation
 OPTIMIZER_BYTES_PER_PARAM = 34  # AdamW: grads, master, m, v read; master, m, v, bf16 written; norm
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    gpu: GPUType
-    gpus_per_node: int
-    num_gpus: int
-    nvlink_bw: float   # bytes/s per GPU per direction
-    net_bw: float      # bytes/s per GPU
-
-
-_UNITS = {"": None, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-
-
-def parse_bandwidth(text: str, flag: str) -> float:
-    """'300GB/s' -> 3e11 bytes/s, '200Gb/s' -> 2.5e10 bytes/s (B bytes, b bits; GiB/s too).
-    A bare number is an error naming the flag, as the unit decides a factor of 8."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)(i?)([Bb])"
-                     r"(?:/s|ps)\s*", str(text))
-    if not m:
-        raise ValueError(f"{flag} {text!r}: give a bandwidth with its unit, e.g. 300GB/s "
-                         "(bytes) or 200Gb/s (bits)")
-    value, prefix, binary, unit = m.groups()
-    scale = _UNITS[prefix.lower()] or 1.0
-    if binary:
-        scale = 1024.0 ** " kmgt".index(prefix.lower())
-    out = float(value) * scale / (8.0 if unit == "b" else 1.0)
-    if out <= 0:
-        raise ValueError(f"{flag} {text!r}: the bandwidth must be positive")
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    dp: int
-    micro_batch_size: int
-    virtual_stages: int = 1
-    recompute: str = "none"          # none | selective | full
-    sequence_parallel: bool = False
-    zero: bool = False               # ZeRO-1 (--use-distributed-optimizer)
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True  # with ZeRO (braid's --overlap-param-gather)
-    # Uneven stages (--decoder-first/last-pipeline-num-layers); None: num_layers / pp each.
-    first_stage_layers: int | None = None
-    last_stage_layers: int | None = None
-    # With full: Megatron's --recompute-method / --recompute-num-layers, per model chunk
-    # (braid's GPTModel): uniform groups of N layers keep one input each; block recomputes the
-    # first N layers and keeps everything of the rest.
-    recompute_method: str = "uniform"
-    recompute_num_layers: int = 1
 
 
 def stage_ranges(model: ModelShape, lay: Layout):
