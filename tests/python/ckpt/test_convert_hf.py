@@ -416,16 +416,18 @@ def edit_config(hf_dir, **changes):
     path.write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("changes,field", [
-    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}},
+@pytest.mark.parametrize("make,changes,field", [
+    (llama, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
+    (llama, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}},
      "rope_parameters.rope_type"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
-    ({"attention_bias": True}, "attention_bias"),
+    (llama, {"hidden_act": "gelu"}, "hidden_act"),
+    (llama, {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    (llama, {"attention_bias": True}, "attention_bias"),
+    (stablelm, {"qk_layernorm": True}, "qk_layernorm"),
+    (stablelm, {"use_parallel_residual": True}, "use_parallel_residual"),
 ])
-def test_refuses_what_braid_cannot_represent(tmp_path, changes, field):
-    hf_dir = llama(tmp_path / "hf")
+def test_refuses_what_braid_cannot_represent(tmp_path, make, changes, field):
+    hf_dir = make(tmp_path / "hf")
     edit_config(hf_dir, **changes)
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), field,
                  "not supported")
@@ -440,17 +442,6 @@ def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
                  "head_dim 15 is odd")
     assert not (tmp_path / "c").exists()
-
-
-@pytest.mark.parametrize("changes,field", [
-    ({"qk_layernorm": True}, "qk_layernorm"),
-    ({"use_parallel_residual": True}, "use_parallel_residual"),
-])
-def test_refuses_stablelm_variants(tmp_path, changes, field):
-    hf_dir = stablelm(tmp_path / "hf")
-    edit_config(hf_dir, **changes)
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), field,
-                 "not supported")
 
 
 def test_stablelm_default_partial_rotary(tmp_path):
