@@ -105,14 +105,15 @@ def head_width(c):
     return c.get("kv_channels") or c["hidden_size"] // c["num_attention_heads"]
 
 
-# Qwen2 is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
+# Mistral without a sliding window (v0.2 on, NeMo) is Llama; Qwen2 is Llama with biases on q, k
+# and v alone (braid's add_qkv_bias), Qwen3 Llama with a
 # norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
 # bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
 # are Llama's.
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                 "Qwen3ForCausalLM": "qwen3", "StableLmForCausalLM": "stablelm",
-                 "GPT2LMHeadModel": "gpt2"}
-LLAMA_LIKE = ("llama", "qwen2", "qwen3", "stablelm")
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                 "StableLmForCausalLM": "stablelm", "GPT2LMHeadModel": "gpt2"}
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm")
 
 
 def hf_architecture(hf):
@@ -203,8 +204,9 @@ def braid_config_from_hf(hf, arch, dtype):
             other = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
             if other:
                 refuse("layer_types", other[0], "braid attends to the whole context")
-        elif hf.get("sliding_window"):
-            refuse("sliding_window", hf["sliding_window"], "braid attends to the whole context")
+        elif hf.get("sliding_window", 4096 if arch == "mistral" else None):  # Mistral's default
+            refuse("sliding_window", hf.get("sliding_window", 4096),
+                   "braid attends to the whole context")
         if arch == "stablelm":
             if hf.get("qk_layernorm"):
                 refuse("qk_layernorm", True, "StableLM's per-head norms have a weight per head; "
@@ -300,6 +302,7 @@ LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
 SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types")
 ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
     "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
+    "mistral": LLAMA_KEYS + ("head_dim", "sliding_window"),
     "qwen2": LLAMA_KEYS + ("head_dim",) + SLIDING_KEYS,
     "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
     "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
@@ -326,6 +329,7 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
         head_dim, eps = head_width(c), f32_value(c["norm_eps"])
         hf.update({"llama": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
                              "mlp_bias": c["add_bias_linear"], "rms_norm_eps": eps},
+                   "mistral": {"head_dim": head_dim, "sliding_window": None, "rms_norm_eps": eps},
                    "qwen2": {"head_dim": head_dim, "use_sliding_window": False,
                              "rms_norm_eps": eps},
                    "qwen3": {"head_dim": head_dim, "attention_bias": False,
@@ -632,6 +636,9 @@ def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
     arch = braid_architecture(config)
+    if arch == "llama" and not config["add_bias_linear"] and \
+            hf_architecture_or_none(meta.get("hf_config") or {}) == "mistral":
+        arch = "mistral"  # an imported Mistral goes back as one
     specs = braid_specs(config)
     for name, shape, _ in specs:
         check(name in tensors, f"{load}: the checkpoint has no {name}")

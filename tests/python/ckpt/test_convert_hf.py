@@ -102,6 +102,20 @@ def qwen3(tmp, head_dim=16):
     return tmp
 
 
+def mistral(tmp, sliding_window=None):
+    """Mistral NeMo's shape in small: no sliding window (v0.2 on), heads wider than hidden /
+    heads (head_dim 32 on 64 / 4); otherwise Llama."""
+    torch.manual_seed(5)
+    cfg = transformers.MistralConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        rms_norm_eps=1e-5, sliding_window=sliding_window, tie_word_embeddings=False)
+    model = transformers.MistralForCausalLM(cfg).eval()
+    perturb(model)
+    model.save_pretrained(tmp)
+    return tmp
+
+
 def stablelm(tmp):
     """Llama with LayerNorms, RoPE on a quarter of each head and q, k, v biases (StableLM 2's
     settings): braid's layernorm, rotary_percent and add_qkv_bias."""
@@ -131,6 +145,7 @@ MODELS = {
     "qwen3-untied": qwen3,
     "qwen3-wide-heads": lambda d: qwen3(d, head_dim=32),
     "stablelm-partial-rotary": stablelm,
+    "mistral-wide-heads": mistral,
 }
 
 
@@ -425,6 +440,7 @@ def edit_config(hf_dir, **changes):
     (llama, {"attention_bias": True}, "attention_bias"),
     (stablelm, {"qk_layernorm": True}, "qk_layernorm"),
     (stablelm, {"use_parallel_residual": True}, "use_parallel_residual"),
+    (mistral, {"sliding_window": 4096}, "sliding_window"),  # Mistral 7B v0.1's
 ])
 def test_refuses_what_braid_cannot_represent(tmp_path, make, changes, field):
     hf_dir = make(tmp_path / "hf")
@@ -442,6 +458,16 @@ def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
                  "head_dim 15 is odd")
     assert not (tmp_path / "c").exists()
+
+
+def test_mistral_without_sliding_window_key_has_transformers_default(tmp_path):
+    # MistralConfig's default window is 4096: a config.json that leaves it out has one.
+    hf_dir = mistral(tmp_path / "hf")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    del cfg["sliding_window"]
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 "sliding_window = 4096 is not supported")
 
 
 def test_stablelm_default_partial_rotary(tmp_path):
