@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Hugging Face Llama / Qwen2 / Qwen3 / GPT-2 directories to braid checkpoints and back.
+"""Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / GPT-2 directories to braid
+checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -15,7 +16,7 @@ indexes a tp=1 save); braid's loader reshards it to any layout (load it with --f
 --no-load-optim). An export assembles every tensor from the shards the index lists.
 
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
-docs/convert_hf.md has the name mapping and what is refused.
+docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs.
 """
 
 import argparse
@@ -29,6 +30,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling, when imported
 from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
                                read_safetensors, write_safetensors, write_text)
+from hf_configs import (LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
+                        braid_config_from_hf, check, head_width, hf_architecture,
+                        hf_architecture_or_none, hf_config_from_braid)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -38,15 +42,6 @@ FORMAT_VERSION = 1
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
 SHARD_FILE = "mp_rank_00_000.safetensors"
-
-
-class ConvertError(Exception):
-    """A one-line reason the conversion cannot go on."""
-
-
-def check(ok, *message):
-    if not ok:
-        raise ConvertError("".join(str(m) for m in message))
 
 
 # ---- braid's parameters (include/braid/model/parameters.h) ----------------------------------
@@ -95,276 +90,6 @@ def braid_specs(c):
     if not c["tie_embeddings"]:
         specs.append(("lm_head.weight", [c["vocab_size"], h], 0))
     return specs
-
-
-# ---- configs ---------------------------------------------------------------------------------
-
-def head_width(c):
-    """A braid config's head width: kv_channels (absent in checkpoints before it) or
-    hidden_size / num_attention_heads."""
-    return c.get("kv_channels") or c["hidden_size"] // c["num_attention_heads"]
-
-
-# Mistral without a sliding window (v0.2 on, NeMo) is Llama; Qwen2 is Llama with biases on q, k
-# and v alone (braid's add_qkv_bias), Qwen3 Llama with a
-# norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
-# bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
-# are Llama's.
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                 "StableLmForCausalLM": "stablelm", "GPT2LMHeadModel": "gpt2"}
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm")
-
-
-def hf_architecture(hf):
-    names = hf.get("architectures") or []
-    for name in names:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
-    if not names and hf.get("model_type") in ARCHITECTURES.values():
-        return hf["model_type"]
-    what = ", ".join(names) if names else f"model_type {hf.get('model_type')!r}"
-    raise ConvertError(f"unsupported architecture {what}: braid imports "
-                       f"{' and '.join(ARCHITECTURES)}")
-
-
-def refuse(field, value, why):
-    raise ConvertError(f"config.json: {field} = {json.dumps(value)} is not supported ({why})")
-
-
-NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
-                   "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 8192,
-                   "rotary_percent": 1.0}
-
-
-def rope_of(hf, arch):
-    """braid's RoPE fields from either config style (transformers 4: rope_theta and rope_scaling
-    at the top level; 5: rope_parameters): plain RoPE or Llama 3.1's scaling (rope_type
-    "llama3"); refuses any other variant."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling")
-    if scaling and not params.get("factor"):  # transformers 4
-        params.update(scaling)
-        params.setdefault("rope_type", scaling.get("type"))
-    kind = params.get("rope_type") or "default"
-    if kind not in ("default", "llama3"):
-        field = "rope_scaling" if scaling else "rope_parameters.rope_type"
-        refuse(field, scaling or kind, "braid implements plain RoPE and Llama 3.1's scaling "
-               "(rope_type llama3)")
-    # StableLM's configs may leave it out: transformers then takes a quarter.
-    factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
-                                                        0.25 if arch == "stablelm" else 1.0))
-    if arch != "stablelm" and factor not in (None, 1, 1.0):
-        refuse("partial_rotary_factor", factor, f"transformers' {arch} turns the whole head "
-               "(StableLmForCausalLM turns a part)")
-    out = {"rope_theta": as_f32(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
-           **NO_ROPE_SCALING, "rotary_percent": float(factor or 1.0)}
-    if kind == "llama3":
-        for key in ("factor", "low_freq_factor", "high_freq_factor",
-                    "original_max_position_embeddings"):
-            check(key in params, f"config.json: rope_type llama3 without {key}")
-        out.update({"rope_scaling_factor": as_f32(params["factor"]),
-                    "rope_low_freq_factor": as_f32(params["low_freq_factor"]),
-                    "rope_high_freq_factor": as_f32(params["high_freq_factor"]),
-                    "rope_original_max_position_embeddings":
-                        int(params["original_max_position_embeddings"])})
-    return out
-
-
-def hf_rope_parameters(c):
-    """HF's rope_parameters for braid's RoPE fields (export)."""
-    theta = f32_value(c["rope_theta"])
-    partial = c.get("rotary_percent", 1.0)
-    partial = {"partial_rotary_factor": partial} if partial != 1.0 else {}
-    if not c.get("rope_scaling_factor"):
-        return {"rope_type": "default", "rope_theta": theta, **partial}
-    return {"rope_type": "llama3", "rope_theta": theta, **partial,
-            "factor": f32_value(c["rope_scaling_factor"]),
-            "low_freq_factor": f32_value(c["rope_low_freq_factor"]),
-            "high_freq_factor": f32_value(c["rope_high_freq_factor"]),
-            "original_max_position_embeddings": c["rope_original_max_position_embeddings"]}
-
-
-def braid_config_from_hf(hf, arch, dtype):
-    """braid's config_json fields for an HF config.json."""
-    if arch in LLAMA_LIKE:
-        h, heads = hf["hidden_size"], hf["num_attention_heads"]
-        if hf.get("hidden_act", "silu") != "silu":
-            refuse("hidden_act", hf["hidden_act"], "braid's Llama MLP is SwiGLU (silu)")
-        # Qwen3's configs may leave head_dim out: transformers then takes 128; the others
-        # take hidden_size / num_attention_heads.
-        head_dim = hf.get("head_dim") or (128 if arch == "qwen3" else h // heads)
-        attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
-        if attention_bias != mlp_bias:
-            refuse("attention_bias", attention_bias, f"mlp_bias is {json.dumps(mlp_bias)}; braid's "
-                   "add_bias_linear gives every linear layer a bias or none")
-        if arch in ("qwen2", "qwen3"):  # sliding_window is set, unused unless use_sliding_window
-            if hf.get("use_sliding_window"):
-                refuse("use_sliding_window", True, "braid attends to the whole context")
-            other = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
-            if other:
-                refuse("layer_types", other[0], "braid attends to the whole context")
-        elif hf.get("sliding_window", 4096 if arch == "mistral" else None):  # Mistral's default
-            refuse("sliding_window", hf.get("sliding_window", 4096),
-                   "braid attends to the whole context")
-        if arch == "stablelm":
-            if hf.get("qk_layernorm"):
-                refuse("qk_layernorm", True, "StableLM's per-head norms have a weight per head; "
-                       "braid's qk_layernorm shares one over the heads")
-            if hf.get("use_parallel_residual"):
-                refuse("use_parallel_residual", True, "braid's layers are sequential")
-        layernorm = arch == "stablelm"
-        return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
-                "num_attention_heads": heads,
-                "num_query_groups": hf.get("num_key_value_heads") or heads, "kv_channels": head_dim,
-                "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
-                "max_position_embeddings": hf["max_position_embeddings"],
-                "normalization": "layernorm" if layernorm else "rmsnorm", "activation": "swiglu",
-                "position_embedding": "rope", "add_bias_linear": bool(attention_bias),
-                "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")),
-                "qk_layernorm": arch == "qwen3",
-                "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf, arch),
-                "norm_eps": as_f32(hf.get("layer_norm_eps" if layernorm else "rms_norm_eps",
-                                          1e-5 if layernorm else 1e-6)),
-                "params_dtype": dtype}
-    act = hf.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        refuse("activation_function", act, "braid's GELU is the tanh approximation (gelu_new)")
-    if not hf.get("scale_attn_weights", True):
-        refuse("scale_attn_weights", False, "braid scales attention by 1/sqrt(head_dim)")
-    if hf.get("scale_attn_by_inverse_layer_idx", False):
-        refuse("scale_attn_by_inverse_layer_idx", True, "braid scales every layer alike")
-    h = hf["n_embd"]
-    return {"num_layers": hf["n_layer"], "hidden_size": h, "num_attention_heads": hf["n_head"],
-            "num_query_groups": hf["n_head"], "kv_channels": h // max(hf["n_head"], 1),
-            "ffn_hidden_size": hf.get("n_inner") or 4 * h,
-            "vocab_size": hf["vocab_size"], "max_position_embeddings": hf["n_positions"],
-            "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
-            "add_bias_linear": True, "add_qkv_bias": False, "qk_layernorm": False,
-            "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
-            "rope_theta": 10000.0, **NO_ROPE_SCALING,
-            "norm_eps": as_f32(hf.get("layer_norm_epsilon", 1e-5)),
-            "params_dtype": dtype}
-
-
-def as_f32(x):
-    """The double braid's config_json writes for an f32 field (rope_theta, norm_eps)."""
-    return float(np.float32(x))
-
-
-def f32_value(x):
-    """braid keeps rope_theta and norm_eps as f32: the shortest decimal that is that f32."""
-    return float(repr(np.float32(x)).replace("np.float32(", "").rstrip(")"))
-
-
-def braid_architecture(c):
-    kind = (c["normalization"], c["activation"], c["position_embedding"])
-    partial = c.get("rotary_percent", 1.0) != 1.0
-    if kind == ("layernorm", "swiglu", "rope"):
-        check(not c["add_bias_linear"] and not c.get("qk_layernorm"),
-              "this braid model is StableLM shaped (layernorm, swiglu, rope) but has ",
-              "add_bias_linear" if c["add_bias_linear"] else "qk_layernorm",
-              "; StableLmForCausalLM has neither")
-        return "stablelm"
-    check(not partial or kind != ("rmsnorm", "swiglu", "rope"), "this braid model has "
-          f"rotary_percent {c.get('rotary_percent')} with RMSNorm; of transformers' models only "
-          "StableLmForCausalLM (LayerNorm) turns a part of each head")
-    if kind == ("rmsnorm", "swiglu", "rope"):
-        if c.get("qk_layernorm"):
-            check(not c["add_bias_linear"] and not c.get("add_qkv_bias"),
-                  "this braid model has qk_layernorm and biases; Qwen3ForCausalLM has neither "
-                  "attention nor MLP biases")
-            return "qwen3"
-        return "qwen2" if c.get("add_qkv_bias") and not c["add_bias_linear"] else "llama"
-    if kind == ("layernorm", "gelu", "learned"):
-        check(not c.get("qk_layernorm"), "this braid model is GPT-2 shaped but has qk_layernorm; "
-              "GPT2LMHeadModel has no query/key norms")
-        check(c["add_bias_linear"], "this braid model is GPT-2 shaped but add_bias_linear is false; "
-              "GPT2LMHeadModel always has biases")
-        check(c["num_query_groups"] == c["num_attention_heads"],
-              "this braid model is GPT-2 shaped but has num_query_groups ",
-              c["num_query_groups"], " != num_attention_heads ", c["num_attention_heads"],
-              "; GPT2LMHeadModel has no grouped-query attention")
-        check(head_width(c) * c["num_attention_heads"] == c["hidden_size"],
-              "this braid model is GPT-2 shaped but its heads are ", head_width(c), " wide "
-              "(kv_channels), not hidden_size / num_attention_heads; GPT2LMHeadModel's are")
-        return "gpt2"
-    raise ConvertError("no Hugging Face architecture for a braid model with normalization "
-                       f"{c['normalization']}, activation {c['activation']} and position_embedding "
-                       f"{c['position_embedding']} (export knows Llama: rmsnorm/swiglu/rope, "
-                       "StableLM: layernorm/swiglu/rope and GPT-2: layernorm/gelu/learned)")
-
-
-LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
-              "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
-              "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
-              "rope_scaling", "hidden_act", "tie_word_embeddings")
-SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types")
-ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
-    "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
-    "mistral": LLAMA_KEYS + ("head_dim", "sliding_window"),
-    "qwen2": LLAMA_KEYS + ("head_dim",) + SLIDING_KEYS,
-    "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
-    "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
-                              "use_parallel_residual", "partial_rotary_factor"),
-    "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
-             "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
-             "tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
-}
-HF_NAMES = {arch: name for name, arch in ARCHITECTURES.items()}
-
-
-def hf_config_from_braid(c, arch, torch_dtype, imported):
-    if arch in LLAMA_LIKE:
-        rope = hf_rope_parameters(c)
-        hf = {"architectures": [HF_NAMES[arch]], "model_type": arch,
-              "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
-              "num_hidden_layers": c["num_layers"],
-              "num_attention_heads": c["num_attention_heads"],
-              "num_key_value_heads": c["num_query_groups"],
-              "vocab_size": c["vocab_size"], "max_position_embeddings": c["max_position_embeddings"],
-              "rope_theta": rope["rope_theta"],
-              "rope_parameters": rope, "hidden_act": "silu",
-              "tie_word_embeddings": c["tie_embeddings"]}
-        head_dim, eps = head_width(c), f32_value(c["norm_eps"])
-        hf.update({"llama": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
-                             "mlp_bias": c["add_bias_linear"], "rms_norm_eps": eps},
-                   "mistral": {"head_dim": head_dim, "sliding_window": None, "rms_norm_eps": eps},
-                   "qwen2": {"head_dim": head_dim, "use_sliding_window": False,
-                             "rms_norm_eps": eps},
-                   "qwen3": {"head_dim": head_dim, "attention_bias": False,
-                             "use_sliding_window": False, "rms_norm_eps": eps},
-                   # transformers 4 reads the factor at the top level, 5 in rope_parameters
-                   "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
-                                "qk_layernorm": False, "use_parallel_residual": False,
-                                "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
-        if arch == "stablelm":  # else transformers 5 takes a quarter
-            rope["partial_rotary_factor"] = hf["partial_rotary_factor"]
-        if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling
-            hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    else:
-        hf = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-              "n_embd": c["hidden_size"], "n_inner": c["ffn_hidden_size"],
-              "n_layer": c["num_layers"], "n_head": c["num_attention_heads"],
-              "vocab_size": c["vocab_size"], "n_positions": c["max_position_embeddings"],
-              "layer_norm_epsilon": f32_value(c["norm_eps"]), "activation_function": "gelu_new",
-              "tie_word_embeddings": c["tie_embeddings"], "scale_attn_weights": True,
-              "scale_attn_by_inverse_layer_idx": False}
-    hf["torch_dtype"] = torch_dtype
-    # Fields braid does not keep (token ids, dropout, ...) from the config an import stored.
-    if imported and hf_architecture_or_none(imported) == arch:
-        merged = {k: v for k, v in imported.items() if k not in ARCH_KEYS[arch]}
-        merged.pop("dtype", None)
-        merged.update(hf)
-        hf = merged
-    return hf
-
-
-def hf_architecture_or_none(hf):
-    try:
-        return hf_architecture(hf)
-    except ConvertError:
-        return None
 
 
 # ---- tensor names ----------------------------------------------------------------------------
