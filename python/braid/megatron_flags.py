@@ -19,7 +19,6 @@ UNSUPPORTED = {
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
-    "--apply-query-key-layer-scaling": "not implemented",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
 }
@@ -57,6 +56,11 @@ NO_EFFECT = {
                                                  "gradients into the f32 buffer"),
     "--cross-entropy-loss-fusion": (False, "braid's vocab-parallel cross-entropy is one kernel "
                                            "chain already"),
+    # Megatron divides QK^T by the layer number and has the softmax multiply it back: the same
+    # attention, its scores kept in float16's range.
+    "--apply-query-key-layer-scaling": (False, "it rescales the attention scores only to keep "
+                                               "them in float16's range; braid's scores and "
+                                               "softmax are f32"),
 }
 
 

@@ -335,7 +335,8 @@ def test_megatron_implementation_flags_change_nothing(one_process, tmp_path):
     # in the log with why it changes nothing, and the run trains exactly as without them.
     flags = ["--use-mcore-models", "--transformer-impl", "transformer_engine", "--use-flash-attn",
              "--attention-backend", "auto", "--no-gradient-accumulation-fusion",
-             "--distributed-backend", "nccl", "--calculate-per-token-loss", "--num-workers", "2"]
+             "--distributed-backend", "nccl", "--calculate-per-token-loss", "--num-workers", "2",
+             "--apply-query-key-layer-scaling"]
     tb = str(tmp_path / "tb")
     r = run(1, [*MODEL, *flags, "--train-iters", "20", "--tensorboard-dir", tb])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -343,7 +344,8 @@ def test_megatron_implementation_flags_change_nothing(one_process, tmp_path):
     assert notes == ["--use-mcore-models", "--transformer-impl transformer_engine",
                      "--use-flash-attn", "--attention-backend auto", "--calculate-per-token-loss",
                      "--distributed-backend nccl", "--num-workers 2",
-                     "--no-gradient-accumulation-fusion"], r.stdout
+                     "--no-gradient-accumulation-fusion", "--apply-query-key-layer-scaling"], \
+        r.stdout
     assert losses(jsonl(os.path.join(tb, "metrics.jsonl"))) == losses(one_process)
 
 
