@@ -357,9 +357,20 @@ def read_checkpoint(load, iteration=None):
     return meta, tensors
 
 
+def plus_one(t):
+    """1 + t in t's dtype (round to nearest even): a zero-centered norm weight's gamma."""
+    if t.dtype != "BF16":
+        return t.like(t.array + t.array.dtype.type(1))
+    f = (t.array.astype(np.uint32) << 16).view(np.float32) + np.float32(1)
+    bits = f.view(np.uint32)
+    return t.like(((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16))
+
+
 def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
+    if config.get("zero_centered_gamma"):  # HF's norms scale by their weight: gamma = 1 + w
+        tensors = {n: plus_one(t) if n.endswith("norm.weight") else t for n, t in tensors.items()}
     arch = braid_architecture(config)
     if arch == "llama" and not config["add_bias_linear"] and \
             hf_architecture_or_none(meta.get("hf_config") or {}) == "mistral":

@@ -23,6 +23,7 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"add_bias_linear", c.add_bias_linear},
       {"add_qkv_bias", c.add_qkv_bias},
       {"qk_layernorm", c.qk_layernorm},
+      {"zero_centered_gamma", c.zero_centered_gamma},
       {"tie_embeddings", c.tie_embeddings},
       {"rope_theta", c.rope_theta},
       {"rope_scaling_factor", c.rope_scaling_factor},
@@ -59,8 +60,10 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                      ": a different model - rotary_percent is ", saved_rotary,
                      " in the checkpoint and ", config.rotary_percent, " in this run");
   // Checkpoints from before these fields have neither.
-  for (const auto& [key, mine_value] : {std::pair{"add_qkv_bias", config.add_qkv_bias},
-                                        std::pair{"qk_layernorm", config.qk_layernorm}}) {
+  for (const auto& [key, mine_value] :
+       {std::pair{"add_qkv_bias", config.add_qkv_bias},
+        std::pair{"qk_layernorm", config.qk_layernorm},
+        std::pair{"zero_centered_gamma", config.zero_centered_gamma}}) {
     const bool saved_value = saved.value(key, false);
     BRAID_CONFIG_CHECK(saved_value == mine_value, where, ": a different model - ", key, " is ",
                        saved_value ? "true" : "false", " in the checkpoint and ",

@@ -177,13 +177,13 @@ void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream) {
   BRAID_DISPATCH(device, add, out, a, b, stream);
 }
 
-void scale(Tensor out, const Tensor& x, float alpha, Stream stream) {
+void scale(Tensor out, const Tensor& x, float alpha, float beta, Stream stream) {
   const char* op = "scale";
   Device device = device_of(op, {{"out", out}, {"x", x}});
   check_activation(op, device, "x", x);
   check_like(op, "out", out, "x", x);
   if (out.numel() == 0) return;
-  BRAID_DISPATCH(device, scale, out, x, alpha, stream);
+  BRAID_DISPATCH(device, scale, out, x, alpha, beta, stream);
 }
 
 void cast(Tensor out, const Tensor& x, Stream stream) {

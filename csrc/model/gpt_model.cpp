@@ -307,8 +307,7 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
 
 Tensor GPTModel::final_norm(const Tensor& x, NormStats& stats) const {
   param_use(head_params_);
-  return norm_forward(config_.normalization, config_.norm_eps, stats, x,
-                      view_of(flat_params_, "model.norm.weight"),
+  return norm_forward(config_, stats, x, view_of(flat_params_, "model.norm.weight"),
                       view_of(flat_params_, "model.norm.bias"));
 }
 
@@ -428,7 +427,7 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
     mb.final_out = Tensor();
     hf = Tensor();
     dx = Tensor::empty(mb.trunk_out.shape(), config_.params_dtype, device_);
-    norm_backward(config_.normalization, dx, parameter("model.norm.weight").grad,
+    norm_backward(config_, dx, parameter("model.norm.weight").grad,
                   view_of(flat_grads_, "model.norm.bias"), dhf, mb.trunk_out,
                   view_of(flat_params_, "model.norm.weight"), stats);
     dhf = Tensor();

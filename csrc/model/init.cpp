@@ -11,8 +11,9 @@ InitRule init_rule(const ParamSpec& spec, const TransformerConfig& config) {
   const std::string& name = spec.name;
   auto ends_with = [&](const char* suffix) { return name.ends_with(suffix); };
   // Norm scales start at one: input_/post_attention_layernorm, model.norm, the q_norm and k_norm
-  // of qk_layernorm.
-  if (ends_with("layernorm.weight") || ends_with("norm.weight")) return {InitKind::ones, 0};
+  // of qk_layernorm (their weights at zero when they hold gamma - 1).
+  if (ends_with("layernorm.weight") || ends_with("norm.weight"))
+    return {config.zero_centered_gamma ? InitKind::zeros : InitKind::ones, 0};
   if (ends_with(".bias")) return {InitKind::zeros, 0};
   if (ends_with("o_proj.weight") || ends_with("down_proj.weight"))
     return {InitKind::normal,

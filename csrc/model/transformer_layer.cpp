@@ -112,11 +112,11 @@ void TransformerLayer::finish_qk(Projection& p, Tokens tokens, int64_t position_
   const LayerShape& n = shape_;
   const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
   if (c.qk_layernorm) {
-    p.q = norm_forward(c.normalization, c.norm_eps, p.q_stats, p.q_raw.view({t * n.q_heads, d}),
-                       w_.q_norm_weight, w_.q_norm_bias)
+    p.q = norm_forward(c, p.q_stats, p.q_raw.view({t * n.q_heads, d}), w_.q_norm_weight,
+                       w_.q_norm_bias)
               .view({b, s, n.q_heads, d});
-    p.k = norm_forward(c.normalization, c.norm_eps, p.k_stats, p.k_raw.view({t * n.kv_heads, d}),
-                       w_.k_norm_weight, w_.k_norm_bias)
+    p.k = norm_forward(c, p.k_stats, p.k_raw.view({t * n.kv_heads, d}), w_.k_norm_weight,
+                       w_.k_norm_bias)
               .view({b, s, n.kv_heads, d});
   }
   if (c.position_embedding == PositionEmbedding::rope) {
@@ -137,8 +137,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   const Device dev = x.device();
 
   NormStats s1;
-  Tensor h1 =
-      norm_forward(c.normalization, c.norm_eps, s1, x, w_.input_norm_weight, w_.input_norm_bias);
+  Tensor h1 = norm_forward(c, s1, x, w_.input_norm_weight, w_.input_norm_bias);
   const Tensor h1_full = enter_tp_forward(tp_, h1);
   Projection qkv = project_qkv(h1_full, tokens, 0);
   const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
@@ -154,8 +153,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   ops::add(mid, x, a);
 
   NormStats s2;
-  Tensor h2 =
-      norm_forward(c.normalization, c.norm_eps, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
+  Tensor h2 = norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
   const Tensor h2_full = enter_tp_forward(tp_, h2);
   Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
   linear_forward(fc1, h2_full, w_.fc1_weight, w_.fc1_bias);
@@ -213,8 +211,8 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   const Device dev = x.device();
 
   NormStats s1;
-  const Tensor h1 = enter_tp_forward(tp_, norm_forward(c.normalization, c.norm_eps, s1, x,
-                                                       w_.input_norm_weight, w_.input_norm_bias));
+  const Tensor h1 =
+      enter_tp_forward(tp_, norm_forward(c, s1, x, w_.input_norm_weight, w_.input_norm_bias));
   Projection qkv = project_qkv(h1, tokens, offset);
   const Tensor q = qkv.q;
   cache.write(cache_layer, qkv.k, qkv.v);
@@ -229,8 +227,8 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   ops::add(mid, x, mid);
 
   NormStats s2;
-  const Tensor h2 = enter_tp_forward(tp_, norm_forward(c.normalization, c.norm_eps, s2, mid,
-                                                       w_.post_norm_weight, w_.post_norm_bias));
+  const Tensor h2 =
+      enter_tp_forward(tp_, norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias));
   Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
   linear_forward(fc1, h2, w_.fc1_weight, w_.fc1_bias);
   const Tensor act = mlp_activation(fc1);
@@ -250,10 +248,10 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
     const Tensor input = saved.input;  // forward() resets `saved` before refilling it
     forward(input, tokens, drop, Recompute::none, &saved);
   } else if (policy == Recompute::selective) {
-    saved.input_norm_out = norm_forward(c.normalization, c.norm_eps, saved.input_norm_stats,
-                                        saved.input, w_.input_norm_weight, w_.input_norm_bias);
-    saved.post_norm_out = norm_forward(c.normalization, c.norm_eps, saved.post_norm_stats,
-                                       saved.mid, w_.post_norm_weight, w_.post_norm_bias);
+    saved.input_norm_out = norm_forward(c, saved.input_norm_stats, saved.input,
+                                        w_.input_norm_weight, w_.input_norm_bias);
+    saved.post_norm_out =
+        norm_forward(c, saved.post_norm_stats, saved.mid, w_.post_norm_weight, w_.post_norm_bias);
     saved.act_out = mlp_activation(saved.fc1_out);
     if (c.qk_layernorm) {
       Projection p;
@@ -288,8 +286,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   release(d_fc1, a.post_norm_out);
   dh2 = enter_tp_backward(tp_, dh2);
   Tensor dmid = empty_like(a.mid);
-  norm_backward(c.normalization, dmid, g_.post_norm_weight, g_.post_norm_bias, dh2, a.mid,
-                w_.post_norm_weight, a.post_norm_stats);
+  norm_backward(c, dmid, g_.post_norm_weight, g_.post_norm_bias, dh2, a.mid, w_.post_norm_weight,
+                a.post_norm_stats);
   ops::add(dmid, dmid, dout);
   release(dh2, a.mid, a.post_norm_stats.mean, a.post_norm_stats.rstd);
 
@@ -310,12 +308,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   }
   if (c.qk_layernorm) {  // dq, dk of the normed heads -> of the projections
     Tensor dq_raw = empty_like(a.q_raw), dk_raw = empty_like(a.k_raw);
-    norm_backward(c.normalization, dq_raw.view({t * n.q_heads, d}), g_.q_norm_weight,
-                  g_.q_norm_bias, dq.view({t * n.q_heads, d}), a.q_raw.view({t * n.q_heads, d}),
-                  w_.q_norm_weight, a.q_norm_stats);
-    norm_backward(c.normalization, dk_raw.view({t * n.kv_heads, d}), g_.k_norm_weight,
-                  g_.k_norm_bias, dk.view({t * n.kv_heads, d}), a.k_raw.view({t * n.kv_heads, d}),
-                  w_.k_norm_weight, a.k_norm_stats);
+    norm_backward(c, dq_raw.view({t * n.q_heads, d}), g_.q_norm_weight, g_.q_norm_bias,
+                  dq.view({t * n.q_heads, d}), a.q_raw.view({t * n.q_heads, d}), w_.q_norm_weight,
+                  a.q_norm_stats);
+    norm_backward(c, dk_raw.view({t * n.kv_heads, d}), g_.k_norm_weight, g_.k_norm_bias,
+                  dk.view({t * n.kv_heads, d}), a.k_raw.view({t * n.kv_heads, d}), w_.k_norm_weight,
+                  a.k_norm_stats);
     release(a.q_raw, a.k_raw, a.q_norm_stats.mean, a.q_norm_stats.rstd, a.k_norm_stats.mean,
             a.k_norm_stats.rstd);
     dq = dq_raw;
@@ -332,8 +330,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   release(dq, dk, dv, a.input_norm_out);
   dh1 = enter_tp_backward(tp_, dh1);
   Tensor dx = empty_like(a.input);
-  norm_backward(c.normalization, dx, g_.input_norm_weight, g_.input_norm_bias, dh1, a.input,
-                w_.input_norm_weight, a.input_norm_stats);
+  norm_backward(c, dx, g_.input_norm_weight, g_.input_norm_bias, dh1, a.input, w_.input_norm_weight,
+                a.input_norm_stats);
   ops::add(dx, dx, dmid);
   saved = LayerActivations{};
   return dx;

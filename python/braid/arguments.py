@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "Llama 3.2)")
     g.add_argument("--normalization", default="LayerNorm", choices=["LayerNorm", "RMSNorm"])
     g.add_argument("--norm-epsilon", type=pos_float, default=1e-5)
+    g.add_argument("--apply-layernorm-1p", action="store_true",
+                   help="every norm's weight holds gamma - 1 and starts at zero; the norm "
+                        "scales by 1 + weight")
     g.add_argument("--swiglu", action="store_true")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")

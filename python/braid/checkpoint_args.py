@@ -23,6 +23,7 @@ FROM_CHECKPOINT = {
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
     "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
     "qk_layernorm": lambda v: [("qk_layernorm", v)],
+    "zero_centered_gamma": lambda v: [("apply_layernorm_1p", v)],
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
     "rotary_percent": lambda v: [("rotary_percent", v)],
@@ -43,7 +44,8 @@ MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4
 
 
 # What checkpoints from before these fields mean by lacking them.
-BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "rope_scaling_factor": 0.0,
+BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamma": False,
+               "rope_scaling_factor": 0.0,
                "rotary_percent": 1.0, **MEGATRON_ROPE_SCALING}
 
 

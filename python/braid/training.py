@@ -89,6 +89,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.add_bias_linear = not a.disable_bias_linear
     cfg.add_qkv_bias = a.add_qkv_bias
     cfg.qk_layernorm = a.qk_layernorm
+    cfg.zero_centered_gamma = a.apply_layernorm_1p
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
     cfg.init_std = a.init_method_std
     cfg.hidden_dropout = a.hidden_dropout

@@ -40,7 +40,9 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
 
 
 def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
-               tie=False, llama3_rope=False):
+               tie=False, llama3_rope=False, zero_centered_gamma=False):
+    """LlamaForCausalLM and braid's copy of it; with zero_centered_gamma braid's norm weights
+    hold HF's minus one (Megatron's --apply-layernorm-1p), the same model."""
     torch.manual_seed(seed)
     rope = {"rope_parameters": LLAMA3_ROPE} if llama3_rope else {"rope_theta": 10000.0}
     hf_cfg = transformers.LlamaConfig(
@@ -58,8 +60,15 @@ def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
                "rope_high_freq_factor": LLAMA3_ROPE["high_freq_factor"],
                "rope_original_max_position_embeddings":
                    LLAMA3_ROPE["original_max_position_embeddings"]} if llama3_rope else {}
-    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
-                                norm_eps=1e-5, tie_embeddings=tie, **scaling)
+    model = braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                             norm_eps=1e-5, tie_embeddings=tie,
+                             zero_centered_gamma=zero_centered_gamma, **scaling)
+    if zero_centered_gamma:
+        for name, p in model.parameters().items():
+            if name.endswith("norm.weight"):
+                w = np.from_dlpack(p).copy()
+                p.copy_(np.ascontiguousarray(w - 1.0, dtype=np.float32))
+    return hf, model
 
 
 def braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions, **fields):

@@ -9,7 +9,7 @@ void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bo
             bool trans_b, float alpha, bool accumulate, Stream stream);
 void bias_backward(Tensor dbias, const Tensor& dout, Stream stream);
 void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream);
-void scale(Tensor out, const Tensor& x, float alpha, Stream stream);
+void scale(Tensor out, const Tensor& x, float alpha, float beta, Stream stream);
 void cast(Tensor out, const Tensor& x, Stream stream);
 void gelu_forward(Tensor out, const Tensor& x, Stream stream);
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);

@@ -17,9 +17,10 @@ BRAID_CPU_MULTIVERSION void add_kernel(float* out, const float* a, const float* 
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-BRAID_CPU_MULTIVERSION void scale_kernel(float* out, const float* x, float alpha, int64_t n) {
+BRAID_CPU_MULTIVERSION void scale_kernel(float* out, const float* x, float alpha, float beta,
+                                         int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = alpha * x[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = alpha * x[i] + beta;
 }
 
 // ---- cast ----
@@ -132,11 +133,12 @@ void add(Tensor out, const Tensor& a, const Tensor& b, Stream) {
                [&](int64_t i0, int64_t i1) { add_kernel(o + i0, pa + i0, pb + i0, i1 - i0); });
 }
 
-void scale(Tensor out, const Tensor& x, float alpha, Stream) {
+void scale(Tensor out, const Tensor& x, float alpha, float beta, Stream) {
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
-  parallel_for(out.numel(), kGrain,
-               [&](int64_t i0, int64_t i1) { scale_kernel(o + i0, px + i0, alpha, i1 - i0); });
+  parallel_for(out.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    scale_kernel(o + i0, px + i0, alpha, beta, i1 - i0);
+  });
 }
 
 void cast(Tensor out, const Tensor& x, Stream) {

@@ -11,8 +11,8 @@ struct AddOp {
 };
 
 struct ScaleOp {
-  float alpha;
-  __device__ float operator()(float x, int64_t) const { return alpha * x; }
+  float alpha, beta;
+  __device__ float operator()(float x, int64_t) const { return alpha * x + beta; }
 };
 
 struct IdentityOp {
@@ -31,12 +31,12 @@ void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream) {
   });
 }
 
-void scale(Tensor out, const Tensor& x, float alpha, Stream stream) {
+void scale(Tensor out, const Tensor& x, float alpha, float beta, Stream stream) {
   detail::DeviceGuard guard(out.device());
   detail::dispatch_activation(out.dtype(), "scale", [&](auto tag) {
     using T = typename decltype(tag)::type;
     detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
-                        ScaleOp{alpha}, detail::cuda_stream(stream), out.device().index);
+                        ScaleOp{alpha, beta}, detail::cuda_stream(stream), out.device().index);
   });
 }
 

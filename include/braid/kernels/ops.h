@@ -53,8 +53,8 @@ void bias_backward(Tensor dbias, const Tensor& dout, Stream stream = {});
 // ---------------------------------------------------------------- elementwise
 // out = a + b (same shape and dtype; out may alias a or b).
 void add(Tensor out, const Tensor& a, const Tensor& b, Stream stream = {});
-// out = alpha * x (out may alias x).
-void scale(Tensor out, const Tensor& x, float alpha, Stream stream = {});
+// out = alpha * x + beta (out may alias x).
+void scale(Tensor out, const Tensor& x, float alpha, float beta = 0.0f, Stream stream = {});
 // out = x converted to out's dtype (f32, bf16, f16 in any direction, same shape), round to
 // nearest even. Works on every device, the CPU included.
 void cast(Tensor out, const Tensor& x, Stream stream = {});

@@ -56,6 +56,9 @@ struct TransformerConfig {
   // A norm (the model's normalization, weight [head_dim]) on every query and key head after
   // the projection, before RoPE (Qwen3's q_norm / k_norm; Megatron's --qk-layernorm).
   bool qk_layernorm = false;
+  // Every norm's weight holds gamma - 1: the norms scale by 1 + weight, and the weights start at
+  // zero (Megatron's --apply-layernorm-1p, megatron-core's layernorm_zero_centered_gamma).
+  bool zero_centered_gamma = false;
   bool tie_embeddings = true;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;

@@ -30,6 +30,9 @@ TEST_P(Elementwise, AddAndScale) {
   ops::scale(x, x, 2.0f);
   for (double& v : sum) v *= 2.0;
   EXPECT_TRUE(all_close(x, sum, tol({1e-6, 1e-6})));
+  ops::scale(x, x, 1.0f, 1.0f);  // with an offset: 1 + w, a zero-centered norm weight
+  for (double& v : sum) v += 1.0;
+  EXPECT_TRUE(all_close(x, sum, tol({1e-6, 1e-6})));
 }
 
 TEST_P(Elementwise, CastRoundsToNearestEven) {

@@ -136,6 +136,17 @@ TEST(Gradients, PartialRotaryMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+TEST(Gradients, ZeroCenteredNormsMatchFiniteDifferences) {
+  // Norms scaling by 1 + weight (--apply-layernorm-1p): rmsnorm with q/k norms, and layernorm.
+  TransformerConfig llama = small_llama();
+  llama.zero_centered_gamma = true;
+  llama.qk_layernorm = true;
+  check_gradients(llama);
+  TransformerConfig gpt2 = small_gpt2();
+  gpt2.zero_centered_gamma = true;
+  check_gradients(gpt2);
+}
+
 TEST(Gradients, WideHeadsMatchFiniteDifferences) {
   // kv_channels: heads wider than hidden / heads (Qwen3-0.6B's), so q and the attention
   // output are wider than the hidden size; with GQA and with tied GPT-2 numerics.

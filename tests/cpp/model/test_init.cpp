@@ -85,6 +85,11 @@ TEST(Init, RulesPerParameterKind) {
     const auto [m, s] = moments(name);
     EXPECT_EQ(m, 1.0) << name;
     EXPECT_EQ(s, 0.0) << name;
+    c.zero_centered_gamma = true;  // holding gamma - 1, they start at zero
+    const auto [zm, zs] = moments(name);
+    c.zero_centered_gamma = false;
+    EXPECT_EQ(zm, 0.0) << name;
+    EXPECT_EQ(zs, 0.0) << name;
   }
   for (const char* name :
        {"model.layers.2.input_layernorm.bias", "model.layers.2.mlp.up_proj.bias",

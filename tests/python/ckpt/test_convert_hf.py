@@ -272,6 +272,36 @@ def test_bf16_round_trip_is_exact(tmp_path):
     assert load_hf(tmp_path / "out").config.vocab_size == 97
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_export_of_zero_centered_norms_adds_one(tmp_path, dtype):
+    # A braid model trained with --apply-layernorm-1p holds gamma - 1 in its norm weights; HF's
+    # Llama holds gamma. Here the import is rewritten as such a model (norm weights minus one),
+    # and the export gives back HF's weights bit for bit (w - 1 + 1 is w, in bf16 too, near 1).
+    hf_dir = llama(tmp_path / "hf", dtype=dtype)
+    ckpt = tmp_path / "ckpt"
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", ckpt).returncode == 0
+    iter_dir = ckpt / "iter_0000000"
+    meta = json.loads((iter_dir / "metadata.json").read_text())
+    meta["config"]["zero_centered_gamma"] = True
+    _, tensors = convert_hf.read_checkpoint(str(ckpt))
+    torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16}
+    for name, t in tensors.items():
+        if name.endswith("norm.weight"):
+            w = torch.from_numpy(t.array.copy()).view(torch_dtype[t.dtype]) - 1
+            tensors[name] = t.like(w.view(torch.int16 if t.dtype == "BF16" else dtype).numpy()
+                                   .view(t.array.dtype))
+    convert_hf.write_safetensors(str(iter_dir / "mp_rank_00_000.safetensors"), tensors)
+    (iter_dir / "metadata.json").write_text(json.dumps(meta))
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", ckpt, "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    ids = torch.from_numpy(np.random.default_rng(0).integers(0, 97, size=(2, 12)))
+    with torch.no_grad():
+        torch.testing.assert_close(load_hf(out)(ids).logits, load_hf(hf_dir)(ids).logits,
+                                   rtol=2e-2, atol=2e-2)
+
+
 # ---- a checkpoint in braid's sharded layout --------------------------------------------------
 
 def reshard(src, dst, tp, pp, vocab_divisible=128):

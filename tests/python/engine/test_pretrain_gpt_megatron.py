@@ -229,15 +229,19 @@ TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size"
     (["--rotary-percent", "0.5"], 4, TP2_PP2, {"rotary_percent": 0.5},
      ("self_attn.q_proj.weight", [64, 64]), "self_attn.q_norm.weight",
      "rotary_percent is 0.5 in the checkpoint and 1 in this run"),
+    # Norm weights that hold gamma - 1 (--apply-layernorm-1p).
+    (["--apply-layernorm-1p"], 8, LAYOUT_3D, {"zero_centered_gamma": True},
+     ("input_layernorm.weight", [64]), "self_attn.q_norm.weight",
+     "zero_centered_gamma is true in the checkpoint and false in this run"),
 ])
 def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
         flags, ranks, layout, config, present, absent, refusal, tmp_path):
     # Megatron's --add-qkv-bias (Qwen2: biases on q, k and v beside --disable-bias-linear, split
     # over TP with their weights), --qk-layernorm (Qwen3: a norm on each query and key head,
     # its weights replicated over TP and their gradients summed there, with sequence
-    # parallelism or without), --kv-channels (heads wider than hidden / heads) and
-    # --rotary-percent: the TP 2 run trains like one process; a checkpoint of it is a different
-    # model from one without.
+    # parallelism or without), --kv-channels (heads wider than hidden / heads), --rotary-percent
+    # and --apply-layernorm-1p: the TP 2 run trains like one process; a checkpoint of it is a
+    # different model from one without.
     runs = {}
     for name, n, lay in (("one", 1, []), ("tp", ranks, layout)):
         tb = str(tmp_path / name)

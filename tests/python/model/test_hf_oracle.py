@@ -69,6 +69,16 @@ def test_llama3_rope_scaling_logits_loss_and_gradients():
                            rtol=1e-3)
 
 
+def test_zero_centered_norms_are_llamas_with_one_added():
+    # --apply-layernorm-1p: braid's norm weights hold HF's minus one and scale by 1 + weight;
+    # the logits, the loss and every gradient (d/dw of 1 + w is 1) are HF Llama's.
+    hf, model = llama_pair(zero_centered_gamma=True)
+    norm = np.from_dlpack(model.parameters()["model.norm.weight"])
+    want = hf.model.norm.weight.detach().numpy() - 1.0
+    np.testing.assert_array_equal(norm, want.astype(np.float32))
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
 def test_qwen2_logits_loss_and_gradients():
     # Biases on q, k and v alone (add_qkv_bias), tied embeddings, rope_theta 1e6.
     hf, model = qwen2_pair()
