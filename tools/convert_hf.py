@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / GPT-2 directories to braid
-checkpoints and back.
+"""Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 directories to
+braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -357,11 +357,11 @@ def read_checkpoint(load, iteration=None):
     return meta, tensors
 
 
-def plus_one(t):
-    """1 + t in t's dtype (round to nearest even): a zero-centered norm weight's gamma."""
+def plus(t, delta):
+    """t + delta in t's dtype (round to nearest even): a norm weight to or from gamma - 1."""
     if t.dtype != "BF16":
-        return t.like(t.array + t.array.dtype.type(1))
-    f = (t.array.astype(np.uint32) << 16).view(np.float32) + np.float32(1)
+        return t.like(t.array + t.array.dtype.type(delta))
+    f = (t.array.astype(np.uint32) << 16).view(np.float32) + np.float32(delta)
     bits = f.view(np.uint32)
     return t.like(((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16))
 
@@ -369,9 +369,12 @@ def plus_one(t):
 def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
-    if config.get("zero_centered_gamma"):  # HF's norms scale by their weight: gamma = 1 + w
-        tensors = {n: plus_one(t) if n.endswith("norm.weight") else t for n, t in tensors.items()}
     arch = braid_architecture(config)
+    # Nemotron's LayerNorm1P holds gamma - 1, every other HF norm gamma.
+    delta = int(bool(config.get("zero_centered_gamma"))) - int(arch == "nemotron")
+    if delta:
+        tensors = {n: plus(t, delta) if n.endswith("norm.weight") else t
+                   for n, t in tensors.items()}
     if arch == "llama" and not config["add_bias_linear"] and \
             hf_architecture_or_none(meta.get("hf_config") or {}) == "mistral":
         arch = "mistral"  # an imported Mistral goes back as one

@@ -28,8 +28,12 @@ def head_width(c):
 # are Llama's.
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                 "StableLmForCausalLM": "stablelm", "GPT2LMHeadModel": "gpt2"}
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm")
+                 "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
+                 "GPT2LMHeadModel": "gpt2"}
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron")
+# Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
+# zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
+PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5}  # transformers' where it is absent
 
 
 def hf_architecture(hf):
@@ -67,12 +71,11 @@ def rope_of(hf, arch):
         field = "rope_scaling" if scaling else "rope_parameters.rope_type"
         refuse(field, scaling or kind, "braid implements plain RoPE and Llama 3.1's scaling "
                "(rope_type llama3)")
-    # StableLM's configs may leave it out: transformers then takes a quarter.
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
-                                                        0.25 if arch == "stablelm" else 1.0))
-    if arch != "stablelm" and factor not in (None, 1, 1.0):
+                                                        PARTIAL_ROTARY_DEFAULT.get(arch, 1.0)))
+    if arch not in PARTIAL_ROTARY_DEFAULT and factor not in (None, 1, 1.0):
         refuse("partial_rotary_factor", factor, f"transformers' {arch} turns the whole head "
-               "(StableLmForCausalLM turns a part)")
+               "(StableLM and Nemotron turn a part)")
     out = {"rope_theta": as_f32(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
            **NO_ROPE_SCALING, "rotary_percent": float(factor or 1.0)}
     if kind == "llama3":
@@ -105,8 +108,10 @@ def braid_config_from_hf(hf, arch, dtype):
     """braid's config_json fields for an HF config.json."""
     if arch in LLAMA_LIKE:
         h, heads = hf["hidden_size"], hf["num_attention_heads"]
-        if hf.get("hidden_act", "silu") != "silu":
-            refuse("hidden_act", hf["hidden_act"], "braid's Llama MLP is SwiGLU (silu)")
+        act = "relu2" if arch == "nemotron" else "silu"
+        if hf.get("hidden_act", act) != act:
+            refuse("hidden_act", hf["hidden_act"], f"transformers' {arch} MLP with {act} is "
+                   "what braid has")
         # Qwen3's configs may leave head_dim out: transformers then takes 128; the others
         # take hidden_size / num_attention_heads.
         head_dim = hf.get("head_dim") or (128 if arch == "qwen3" else h // heads)
@@ -129,19 +134,20 @@ def braid_config_from_hf(hf, arch, dtype):
                        "braid's qk_layernorm shares one over the heads")
             if hf.get("use_parallel_residual"):
                 refuse("use_parallel_residual", True, "braid's layers are sequential")
-        layernorm = arch == "stablelm"
+        layernorm = arch in ("stablelm", "nemotron")
+        eps_key = {"stablelm": "layer_norm_eps", "nemotron": "norm_eps"}.get(arch, "rms_norm_eps")
         return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
                 "num_attention_heads": heads,
                 "num_query_groups": hf.get("num_key_value_heads") or heads, "kv_channels": head_dim,
                 "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
                 "max_position_embeddings": hf["max_position_embeddings"],
-                "normalization": "layernorm" if layernorm else "rmsnorm", "activation": "swiglu",
+                "normalization": "layernorm" if layernorm else "rmsnorm",
+                "activation": "squared_relu" if arch == "nemotron" else "swiglu",
                 "position_embedding": "rope", "add_bias_linear": bool(attention_bias),
                 "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")),
-                "qk_layernorm": arch == "qwen3",
+                "qk_layernorm": arch == "qwen3", "zero_centered_gamma": arch == "nemotron",
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf, arch),
-                "norm_eps": as_f32(hf.get("layer_norm_eps" if layernorm else "rms_norm_eps",
-                                          1e-5 if layernorm else 1e-6)),
+                "norm_eps": as_f32(hf.get(eps_key, 1e-5 if layernorm else 1e-6)),
                 "params_dtype": dtype}
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -182,6 +188,12 @@ def braid_architecture(c):
               "add_bias_linear" if c["add_bias_linear"] else "qk_layernorm",
               "; StableLmForCausalLM has neither")
         return "stablelm"
+    if kind == ("layernorm", "squared_relu", "rope"):
+        check(not c.get("qk_layernorm") and (c["add_bias_linear"] or not c.get("add_qkv_bias")),
+              "this braid model is Nemotron shaped (layernorm, squared_relu, rope) but has ",
+              "qk_layernorm" if c.get("qk_layernorm") else "q/k/v biases alone",
+              "; NemotronForCausalLM has neither")
+        return "nemotron"
     check(not partial or kind != ("rmsnorm", "swiglu", "rope"), "this braid model has "
           f"rotary_percent {c.get('rotary_percent')} with RMSNorm; of transformers' models only "
           "StableLmForCausalLM (LayerNorm) turns a part of each head")
@@ -208,7 +220,8 @@ def braid_architecture(c):
     raise ConvertError("no Hugging Face architecture for a braid model with normalization "
                        f"{c['normalization']}, activation {c['activation']} and position_embedding "
                        f"{c['position_embedding']} (export knows Llama: rmsnorm/swiglu/rope, "
-                       "StableLM: layernorm/swiglu/rope and GPT-2: layernorm/gelu/learned)")
+                       "StableLM: layernorm/swiglu/rope, Nemotron: layernorm/squared_relu/rope "
+                       "and GPT-2: layernorm/gelu/learned)")
 
 
 LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
@@ -223,6 +236,8 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
     "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
     "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
                               "use_parallel_residual", "partial_rotary_factor"),
+    "nemotron": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias", "norm_eps",
+                              "partial_rotary_factor"),
     "gpt2": ("architectures", "model_type", "n_embd", "n_inner", "n_layer", "n_head",
              "vocab_size", "n_positions", "n_ctx", "layer_norm_epsilon", "activation_function",
              "tie_word_embeddings", "scale_attn_weights", "scale_attn_by_inverse_layer_idx"),
@@ -253,8 +268,12 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
                    "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
                                 "qk_layernorm": False, "use_parallel_residual": False,
+                                "partial_rotary_factor": c.get("rotary_percent", 1.0)},
+                   "nemotron": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
+                                "mlp_bias": c["add_bias_linear"], "norm_eps": eps,
+                                "hidden_act": "relu2",
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
-        if arch == "stablelm":  # else transformers 5 takes a quarter
+        if arch in PARTIAL_ROTARY_DEFAULT:  # else transformers 5 takes its default
             rope["partial_rotary_factor"] = hf["partial_rotary_factor"]
         if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling
             hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}

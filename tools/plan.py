@@ -60,7 +60,7 @@ def parse_args(argv):
     g.add_argument("--ffn-hidden-size", type=int)
     g.add_argument("--vocab-size", type=int)
     g.add_argument("--seq-length", type=int)
-    g.add_argument("--activation", choices=["swiglu", "gelu"], default=None)
+    g.add_argument("--activation", choices=["swiglu", "gelu", "squared_relu"], default=None)
     g.add_argument("--tie-embeddings", action="store_true")
     g = ap.add_argument_group("cluster")
     g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
@@ -161,7 +161,8 @@ def _from_training_arguments(ap, a, training):
         ap.error(f"the training arguments: {e}")
     a.model_shape = planner.ModelShape(
         t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
-        t.ffn_hidden_size, t.vocab_size, t.seq_length, "swiglu" if t.swiglu else "gelu",
+        t.ffn_hidden_size, t.vocab_size, t.seq_length,
+        "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
         not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels)
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full

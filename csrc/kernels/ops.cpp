@@ -196,24 +196,30 @@ void cast(Tensor out, const Tensor& x, Stream stream) {
   BRAID_DISPATCH(device, cast, out, x, stream);
 }
 
-void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
-  const char* op = "gelu_forward";
-  Device device = device_of(op, {{"out", out}, {"x", x}});
-  check_activation(op, device, "x", x);
-  check_like(op, "out", out, "x", x);
-  if (out.numel() == 0) return;
-  BRAID_DISPATCH(device, gelu_forward, out, x, stream);
-}
+// An elementwise activation's forward (out = f(x)) and backward (dx = dout f'(x)) checks and
+// dispatch.
+#define BRAID_ELEMENTWISE_ACTIVATION(name)                                              \
+  void name##_forward(Tensor out, const Tensor& x, Stream stream) {                     \
+    const char* op = #name "_forward";                                                  \
+    Device device = device_of(op, {{"out", out}, {"x", x}});                            \
+    check_activation(op, device, "x", x);                                               \
+    check_like(op, "out", out, "x", x);                                                 \
+    if (out.numel() == 0) return;                                                       \
+    BRAID_DISPATCH(device, name##_forward, out, x, stream);                             \
+  }                                                                                     \
+  void name##_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) { \
+    const char* op = #name "_backward";                                                 \
+    Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});              \
+    check_activation(op, device, "x", x);                                               \
+    check_like(op, "dout", dout, "x", x);                                               \
+    check_like(op, "dx", dx, "x", x);                                                   \
+    if (dx.numel() == 0) return;                                                        \
+    BRAID_DISPATCH(device, name##_backward, dx, dout, x, stream);                       \
+  }
 
-void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
-  const char* op = "gelu_backward";
-  Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});
-  check_activation(op, device, "x", x);
-  check_like(op, "dout", dout, "x", x);
-  check_like(op, "dx", dx, "x", x);
-  if (dx.numel() == 0) return;
-  BRAID_DISPATCH(device, gelu_backward, dx, dout, x, stream);
-}
+BRAID_ELEMENTWISE_ACTIVATION(gelu)
+BRAID_ELEMENTWISE_ACTIVATION(squared_relu)
+#undef BRAID_ELEMENTWISE_ACTIVATION
 
 namespace {
 // x [..., 2F] and the [..., F] tensor on the other side of swiglu.

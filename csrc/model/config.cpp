@@ -32,7 +32,17 @@ const char* to_string(Normalization value) {
   return value == Normalization::layernorm ? "layernorm" : "rmsnorm";
 }
 
-const char* to_string(Activation value) { return value == Activation::gelu ? "gelu" : "swiglu"; }
+const char* to_string(Activation value) {
+  switch (value) {
+    case Activation::gelu:
+      return "gelu";
+    case Activation::swiglu:
+      return "swiglu";
+    case Activation::squared_relu:
+      return "squared_relu";
+  }
+  return "?";
+}
 
 const char* to_string(PositionEmbedding value) {
   return value == PositionEmbedding::learned ? "learned" : "rope";
@@ -66,7 +76,8 @@ void from_string(std::string_view name, Normalization& out) {
 }
 
 void from_string(std::string_view name, Activation& out) {
-  static constexpr Activation kAll[] = {Activation::gelu, Activation::swiglu};
+  static constexpr Activation kAll[] = {Activation::gelu, Activation::swiglu,
+                                        Activation::squared_relu};
   enum_from_string(name, "activation", kAll, out);
 }
 

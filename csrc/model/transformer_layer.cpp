@@ -70,10 +70,16 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, const Tensor
 
 Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
   Tensor act = Tensor::empty({fc1_out.size(0), shape_.ffn}, fc1_out.dtype(), fc1_out.device());
-  if (config_.activation == Activation::swiglu) {
-    ops::swiglu_forward(act, fc1_out);
-  } else {
-    ops::gelu_forward(act, fc1_out);
+  switch (config_.activation) {
+    case Activation::swiglu:
+      ops::swiglu_forward(act, fc1_out);
+      break;
+    case Activation::squared_relu:
+      ops::squared_relu_forward(act, fc1_out);
+      break;
+    case Activation::gelu:
+      ops::gelu_forward(act, fc1_out);
+      break;
   }
   return act;
 }
@@ -274,10 +280,16 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   linear_backward(d_act, g_.fc2_weight, g_.fc2_bias, dm, a.act_out, w_.fc2_weight);
   release(dm, a.act_out);
   Tensor d_fc1 = empty_like(a.fc1_out);
-  if (c.activation == Activation::swiglu) {
-    ops::swiglu_backward(d_fc1, d_act, a.fc1_out);
-  } else {
-    ops::gelu_backward(d_fc1, d_act, a.fc1_out);
+  switch (c.activation) {
+    case Activation::swiglu:
+      ops::swiglu_backward(d_fc1, d_act, a.fc1_out);
+      break;
+    case Activation::squared_relu:
+      ops::squared_relu_backward(d_fc1, d_act, a.fc1_out);
+      break;
+    case Activation::gelu:
+      ops::gelu_backward(d_fc1, d_act, a.fc1_out);
+      break;
   }
   release(d_act, a.fc1_out);
   const Tensor h2_full = enter_tp_forward(tp_, a.post_norm_out);

@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every norm's weight holds gamma - 1 and starts at zero; the norm "
                         "scales by 1 + weight")
     g.add_argument("--swiglu", action="store_true")
+    g.add_argument("--squared-relu", action="store_true",
+                   help="relu(x)^2 in an ungated MLP (Nemotron-4) instead of GELU")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true",
@@ -421,6 +423,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(a.ffn_hidden_size % tp == 0,
            f"--ffn-hidden-size {a.ffn_hidden_size} is not divisible by "
            f"--tensor-model-parallel-size {tp}")
+    _check(not (a.swiglu and a.squared_relu), "--swiglu and --squared-relu are two activations; "
+           "give one")
     _check(a.attention_dropout == 0.0,
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")

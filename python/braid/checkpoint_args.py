@@ -17,7 +17,7 @@ FROM_CHECKPOINT = {
     "max_position_embeddings": lambda v: [("max_position_embeddings", v)],
     "normalization": lambda v: [("normalization", {"layernorm": "LayerNorm",
                                                    "rmsnorm": "RMSNorm"}[v])],
-    "activation": lambda v: [("swiglu", v == "swiglu")],
+    "activation": lambda v: [("swiglu", v == "swiglu"), ("squared_relu", v == "squared_relu")],
     "position_embedding": lambda v: [("position_embedding_type",
                                       {"rope": "rope", "learned": "learned_absolute"}[v])],
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],

@@ -19,7 +19,7 @@ class ModelShape:
     ffn_hidden_size: int
     vocab_size: int
     seq_length: int
-    activation: str = "swiglu"        # "swiglu" (Llama) or "gelu" (GPT)
+    activation: str = "swiglu"        # "swiglu" (Llama), "gelu" (GPT) or "squared_relu" (ungated)
     # vocab_size 0: a bare stack of layers, no embedding or LM head (tests)
     tied_embeddings: bool = False
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)

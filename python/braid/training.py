@@ -76,7 +76,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.max_position_embeddings = a.max_position_embeddings
     cfg.normalization = MEGATRON_NORMALIZATION[a.normalization]
     cfg.norm_eps = a.norm_epsilon
-    cfg.activation = "swiglu" if a.swiglu else "gelu"
+    cfg.activation = "swiglu" if a.swiglu else "squared_relu" if a.squared_relu else "gelu"
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
     cfg.rotary_percent = a.rotary_percent

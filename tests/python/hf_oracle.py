@@ -148,6 +148,29 @@ def stablelm_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, p
                                 add_qkv_bias=qkv_bias, rotary_percent=partial)
 
 
+def nemotron_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64,
+                  seed=0, bias=True):
+    """NemotronForCausalLM: LayerNorm1P (weights holding gamma - 1: zero_centered_gamma), an
+    ungated squared-ReLU MLP, RoPE on half of each head, optional biases on every linear."""
+    torch.manual_seed(seed)
+    hf_cfg = transformers.NemotronConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+        norm_eps=1e-5, attention_bias=bias, mlp_bias=bias, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5})
+    hf_cfg._attn_implementation = "eager"
+    hf = transformers.NemotronForCausalLM(hf_cfg).float().eval()
+    with torch.no_grad():  # zero norm weights and biases would test nothing
+        for name, p in hf.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                normalization="layernorm", activation="squared_relu",
+                                zero_centered_gamma=True, norm_eps=1e-5, tie_embeddings=False,
+                                add_bias_linear=bias, rotary_percent=0.5)
+
+
 def gpt2_to_braid(hf, layers, hidden):
     """HF GPT-2 state -> braid names (weights transposed to [out, in], c_attn split)."""
     sd = {n: p.detach() for n, p in hf.named_parameters()}

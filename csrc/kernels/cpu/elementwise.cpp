@@ -1,4 +1,5 @@
-// Elementwise ops on the CPU: add, scale, cast, gelu (tanh approximation), swiglu.
+// Elementwise ops on the CPU: add, scale, cast, gelu (tanh approximation), squared relu,
+// swiglu.
 #include <cmath>
 #include <cstring>
 
@@ -63,6 +64,20 @@ BRAID_CPU_MULTIVERSION void gelu_forward_kernel(float* out, const float* x, int6
     float u = kSqrt2OverPi * (v + kGeluCoeff * v * v * v);
     out[i] = 0.5f * v * (1.0f + tanh_f32(u));
   }
+}
+
+BRAID_CPU_MULTIVERSION void squared_relu_forward_kernel(float* out, const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = x[i] > 0.0f ? x[i] : 0.0f;
+    out[i] = r * r;
+  }
+}
+
+BRAID_CPU_MULTIVERSION void squared_relu_backward_kernel(float* dx, const float* dout,
+                                                         const float* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = dout[i] * 2.0f * (x[i] > 0.0f ? x[i] : 0.0f);
 }
 
 // d gelu / dx = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, du/dx = sqrt(2/pi) (1 + 3 * 0.044715 x^2)
@@ -167,6 +182,23 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
   const float* px = x.data_ptr<float>();
   parallel_for(dx.numel(), kGrain / 8, [&](int64_t i0, int64_t i1) {
     gelu_backward_kernel(d + i0, g + i0, px + i0, i1 - i0);
+  });
+}
+
+void squared_relu_forward(Tensor out, const Tensor& x, Stream) {
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(out.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    squared_relu_forward_kernel(o + i0, px + i0, i1 - i0);
+  });
+}
+
+void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
+  float* d = dx.data_ptr<float>();
+  const float* g = dout.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(dx.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    squared_relu_backward_kernel(d + i0, g + i0, px + i0, i1 - i0);
   });
 }
 

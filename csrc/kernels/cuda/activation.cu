@@ -1,4 +1,4 @@
-// gelu (tanh form, HF "gelu_new") and swiglu, forward and backward.
+// gelu (tanh form, HF "gelu_new"), squared relu and swiglu, forward and backward.
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -28,6 +28,19 @@ struct GeluBackwardOp {  // (dout, x)
     float t = tanhf(u);
     float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
     return dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+  }
+};
+
+struct SquaredReluForwardOp {
+  __device__ float operator()(float x, int64_t) const {
+    const float r = fmaxf(x, 0.0f);
+    return r * r;
+  }
+};
+
+struct SquaredReluBackwardOp {  // (dout, x)
+  __device__ float operator()(float dout, float x, int64_t) const {
+    return dout * 2.0f * fmaxf(x, 0.0f);
   }
 };
 
@@ -91,6 +104,25 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream
     using T = typename decltype(tag)::type;
     detail::launch_map2(static_cast<T*>(dx.data()), static_cast<const T*>(dout.data()),
                         static_cast<const T*>(x.data()), dx.numel(), GeluBackwardOp{},
+                        detail::cuda_stream(stream), dx.device().index);
+  });
+}
+
+void squared_relu_forward(Tensor out, const Tensor& x, Stream stream) {
+  detail::DeviceGuard guard(out.device());
+  detail::dispatch_activation(x.dtype(), "squared_relu_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
+                        SquaredReluForwardOp{}, detail::cuda_stream(stream), out.device().index);
+  });
+}
+
+void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  detail::DeviceGuard guard(dx.device());
+  detail::dispatch_activation(x.dtype(), "squared_relu_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::launch_map2(static_cast<T*>(dx.data()), static_cast<const T*>(dout.data()),
+                        static_cast<const T*>(x.data()), dx.numel(), SquaredReluBackwardOp{},
                         detail::cuda_stream(stream), dx.device().index);
   });
 }

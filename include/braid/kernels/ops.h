@@ -63,6 +63,10 @@ void cast(Tensor out, const Tensor& x, Stream stream = {});
 void gelu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
 
+// out = relu(x)^2 (Megatron's --squared-relu, HF's "relu2"); dx = dout * 2 relu(x).
+void squared_relu_forward(Tensor out, const Tensor& x, Stream stream = {});
+void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
+
 // x [..., 2F] holds [gate | up] in each row; out [..., F] = silu(gate) * up.
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});

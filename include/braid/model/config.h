@@ -13,7 +13,9 @@
 namespace braid::model {
 
 enum class Normalization { layernorm, rmsnorm };
-enum class Activation { gelu, swiglu };
+// gelu: GPT-2's (tanh form); swiglu: silu(gate) * up (Llama); squared_relu: relu(x)^2
+// (Nemotron-4, Megatron's --squared-relu), ungated like gelu.
+enum class Activation { gelu, swiglu, squared_relu };
 enum class PositionEmbedding { learned, rope };
 // What a layer keeps for its backward (see transformer_layer.h for the exact lists).
 enum class Recompute { none, selective, full };

@@ -1,4 +1,6 @@
-// add, scale, cast, gelu (tanh approximation), swiglu.
+// add, scale, cast, gelu (tanh approximation), squared relu, swiglu.
+#include <algorithm>
+
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -101,6 +103,25 @@ TEST_P(Elementwise, GeluBackwardMatchesFiniteDifferences) {
   g.step = 1e-2;
   g.f32_tol = {2e-3, 2e-3};
   check_gradients(GetParam(), g);
+}
+
+TEST_P(Elementwise, SquaredReluAndItsGradient) {
+  // relu(x)^2 and dout * 2 relu(x), negatives and exact zeros included.
+  Tensor x = random_tensor({6, 41}, 6, 3.0f), dout = random_tensor({6, 41}, 7, 1.0f);
+  x.data_ptr<float>()[0] = 0.0f;
+  x.data_ptr<float>()[1] = -0.0f;
+  const std::vector<double> xv = values(seen(x)), dv = values(seen(dout));
+  std::vector<double> want_y, want_dx;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const double r = std::max(xv[i], 0.0);
+    want_y.push_back(r * r);
+    want_dx.push_back(dv[i] * 2.0 * r);
+  }
+  Tensor y = empty({6, 41}), dx = empty({6, 41});
+  ops::squared_relu_forward(y, up(x));
+  EXPECT_TRUE(all_close(y, want_y, tol({1e-6, 1e-5})));
+  ops::squared_relu_backward(dx, up(dout), up(x));
+  EXPECT_TRUE(all_close(dx, want_dx, tol({1e-6, 1e-5})));
 }
 
 TEST_P(Elementwise, SwigluForward) {

@@ -151,7 +151,7 @@ TEST(TransformerConfig, EnumNamesRoundTrip) {
     from_string(to_string(v), back);
     EXPECT_EQ(back, v);
   }
-  for (Activation v : {Activation::gelu, Activation::swiglu}) {
+  for (Activation v : {Activation::gelu, Activation::swiglu, Activation::squared_relu}) {
     Activation back = v == Activation::gelu ? Activation::swiglu : Activation::gelu;
     from_string(to_string(v), back);
     EXPECT_EQ(back, v);

@@ -136,6 +136,17 @@ TEST(Gradients, PartialRotaryMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+TEST(Gradients, SquaredReluMatchesFiniteDifferences) {
+  // Nemotron-4's block: layernorm with zero-centered weights, squared relu (ungated), RoPE on
+  // half of each head, biases.
+  TransformerConfig c = small_gpt2();
+  c.activation = Activation::squared_relu;
+  c.zero_centered_gamma = true;
+  c.position_embedding = PositionEmbedding::rope;
+  c.rotary_percent = 0.5;
+  check_gradients(c);
+}
+
 TEST(Gradients, ZeroCenteredNormsMatchFiniteDifferences) {
   // Norms scaling by 1 + weight (--apply-layernorm-1p): rmsnorm with q/k norms, and layernorm.
   TransformerConfig llama = small_llama();

@@ -116,6 +116,21 @@ def mistral(tmp, sliding_window=None):
     return tmp
 
 
+def nemotron(tmp, dtype=torch.float32):
+    """Nemotron-4 in small: LayerNorm1P (weights holding gamma - 1), squared ReLU, RoPE on half
+    of each head (transformers' default), biases on every linear layer."""
+    torch.manual_seed(6)
+    cfg = transformers.NemotronConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, norm_eps=1e-5,
+        attention_bias=True, mlp_bias=True, tie_word_embeddings=False)
+    assert cfg.rope_parameters["partial_rotary_factor"] == 0.5
+    model = transformers.NemotronForCausalLM(cfg).eval()
+    perturb(model)
+    model.to(dtype).save_pretrained(tmp)
+    return tmp
+
+
 def stablelm(tmp):
     """Llama with LayerNorms, RoPE on a quarter of each head and q, k, v biases (StableLM 2's
     settings): braid's layernorm, rotary_percent and add_qkv_bias."""
@@ -146,6 +161,7 @@ MODELS = {
     "qwen3-wide-heads": lambda d: qwen3(d, head_dim=32),
     "stablelm-partial-rotary": stablelm,
     "mistral-wide-heads": mistral,
+    "nemotron-bias": nemotron,
 }
 
 
@@ -272,22 +288,26 @@ def test_bf16_round_trip_is_exact(tmp_path):
     assert load_hf(tmp_path / "out").config.vocab_size == 97
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_export_of_zero_centered_norms_adds_one(tmp_path, dtype):
-    # A braid model trained with --apply-layernorm-1p holds gamma - 1 in its norm weights; HF's
-    # Llama holds gamma. Here the import is rewritten as such a model (norm weights minus one),
-    # and the export gives back HF's weights bit for bit (w - 1 + 1 is w, in bf16 too, near 1).
-    hf_dir = llama(tmp_path / "hf", dtype=dtype)
+@pytest.mark.parametrize("make,dtype,shift", [(llama, torch.float32, -1),
+                                              (llama, torch.bfloat16, -1),
+                                              (nemotron, torch.bfloat16, 1)])
+def test_export_writes_norm_weights_in_hfs_convention(tmp_path, make, dtype, shift):
+    # braid's norm weights hold gamma - 1 with --apply-layernorm-1p (zero_centered_gamma) and
+    # gamma without; HF's Llama holds gamma, its Nemotron gamma - 1. The import is rewritten as
+    # a braid model of the other convention (norm weights shifted by one), and the export gives
+    # back HF's weights: bit for bit from gamma - 1 to gamma (w - 1 + 1 is w near 1, in bf16
+    # too), within the rounding of 1 + w the other way.
+    hf_dir = make(tmp_path / "hf", dtype=dtype)
     ckpt = tmp_path / "ckpt"
     assert run_tool("import", "--hf-dir", hf_dir, "--save", ckpt).returncode == 0
     iter_dir = ckpt / "iter_0000000"
     meta = json.loads((iter_dir / "metadata.json").read_text())
-    meta["config"]["zero_centered_gamma"] = True
+    meta["config"]["zero_centered_gamma"] = shift < 0
     _, tensors = convert_hf.read_checkpoint(str(ckpt))
     torch_dtype = {"F32": torch.float32, "BF16": torch.bfloat16}
     for name, t in tensors.items():
         if name.endswith("norm.weight"):
-            w = torch.from_numpy(t.array.copy()).view(torch_dtype[t.dtype]) - 1
+            w = torch.from_numpy(t.array.copy()).view(torch_dtype[t.dtype]) + shift
             tensors[name] = t.like(w.view(torch.int16 if t.dtype == "BF16" else dtype).numpy()
                                    .view(t.array.dtype))
     convert_hf.write_safetensors(str(iter_dir / "mp_rank_00_000.safetensors"), tensors)
@@ -295,7 +315,12 @@ def test_export_of_zero_centered_norms_adds_one(tmp_path, dtype):
     out = tmp_path / "out"
     r = run_tool("export", "--load", ckpt, "--hf-dir", out)
     assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    got, want = hf_weights(out), hf_weights(hf_dir)
+    if shift < 0:
+        assert_same_bits(got, want)
+    for name in want:
+        tol = torch.finfo(dtype).eps if name.endswith("norm.weight") else 0
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=tol)
     ids = torch.from_numpy(np.random.default_rng(0).integers(0, 97, size=(2, 12)))
     with torch.no_grad():
         torch.testing.assert_close(load_hf(out)(ids).logits, load_hf(hf_dir)(ids).logits,
@@ -396,7 +421,8 @@ braid.save_checkpoint(dst, trainer)
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 @pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied",
-                                  "qwen3-untied", "qwen3-wide-heads", "stablelm-partial-rotary"])
+                                  "qwen3-untied", "qwen3-wide-heads", "stablelm-partial-rotary",
+                                  "nemotron-bias"])
 def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""

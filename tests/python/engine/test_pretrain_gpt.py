@@ -267,6 +267,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
     (["--rotary-percent", "0.5"], "--rotary-percent needs --position-embedding-type rope"),
+    (["--swiglu", "--squared-relu"], "--swiglu and --squared-relu are two activations; give one"),
     (["--position-embedding-type", "rope", "--rotary-percent", "1.5"],
      "--rotary-percent must be in (0, 1], got 1.5"),
     (["--position-embedding-type", "rope", "--rotary-percent", "0.01"],

@@ -233,20 +233,25 @@ TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size"
     (["--apply-layernorm-1p"], 8, LAYOUT_3D, {"zero_centered_gamma": True},
      ("input_layernorm.weight", [64]), "self_attn.q_norm.weight",
      "zero_centered_gamma is true in the checkpoint and false in this run"),
+    # Nemotron-4's MLP: squared ReLU, ungated (in place of MODEL's --swiglu).
+    (["--squared-relu"], 4, TP2_PP2, {"activation": "squared_relu"},
+     ("mlp.up_proj.weight", [256, 64]), "mlp.gate_proj.weight",
+     'activation is "squared_relu" in the checkpoint and "gelu" in this run'),
 ])
 def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
         flags, ranks, layout, config, present, absent, refusal, tmp_path):
     # Megatron's --add-qkv-bias (Qwen2: biases on q, k and v beside --disable-bias-linear, split
     # over TP with their weights), --qk-layernorm (Qwen3: a norm on each query and key head,
     # its weights replicated over TP and their gradients summed there, with sequence
-    # parallelism or without), --kv-channels (heads wider than hidden / heads), --rotary-percent
-    # and --apply-layernorm-1p: the TP 2 run trains like one process; a checkpoint of it is a
-    # different model from one without.
+    # parallelism or without), --kv-channels (heads wider than hidden / heads), --rotary-percent,
+    # --apply-layernorm-1p and --squared-relu: the TP 2 run trains like one process; a
+    # checkpoint of it is a different model from one without.
+    model = [x for x in MODEL if x != "--swiglu" or "--squared-relu" not in flags]
     runs = {}
     for name, n, lay in (("one", 1, []), ("tp", ranks, layout)):
         tb = str(tmp_path / name)
         save = ["--save", str(tmp_path / "ckpt")] if name == "tp" else []
-        r = run(n, [*MODEL, *lay, *save, *flags, "--train-iters", "10", "--eval-iters", "0",
+        r = run(n, [*model, *lay, *save, *flags, "--train-iters", "10", "--eval-iters", "0",
                     "--tensorboard-dir", tb])
         assert r.returncode == 0, r.stdout + r.stderr
         runs[name] = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
@@ -260,7 +265,7 @@ def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
     assert {key: meta["config"][key] for key in config} == config
     assert meta["tensors"][f"model.layers.0.{present[0]}"]["shape"] == present[1]
     assert f"model.layers.0.{absent}" not in meta["tensors"]
-    r = run(1, [*MODEL, "--train-iters", "12", "--eval-iters", "0", "--load",
+    r = run(1, [*model, "--train-iters", "12", "--eval-iters", "0", "--load",
                 str(tmp_path / "ckpt")])
     assert r.returncode == 2 and f"a different model - {refusal}" in r.stderr, \
         r.stdout + r.stderr

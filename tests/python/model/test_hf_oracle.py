@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hf_oracle import (batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair,
-                       qwen2_pair, qwen3_pair, stablelm_pair)
+                       nemotron_pair, qwen2_pair, qwen3_pair, stablelm_pair)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -110,6 +110,14 @@ def test_stablelm_partial_rotary_logits_loss_and_gradients(partial):
     # biases: what rotary_percent, layernorm and add_qkv_bias compute is HF's StableLM.
     hf, model = stablelm_pair(partial=partial)
     assert model.config.rotary_dim == int(16 * partial)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_nemotron_logits_loss_and_gradients(bias):
+    # Nemotron-4: LayerNorm1P (zero_centered_gamma), squared ReLU, RoPE on half of each head.
+    hf, model = nemotron_pair(bias=bias)
+    assert model.config.activation == "squared_relu"
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 
