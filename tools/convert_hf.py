@@ -267,9 +267,10 @@ def import_hf(hf_dir, save):
           "config.json: the hidden size is not a multiple of the number of attention heads")
     check(isinstance(config["kv_channels"], int) and config["kv_channels"] > 0,
           f"config.json: head_dim should be a positive integer, is {config['kv_channels']!r}")
-    check(arch not in LLAMA_LIKE or config["kv_channels"] % 2 == 0,
-          f"config.json: head_dim {config['kv_channels']} is odd; RoPE rotates pairs of a "
-          "head's channels")
+    rotated = int(config["kv_channels"] * config["rotary_percent"])  # transformers' rounding
+    check(arch not in LLAMA_LIKE or rotated % 2 == 0,
+          f"config.json: head_dim {config['kv_channels']} x partial_rotary_factor "
+          f"{config['rotary_percent']} = {rotated} channels turn; RoPE turns pairs")
     left = dict(tensors)  # hf_to_braid takes what it maps; what is left is unexpected
     braid_tensors = hf_to_braid(left, arch, config)
     if left:

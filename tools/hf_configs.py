@@ -187,6 +187,9 @@ def braid_architecture(c):
               "this braid model is StableLM shaped (layernorm, swiglu, rope) but has ",
               "add_bias_linear" if c["add_bias_linear"] else "qk_layernorm",
               "; StableLmForCausalLM has neither")
+        check(head_width(c) * c["num_attention_heads"] == c["hidden_size"],
+              "this braid model is StableLM shaped but its heads are ", head_width(c), " wide "
+              "(kv_channels), not hidden_size / num_attention_heads; StableLmForCausalLM's are")
         return "stablelm"
     if kind == ("layernorm", "squared_relu", "rope"):
         check(not c.get("qk_layernorm") and (c["add_bias_linear"] or not c.get("add_qkv_bias")),
@@ -196,7 +199,7 @@ def braid_architecture(c):
         return "nemotron"
     check(not partial or kind != ("rmsnorm", "swiglu", "rope"), "this braid model has "
           f"rotary_percent {c.get('rotary_percent')} with RMSNorm; of transformers' models only "
-          "StableLmForCausalLM (LayerNorm) turns a part of each head")
+          "StableLM and Nemotron (LayerNorm) turn a part of each head")
     if kind == ("rmsnorm", "swiglu", "rope"):
         if c.get("qk_layernorm"):
             check(not c["add_bias_linear"] and not c.get("add_qkv_bias"),

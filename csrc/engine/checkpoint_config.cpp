@@ -54,11 +54,14 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
   BRAID_CONFIG_CHECK(saved_head_dim == config.head_dim(), where,
                      ": a different model - kv_channels (the head width) is ", saved_head_dim,
                      " in the checkpoint and ", config.head_dim(), " in this run");
-  // Checkpoints from before rotary_percent turned whole heads.
+  // Checkpoints from before rotary_percent turned whole heads. Percents that turn as many
+  // channels are the same model.
   const double saved_rotary = saved.value("rotary_percent", 1.0);
-  BRAID_CONFIG_CHECK(saved_rotary == config.rotary_percent, where,
+  const auto saved_rotary_dim = int64_t(double(saved_head_dim) * saved_rotary);
+  BRAID_CONFIG_CHECK(saved_rotary_dim == config.rotary_dim(), where,
                      ": a different model - rotary_percent is ", saved_rotary,
-                     " in the checkpoint and ", config.rotary_percent, " in this run");
+                     " in the checkpoint and ", config.rotary_percent, " in this run (RoPE turns ",
+                     saved_rotary_dim, " and ", config.rotary_dim(), " channels of each head)");
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] :
        {std::pair{"add_qkv_bias", config.add_qkv_bias},

@@ -403,9 +403,6 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
                f"{a.num_attention_heads} (or give the head width with --kv-channels)")
         a.kv_channels = a.hidden_size // a.num_attention_heads
-    _check(a.position_embedding_type != "rope" or a.kv_channels % 2 == 0,
-           f"--kv-channels {a.kv_channels}: RoPE rotates pairs of a head's channels, so the "
-           "head width must be even")
     _check(not a.skip_train or a.eval_iters > 0, "--skip-train evaluates: it needs --eval-iters "
            "> 0")
     if not a.group_query_attention:

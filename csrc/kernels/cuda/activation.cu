@@ -87,44 +87,46 @@ __global__ void swiglu_backward_kernel(T* __restrict__ dx, const T* __restrict__
   }
 }
 
+// out = f(x) elementwise in x's dtype (Op: f).
+template <typename Op>
+void activation_forward(Tensor out, const Tensor& x, Stream stream, const char* name) {
+  detail::DeviceGuard guard(out.device());
+  detail::dispatch_activation(x.dtype(), name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
+                        Op{}, detail::cuda_stream(stream), out.device().index);
+  });
+}
+
+// dx = dout f'(x) elementwise (Op: (dout, x) -> dx).
+template <typename Op>
+void activation_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream,
+                         const char* name) {
+  detail::DeviceGuard guard(dx.device());
+  detail::dispatch_activation(x.dtype(), name, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::launch_map2(static_cast<T*>(dx.data()), static_cast<const T*>(dout.data()),
+                        static_cast<const T*>(x.data()), dx.numel(), Op{},
+                        detail::cuda_stream(stream), dx.device().index);
+  });
+}
+
 }  // namespace
 
 void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
-  detail::DeviceGuard guard(out.device());
-  detail::dispatch_activation(x.dtype(), "gelu_forward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
-                        GeluForwardOp{}, detail::cuda_stream(stream), out.device().index);
-  });
+  activation_forward<GeluForwardOp>(out, x, stream, "gelu_forward");
 }
 
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
-  detail::DeviceGuard guard(dx.device());
-  detail::dispatch_activation(x.dtype(), "gelu_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    detail::launch_map2(static_cast<T*>(dx.data()), static_cast<const T*>(dout.data()),
-                        static_cast<const T*>(x.data()), dx.numel(), GeluBackwardOp{},
-                        detail::cuda_stream(stream), dx.device().index);
-  });
+  activation_backward<GeluBackwardOp>(dx, dout, x, stream, "gelu_backward");
 }
 
 void squared_relu_forward(Tensor out, const Tensor& x, Stream stream) {
-  detail::DeviceGuard guard(out.device());
-  detail::dispatch_activation(x.dtype(), "squared_relu_forward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    detail::launch_map1(static_cast<T*>(out.data()), static_cast<const T*>(x.data()), out.numel(),
-                        SquaredReluForwardOp{}, detail::cuda_stream(stream), out.device().index);
-  });
+  activation_forward<SquaredReluForwardOp>(out, x, stream, "squared_relu_forward");
 }
 
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
-  detail::DeviceGuard guard(dx.device());
-  detail::dispatch_activation(x.dtype(), "squared_relu_backward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    detail::launch_map2(static_cast<T*>(dx.data()), static_cast<const T*>(dout.data()),
-                        static_cast<const T*>(x.data()), dx.numel(), SquaredReluBackwardOp{},
-                        detail::cuda_stream(stream), dx.device().index);
-  });
+  activation_backward<SquaredReluBackwardOp>(dx, dout, x, stream, "squared_relu_backward");
 }
 
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream) {

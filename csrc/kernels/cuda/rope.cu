@@ -1,5 +1,6 @@
 // Rotary position embedding as in HF Llama (rotate_half): element i of a head pairs with
-// element i + D/2 and turns by angle pos * inv_freq[i]. The arithmetic follows the CPU
+// element i + R/2 and turns by angle pos * inv_freq[i] (R = 2 x the frequencies; channels from R
+// on pass through: partial rotary). The arithmetic follows the CPU
 // reference (csrc/kernels/cpu/rope.cpp): inv_freq from the host (ops::RotaryFrequencies, f32),
 // angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded.
 

@@ -101,7 +101,8 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
                       const Tensor& weight, const Tensor& rstd, Stream stream = {});
 
 // ---------------------------------------------------------------- positions and embeddings
-// RoPE's frequencies, in f32 as HF computes them: inv_freq[i] = 1 / theta^(2i/D), i < D/2.
+// RoPE's frequencies, in f32 as HF computes them: inv_freq[i] = 1 / theta^(2i/R), i < R/2, for
+// the R channels of a head that turn (rotary_dim, or the head's D).
 // With llama3_factor > 0, Llama 3.1's scaling (HF rope_type "llama3", Megatron's
 // --use-rope-scaling): with wavelength w = 2 pi / inv_freq[i] and L = original_max_positions,
 // w > L / low_freq_factor divides the frequency by the factor, w < L / high_freq_factor keeps

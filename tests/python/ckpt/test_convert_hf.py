@@ -512,7 +512,7 @@ def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
                  "model.layers.0.self_attn.q_proj.weight", "[128, 64]")
     edit_config(hf_dir, head_dim=15)
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
-                 "head_dim 15 is odd")
+                 "head_dim 15 x partial_rotary_factor 1.0 = 15 channels turn")
     assert not (tmp_path / "c").exists()
 
 
@@ -536,6 +536,19 @@ def test_stablelm_default_partial_rotary(tmp_path):
     assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c").returncode == 0
     meta = json.loads((tmp_path / "c" / "iter_0000000" / "metadata.json").read_text())
     assert meta["config"]["rotary_percent"] == 0.25
+
+
+def test_export_refuses_what_no_hf_architecture_holds():
+    c = {"normalization": "layernorm", "activation": "swiglu", "position_embedding": "rope",
+         "add_bias_linear": False, "qk_layernorm": False, "hidden_size": 64,
+         "num_attention_heads": 4, "num_query_groups": 4, "kv_channels": 16}
+    assert convert_hf.braid_architecture(c) == "stablelm"
+    with pytest.raises(convert_hf.ConvertError, match="StableLM shaped but its heads are 32 wide"):
+        convert_hf.braid_architecture(dict(c, kv_channels=32))
+    with pytest.raises(convert_hf.ConvertError, match="only StableLM and Nemotron"):
+        convert_hf.braid_architecture(dict(c, normalization="rmsnorm", rotary_percent=0.5))
+    with pytest.raises(convert_hf.ConvertError, match="Nemotron shaped .* but has qk_layernorm"):
+        convert_hf.braid_architecture(dict(c, activation="squared_relu", qk_layernorm=True))
 
 
 def test_refuses_qwen2_sliding_window(tmp_path):

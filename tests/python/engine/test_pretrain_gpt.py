@@ -272,8 +272,8 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--rotary-percent must be in (0, 1], got 1.5"),
     (["--position-embedding-type", "rope", "--rotary-percent", "0.01"],
      "--rotary-percent 0.01 turns int(32 x 0.01) = 0 channels of each head"),
-    (["--position-embedding-type", "rope", "--kv-channels", "31"], "--kv-channels 31: RoPE rotates pairs of a head's channels, so "
-     "the head width must be even"),
+    (["--position-embedding-type", "rope", "--kv-channels", "31"],
+     "--rotary-percent 1.0 turns int(31 x 1.0) = 31 channels of each head; RoPE turns pairs"),
     (["--skip-train", "--eval-iters", "0"], "--skip-train evaluates: it needs --eval-iters > 0"),
     (["--eod-mask-loss"], "--eod-mask-loss needs --tokenizer-type (it names the end-of-document"),
     (["--no-save-optim"], "--no-save-optim needs --save DIR"),
