@@ -449,7 +449,7 @@ void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, i
 // ---------------------------------------------------------------- attention
 
 namespace {
-// q [B, S, Hq, D], k, v [B, S, Hkv, D], Hq % Hkv == 0; lse [B, Hq, S] f32.
+// q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk, Hq % Hkv == 0; lse [B, Hq, Sq] f32.
 void check_attention(const char* op, Device device, const Tensor& q, const Tensor& k,
                      const Tensor& v, const Tensor& lse) {
   check_activation(op, device, "q", q);
@@ -458,8 +458,10 @@ void check_attention(const char* op, Device device, const Tensor& q, const Tenso
   BRAID_CHECK(q.dim() == 4 && k.dim() == 4, op, ": q ", describe(q), " and k ", describe(k),
               " must be [B, S, H, D]");
   check_same_shape(op, "v", v, "k", k);
-  BRAID_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3), op,
-              ": q ", q.shape(), " and k ", k.shape(), " disagree on B, S or D");
+  BRAID_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": q ", q.shape(), " and k ",
+              k.shape(), " disagree on B or D");
+  BRAID_CHECK(q.size(1) <= k.size(1), op, ": q ", q.shape(), " has more positions than k ",
+              k.shape(), " (queries are the last Sq of the Sk key positions)");
   BRAID_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, op, ": q has ", q.size(2),
               " heads, not a multiple of the ", k.size(2), " kv heads (q ", q.shape(), ", k ",
               k.shape(), ")");

@@ -1,5 +1,7 @@
 // Causal grouped-query attention on the CPU, flash-attention style: the forward keeps only the
-// log-sum-exp of each softmax row; the backward recomputes the probabilities from it.
+// log-sum-exp of each softmax row; the backward recomputes the probabilities from it. With
+// fewer queries than keys the queries are the last positions (query row i sits at position
+// Sk - Sq + i), as flash-attention aligns them.
 //
 // Work is split over (batch, head) pairs, one OpenMP loop per call. Within a pair, query rows
 // are processed in blocks of four so that each pass over the keys (held transposed, [D][S],
@@ -18,16 +20,17 @@ constexpr int64_t kLanes = 16;  // column chunk of the register-blocked loops (o
 
 int64_t round_up(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
 
-// Shapes of one call: q [B, S, Hq, D], k, v [B, S, Hkv, D].
+// Shapes of one call: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk.
 struct Dims {
-  int64_t b, s, hq, hkv, d;
-  int64_t ld() const { return round_up(s); }    // row length of [.][S] buffers
+  int64_t b, sq, sk, hq, hkv, d;
+  int64_t offset() const { return sk - sq; }    // the position of query row 0
+  int64_t ld() const { return round_up(sk); }   // row length of [.][Sk] buffers
   int64_t dpad() const { return round_up(d); }  // row length of [.][D] buffers
-  int64_t q_at(int64_t batch, int64_t pos, int64_t head) const {
-    return ((batch * s + pos) * hq + head) * d;
+  int64_t q_at(int64_t batch, int64_t row, int64_t head) const {
+    return ((batch * sq + row) * hq + head) * d;
   }
   int64_t kv_at(int64_t batch, int64_t pos, int64_t head) const {
-    return ((batch * s + pos) * hkv + head) * d;
+    return ((batch * sk + pos) * hkv + head) * d;
   }
 };
 
@@ -130,18 +133,18 @@ BRAID_CPU_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
-// Per-thread buffers, zero-filled once: the padding (columns >= S of the [.][S] buffers,
+// Per-thread buffers, zero-filled once: the padding (columns >= Sk of the [.][Sk] buffers,
 // columns >= D of the [.][D] ones) is never written and stays zero.
 struct Scratch {
   std::vector<float> kt, vt;   // [D][ld]: the kv head's keys / values transposed
-  std::vector<float> kp, vp;   // [S][dpad]: the kv head's keys / values
+  std::vector<float> kp, vp;   // [Sk][dpad]: the kv head's keys / values
   std::vector<float> p, dp;    // [4][ld]: probabilities, their gradient
   std::vector<float> xq, xdo;  // [4][dpad]: the block's query / output-gradient rows
   std::vector<float> acc;      // [4][dpad]
-  std::vector<float> dk, dv;   // [S][dpad]
+  std::vector<float> dk, dv;   // [Sk][dpad]
   Scratch(const Dims& m, bool backward)
       : kt(size_t(m.d * m.ld())),
-        vp(size_t(m.s * m.dpad())),
+        vp(size_t(m.sk * m.dpad())),
         p(size_t(kRows * m.ld())),
         xq(size_t(kRows * m.dpad())),
         acc(size_t(kRows * m.dpad())) {
@@ -168,11 +171,13 @@ BRAID_CPU_MULTIVERSION void scaled_copy(float* __restrict dst, const float* __re
 void load_head(float* t, float* rows, const float* src, const Dims& m) {
   const int64_t stride = m.hkv * m.d;
   if (rows != nullptr) {
-    for (int64_t j = 0; j < m.s; ++j) scaled_copy(rows + j * m.dpad(), src + j * stride, m.d, 1.0f);
+    for (int64_t j = 0; j < m.sk; ++j) {
+      scaled_copy(rows + j * m.dpad(), src + j * stride, m.d, 1.0f);
+    }
   }
   if (t == nullptr) return;
-  for (int64_t j0 = 0; j0 < m.s; j0 += kLanes) {
-    const int64_t j1 = std::min(m.s, j0 + kLanes);
+  for (int64_t j0 = 0; j0 < m.sk; j0 += kLanes) {
+    const int64_t j1 = std::min(m.sk, j0 + kLanes);
     for (int64_t dd = 0; dd < m.d; ++dd) {
       for (int64_t j = j0; j < j1; ++j) t[dd * m.ld() + j] = src[j * stride + dd];
     }
@@ -180,10 +185,10 @@ void load_head(float* t, float* rows, const float* src, const Dims& m) {
 }
 
 // The block's rows [i0, i0 + 4) of a q-shaped tensor into dst [4][dpad], times alpha; rows
-// past the sequence are zero.
+// past the queries are zero.
 void load_block(float* dst, const float* src, int64_t i0, const Dims& m, float alpha) {
   for (int r = 0; r < kRows; ++r) {
-    if (i0 + r < m.s) {
+    if (i0 + r < m.sq) {
       scaled_copy(dst + r * m.dpad(), src + r * m.hq * m.d, m.d, alpha);
     } else {
       std::fill(dst + r * m.dpad(), dst + r * m.dpad() + m.d, 0.0f);
@@ -193,26 +198,27 @@ void load_block(float* dst, const float* src, int64_t i0, const Dims& m, float a
 
 void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float* lse,
                   const float* q, const float* k, const float* v, Scratch& w) {
-  const int64_t s = m.s, d = m.d, ld = m.ld(), dpad = m.dpad(), kvh = head / (m.hq / m.hkv);
+  const int64_t sq = m.sq, d = m.d, ld = m.ld(), dpad = m.dpad(), kvh = head / (m.hq / m.hkv);
   const float scale = 1.0f / std::sqrt(float(d));
   load_head(w.kt.data(), nullptr, k + m.kv_at(batch, 0, kvh), m);
   load_head(nullptr, w.vp.data(), v + m.kv_at(batch, 0, kvh), m);
-  for (int64_t i0 = 0; i0 < s; i0 += kRows) {
-    const int64_t n = std::min(s, i0 + kRows);  // keys seen by the block's last row
+  for (int64_t i0 = 0; i0 < sq; i0 += kRows) {
+    const int64_t n = std::min(m.sk, m.offset() + i0 + kRows);  // keys the block's last row sees
     load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
     rows_times_transposed(w.p.data(), w.xq.data(), dpad, w.kt.data(), ld, n, d, 1.0f);
     float inv_sum[kRows];
     for (int r = 0; r < kRows; ++r) {
       float* p = w.p.data() + r * ld;
-      const int64_t seen = std::min(i0 + r + 1, n);  // causal: row i sees keys [0, i]
+      // causal: row i sees keys [0, offset + i]
+      const int64_t seen = std::min(m.offset() + i0 + r + 1, n);
       float mx = max_of(p, seen);
       float sum = exp_shifted(p, seen, mx);
       std::fill(p + seen, p + n, 0.0f);
       inv_sum[r] = 1.0f / sum;
-      if (i0 + r < s) lse[(batch * m.hq + head) * s + i0 + r] = mx + std::log(sum);
+      if (i0 + r < sq) lse[(batch * m.hq + head) * sq + i0 + r] = mx + std::log(sum);
     }
     weights_times_rows(w.acc.data(), w.p.data(), ld, w.vp.data(), dpad, n);
-    for (int r = 0; r < kRows && i0 + r < s; ++r) {
+    for (int r = 0; r < kRows && i0 + r < sq; ++r) {
       scaled_copy(out + m.q_at(batch, i0 + r, head), w.acc.data() + r * dpad, d, inv_sum[r]);
     }
   }
@@ -222,15 +228,15 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
 void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, float* dk, float* dv,
                       const float* dout, const float* q, const float* k, const float* v,
                       const float* out, const float* lse, Scratch& w) {
-  const int64_t s = m.s, d = m.d, ld = m.ld(), dpad = m.dpad(), group = m.hq / m.hkv;
+  const int64_t sq = m.sq, d = m.d, ld = m.ld(), dpad = m.dpad(), group = m.hq / m.hkv;
   const float scale = 1.0f / std::sqrt(float(d));
   load_head(w.kt.data(), w.kp.data(), k + m.kv_at(batch, 0, kvh), m);
   load_head(w.vt.data(), nullptr, v + m.kv_at(batch, 0, kvh), m);
   std::fill(w.dk.begin(), w.dk.end(), 0.0f);
   std::fill(w.dv.begin(), w.dv.end(), 0.0f);
   for (int64_t head = kvh * group; head < (kvh + 1) * group; ++head) {
-    for (int64_t i0 = 0; i0 < s; i0 += kRows) {
-      const int64_t n = std::min(s, i0 + kRows);
+    for (int64_t i0 = 0; i0 < sq; i0 += kRows) {
+      const int64_t n = std::min(m.sk, m.offset() + i0 + kRows);
       load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
       load_block(w.xdo.data(), dout + m.q_at(batch, i0, head), i0, m, 1.0f);
       rows_times_transposed(w.p.data(), w.xq.data(), dpad, w.kt.data(), ld, n, d, 1.0f);
@@ -238,9 +244,9 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
       for (int r = 0; r < kRows; ++r) {
         float* p = w.p.data() + r * ld;
         float* ds = w.dp.data() + r * ld;
-        const int64_t i = i0 + r, seen = i < s ? i + 1 : 0;
-        if (i < s) {
-          exp_shifted(p, seen, lse[(batch * m.hq + head) * s + i]);
+        const int64_t i = i0 + r, seen = i < sq ? m.offset() + i + 1 : 0;
+        if (i < sq) {
+          exp_shifted(p, seen, lse[(batch * m.hq + head) * sq + i]);
           float delta = dot(w.xdo.data() + r * dpad, out + m.q_at(batch, i, head), d);
           softmax_grad(ds, p, seen, delta);
         }
@@ -249,14 +255,14 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
       }
       // dQ = scale * dS K; dK += dS^T (scale * Q); dV += P^T dO.
       weights_times_rows(w.acc.data(), w.dp.data(), ld, w.kp.data(), dpad, n);
-      for (int r = 0; r < kRows && i0 + r < s; ++r) {
+      for (int r = 0; r < kRows && i0 + r < sq; ++r) {
         scaled_copy(dq + m.q_at(batch, i0 + r, head), w.acc.data() + r * dpad, d, scale);
       }
       add_outer4(w.dk.data(), w.dp.data(), ld, w.xq.data(), dpad, n);
       add_outer4(w.dv.data(), w.p.data(), ld, w.xdo.data(), dpad, n);
     }
   }
-  for (int64_t j = 0; j < s; ++j) {
+  for (int64_t j = 0; j < m.sk; ++j) {
     scaled_copy(dk + m.kv_at(batch, j, kvh), w.dk.data() + j * dpad, d, 1.0f);
     scaled_copy(dv + m.kv_at(batch, j, kvh), w.dv.data() + j * dpad, d, 1.0f);
   }
@@ -264,11 +270,11 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
 
 // Heads below which one thread does all the work (about 2^17 multiply-adds).
 int64_t heads_per_thread(const Dims& m) {
-  return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.s * m.s * m.d));
+  return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.sq * m.sk * m.d));
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
-  return {q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Causal grouped-query attention. bf16/f16 go to cuDNN's SDPA (attention_cudnn.cu) when it
-// supports the configuration; f32, and anything cuDNN declines, run the flash-attention
-// style kernels below: correctness first, f32 arithmetic throughout.
+// supports the configuration; f32, fewer queries than keys (context parallelism's chunks:
+// query row i sits at position Sk - Sq + i), and anything cuDNN declines run the
+// flash-attention style kernels below: correctness first, f32 arithmetic throughout.
 //
 // Forward: a block owns 16 query rows (4 warps x 4 rows) of one (batch, head) and streams the
 // causally visible keys through shared memory 32 at a time (one key per lane), keeping an
@@ -31,22 +32,24 @@ constexpr int kBlockRows = kWarps * kRowsPerWarp;  // query (or key) rows a bloc
 constexpr int kTile = 32;                          // keys (or queries) streamed: one per lane
 constexpr int kMaxHeadDim = 256;
 
+// q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk: query row i sits at position offset + i.
 struct Dims {
-  int64_t b, s, hq, hkv;
+  int64_t b, sq, sk, hq, hkv;
   int d;
   float scale;
+  __host__ __device__ int64_t offset() const { return sk - sq; }
 };
 
-// rows positions [pos0, pos0 + rows) of head `head` of a [B, S, heads, D] tensor into dst
-// (row stride ld), times alpha; rows past the sequence are zero.
+// Rows [row0, row0 + rows) of head `head` of a [B, seq, heads, D] tensor into dst (row stride
+// ld), times alpha; rows past the tensor's `seq` are zero.
 template <typename T>
-__device__ void load_rows(float* dst, int ld, const T* src, const Dims& m, int64_t b, int64_t pos0,
-                          int rows, int64_t head, int64_t heads, float alpha) {
+__device__ void load_rows(float* dst, int ld, const T* src, const Dims& m, int64_t seq, int64_t b,
+                          int64_t row0, int rows, int64_t head, int64_t heads, float alpha) {
   for (int idx = threadIdx.x; idx < rows * m.d; idx += blockDim.x) {
     const int r = idx / m.d, dd = idx % m.d;
-    const int64_t pos = pos0 + r;
+    const int64_t row = row0 + r;
     dst[r * ld + dd] =
-        pos < m.s ? alpha * to_float(src[((b * m.s + pos) * heads + head) * m.d + dd]) : 0.0f;
+        row < seq ? alpha * to_float(src[((b * seq + row) * heads + head) * m.d + dd]) : 0.0f;
   }
 }
 
@@ -86,7 +89,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / m.hq, h = blockIdx.x % m.hq, kvh = h / (m.hq / m.hkv);
   const int64_t row0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBlockRows;  // longest first
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  load_rows(q_s, d, q, m, b, row0, kBlockRows, h, m.hq, m.scale);
+  load_rows(q_s, d, q, m, m.sq, b, row0, kBlockRows, h, m.hq, m.scale);
 
   float mx[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
 #pragma unroll
@@ -96,18 +99,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) acc[rr][c] = 0.0f;
   }
-  const int64_t kv_end = row0 + kBlockRows < m.s ? row0 + kBlockRows : m.s;
+  const int64_t last = m.offset() + row0 + kBlockRows;  // past the block's last visible key
+  const int64_t kv_end = last < m.sk ? last : m.sk;
   for (int64_t j0 = 0; j0 < kv_end; j0 += kTile) {
     __syncthreads();  // the previous tile is consumed
-    load_rows(k_s, d + 1, k, m, b, j0, kTile, kvh, m.hkv, 1.0f);
-    load_rows(v_s, d, v, m, b, j0, kTile, kvh, m.hkv, 1.0f);
+    load_rows(k_s, d + 1, k, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
+    load_rows(v_s, d, v, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
     __syncthreads();
     const int64_t j = j0 + lane;
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp * kRowsPerWarp + rr;
       const int64_t i = row0 + r;
-      const bool visible = j <= i && i < m.s;
+      const bool visible = j <= m.offset() + i && i < m.sq;
       const float s = visible ? dot(q_s + r * d, k_s + lane * (d + 1), d) : -INFINITY;
       const float m_new = fmaxf(mx[rr], warp_max(s));
       if (m_new == -INFINITY) continue;  // warp-uniform: no visible key yet
@@ -123,15 +127,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t i = row0 + warp * kRowsPerWarp + rr;
-    if (i >= m.s) continue;
+    if (i >= m.sq) continue;
     const float inv = 1.0f / l[rr];
-    T* o = out + ((b * m.s + i) * m.hq + h) * d;
+    T* o = out + ((b * m.sq + i) * m.hq + h) * d;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int dd = lane + 32 * c;
       if (dd < d) o[dd] = from_float<T>(acc[rr][c] * inv);
     }
-    if (lane == 0) lse[(b * m.hq + h) * m.s + i] = mx[rr] + logf(l[rr]);
+    if (lane == 0) lse[(b * m.hq + h) * m.sq + i] = mx[rr] + logf(l[rr]);
   }
 }
 
@@ -140,7 +144,7 @@ template <typename T>
 __global__ void attention_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
                                        const T* __restrict__ out, Dims m) {
   const int lane = threadIdx.x % 32;
-  const int64_t rows = m.b * m.s * m.hq, warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  const int64_t rows = m.b * m.sq * m.hq, warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; row < rows;
        row += warps) {
     float sum = 0.0f;
@@ -148,8 +152,8 @@ __global__ void attention_delta_kernel(float* __restrict__ delta, const T* __res
       sum += to_float(dout[row * m.d + dd]) * to_float(out[row * m.d + dd]);
     }
     sum = warp_sum(sum);
-    const int64_t h = row % m.hq, i = (row / m.hq) % m.s, b = row / (m.hq * m.s);
-    if (lane == 0) delta[(b * m.hq + h) * m.s + i] = sum;
+    const int64_t h = row % m.hq, i = (row / m.hq) % m.sq, b = row / (m.hq * m.sq);
+    if (lane == 0) delta[(b * m.hq + h) * m.sq + i] = sum;
   }
 }
 
@@ -169,31 +173,32 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = blockIdx.x / m.hq, h = blockIdx.x % m.hq, kvh = h / (m.hq / m.hkv);
   const int64_t row0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBlockRows;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  load_rows(q_s, d, q, m, b, row0, kBlockRows, h, m.hq, m.scale);
-  load_rows(do_s, d, dout, m, b, row0, kBlockRows, h, m.hq, 1.0f);
+  load_rows(q_s, d, q, m, m.sq, b, row0, kBlockRows, h, m.hq, m.scale);
+  load_rows(do_s, d, dout, m, m.sq, b, row0, kBlockRows, h, m.hq, 1.0f);
 
   float row_lse[kRowsPerWarp], row_delta[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t i = row0 + warp * kRowsPerWarp + rr;
-    row_lse[rr] = i < m.s ? lse[(b * m.hq + h) * m.s + i] : 0.0f;
-    row_delta[rr] = i < m.s ? delta[(b * m.hq + h) * m.s + i] : 0.0f;
+    row_lse[rr] = i < m.sq ? lse[(b * m.hq + h) * m.sq + i] : 0.0f;
+    row_delta[rr] = i < m.sq ? delta[(b * m.hq + h) * m.sq + i] : 0.0f;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) acc[rr][c] = 0.0f;
   }
-  const int64_t kv_end = row0 + kBlockRows < m.s ? row0 + kBlockRows : m.s;
+  const int64_t last = m.offset() + row0 + kBlockRows;
+  const int64_t kv_end = last < m.sk ? last : m.sk;
   for (int64_t j0 = 0; j0 < kv_end; j0 += kTile) {
     __syncthreads();
-    load_rows(k_s, d + 1, k, m, b, j0, kTile, kvh, m.hkv, 1.0f);
-    load_rows(v_s, d + 1, v, m, b, j0, kTile, kvh, m.hkv, 1.0f);
+    load_rows(k_s, d + 1, k, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
+    load_rows(v_s, d + 1, v, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
     __syncthreads();
     const int64_t j = j0 + lane;
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp * kRowsPerWarp + rr;
       const int64_t i = row0 + r;
-      if (i >= m.s) continue;  // warp-uniform
-      const bool visible = j <= i;
+      if (i >= m.sq) continue;  // warp-uniform
+      const bool visible = j <= m.offset() + i;
       float ds = 0.0f;
       if (visible) {
         const float p = expf(dot(q_s + r * d, k_s + lane * (d + 1), d) - row_lse[rr]);
@@ -206,8 +211,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t i = row0 + warp * kRowsPerWarp + rr;
-    if (i >= m.s) continue;
-    T* g = dq + ((b * m.s + i) * m.hq + h) * d;
+    if (i >= m.sq) continue;
+    T* g = dq + ((b * m.sq + i) * m.hq + h) * d;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int dd = lane + 32 * c;
@@ -236,8 +241,10 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t group = m.hq / m.hkv;
   const int64_t key0 = int64_t(blockIdx.y) * kBlockRows;  // early keys see the most queries
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  load_rows(k_s, d, k, m, b, key0, kBlockRows, kvh, m.hkv, 1.0f);
-  load_rows(v_s, d, v, m, b, key0, kBlockRows, kvh, m.hkv, 1.0f);
+  load_rows(k_s, d, k, m, m.sk, b, key0, kBlockRows, kvh, m.hkv, 1.0f);
+  load_rows(v_s, d, v, m, m.sk, b, key0, kBlockRows, kvh, m.hkv, 1.0f);
+  // The first query that sees key0: row key0 - offset (position key0).
+  const int64_t first_query = key0 > m.offset() ? key0 - m.offset() : 0;
 
   float dk_acc[kRowsPerWarp][kChunks], dv_acc[kRowsPerWarp][kChunks];
 #pragma unroll
@@ -246,14 +253,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < kChunks; ++c) dk_acc[rr][c] = dv_acc[rr][c] = 0.0f;
   }
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int64_t i0 = key0; i0 < m.s; i0 += kTile) {
+    for (int64_t i0 = first_query; i0 < m.sq; i0 += kTile) {
       __syncthreads();
-      load_rows(q_s, d + 1, q, m, b, i0, kTile, h, m.hq, m.scale);
-      load_rows(do_s, d + 1, dout, m, b, i0, kTile, h, m.hq, 1.0f);
+      load_rows(q_s, d + 1, q, m, m.sq, b, i0, kTile, h, m.hq, m.scale);
+      load_rows(do_s, d + 1, dout, m, m.sq, b, i0, kTile, h, m.hq, 1.0f);
       if (threadIdx.x < kTile) {
         const int64_t i = i0 + threadIdx.x;
-        lse_s[threadIdx.x] = i < m.s ? lse[(b * m.hq + h) * m.s + i] : 0.0f;
-        delta_s[threadIdx.x] = i < m.s ? delta[(b * m.hq + h) * m.s + i] : 0.0f;
+        lse_s[threadIdx.x] = i < m.sq ? lse[(b * m.hq + h) * m.sq + i] : 0.0f;
+        delta_s[threadIdx.x] = i < m.sq ? delta[(b * m.hq + h) * m.sq + i] : 0.0f;
       }
       __syncthreads();
       const int64_t i = i0 + lane;
@@ -261,9 +268,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int rr = 0; rr < kRowsPerWarp; ++rr) {
         const int r = warp * kRowsPerWarp + rr;
         const int64_t j = key0 + r;
-        if (j >= m.s) continue;  // warp-uniform
+        if (j >= m.sk) continue;  // warp-uniform
         float p = 0.0f, ds = 0.0f;
-        if (i >= j && i < m.s) {
+        if (m.offset() + i >= j && i < m.sq) {
           p = expf(dot(q_s + lane * (d + 1), k_s + r * d, d) - lse_s[lane]);
           const float dp = dot(do_s + lane * (d + 1), v_s + r * d, d);
           ds = p * (dp - delta_s[lane]);
@@ -276,9 +283,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t j = key0 + warp * kRowsPerWarp + rr;
-    if (j >= m.s) continue;
-    T* gk = dk + ((b * m.s + j) * m.hkv + kvh) * d;
-    T* gv = dv + ((b * m.s + j) * m.hkv + kvh) * d;
+    if (j >= m.sk) continue;
+    T* gk = dk + ((b * m.sk + j) * m.hkv + kvh) * d;
+    T* gv = dv + ((b * m.sk + j) * m.hkv + kvh) * d;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const int dd = lane + 32 * c;
@@ -291,8 +298,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k) {
-  return {q.size(0), q.size(1),      q.size(2),
-          k.size(2), int(q.size(3)), 1.0f / std::sqrt(float(q.size(3)))};
+  return {q.size(0),
+          q.size(1),
+          k.size(1),
+          q.size(2),
+          k.size(2),
+          int(q.size(3)),
+          1.0f / std::sqrt(float(q.size(3)))};
 }
 
 // Calls f(std::integral_constant<int, kChunks>) with the smallest kChunks covering d.
@@ -322,8 +334,8 @@ void reserve_shared(Kernel kernel, size_t bytes, int device, const char* op) {
 
 void check_dims(const Dims& m, const char* op) {
   BRAID_CHECK(m.d <= kMaxHeadDim, op, ": head dim ", m.d, " exceeds ", kMaxHeadDim);
-  BRAID_CHECK(detail::ceil_div(m.s, kBlockRows) <= 65535 && m.b * m.hq <= INT32_MAX, op,
-              ": B=", m.b, " S=", m.s, " H=", m.hq, " exceed the grid");
+  BRAID_CHECK(detail::ceil_div(m.sk, kBlockRows) <= 65535 && m.b * m.hq <= INT32_MAX, op,
+              ": B=", m.b, " S=", m.sk, " H=", m.hq, " exceed the grid");
 }
 
 }  // namespace
@@ -332,11 +344,11 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                        Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  if (detail::cudnn_attention_forward(out, lse, q, k, v, s)) return;
+  if (q.size(1) == k.size(1) && detail::cudnn_attention_forward(out, lse, q, k, v, s)) return;
   const Dims m = dims_of(q, k);
   check_dims(m, "attention_forward");
   const int device = q.device().index;
-  const dim3 grid(unsigned(m.b * m.hq), unsigned(detail::ceil_div(m.s, kBlockRows)));
+  const dim3 grid(unsigned(m.b * m.hq), unsigned(detail::ceil_div(m.sq, kBlockRows)));
   const size_t smem = size_t(kBlockRows * m.d + kTile * (m.d + 1) + kTile * m.d) * sizeof(float);
   detail::dispatch_activation(q.dtype(), "attention_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -356,13 +368,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  if (detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s)) return;
+  if (q.size(1) == k.size(1) &&
+      detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s)) {
+    return;
+  }
   const Dims m = dims_of(q, k);
   check_dims(m, "attention_backward");
   const int device = q.device().index;
   float* delta = static_cast<float*>(
-      detail::stream_scratch(q.device(), s, size_t(m.b * m.hq * m.s) * sizeof(float)));
-  const unsigned q_blocks = unsigned(detail::ceil_div(m.s, kBlockRows));
+      detail::stream_scratch(q.device(), s, size_t(m.b * m.hq * m.sq) * sizeof(float)));
+  const unsigned q_blocks = unsigned(detail::ceil_div(m.sq, kBlockRows));
+  const unsigned key_blocks = unsigned(detail::ceil_div(m.sk, kBlockRows));
   const size_t dq_smem = size_t(2 * kBlockRows * m.d + 2 * kTile * (m.d + 1)) * sizeof(float);
   const size_t dkdv_smem = dq_smem + 2 * kTile * sizeof(float);
   detail::dispatch_activation(q.dtype(), "attention_backward", [&](auto tag) {
@@ -373,7 +389,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
     const T* pv = static_cast<const T*>(v.data());
     constexpr int kDeltaThreads = 256;
     attention_delta_kernel<T>
-        <<<detail::grid_for(m.b * m.s * m.hq * 32, kDeltaThreads, device), kDeltaThreads, 0, s>>>(
+        <<<detail::grid_for(m.b * m.sq * m.hq * 32, kDeltaThreads, device), kDeltaThreads, 0, s>>>(
             delta, pdo, static_cast<const T*>(out.data()), m);
     CUDA_CHECK_LAUNCH();
     dispatch_chunks(m.d, [&](auto chunks) {
@@ -388,7 +404,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
       }
       auto dkdv_kernel = attention_dkdv_kernel<kChunks, T>;
       reserve_shared(dkdv_kernel, dkdv_smem, device, "attention_backward");
-      dkdv_kernel<<<dim3(unsigned(m.b * m.hkv), q_blocks), kThreads, dkdv_smem, s>>>(
+      dkdv_kernel<<<dim3(unsigned(m.b * m.hkv), key_blocks), kThreads, dkdv_smem, s>>>(
           static_cast<T*>(dk.data()), static_cast<T*>(dv.data()), pdo, pq, pk, pv,
           lse.data_ptr<float>(), delta, m);
       CUDA_CHECK_LAUNCH();

@@ -144,11 +144,14 @@ void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
 
 // ---------------------------------------------------------------- attention
 // Causal scaled-dot-product attention with grouped-query heads.
-// q [B, S, Hq, D], k, v [B, S, Hkv, D] with Hq % Hkv == 0 (query head h reads kv head
-// h / (Hq / Hkv)); out [B, S, Hq, D]; lse [B, Hq, S] f32, the log-sum-exp of each softmax
-// row (saved for backward, as flash attention does). scale = 1/sqrt(D); query position i
-// attends to key positions 0..i. Backward overwrites dq [B, S, Hq, D] and dk, dv
-// [B, S, Hkv, D] (q's dtype); `out` and `lse` are the forward's.
+// q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] with Sq <= Sk and Hq % Hkv == 0 (query head h reads
+// kv head h / (Hq / Hkv)); out [B, Sq, Hq, D]; lse [B, Hq, Sq] f32, the log-sum-exp of each
+// softmax row (saved for backward, as flash attention does). scale = 1/sqrt(D). The queries
+// are the last Sq positions of the Sk keys' (aligned to the end, as flash-attention aligns
+// them): query row i sits at position Sk - Sq + i and attends to key positions 0 .. Sk - Sq + i
+// (Sq = Sk: the usual causal mask; context parallelism's chunks of a longer sequence:
+// Sq < Sk). Backward overwrites dq [B, Sq, Hq, D] and dk, dv [B, Sk, Hkv, D] (q's dtype);
+// `out` and `lse` are the forward's.
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        Stream stream = {});
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,

@@ -1,5 +1,6 @@
 // Causal attention with grouped-query heads: forward (out and log-sum-exp) against a double
-// reference, backward against finite differences, over several S, D and head groupings.
+// reference, backward against finite differences, over several S, D and head groupings, with
+// as many queries as keys and with fewer (the queries are the last positions).
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -7,30 +8,35 @@ namespace {
 
 class Attention : public KernelTest {};
 
+// s key positions; the queries are the last `q_rows` of them (0: all s).
 struct AttnShape {
-  int64_t b, s, hq, hkv, d;
+  int64_t b, s, hq, hkv, d, q_rows = 0;
+  int64_t sq() const { return q_rows > 0 ? q_rows : s; }
 };
 
 std::ostream& operator<<(std::ostream& out, const AttnShape& a) {
-  return out << "B " << a.b << " S " << a.s << " Hq " << a.hq << " Hkv " << a.hkv << " D " << a.d;
+  return out << "B " << a.b << " Sq " << a.sq() << " Sk " << a.s << " Hq " << a.hq << " Hkv "
+             << a.hkv << " D " << a.d;
 }
 
-// out [B, S, Hq, D] followed by lse [B, Hq, S].
+// out [B, Sq, Hq, D] followed by lse [B, Hq, Sq].
 std::pair<std::vector<double>, std::vector<double>> attention_reference(
     const AttnShape& a, const std::vector<double>& q, const std::vector<double>& k,
     const std::vector<double>& v) {
-  std::vector<double> out(size_t(a.b * a.s * a.hq * a.d)), lse(size_t(a.b * a.hq * a.s));
+  const int64_t sq = a.sq(), offset = a.s - sq;
+  std::vector<double> out(size_t(a.b * sq * a.hq * a.d)), lse(size_t(a.b * a.hq * sq));
   const double scale = 1.0 / std::sqrt(double(a.d));
   for (int64_t b = 0; b < a.b; ++b) {
     for (int64_t h = 0; h < a.hq; ++h) {
       const int64_t kvh = h / (a.hq / a.hkv);
-      for (int64_t i = 0; i < a.s; ++i) {
-        std::vector<double> score(size_t(i + 1));
+      for (int64_t i = 0; i < sq; ++i) {
+        const int64_t last = offset + i;  // the query's position: it sees keys [0, last]
+        std::vector<double> score(size_t(last + 1));
         double mx = -1e300;
-        for (int64_t j = 0; j <= i; ++j) {
+        for (int64_t j = 0; j <= last; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < a.d; ++d) {
-            dot += q[size_t(((b * a.s + i) * a.hq + h) * a.d + d)] *
+            dot += q[size_t(((b * sq + i) * a.hq + h) * a.d + d)] *
                    k[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
           }
           score[size_t(j)] = dot * scale;
@@ -38,14 +44,14 @@ std::pair<std::vector<double>, std::vector<double>> attention_reference(
         }
         double sum = 0;
         for (double& sc : score) sum += std::exp(sc - mx);
-        lse[size_t((b * a.hq + h) * a.s + i)] = mx + std::log(sum);
+        lse[size_t((b * a.hq + h) * sq + i)] = mx + std::log(sum);
         for (int64_t d = 0; d < a.d; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = 0; j <= last; ++j) {
             acc += std::exp(score[size_t(j)] - mx) / sum *
                    v[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
           }
-          out[size_t(((b * a.s + i) * a.hq + h) * a.d + d)] = acc;
+          out[size_t(((b * sq + i) * a.hq + h) * a.d + d)] = acc;
         }
       }
     }
@@ -54,15 +60,17 @@ std::pair<std::vector<double>, std::vector<double>> attention_reference(
 }
 
 TEST_P(Attention, ForwardMatchesReference) {
-  const std::vector<AttnShape> shapes = {{2, 9, 4, 4, 8}, {2, 17, 4, 2, 16}, {1, 33, 4, 1, 8},
-                                         {2, 1, 4, 2, 8}, {1, 70, 2, 1, 64}, {1, 5, 4, 2, 24}};
+  const std::vector<AttnShape> shapes = {
+      {2, 9, 4, 4, 8},      {2, 17, 4, 2, 16},   {1, 33, 4, 1, 8},
+      {2, 1, 4, 2, 8},      {1, 70, 2, 1, 64},   {1, 5, 4, 2, 24},
+      {2, 40, 4, 2, 16, 9}, {1, 33, 2, 1, 8, 1}, {1, 70, 2, 2, 64, 35}};
   int seed = 1;
   for (const AttnShape& a : shapes) {
     SCOPED_TRACE(::testing::Message() << a);
-    Tensor q = random_tensor({a.b, a.s, a.hq, a.d}, seed++, 2.0f);
+    Tensor q = random_tensor({a.b, a.sq(), a.hq, a.d}, seed++, 2.0f);
     Tensor k = random_tensor({a.b, a.s, a.hkv, a.d}, seed++, 2.0f);
     Tensor v = random_tensor({a.b, a.s, a.hkv, a.d}, seed++);
-    Tensor out = empty({a.b, a.s, a.hq, a.d}), lse = empty_f32({a.b, a.hq, a.s});
+    Tensor out = empty({a.b, a.sq(), a.hq, a.d}), lse = empty_f32({a.b, a.hq, a.sq()});
     ops::attention_forward(out, lse, up(q), up(k), up(v));
     auto [want_out, want_lse] =
         attention_reference(a, values(seen(q)), values(seen(k)), values(seen(v)));
@@ -85,24 +93,27 @@ TEST_P(Attention, FirstRowCopiesTheFirstValue) {
 }
 
 TEST_P(Attention, BackwardMatchesFiniteDifferences) {
-  const std::vector<AttnShape> shapes = {
-      {1, 9, 4, 2, 8}, {2, 6, 4, 1, 16}, {1, 13, 2, 2, 8}, {1, 5, 4, 4, 24}};
+  const std::vector<AttnShape> shapes = {{1, 9, 4, 2, 8},     {2, 6, 4, 1, 16},
+                                         {1, 13, 2, 2, 8},    {1, 5, 4, 4, 24},
+                                         {2, 13, 4, 2, 8, 5}, {1, 37, 2, 1, 16, 6}};
   int seed = 30;
   for (const AttnShape& a : shapes) {
     SCOPED_TRACE(::testing::Message() << a);
     GradCheck g;
-    g.inputs = {random_tensor({a.b, a.s, a.hq, a.d}, seed++, 1.5f),
+    g.inputs = {random_tensor({a.b, a.sq(), a.hq, a.d}, seed++, 1.5f),
                 random_tensor({a.b, a.s, a.hkv, a.d}, seed++, 1.5f),
                 random_tensor({a.b, a.s, a.hkv, a.d}, seed++)};
     g.wrt = {0, 1, 2};
     g.samples = 32;
     g.forward = [a](const Tensors& in) {
-      Tensor out = empty_as(in[0], {a.b, a.s, a.hq, a.d}), lse = f32_as(in[0], {a.b, a.hq, a.s});
+      Tensor out = empty_as(in[0], {a.b, a.sq(), a.hq, a.d});
+      Tensor lse = f32_as(in[0], {a.b, a.hq, a.sq()});
       ops::attention_forward(out, lse, in[0], in[1], in[2]);
       return out;
     };
     g.backward = [a](const Tensors& in, const Tensor& dout) {
-      Tensor out = empty_as(in[0], {a.b, a.s, a.hq, a.d}), lse = f32_as(in[0], {a.b, a.hq, a.s});
+      Tensor out = empty_as(in[0], {a.b, a.sq(), a.hq, a.d});
+      Tensor lse = f32_as(in[0], {a.b, a.hq, a.sq()});
       ops::attention_forward(out, lse, in[0], in[1], in[2]);
       Tensor dq = empty_as(in[0], in[0].shape()), dk = empty_as(in[0], in[1].shape()),
              dv = empty_as(in[0], in[2].shape());
@@ -151,6 +162,58 @@ TEST_P(Attention, GroupedHeadsEqualRepeatedKvHeads) {
     }
     EXPECT_TRUE(all_close(gqa[size_t(which)], summed, tol({1e-5, 1e-5}, {3e-2, 2e-2})));
   }
+}
+
+TEST_P(Attention, TrailingQueriesEqualTheLastRowsOfTheWholeAttention) {
+  // The last Sq queries against all Sk keys give the last Sq rows of the whole (Sq = Sk)
+  // attention; backward with the output gradient zero on the other rows, its dq's last rows
+  // and all of its dk and dv. Context parallelism computes its chunks this way.
+  const int64_t b = 2, s = 45, sq = 13, hq = 4, hkv = 2, d = 16, first = s - sq;
+  Tensor q = random_tensor({b, s, hq, d}, 60, 2.0f), k = random_tensor({b, s, hkv, d}, 61, 2.0f);
+  Tensor v = random_tensor({b, s, hkv, d}, 62), dout = random_tensor({b, s, hq, d}, 63);
+  // The trailing rows of a [B, S, ...] tensor as [B, sq, ...], and the whole with the leading
+  // rows zeroed.
+  auto trailing = [&](const Tensor& t) {
+    const int64_t row = t.numel() / (b * s);
+    Tensor out = Tensor::zeros({b, sq, t.size(2), t.size(3)}, DType::f32);
+    for (int64_t i = 0; i < b; ++i)
+      out.slice(i * sq * row, {sq * row}).copy_from(t.slice((i * s + first) * row, {sq * row}));
+    return out;
+  };
+  Tensor dout_tail = trailing(dout);
+  Tensor dout_masked = Tensor::zeros(dout.shape(), DType::f32);
+  const int64_t row = hq * d;
+  for (int64_t i = 0; i < b; ++i) {
+    dout_masked.slice((i * s + first) * row, {sq * row})
+        .copy_from(dout.slice((i * s + first) * row, {sq * row}));
+  }
+  Tensor out = empty({b, s, hq, d}), lse = empty_f32({b, hq, s});
+  ops::attention_forward(out, lse, up(q), up(k), up(v));
+  Tensor dq = empty({b, s, hq, d}), dk = empty({b, s, hkv, d}), dv = empty({b, s, hkv, d});
+  ops::attention_backward(dq, dk, dv, up(dout_masked), up(q), up(k), up(v), out, lse);
+
+  Tensor q_tail = trailing(q);
+  Tensor out_t = empty({b, sq, hq, d}), lse_t = empty_f32({b, hq, sq});
+  ops::attention_forward(out_t, lse_t, up(q_tail), up(k), up(v));
+  Tensor dq_t = empty({b, sq, hq, d}), dk_t = empty({b, s, hkv, d}), dv_t = empty({b, s, hkv, d});
+  ops::attention_backward(dq_t, dk_t, dv_t, up(dout_tail), up(q_tail), up(k), up(v), out_t, lse_t);
+
+  const Tolerance t = tol({1e-6, 1e-5}, {2e-2, 2e-2});
+  EXPECT_TRUE(all_close(out_t, values(trailing(download(out))), t));
+  std::vector<double> lse_want;
+  const std::vector<double> lse_all = values(lse);
+  for (int64_t i = 0; i < b * hq; ++i)
+    lse_want.insert(lse_want.end(), lse_all.begin() + i * s + first, lse_all.begin() + (i + 1) * s);
+  EXPECT_TRUE(all_close(lse_t, lse_want, t));
+  EXPECT_TRUE(all_close(dq_t, values(trailing(download(dq))), tol({1e-5, 1e-4}, {3e-2, 2e-2})));
+  EXPECT_TRUE(all_close(dk_t, values(dk), tol({1e-5, 1e-4}, {3e-2, 2e-2})));
+  EXPECT_TRUE(all_close(dv_t, values(dv), tol({1e-5, 1e-4}, {3e-2, 2e-2})));
+}
+
+TEST_P(Attention, MoreQueriesThanKeysIsAnError) {
+  Tensor q = random_tensor({1, 6, 2, 8}, 70), k = random_tensor({1, 5, 2, 8}, 71);
+  Tensor out = empty({1, 6, 2, 8}), lse = empty_f32({1, 2, 6});
+  EXPECT_THROW(ops::attention_forward(out, lse, up(q), up(k), up(k)), Error);
 }
 
 BRAID_KERNEL_TEST_SUITE(Attention);

@@ -107,8 +107,8 @@ TEST_P(Errors, ShapeMismatchesNameTheOp) {
       "attention_forward: lse"));
   EXPECT_TRUE(raises(
       [&] {
-        ops::attention_forward(empty({1, 5, 4, 8}), lse, q, empty({1, 6, 2, 8}),
-                               empty({1, 6, 2, 8}));
+        ops::attention_forward(empty({1, 5, 4, 8}), lse, q, empty({1, 4, 2, 8}),
+                               empty({1, 4, 2, 8}));  // fewer keys than queries
       },
       "attention_forward"));
   EXPECT_TRUE(raises(
