@@ -1,5 +1,8 @@
 #include "braid/comm/parallel_state.h"
 
+#include <algorithm>
+#include <string>
+
 namespace braid::comm {
 namespace {
 
@@ -14,61 +17,87 @@ int resolve_dp(int world_size, const ParallelLayout& layout) {
                      "parallel layout: --pipeline-model-parallel-size must be at "
                      "least 1, got ",
                      layout.pp);
+  BRAID_CONFIG_CHECK(layout.cp >= 1,
+                     "parallel layout: --context-parallel-size must be at least 1, got ",
+                     layout.cp);
   BRAID_CONFIG_CHECK(layout.dp >= 0,
                      "parallel layout: the data-parallel size must be at least 1 "
                      "(or 0: inferred), got ",
                      layout.dp);
-  const int64_t model_parallel = int64_t(layout.tp) * layout.pp;
+  const int64_t model_parallel = int64_t(layout.tp) * layout.cp * layout.pp;
+  // Context parallelism is named where it is used.
+  const std::string cp_flag =
+      layout.cp == 1 ? "" : " × --context-parallel-size (" + std::to_string(layout.cp) + ")";
+  const std::string cp_term =
+      layout.cp == 1 ? "" : " × context (" + std::to_string(layout.cp) + ")";
   if (layout.dp == 0) {
     BRAID_CONFIG_CHECK(world_size % model_parallel == 0, "parallel layout: world size ", world_size,
-                       " is not divisible by --tensor-model-parallel-size (", layout.tp,
-                       ") × --pipeline-model-parallel-size (", layout.pp, ") = ", model_parallel);
+                       " is not divisible by --tensor-model-parallel-size (", layout.tp, ")",
+                       cp_flag, " × --pipeline-model-parallel-size (", layout.pp,
+                       ") = ", model_parallel);
     return int(world_size / model_parallel);
   }
   BRAID_CONFIG_CHECK(model_parallel * layout.dp == world_size, "parallel layout: world size ",
-                     world_size, " is not tensor (", layout.tp, ") × pipeline (", layout.pp,
-                     ") × data (", layout.dp, ") parallel = ", model_parallel * layout.dp);
+                     world_size, " is not tensor (", layout.tp, ")", cp_term, " × pipeline (",
+                     layout.pp, ") × data (", layout.dp,
+                     ") parallel = ", model_parallel * layout.dp);
   return layout.dp;
 }
 
 }  // namespace
 
 RankGrid::RankGrid(int world_size, const ParallelLayout& layout)
-    : tp_(layout.tp), pp_(layout.pp), dp_(resolve_dp(world_size, layout)) {}
+    : tp_(layout.tp), pp_(layout.pp), dp_(resolve_dp(world_size, layout)), cp_(layout.cp) {}
 
 GridCoords RankGrid::coords(int rank) const {
   BRAID_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " is outside the grid of ",
               world_size(), " ranks");
-  return GridCoords{rank % tp_, (rank / tp_) % dp_, rank / (tp_ * dp_)};
+  GridCoords c;
+  c.tp_rank = rank % tp_;
+  c.cp_rank = (rank / tp_) % cp_;
+  c.dp_rank = (rank / (tp_ * cp_)) % dp_;
+  c.pp_rank = rank / (tp_ * cp_ * dp_);
+  return c;
 }
 
-std::vector<int> RankGrid::tp_group(int rank) const {
-  GridCoords c = coords(rank);
-  std::vector<int> group;
-  for (c.tp_rank = 0; c.tp_rank < tp_; ++c.tp_rank) group.push_back(rank_of(c));
-  return group;
+int RankGrid::size_of(int GridCoords::*coord) const {
+  if (coord == &GridCoords::tp_rank) return tp_;
+  if (coord == &GridCoords::cp_rank) return cp_;
+  if (coord == &GridCoords::dp_rank) return dp_;
+  return pp_;
 }
 
-std::vector<int> RankGrid::dp_group(int rank) const {
+std::vector<int> RankGrid::group(int rank, std::initializer_list<int GridCoords::*> vary) const {
   GridCoords c = coords(rank);
-  std::vector<int> group;
-  for (c.dp_rank = 0; c.dp_rank < dp_; ++c.dp_rank) group.push_back(rank_of(c));
-  return group;
+  for (int GridCoords::*coord : vary) c.*coord = 0;
+  std::vector<int> members{rank_of(c)};
+  // Odometer over the varied coordinates, the first fastest: rank order, since the grid's
+  // own order puts tp before cp before dp before pp.
+  for (int GridCoords::*coord : vary) {
+    const size_t before = members.size();
+    for (int i = 1; i < size_of(coord); ++i) {
+      for (size_t m = 0; m < before; ++m) {
+        GridCoords other = coords(members[m]);
+        other.*coord = i;
+        members.push_back(rank_of(other));
+      }
+    }
+  }
+  std::sort(members.begin(), members.end());
+  return members;
 }
 
-std::vector<int> RankGrid::pp_group(int rank) const {
-  GridCoords c = coords(rank);
-  std::vector<int> group;
-  for (c.pp_rank = 0; c.pp_rank < pp_; ++c.pp_rank) group.push_back(rank_of(c));
-  return group;
+std::vector<int> RankGrid::tp_group(int rank) const { return group(rank, {&GridCoords::tp_rank}); }
+std::vector<int> RankGrid::cp_group(int rank) const { return group(rank, {&GridCoords::cp_rank}); }
+std::vector<int> RankGrid::dp_group(int rank) const { return group(rank, {&GridCoords::dp_rank}); }
+std::vector<int> RankGrid::pp_group(int rank) const { return group(rank, {&GridCoords::pp_rank}); }
+
+std::vector<int> RankGrid::dp_cp_group(int rank) const {
+  return group(rank, {&GridCoords::cp_rank, &GridCoords::dp_rank});
 }
 
 std::vector<int> RankGrid::model_parallel_group(int rank) const {
-  GridCoords c = coords(rank);
-  std::vector<int> group;
-  for (c.pp_rank = 0; c.pp_rank < pp_; ++c.pp_rank)
-    for (c.tp_rank = 0; c.tp_rank < tp_; ++c.tp_rank) group.push_back(rank_of(c));
-  return group;
+  return group(rank, {&GridCoords::tp_rank, &GridCoords::pp_rank});
 }
 
 std::vector<int> RankGrid::embedding_group(int rank) const {
@@ -83,15 +112,20 @@ ParallelState::ParallelState(std::shared_ptr<Communicator> world, const Parallel
     : world_(std::move(world)),
       grid_(world_->size(), layout),
       coords_(grid_.coords(world_->rank())) {
-  // Every member of a group computes the same colour; keys order the members as the group lists.
-  const GridCoords& c = coords_;
-  const int tp = grid_.tp(), dp = grid_.dp();
-  tp_ = world_->split(c.dp_rank + dp * c.pp_rank, c.tp_rank, "tp");
-  dp_ = world_->split(c.tp_rank + tp * c.pp_rank, c.dp_rank, "dp");
-  pp_ = world_->split(c.tp_rank + tp * c.dp_rank, c.pp_rank, "pp");
-  model_parallel_ = world_->split(c.dp_rank, c.tp_rank + tp * c.pp_rank, "model_parallel");
-  const bool embeds = is_first_stage() || is_last_stage();
-  embedding_ = world_->split(embeds ? c.tp_rank + tp * c.dp_rank : -1, c.pp_rank, "embedding");
+  // A group's colour is its first member, the same on every member; the world rank as key
+  // orders the members as RankGrid lists them (rank order).
+  const int me = world_->rank();
+  auto split = [&](const std::vector<int>& members, const char* name) {
+    return world_->split(members.front(), me, name);
+  };
+  tp_ = split(grid_.tp_group(me), "tp");
+  cp_ = split(grid_.cp_group(me), "cp");
+  dp_ = split(grid_.dp_group(me), "dp");
+  dp_cp_ = grid_.cp() == 1 ? dp_ : split(grid_.dp_cp_group(me), "dp_cp");
+  pp_ = split(grid_.pp_group(me), "pp");
+  model_parallel_ = split(grid_.model_parallel_group(me), "model_parallel");
+  const std::vector<int> embedding = grid_.embedding_group(me);
+  embedding_ = world_->split(embedding.empty() ? -1 : embedding.front(), me, "embedding");
 }
 
 }  // namespace braid::comm

@@ -31,7 +31,7 @@ constexpr const char* kMetadata = "metadata.json";
 // ---- layout ----------------------------------------------------------------------------------
 
 struct SavedLayout {
-  int tp = 1, pp = 1, dp = 1, virtual_stages = 1;
+  int tp = 1, pp = 1, dp = 1, cp = 1, virtual_stages = 1;
   std::optional<int> first_stage_layers, last_stage_layers;
   bool distributed_optimizer = false;
 };
@@ -42,6 +42,7 @@ SavedLayout layout_of(const ParallelModel& model) {
     l.tp = s->grid().tp();
     l.pp = s->grid().pp();
     l.dp = s->grid().dp();
+    l.cp = s->grid().cp();
   } else {
     l.tp = model.chunk(0).tensor_parallel().size();
   }
@@ -117,7 +118,7 @@ ChunkState gather_state(Trainer& trainer, int c) {
     const int64_t begin = bucket.range.begin, size = bucket.range.size();
     auto place = [&](const Tensor& part, Tensor& whole) {
       if (sharded) {
-        model.state()->dp().all_gather(part, whole.slice(begin, {size}))->wait();
+        model.state()->dp_cp().all_gather(part, whole.slice(begin, {size}))->wait();
       } else {
         whole.slice(begin, {size}).copy_from(part);
       }
@@ -262,6 +263,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
   json saved_layout{{"tensor_model_parallel_size", saved.tp},
                     {"pipeline_model_parallel_size", saved.pp},
                     {"data_parallel_size", saved.dp},
+                    {"context_parallel_size", saved.cp},
                     {"virtual_pipeline_stages", saved.virtual_stages},
                     {"use_distributed_optimizer", saved.distributed_optimizer}};
   if (saved.first_stage_layers)
@@ -345,7 +347,7 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
   ParallelModel& model = trainer.model();
   model.finish_param_gather();
   const comm::ParallelState* state = model.state();
-  const bool writer = state == nullptr || state->dp_rank() == 0;
+  const bool writer = state == nullptr || (state->dp_rank() == 0 && state->cp_rank() == 0);
   const bool root = world_rank(model) == 0;
   auto pending = std::make_unique<Pending>();
   Pending& p = *pending;

@@ -40,8 +40,10 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
     : state_(&state), parallel_(parallel) {
   const comm::RankGrid& grid = state.grid();
   parallel_.validate(config, grid);
-  const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp();
+  // Gradients are summed (and the distributed optimizer shards) over DP × CP.
+  const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp() * grid.cp();
   const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
+  const model::ContextParallel cp{&state.cp()};
   const DDPConfig& ddp = parallel_.ddp;
   // MPI moves non-blocking collectives only inside MPI calls: a thread polls them, where MPI
   // allows threads (else the reductions progress when finish_grad_sync waits for them).
@@ -64,10 +66,10 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
     std::vector<Bucket> buckets = make_buckets(
         layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0, separate_embedding);
     owned_.push_back(std::make_unique<model::GPTModel>(config, device, seed, tp, held,
-                                                       buffer_elements(buckets)));
+                                                       buffer_elements(buckets), cp));
     chunks_.push_back(owned_.back().get());
     chunks_.back()->set_embedding_group(state.embedding());
-    buffers_.push_back(std::make_unique<GradBuffer>(*chunks_.back(), &state.dp(), ddp,
+    buffers_.push_back(std::make_unique<GradBuffer>(*chunks_.back(), &state.dp_cp(), ddp,
                                                     std::move(buckets), progress_.get()));
   }
 }
@@ -113,12 +115,12 @@ void ParallelModel::gather_into(model::GPTModel& whole) {
               "ParallelModel::gather_into: the target must be a whole one-process model");
   std::unordered_map<std::string, size_t> index;
   for (size_t j = 0; j < target.specs.size(); ++j) index.emplace(target.specs[j].name, j);
-  // Each element is written by exactly one rank (DP rank 0, the first TP rank of those holding
-  // a shard, the first stage for tied embeddings) into the whole model's layout; a sum over
-  // the world then gives every rank every value (adding zeros is exact).
+  // Each element is written by exactly one rank (DP and CP rank 0, the first TP rank of those
+  // holding a shard, the first stage for tied embeddings) into the whole model's layout; a sum
+  // over the world then gives every rank every value (adding zeros is exact).
   Tensor global = Tensor::zeros({target.num_elements}, DType::f32);
   float* out = global.data_ptr<float>();
-  const bool writes = state_ == nullptr || state_->dp_rank() == 0;
+  const bool writes = state_ == nullptr || (state_->dp_rank() == 0 && state_->cp_rank() == 0);
   for (model::GPTModel* m : chunks_) {
     const model::ParamLayout& layout = m->layout();
     for (size_t i = 0; i < layout.specs.size() && writes; ++i) {

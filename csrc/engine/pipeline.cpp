@@ -62,11 +62,10 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
   std::map<Key, Tensor> inputs, outputs, grads_in, grads_out;
   double loss = 0;
   const model::GPTModel& any = *chunks_.front();
-  const model::TensorParallel& tp = any.tensor_parallel();
   const int64_t hidden = any.config().hidden_size;
   auto activation = [&](int microbatch) {
-    const int64_t region = ids[size_t(microbatch)].numel() / (tp.sharded_tokens() ? tp.size() : 1);
-    return Tensor::empty({region, hidden}, any.config().params_dtype, any.device());
+    return Tensor::empty({any.region_tokens(ids[size_t(microbatch)].numel()), hidden},
+                         any.config().params_dtype, any.device());
   };
 
   for (const Action& a : schedule_.ranks[size_t(pp_.rank())]) {

@@ -54,13 +54,15 @@ void add_breakdown(const Trace& trace, size_t first, StepStats& stats) {
   for (size_t i = first; i < spans.size(); ++i) {
     const TraceSpan& s = spans[i];
     if (s.lane.rfind("comm:", 0) != 0) continue;
-    // "tp" and "tp_kv" (the GQA key/value heads' group) are tensor parallelism.
+    // "tp" and "tp_kv" (the GQA key/value heads' group) are tensor parallelism; "dp_cp" is
+    // data parallelism's gradient group under context parallelism, whose own "cp" waits
+    // count with the others.
     const std::string group = s.lane.substr(5);
     const double seconds = double(s.dur_ns) * 1e-9;
-    (group == "pp"             ? stats.pipeline_wait_seconds
-     : group.starts_with("tp") ? stats.tp_wait_seconds
-     : group == "dp"           ? stats.dp_wait_seconds
-                               : stats.other_wait_seconds) += seconds;
+    (group == "pp"                       ? stats.pipeline_wait_seconds
+     : group.starts_with("tp")           ? stats.tp_wait_seconds
+     : group == "dp" || group == "dp_cp" ? stats.dp_wait_seconds
+                                         : stats.other_wait_seconds) += seconds;
   }
   stats.compute_seconds = stats.seconds - stats.pipeline_wait_seconds - stats.tp_wait_seconds -
                           stats.dp_wait_seconds - stats.other_wait_seconds;
@@ -185,10 +187,10 @@ Trainer::Microbatches Trainer::split(const Tensor& ids, const Tensor& targets, i
 }
 
 float Trainer::global_loss(float local_loss) const {
-  // This DP rank's part of the global mean sits on its last stage's TP ranks.
+  // This DP rank's part of the global mean sits on its last stage's TP and CP ranks.
   const comm::ParallelState* state = model_.state();
-  std::vector<float> loss{
-      model_.is_last_stage() && (state == nullptr || state->tp_rank() == 0) ? local_loss : 0.0f};
+  const bool counts = state == nullptr || (state->tp_rank() == 0 && state->cp_rank() == 0);
+  std::vector<float> loss{model_.is_last_stage() && counts ? local_loss : 0.0f};
   all_reduce_host(state != nullptr ? &state->world() : nullptr, loss, DType::f32);
   return loss[0];
 }

@@ -11,10 +11,10 @@
 namespace braid::model {
 
 struct GPTModel::Microbatch {
-  Tensor ids;         // [B, S] i32 on the model's device
-  Tensor targets;     // [B, S] i32 on the model's device
+  Tensor ids;         // [B, S] i32 on the model's device (context parallelism: [2B, L])
+  Tensor targets;     // [B, S] i32 on the model's device (context parallelism: [2B, L])
   Tensor positions;   // [T_region] i32, learned position embeddings only
-  int64_t count = 0;  // non-ignored targets
+  int64_t count = 0;  // non-ignored targets of the whole microbatch
   uint64_t forward_index = 0;
   std::vector<LayerActivations> layers;
   Tensor trunk_out;       // [T_region, H] the last block's output: the final norm's input
@@ -44,6 +44,13 @@ Tensor filled(const Shape& shape, float value, Device device) {
   return host.to(device);
 }
 
+// `value` summed over `group` (through its device, in f32).
+double sum_over(comm::Communicator& group, double value) {
+  Tensor t = filled({1}, float(value), group.device());
+  group.all_reduce(t)->wait();
+  return t.to(Device::cpu()).item(0);
+}
+
 // Weights of a shard: element j of a row-parallel shard's row r is global element
 // r·in + start + j; other shards are contiguous runs of the global tensor.
 void init_shard(const Tensor& value, const ParamSpec& spec, const ParamShard& shard,
@@ -61,8 +68,9 @@ void init_shard(const Tensor& value, const ParamSpec& spec, const ParamShard& sh
 }  // namespace
 
 GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
-                   const TensorParallel& tp, const ModelChunk& chunk, int64_t buffer_elements)
-    : config_(config), device_(device), seed_(seed), tp_(tp) {
+                   const TensorParallel& tp, const ModelChunk& chunk, int64_t buffer_elements,
+                   const ContextParallel& cp)
+    : config_(config), device_(device), seed_(seed), tp_(tp), cp_(cp) {
   config_.validate();
   BRAID_CONFIG_CHECK(config_.params_dtype == DType::f32 || device_.is_cuda(),
                      "TransformerConfig.params_dtype = ", dtype_name(config_.params_dtype),
@@ -77,9 +85,14 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
                      "num_attention_heads)");
   layout_ = parameter_layout(config_, tp_.rank(), tp_.size(), chunk);
   first_layer_ = layout_.chunk.first_layer;
-  if (tp_.active() && config_.hidden_dropout > 0 && tp_.sequence_parallel) {
-    BRAID_CONFIG_CHECK(config_.hidden_size % 4 == 0, "sequence parallelism with hidden dropout ",
-                       "needs hidden_size divisible by 4, got ", config_.hidden_size);
+  if (cp_.group != nullptr) {
+    BRAID_CHECK(cp_.group->device() == device_, "GPTModel: the CP group works on ",
+                cp_.group->device().str(), ", the model on ", device_.str());
+  }
+  if ((tp_.sharded_tokens() || cp_.active()) && config_.hidden_dropout > 0) {
+    BRAID_CONFIG_CHECK(config_.hidden_size % 4 == 0, "sequence or context parallelism with ",
+                       "hidden dropout needs hidden_size divisible by 4, got ",
+                       config_.hidden_size);
   }
   build_parameters(buffer_elements);
   if (tp_.size() > config_.kv_heads()) {
@@ -115,7 +128,7 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
   }
   layers_.reserve(size_t(chunk.end_layer - chunk.first_layer));
   for (int l = chunk.first_layer; l < chunk.end_layer; ++l)
-    layers_.emplace_back(config_, tp_, layer_tensors(flat_params_, l),
+    layers_.emplace_back(config_, tp_, cp_, layer_tensors(flat_params_, l),
                          layer_tensors(flat_grads_, l));
 }
 
@@ -201,8 +214,12 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
   d.attention_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 1);
   d.mlp_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 2);
   // A sequence-parallel shard draws its slice of the whole activation's mask, so every
-  // layout drops exactly the elements the single-rank model drops.
-  if (tp_.sharded_tokens()) d.first_element = tp_.rank() * region_tokens(mb) * config_.hidden_size;
+  // layout drops exactly the elements the single-rank model drops. Context-parallel ranks draw
+  // disjoint parts of one mask of the microbatch (not the single-rank model's: their tokens are
+  // in another order).
+  int64_t first_token = cp_.rank() * tokens_of(mb).count();
+  if (tp_.sharded_tokens()) first_token += tp_.rank() * region_tokens(mb);
+  d.first_element = first_token * config_.hidden_size;
   return d;
 }
 
@@ -219,8 +236,12 @@ Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
   if (config_.position_embedding == PositionEmbedding::learned) {
     Tensor host = Tensor::empty({region}, DType::i32);
     int32_t* p = host.data_ptr<int32_t>();
-    for (int64_t i = 0; i < region; ++i)
-      p[i] = int32_t(position_offset + (first_token + i) % tokens.seq);
+    for (int64_t i = 0; i < region; ++i) {
+      const int64_t token = first_token + i;
+      p[i] = int32_t(position_offset + (cp_.active()
+                                            ? cp_.position(token, tokens.batch / 2, tokens.seq)
+                                            : token % tokens.seq));
+    }
     mb.positions = host.to(device_);
     Tensor pos = Tensor::empty({region, h}, config_.params_dtype, device_);
     ops::embedding_forward(pos, mb.positions,
@@ -277,9 +298,12 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
   BRAID_CONFIG_CHECK(b > 0 && s > 0, "GPTModel: empty batch ", ids.shape());
   BRAID_CONFIG_CHECK(s <= config_.max_position_embeddings, "GPTModel: sequence length ", s,
                      " exceeds max_position_embeddings ", config_.max_position_embeddings);
-  BRAID_CONFIG_CHECK(!tp_.sharded_tokens() || s % tp_.size() == 0,
+  BRAID_CONFIG_CHECK(!tp_.sharded_tokens() || s % (tp_.size() * cp_.size()) == 0,
                      "sequence parallelism: the sequence length (", s,
-                     ") is not divisible by --tensor-model-parallel-size (", tp_.size(), ")");
+                     ") is not divisible by --tensor-model-parallel-size (", tp_.size(), ")",
+                     cp_.active()
+                         ? " × --context-parallel-size (" + std::to_string(cp_.size()) + ")"
+                         : std::string());
   const Tensor host_ids = host_copy(ids);
   const int32_t* id = host_ids.data_ptr<int32_t>();
   for (int64_t i = 0; i < b * s; ++i)
@@ -288,7 +312,7 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
                        ")");
   Microbatch mb;
   // Copies, not views: the caller may refill its buffers before backward reads them.
-  mb.ids = ids.to(device_);
+  mb.ids = cp_.active() ? split_sequence(cp_, ids).to(device_) : ids.to(device_);
   if (targets.defined()) {
     BRAID_CONFIG_CHECK(targets.dtype() == DType::i32 && targets.shape() == ids.shape(),
                        "GPTModel: targets must be i32 ", ids.shape(), " like ids, got ",
@@ -300,7 +324,7 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
                          " is outside the vocabulary [0, ", config_.vocab_size, ")");
       mb.count += t[i] >= 0;
     }
-    mb.targets = targets.to(device_);
+    mb.targets = cp_.active() ? split_sequence(cp_, targets).to(device_) : targets.to(device_);
   }
   return mb;
 }
@@ -356,7 +380,7 @@ Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const T
   BRAID_CHECK(targets.defined() || !chunk().head, "GPTModel::forward: targets are required");
   auto mb = std::make_unique<Microbatch>(prepare(ids, chunk().head ? targets : Tensor()));
   mb->forward_index = training ? forward_count_++ : forward_count_;
-  const int64_t tokens = ids.numel(), h = config_.hidden_size;
+  const int64_t tokens = mb->ids.numel(), h = config_.hidden_size;
 
   Tensor x;
   if (chunk().embedding) {
@@ -387,6 +411,7 @@ Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const T
   const Tensor host_losses = host_copy(losses);
   double sum = 0;
   for (int64_t i = 0; i < tokens; ++i) sum += host_losses.data_ptr<float>()[i];
+  if (cp_.active()) sum = sum_over(*cp_.group, sum);  // the other chunks' losses
 
   mb->trunk_out = x;
   if (config_.recompute == Recompute::none) {
@@ -504,10 +529,12 @@ void GPTModel::finalize_grads() {
 }
 
 Tensor GPTModel::logits(const Tensor& ids) {
+  BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::logits needs the whole model");
+  BRAID_CONFIG_CHECK(!cp_.active(), "GPTModel::logits: not with context parallelism (each rank ",
+                     "holds part of every sequence)");
   Microbatch mb = prepare(ids, Tensor());
   const int64_t b = ids.size(0), s = ids.size(1);
   NormStats stats;
-  BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::logits needs the whole model");
   const Tensor hf =
       enter_tp_forward(tp_, final_norm(run_layers(mb, embed(mb, false), false), stats));
   return head_logits(hf, b, s);
@@ -561,7 +588,8 @@ KVCache GPTModel::kv_cache(int64_t batch, int64_t capacity) const {
 
 Tensor GPTModel::decode(const Tensor& ids, KVCache& cache, bool last_only) {
   BRAID_CHECK(chunk().embedding && chunk().head, "GPTModel::decode needs the whole model");
-  BRAID_CONFIG_CHECK(!tp_.sharded_tokens(), "GPTModel::decode: not with sequence parallelism");
+  BRAID_CONFIG_CHECK(!tp_.sharded_tokens() && !cp_.active(),
+                     "GPTModel::decode: not with sequence or context parallelism");
   BRAID_CONFIG_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32,
                      "GPTModel::decode: ids must be [B, n] i32, got ",
                      ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());

@@ -61,9 +61,11 @@ LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
 }
 
 TransformerLayer::TransformerLayer(const TransformerConfig& config, const TensorParallel& tp,
-                                   LayerTensors weights, LayerTensors grads)
+                                   const ContextParallel& cp, LayerTensors weights,
+                                   LayerTensors grads)
     : config_(config),
       tp_(tp),
+      cp_(cp),
       shape_(LayerShape::of(config, tp.size())),
       w_(std::move(weights)),
       g_(std::move(grads)) {}
@@ -126,9 +128,49 @@ void TransformerLayer::finish_qk(Projection& p, Tokens tokens, int64_t position_
               .view({b, s, n.kv_heads, d});
   }
   if (c.position_embedding == PositionEmbedding::rope) {
-    ops::rope_forward(p.q, p.q, rotary(c), position_offset);
-    ops::rope_forward(p.k, p.k, rotary(c), position_offset);
+    rotate(p.q, position_offset, false);
+    rotate(p.k, position_offset, false);
   }
+}
+
+void TransformerLayer::rotate(Tensor x, int64_t position_offset, bool inverse) const {
+  auto apply = [&](const Tensor& t, int64_t offset) {
+    if (inverse) {
+      ops::rope_backward(t, t, rotary(config_), offset);
+    } else {
+      ops::rope_forward(t, t, rotary(config_), offset);
+    }
+  };
+  if (!cp_.active()) return apply(x, position_offset);
+  const int64_t batch = x.size(0) / 2, length = x.size(1);
+  for (int j = 0; j < 2; ++j) apply(x.narrow(j * batch, batch), cp_.chunk(j) * length);
+}
+
+void TransformerLayer::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                                         const Tensor& v) const {
+  if (!cp_.active()) return ops::attention_forward(out, lse, q, k, v);
+  context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v));
+}
+
+void TransformerLayer::attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                                          const Tensor& q, const Tensor& k, const Tensor& v,
+                                          const Tensor& out, const Tensor& lse) const {
+  if (!cp_.active()) return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  // The keys and values are gathered again rather than kept: cp times their local size.
+  const Tensor k_all = gather_sequence(cp_, k), v_all = gather_sequence(cp_, v);
+  Tensor dk_all = Tensor::empty(k_all.shape(), DType::f32, k_all.device());
+  Tensor dv_all = Tensor::empty(v_all.shape(), DType::f32, v_all.device());
+  context_attention_backward(cp_, dq, dk_all, dv_all, dout, q, k_all, v_all, out, lse);
+  // Summed over the group in f32, rounded to the activation dtype once.
+  auto to_local = [&](const Tensor& all, const Tensor& like) {
+    const Tensor summed = scatter_sequence(cp_, all);
+    if (like.dtype() == DType::f32) return summed;
+    Tensor local = empty_like(like);
+    ops::cast(local, summed);
+    return local;
+  };
+  dk = to_local(dk_all, k);
+  dv = to_local(dv_all, v);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutContext& drop,
@@ -149,7 +191,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
-  ops::attention_forward(attn, lse, q, k, v);
+  attention_forward(attn, lse, q, k, v);
 
   Tensor a = Tensor::empty({t, c.hidden_size}, dt, dev);
   linear_forward(a, attn.view({t, n.q_heads * d}), w_.o_weight, row_bias(w_.o_bias));
@@ -209,7 +251,8 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   BRAID_CHECK(x.dim() == 2 && x.size(0) == tokens.count() && x.size(1) == c.hidden_size,
               "TransformerLayer::forward_cached: input must be [", tokens.count(), ", ",
               c.hidden_size, "], got ", x.shape());
-  BRAID_CHECK(!tp_.sharded_tokens(), "TransformerLayer::forward_cached: no sequence parallelism");
+  BRAID_CHECK(!tp_.sharded_tokens() && !cp_.active(),
+              "TransformerLayer::forward_cached: no sequence or context parallelism");
   const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
   const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * n.ffn : n.ffn;
   const int64_t offset = cache.length();
@@ -311,12 +354,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
                   a.attn_out.view({t, n.q_heads * d}), w_.o_weight);
   release(da);
   Tensor dq = empty_like(a.q), dk = empty_like(a.k), dv = empty_like(a.v);
-  ops::attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse);
+  attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse);
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
   if (c.position_embedding == PositionEmbedding::rope) {
-    ops::rope_backward(dq, dq, rotary(c));
-    ops::rope_backward(dk, dk, rotary(c));
+    rotate(dq, 0, true);
+    rotate(dk, 0, true);
   }
   if (c.qk_layernorm) {  // dq, dk of the normed heads -> of the projections
     Tensor dq_raw = empty_like(a.q_raw), dk_raw = empty_like(a.k_raw);

@@ -19,7 +19,7 @@ import math
 import os
 import re
 
-from braid import checkpoint_args
+from braid import checkpoint_args, schedule_args
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -202,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("parallelism")
     g.add_argument("--tensor-model-parallel-size", type=pos_int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=pos_int, default=1)
+    g.add_argument("--context-parallel-size", type=pos_int, default=1,
+                   help="ranks that split each sequence (2 chunks each, balanced for causal "
+                        "attention); they read the same samples")
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=pos_int, default=None)
     g.add_argument("--num-virtual-stages-per-pipeline-rank", type=pos_int, default=None)
     g.add_argument("--decoder-first-pipeline-num-layers", type=pos_int, default=None,
@@ -305,7 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("accepted from Megatron scripts, no effect in braid")
     for flag, (takes_value, why) in NO_EFFECT.items():
-        if takes_value:
+        if takes_value == "+":
+            g.add_argument(flag, nargs="+", default=None, metavar="VALUE", help=why)
+        elif takes_value:
             g.add_argument(flag, default=None, metavar="VALUE", help=why)
         else:
             g.add_argument(flag, action="store_true", help=why)
@@ -390,11 +395,13 @@ def _check_data_files(flag: str, data_path: list[str] | None):
 
 
 def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
-    tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
-    _check(world_size % (tp * pp) == 0,
+    tp, pp, cp = (a.tensor_model_parallel_size, a.pipeline_model_parallel_size,
+                  a.context_parallel_size)
+    _check(world_size % (tp * cp * pp) == 0,
            f"the job's {world_size} processes are not divisible by --tensor-model-parallel-size "
-           f"{tp} x --pipeline-model-parallel-size {pp}")
-    a.dp = world_size // (tp * pp)
+           f"{tp}" + (f" x --context-parallel-size {cp}" if cp > 1 else "") +
+           f" x --pipeline-model-parallel-size {pp}")
+    a.dp = world_size // (tp * cp * pp)
     a.world_size = world_size
 
     # Model shape.
@@ -522,9 +529,13 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--rotary-percent {a.rotary_percent} turns int({a.kv_channels} x "
            f"{a.rotary_percent}) = {rotary_dim} channels of each head; RoPE turns pairs, so "
            "that must be even and nonzero")
-    _check(not a.sequence_parallel or a.seq_length % tp == 0,
+    _check(a.seq_length % (2 * cp) == 0,
+           f"--context-parallel-size {cp}: --seq-length {a.seq_length} is not divisible by "
+           f"2 x {cp} (each rank holds 2 chunks of every sequence)")
+    _check(not a.sequence_parallel or a.seq_length % (tp * cp) == 0,
            f"--sequence-parallel: --seq-length {a.seq_length} is not divisible by "
-           f"--tensor-model-parallel-size {tp}")
+           f"--tensor-model-parallel-size {tp}" + (f" x --context-parallel-size {cp}"
+                                                   if cp > 1 else ""))
 
     # Batches and iterations.
     if a.global_batch_size is None:
@@ -560,55 +571,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     # iterations read (a partial last batch of --train-samples is dropped).
     a.train_data_samples = a.train_samples or a.train_iters * a.global_batch_size
     a.train_end_samples = a.batch_layout.samples_after(a.train_iters)
-    # The LR schedule in iterations; Megatron's sample-based one (--train-samples) is samples /
-    # global batch, fractional where it does not divide (engine::LRSchedule takes that).
-    if a.train_samples:
-        for flag, value in (("--lr-decay-iters", a.lr_decay_iters),
-                            ("--lr-warmup-iters", a.lr_warmup_iters),
-                            ("--lr-wsd-decay-iters", a.lr_wsd_decay_iters)):
-            _check(not value, f"{flag} is for --train-iters; with --train-samples give "
-                   f"{flag.replace('iters', 'samples')}")
-        a.lr_decay_iters = (a.lr_decay_samples or a.train_samples) / a.global_batch_size
-        a.lr_warmup_iters = a.lr_warmup_samples / a.global_batch_size
-        if a.lr_wsd_decay_samples:
-            a.lr_wsd_decay_iters = a.lr_wsd_decay_samples / a.global_batch_size
-        warmup_flag, wsd_flag = "--lr-warmup-samples", "--lr-wsd-decay-samples"
-    else:
-        for flag, value in (("--lr-decay-samples", a.lr_decay_samples),
-                            ("--lr-warmup-samples", a.lr_warmup_samples),
-                            ("--lr-wsd-decay-samples", a.lr_wsd_decay_samples)):
-            _check(not value, f"{flag} is for --train-samples; with --train-iters give "
-                   f"{flag.replace('samples', 'iters')}")
-        if a.lr_decay_iters is None:
-            a.lr_decay_iters = a.train_iters
-        warmup_flag, wsd_flag = "--lr-warmup-iters", "--lr-wsd-decay-iters"
-    if a.lr_warmup_fraction is not None:
-        _check(a.lr_warmup_iters == 0, f"give {warmup_flag} or --lr-warmup-fraction, not both")
-        _check(a.lr_warmup_fraction <= 1, f"--lr-warmup-fraction must be <= 1, got "
-               f"{a.lr_warmup_fraction}")
-        a.lr_warmup_iters = a.lr_warmup_fraction * a.lr_decay_iters  # Megatron's, unrounded
-    _check(a.min_lr <= a.lr, f"--min-lr {a.min_lr} exceeds --lr {a.lr}")
-    given = [f for f, v in (("--start-weight-decay", a.start_weight_decay),
-                            ("--end-weight-decay", a.end_weight_decay)) if v is not None]
-    if a.weight_decay_incr_style == "constant":
-        _check(not given, f"{' and '.join(given)}: give --weight-decay-incr-style linear or "
-               "cosine (constant uses --weight-decay)")
-    else:
-        _check(len(given) == 2, f"--weight-decay-incr-style {a.weight_decay_incr_style} needs "
-               "--start-weight-decay and --end-weight-decay")
-    # Megatron's: the decay's schedule runs over the whole training, in the LR's units.
-    a.weight_decay_incr_iters = (a.train_samples / a.global_batch_size if a.train_samples
-                                 else a.train_iters)
-    _check(a.lr_warmup_init <= a.lr, f"--lr-warmup-init {a.lr_warmup_init} exceeds --lr {a.lr}")
-    _check(a.lr_decay_style == "constant" or a.lr_warmup_iters < a.lr_decay_iters,
-           f"--lr-warmup-iters {a.lr_warmup_iters} must be less than --lr-decay-iters "
-           f"{a.lr_decay_iters} (default: the training iterations) for {a.lr_decay_style} decay")
-    if a.lr_decay_style == "WSD":
-        _check(a.lr_wsd_decay_iters is not None, f"--lr-decay-style WSD needs {wsd_flag} (the "
-               "length of the final annealing)")
-        _check(a.lr_wsd_decay_iters <= a.lr_decay_iters,
-               f"{wsd_flag}: the annealing ({a.lr_wsd_decay_iters} iterations) is longer than "
-               f"the decay ({a.lr_decay_iters})")
+    schedule_args.validate(a, _check)
 
     # Pipeline.
     first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers

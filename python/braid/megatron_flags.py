@@ -13,7 +13,6 @@ import argparse
 UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
-    "--context-parallel-size": "context parallelism is not implemented",
     "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
     "--num-experts": "mixture-of-experts models are not implemented",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
@@ -27,7 +26,7 @@ UNSUPPORTED = {
 # Megatron arguments that choose an implementation (a kernel fusion, an attention backend, a
 # communication library) where braid has one, or that ask for what braid always does: accepted
 # so Megatron launch scripts run unchanged, with no effect; the run's log names each one given.
-# flag -> (takes a value, why it changes nothing in braid)
+# flag -> (takes a value: False, True, or "+" for one or more; why it changes nothing in braid)
 NO_EFFECT = {
     "--use-mcore-models": (False, "braid has one GPT model (megatron-core's layout and names)"),
     "--transformer-impl": (True, "braid runs its own kernels"),
@@ -36,6 +35,9 @@ NO_EFFECT = {
     "--attention-softmax-in-fp32": (False, "braid's attention keeps its softmax statistics in f32"),
     "--accumulate-allreduce-grads-in-fp32": (False, "braid's gradients and their reductions are "
                                                     "always f32"),
+    "--cp-comm-type": ("+", "braid's context parallelism all-gathers the keys and values "
+                             "(Llama 3's scheme); Megatron's p2p, a2a and allgather compute the "
+                             "same attention"),
     "--calculate-per-token-loss": (False, "braid's loss is always the mean over the global "
                                           "batch's tokens (Megatron's default, the mean of the "
                                           "microbatches' means, is the same when every token "
@@ -70,6 +72,8 @@ def no_effect_given(a: argparse.Namespace) -> list[str]:
     for flag, (takes_value, why) in NO_EFFECT.items():
         value = getattr(a, flag[2:].replace("-", "_"))
         if value not in (None, False):
+            if isinstance(value, list):
+                value = " ".join(value)
             given = f"{flag} {value}" if takes_value else flag
             lines.append(f"braid: {given} has no effect: {why}")
     return lines

@@ -280,7 +280,7 @@ def main(argv=None) -> int:
 
     job = braid.init_distributed(a.distributed_timeout_minutes)
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
-                                pp=a.pipeline_model_parallel_size)
+                                pp=a.pipeline_model_parallel_size, cp=a.context_parallel_size)
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
@@ -310,7 +310,8 @@ def main(argv=None) -> int:
     params = cfg.num_parameters()
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv) on "
-        f"{state.world_size} x {device}: tp={state.tp} pp={state.pp} dp={state.dp}"
+        f"{state.world_size} x {device}: tp={state.tp}"
+        + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
         + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")
         + (", layers per stage " + " | ".join(str(sum(e - b for b, e in chunks))
                                              for chunks in a.stage_layers)

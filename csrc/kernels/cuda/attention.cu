@@ -394,8 +394,9 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
     CUDA_CHECK_LAUNCH();
     dispatch_chunks(m.d, [&](auto chunks) {
       constexpr int kChunks = decltype(chunks)::value;
-      // Hq = 0 is valid (dq is empty, dk and dv are zeros) but a grid dimension cannot be 0.
-      if (m.hq > 0) {
+      // Hq = 0 or Sq = 0 is valid (dq is empty, dk and dv are zeros) but a grid dimension
+      // cannot be 0.
+      if (m.hq > 0 && m.sq > 0) {
         auto dq_kernel = attention_dq_kernel<kChunks, T>;
         reserve_shared(dq_kernel, dq_smem, device, "attention_backward");
         dq_kernel<<<dim3(unsigned(m.b * m.hq), q_blocks), kThreads, dq_smem, s>>>(

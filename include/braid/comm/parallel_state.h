@@ -1,20 +1,26 @@
 #pragma once
-// ParallelState: the (tp, pp, dp) rank grid and its communicators, in Megatron's order —
-// TP fastest, then DP, then PP:
+// ParallelState: the (tp, cp, dp, pp) rank grid and its communicators, in Megatron's order
+// (megatron-core's "tp-cp-ep-dp-pp", without expert parallelism) — TP fastest, then CP, then
+// DP, then PP:
 //
-//   rank = tp_rank + tp · (dp_rank + dp · pp_rank)
+//   rank = tp_rank + tp · (cp_rank + cp · (dp_rank + dp · pp_rank))
 //
-// so the ranks of one TP group are neighbours (one node), and a PP group strides by tp·dp.
+// so the ranks of one TP group are neighbours (one node), and a PP group strides by tp·cp·dp.
 // Megatron's own example, 16 ranks with TP=2, PP=4 (so DP=2):
 //   TP groups [0,1] [2,3] ... [14,15]      DP groups [0,2] [1,3] [4,6] ... [13,15]
 //   PP groups [0,4,8,12] [1,5,9,13] [2,6,10,14] [3,7,11,15]
-// Model-parallel groups hold the TP×PP ranks of one DP rank; embedding groups hold the first
-// and the last stage of each PP group (one rank when pp = 1).
+// Context parallelism (CP) splits each sequence over its group; the ranks of a CP group read
+// the same samples, as TP ranks do, so the data is split over DP alone, while gradients are
+// summed over DP×CP (the dp_cp group, Megatron's data-parallel group "with CP"), which is also
+// what the distributed optimizer shards over.
+// Model-parallel groups hold the TP×PP ranks of one (DP, CP) rank; embedding groups hold the
+// first and the last stage of each PP group (one rank when pp = 1).
 //
 // RankGrid is the arithmetic alone (no communication), so layouts are checked, on every rank
 // alike and before any collective, from numbers every rank has: a bad layout is the same
 // ConfigError everywhere.
 
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -25,37 +31,48 @@ namespace braid::comm {
 struct ParallelLayout {
   int tp = 1;  // --tensor-model-parallel-size
   int pp = 1;  // --pipeline-model-parallel-size
-  int dp = 0;  // data-parallel size; 0: world size / (tp · pp)
+  int dp = 0;  // data-parallel size; 0: world size / (tp · cp · pp)
+  int cp = 1;  // --context-parallel-size
 };
 
 struct GridCoords {
   int tp_rank = 0;
   int dp_rank = 0;
   int pp_rank = 0;
+  int cp_rank = 0;
 };
 
 class RankGrid {
  public:
-  // ConfigError unless every size is >= 1 and tp · pp · dp == world_size.
+  // ConfigError unless every size is >= 1 and tp · cp · pp · dp == world_size.
   RankGrid(int world_size, const ParallelLayout& layout);
 
-  int world_size() const { return tp_ * pp_ * dp_; }
+  int world_size() const { return tp_ * cp_ * pp_ * dp_; }
   int tp() const { return tp_; }
+  int cp() const { return cp_; }
   int pp() const { return pp_; }
   int dp() const { return dp_; }
 
-  int rank_of(const GridCoords& c) const { return c.tp_rank + tp_ * (c.dp_rank + dp_ * c.pp_rank); }
+  int rank_of(const GridCoords& c) const {
+    return c.tp_rank + tp_ * (c.cp_rank + cp_ * (c.dp_rank + dp_ * c.pp_rank));
+  }
   GridCoords coords(int rank) const;
 
   // The members of `rank`'s groups, in group-rank order.
   std::vector<int> tp_group(int rank) const;
+  std::vector<int> cp_group(int rank) const;
   std::vector<int> dp_group(int rank) const;
+  std::vector<int> dp_cp_group(int rank) const;  // DP × CP, ordered cp fastest
   std::vector<int> pp_group(int rank) const;
   std::vector<int> model_parallel_group(int rank) const;  // TP × PP, ordered tp fastest
   std::vector<int> embedding_group(int rank) const;       // empty if `rank` is in none
 
  private:
-  int tp_, pp_, dp_;
+  // The ranks that share `rank`'s coordinates but for those `vary` lists, in rank order.
+  std::vector<int> group(int rank, std::initializer_list<int GridCoords::*> vary) const;
+  int size_of(int GridCoords::*coord) const;
+
+  int tp_, pp_, dp_, cp_;
 };
 
 class ParallelState {
@@ -68,6 +85,7 @@ class ParallelState {
   int rank() const { return world_->rank(); }
   const GridCoords& coords() const { return coords_; }
   int tp_rank() const { return coords_.tp_rank; }
+  int cp_rank() const { return coords_.cp_rank; }
   int dp_rank() const { return coords_.dp_rank; }
   int pp_rank() const { return coords_.pp_rank; }
   bool is_first_stage() const { return coords_.pp_rank == 0; }
@@ -78,7 +96,10 @@ class ParallelState {
 
   Communicator& world() const { return *world_; }
   Communicator& tp() const { return *tp_; }
+  Communicator& cp() const { return *cp_; }
   Communicator& dp() const { return *dp_; }
+  // The gradients' group: DP × CP (the DP group itself when cp = 1).
+  Communicator& dp_cp() const { return *dp_cp_; }
   Communicator& pp() const { return *pp_; }
   Communicator& model_parallel() const { return *model_parallel_; }
   // nullptr on ranks that are neither the first nor the last stage.
@@ -88,7 +109,7 @@ class ParallelState {
   std::shared_ptr<Communicator> world_;
   RankGrid grid_;
   GridCoords coords_;
-  std::shared_ptr<Communicator> tp_, dp_, pp_, model_parallel_, embedding_;
+  std::shared_ptr<Communicator> tp_, cp_, dp_, dp_cp_, pp_, model_parallel_, embedding_;
 };
 
 }  // namespace braid::comm

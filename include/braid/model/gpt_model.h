@@ -27,6 +27,13 @@
 // of exponentials and the target logit). After the last microbatch's backward,
 // finalize_grads() sums over TP the gradients that TP ranks hold partially: with sequence
 // parallelism those of the norms and position embeddings; replicated kv heads' always.
+//
+// Context parallelism (ContextParallel, context_parallel.h): the ranks of a CP group build the
+// model alike and are called with the same whole ids and targets; each runs its two chunks of
+// every sequence, and forward returns the whole microbatch's mean loss (the group sums the
+// chunks' losses). Every parameter gradient is then this rank's chunks' share: the caller sums
+// the gradients over the group (the engine's DP×CP reduction does). logits() and decode() need
+// the whole sequence and refuse it.
 
 #include <cstdint>
 #include <functional>
@@ -39,6 +46,7 @@
 
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
+#include "braid/model/context_parallel.h"
 #include "braid/model/kv_cache.h"
 #include "braid/model/parameters.h"
 #include "braid/model/tensor_parallel.h"
@@ -55,9 +63,10 @@ class GPTModel {
   // `chunk`: the layers (and embedding / head) this pipeline stage holds (parameters.h).
   // `buffer_elements`: the flat buffers hold at least this many elements (zeros past the
   // layout's num_elements), so data parallelism can cut them into equal shards (grad_buffer.h).
+  // `cp`: the context-parallel group (above).
   GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
-           const TensorParallel& tp = {}, const ModelChunk& chunk = {},
-           int64_t buffer_elements = 0);
+           const TensorParallel& tp = {}, const ModelChunk& chunk = {}, int64_t buffer_elements = 0,
+           const ContextParallel& cp = {});
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -67,6 +76,7 @@ class GPTModel {
   uint64_t seed() const { return seed_; }
   const ParamLayout& layout() const { return layout_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
+  const ContextParallel& context_parallel() const { return cp_; }
   const ModelChunk& chunk() const { return layout_.chunk; }
 
   std::vector<Parameter>& parameters() { return params_; }  // flat-buffer order
@@ -77,7 +87,8 @@ class GPTModel {
   int64_t num_parameters() const { return layout_.num_parameters; }
 
   // ids, targets: [B, S] i32 on any device (copied to the model's device if needed);
-  // targets < 0 are ignored. With sequence parallelism S must be divisible by the TP size. Returns
+  // targets < 0 are ignored. With sequence parallelism S must be divisible by the TP size (with
+  // context parallelism S / cp), with context parallelism by 2 · cp. Returns
   // the mean loss over the non-ignored targets (0 when there are none) and keeps what backward
   // needs under `microbatch`, which must not hold activations already.
   float forward(const Tensor& ids, const Tensor& targets, int microbatch = 0);
@@ -132,6 +143,12 @@ class GPTModel {
   void set_grads_done_hook(GradsDoneHook hook) { grads_done_ = std::move(hook); }
 
   bool has_activations(int microbatch) const { return activations_.count(microbatch) > 0; }
+  // The tokens of a residual-stream region (a pipeline stage's input and output activation
+  // rows) for a microbatch of `tokens`: this rank's share under context and sequence
+  // parallelism.
+  int64_t region_tokens(int64_t tokens) const {
+    return tokens / cp_.size() / (tp_.sharded_tokens() ? tp_.size() : 1);
+  }
 
   // Dropout's random state: masks are Philox streams of (seed, training forwards so far,
   // layer). Checkpoints save it and set it back; setting the seed does not re-initialise.
@@ -184,6 +201,7 @@ class GPTModel {
   Device device_;
   uint64_t seed_;
   TensorParallel tp_;
+  ContextParallel cp_;
   std::shared_ptr<comm::Communicator> kv_group_;  // TP ranks that share a replicated kv head
   comm::Communicator* embedding_group_ = nullptr;
   int first_layer_ = 0;

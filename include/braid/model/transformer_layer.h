@@ -15,6 +15,7 @@
 
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
+#include "braid/model/context_parallel.h"
 #include "braid/model/kv_cache.h"
 #include "braid/model/norm.h"
 #include "braid/model/tensor_parallel.h"
@@ -42,7 +43,8 @@ struct LayerShape {
 };
 
 // The tokens of one microbatch: [batch, seq]; a region of the residual stream holds all
-// batch·seq of them, or (sequence parallelism) this rank's 1/tp.
+// batch·seq of them, or (sequence parallelism) this rank's 1/tp. With context parallelism
+// they are this rank's chunks: [2B, S / (2 cp)] (context_parallel.h).
 struct Tokens {
   int64_t batch = 0, seq = 0;
   int64_t count() const { return batch * seq; }
@@ -91,11 +93,11 @@ struct DropoutContext {
 
 class TransformerLayer {
  public:
-  TransformerLayer(const TransformerConfig& config, const TensorParallel& tp, LayerTensors weights,
-                   LayerTensors grads);
+  TransformerLayer(const TransformerConfig& config, const TensorParallel& tp,
+                   const ContextParallel& cp, LayerTensors weights, LayerTensors grads);
 
   // x [T_region, H] -> out [T_region, H]. Keeps what `policy` says in `saved`; nothing if
-  // nullptr.
+  // nullptr. With context parallelism x holds this rank's chunks (tokens: [2B, L]).
   Tensor forward(const Tensor& x, Tokens tokens, const DropoutContext& dropout, Recompute policy,
                  LayerActivations* saved) const;
 
@@ -107,8 +109,8 @@ class TransformerLayer {
   // Inference: x [B * n, H] holds the next n positions of B sequences that follow the
   // cache.length() positions already in `cache`. Appends their keys (after rope) and values to
   // cache layer `cache_layer` and attends over the cache; returns out [B * n, H]. No dropout,
-  // nothing kept; the caller advances the cache once every layer has run. Not with sequence
-  // parallelism (x must hold every token).
+  // nothing kept; the caller advances the cache once every layer has run. Not with sequence or
+  // context parallelism (x must hold every token).
   Tensor forward_cached(const Tensor& x, Tokens tokens, KVCache& cache, int cache_layer) const;
 
   const LayerTensors& weights() const { return w_; }
@@ -126,10 +128,21 @@ class TransformerLayer {
   Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   // q and k of the projection: normed per head from q_raw and k_raw (qk_layernorm), rotated.
   void finish_qk(Projection& p, Tokens tokens, int64_t position_offset) const;
+  // RoPE (inverse: its backward) in place on x [B, S, H, D] whose row 0 sits at
+  // position_offset; with context parallelism on each of this rank's two chunks at its place.
+  void rotate(Tensor x, int64_t position_offset, bool inverse) const;
+  // Causal attention over this rank's tokens; with context parallelism over the whole
+  // sequences' keys and values, gathered from the CP group.
+  void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
+                         const Tensor& v) const;
+  void attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                          const Tensor& k, const Tensor& v, const Tensor& out,
+                          const Tensor& lse) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;
   Tensor row_bias(const Tensor& bias) const;
   TransformerConfig config_;
   TensorParallel tp_;
+  ContextParallel cp_;
   LayerShape shape_;
   LayerTensors w_;
   LayerTensors g_;

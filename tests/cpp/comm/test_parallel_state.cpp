@@ -24,7 +24,8 @@ std::vector<ParallelLayout> layouts(int world) {
   std::vector<ParallelLayout> all;
   for (int tp = 1; tp <= world; tp *= 2)
     for (int pp = 1; tp * pp <= world; pp *= 2)
-      if (world % (tp * pp) == 0) all.push_back({.tp = tp, .pp = pp});
+      for (int cp = 1; tp * pp * cp <= world; cp *= 2)
+        if (world % (tp * pp * cp) == 0) all.push_back({.tp = tp, .pp = pp, .cp = cp});
   return all;
 }
 
@@ -36,11 +37,16 @@ TEST(ParallelState, GroupsMatchTheGrid) {
   for (const ParallelLayout& layout : layouts(world->size())) {
     ParallelState state(world, layout);
     const RankGrid& grid = state.grid();
-    SCOPED_TRACE(testing::Message()
-                 << "tp " << grid.tp() << " pp " << grid.pp() << " dp " << grid.dp());
-    EXPECT_EQ(state.tp_rank() + grid.tp() * (state.dp_rank() + grid.dp() * state.pp_rank()), me);
+    SCOPED_TRACE(testing::Message() << "tp " << grid.tp() << " pp " << grid.pp() << " dp "
+                                    << grid.dp() << " cp " << grid.cp());
+    EXPECT_EQ(
+        state.tp_rank() + grid.tp() * (state.cp_rank() +
+                                       grid.cp() * (state.dp_rank() + grid.dp() * state.pp_rank())),
+        me);
     EXPECT_EQ(members(state.tp()), grid.tp_group(me));
+    EXPECT_EQ(members(state.cp()), grid.cp_group(me));
     EXPECT_EQ(members(state.dp()), grid.dp_group(me));
+    EXPECT_EQ(members(state.dp_cp()), grid.dp_cp_group(me));
     EXPECT_EQ(members(state.pp()), grid.pp_group(me));
     EXPECT_EQ(members(state.model_parallel()), grid.model_parallel_group(me));
     EXPECT_EQ(state.tp().name(), "tp");

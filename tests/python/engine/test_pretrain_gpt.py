@@ -263,7 +263,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--recompute-method block needs --recompute-granularity full"),
     (["--recompute-granularity", "full", "--recompute-num-layers", "2"],
      "--recompute-num-layers needs --recompute-method uniform or block"),
-    (["--context-parallel-size", "2"], "--context-parallel-size is not supported by braid"),
+    (["--num-experts", "8"], "--num-experts is not supported by braid"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
     (["--rotary-percent", "0.5"], "--rotary-percent needs --position-embedding-type rope"),

@@ -1,0 +1,212 @@
+// Context parallelism as real MPI jobs: with cp = the job's size (and tp 2 × cp = size / 2,
+// with sequence parallelism), GPT-2 (learned positions) and Llama-style models (RoPE, GQA,
+// q/k norms, partial rotary) under every recompute policy give the single-rank model's loss and
+// every gradient (summed over the CP group, gathered over TP) within f32 tolerance; the CP
+// group carries exactly the collectives the all-gather scheme implies; bad input fails alike on
+// every rank.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "../tp/tp_test_util.h"
+#include "braid/comm/launch.h"
+#include "braid/comm/parallel_state.h"
+
+using namespace braid;
+using namespace braid::model;
+using namespace braid::tp_testing;
+
+namespace {
+
+TransformerConfig gpt2() {
+  TransformerConfig c = TransformerConfig::preset("gpt2-tiny");  // learned positions, layernorm
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 64;
+  c.vocab_size = 200;
+  c.make_vocab_size_divisible_by = 64;
+  c.max_position_embeddings = 32;
+  c.init_std = 0.1f;
+  return c;
+}
+
+TransformerConfig llama() {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");  // 4 heads, 2 kv heads, rope
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.vocab_size = 120;
+  c.make_vocab_size_divisible_by = 64;
+  c.max_position_embeddings = 32;
+  c.init_std = 0.1f;
+  return c;
+}
+
+TransformerConfig qk_norm_selective() {
+  TransformerConfig c = llama();
+  c.qk_layernorm = true;  // selective recompute rotates the normed q and k again
+  c.recompute = Recompute::selective;
+  return c;
+}
+
+TransformerConfig partial_rotary_full() {
+  TransformerConfig c = llama();
+  c.kv_channels = 16;
+  c.rotary_percent = 0.5;
+  c.recompute = Recompute::full;
+  return c;
+}
+
+TransformerConfig gpt2_selective() {
+  TransformerConfig c = gpt2();
+  c.recompute = Recompute::selective;
+  return c;
+}
+
+struct Case {
+  const char* name;
+  TransformerConfig (*config)();
+  int tp;
+  bool sequence_parallel;
+};
+
+const Case kCases[] = {{"gpt2", gpt2, 1, false},
+                       {"gpt2_selective", gpt2_selective, 1, false},
+                       {"llama_gqa", llama, 1, false},
+                       {"qk_norm_selective", qk_norm_selective, 1, false},
+                       {"partial_rotary_full", partial_rotary_full, 1, false},
+                       {"tp2_llama_sp", llama, 2, true},
+                       {"tp2_gpt2", gpt2, 2, false},
+                       {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true}};
+
+class ContextParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ContextParallelEqualsOneRank, LossAndGradients) {
+  const Case& c = GetParam();
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  if (world->size() % c.tp != 0 || world->size() / c.tp < 2)
+    GTEST_SKIP() << "needs tp " << c.tp << " × cp >= 2 ranks";
+  comm::ParallelState state(world, {.tp = c.tp, .cp = world->size() / c.tp});
+  const TransformerConfig config = c.config();
+  const uint64_t seed = 4321;
+  GPTModel reference(config, Device::cpu(), seed);
+  GPTModel sharded(config, Device::cpu(), seed, TensorParallel{&state.tp(), c.sequence_parallel},
+                   {}, 0, ContextParallel{&state.cp()});
+  const auto global = perturbed(reference);
+  set_from_global(reference, global);
+  set_from_global(sharded, global);
+
+  // Two microbatches of 2 sequences of 16: 2·cp chunks of 16 / (2 cp) positions.
+  double loss_ref = 0, loss_cp = 0;
+  for (int m = 0; m < 2; ++m) {
+    Batch b = batch(2, 16, config.vocab_size, 20 + m);
+    b.targets.data_ptr<int32_t>()[3] = -1;  // an ignored target inside a chunk
+    loss_ref += reference.forward(b.ids, b.targets, m);
+    loss_cp += sharded.forward(b.ids, b.targets, m);
+    reference.backward(m, 0.5f);
+    sharded.backward(m, 0.5f);
+  }
+  reference.finalize_grads();
+  sharded.finalize_grads();
+  state.cp().all_reduce(const_cast<Tensor&>(sharded.flat_grads()))->wait();
+  EXPECT_NEAR(loss_cp, loss_ref, 1e-5 * std::abs(loss_ref));
+  const auto& specs = reference.layout().specs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int64_t n = specs[i].shape.numel();
+    const float* p = reference.flat_grads().data_ptr<float>() + reference.layout().offsets[i];
+    const std::vector<float> want(p, p + n);
+    const auto got = gather_global(sharded, i, sharded.flat_grads(), &state.tp());
+    EXPECT_LE(excess(got, want, 2e-6, 1e-4), 0.0) << specs[i].name << " gradient";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ContextParallelEqualsOneRank, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The CP group's collectives in one forward and backward: per layer, forward all-gathers the
+// keys and values (cp × the local k bytes each, as OpInfo counts the gathered buffer); backward
+// gathers them again and reduce-scatters their gradients (from cp × the local bytes); the loss
+// is summed once.
+TEST(ContextParallelCommunication, MatchesTheAllGatherScheme) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const int cp = world->size();
+  auto counted = std::make_shared<CountingCommunicator>(world);
+  TransformerConfig config = llama();
+  config.num_layers = 3;
+  GPTModel model(config, Device::cpu(), 7, {}, {}, 0, ContextParallel{counted.get()});
+  const int64_t b = 2, s = 16, kv = config.kv_heads() * config.head_dim();
+  const Batch data = batch(b, s, config.vocab_size, 3);
+  counted->calls.clear();
+  model.forward(data.ids, data.targets);
+  const std::vector<CountingCommunicator::Call> forward = counted->calls;
+  counted->calls.clear();
+  model.backward();
+  const std::vector<CountingCommunicator::Call> backward = counted->calls;
+
+  using Call = CountingCommunicator::Call;
+  const size_t local_kv = size_t(b * s / cp * kv) * 4;  // f32 bytes of this rank's k
+  const Call ag{"all_gather", size_t(cp) * local_kv}, rs{"reduce_scatter", size_t(cp) * local_kv};
+  std::vector<Call> want_fwd, want_bwd;
+  for (int l = 0; l < config.num_layers; ++l) {
+    want_fwd.insert(want_fwd.end(), {ag, ag});
+    want_bwd.insert(want_bwd.end(), {ag, ag, rs, rs});
+  }
+  want_fwd.push_back({"all_reduce", 4});  // the loss
+  EXPECT_EQ(forward, want_fwd);
+  EXPECT_EQ(backward, want_bwd);
+}
+
+// Megatron's (and Transformer Engine's) load balance: of 2·cp chunks, rank r holds r and
+// 2cp − 1 − r, chunk-major over the batch; gather_sequence puts every rank's chunks back in
+// position order, and scatter_sequence sums each position's values to the rank holding it.
+TEST(ContextParallelLayout, RanksHoldBalancedChunksAndGatherThemBack) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const int cp = world->size(), r = world->rank();
+  const ContextParallel group{world.get()};
+  const int64_t b = 2, s = 4 * cp, len = s / (2 * cp);
+  Tensor positions = Tensor::empty({b, s}, DType::i32);
+  for (int64_t i = 0; i < b * s; ++i) positions.data_ptr<int32_t>()[i] = int32_t(i);
+  const Tensor local = split_sequence(group, positions);
+  ASSERT_EQ(local.shape(), (Shape{2 * b, len}));
+  for (int64_t row = 0; row < 2 * b; ++row) {
+    const int64_t chunk = row < b ? r : 2 * cp - 1 - r, seq = row % b;
+    for (int64_t i = 0; i < len; ++i) {
+      EXPECT_EQ(local.data_ptr<int32_t>()[row * len + i], seq * s + chunk * len + i);
+      EXPECT_EQ(group.position(row * len + i, b, len), chunk * len + i);
+    }
+  }
+  // [2B, L, 1, 1] f32 of the positions -> the whole [B, S, 1, 1], in order.
+  Tensor mine = Tensor::empty({2 * b, len, 1, 1}, DType::f32);
+  for (int64_t i = 0; i < mine.numel(); ++i)
+    mine.data_ptr<float>()[i] = float(local.data_ptr<int32_t>()[i]);
+  const Tensor whole = gather_sequence(group, mine);
+  ASSERT_EQ(whole.shape(), (Shape{b, s, 1, 1}));
+  for (int64_t i = 0; i < b * s; ++i) EXPECT_EQ(whole.data_ptr<float>()[i], float(i));
+  const Tensor summed = scatter_sequence(group, whole);  // every rank contributed the same
+  for (int64_t i = 0; i < summed.numel(); ++i)
+    EXPECT_EQ(summed.data_ptr<float>()[i], float(cp) * mine.data_ptr<float>()[i]);
+}
+
+TEST(ContextParallelInput, BadInputFailsAlikeOnEveryRank) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  const int cp = world->size();
+  GPTModel model(llama(), Device::cpu(), 1, {}, {}, 0, ContextParallel{world.get()});
+  auto message = [&](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return e.message();
+    }
+    return "";
+  };
+  const Batch odd = batch(1, 2 * cp + 2, llama().vocab_size, 1);  // not 2·cp chunks
+  EXPECT_NE(message([&] { model.forward(odd.ids, odd.targets); })
+                .find("not divisible by 2 × --context-parallel-size (" + std::to_string(cp) +
+                      ") = " + std::to_string(2 * cp)),
+            std::string::npos);
+  const Batch even = batch(1, 4 * cp, llama().vocab_size, 1);
+  EXPECT_NE(message([&] { model.logits(even.ids); }).find("context parallelism"),
+            std::string::npos);
+  world->barrier()->wait();  // every rank got here: nothing was left half-communicated
+}
+
+}  // namespace
