@@ -76,6 +76,9 @@ def parse_args(argv):
     g = ap.add_argument_group("layout (fixed when given, searched otherwise)")
     g.add_argument("--tp", type=int)
     g.add_argument("--pp", type=int)
+    g.add_argument("--cp", type=int, help="context parallelism (--context-parallel-size); "
+                   "searched where each sequence splits into 2 x cp chunks of 2048 tokens or "
+                   "more")
     g.add_argument("--dp", type=int)
     g.add_argument("--micro-batch-size", type=int)
     g.add_argument("--virtual-stages", type=int)
@@ -142,7 +145,7 @@ def parse_args(argv):
 
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation")
-LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
+LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
 
@@ -171,6 +174,7 @@ def _from_training_arguments(ap, a, training):
     a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
     if not a.search:
         a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp
+        a.cp = t.context_parallel_size
         a.micro_batch_size, a.virtual_stages = t.micro_batch_size, t.virtual_stages
         a.recompute = t.recompute_granularity or "none"
         if a.recompute == "full":
@@ -206,7 +210,7 @@ def main(argv=None):
     a = parse_args(argv)
     model = a.model_shape
     cluster = planner.Cluster(planner.GPUS[a.gpu], a.gpus_per_node, a.num_gpus, a.nvlink, a.net)
-    fixed = dict(tp=a.tp, pp=a.pp, dp=a.dp, micro_batch_size=a.micro_batch_size,
+    fixed = dict(tp=a.tp, pp=a.pp, cp=a.cp, dp=a.dp, micro_batch_size=a.micro_batch_size,
                  virtual_stages=a.virtual_stages,
                  first_stage_layers=a.decoder_first_pipeline_num_layers,
                  last_stage_layers=a.decoder_last_pipeline_num_layers, recompute=a.recompute,
@@ -233,14 +237,14 @@ def main(argv=None):
     print(f"{model.num_params() / 1e9:.1f}B parameters on {a.num_gpus} x {a.gpu} "
           f"({a.gpus_per_node}/node), global batch {a.global_batch} x {model.seq_length}; "
           f"{len(results)} layouts fit")
-    cols = ("tp pp dp mbs v stages recompute sp zero step_s tok/s mfu hfu mem_GB "
+    cols = ("tp cp pp dp mbs v stages recompute sp zero step_s tok/s mfu hfu mem_GB "
             "(par/grad/opt/act) scaling").split()
     extra = (["days"] if a.train_tokens else []) + (["cost"] if a.gpu_hour_price and
                                                     a.train_tokens else [])
     print(" ".join(f"{c:>8}" for c in cols + extra))
     for r in results[:a.top]:
         p = r["memory_parts_gb"]
-        row = [r["tp"], r["pp"], r["dp"], r["micro_batch_size"], r["virtual_stages"],
+        row = [r["tp"], r["cp"], r["pp"], r["dp"], r["micro_batch_size"], r["virtual_stages"],
                stages(r["stage_layers"]), recompute(r), int(r["sequence_parallel"]), int(r["zero"]),
                f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
                f"{r['hfu']:.3f}", f"{r['memory_gb_per_gpu']:.1f}",

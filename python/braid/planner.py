@@ -19,6 +19,11 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
 * memory: braid's accounting: bf16 parameters, f32 gradient buffer, f32 master + two f32
   Adam moments (sharded by dp under ZeRO-1), activations per layer as docs/memory.md
   (LayerActivations) times the (chunk, microbatch) pairs the schedule keeps in flight.
+* context parallelism (cp > 1): every rank computes and keeps its 1/cp of each sequence's
+  tokens (balanced chunks: its queries see half the keys on average, as without CP); per
+  layer it all-gathers the keys and values over the CP group (2 forward; backward 2 more and 2
+  reduce-scatters of their gradients), not overlapped (braid does not); gradients are reduced,
+  and ZeRO shards, over dp x cp.
 """
 
 from __future__ import annotations
@@ -122,7 +127,7 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
     f1 = 2 * model.ffn_hidden_size if model.activation == "swiglu" else model.ffn_hidden_size
     f = model.ffn_hidden_size
     sp = t if lay.sequence_parallel else 1
-    tokens = lay.micro_batch_size * model.seq_length
+    tokens = lay.micro_batch_size * model.seq_length / lay.cp
     rec = recompute or lay.recompute
     if rec == "full":
         per_token = 2 * h / sp
@@ -168,11 +173,11 @@ def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int):
 
 
 def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
-    """One transformer layer, one microbatch, one TP rank."""
+    """One transformer layer, one microbatch, one TP (and CP) rank."""
     gpu, t = cluster.gpu, lay.tp
     h, s, f, q = model.hidden_size, model.seq_length, model.ffn_hidden_size, model.q_size
     kv = model.kv_heads * model.head_dim
-    T = lay.micro_batch_size * s
+    T = lay.micro_batch_size * s / lay.cp  # this rank's tokens
     h_rep = h / t if lay.sequence_parallel else h
     fc1 = 2 * f if model.activation == "swiglu" else f
     gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, fc1 / t, h), (T, h, f / t)]
@@ -192,8 +197,18 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
         ag = _ring(T * h * 2, t, bw, alpha, "all_gather")
         tp_f = 2 * ar if not lay.sequence_parallel else 4 * ag
         tp_b = 2 * ar if not lay.sequence_parallel else 6 * ag
-    forward = gemm_f + attn_f + elem_f + tp_f
-    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b
+    # CP: the keys and values of the whole sequence (this rank's kv heads, bf16), gathered over
+    # the cp ranks - which stride by tp - twice forward; backward gathers them again and
+    # reduce-scatters their gradients (summed in f32).
+    cp_f = cp_b = 0.0
+    if lay.cp > 1:
+        bw, alpha = _link(cluster, t * lay.cp)
+        kv_local = max(model.kv_heads // t, 1) * model.head_dim
+        full = lay.micro_batch_size * s * kv_local * 2
+        cp_f = 2 * _ring(full, lay.cp, bw, alpha, "all_gather")
+        cp_b = cp_f + 2 * _ring(2 * full, lay.cp, bw, alpha, "reduce_scatter")
+    forward = gemm_f + attn_f + elem_f + tp_f + cp_f
+    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
     model_flops = _flops.forward_flops_per_token(
@@ -206,7 +221,7 @@ def head_cost(model: ModelShape, cluster: Cluster, lay: Layout):
     gpu, t = cluster.gpu, lay.tp
     if model.vocab_size == 0:  # a bare stack of layers (tests)
         return 0.0, 0.0
-    T = lay.micro_batch_size * model.seq_length
+    T = lay.micro_batch_size * model.seq_length / lay.cp
     g = _gemm_time(gpu, T, model.vocab_size / t, model.hidden_size)
     ce = _bytes_time(gpu, T * model.vocab_size / t * (2 + 4 + 4), 3)  # logits, f32 softmax
     return g + ce, 2 * g + ce
@@ -246,7 +261,7 @@ def in_flight(lay: Layout, microbatches: int):
 def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
     """Per-GPU memory parts (GB) of the rank that needs the most."""
     rank_layers = [sum(e - b for b, e in chunks) for chunks in stage_ranges(model, lay)]
-    T = lay.micro_batch_size * model.seq_length
+    T = lay.micro_batch_size * model.seq_length / lay.cp
     best = None
     for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
         kept, transient = chunk_activation_bytes(model, lay, rank_layers[r] // lay.virtual_stages)
@@ -254,7 +269,7 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
         parts = {"params": 2 * p / GB, "grads": 4 * p / GB,
-                 "optimizer": 12 * p / (lay.dp if lay.zero else 1) / GB,
+                 "optimizer": 12 * p / (lay.dp * lay.cp if lay.zero else 1) / GB,
                  "activations": act / GB, "reserved": MEMORY_RESERVED_GB}
         total = sum(parts.values())
         if best is None or total > best[0]:
@@ -271,16 +286,22 @@ class DoesNotFit(Exception):
 def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int) -> int:
     """The number of microbatches, or ValueError saying why the layout is not valid."""
     t, p, d, b, v = lay.tp, lay.pp, lay.dp, lay.micro_batch_size, lay.virtual_stages
-    if t * p * d != cluster.num_gpus:
-        raise ValueError(f"tp {t} x pp {p} x dp {d} = {t * p * d} != {cluster.num_gpus} GPUs")
+    c = lay.cp
+    if t * c * p * d != cluster.num_gpus:
+        cp_term = f" x cp {c}" if c > 1 else ""
+        raise ValueError(f"tp {t}{cp_term} x pp {p} x dp {d} = {t * c * p * d} != "
+                         f"{cluster.num_gpus} GPUs")
+    if c < 1 or model.seq_length % (2 * c):
+        raise ValueError(f"cp {c}: the sequence ({model.seq_length}) does not split into 2 x cp "
+                         "chunks")
     if model.num_attention_heads % t:
         raise ValueError(f"{model.num_attention_heads} heads do not divide by tp {t}")
     if model.kv_heads % t and t % model.kv_heads:
         raise ValueError(f"{model.kv_heads} KV heads and tp {t}: neither divides the other")
     if model.ffn_hidden_size % t or model.vocab_size % t:
         raise ValueError(f"ffn {model.ffn_hidden_size} / vocab {model.vocab_size} by tp {t}")
-    if lay.sequence_parallel and (t == 1 or model.seq_length % t):
-        raise ValueError("sequence parallelism needs tp > 1 dividing the sequence")
+    if lay.sequence_parallel and (t == 1 or model.seq_length % (t * c)):
+        raise ValueError("sequence parallelism needs tp > 1 dividing the sequence (per CP rank)")
     if global_batch % (b * d):
         raise ValueError(f"global batch {global_batch} is not a multiple of micro batch {b} "
                          f"x dp {d}")
@@ -311,7 +332,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
                          f"grads {parts['grads']:.1f}, optimizer {parts['optimizer']:.1f}, "
                          f"activations {parts['activations']:.1f}, reserved "
                          f"{parts['reserved']:.1f}) > {cluster.gpu.memory_gb:.0f} GB")
-    gpu, p, v, t, d = cluster.gpu, lay.pp, lay.virtual_stages, lay.tp, lay.dp
+    gpu, p, v, t, d, cp = cluster.gpu, lay.pp, lay.virtual_stages, lay.tp, lay.dp, lay.cp
     lc = layer_cost(model, cluster, lay)
     hf, hb = head_cost(model, cluster, lay)
     ranges = stage_ranges(model, lay)
@@ -320,22 +341,24 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
            for rank in ranges]
     fwd[p - 1][v - 1] += hf   # the last model chunk: LM head and loss
     bwd[p - 1][v - 1] += hb
-    T = lay.micro_batch_size * model.seq_length
+    T = lay.micro_batch_size * model.seq_length / cp
     p2p_bytes = T * model.hidden_size * 2 / (t if lay.sequence_parallel else 1)
-    bw, alpha = _link(cluster, t * d * p)
+    bw, alpha = _link(cluster, t * cp * d * p)
     p2p = alpha + p2p_bytes / bw if p > 1 else 0.0
     schedule = _C.make_interleaved_1f1b(p, m, v) if p > 1 else _C.make_1f1b(1, m)
     sim = _C.simulate(schedule, forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
     if not sim.ok:
         raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
-    # DP: each model chunk's f32 gradient buffer is reduced (ZeRO: reduce-scattered) over dp.
+    # DP: each model chunk's f32 gradient buffer is reduced (ZeRO: reduce-scattered) over dp
+    # (x cp: the gradients' group; `d` below is its size).
     # With overlap_grad_reduce, as braid does: a chunk's buckets are posted while its last
     # microbatch's backward completes them (the first once a bucket's share of that backward
     # has run, the last at its end), the chunks one after another on the rank's DP channel in
     # the order their last backwards end - under the interleaved schedule the later chunks
     # finish theirs first, so their reductions hide behind the earlier chunks' backwards.
     # Without it: the whole buffer after the rank's last action.
-    dbw, dalpha = _link(cluster, t * d)
+    dbw, dalpha = _link(cluster, t * cp * d)
+    d *= cp
     params = stage_params(model, lay)
     per_chunk = chunk_params(model, lay)
     kind = "reduce_scatter" if lay.zero else "all_reduce"
@@ -373,10 +396,10 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     step = max(ends) + opt + gather + emb_sync + 2 * NET_ALPHA_S * math.log2(max(2, d * p * t))
     model_flops = _flops.flops_per_iteration(model, model.seq_length, global_batch)
     rerun = sum(recomputed_layers(lay, e - b) for rank in ranges for b, e in rank)
-    hw_flops = model_flops + lc.model_flops * t * rerun * m * d
+    hw_flops = model_flops + lc.model_flops * t * rerun * m * d  # d: dp x cp
     peak = gpu.peak_tflops * 1e12
     out = dict(
-        tp=t, pp=p, dp=d, micro_batch_size=lay.micro_batch_size, virtual_stages=v,
+        tp=t, pp=p, dp=lay.dp, cp=cp, micro_batch_size=lay.micro_batch_size, virtual_stages=v,
         first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers,
         stage_layers=[sum(e - b for b, e in chunks) for chunks in ranges],
         recompute=lay.recompute, recompute_method=lay.recompute_method,
@@ -395,13 +418,13 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
 
 
 def _scaling(model, cluster, lay, m, result) -> float:
-    """Per-GPU throughput against the same layout (tp, pp, micro batch, microbatches per
+    """Per-GPU throughput against the same layout (tp, cp, pp, micro batch, microbatches per
     replica, ...) on one node's worth of data parallelism: dp0 = max(1, gpus_per_node /
-    (tp pp)) replicas, where DP traffic stays on NVLink (or there is none)."""
-    dp0 = max(1, cluster.gpus_per_node // (lay.tp * lay.pp))
+    (tp cp pp)) replicas, where DP traffic stays on NVLink (or there is none)."""
+    dp0 = max(1, cluster.gpus_per_node // (lay.tp * lay.cp * lay.pp))
     if dp0 >= lay.dp:
         return 1.0
-    small = dataclasses.replace(cluster, num_gpus=lay.tp * lay.pp * dp0)
+    small = dataclasses.replace(cluster, num_gpus=lay.tp * lay.cp * lay.pp * dp0)
     base = predict(model, small, dataclasses.replace(lay, dp=dp0),
                    m * lay.micro_batch_size * dp0, baseline=False)
     per_gpu = result["tokens_per_s"] / cluster.num_gpus
@@ -422,6 +445,14 @@ def _divisors(n):
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
+def _cp_choices(model):
+    """The context-parallel sizes the search tries: 1, and 2, 4, 8 where each sequence splits
+    into 2 x cp chunks of 2048 tokens or more (shorter ones leave a rank's GEMMs too thin to
+    gain)."""
+    s = model.seq_length
+    return [c for c in _pow2_upto(8) if c == 1 or (s % (2 * c) == 0 and s // (2 * c) >= 2048)]
+
+
 def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict | None = None,
            train_tokens: float | None = None, gpu_hour_price: float | None = None):
     """All valid layouts that fit, best (highest tokens/s) first, and the reasons the others
@@ -429,6 +460,7 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     n = cluster.num_gpus
     tps = [fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))
+    cps = [fixed["cp"]] if "cp" in fixed else _cp_choices(model)
     pps = [fixed["pp"]] if "pp" in fixed else [p for p in _divisors(n) if p <= model.num_layers]
     mbs = [fixed["micro_batch_size"]] if "micro_batch_size" in fixed else [1, 2, 4, 8]
     vs = [fixed["virtual_stages"]] if "virtual_stages" in fixed else [1, 2, 4, 8]
@@ -438,23 +470,24 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
     overlap = fixed.get("overlap_grad_reduce", True)
     overlap_gather = fixed.get("overlap_param_gather", True)
     results, rejected = [], {}
-    for t, p, b, v, rec, sp, z in itertools.product(tps, pps, mbs, vs, recs, sps, zeros):
-        d = max(1, n // (t * p))  # check_layout rejects t p d != n
+    for t, c, p, b, v, rec, sp, z in itertools.product(tps, cps, pps, mbs, vs, recs, sps, zeros):
+        d = max(1, n // (t * c * p))  # check_layout rejects t c p d != n
         if "dp" in fixed and fixed["dp"] != d:
             continue
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
         splits = _splits_to_try(model, p, v, fixed)
         for first, last in splits:
-            lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last)
+            lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last, cp=c)
             for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
                 r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
-                                        single=len(tps) * len(pps) * len(mbs) * len(vs) == 1)
+                                        single=len(tps) * len(cps) * len(pps) * len(mbs)
+                                        * len(vs) == 1)
                 if r is not None:
                     _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price,
                                        model.seq_length)
                     results.append(r)
-        if not splits and len(tps) * len(pps) * len(mbs) * len(vs) == 1:
+        if not splits and len(tps) * len(cps) * len(pps) * len(mbs) * len(vs) == 1:
             why = (f"{model.num_layers} layers do not split over pp {p} x v {v}, evenly or "
                    "with lighter first/last stages")
             rejected[why] = rejected.get(why, 0) + 1
@@ -536,31 +569,35 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     best, first_error = None, None
     n = cluster.num_gpus
-    for t in ([fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))):
+    tps = [fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))
+    cps = [fixed["cp"]] if "cp" in fixed else _cp_choices(model)
+    for t, c in itertools.product(tps, cps):
         for p in ([fixed["pp"]] if "pp" in fixed else _divisors(n)):
-            if n % (t * p):
+            if n % (t * c * p):
                 continue
             v = fixed.get("virtual_stages", 1)
             for first, last in _splits_to_try(model, p, v, fixed):
-                lay = Layout(t, p, n // (t * p), fixed.get("micro_batch_size", 1), v,
+                lay = Layout(t, p, n // (t * c * p), fixed.get("micro_batch_size", 1), v,
                              fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
                              fixed.get("zero", True), first_stage_layers=first,
-                             last_stage_layers=last)
+                             last_stage_layers=last, cp=c)
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:
-                    first_error = first_error or f"tp {t} pp {p} v {v}: {e}"
+                    first_error = first_error or f"tp {t} cp {c} pp {p} v {v}: {e}"
                     continue
                 mem = memory(model, cluster, lay, m)
                 if best is None or mem[0] < best[0][0]:
                     best = (mem, lay)
     if best is None:
-        return ("no valid layout: tp x pp x dp must equal the GPUs, heads/ffn/vocab divide by "
+        return ("no valid layout: tp x cp x pp x dp must equal the GPUs, heads/ffn/vocab "
+                "divide by "
                 "tp, layers split over pp x v, the global batch by micro batch x dp"
                 + (f" (the first tried, {first_error})" if first_error else ""))
     (total, parts), lay = best
     return (f"no layout fits in {cluster.gpu.memory_gb:.0f} GB per {cluster.gpu.name}: the "
-            f"smallest, tp {lay.tp} pp {lay.pp} dp {lay.dp} micro batch "
+            f"smallest, tp {lay.tp}{f' cp {lay.cp}' if lay.cp > 1 else ''} pp {lay.pp} dp "
+            f"{lay.dp} micro batch "
             f"{lay.micro_batch_size} recompute {lay.recompute} ZeRO {lay.zero}, needs "
             f"{total:.1f} GB (params {parts['params']:.1f}, grads {parts['grads']:.1f}, "
             f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "

@@ -147,3 +147,5 @@ class Layout:
     # first N layers and keeps everything of the rest.
     recompute_method: str = "uniform"
     recompute_num_layers: int = 1
+    # Context parallelism (--context-parallel-size): each sequence split over cp ranks.
+    cp: int = 1

@@ -527,3 +527,52 @@ def test_published_runs_within_ten_percent():
         assert abs(r["error"]) <= planner_validation.TOLERANCE, r
     # like with like: the Narayanan rows were run and counted with full recomputation
     assert all(r["recompute"] == "full" for r in rows if r["accounting"].startswith("eq3"))
+
+
+def test_context_parallelism_splits_each_sequence_over_its_ranks():
+    # Llama 3 8B at 32k tokens on 64 H100s: each CP rank computes and keeps 1/cp of every
+    # sequence, gathers the keys and values per layer, and the gradients (and ZeRO's shards)
+    # span dp x cp.
+    model = dataclasses.replace(planner.PRESETS["llama3-8b"], seq_length=32768)
+    one = planner.Layout(2, 1, 32, 1, recompute="selective", sequence_parallel=True, zero=True)
+    cp4 = dataclasses.replace(one, dp=8, cp=4)
+    for rec in ("none", "selective", "full"):
+        assert planner.layer_activation_bytes(model, cp4, rec) == pytest.approx(
+            planner.layer_activation_bytes(model, one, rec) / 4)
+    lc_one, lc_cp = planner.layer_cost(model, H100, one), planner.layer_cost(model, H100, cp4)
+    assert lc_cp.model_flops == pytest.approx(lc_one.model_flops / 4)
+    no_comm = planner.layer_cost(model, dataclasses.replace(H100, nvlink_bw=1e30, net_bw=1e30),
+                                 cp4)
+    assert lc_cp.forward > no_comm.forward and lc_cp.backward > no_comm.backward
+    with pytest.raises(planner.DoesNotFit):  # 32k tokens' activations on one TP pair
+        planner.predict(model, H100, one, 64)
+    r_one = planner.predict(model, H100, one, 64, baseline=False)  # timed all the same
+    r_cp = planner.predict(model, H100, cp4, 64)
+    assert (r_cp["tp"], r_cp["cp"], r_cp["pp"], r_cp["dp"]) == (2, 4, 1, 8)
+    assert r_cp["memory_parts_gb"]["optimizer"] == pytest.approx(
+        r_one["memory_parts_gb"]["optimizer"])  # sharded over dp x cp = 32 both
+    assert r_cp["memory_parts_gb"]["activations"] < r_one["memory_parts_gb"]["activations"] / 3
+    # The same model FLOPs per step, whoever computes them.
+    assert r_cp["mfu"] * r_cp["step_time_s"] == pytest.approx(r_one["mfu"] * r_one["step_time_s"])
+    with pytest.raises(ValueError, match="tp 2 x cp 4 x pp 1 x dp 32 = 256 != 64 GPUs"):
+        planner.check_layout(model, H100, dataclasses.replace(one, cp=4), 64)
+    with pytest.raises(ValueError, match=r"cp 4: the sequence \(4100\)"):
+        planner.check_layout(dataclasses.replace(model, seq_length=4100), H100, cp4, 64)
+    # The search tries cp where each sequence splits into chunks of 2048 tokens or more; at
+    # tp 2 without pipelining only those with cp > 1 fit.
+    results, _ = planner.search(model, H100, 64, {"tp": 2, "pp": 1, "recompute": "selective",
+                                                  "micro_batch_size": 1})
+    assert {r["cp"] for r in results} == {2, 4, 8}
+    fixed, _ = planner.search(model, H100, 64, {"tp": 2, "pp": 1, "cp": 4})
+    assert fixed and {r["cp"] for r in fixed} == {4}
+    # A run's own --context-parallel-size.
+    out = _plan(*CLUSTER, "--json", "--", *TRAINING, "--context-parallel-size", "2")
+    assert out.returncode == 0, out.stderr
+    row = json.loads(out.stdout)[0]
+    assert (row["tp"], row["cp"], row["pp"], row["dp"]) == (8, 2, 4, 1)
+    cluster = planner.Cluster(planner.GPUS["h100-80g"], 8, 64, 450e9, 50e9)
+    lay = planner.Layout(8, 4, 1, 1, 2, "selective", True, True, overlap_grad_reduce=True,
+                         overlap_param_gather=False, cp=2)
+    want = planner.predict(planner.ModelShape(80, 8192, 64, 8, 28672, 32000, 4096), cluster,
+                           lay, 64)
+    assert row["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
