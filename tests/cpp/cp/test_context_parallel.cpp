@@ -12,6 +12,7 @@
 #include "../tp/tp_test_util.h"
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
+#include "braid/core/allocator.h"
 
 using namespace braid;
 using namespace braid::model;
@@ -100,8 +101,18 @@ TEST_P(ContextParallelEqualsOneRank, LossAndGradients) {
   for (int m = 0; m < 2; ++m) {
     Batch b = batch(2, 16, config.vocab_size, 20 + m);
     b.targets.data_ptr<int32_t>()[3] = -1;  // an ignored target inside a chunk
+    // What a forward keeps for its backward (all of it per token: activations, statistics,
+    // ids, logits) is exactly the whole model's divided by cp (compared without TP, whose own
+    // split tests/cpp/tp and tp_memory_bench check).
+    const int64_t before_ref = memory_stats(Device::cpu()).current_bytes;
     loss_ref += reference.forward(b.ids, b.targets, m);
+    const int64_t kept_ref = memory_stats(Device::cpu()).current_bytes - before_ref;
+    const int64_t before_cp = memory_stats(Device::cpu()).current_bytes;
     loss_cp += sharded.forward(b.ids, b.targets, m);
+    const int64_t kept_cp = memory_stats(Device::cpu()).current_bytes - before_cp;
+    if (c.tp == 1) {
+      EXPECT_EQ(kept_cp * state.cp().size(), kept_ref) << "bytes kept by forward";
+    }
     reference.backward(m, 0.5f);
     sharded.backward(m, 0.5f);
   }
