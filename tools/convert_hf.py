@@ -156,6 +156,14 @@ def hf_to_braid(hf, arch, c):
 
 def braid_to_hf(t, arch, c):
     """braid's tensors -> HF names and layout (the inverse of hf_to_braid)."""
+    if arch == "qwen2" and not c.get("add_qkv_bias"):  # a windowed Llama: Qwen2 with zero biases
+        out = dict(t)
+        for i in range(c["num_layers"]):
+            for p in ("q_proj", "k_proj", "v_proj"):
+                w = t[f"model.layers.{i}.self_attn.{p}.weight"]
+                out[f"model.layers.{i}.self_attn.{p}.bias"] = w.like(
+                    np.zeros(w.shape[0], dtype=w.array.dtype))
+        return out
     if arch in LLAMA_LIKE:
         return dict(t)
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],

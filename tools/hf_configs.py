@@ -21,8 +21,8 @@ def head_width(c):
     return c.get("kv_channels") or c["hidden_size"] // c["num_attention_heads"]
 
 
-# Mistral without a sliding window (v0.2 on, NeMo) is Llama; Qwen2 is Llama with biases on q, k
-# and v alone (braid's add_qkv_bias), Qwen3 Llama with a
+# Mistral is Llama with a sliding window on every layer (v0.1; none from v0.2 on, NeMo); Qwen2
+# is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
 # norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
 # bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
 # are Llama's.
@@ -119,15 +119,8 @@ def braid_config_from_hf(hf, arch, dtype):
         if attention_bias != mlp_bias:
             refuse("attention_bias", attention_bias, f"mlp_bias is {json.dumps(mlp_bias)}; braid's "
                    "add_bias_linear gives every linear layer a bias or none")
-        if arch in ("qwen2", "qwen3"):  # sliding_window is set, unused unless use_sliding_window
-            if hf.get("use_sliding_window"):
-                refuse("use_sliding_window", True, "braid attends to the whole context")
-            other = [t for t in hf.get("layer_types") or [] if t != "full_attention"]
-            if other:
-                refuse("layer_types", other[0], "braid attends to the whole context")
-        elif hf.get("sliding_window", 4096 if arch == "mistral" else None):  # Mistral's default
-            refuse("sliding_window", hf.get("sliding_window", 4096),
-                   "braid attends to the whole context")
+        if arch == "llama" and hf.get("sliding_window"):
+            refuse("sliding_window", hf["sliding_window"], "LlamaForCausalLM has no window")
         if arch == "stablelm":
             if hf.get("qk_layernorm"):
                 refuse("qk_layernorm", True, "StableLM's per-head norms have a weight per head; "
@@ -136,7 +129,7 @@ def braid_config_from_hf(hf, arch, dtype):
                 refuse("use_parallel_residual", True, "braid's layers are sequential")
         layernorm = arch in ("stablelm", "nemotron")
         eps_key = {"stablelm": "layer_norm_eps", "nemotron": "norm_eps"}.get(arch, "rms_norm_eps")
-        return {"num_layers": hf["num_hidden_layers"], "hidden_size": h,
+        return {**window_of(hf, arch), "num_layers": hf["num_hidden_layers"], "hidden_size": h,
                 "num_attention_heads": heads,
                 "num_query_groups": hf.get("num_key_value_heads") or heads, "kv_channels": head_dim,
                 "ffn_hidden_size": hf["intermediate_size"], "vocab_size": hf["vocab_size"],
@@ -169,6 +162,58 @@ def braid_config_from_hf(hf, arch, dtype):
             "params_dtype": dtype}
 
 
+def window_of(hf, arch):
+    """braid's window_size and window_layers for a Llama-like config: Mistral's sliding_window
+    on every layer (4096 where the field is left out, as transformers has it; null: none);
+    Qwen2's and Qwen3's with use_sliding_window, on the layers layer_types names
+    sliding_attention (or, without layer_types, from max_window_layers on)."""
+    none = {"window_size": -1, "window_layers": []}
+    layers = hf["num_hidden_layers"]
+    if arch == "mistral":
+        window = hf.get("sliding_window", 4096)
+        kinds = ["sliding_attention"] * layers
+    elif arch in ("qwen2", "qwen3"):
+        window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+        kinds = hf.get("layer_types") or [
+            "sliding_attention" if window and i >= hf.get("max_window_layers", 28)
+            else "full_attention" for i in range(layers)]
+        check(len(kinds) == layers, f"config.json: layer_types has {len(kinds)} entries for "
+              f"num_hidden_layers {layers}")
+        other = [k for k in kinds if k not in ("full_attention", "sliding_attention")]
+        if other:
+            refuse("layer_types", other[0], "braid's layers attend to all of the context or to "
+                   "a sliding window")
+        if "sliding_attention" in kinds and not window:
+            refuse("layer_types", "sliding_attention", "use_sliding_window is false, so "
+                   "transformers has no window for those layers")
+    else:
+        return none
+    if not window or "sliding_attention" not in kinds:
+        return none
+    check(isinstance(window, int) and window >= 1,
+          f"config.json: sliding_window = {json.dumps(window)} must be a positive integer")
+    layer_list = [int(k == "sliding_attention") for k in kinds]
+    return {"window_size": window - 1, "window_layers": [] if all(layer_list) else layer_list}
+
+
+def hf_window(c, arch):
+    """The HF fields of a braid config's window: Mistral's sliding_window, Qwen2's and Qwen3's
+    use_sliding_window, sliding_window, layer_types (and max_window_layers where the windowed
+    layers are the last ones, as transformers before layer_types reads it)."""
+    window, layers = c.get("window_size", -1), c["num_layers"]
+    pattern = c.get("window_layers") or [1] * layers
+    if arch == "mistral":
+        return {"sliding_window": window + 1 if window >= 0 else None}
+    if window < 0:
+        return {"use_sliding_window": False}
+    first = pattern.index(1) if 1 in pattern else layers
+    hf = {"use_sliding_window": True, "sliding_window": window + 1,
+          "layer_types": ["sliding_attention" if w else "full_attention" for w in pattern]}
+    if pattern == [0] * first + [1] * (layers - first):
+        hf["max_window_layers"] = first
+    return hf
+
+
 def as_f32(x):
     """The double braid's config_json writes for an f32 field (rope_theta, norm_eps)."""
     return float(np.float32(x))
@@ -182,6 +227,9 @@ def f32_value(x):
 def braid_architecture(c):
     kind = (c["normalization"], c["activation"], c["position_embedding"])
     partial = c.get("rotary_percent", 1.0) != 1.0
+    check(c.get("window_size", -1) < 0 or kind == ("rmsnorm", "swiglu", "rope"),
+          "this braid model has a sliding window; of the architectures braid exports only "
+          "Mistral, Qwen2 and Qwen3 (RMSNorm, SwiGLU, RoPE) have one")
     if kind == ("layernorm", "swiglu", "rope"):
         check(not c["add_bias_linear"] and not c.get("qk_layernorm"),
               "this braid model is StableLM shaped (layernorm, swiglu, rope) but has ",
@@ -206,7 +254,15 @@ def braid_architecture(c):
                   "this braid model has qk_layernorm and biases; Qwen3ForCausalLM has neither "
                   "attention nor MLP biases")
             return "qwen3"
-        return "qwen2" if c.get("add_qkv_bias") and not c["add_bias_linear"] else "llama"
+        if c.get("add_qkv_bias") and not c["add_bias_linear"]:
+            return "qwen2"
+        if c.get("window_size", -1) < 0:
+            return "llama"
+        # A window: Mistral's on every layer, Qwen2's on some (export gives it q, k, v biases
+        # of zero).
+        check(not c["add_bias_linear"], "this braid model has a sliding window and biases on "
+              "every linear layer; MistralForCausalLM and Qwen2ForCausalLM have neither")
+        return "qwen2" if c.get("window_layers") else "mistral"
     if kind == ("layernorm", "gelu", "learned"):
         check(not c.get("qk_layernorm"), "this braid model is GPT-2 shaped but has qk_layernorm; "
               "GPT2LMHeadModel has no query/key norms")
@@ -231,7 +287,7 @@ LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
               "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
               "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
               "rope_scaling", "hidden_act", "tie_word_embeddings")
-SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types")
+SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types", "max_window_layers")
 ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
     "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
     "mistral": LLAMA_KEYS + ("head_dim", "sliding_window"),
@@ -263,11 +319,9 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
         head_dim, eps = head_width(c), f32_value(c["norm_eps"])
         hf.update({"llama": {"head_dim": head_dim, "attention_bias": c["add_bias_linear"],
                              "mlp_bias": c["add_bias_linear"], "rms_norm_eps": eps},
-                   "mistral": {"head_dim": head_dim, "sliding_window": None, "rms_norm_eps": eps},
-                   "qwen2": {"head_dim": head_dim, "use_sliding_window": False,
-                             "rms_norm_eps": eps},
-                   "qwen3": {"head_dim": head_dim, "attention_bias": False,
-                             "use_sliding_window": False, "rms_norm_eps": eps},
+                   "mistral": {"head_dim": head_dim, "rms_norm_eps": eps},
+                   "qwen2": {"head_dim": head_dim, "rms_norm_eps": eps},
+                   "qwen3": {"head_dim": head_dim, "attention_bias": False, "rms_norm_eps": eps},
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
                    "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
                                 "qk_layernorm": False, "use_parallel_residual": False,
@@ -276,6 +330,8 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                                 "mlp_bias": c["add_bias_linear"], "norm_eps": eps,
                                 "hidden_act": "relu2",
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
+        if arch in ("mistral", "qwen2", "qwen3"):
+            hf.update(hf_window(c, arch))
         if arch in PARTIAL_ROTARY_DEFAULT:  # else transformers 5 takes its default
             rope["partial_rotary_factor"] = hf["partial_rotary_factor"]
         if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling

@@ -21,6 +21,7 @@ and batch instead):
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "python"))
 
-from braid import planner  # noqa: E402
+from braid import planner, window_args  # noqa: E402
 from braid.arguments import parse_args as parse_training_args  # noqa: E402
 
 
@@ -62,6 +63,10 @@ def parse_args(argv):
     g.add_argument("--seq-length", type=int)
     g.add_argument("--activation", choices=["swiglu", "gelu", "squared_relu"], default=None)
     g.add_argument("--tie-embeddings", action="store_true")
+    g.add_argument("--window-size", type=window_args.window_size,
+                   help="sliding-window attention W,0 as pretrain_gpt.py takes it")
+    g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq,
+                   help="with --window-size: every Nth layer attends to everything, or a list")
     g = ap.add_argument_group("cluster")
     g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
     g.add_argument("--gpus-per-node", type=int, default=8)
@@ -140,11 +145,22 @@ def parse_args(argv):
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
+    if a.window_attn_skip_freq is not None and (a.window_size is None or a.window_size < 0):
+        ap.error("--window-attn-skip-freq needs --window-size")
+    if a.window_size is not None:
+        try:
+            layers = window_args.window_layers(a.window_attn_skip_freq,
+                                               a.model_shape.num_layers)
+        except ValueError as e:
+            ap.error(str(e))
+        a.model_shape = dataclasses.replace(a.model_shape, window_size=a.window_size,
+                                            window_layers=tuple(layers))
     return a
 
 
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
-               "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation")
+               "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation",
+               "window_size", "window_attn_skip_freq")
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
@@ -152,7 +168,8 @@ LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "r
 
 def _from_training_arguments(ap, a, training):
     """The plan of the run pretrain_gpt.py `training` describes on this cluster."""
-    given = [f for f in MODEL_FLAGS + LAYOUT_FLAGS if getattr(a, f) not in (None, False)]
+    given = [f for f in MODEL_FLAGS + LAYOUT_FLAGS
+             if getattr(a, f) is not None and getattr(a, f) is not False]
     if given:
         ap.error(f"--{given[0].replace('_', '-')}: with training arguments after --, the model "
                  "and the layout are theirs")
@@ -166,7 +183,8 @@ def _from_training_arguments(ap, a, training):
         t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
         t.ffn_hidden_size, t.vocab_size, t.seq_length,
         "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
-        not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels)
+        not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
+        -1 if t.window_size is None else t.window_size, tuple(t.window_layers))
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full
     # batch's rate (docs/planner.md).

@@ -31,6 +31,8 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rope_high_freq_factor", c.rope_high_freq_factor},
       {"rope_original_max_position_embeddings", c.rope_original_max_position_embeddings},
       {"rotary_percent", c.rotary_percent},
+      {"window_size", c.window_size},
+      {"window_layers", c.window_layers},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
 }

@@ -449,9 +449,15 @@ void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, i
 // ---------------------------------------------------------------- attention
 
 namespace {
+void check_window(const char* op, int64_t window) {
+  BRAID_CHECK(window >= -1, op, ": window ", window,
+              " must be >= 0 (keys before each query it sees) or -1 (no window)");
+}
+
 // q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk, Hq % Hkv == 0; lse [B, Hq, Sq] f32.
 void check_attention(const char* op, Device device, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const Tensor& lse) {
+                     const Tensor& v, const Tensor& lse, int64_t window) {
+  check_window(op, window);
   check_activation(op, device, "q", q);
   check_same_dtype(op, "k", k, "q", q);
   check_same_dtype(op, "v", v, "q", q);
@@ -471,18 +477,18 @@ void check_attention(const char* op, Device device, const Tensor& q, const Tenso
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       Stream stream) {
+                       int64_t window, Stream stream) {
   const char* op = "attention_forward";
   Device device = device_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
-  check_attention(op, device, q, k, v, lse);
+  check_attention(op, device, q, k, v, lse, window);
   check_like(op, "out", out, "q", q);
   if (out.numel() == 0 && lse.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, stream);
+  BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, window, stream);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        Stream stream) {
+                        int64_t window, Stream stream) {
   const char* op = "attention_backward";
   Device device = device_of(op, {{"dq", dq},
                                  {"dk", dk},
@@ -493,7 +499,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                                  {"v", v},
                                  {"out", out},
                                  {"lse", lse}});
-  check_attention(op, device, q, k, v, lse);
+  check_attention(op, device, q, k, v, lse, window);
   for (const auto& [name, t] :
        {std::pair<const char*, const Tensor&>{"dq", dq}, {"dout", dout}, {"out", out}}) {
     check_like(op, name, t, "q", q);
@@ -502,11 +508,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
     check_like(op, name, t, "k", k);
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, stream);
+  BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, window, stream);
 }
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, Stream stream) {
+                              const Tensor& v_cache, int64_t length, int64_t window,
+                              Stream stream) {
   const char* op = "attention_cached_forward";
   Device device =
       device_of(op, {{"out", out}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
@@ -522,9 +529,11 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
               " heads, not a multiple of the ", k_cache.size(2), " kv heads");
   BRAID_CHECK(q.size(1) <= length && length <= k_cache.size(1), op, ": length ", length,
               " must lie in [Sq, C] = [", q.size(1), ", ", k_cache.size(1), "]");
+  check_window(op, window);
   check_like(op, "out", out, "q", q);
   if (out.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_cached_forward, out, q, k_cache, v_cache, length, stream);
+  BRAID_DISPATCH(device, attention_cached_forward, out, q, k_cache, v_cache, length, window,
+                 stream);
 }
 
 // ---------------------------------------------------------------- cross-entropy

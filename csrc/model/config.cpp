@@ -106,6 +106,14 @@ int64_t TransformerConfig::rotary_dim() const {
   return int64_t(double(head_dim()) * rotary_percent);
 }
 
+int64_t TransformerConfig::attention_window(int64_t layer) const {
+  if (window_size < 0) return -1;
+  if (window_layers.empty()) return window_size;
+  BRAID_CHECK(layer >= 0 && layer < int64_t(window_layers.size()), "attention_window: layer ",
+              layer, " is not one of the ", window_layers.size(), " in window_layers");
+  return window_layers[size_t(layer)] != 0 ? window_size : -1;
+}
+
 int64_t TransformerConfig::kv_heads() const {
   return num_query_groups == 0 ? num_attention_heads : num_query_groups;
 }
@@ -165,6 +173,20 @@ void TransformerConfig::validate() const {
                        "position_embedding = rope");
     BRAID_CONFIG_CHECK(rotary_percent == 1.0,
                        "TransformerConfig.rotary_percent needs position_embedding = rope");
+  }
+  BRAID_CONFIG_CHECK(window_size >= -1,
+                     "TransformerConfig.window_size must be >= 0 (the keys before each query a "
+                     "windowed layer sees) or -1 (no window), got ",
+                     window_size);
+  BRAID_CONFIG_CHECK(window_layers.empty() || window_size >= 0,
+                     "TransformerConfig.window_layers needs a window_size");
+  BRAID_CONFIG_CHECK(window_layers.empty() || int64_t(window_layers.size()) == num_layers,
+                     "TransformerConfig.window_layers has ", window_layers.size(),
+                     " entries; it needs one per layer (", num_layers, ")");
+  for (size_t l = 0; l < window_layers.size(); ++l) {
+    BRAID_CONFIG_CHECK(window_layers[l] == 0 || window_layers[l] == 1,
+                       "TransformerConfig.window_layers[", l, "] is ", window_layers[l],
+                       "; each entry is 1 (window) or 0 (full attention)");
   }
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);

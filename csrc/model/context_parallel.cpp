@@ -1,5 +1,6 @@
 #include "braid/model/context_parallel.h"
 
+#include <algorithm>
 #include <span>
 #include <vector>
 
@@ -79,39 +80,44 @@ Tensor scatter_sequence(const ContextParallel& cp, const Tensor& full) {
 namespace {
 
 // The pieces of one local chunk of one sequence: its queries (and what has their shape) as
-// [1, L, ...], its log-sum-exp [1, Hq, L], and the keys up to the chunk's end [1, P, ...].
+// [1, L, ...], its log-sum-exp [1, Hq, L], and the keys its queries see [1, P, ...]: those
+// from the first the chunk's first query's window reaches to the chunk's end. The queries are
+// the last L of those P positions, as ops::attention_forward aligns them.
 struct ChunkView {
-  int64_t row, keys;  // row of the local [2B, L] region; keys it sees (P)
+  int64_t row, first_key, end_key;  // row of the local [2B, L] region; keys [first, end)
   Tensor rows(const Tensor& t) const { return positions(t, row, 0, t.size(1)); }
   Tensor lse(const Tensor& t) const {
     return t.slice(row * t.size(1) * t.size(2), {1, t.size(1), t.size(2)});
   }
-  Tensor key_prefix(const Tensor& t, int64_t sequence) const {
-    return positions(t, sequence, 0, keys);
+  Tensor keys(const Tensor& t, int64_t sequence) const {
+    return positions(t, sequence, first_key, end_key - first_key);
   }
 };
 
 template <typename F>
-void for_each_local_chunk(const ContextParallel& cp, const Tensor& q, F&& f) {
+void for_each_local_chunk(const ContextParallel& cp, const Tensor& q, int64_t window, F&& f) {
   const int64_t b = q.size(0) / 2, len = q.size(1);
   for (int j = 0; j < 2; ++j) {
-    for (int64_t i = 0; i < b; ++i) f(ChunkView{j * b + i, (cp.chunk(j) + 1) * len}, i);
+    const int64_t start = cp.chunk(j) * len;
+    const int64_t first = window < 0 ? 0 : std::max<int64_t>(0, start - window);
+    for (int64_t i = 0; i < b; ++i) f(ChunkView{j * b + i, first, start + len}, i);
   }
 }
 
 }  // namespace
 
 void context_attention_forward(const ContextParallel& cp, Tensor out, Tensor lse, const Tensor& q,
-                               const Tensor& k, const Tensor& v) {
-  for_each_local_chunk(cp, q, [&](const ChunkView& c, int64_t sequence) {
-    ops::attention_forward(c.rows(out), c.lse(lse), c.rows(q), c.key_prefix(k, sequence),
-                           c.key_prefix(v, sequence));
+                               const Tensor& k, const Tensor& v, int64_t window) {
+  for_each_local_chunk(cp, q, window, [&](const ChunkView& c, int64_t sequence) {
+    ops::attention_forward(c.rows(out), c.lse(lse), c.rows(q), c.keys(k, sequence),
+                           c.keys(v, sequence), window);
   });
 }
 
 void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk, Tensor dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
-                                const Tensor& v, const Tensor& out, const Tensor& lse) {
+                                const Tensor& v, const Tensor& out, const Tensor& lse,
+                                int64_t window) {
   dk.zero_();
   dv.zero_();
   // Adds a chunk's share (the activation dtype) into the f32 sum.
@@ -123,14 +129,14 @@ void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk,
     }
     ops::add(sum, sum, part_f32);
   };
-  for_each_local_chunk(cp, q, [&](const ChunkView& c, int64_t sequence) {
-    const Tensor k_seen = c.key_prefix(k, sequence), v_seen = c.key_prefix(v, sequence);
+  for_each_local_chunk(cp, q, window, [&](const ChunkView& c, int64_t sequence) {
+    const Tensor k_seen = c.keys(k, sequence), v_seen = c.keys(v, sequence);
     Tensor dk_part = Tensor::empty(k_seen.shape(), k.dtype(), k.device());
     Tensor dv_part = Tensor::empty(v_seen.shape(), v.dtype(), v.device());
     ops::attention_backward(c.rows(dq), dk_part, dv_part, c.rows(dout), c.rows(q), k_seen, v_seen,
-                            c.rows(out), c.lse(lse));
-    accumulate(c.key_prefix(dk, sequence), dk_part);
-    accumulate(c.key_prefix(dv, sequence), dv_part);
+                            c.rows(out), c.lse(lse), window);
+    accumulate(c.keys(dk, sequence), dk_part);
+    accumulate(c.keys(dv, sequence), dv_part);
   });
 }
 

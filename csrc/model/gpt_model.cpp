@@ -128,7 +128,7 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
   }
   layers_.reserve(size_t(chunk.end_layer - chunk.first_layer));
   for (int l = chunk.first_layer; l < chunk.end_layer; ++l)
-    layers_.emplace_back(config_, tp_, cp_, layer_tensors(flat_params_, l),
+    layers_.emplace_back(config_, l, tp_, cp_, layer_tensors(flat_params_, l),
                          layer_tensors(flat_grads_, l));
 }
 

@@ -60,13 +60,14 @@ LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
   return s;
 }
 
-TransformerLayer::TransformerLayer(const TransformerConfig& config, const TensorParallel& tp,
-                                   const ContextParallel& cp, LayerTensors weights,
-                                   LayerTensors grads)
+TransformerLayer::TransformerLayer(const TransformerConfig& config, int64_t layer,
+                                   const TensorParallel& tp, const ContextParallel& cp,
+                                   LayerTensors weights, LayerTensors grads)
     : config_(config),
       tp_(tp),
       cp_(cp),
       shape_(LayerShape::of(config, tp.size())),
+      window_(config.attention_window(layer)),
       w_(std::move(weights)),
       g_(std::move(grads)) {}
 
@@ -148,19 +149,20 @@ void TransformerLayer::rotate(Tensor x, int64_t position_offset, bool inverse) c
 
 void TransformerLayer::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                                          const Tensor& v) const {
-  if (!cp_.active()) return ops::attention_forward(out, lse, q, k, v);
-  context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v));
+  if (!cp_.active()) return ops::attention_forward(out, lse, q, k, v, window_);
+  context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v),
+                            window_);
 }
 
 void TransformerLayer::attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                                           const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& out, const Tensor& lse) const {
-  if (!cp_.active()) return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse);
+  if (!cp_.active()) return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window_);
   // The keys and values are gathered again rather than kept: cp times their local size.
   const Tensor k_all = gather_sequence(cp_, k), v_all = gather_sequence(cp_, v);
   Tensor dk_all = Tensor::empty(k_all.shape(), DType::f32, k_all.device());
   Tensor dv_all = Tensor::empty(v_all.shape(), DType::f32, v_all.device());
-  context_attention_backward(cp_, dq, dk_all, dv_all, dout, q, k_all, v_all, out, lse);
+  context_attention_backward(cp_, dq, dk_all, dv_all, dout, q, k_all, v_all, out, lse, window_);
   // Summed over the group in f32, rounded to the activation dtype once.
   auto to_local = [&](const Tensor& all, const Tensor& like) {
     const Tensor summed = scatter_sequence(cp_, all);
@@ -268,7 +270,7 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   qkv = Projection{};
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   ops::attention_cached_forward(attn, q, cache.keys(cache_layer), cache.values(cache_layer),
-                                offset + s);
+                                offset + s, window_);
 
   Tensor mid = Tensor::empty({t, c.hidden_size}, dt, dev);
   linear_forward(mid, attn.view({t, n.q_heads * d}), w_.o_weight, row_bias(w_.o_bias));

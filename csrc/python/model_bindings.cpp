@@ -60,6 +60,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("add_bias_linear", &TransformerConfig::add_bias_linear)
       .def_readwrite("add_qkv_bias", &TransformerConfig::add_qkv_bias)
       .def_readwrite("qk_layernorm", &TransformerConfig::qk_layernorm)
+      .def_readwrite("window_size", &TransformerConfig::window_size)
+      .def_readwrite("window_layers", &TransformerConfig::window_layers)
       .def_readwrite("zero_centered_gamma", &TransformerConfig::zero_centered_gamma)
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
       .def_readwrite("init_std", &TransformerConfig::init_std)

@@ -19,7 +19,7 @@ import math
 import os
 import re
 
-from braid import checkpoint_args, schedule_args
+from braid import checkpoint_args, schedule_args, window_args
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--add-qkv-bias", action="store_true",
                    help="biases on the query, key and value projections (Qwen2's), also with "
                         "--disable-bias-linear")
+    g.add_argument("--window-size", type=window_args.window_size, default=None,
+                   help="sliding-window attention W,0: each query sees itself and the W keys "
+                        "before it (Mistral v0.1: 4095,0)")
+    g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq, default=None,
+                   help="with --window-size: N - every Nth layer attends to everything; or a "
+                        "list, one 0 (full) or 1 (window) per layer, e.g. \"[1,1,1,0]*3\"")
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
@@ -529,6 +535,12 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--rotary-percent {a.rotary_percent} turns int({a.kv_channels} x "
            f"{a.rotary_percent}) = {rotary_dim} channels of each head; RoPE turns pairs, so "
            "that must be even and nonzero")
+    _check(a.window_attn_skip_freq is None or (a.window_size is not None and a.window_size >= 0),
+           "--window-attn-skip-freq needs --window-size")
+    try:
+        a.window_layers = window_args.window_layers(a.window_attn_skip_freq, a.num_layers)
+    except ValueError as e:
+        raise ArgumentError(str(e)) from None
     _check(a.seq_length % (2 * cp) == 0,
            f"--context-parallel-size {cp}: --seq-length {a.seq_length} is not divisible by "
            f"2 x {cp} (each rank holds 2 chunks of every sequence)")

@@ -35,6 +35,8 @@ FROM_CHECKPOINT = {
     "rope_original_max_position_embeddings": lambda v: _megatron_rope_constant(
         "rope_original_max_position_embeddings", v),
     "norm_eps": lambda v: [("norm_epsilon", v)],
+    "window_size": lambda v: [("window_size", v if v >= 0 else None)],
+    "window_layers": lambda v: [("window_attn_skip_freq", list(v) or None)],
 }
 
 
@@ -46,7 +48,8 @@ MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4
 # What checkpoints from before these fields mean by lacking them.
 BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamma": False,
                "rope_scaling_factor": 0.0,
-               "rotary_percent": 1.0, **MEGATRON_ROPE_SCALING}
+               "rotary_percent": 1.0, "window_size": -1, "window_layers": [],
+               **MEGATRON_ROPE_SCALING}
 
 
 def _megatron_rope_constant(key, value):
@@ -77,7 +80,9 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "rope_low_freq_factor": "--use-rope-scaling",
             "rope_high_freq_factor": "--use-rope-scaling",
             "rope_original_max_position_embeddings": "--use-rope-scaling",
-            "norm_eps": "--norm-epsilon"}
+            "norm_eps": "--norm-epsilon",
+            "window_size": "--window-size",
+            "window_layers": "--window-attn-skip-freq"}
 
 
 def numerics_warnings(saved: dict, cfg) -> list[str]:

@@ -3,7 +3,8 @@
 Model FLOPs follow Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
 Clusters", eq. 3), generalised to grouped-query attention and SwiGLU: every matrix product of
 the forward pass counts 2·m·n·k, attention counts QKᵀ and the weighted sum over the whole
-sequence (no causal halving), and a training iteration is 3× the forward (backward = 2×).
+sequence (no causal halving) - on a sliding-window layer over min(sequence, window + 1) keys,
+as Megatron-Bridge counts it - and a training iteration is 3× the forward (backward = 2×).
 Recomputation is not counted: that is the hardware FLOPs (HFU), not the model's. For GPT-2
 shapes (ffn = 4h, no GQA) this is exactly the paper's 72·B·s·l·h²·(1 + s/6h + V/12lh).
 
@@ -23,6 +24,16 @@ import sys
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0}
 
 
+def attended_keys(cfg, seq_length: int) -> float:
+    """The keys each query is counted against, summed over `cfg`'s layers: seq_length on a
+    full-attention layer, min(seq_length, window_size + 1) on a windowed one."""
+    window = getattr(cfg, "window_size", -1)
+    if window < 0:
+        return cfg.num_layers * seq_length
+    windowed = sum(cfg.window_layers) if len(cfg.window_layers) else cfg.num_layers
+    return (cfg.num_layers - windowed) * seq_length + windowed * min(seq_length, window + 1)
+
+
 def forward_flops_per_token(cfg, seq_length: int) -> float:
     """Model FLOPs of one token's forward pass through `cfg` (a TransformerConfig) with
     sequences of `seq_length`: the linear layers, attention scores and context, the LM head."""
@@ -33,8 +44,8 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     per_layer = 2 * h * (q + 2 * kv)           # query, key and value projections
     per_layer += 2 * q * h                     # output projection
     per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
-    per_layer += 2 * 2 * seq_length * q        # QKᵀ and the probabilities times V
-    return cfg.num_layers * per_layer + 2 * h * cfg.vocab_size
+    attention = 2 * 2 * q * attended_keys(cfg, seq_length)  # QKᵀ and the probabilities times V
+    return cfg.num_layers * per_layer + attention + 2 * h * cfg.vocab_size
 
 
 def flops_per_iteration(cfg, seq_length: int, global_batch_size: int) -> float:

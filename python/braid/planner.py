@@ -182,7 +182,8 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
     fc1 = 2 * f if model.activation == "swiglu" else f
     gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, fc1 / t, h), (T, h, f / t)]
     gemm_f = sum(_gemm_time(gpu, *g) for g in gemms)
-    attn_exec = 2 * T * s * q / t  # causal flash attention executes half of QKᵀ and PV
+    # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
+    attn_exec = 4 * T * model.executed_keys() * q / t
     attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
     act_bytes = (6 if model.activation == "swiglu" else 4) * f / t
     norm_bytes = 8 * h_rep

@@ -24,6 +24,11 @@ class ModelShape:
     tied_embeddings: bool = False
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
     kv_channels: int = 0  # each head's width; 0: hidden_size / num_attention_heads
+    # Sliding-window attention as TransformerConfig has it: each query of a windowed layer sees
+    # itself and window_size keys before it (-1: no window); window_layers, one 0/1 per layer
+    # (empty: every layer windowed).
+    window_size: int = -1
+    window_layers: tuple = ()
 
     @property
     def head_dim(self) -> int:
@@ -34,6 +39,18 @@ class ModelShape:
         """The queries' (and the attention output's) width: hidden_size unless kv_channels
         widens or narrows the heads."""
         return self.num_attention_heads * self.head_dim
+
+    def executed_keys(self) -> float:
+        """The keys a causal flash attention computes per query, averaged over the sequence and
+        the layers: about half the sequence on a full layer; on a windowed one min(i + 1,
+        window + 1) for the query at position i."""
+        s, w = self.seq_length, self.window_size + 1
+        full = s / 2
+        if self.window_size < 0 or w >= s:
+            return full
+        windowed = w - (w - 1) * w / (2 * s)
+        n = sum(self.window_layers) if self.window_layers else self.num_layers
+        return ((self.num_layers - n) * full + n * windowed) / self.num_layers
 
     @property
     def gpt_style(self) -> bool:

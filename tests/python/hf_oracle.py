@@ -85,22 +85,51 @@ def braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
     return model
 
 
-def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0):
-    """Qwen2ForCausalLM: Llama with biases on q, k and v alone (braid's add_qkv_bias)."""
+def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
+               sliding_window=None, max_window_layers=0):
+    """Qwen2ForCausalLM: Llama with biases on q, k and v alone (braid's add_qkv_bias). With a
+    sliding_window, layers from max_window_layers on attend in it (use_sliding_window)."""
     torch.manual_seed(seed)
+    sliding = {} if sliding_window is None else {
+        "use_sliding_window": True, "sliding_window": sliding_window,
+        "max_window_layers": max_window_layers}
     hf_cfg = transformers.Qwen2Config(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True)
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, **sliding)
     hf_cfg._attn_implementation = "eager"
     hf = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
     with torch.no_grad():  # zero-initialised biases and unit norms would test nothing
         for name, p in hf.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
+    window = {} if sliding_window is None else {
+        "window_size": sliding_window - 1,
+        "window_layers": [int(i >= max_window_layers) for i in range(layers)]}
     return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                                 norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=True,
-                                add_qkv_bias=True)
+                                add_qkv_bias=True, **window)
+
+
+def mistral_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64,
+                 seed=0, sliding_window=5):
+    """MistralForCausalLM v0.1: Llama whose every layer attends in a sliding window of
+    `sliding_window` keys (the query's own among them: braid's window_size is one less)."""
+    torch.manual_seed(seed)
+    hf_cfg = transformers.MistralConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+        sliding_window=sliding_window)
+    hf_cfg._attn_implementation = "eager"
+    hf = transformers.MistralForCausalLM(hf_cfg).float().eval()
+    with torch.no_grad():  # unit norms would test nothing
+        for name, p in hf.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                norm_eps=1e-5, tie_embeddings=False,
+                                window_size=sliding_window - 1)
 
 
 def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,

@@ -1,7 +1,9 @@
 // Causal grouped-query attention on the CPU, flash-attention style: the forward keeps only the
 // log-sum-exp of each softmax row; the backward recomputes the probabilities from it. With
 // fewer queries than keys the queries are the last positions (query row i sits at position
-// Sk - Sq + i), as flash-attention aligns them.
+// Sk - Sq + i), as flash-attention aligns them. With a sliding window a block of rows computes
+// only the columns from its first row's first key (rounded down to a 16-column chunk) on, so
+// the work is O(S x window), not O(S^2).
 //
 // Work is split over (batch, head) pairs, one OpenMP loop per call. Within a pair, query rows
 // are processed in blocks of four so that each pass over the keys (held transposed, [D][S],
@@ -20,10 +22,17 @@ constexpr int64_t kLanes = 16;  // column chunk of the register-blocked loops (o
 
 int64_t round_up(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
 
-// Shapes of one call: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk.
+// Shapes of one call: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk; window -1 or >= 0.
 struct Dims {
-  int64_t b, sq, sk, hq, hkv, d;
-  int64_t offset() const { return sk - sq; }    // the position of query row 0
+  int64_t b, sq, sk, hq, hkv, d, window;
+  int64_t offset() const { return sk - sq; }  // the position of query row 0
+  // The first key query row i sees (its last is offset() + i).
+  int64_t first_key(int64_t i) const {
+    return window < 0 ? 0 : std::max<int64_t>(0, offset() + i - window);
+  }
+  // The first column a block of rows from i0 computes: a multiple of kLanes, so that the
+  // register-blocked loops stay aligned to the buffers' chunks.
+  int64_t block_start(int64_t i0) const { return first_key(i0) / kLanes * kLanes; }
   int64_t ld() const { return round_up(sk); }   // row length of [.][Sk] buffers
   int64_t dpad() const { return round_up(d); }  // row length of [.][D] buffers
   int64_t q_at(int64_t batch, int64_t row, int64_t head) const {
@@ -204,20 +213,24 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
   load_head(nullptr, w.vp.data(), v + m.kv_at(batch, 0, kvh), m);
   for (int64_t i0 = 0; i0 < sq; i0 += kRows) {
     const int64_t n = std::min(m.sk, m.offset() + i0 + kRows);  // keys the block's last row sees
+    const int64_t lo = m.block_start(i0);                       // columns [lo, n) are computed
     load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
-    rows_times_transposed(w.p.data(), w.xq.data(), dpad, w.kt.data(), ld, n, d, 1.0f);
+    rows_times_transposed(w.p.data() + lo, w.xq.data(), dpad, w.kt.data() + lo, ld, n - lo, d,
+                          1.0f);
     float inv_sum[kRows];
     for (int r = 0; r < kRows; ++r) {
       float* p = w.p.data() + r * ld;
-      // causal: row i sees keys [0, offset + i]
+      // row i sees keys [first_key(i), offset + i]
       const int64_t seen = std::min(m.offset() + i0 + r + 1, n);
-      float mx = max_of(p, seen);
-      float sum = exp_shifted(p, seen, mx);
+      const int64_t first = std::min(m.first_key(i0 + r), seen);
+      float mx = max_of(p + first, seen - first);
+      float sum = exp_shifted(p + first, seen - first, mx);
+      std::fill(p + lo, p + first, 0.0f);
       std::fill(p + seen, p + n, 0.0f);
       inv_sum[r] = 1.0f / sum;
       if (i0 + r < sq) lse[(batch * m.hq + head) * sq + i0 + r] = mx + std::log(sum);
     }
-    weights_times_rows(w.acc.data(), w.p.data(), ld, w.vp.data(), dpad, n);
+    weights_times_rows(w.acc.data(), w.p.data() + lo, ld, w.vp.data() + lo * dpad, dpad, n - lo);
     for (int r = 0; r < kRows && i0 + r < sq; ++r) {
       scaled_copy(out + m.q_at(batch, i0 + r, head), w.acc.data() + r * dpad, d, inv_sum[r]);
     }
@@ -237,29 +250,36 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
   for (int64_t head = kvh * group; head < (kvh + 1) * group; ++head) {
     for (int64_t i0 = 0; i0 < sq; i0 += kRows) {
       const int64_t n = std::min(m.sk, m.offset() + i0 + kRows);
+      const int64_t lo = m.block_start(i0), cols = n - lo;  // columns [lo, n) are computed
       load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
       load_block(w.xdo.data(), dout + m.q_at(batch, i0, head), i0, m, 1.0f);
-      rows_times_transposed(w.p.data(), w.xq.data(), dpad, w.kt.data(), ld, n, d, 1.0f);
-      rows_times_transposed(w.dp.data(), w.xdo.data(), dpad, w.vt.data(), ld, n, d, 1.0f);
+      float* p_lo = w.p.data() + lo;
+      float* dp_lo = w.dp.data() + lo;
+      rows_times_transposed(p_lo, w.xq.data(), dpad, w.kt.data() + lo, ld, cols, d, 1.0f);
+      rows_times_transposed(dp_lo, w.xdo.data(), dpad, w.vt.data() + lo, ld, cols, d, 1.0f);
       for (int r = 0; r < kRows; ++r) {
         float* p = w.p.data() + r * ld;
         float* ds = w.dp.data() + r * ld;
-        const int64_t i = i0 + r, seen = i < sq ? m.offset() + i + 1 : 0;
+        // row i sees keys [first, seen); a row past the queries sees none
+        const int64_t i = i0 + r, seen = i < sq ? m.offset() + i + 1 : lo;
+        const int64_t first = i < sq ? m.first_key(i) : lo;
         if (i < sq) {
-          exp_shifted(p, seen, lse[(batch * m.hq + head) * sq + i]);
+          exp_shifted(p + first, seen - first, lse[(batch * m.hq + head) * sq + i]);
           float delta = dot(w.xdo.data() + r * dpad, out + m.q_at(batch, i, head), d);
-          softmax_grad(ds, p, seen, delta);
+          softmax_grad(ds + first, p + first, seen - first, delta);
         }
-        std::fill(p + seen, p + n, 0.0f);
-        std::fill(ds + seen, ds + n, 0.0f);
+        for (float* row : {p, ds}) {
+          std::fill(row + lo, row + first, 0.0f);
+          std::fill(row + seen, row + n, 0.0f);
+        }
       }
       // dQ = scale * dS K; dK += dS^T (scale * Q); dV += P^T dO.
-      weights_times_rows(w.acc.data(), w.dp.data(), ld, w.kp.data(), dpad, n);
+      weights_times_rows(w.acc.data(), dp_lo, ld, w.kp.data() + lo * dpad, dpad, cols);
       for (int r = 0; r < kRows && i0 + r < sq; ++r) {
         scaled_copy(dq + m.q_at(batch, i0 + r, head), w.acc.data() + r * dpad, d, scale);
       }
-      add_outer4(w.dk.data(), w.dp.data(), ld, w.xq.data(), dpad, n);
-      add_outer4(w.dv.data(), w.p.data(), ld, w.xdo.data(), dpad, n);
+      add_outer4(w.dk.data() + lo * dpad, dp_lo, ld, w.xq.data(), dpad, cols);
+      add_outer4(w.dv.data() + lo * dpad, p_lo, ld, w.xdo.data(), dpad, cols);
     }
   }
   for (int64_t j = 0; j < m.sk; ++j) {
@@ -270,18 +290,19 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
 
 // Heads below which one thread does all the work (about 2^17 multiply-adds).
 int64_t heads_per_thread(const Dims& m) {
-  return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.sq * m.sk * m.d));
+  const int64_t keys = m.window < 0 ? m.sk : std::min(m.sk, m.window + 1);  // per query
+  return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.sq * keys * m.d));
 }
 
-Dims dims_of(const Tensor& q, const Tensor& k) {
-  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3)};
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t window) {
+  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), window};
 }
 
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       Stream) {
-  const Dims m = dims_of(q, k);
+                       int64_t window, Stream) {
+  const Dims m = dims_of(q, k, window);
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
   const float* pq = q.data_ptr<float>();
@@ -295,8 +316,8 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        Stream) {
-  const Dims m = dims_of(q, k);
+                        int64_t window, Stream) {
+  const Dims m = dims_of(q, k, window);
   float* pdq = dq.data_ptr<float>();
   float* pdk = dk.data_ptr<float>();
   float* pdv = dv.data_ptr<float>();

@@ -28,7 +28,7 @@ BRAID_CPU_MULTIVERSION void add_scaled(float* __restrict acc, const float* __res
 }  // namespace
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, Stream) {
+                              const Tensor& v_cache, int64_t length, int64_t window, Stream) {
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), d = q.size(3);
   const int64_t cap = k_cache.size(1), hkv = k_cache.size(2), group = hq / hkv;
   const float scale = 1.0f / std::sqrt(float(d));
@@ -42,18 +42,19 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
     std::vector<float> p(static_cast<size_t>(length)), acc(static_cast<size_t>(d));
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t head = r % hq, i = (r / hq) % sq, batch = r / (hq * sq);
-      const int64_t kvh = head / group, seen = length - sq + i + 1;  // keys [0, seen)
+      const int64_t kvh = head / group, seen = length - sq + i + 1;  // keys [first, seen)
+      const int64_t first = window < 0 ? 0 : std::max<int64_t>(0, seen - 1 - window);
       const float* qr = pq + r * d;
       const float* kb = pk + (batch * cap * hkv + kvh) * d;  // key j at kb + j * hkv * d
       const float* vb = pv + (batch * cap * hkv + kvh) * d;
       float mx = -INFINITY;
-      for (int64_t j = 0; j < seen; ++j) {
+      for (int64_t j = first; j < seen; ++j) {
         p[size_t(j)] = scale * dot(qr, kb + j * hkv * d, d);
         mx = std::max(mx, p[size_t(j)]);
       }
       float sum = 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < seen; ++j) {
+      for (int64_t j = first; j < seen; ++j) {
         const float e = std::exp(p[size_t(j)] - mx);
         sum += e;
         add_scaled(acc.data(), vb + j * hkv * d, d, e);

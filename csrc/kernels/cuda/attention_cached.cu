@@ -23,7 +23,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kMaxHeadDim = 256;
 
 struct CachedDims {
-  int64_t b, sq, hq, hkv, capacity, length;
+  int64_t b, sq, hq, hkv, capacity, length, window;  // window: -1 or >= 0
   int d;
   float scale;
 };
@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= m.b * m.sq * m.hq) return;  // warp-uniform; the kernel has no block barrier
   const int64_t head = row % m.hq, i = (row / m.hq) % m.sq, batch = row / (m.hq * m.sq);
   const int64_t kvh = head / (m.hq / m.hkv);
-  const int64_t last = m.length - m.sq + i;  // keys [0, last] are visible
+  const int64_t last = m.length - m.sq + i;  // keys [first, last] are visible
+  const int64_t first = m.window < 0 || last < m.window ? 0 : last - m.window;
   const int d = m.d;
   float* q_s = q_shared[warp];
   for (int dd = lane; dd < d; dd += 32) q_s[dd] = m.scale * to_float(q[row * d + dd]);
@@ -52,7 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   float mx = -INFINITY, l = 0.0f, acc[kChunks];
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) acc[c] = 0.0f;
-  for (int64_t j0 = 0; j0 <= last; j0 += 32) {
+  for (int64_t j0 = first; j0 <= last; j0 += 32) {
     const int64_t j = j0 + lane;
     const bool visible = j <= last;
     float s = -INFINITY;
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(kThreads)
       s = 0.0f;
       for (int dd = 0; dd < d; ++dd) s += q_s[dd] * to_float(key[dd]);
     }
-    const float m_new = fmaxf(mx, warp_max(s));  // finite: key j0 is always visible
+    const float m_new = fmaxf(mx, warp_max(s));  // finite: key `first` is visible
     const float p = visible ? expf(s - m_new) : 0.0f;
     const float correction = expf(mx - m_new);  // 0 on the first tile
     l = l * correction + warp_sum(p);
@@ -103,11 +104,13 @@ void dispatch_chunks(int d, F&& f) {
 }  // namespace
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, Stream stream) {
+                              const Tensor& v_cache, int64_t length, int64_t window,
+                              Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  const CachedDims m{q.size(0),       q.size(1), q.size(2),      k_cache.size(2),
-                     k_cache.size(1), length,    int(q.size(3)), 1.0f / sqrtf(float(q.size(3)))};
+  const CachedDims m{q.size(0),       q.size(1),       q.size(2),
+                     k_cache.size(2), k_cache.size(1), length,
+                     window,          int(q.size(3)),  1.0f / sqrtf(float(q.size(3)))};
   BRAID_CHECK(m.d <= kMaxHeadDim, "attention_cached_forward: head dim ", m.d, " exceeds ",
               kMaxHeadDim);
   const int64_t blocks = detail::ceil_div(m.b * m.sq * m.hq, kWarps);

@@ -4,8 +4,10 @@
 // braid's q/k/v/out are [B, S, H, D] contiguous; cuDNN wants [B, H, S, D] dims, which we
 // give with strides {S*H*D, D, H*D, 1} (no copies). GQA: K and V simply have fewer heads.
 // The stats output is cuDNN's natural-log LSE of the scaled scores ([B, H, S, 1] f32),
-// which is braid's lse, so it is written in place. Built graphs are cached per
-// (device, B, Hq, Hkv, S, D, dtype); an unsupported configuration is cached as such.
+// which is braid's lse, so it is written in place. A sliding window (keys i - W .. i for query
+// i) is cuDNN's diagonal band with left bound W + 1: it keeps the columns with
+// column + left_bound > row (cudnn_frontend's sliding_window_mask). Built graphs are cached per
+// (device, B, Hq, Hkv, S, D, window, dtype); an unsupported configuration is cached as such.
 
 #include <cudnn_frontend.h>
 
@@ -31,6 +33,7 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 struct Shape4 {
   int64_t b, hq, hkv, s, d;
+  int64_t window;  // -1: none
   std::vector<int64_t> q_dims() const { return {b, hq, s, d}; }
   std::vector<int64_t> q_strides() const { return {s * hq * d, d, hq * d, 1}; }
   std::vector<int64_t> kv_dims() const { return {b, hkv, s, d}; }
@@ -42,11 +45,11 @@ struct Shape4 {
 struct GraphKey {
   int device;
   bool backward;
-  int64_t b, hq, hkv, s, d;
+  int64_t b, hq, hkv, s, d, window;
   DType dtype;
   bool operator<(const GraphKey& o) const {
-    return std::tie(device, backward, b, hq, hkv, s, d, dtype) <
-           std::tie(o.device, o.backward, o.b, o.hq, o.hkv, o.s, o.d, o.dtype);
+    return std::tie(device, backward, b, hq, hkv, s, d, window, dtype) <
+           std::tie(o.device, o.backward, o.b, o.hq, o.hkv, o.s, o.d, o.window, o.dtype);
   }
 };
 
@@ -116,6 +119,7 @@ std::shared_ptr<fe::graph::Graph> build_forward(const Shape4& m, DType dtype, cu
                      .set_generate_stats(true)
                      .set_causal_mask(true)
                      .set_attn_scale(attention_scale(m.d));
+  if (m.window >= 0) options.set_diagonal_band_left_bound(int(m.window + 1));
   auto [o, stats] = graph->sdpa(q, k, v, options);
   o->set_output(true).set_uid(kO).set_dim(m.q_dims()).set_stride(m.q_strides());
   stats->set_output(true)
@@ -146,6 +150,7 @@ std::shared_ptr<fe::graph::Graph> build_backward(const Shape4& m, DType dtype, c
                      .set_causal_mask(true)
                      .set_attn_scale(attention_scale(m.d))
                      .set_deterministic_algorithm(deterministic);
+  if (m.window >= 0) options.set_diagonal_band_left_bound(int(m.window + 1));
   auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, options);
   dq->set_output(true).set_uid(kDQ).set_dim(m.q_dims()).set_stride(m.q_strides());
   dk->set_output(true).set_uid(kDK).set_dim(m.kv_dims()).set_stride(m.kv_strides());
@@ -167,7 +172,7 @@ CachedGraph& cached_graph(const GraphKey& key, DeviceHandle& h) {
     auto it = graphs->find(key);
     if (it != graphs->end()) return it->second;
   }
-  const Shape4 m{key.b, key.hq, key.hkv, key.s, key.d};
+  const Shape4 m{key.b, key.hq, key.hkv, key.s, key.d, key.window};
   CachedGraph built;
   std::string reason;
   std::unique_lock<std::mutex> handle_lock(h.mutex);  // building uses the handle
@@ -182,8 +187,8 @@ CachedGraph& cached_graph(const GraphKey& key, DeviceHandle& h) {
         built.graph = build_backward(m, key.dtype, h.handle, false, second);
         if (built.graph) {
           log::warn("attention_backward: cuDNN has no deterministic SDPA backward for B=", m.b,
-                    " Hq=", m.hq, " Hkv=", m.hkv, " S=", m.s, " D=", m.d, " (", reason,
-                    "); using its non-deterministic one");
+                    " Hq=", m.hq, " Hkv=", m.hkv, " S=", m.s, " D=", m.d, " window=", m.window,
+                    " (", reason, "); using its non-deterministic one");
         }
       }
     }
@@ -197,7 +202,8 @@ CachedGraph& cached_graph(const GraphKey& key, DeviceHandle& h) {
   } else {
     log::info(key.backward ? "attention_backward" : "attention_forward",
               ": cuDNN SDPA does not support B=", m.b, " Hq=", m.hq, " Hkv=", m.hkv, " S=", m.s,
-              " D=", m.d, " ", dtype_name(key.dtype), " (", reason, "); using braid's kernel");
+              " D=", m.d, " window=", m.window, " ", dtype_name(key.dtype), " (", reason,
+              "); using braid's kernel");
   }
   std::lock_guard<std::mutex> lock(mutex);
   return graphs->emplace(key, std::move(built)).first->second;
@@ -237,11 +243,12 @@ bool execute(CachedGraph& cached, DeviceHandle& h, const Device& device, cudaStr
 }  // namespace
 
 bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
-                             const Tensor& v, cudaStream_t stream) {
+                             const Tensor& v, int64_t window, cudaStream_t stream) {
   if (!eligible(q, {&out, &lse, &q, &k, &v})) return false;
   const int device = q.device().index;
   DeviceHandle& h = device_handle(device);
-  GraphKey key{device, false, q.size(0), q.size(2), k.size(2), q.size(1), q.size(3), q.dtype()};
+  GraphKey key{device,    false,     q.size(0), q.size(2), k.size(2),
+               q.size(1), q.size(3), window,    q.dtype()};
   CachedGraph& cached = cached_graph(key, h);
   if (!cached.graph) return false;
   std::unordered_map<int64_t, void*> pack = {
@@ -251,11 +258,13 @@ bool cudnn_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 bool cudnn_attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
-                              const Tensor& out, const Tensor& lse, cudaStream_t stream) {
+                              const Tensor& out, const Tensor& lse, int64_t window,
+                              cudaStream_t stream) {
   if (!eligible(q, {&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse})) return false;
   const int device = q.device().index;
   DeviceHandle& h = device_handle(device);
-  GraphKey key{device, true, q.size(0), q.size(2), k.size(2), q.size(1), q.size(3), q.dtype()};
+  GraphKey key{device,    true,      q.size(0), q.size(2), k.size(2),
+               q.size(1), q.size(3), window,    q.dtype()};
   CachedGraph& cached = cached_graph(key, h);
   if (!cached.graph) return false;
   std::unordered_map<int64_t, void*> pack = {

@@ -41,12 +41,12 @@ void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight, int6
 void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_offset,
                         Stream stream);
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       Stream stream);
+                       int64_t window, Stream stream);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        Stream stream);
+                        int64_t window, Stream stream);
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, Stream stream);
+                              const Tensor& v_cache, int64_t length, int64_t window, Stream stream);
 void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
                             const Tensor& targets, int64_t vocab_offset, Stream stream);
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,

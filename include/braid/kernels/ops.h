@@ -148,23 +148,27 @@ void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
 // kv head h / (Hq / Hkv)); out [B, Sq, Hq, D]; lse [B, Hq, Sq] f32, the log-sum-exp of each
 // softmax row (saved for backward, as flash attention does). scale = 1/sqrt(D). The queries
 // are the last Sq positions of the Sk keys' (aligned to the end, as flash-attention aligns
-// them): query row i sits at position Sk - Sq + i and attends to key positions 0 .. Sk - Sq + i
+// them): query row i sits at position p = Sk - Sq + i and attends to key positions 0 .. p
 // (Sq = Sk: the usual causal mask; context parallelism's chunks of a longer sequence:
-// Sq < Sk). Backward overwrites dq [B, Sq, Hq, D] and dk, dv [B, Sk, Hkv, D] (q's dtype);
-// `out` and `lse` are the forward's.
+// Sq < Sk). `window` >= 0 is sliding-window attention: keys p - window .. p only (itself and
+// the window keys before it: flash-attention's and Megatron's window_size (window, 0));
+// -1: no window. Backward overwrites dq [B, Sq, Hq, D] and dk, dv [B, Sk, Hkv, D] (q's dtype);
+// `out` and `lse` are the forward's, `window` the forward's.
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       Stream stream = {});
+                       int64_t window = -1, Stream stream = {});
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        Stream stream = {});
+                        int64_t window = -1, Stream stream = {});
 
 // Inference over a KV cache (no backward): q [B, Sq, Hq, D] holds the queries of positions
 // length - Sq .. length - 1; k_cache, v_cache [B, C, Hkv, D] the keys and values of positions
-// 0 .. C - 1, of which [0, length) are valid (1 <= Sq <= length <= C). Query row i attends to key
-// positions 0 .. length - Sq + i (causal, aligned to the end as flash-attention aligns Sq < Sk);
-// GQA and scale as attention_forward. out [B, Sq, Hq, D] (q's dtype).
+// 0 .. C - 1, of which [0, length) are valid (1 <= Sq <= length <= C). Query row i, at position
+// p = length - Sq + i, attends to key positions 0 .. p (causal, aligned to the end as
+// flash-attention aligns Sq < Sk), or p - window .. p with a window >= 0; GQA and scale as
+// attention_forward. out [B, Sq, Hq, D] (q's dtype).
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, Stream stream = {});
+                              const Tensor& v_cache, int64_t length, int64_t window = -1,
+                              Stream stream = {});
 
 // ---------------------------------------------------------------- cross-entropy
 // logits [T, V_local] (activation dtype; this rank's slice starts at vocab_offset); targets [T]

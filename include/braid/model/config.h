@@ -62,6 +62,14 @@ struct TransformerConfig {
   // zero (Megatron's --apply-layernorm-1p, megatron-core's layernorm_zero_centered_gamma).
   bool zero_centered_gamma = false;
   bool tie_embeddings = true;
+  // Sliding-window attention (Megatron's --window-size W,0): on a windowed layer each query sees
+  // itself and the window_size keys before it (HF's sliding_window is window_size + 1: Mistral
+  // v0.1's 4096 is 4095 here). -1: no window.
+  int64_t window_size = -1;
+  // Which layers are windowed, one entry per layer, 1: window, 0: full attention (the list form
+  // of Megatron's --window-attn-skip-freq; Qwen2's max_window_layers, HF's layer_types). Empty:
+  // every layer. Only with window_size >= 0.
+  std::vector<int64_t> window_layers;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;
   float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
@@ -76,6 +84,8 @@ struct TransformerConfig {
   int64_t head_dim() const;    // kv_channels, or hidden_size / num_attention_heads when that is 0
   int64_t kv_heads() const;    // num_query_groups, or num_attention_heads when that is 0
   int64_t rotary_dim() const;  // int(head_dim() x rotary_percent): the channels RoPE turns
+  // The attention window of layer `layer` (0-based): window_size on a windowed layer, else -1.
+  int64_t attention_window(int64_t layer) const;
   int64_t padded_vocab_size(int tp_size = 1) const;
 
   // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.

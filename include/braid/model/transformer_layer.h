@@ -3,7 +3,8 @@
 // parallelism: attention split by heads, MLP along its hidden dimension; tensor_parallel.h):
 //   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (qk_layernorm: q, k = norm per head)
 //   (+ rope on q, k)
-//   attn = causal_attention(q, k, v); mid = x + dropout(attn Wo^T + bo)
+//   attn = causal_attention(q, k, v) (in a sliding window on windowed layers)
+//   mid = x + dropout(attn Wo^T + bo)
 //   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | swiglu(fc1)
 //   out = mid + dropout(act W2^T + b2)
 // W1 is up_proj (gelu) or the fused [gate_proj; up_proj] weight (swiglu), so one GEMM gives
@@ -93,7 +94,8 @@ struct DropoutContext {
 
 class TransformerLayer {
  public:
-  TransformerLayer(const TransformerConfig& config, const TensorParallel& tp,
+  // Block `layer` (0-based, of the whole model: it decides the attention window) of `config`.
+  TransformerLayer(const TransformerConfig& config, int64_t layer, const TensorParallel& tp,
                    const ContextParallel& cp, LayerTensors weights, LayerTensors grads);
 
   // x [T_region, H] -> out [T_region, H]. Keeps what `policy` says in `saved`; nothing if
@@ -131,8 +133,8 @@ class TransformerLayer {
   // RoPE (inverse: its backward) in place on x [B, S, H, D] whose row 0 sits at
   // position_offset; with context parallelism on each of this rank's two chunks at its place.
   void rotate(Tensor x, int64_t position_offset, bool inverse) const;
-  // Causal attention over this rank's tokens; with context parallelism over the whole
-  // sequences' keys and values, gathered from the CP group.
+  // Causal attention (in window_) over this rank's tokens; with context parallelism over the
+  // whole sequences' keys and values, gathered from the CP group.
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                          const Tensor& v) const;
   void attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
@@ -144,6 +146,7 @@ class TransformerLayer {
   TensorParallel tp_;
   ContextParallel cp_;
   LayerShape shape_;
+  int64_t window_;  // ops::attention_forward's: -1 or the keys before each query it sees
   LayerTensors w_;
   LayerTensors g_;
 };

@@ -1,9 +1,9 @@
 // Context parallelism as real MPI jobs: with cp = the job's size (and tp 2 × cp = size / 2,
 // with sequence parallelism), GPT-2 (learned positions) and Llama-style models (RoPE, GQA,
-// q/k norms, partial rotary) under every recompute policy give the single-rank model's loss and
-// every gradient (summed over the CP group, gathered over TP) within f32 tolerance; the CP
-// group carries exactly the collectives the all-gather scheme implies; bad input fails alike on
-// every rank.
+// q/k norms, partial rotary, sliding windows) under every recompute policy give the
+// single-rank model's loss and every gradient (summed over the CP group, gathered over TP)
+// within f32 tolerance; the CP group carries exactly the collectives the all-gather scheme
+// implies; bad input fails alike on every rank.
 
 #include <gtest/gtest.h>
 
@@ -57,6 +57,15 @@ TransformerConfig partial_rotary_full() {
   return c;
 }
 
+TransformerConfig sliding_window() {
+  TransformerConfig c = llama();
+  c.num_layers = 3;
+  c.window_size = 5;  // spans 2 to 4 chunks of the 16-token sequences
+  c.window_layers = {1, 0, 1};
+  c.recompute = Recompute::full;  // the backward reruns the windowed attention
+  return c;
+}
+
 TransformerConfig gpt2_selective() {
   TransformerConfig c = gpt2();
   c.recompute = Recompute::selective;
@@ -75,6 +84,8 @@ const Case kCases[] = {{"gpt2", gpt2, 1, false},
                        {"llama_gqa", llama, 1, false},
                        {"qk_norm_selective", qk_norm_selective, 1, false},
                        {"partial_rotary_full", partial_rotary_full, 1, false},
+                       {"sliding_window", sliding_window, 1, false},
+                       {"tp2_sliding_window_sp", sliding_window, 2, true},
                        {"tp2_llama_sp", llama, 2, true},
                        {"tp2_gpt2", gpt2, 2, false},
                        {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true}};

@@ -1,6 +1,7 @@
 // Causal attention with grouped-query heads: forward (out and log-sum-exp) against a double
 // reference, backward against finite differences, over several S, D and head groupings, with
-// as many queries as keys and with fewer (the queries are the last positions).
+// as many queries as keys and with fewer (the queries are the last positions), with and
+// without a sliding window.
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -8,15 +9,16 @@ namespace {
 
 class Attention : public KernelTest {};
 
-// s key positions; the queries are the last `q_rows` of them (0: all s).
+// s key positions; the queries are the last `q_rows` of them (0: all s); window: the keys
+// before its own each query sees (-1: all).
 struct AttnShape {
-  int64_t b, s, hq, hkv, d, q_rows = 0;
+  int64_t b, s, hq, hkv, d, q_rows = 0, window = -1;
   int64_t sq() const { return q_rows > 0 ? q_rows : s; }
 };
 
 std::ostream& operator<<(std::ostream& out, const AttnShape& a) {
   return out << "B " << a.b << " Sq " << a.sq() << " Sk " << a.s << " Hq " << a.hq << " Hkv "
-             << a.hkv << " D " << a.d;
+             << a.hkv << " D " << a.d << " window " << a.window;
 }
 
 // out [B, Sq, Hq, D] followed by lse [B, Hq, Sq].
@@ -30,10 +32,11 @@ std::pair<std::vector<double>, std::vector<double>> attention_reference(
     for (int64_t h = 0; h < a.hq; ++h) {
       const int64_t kvh = h / (a.hq / a.hkv);
       for (int64_t i = 0; i < sq; ++i) {
-        const int64_t last = offset + i;  // the query's position: it sees keys [0, last]
-        std::vector<double> score(size_t(last + 1));
+        const int64_t last = offset + i;  // the query's position: it sees keys [first, last]
+        const int64_t first = a.window < 0 ? 0 : std::max<int64_t>(0, last - a.window);
+        std::vector<double> score(size_t(last + 1), -1e300);
         double mx = -1e300;
-        for (int64_t j = 0; j <= last; ++j) {
+        for (int64_t j = first; j <= last; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < a.d; ++d) {
             dot += q[size_t(((b * sq + i) * a.hq + h) * a.d + d)] *
@@ -43,11 +46,11 @@ std::pair<std::vector<double>, std::vector<double>> attention_reference(
           mx = std::max(mx, score[size_t(j)]);
         }
         double sum = 0;
-        for (double& sc : score) sum += std::exp(sc - mx);
+        for (int64_t j = first; j <= last; ++j) sum += std::exp(score[size_t(j)] - mx);
         lse[size_t((b * a.hq + h) * sq + i)] = mx + std::log(sum);
         for (int64_t d = 0; d < a.d; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j <= last; ++j) {
+          for (int64_t j = first; j <= last; ++j) {
             acc += std::exp(score[size_t(j)] - mx) / sum *
                    v[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
           }
@@ -61,9 +64,23 @@ std::pair<std::vector<double>, std::vector<double>> attention_reference(
 
 TEST_P(Attention, ForwardMatchesReference) {
   const std::vector<AttnShape> shapes = {
-      {2, 9, 4, 4, 8},      {2, 17, 4, 2, 16},   {1, 33, 4, 1, 8},
-      {2, 1, 4, 2, 8},      {1, 70, 2, 1, 64},   {1, 5, 4, 2, 24},
-      {2, 40, 4, 2, 16, 9}, {1, 33, 2, 1, 8, 1}, {1, 70, 2, 2, 64, 35}};
+      {2, 9, 4, 4, 8},
+      {2, 17, 4, 2, 16},
+      {1, 33, 4, 1, 8},
+      {2, 1, 4, 2, 8},
+      {1, 70, 2, 1, 64},
+      {1, 5, 4, 2, 24},
+      {2, 40, 4, 2, 16, 9},
+      {1, 33, 2, 1, 8, 1},
+      {1, 70, 2, 2, 64, 35},
+      // sliding windows: inside a 16-column chunk and a 32-key tile, across them, of 0 (each
+      // query its own value), as long as the sequence (no effect), and with fewer queries
+      {1, 70, 2, 1, 64, 0, 20},
+      {2, 50, 4, 2, 16, 0, 5},
+      {1, 33, 4, 1, 8, 0, 0},
+      {1, 17, 2, 2, 8, 0, 16},
+      {2, 40, 4, 2, 16, 9, 7},
+      {1, 90, 2, 1, 32, 41, 33}};
   int seed = 1;
   for (const AttnShape& a : shapes) {
     SCOPED_TRACE(::testing::Message() << a);
@@ -71,7 +88,7 @@ TEST_P(Attention, ForwardMatchesReference) {
     Tensor k = random_tensor({a.b, a.s, a.hkv, a.d}, seed++, 2.0f);
     Tensor v = random_tensor({a.b, a.s, a.hkv, a.d}, seed++);
     Tensor out = empty({a.b, a.sq(), a.hq, a.d}), lse = empty_f32({a.b, a.hq, a.sq()});
-    ops::attention_forward(out, lse, up(q), up(k), up(v));
+    ops::attention_forward(out, lse, up(q), up(k), up(v), a.window);
     auto [want_out, want_lse] =
         attention_reference(a, values(seen(q)), values(seen(k)), values(seen(v)));
     EXPECT_TRUE(all_close(out, want_out, tol({2e-5, 1e-4})));
@@ -93,9 +110,11 @@ TEST_P(Attention, FirstRowCopiesTheFirstValue) {
 }
 
 TEST_P(Attention, BackwardMatchesFiniteDifferences) {
-  const std::vector<AttnShape> shapes = {{1, 9, 4, 2, 8},     {2, 6, 4, 1, 16},
-                                         {1, 13, 2, 2, 8},    {1, 5, 4, 4, 24},
-                                         {2, 13, 4, 2, 8, 5}, {1, 37, 2, 1, 16, 6}};
+  const std::vector<AttnShape> shapes = {{1, 9, 4, 2, 8},         {2, 6, 4, 1, 16},
+                                         {1, 13, 2, 2, 8},        {1, 5, 4, 4, 24},
+                                         {2, 13, 4, 2, 8, 5},     {1, 37, 2, 1, 16, 6},
+                                         {1, 37, 2, 1, 16, 6, 4}, {2, 21, 4, 2, 8, 0, 3},
+                                         {1, 40, 2, 2, 8, 0, 18}, {1, 9, 2, 1, 8, 0, 0}};
   int seed = 30;
   for (const AttnShape& a : shapes) {
     SCOPED_TRACE(::testing::Message() << a);
@@ -108,16 +127,16 @@ TEST_P(Attention, BackwardMatchesFiniteDifferences) {
     g.forward = [a](const Tensors& in) {
       Tensor out = empty_as(in[0], {a.b, a.sq(), a.hq, a.d});
       Tensor lse = f32_as(in[0], {a.b, a.hq, a.sq()});
-      ops::attention_forward(out, lse, in[0], in[1], in[2]);
+      ops::attention_forward(out, lse, in[0], in[1], in[2], a.window);
       return out;
     };
     g.backward = [a](const Tensors& in, const Tensor& dout) {
       Tensor out = empty_as(in[0], {a.b, a.sq(), a.hq, a.d});
       Tensor lse = f32_as(in[0], {a.b, a.hq, a.sq()});
-      ops::attention_forward(out, lse, in[0], in[1], in[2]);
+      ops::attention_forward(out, lse, in[0], in[1], in[2], a.window);
       Tensor dq = empty_as(in[0], in[0].shape()), dk = empty_as(in[0], in[1].shape()),
              dv = empty_as(in[0], in[2].shape());
-      ops::attention_backward(dq, dk, dv, dout, in[0], in[1], in[2], out, lse);
+      ops::attention_backward(dq, dk, dv, dout, in[0], in[1], in[2], out, lse, a.window);
       return Tensors{dq, dk, dv};
     };
     g.step = 1e-2;
@@ -210,10 +229,46 @@ TEST_P(Attention, TrailingQueriesEqualTheLastRowsOfTheWholeAttention) {
   EXPECT_TRUE(all_close(dv_t, values(dv), tol({1e-5, 1e-4}, {3e-2, 2e-2})));
 }
 
+TEST_P(Attention, WindowedQueriesEqualTheirWindowAttendedAlone) {
+  // Windowed attention at query i equals whole (causal) attention over the window's keys alone,
+  // with i the last of them; and a window as long as the sequence changes nothing.
+  const int64_t b = 1, s = 41, hq = 2, hkv = 1, d = 16, window = 9;
+  Tensor q = random_tensor({b, s, hq, d}, 80, 2.0f), k = random_tensor({b, s, hkv, d}, 81, 2.0f);
+  Tensor v = random_tensor({b, s, hkv, d}, 82);
+  Tensor out = empty({b, s, hq, d}), lse = empty_f32({b, hq, s});
+  ops::attention_forward(out, lse, up(q), up(k), up(v), window);
+  const std::vector<double> all = values(out);
+  for (int64_t i : {int64_t(0), window - 1, window, window + 1, s - 1}) {
+    SCOPED_TRACE(::testing::Message() << "query " << i);
+    const int64_t first = std::max<int64_t>(0, i - window), n = i - first + 1;
+    auto rows = [&](const Tensor& t, int64_t from, int64_t count) {
+      const int64_t width = t.numel() / s;
+      return up(t.slice(from * width, {1, count, t.size(2), d}));
+    };
+    Tensor out_i = empty({1, 1, hq, d}), lse_i = empty_f32({1, hq, 1});
+    ops::attention_forward(out_i, lse_i, rows(q, i, 1), rows(k, first, n), rows(v, first, n));
+    const std::vector<double> want(all.begin() + i * hq * d, all.begin() + (i + 1) * hq * d);
+    EXPECT_TRUE(all_close(out_i, want, tol({1e-6, 1e-5}, {1e-2, 1e-2})));
+  }
+  Tensor out_none = empty({b, s, hq, d}), lse_none = empty_f32({b, hq, s});
+  Tensor out_long = empty({b, s, hq, d}), lse_long = empty_f32({b, hq, s});
+  ops::attention_forward(out_none, lse_none, up(q), up(k), up(v));
+  ops::attention_forward(out_long, lse_long, up(q), up(k), up(v), s - 1);
+  // (Equal to rounding: on a GPU the windowless bf16 call may take cuDNN's kernel.)
+  EXPECT_TRUE(all_close(out_long, values(out_none), tol({1e-6, 1e-6}, {1e-2, 1e-2})));
+  EXPECT_TRUE(all_close(lse_long, values(lse_none), tol({1e-6, 1e-6}, {1e-2, 1e-2})));
+}
+
 TEST_P(Attention, MoreQueriesThanKeysIsAnError) {
   Tensor q = random_tensor({1, 6, 2, 8}, 70), k = random_tensor({1, 5, 2, 8}, 71);
   Tensor out = empty({1, 6, 2, 8}), lse = empty_f32({1, 2, 6});
   EXPECT_THROW(ops::attention_forward(out, lse, up(q), up(k), up(k)), Error);
+}
+
+TEST_P(Attention, WindowBelowMinusOneIsAnError) {
+  Tensor q = random_tensor({1, 5, 2, 8}, 72);
+  Tensor out = empty({1, 5, 2, 8}), lse = empty_f32({1, 2, 5});
+  EXPECT_THROW(ops::attention_forward(out, lse, up(q), up(q), up(q), -2), Error);
 }
 
 BRAID_KERNEL_TEST_SUITE(Attention);

@@ -130,6 +130,36 @@ TEST(TransformerConfig, RotaryPercentTurnsTheLeadingChannels) {
   expect_rejected([](auto& r) { r.rotary_percent = 0.5; }, "rotary_percent");  // gpt2: no rope
 }
 
+TEST(TransformerConfig, SlidingWindowsAndTheLayersTheyApplyTo) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 3;
+  EXPECT_EQ(c.attention_window(0), -1);  // no window: every layer sees the whole context
+  c.window_size = 4095;                  // Mistral 7B v0.1's (HF sliding_window 4096)
+  EXPECT_NO_THROW(c.validate());
+  for (int64_t l = 0; l < 3; ++l) EXPECT_EQ(c.attention_window(l), 4095);
+  c.window_layers = {1, 0, 1};  // Megatron's --window-attn-skip-freq 2
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_EQ(c.attention_window(0), 4095);
+  EXPECT_EQ(c.attention_window(1), -1);
+  EXPECT_EQ(c.attention_window(2), 4095);
+  c.window_size = 0;  // each query sees only itself: valid
+  EXPECT_NO_THROW(c.validate());
+  expect_rejected([](auto& r) { r.window_size = -2; }, "window_size");
+  expect_rejected([](auto& r) { r.window_layers = {1, 0}; }, "window_layers");  // no window
+  expect_rejected(
+      [](auto& r) {
+        r.window_size = 8;
+        r.window_layers = {1, 0, 1};  // llama-tiny has 2 layers
+      },
+      "one per layer", "llama-tiny");
+  expect_rejected(
+      [](auto& r) {
+        r.window_size = 8;
+        r.window_layers = {1, 2};
+      },
+      "window_layers[1]", "llama-tiny");
+}
+
 TEST(TransformerConfig, MixturesAreValid) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.normalization = Normalization::rmsnorm;

@@ -42,16 +42,14 @@ float max_abs_diff(const Tensor& a, const Tensor& b) {
 
 class KVCacheTest : public ::testing::TestWithParam<Device> {};
 
-// Query rows of the last positions over the whole cache equal those rows of causal attention.
-TEST_P(KVCacheTest, CachedAttentionIsTheLastRowsOfCausalAttention) {
-  const Device dev = GetParam();
+void check_cached_attention(Device dev, int64_t window) {
   const int64_t b = 2, s = 37, hq = 6, hkv = 2, d = 40, cap = 45;
   const Tensor q = testing::random_tensor({b, s, hq, d}, 1).to(dev);
   const Tensor k = testing::random_tensor({b, s, hkv, d}, 2).to(dev);
   const Tensor v = testing::random_tensor({b, s, hkv, d}, 3).to(dev);
   Tensor out = Tensor::empty({b, s, hq, d}, DType::f32, dev);
   Tensor lse = Tensor::empty({b, hq, s}, DType::f32, dev);
-  ops::attention_forward(out, lse, q, k, v);
+  ops::attention_forward(out, lse, q, k, v, window);
   // The cache: capacity 45, positions [0, 37) filled with k, v, the rest garbage it must skip.
   Tensor kc = testing::random_tensor({b, cap, hkv, d}, 4, 100.0f);
   Tensor vc = testing::random_tensor({b, cap, hkv, d}, 5, 100.0f);
@@ -65,12 +63,23 @@ TEST_P(KVCacheTest, CachedAttentionIsTheLastRowsOfCausalAttention) {
   for (int64_t n : {int64_t(1), int64_t(3), s}) {
     const Tensor qn = positions(q, s - n, n).to(dev);
     Tensor got = Tensor::empty({b, n, hq, d}, DType::f32, dev);
-    ops::attention_cached_forward(got, qn, kc, vc, s);
+    ops::attention_cached_forward(got, qn, kc, vc, s, window);
     EXPECT_LT(max_abs_diff(got, positions(out, s - n, n)), kTol) << n << " new positions";
   }
   Tensor bad = Tensor::empty({b, 3, hq, d}, DType::f32, dev);
   EXPECT_THROW(ops::attention_cached_forward(bad, positions(q, 0, 3).to(dev), kc, vc, cap + 1),
                Error);
+  EXPECT_THROW(ops::attention_cached_forward(bad, positions(q, 0, 3).to(dev), kc, vc, s, -2),
+               Error);
+}
+
+// Query rows of the last positions over the whole cache equal those rows of causal attention,
+// with and without a sliding window (7: inside a 32-key tile; 33: across two).
+TEST_P(KVCacheTest, CachedAttentionIsTheLastRowsOfCausalAttention) {
+  for (int64_t window : {int64_t(-1), int64_t(7), int64_t(33)}) {
+    SCOPED_TRACE(::testing::Message() << "window " << window);
+    check_cached_attention(GetParam(), window);
+  }
 }
 
 void check_decode(const TransformerConfig& config, Device dev) {
@@ -114,6 +123,16 @@ TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithPartialRotaryAndWideHeads) {
   TransformerConfig c = small_llama();
   c.kv_channels = 2 * c.head_dim();
   c.rotary_percent = 0.25;
+  check_decode(c, GetParam());
+}
+
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithSlidingWindows) {
+  // Mistral-style windows on the first and last layers, full attention between; the window (3)
+  // is shorter than the prompt, so decoding must drop the cache's oldest keys from view.
+  TransformerConfig c = small_llama();
+  c.num_layers = 3;
+  c.window_size = 3;
+  c.window_layers = {1, 0, 1};
   check_decode(c, GetParam());
 }
 

@@ -75,13 +75,14 @@ def gpt2(tmp, shard=False, tie=True):
     return tmp
 
 
-def qwen2(tmp, tie=False):
-    """Llama with biases on q, k and v alone: braid's add_qkv_bias."""
+def qwen2(tmp, tie=False, layers=2, **sliding):
+    """Llama with biases on q, k and v alone: braid's add_qkv_bias; `sliding`: Qwen2's
+    use_sliding_window, sliding_window, max_window_layers."""
     torch.manual_seed(2)
     cfg = transformers.Qwen2Config(
-        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=tie)
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=tie, **sliding)
     model = transformers.Qwen2ForCausalLM(cfg).eval()
     perturb(model)
     model.save_pretrained(tmp)
@@ -161,6 +162,11 @@ MODELS = {
     "qwen3-wide-heads": lambda d: qwen3(d, head_dim=32),
     "stablelm-partial-rotary": stablelm,
     "mistral-wide-heads": mistral,
+    # Mistral 7B v0.1's sliding window on every layer, shorter than the test's 16 tokens.
+    "mistral-sliding-window": lambda d: mistral(d, sliding_window=5),
+    # Qwen2's windowed layers: the last two of three.
+    "qwen2-sliding-layers": lambda d: qwen2(d, layers=3, use_sliding_window=True,
+                                            sliding_window=4, max_window_layers=1),
     "nemotron-bias": nemotron,
 }
 
@@ -185,7 +191,8 @@ CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
                "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "attention_bias",
                "mlp_bias", "n_embd", "n_layer", "n_head", "n_positions", "n_inner",
-               "layer_norm_epsilon", "activation_function", "hidden_act", "head_dim")
+               "layer_norm_epsilon", "activation_function", "hidden_act", "head_dim",
+               "sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 
 
 def assert_equivalent_configs(got_dir, want_dir):
@@ -496,7 +503,9 @@ def edit_config(hf_dir, **changes):
     (llama, {"attention_bias": True}, "attention_bias"),
     (stablelm, {"qk_layernorm": True}, "qk_layernorm"),
     (stablelm, {"use_parallel_residual": True}, "use_parallel_residual"),
-    (mistral, {"sliding_window": 4096}, "sliding_window"),  # Mistral 7B v0.1's
+    (llama, {"sliding_window": 4096}, "sliding_window"),
+    (qwen2, {"use_sliding_window": True, "layer_types": ["full_attention", "chunked_attention"]},
+     "layer_types"),
 ])
 def test_refuses_what_braid_cannot_represent(tmp_path, make, changes, field):
     hf_dir = make(tmp_path / "hf")
@@ -516,14 +525,35 @@ def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
     assert not (tmp_path / "c").exists()
 
 
-def test_mistral_without_sliding_window_key_has_transformers_default(tmp_path):
-    # MistralConfig's default window is 4096: a config.json that leaves it out has one.
+def imported_config(tmp_path, hf_dir):
+    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    config = json.loads((tmp_path / "c" / "iter_0000000" / "metadata.json").read_text())["config"]
+    shutil.rmtree(tmp_path / "c")
+    return config
+
+
+def test_sliding_windows_import_as_transformers_reads_them(tmp_path):
+    # Mistral: a config.json without sliding_window has transformers' default, 4096 keys (its
+    # own among them): braid's window_size 4095, every layer. null: no window.
     hf_dir = mistral(tmp_path / "hf")
     cfg = json.loads((hf_dir / "config.json").read_text())
     del cfg["sliding_window"]
     (hf_dir / "config.json").write_text(json.dumps(cfg))
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
-                 "sliding_window = 4096 is not supported")
+    config = imported_config(tmp_path, hf_dir)
+    assert (config["window_size"], config["window_layers"]) == (4095, [])
+    edit_config(hf_dir, sliding_window=None)
+    assert imported_config(tmp_path, hf_dir)["window_size"] == -1
+    # Qwen2: the window is unused unless use_sliding_window (as Qwen2.5's configs have it);
+    # then on the layers from max_window_layers on, or those layer_types names.
+    hf_dir = qwen2(tmp_path / "qwen2", layers=2)
+    edit_config(hf_dir, sliding_window=4096, max_window_layers=1)
+    assert imported_config(tmp_path, hf_dir)["window_size"] == -1
+    edit_config(hf_dir, use_sliding_window=True, layer_types=None)
+    config = imported_config(tmp_path, hf_dir)
+    assert (config["window_size"], config["window_layers"]) == (4095, [0, 1])
+    edit_config(hf_dir, layer_types=["sliding_attention", "full_attention"])
+    assert imported_config(tmp_path, hf_dir)["window_layers"] == [1, 0]
 
 
 def test_stablelm_default_partial_rotary(tmp_path):
@@ -551,14 +581,46 @@ def test_export_refuses_what_no_hf_architecture_holds():
         convert_hf.braid_architecture(dict(c, activation="squared_relu", qk_layernorm=True))
 
 
-def test_refuses_qwen2_sliding_window(tmp_path):
-    hf_dir = qwen2(tmp_path / "hf")
-    edit_config(hf_dir, sliding_window=4096)  # as Qwen2.5's configs have it: unused
-    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ok")
+def test_windowed_llama_exports_as_qwen2_with_zero_biases(tmp_path):
+    # A braid model windowed on some layers and without biases (as --window-attn-skip-freq
+    # trains one) has no Llama or Mistral form: it exports as Qwen2 with q, k, v biases of zero,
+    # and transformers computes braid's logits from it.
+    _, ckpt = imported(tmp_path, "mistral-sliding-window")
+    meta_path = ckpt / "iter_0000000" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["window_layers"] = [0, 1]
+    meta.pop("hf_config", None)
+    meta_path.write_text(json.dumps(meta))
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", ckpt, "--hf-dir", out)
     assert r.returncode == 0, r.stderr
-    edit_config(hf_dir, use_sliding_window=True)
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
-                 "use_sliding_window", "not supported")
+    hf = load_hf(out)
+    assert hf.config.model_type == "qwen2"
+    assert hf.config.layer_types == ["full_attention", "sliding_attention"]
+    assert hf.config.sliding_window == 5
+    assert not hf.model.layers[0].self_attn.q_proj.bias.any()
+    model = braid_model(ckpt)
+    assert list(model.config.window_layers) == [0, 1]
+    ids = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
+    got = np.from_dlpack(model.logits(ids))
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids)).logits.numpy()
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err <= LOGITS_RTOL, err
+
+
+def test_export_of_windowed_models(tmp_path):
+    # A window on every layer of a Llama-shaped model is Mistral; on some, Qwen2 (its q, k, v
+    # biases written as zeros); biases on every linear layer or another shape: refused.
+    c = {"normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
+         "add_bias_linear": False, "qk_layernorm": False, "window_size": 7, "window_layers": []}
+    assert convert_hf.braid_architecture(c) == "mistral"
+    assert convert_hf.braid_architecture(dict(c, window_layers=[1, 0])) == "qwen2"
+    assert convert_hf.braid_architecture(dict(c, qk_layernorm=True)) == "qwen3"
+    with pytest.raises(convert_hf.ConvertError, match="sliding window and biases"):
+        convert_hf.braid_architecture(dict(c, add_bias_linear=True))
+    with pytest.raises(convert_hf.ConvertError, match="only Mistral, Qwen2 and Qwen3"):
+        convert_hf.braid_architecture(dict(c, normalization="layernorm"))
 
 
 def test_refuses_gpt2_activation(tmp_path):

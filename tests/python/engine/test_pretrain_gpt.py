@@ -340,6 +340,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--num-layers", "8", "--decoder-first-pipeline-num-layers", "4"],
      "need --pipeline-model-parallel-size > 1, got 1"),
     (["--attention-dropout", "0.1"], "--attention-dropout must be 0"),
+    (["--window-attn-skip-freq", "2"], "--window-attn-skip-freq needs --window-size"),
     (["--mock-data", "--seq-length", "32"], "--mock-data needs --vocab-size"),
     (["--save-interval", "5"], "--save-interval needs --save DIR"),
     (["--profile"], "--profile needs --tensorboard-dir"),

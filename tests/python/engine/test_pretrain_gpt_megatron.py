@@ -319,6 +319,46 @@ def test_rope_scaling_is_part_of_the_model(tmp_path):
         "(--use-rope-scaling --rope-scaling-factor)" in r.stdout, r.stdout
 
 
+def test_sliding_window_trains_like_one_process_and_is_part_of_the_model(one_process, tmp_path):
+    # Megatron's --window-size 7,0 --window-attn-skip-freq 2: layers 1 and 3 (of 4) attend to
+    # the last 8 of the 32 positions, 2 and 4 to all. Under tp 2 x cp 2 with sequence
+    # parallelism (the window spans the 4 chunks each sequence is split into) the run trains
+    # like one process; its losses are not the windowless model's; the checkpoint records the
+    # window, --use-checkpoint-args takes it back, and a run without it is told.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    window = ["--window-size", "7,0", "--window-attn-skip-freq", "2"]
+    ckpt = str(tmp_path / "ckpt")
+    runs = {}
+    for name, n, lay in (("one", 1, []), ("tp_cp", 4, [
+            "--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
+            "--sequence-parallel"])):
+        tb = str(tmp_path / name)
+        save = ["--save", ckpt] if n > 1 else []
+        r = run(n, [*MODEL, *lay, *window, *save, "--train-iters", "10", "--eval-iters", "0",
+                    "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = [losses(jsonl(os.path.join(tb, "metrics.jsonl")))[i] for i in range(1, 11)]
+    # (They agree to 1e-7; the windowless model's losses are 1e-4 to 8e-4 away.)
+    np.testing.assert_allclose(runs["tp_cp"], runs["one"], rtol=1e-5)
+    # The first iterations (the warmup: the same learning rates) of the windowless model.
+    windowless = [losses(one_process)[i] for i in (1, 2, 3)]
+    assert np.abs(np.array(runs["one"][:3]) / windowless - 1).min() > 5e-5, \
+        (runs["one"], windowless)
+    c = braid.checkpoint_metadata(ckpt)["config"]
+    assert (c["window_size"], c["window_layers"]) == (7, [1, 0, 1, 0])
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
+                "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: --window-size 7 from the checkpoint" in r.stdout, r.stdout
+    assert "braid: --window-attn-skip-freq [1, 0, 1, 0] from the checkpoint" in r.stdout
+    r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: warning: the checkpoint's model has window_size 7, this run's -1 " \
+        "(--window-size)" in r.stdout, r.stdout
+
+
 def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):
     # A Megatron launch script's tokenizer flags, unchanged: GPT-2's vocab.json and merges.txt,
     # or a tokenizer.json (with added tokens), give the vocabulary; NullTokenizer adds its EOD.

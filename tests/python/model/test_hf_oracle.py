@@ -1,6 +1,7 @@
 """braid against Hugging Face transformers (CPU, f32) with identical weights: logits, loss and
-every parameter gradient of GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM and
-Qwen3ForCausalLM.
+every parameter gradient of GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM (also with
+sliding-window layers), Qwen3ForCausalLM, MistralForCausalLM (sliding windows), StableLM and
+Nemotron.
 
 Tolerances: f32 with different summation orders (OpenBLAS vs MKL-DNN GEMMs, flash-style vs
 materialised softmax). Logits agree to ~1e-6 relative; gradients, which sum over all tokens,
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from hf_oracle import (batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair,
-                       nemotron_pair, qwen2_pair, qwen3_pair, stablelm_pair)
+                       mistral_pair, nemotron_pair, qwen2_pair, qwen3_pair, stablelm_pair)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -85,6 +86,25 @@ def test_qwen2_logits_loss_and_gradients():
     names = [n for n, _ in hf.named_parameters()]
     assert any(n.endswith("q_proj.bias") for n in names) and not any(
         n.endswith("o_proj.bias") for n in names)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
+@pytest.mark.parametrize("sliding_window", [2, 5, 12])
+def test_mistral_sliding_window_logits_loss_and_gradients(sliding_window):
+    # Every layer attends to the last `sliding_window` positions, its own among them (HF's
+    # count; braid's window_size is one less), over 16-token sequences: 2 is a token and the one
+    # before it.
+    hf, model = mistral_pair(sliding_window=sliding_window)
+    assert model.config.window_size == sliding_window - 1
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+
+
+def test_qwen2_sliding_window_layers_logits_loss_and_gradients():
+    # use_sliding_window: layers from max_window_layers (1) on attend in the window, the first
+    # attends to everything (braid's window_layers [0, 1, 1]).
+    hf, model = qwen2_pair(layers=3, sliding_window=4, max_window_layers=1)
+    assert hf.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    assert list(model.config.window_layers) == [0, 1, 1]
     check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
 
 

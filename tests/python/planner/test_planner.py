@@ -576,3 +576,51 @@ def test_context_parallelism_splits_each_sequence_over_its_ranks():
     want = planner.predict(planner.ModelShape(80, 8192, 64, 8, 28672, 32000, 4096), cluster,
                            lay, 64)
     assert row["step_time_s"] == pytest.approx(want["step_time_s"], rel=1e-12)
+
+
+def test_sliding_window_attention_costs_and_counts_the_window():
+    # Model FLOPs: a windowed layer's attention over min(s, W + 1) keys per query (as
+    # Megatron-Bridge counts it), the rest unchanged; from a TransformerConfig and a ModelShape
+    # alike. Executed keys (the planner's time): min(i + 1, W + 1) for the query at position i.
+    import braid
+    from braid import flops
+
+    s, w = 32, 7
+    cfg = braid.TransformerConfig.preset("llama-tiny")  # 2 layers, hidden 64, 4 heads of 16
+    base = flops.forward_flops_per_token(cfg, s)
+    cfg.window_size, cfg.window_layers = w, [1, 0]
+    assert flops.forward_flops_per_token(cfg, s) == base - 4 * 64 * (s - (w + 1))
+    cfg.window_layers = []
+    assert flops.forward_flops_per_token(cfg, s) == base - 2 * 4 * 64 * (s - (w + 1))
+    cfg.window_size = 100  # longer than the sequence: no change
+    assert flops.forward_flops_per_token(cfg, s) == base
+    shape = planner.ModelShape(2, 64, 4, 2, 192, 256, s, window_size=w, window_layers=(1, 0))
+    cfg.window_size, cfg.window_layers = w, [1, 0]
+    assert flops.forward_flops_per_token(shape, s) == flops.forward_flops_per_token(cfg, s)
+    windowed = sum(min(i + 1, w + 1) for i in range(s)) / s
+    assert shape.executed_keys() == pytest.approx((s / 2 + windowed) / 2)
+    # Mistral 7B v0.1 at 32K tokens: every layer's window of 4096 leaves attention about a
+    # quarter of its causal work (3.8K keys a query against 16K), and the step a fifth shorter.
+    mistral = planner.ModelShape(32, 4096, 32, 8, 14336, 32000, 32768)
+    cluster = planner.Cluster(planner.GPUS["h100-80g"], 8, 8, 450e9, 50e9)
+    lay = planner.Layout(8, 1, 1, 1, 1, "selective", True, False)
+    full = planner.predict(mistral, cluster, lay, 8)
+    swa = planner.predict(dataclasses.replace(mistral, window_size=4095), cluster, lay, 8)
+    assert mistral.executed_keys() / dataclasses.replace(
+        mistral, window_size=4095).executed_keys() == pytest.approx(4.27, rel=0.01)
+    assert swa["step_time_s"] < 0.85 * full["step_time_s"]
+    assert swa["mfu"] < full["mfu"]  # fewer model FLOPs, counted as such
+    # tools/plan.py takes the window as pretrain_gpt.py does, directly or from a run's flags.
+    args = ["--gpu", "h100-80g", "--num-gpus", "8", "--nvlink-bw", "450GB/s", "--net-bw",
+            "400Gb/s", "--json", "--tp", "8", "--pp", "1", "--micro-batch-size", "1",
+            "--recompute", "selective", "--sequence-parallel", "true", "--zero", "false",
+            "--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
+            "--num-query-groups", "8", "--ffn-hidden-size", "14336", "--vocab-size", "32000",
+            "--seq-length", "32768", "--global-batch", "8"]
+    out = _plan(*args, "--window-size", "4095,0")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(swa["step_time_s"], rel=0.02)
+    out = _plan(*args, "--window-attn-skip-freq", "2")
+    assert out.returncode == 2 and "--window-attn-skip-freq needs --window-size" in out.stderr
+    out = _plan(*args, "--window-size", "4095,0", "--window-attn-skip-freq", "[1,0]")
+    assert out.returncode == 2 and "gives 2 layers; the model has --num-layers 32" in out.stderr
