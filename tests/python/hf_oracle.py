@@ -14,6 +14,18 @@ import transformers
 import braid
 
 
+def eager_model(model_class, hf_cfg, biases=False):
+    """An HF model of `hf_cfg` with eager attention, in f32, its norm weights (and with
+    `biases` its biases) moved off their trivial init so that they matter."""
+    hf_cfg._attn_implementation = "eager"
+    hf = model_class(hf_cfg).float().eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or (biases and name.endswith("bias")):
+                p.add_(0.1 * torch.randn_like(p))
+    return hf
+
+
 def gpt2_pair(layers=2, hidden=64, heads=4, vocab=97, positions=32, seed=0):
     torch.manual_seed(seed)
     hf_cfg = transformers.GPT2Config(
@@ -49,12 +61,7 @@ def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
         rms_norm_eps=1e-5, tie_word_embeddings=tie, attention_bias=False, mlp_bias=False, **rope)
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.LlamaForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    hf = eager_model(transformers.LlamaForCausalLM, hf_cfg)
     scaling = {"rope_scaling_factor": LLAMA3_ROPE["factor"],
                "rope_low_freq_factor": LLAMA3_ROPE["low_freq_factor"],
                "rope_high_freq_factor": LLAMA3_ROPE["high_freq_factor"],
@@ -97,12 +104,7 @@ def qwen2_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
         rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True, **sliding)
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():  # zero-initialised biases and unit norms would test nothing
-        for name, p in hf.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
+    hf = eager_model(transformers.Qwen2ForCausalLM, hf_cfg, biases=True)
     window = {} if sliding_window is None else {
         "window_size": sliding_window - 1,
         "window_layers": [int(i >= max_window_layers) for i in range(layers)]}
@@ -121,12 +123,7 @@ def mistral_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, po
         num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
         sliding_window=sliding_window)
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.MistralForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():  # unit norms would test nothing
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    hf = eager_model(transformers.MistralForCausalLM, hf_cfg)
     return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                                 norm_eps=1e-5, tie_embeddings=False,
                                 window_size=sliding_window - 1)
@@ -143,12 +140,7 @@ def qwen3_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=positions, rms_norm_eps=1e-6, rope_theta=1000000.0,
         tie_word_embeddings=False)
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.Qwen3ForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():  # unit norms would test nothing
-        for name, p in hf.named_parameters():
-            if "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
+    hf = eager_model(transformers.Qwen3ForCausalLM, hf_cfg)
     return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                                 norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=False,
                                 qk_layernorm=True, kv_channels=head_dim)
@@ -165,13 +157,8 @@ def stablelm_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, p
         layer_norm_eps=1e-5, use_qkv_bias=qkv_bias, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": partial})
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.StableLmForCausalLM(hf_cfg).float().eval()
+    hf = eager_model(transformers.StableLmForCausalLM, hf_cfg, biases=True)
     assert hf.model.layers[0].self_attn.rotary_ndims == int(hidden // heads * partial)
-    with torch.no_grad():  # unit norms and zero biases would test nothing
-        for name, p in hf.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
     return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                                 normalization="layernorm", norm_eps=1e-5, tie_embeddings=False,
                                 add_qkv_bias=qkv_bias, rotary_percent=partial)
@@ -188,12 +175,7 @@ def nemotron_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, p
         norm_eps=1e-5, attention_bias=bias, mlp_bias=bias, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                          "partial_rotary_factor": 0.5})
-    hf_cfg._attn_implementation = "eager"
-    hf = transformers.NemotronForCausalLM(hf_cfg).float().eval()
-    with torch.no_grad():  # zero norm weights and biases would test nothing
-        for name, p in hf.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.add_(0.1 * torch.randn_like(p))
+    hf = eager_model(transformers.NemotronForCausalLM, hf_cfg, biases=True)
     return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                                 normalization="layernorm", activation="squared_relu",
                                 zero_centered_gamma=True, norm_eps=1e-5, tie_embeddings=False,
