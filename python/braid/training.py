@@ -310,8 +310,11 @@ def main(argv=None) -> int:
     if timers is not None:
         trainer.set_trace(trace)
     params = cfg.num_parameters()
+    windowed = sum(cfg.window_layers) if len(cfg.window_layers) else cfg.num_layers
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
-        f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv) on "
+        f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv"
+        + (f", a sliding window of {cfg.window_size} on {windowed} layers"
+           if cfg.window_size >= 0 else "") + ") on "
         f"{state.world_size} x {device}: tp={state.tp}"
         + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
         + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")

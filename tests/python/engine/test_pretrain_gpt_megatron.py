@@ -339,6 +339,7 @@ def test_sliding_window_trains_like_one_process_and_is_part_of_the_model(one_pro
         r = run(n, [*MODEL, *lay, *window, *save, "--train-iters", "10", "--eval-iters", "0",
                     "--tensorboard-dir", tb])
         assert r.returncode == 0, r.stdout + r.stderr
+        assert "4 heads / 2 kv, a sliding window of 7 on 2 layers) on" in r.stdout, r.stdout
         runs[name] = [losses(jsonl(os.path.join(tb, "metrics.jsonl")))[i] for i in range(1, 11)]
     # (They agree to 1e-7; the windowless model's losses are 1e-4 to 8e-4 away.)
     np.testing.assert_allclose(runs["tp_cp"], runs["one"], rtol=1e-5)
