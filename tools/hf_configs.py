@@ -196,17 +196,24 @@ def window_of(hf, arch):
     return {"window_size": window - 1, "window_layers": [] if all(layer_list) else layer_list}
 
 
+def braid_window(c):
+    """A braid config's window as (W, per-layer list), None without one: no window_size, or a
+    window_layers list that windows no layer."""
+    window = c.get("window_size", -1)
+    layers = c.get("window_layers") or [1] * c["num_layers"] if window >= 0 else []
+    return (window, layers) if any(layers) else None
+
+
 def hf_window(c, arch):
     """The HF fields of a braid config's window: Mistral's sliding_window, Qwen2's and Qwen3's
     use_sliding_window, sliding_window, layer_types (and max_window_layers where the windowed
     layers are the last ones, as transformers before layer_types reads it)."""
-    window, layers = c.get("window_size", -1), c["num_layers"]
-    pattern = c.get("window_layers") or [1] * layers
+    if braid_window(c) is None:
+        return {"sliding_window": None} if arch == "mistral" else {"use_sliding_window": False}
+    (window, pattern), layers = braid_window(c), c["num_layers"]
     if arch == "mistral":
-        return {"sliding_window": window + 1 if window >= 0 else None}
-    if window < 0:
-        return {"use_sliding_window": False}
-    first = pattern.index(1) if 1 in pattern else layers
+        return {"sliding_window": window + 1}
+    first = pattern.index(1)
     hf = {"use_sliding_window": True, "sliding_window": window + 1,
           "layer_types": ["sliding_attention" if w else "full_attention" for w in pattern]}
     if pattern == [0] * first + [1] * (layers - first):
@@ -227,7 +234,8 @@ def f32_value(x):
 def braid_architecture(c):
     kind = (c["normalization"], c["activation"], c["position_embedding"])
     partial = c.get("rotary_percent", 1.0) != 1.0
-    check(c.get("window_size", -1) < 0 or kind == ("rmsnorm", "swiglu", "rope"),
+    window = braid_window(c)
+    check(window is None or kind == ("rmsnorm", "swiglu", "rope"),
           "this braid model has a sliding window; of the architectures braid exports only "
           "Mistral, Qwen2 and Qwen3 (RMSNorm, SwiGLU, RoPE) have one")
     if kind == ("layernorm", "swiglu", "rope"):
@@ -256,13 +264,13 @@ def braid_architecture(c):
             return "qwen3"
         if c.get("add_qkv_bias") and not c["add_bias_linear"]:
             return "qwen2"
-        if c.get("window_size", -1) < 0:
+        if window is None:
             return "llama"
         # A window: Mistral's on every layer, Qwen2's on some (export gives it q, k, v biases
         # of zero).
         check(not c["add_bias_linear"], "this braid model has a sliding window and biases on "
               "every linear layer; MistralForCausalLM and Qwen2ForCausalLM have neither")
-        return "qwen2" if c.get("window_layers") else "mistral"
+        return "mistral" if all(window[1]) else "qwen2"
     if kind == ("layernorm", "gelu", "learned"):
         check(not c.get("qk_layernorm"), "this braid model is GPT-2 shaped but has qk_layernorm; "
               "GPT2LMHeadModel has no query/key norms")

@@ -147,14 +147,13 @@ def parse_args(argv):
                  "--ffn-hidden-size --vocab-size --seq-length")
     if a.window_attn_skip_freq is not None and (a.window_size is None or a.window_size < 0):
         ap.error("--window-attn-skip-freq needs --window-size")
-    if a.window_size is not None:
-        try:
-            layers = window_args.window_layers(a.window_attn_skip_freq,
-                                               a.model_shape.num_layers)
-        except ValueError as e:
-            ap.error(str(e))
-        a.model_shape = dataclasses.replace(a.model_shape, window_size=a.window_size,
-                                            window_layers=tuple(layers))
+    try:
+        size, layers = window_args.model_window(a.window_size, window_args.window_layers(
+            a.window_attn_skip_freq, a.model_shape.num_layers))
+    except ValueError as e:
+        ap.error(str(e))
+    a.model_shape = dataclasses.replace(a.model_shape, window_size=size,
+                                        window_layers=tuple(layers))
     return a
 
 
@@ -184,7 +183,7 @@ def _from_training_arguments(ap, a, training):
         t.ffn_hidden_size, t.vocab_size, t.seq_length,
         "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
         not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
-        -1 if t.window_size is None else t.window_size, tuple(t.window_layers))
+        t.window_size, tuple(t.window_layers))
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full
     # batch's rate (docs/planner.md).

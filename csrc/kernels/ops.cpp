@@ -454,6 +454,10 @@ void check_window(const char* op, int64_t window) {
               " must be >= 0 (keys before each query it sees) or -1 (no window)");
 }
 
+// -1 for a window that reaches every key anyway (the last query's sees `keys` - 1 before it):
+// the kernels then take their windowless path, and no bound arithmetic can overflow.
+int64_t effective_window(int64_t window, int64_t keys) { return window >= keys - 1 ? -1 : window; }
+
 // q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk, Hq % Hkv == 0; lse [B, Hq, Sq] f32.
 void check_attention(const char* op, Device device, const Tensor& q, const Tensor& k,
                      const Tensor& v, const Tensor& lse, int64_t window) {
@@ -483,7 +487,8 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   check_attention(op, device, q, k, v, lse, window);
   check_like(op, "out", out, "q", q);
   if (out.numel() == 0 && lse.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, window, stream);
+  BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, effective_window(window, k.size(1)),
+                 stream);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
@@ -508,7 +513,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
     check_like(op, name, t, "k", k);
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, window, stream);
+  BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse,
+                 effective_window(window, k.size(1)), stream);
 }
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
@@ -532,8 +538,8 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
   check_window(op, window);
   check_like(op, "out", out, "q", q);
   if (out.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_cached_forward, out, q, k_cache, v_cache, length, window,
-                 stream);
+  BRAID_DISPATCH(device, attention_cached_forward, out, q, k_cache, v_cache, length,
+                 effective_window(window, length), stream);
 }
 
 // ---------------------------------------------------------------- cross-entropy

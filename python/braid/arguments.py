@@ -538,7 +538,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(a.window_attn_skip_freq is None or (a.window_size is not None and a.window_size >= 0),
            "--window-attn-skip-freq needs --window-size")
     try:
-        a.window_layers = window_args.window_layers(a.window_attn_skip_freq, a.num_layers)
+        a.window_size, a.window_layers = window_args.model_window(
+            a.window_size, window_args.window_layers(a.window_attn_skip_freq, a.num_layers))
     except ValueError as e:
         raise ArgumentError(str(e)) from None
     _check(a.seq_length % (2 * cp) == 0,

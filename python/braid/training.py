@@ -89,7 +89,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.add_bias_linear = not a.disable_bias_linear
     cfg.add_qkv_bias = a.add_qkv_bias
     cfg.qk_layernorm = a.qk_layernorm
-    cfg.window_size = -1 if a.window_size is None else a.window_size
+    cfg.window_size = a.window_size
     cfg.window_layers = a.window_layers
     cfg.zero_centered_gamma = a.apply_layernorm_1p
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights

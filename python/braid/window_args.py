@@ -92,8 +92,18 @@ def window_layers(freq: int | list[int] | None, num_layers: int) -> list[int]:
     if freq is None:
         return []
     if isinstance(freq, int):
-        return [int((layer + 1) % freq != 0) for layer in range(num_layers)]
-    if len(freq) != num_layers:
+        layers = [int((layer + 1) % freq != 0) for layer in range(num_layers)]
+    elif len(freq) != num_layers:
         raise ValueError(f"--window-attn-skip-freq gives {len(freq)} layers; the model has "
                          f"--num-layers {num_layers}")
-    return list(freq)
+    else:
+        layers = list(freq)
+    return [] if all(layers) else layers
+
+
+def model_window(size: int | None, layers: list[int]) -> tuple[int, list[int]]:
+    """The (window_size, window_layers) of braid's model config: (-1, []) for no window, also
+    when the list windows no layer (--window-attn-skip-freq 1)."""
+    if size is None or size < 0 or (layers and not any(layers)):
+        return -1, []
+    return size, layers

@@ -2,6 +2,8 @@
 // reference, backward against finite differences, over several S, D and head groupings, with
 // as many queries as keys and with fewer (the queries are the last positions), with and
 // without a sliding window.
+#include <limits>
+
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -231,7 +233,8 @@ TEST_P(Attention, TrailingQueriesEqualTheLastRowsOfTheWholeAttention) {
 
 TEST_P(Attention, WindowedQueriesEqualTheirWindowAttendedAlone) {
   // Windowed attention at query i equals whole (causal) attention over the window's keys alone,
-  // with i the last of them; and a window as long as the sequence changes nothing.
+  // with i the last of them; and a window as long as the sequence, or longer, changes nothing:
+  // it is no window, bit for bit.
   const int64_t b = 1, s = 41, hq = 2, hkv = 1, d = 16, window = 9;
   Tensor q = random_tensor({b, s, hq, d}, 80, 2.0f), k = random_tensor({b, s, hkv, d}, 81, 2.0f);
   Tensor v = random_tensor({b, s, hkv, d}, 82);
@@ -251,12 +254,24 @@ TEST_P(Attention, WindowedQueriesEqualTheirWindowAttendedAlone) {
     EXPECT_TRUE(all_close(out_i, want, tol({1e-6, 1e-5}, {1e-2, 1e-2})));
   }
   Tensor out_none = empty({b, s, hq, d}), lse_none = empty_f32({b, hq, s});
-  Tensor out_long = empty({b, s, hq, d}), lse_long = empty_f32({b, hq, s});
   ops::attention_forward(out_none, lse_none, up(q), up(k), up(v));
-  ops::attention_forward(out_long, lse_long, up(q), up(k), up(v), s - 1);
-  // (Equal to rounding: on a GPU the windowless bf16 call may take cuDNN's kernel.)
-  EXPECT_TRUE(all_close(out_long, values(out_none), tol({1e-6, 1e-6}, {1e-2, 1e-2})));
-  EXPECT_TRUE(all_close(lse_long, values(lse_none), tol({1e-6, 1e-6}, {1e-2, 1e-2})));
+  // As long as the sequence, longer, and as long as int64 allows ("infinite"): no window.
+  for (int64_t long_window : {s - 1, s + 100, std::numeric_limits<int64_t>::max()}) {
+    SCOPED_TRACE(::testing::Message() << "window " << long_window);
+    Tensor out_long = empty({b, s, hq, d}), lse_long = empty_f32({b, hq, s});
+    ops::attention_forward(out_long, lse_long, up(q), up(k), up(v), long_window);
+    EXPECT_EQ(values(out_long), values(out_none));
+    EXPECT_EQ(values(lse_long), values(lse_none));
+    Tensor dq = empty({b, s, hq, d}), dk = empty({b, s, hkv, d}), dv = empty({b, s, hkv, d});
+    Tensor dq_none = empty({b, s, hq, d}), dk_none = empty({b, s, hkv, d}),
+           dv_none = empty({b, s, hkv, d});
+    ops::attention_backward(dq, dk, dv, up(q), up(q), up(k), up(v), out_long, lse_long,
+                            long_window);
+    ops::attention_backward(dq_none, dk_none, dv_none, up(q), up(q), up(k), up(v), out_none,
+                            lse_none);
+    EXPECT_EQ(values(dk), values(dk_none));
+    EXPECT_EQ(values(dv), values(dv_none));
+  }
 }
 
 TEST_P(Attention, MoreQueriesThanKeysIsAnError) {

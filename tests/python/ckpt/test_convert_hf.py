@@ -613,9 +613,12 @@ def test_export_of_windowed_models(tmp_path):
     # A window on every layer of a Llama-shaped model is Mistral; on some, Qwen2 (its q, k, v
     # biases written as zeros); biases on every linear layer or another shape: refused.
     c = {"normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
-         "add_bias_linear": False, "qk_layernorm": False, "window_size": 7, "window_layers": []}
+         "add_bias_linear": False, "qk_layernorm": False, "window_size": 7, "window_layers": [],
+         "num_layers": 2}
     assert convert_hf.braid_architecture(c) == "mistral"
     assert convert_hf.braid_architecture(dict(c, window_layers=[1, 0])) == "qwen2"
+    assert convert_hf.braid_architecture(dict(c, window_layers=[1, 1])) == "mistral"
+    assert convert_hf.braid_architecture(dict(c, window_layers=[0, 0])) == "llama"  # no window
     assert convert_hf.braid_architecture(dict(c, qk_layernorm=True)) == "qwen3"
     with pytest.raises(convert_hf.ConvertError, match="sliding window and biases"):
         convert_hf.braid_architecture(dict(c, add_bias_linear=True))

@@ -322,7 +322,7 @@ def test_rope_scaling_is_part_of_the_model(tmp_path):
 def test_sliding_window_trains_like_one_process_and_is_part_of_the_model(one_process, tmp_path):
     # Megatron's --window-size 7,0 --window-attn-skip-freq 2: layers 1 and 3 (of 4) attend to
     # the last 8 of the 32 positions, 2 and 4 to all. Under tp 2 x cp 2 with sequence
-    # parallelism (the window spans the 4 chunks each sequence is split into) the run trains
+    # parallelism (a query's window reaches into the chunk before its own) the run trains
     # like one process; its losses are not the windowless model's; the checkpoint records the
     # window, --use-checkpoint-args takes it back, and a run without it is told.
     sys.path.insert(0, os.path.join(REPO, "python"))

@@ -32,6 +32,14 @@ def test_skip_freq_gives_megatrons_layers():
     assert window_args.skip_freq("[1,1,1,0]*2") == [1, 1, 1, 0, 1, 1, 1, 0]
     assert window_args.skip_freq("([0]+[1]*2)*2") == [0, 1, 1, 0, 1, 1]
     assert window_args.window_layers(None, 4) == []  # every layer windowed
+    assert window_args.window_layers(window_args.skip_freq("5"), 4) == []  # no 5th layer
+    assert window_args.window_layers([1, 1], 2) == []
+    # The model's config: no window when none is given or the list windows no layer.
+    assert window_args.model_window(7, []) == (7, [])
+    assert window_args.model_window(7, [1, 0]) == (7, [1, 0])
+    assert window_args.model_window(7, [0, 0]) == (-1, [])
+    assert window_args.model_window(None, []) == (-1, [])
+    assert window_args.model_window(-1, []) == (-1, [])
     with pytest.raises(ValueError, match="gives 3 layers; the model has --num-layers 4"):
         window_args.window_layers([1, 0, 1], 4)
 

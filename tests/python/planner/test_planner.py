@@ -622,5 +622,18 @@ def test_sliding_window_attention_costs_and_counts_the_window():
     assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(swa["step_time_s"], rel=0.02)
     out = _plan(*args, "--window-attn-skip-freq", "2")
     assert out.returncode == 2 and "--window-attn-skip-freq needs --window-size" in out.stderr
+    out = _plan(*CLUSTER, "--json", "--", *TRAINING, "--window-size", "1023,0",
+                "--window-attn-skip-freq", "2")
+    assert out.returncode == 0, out.stderr
+    model = planner.ModelShape(80, 8192, 64, 8, 28672, 32000, 4096, window_size=1023,
+                               window_layers=(1, 0) * 40)
+    lay = planner.Layout(8, 4, 2, 1, 2, "selective", True, True, overlap_grad_reduce=True,
+                         overlap_param_gather=False)
+    want = planner.predict(model, planner.Cluster(planner.GPUS["h100-80g"], 8, 64, 450e9, 50e9),
+                           lay, 64)
+    assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(want["step_time_s"],
+                                                                      rel=1e-12)
+    out = _plan(*CLUSTER, "--window-size", "1023,0", "--", *TRAINING)
+    assert out.returncode == 2 and "--window-size: with training arguments after --" in out.stderr
     out = _plan(*args, "--window-size", "4095,0", "--window-attn-skip-freq", "[1,0]")
     assert out.returncode == 2 and "gives 2 layers; the model has --num-layers 32" in out.stderr
