@@ -111,6 +111,7 @@ def parse_args(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     training = argv[argv.index("--") + 1:] if "--" in argv else None
     a = ap.parse_args(argv[:argv.index("--")] if training is not None else argv)
+    a.rampup = None  # a run's --rampup-batch-size phase (training arguments only)
     a.even_stages = None  # True: the training arguments' pipeline split, even
     if (a.recompute_method or a.recompute_num_layers is not None) and a.recompute != "full":
         ap.error("--recompute-method / --recompute-num-layers need --recompute full")
@@ -185,9 +186,10 @@ def _from_training_arguments(ap, a, training):
         not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
         t.window_size, tuple(t.window_layers))
     a.global_batch = t.global_batch_size
-    # The samples the run's iterations read; a --rampup-batch-size phase is costed at the full
-    # batch's rate (docs/planner.md).
+    # The samples the run's iterations read; those of a --rampup-batch-size phase at their own
+    # batches' step times, for the run's layout (docs/planner.md).
     a.train_tokens = a.train_tokens or t.train_end_samples * t.seq_length
+    a.rampup = None if a.search else rampup_phases(t.batch_layout, t.train_end_samples)
     a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
     if not a.search:
         a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp
@@ -204,6 +206,19 @@ def _from_training_arguments(ap, a, training):
         a.decoder_last_pipeline_num_layers = t.decoder_last_pipeline_num_layers
         a.even_stages = t.stage_layers is None  # the run's split, not a search of splits
     return a
+
+
+def rampup_phases(batches, end: int) -> list[tuple[int, int]]:
+    """(global batch, steps) of each batch below the full one that a run's steps up to sample
+    `end` take (Megatron's --rampup-batch-size, as braid's BatchLayout `batches` steps it)."""
+    steps, consumed = {}, 0
+    while consumed < end:
+        batch = batches.global_batch_size_at(consumed)
+        if batch == batches.global_batch_size:
+            break
+        steps[batch] = steps.get(batch, 0) + 1
+        consumed += batch
+    return sorted(steps.items())
 
 
 def stages(layers: list[int]) -> str:
@@ -238,7 +253,7 @@ def main(argv=None):
                  overlap_param_gather=not a.no_overlap_param_gather,
                  even_stages=a.even_stages)
     results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
-                                       a.gpu_hour_price)
+                                       a.gpu_hour_price, a.rampup)
     if not results:
         why = planner.why_nothing_fits(model, cluster, a.global_batch, fixed)
         if rejected and "out of memory" not in rejected:

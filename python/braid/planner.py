@@ -455,9 +455,12 @@ def _cp_choices(model):
 
 
 def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict | None = None,
-           train_tokens: float | None = None, gpu_hour_price: float | None = None):
+           train_tokens: float | None = None, gpu_hour_price: float | None = None,
+           rampup: list[tuple[int, int]] | None = None):
     """All valid layouts that fit, best (highest tokens/s) first, and the reasons the others
-    were rejected (a dict reason -> count; empty when something fits)."""
+    were rejected (a dict reason -> count; empty when something fits). `rampup`: the
+    (global batch, steps) of a --rampup-batch-size phase, part of train_tokens, each costed at
+    its own batch's step time (for a fixed dp and micro batch: the run's)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     n = cluster.num_gpus
     tps = [fixed["tp"]] if "tp" in fixed else _pow2_upto(min(cluster.gpus_per_node, n))
@@ -486,7 +489,7 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
                                         * len(vs) == 1)
                 if r is not None:
                     _add_time_and_cost(r, cluster, train_tokens, gpu_hour_price,
-                                       model.seq_length)
+                                       _rampup_cost(model, cluster, lay, rampup))
                     results.append(r)
         if not splits and len(tps) * len(cps) * len(pps) * len(mbs) * len(vs) == 1:
             why = (f"{model.num_layers} layers do not split over pp {p} x v {v}, evenly or "
@@ -556,9 +559,18 @@ def _predict_if_it_fits(model, cluster, lay, global_batch, rejected, single):
 
 
 
-def _add_time_and_cost(r, cluster, train_tokens, price, seq):
+def _rampup_cost(model, cluster, lay, rampup):
+    """(seconds, tokens) of the ramp's steps under `lay`: each batch with its own microbatch
+    count and so its own pipeline bubble."""
+    seconds = sum(steps * predict(model, cluster, lay, batch)["step_time_s"]
+                  for batch, steps in rampup or ())
+    return seconds, sum(steps * batch for batch, steps in rampup or ()) * model.seq_length
+
+
+def _add_time_and_cost(r, cluster, train_tokens, price, rampup_cost=(0.0, 0)):
     if train_tokens:
-        seconds = train_tokens / r["tokens_per_s"]
+        ramp_seconds, ramp_tokens = rampup_cost
+        seconds = ramp_seconds + (train_tokens - ramp_tokens) / r["tokens_per_s"]
         r["days_to_train"] = seconds / 86400
         r["gpu_hours"] = seconds / 3600 * cluster.num_gpus
         if price is not None:

@@ -107,6 +107,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 PLAN = os.path.join(REPO, "tools", "plan.py")
 CSV = os.path.join(REPO, "..", "shared", "published_runs.csv")
+sys.path.insert(0, os.path.join(REPO, "tools"))
+import plan  # noqa: E402
 
 
 def test_bandwidth_units():
@@ -486,8 +488,10 @@ def test_plan_from_the_runs_own_training_arguments():
     tokens = 1000 * 64 * 4096
     assert rows[0]["days_to_train"] == pytest.approx(tokens / want["tokens_per_s"] / 86400)
     assert rows[0]["cost"] == pytest.approx(rows[0]["gpu_hours"] * 2.5)
-    # The same samples with Megatron's --rampup-batch-size: the run's tokens, at the full
-    # batch's rate (docs/planner.md).
+    # The same samples with Megatron's --rampup-batch-size 16 16 6400: the run's tokens, the
+    # ramp's steps each at its own batch's step time (16, 32 and 48 samples: 8, 16 and 24
+    # microbatches per replica, more of the step in the pipeline's bubble), the rest at the
+    # full batch's rate.
     ramped = [x for x in TRAINING if x not in ("--train-iters", "1000")]
     out = _plan(*CLUSTER, "--json", "--", *ramped, "--train-samples", "64010",
                 "--rampup-batch-size", "16", "16", "6400")
@@ -495,8 +499,19 @@ def test_plan_from_the_runs_own_training_arguments():
     ramp = BatchLayout(1, 64, dp_size=2, rampup_batch_size=(16, 16, 6400))
     samples = ramp.samples_after(ramp.steps_between(0, 64010))  # whole steps only
     assert 64010 - 64 < samples <= 64010
-    assert json.loads(out.stdout)[0]["days_to_train"] == pytest.approx(
-        samples * 4096 / want["tokens_per_s"] / 86400)
+    phases = plan.rampup_phases(ramp, samples)
+    assert [batch for batch, _ in phases] == [16, 32, 48]
+    assert sum(batch * steps for batch, steps in phases) == ramp.samples_after(
+        sum(steps for _, steps in phases))  # the steps before the first of 64
+    assert ramp.global_batch_size_at(sum(batch * steps for batch, steps in phases)) == 64
+    ramp_s = sum(steps * planner.predict(model, cluster, lay, batch)["step_time_s"]
+                 for batch, steps in phases)
+    ramp_samples = sum(batch * steps for batch, steps in phases)
+    slower = [planner.predict(model, cluster, lay, batch)["tokens_per_s"] for batch, _ in phases]
+    assert max(slower) < want["tokens_per_s"]  # smaller batches: a larger share of bubble
+    days = (ramp_s + (samples - ramp_samples) * 4096 / want["tokens_per_s"]) / 86400
+    assert json.loads(out.stdout)[0]["days_to_train"] == pytest.approx(days, rel=1e-12)
+    assert days > samples * 4096 / want["tokens_per_s"] / 86400
     # --search: every layout for that model and batch.
     out = _plan(*CLUSTER, "--json", "--search", "--", *TRAINING)
     assert out.returncode == 0 and len(json.loads(out.stdout)) > 100, out.stderr
