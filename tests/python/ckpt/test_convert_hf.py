@@ -89,14 +89,15 @@ def qwen2(tmp, tie=False, layers=2, **sliding):
     return tmp
 
 
-def qwen3(tmp, head_dim=16):
+def qwen3(tmp, head_dim=16, **sliding):
     """Llama with an RMSNorm on each query and key head: braid's qk_layernorm. A head_dim other
-    than hidden / heads (16) is braid's kv_channels, as in Qwen3-0.6B."""
+    than hidden / heads (16) is braid's kv_channels, as in Qwen3-0.6B. `sliding`: Qwen3's
+    use_sliding_window, sliding_window, layer_types."""
     torch.manual_seed(3)
     cfg = transformers.Qwen3Config(
         vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=64,
-        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False)
+        rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, **sliding)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
     perturb(model)
     model.save_pretrained(tmp)
@@ -167,6 +168,10 @@ MODELS = {
     # Qwen2's windowed layers: the last two of three.
     "qwen2-sliding-layers": lambda d: qwen2(d, layers=3, use_sliding_window=True,
                                             sliding_window=4, max_window_layers=1),
+    # Qwen3's, from layer_types: the first of two windowed, not a suffix.
+    "qwen3-sliding-layer-types": lambda d: qwen3(
+        d, use_sliding_window=True, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"]),
     "nemotron-bias": nemotron,
 }
 
