@@ -172,8 +172,10 @@ def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int):
     return math.ceil(layers / n) * inp, min(n, layers) * every
 
 
-def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
-    """One transformer layer, one microbatch, one TP (and CP) rank."""
+def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
+               layer: int | None = None) -> LayerCost:
+    """Transformer layer `layer` (None: the layers' mean, which differ only in their attention
+    window), one microbatch, one TP (and CP) rank."""
     gpu, t = cluster.gpu, lay.tp
     h, s, f, q = model.hidden_size, model.seq_length, model.ffn_hidden_size, model.q_size
     kv = model.kv_heads * model.head_dim
@@ -183,7 +185,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
     gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, fc1 / t, h), (T, h, f / t)]
     gemm_f = sum(_gemm_time(gpu, *g) for g in gemms)
     # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
-    attn_exec = 4 * T * model.executed_keys() * q / t
+    attn_exec = 4 * T * model.executed_keys(layer) * q / t
     attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
     act_bytes = (6 if model.activation == "swiglu" else 4) * f / t
     norm_bytes = 8 * h_rep
@@ -212,8 +214,12 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout) -> LayerCost:
     backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
+    layers = model.num_layers if layer is None else 1
+    one = model if layer is None else dataclasses.replace(  # this layer alone
+        model, num_layers=1, window_layers=(), window_size=model.window_size
+        if model.windowed(layer) else -1)
     model_flops = _flops.forward_flops_per_token(
-        dataclasses.replace(model, num_layers=1, vocab_size=0), s) * T / t
+        dataclasses.replace(one, vocab_size=0), s) / layers * T / t
     return LayerCost(forward, backward, model_flops)
 
 
@@ -334,12 +340,21 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
                          f"activations {parts['activations']:.1f}, reserved "
                          f"{parts['reserved']:.1f}) > {cluster.gpu.memory_gb:.0f} GB")
     gpu, p, v, t, d, cp = cluster.gpu, lay.pp, lay.virtual_stages, lay.tp, lay.dp, lay.cp
-    lc = layer_cost(model, cluster, lay)
+    # Each layer's cost (windowed and full layers differ in attention); a chunk's is its
+    # layers' sum, full recomputation adding the forward of those it reruns (its first ones).
+    kinds = {w: layer_cost(model, cluster, lay, next(
+        l for l in range(model.num_layers) if model.windowed(l) == w))
+        for w in {model.windowed(l) for l in range(model.num_layers)}}
+    costs = [kinds[model.windowed(l)] for l in range(model.num_layers)]
     hf, hb = head_cost(model, cluster, lay)
     ranges = stage_ranges(model, lay)
-    fwd = [[(e - b) * lc.forward for b, e in rank] for rank in ranges]
-    bwd = [[(e - b) * lc.backward + recomputed_layers(lay, e - b) * lc.forward for b, e in rank]
-           for rank in ranges]
+
+    def rerun(b, e):
+        return range(b, b + recomputed_layers(lay, e - b))
+
+    fwd = [[sum(costs[l].forward for l in range(b, e)) for b, e in rank] for rank in ranges]
+    bwd = [[sum(costs[l].backward for l in range(b, e)) +
+            sum(costs[l].forward for l in rerun(b, e)) for b, e in rank] for rank in ranges]
     fwd[p - 1][v - 1] += hf   # the last model chunk: LM head and loss
     bwd[p - 1][v - 1] += hb
     T = lay.micro_batch_size * model.seq_length / cp
@@ -396,8 +411,9 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
                          "all_reduce")
     step = max(ends) + opt + gather + emb_sync + 2 * NET_ALPHA_S * math.log2(max(2, d * p * t))
     model_flops = _flops.flops_per_iteration(model, model.seq_length, global_batch)
-    rerun = sum(recomputed_layers(lay, e - b) for rank in ranges for b, e in rank)
-    hw_flops = model_flops + lc.model_flops * t * rerun * m * d  # d: dp x cp
+    rerun_flops = sum(costs[l].model_flops for rank in ranges for b, e in rank
+                      for l in rerun(b, e))
+    hw_flops = model_flops + rerun_flops * t * m * d  # d: dp x cp
     peak = gpu.peak_tflops * 1e12
     out = dict(
         tp=t, pp=p, dp=lay.dp, cp=cp, micro_batch_size=lay.micro_batch_size, virtual_stages=v,

@@ -40,17 +40,21 @@ class ModelShape:
         widens or narrows the heads."""
         return self.num_attention_heads * self.head_dim
 
-    def executed_keys(self) -> float:
-        """The keys a causal flash attention computes per query, averaged over the sequence and
-        the layers: about half the sequence on a full layer; on a windowed one min(i + 1,
-        window + 1) for the query at position i."""
+    def windowed(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) attends in the sliding window."""
+        return self.window_size >= 0 and (not self.window_layers or
+                                          bool(self.window_layers[layer]))
+
+    def executed_keys(self, layer: int | None = None) -> float:
+        """The keys a causal flash attention computes per query of layer `layer`, averaged over
+        the sequence (None: and over the layers): about half the sequence on a full layer; on
+        a windowed one min(i + 1, window + 1) for the query at position i."""
+        if layer is None:
+            return sum(map(self.executed_keys, range(self.num_layers))) / self.num_layers
         s, w = self.seq_length, self.window_size + 1
-        full = s / 2
-        if self.window_size < 0 or w >= s:
-            return full
-        windowed = w - (w - 1) * w / (2 * s)
-        n = sum(self.window_layers) if self.window_layers else self.num_layers
-        return ((self.num_layers - n) * full + n * windowed) / self.num_layers
+        if not self.windowed(layer) or w >= s:
+            return s / 2
+        return w - (w - 1) * w / (2 * s)
 
     @property
     def gpt_style(self) -> bool:

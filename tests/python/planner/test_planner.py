@@ -625,6 +625,23 @@ def test_sliding_window_attention_costs_and_counts_the_window():
         mistral, window_size=4095).executed_keys() == pytest.approx(4.27, rel=0.01)
     assert swa["step_time_s"] < 0.85 * full["step_time_s"]
     assert swa["mfu"] < full["mfu"]  # fewer model FLOPs, counted as such
+    # Per layer: Qwen2's pattern (full layers first, windowed after) loads the first pipeline
+    # stage more than an alternating one with as many windowed layers does; the simulated step
+    # shows it. Full recomputation reruns each layer at its own cost (HFU: the layers' forward
+    # once more).
+    lay = planner.Layout(4, 2, 1, 1, 1, "full", True, False)
+    first_full = dataclasses.replace(mistral, window_size=4095, window_layers=(0,) * 16 + (1,) * 16)
+    alternating = dataclasses.replace(first_full, window_layers=(0, 1) * 16)
+    assert first_full.executed_keys() == alternating.executed_keys()
+    uneven, even = (planner.predict(x, cluster, lay, 8) for x in (first_full, alternating))
+    assert uneven["step_time_s"] > 1.05 * even["step_time_s"]
+    assert uneven["mfu"] * uneven["step_time_s"] == pytest.approx(  # the same model FLOPs
+        even["mfu"] * even["step_time_s"], rel=1e-12)
+    layers_only = flops.forward_flops_per_token(dataclasses.replace(first_full, vocab_size=0),
+                                                first_full.seq_length)
+    whole = flops.forward_flops_per_token(first_full, first_full.seq_length)
+    assert uneven["hfu"] / uneven["mfu"] - 1 == pytest.approx(layers_only / (3 * whole),
+                                                              rel=1e-9)
     # tools/plan.py takes the window as pretrain_gpt.py does, directly or from a run's flags.
     args = ["--gpu", "h100-80g", "--num-gpus", "8", "--nvlink-bw", "450GB/s", "--net-bw",
             "400Gb/s", "--json", "--tp", "8", "--pp", "1", "--micro-batch-size", "1",
