@@ -114,6 +114,10 @@ int64_t TransformerConfig::attention_window(int64_t layer) const {
   return window_layers[size_t(layer)] != 0 ? window_size : -1;
 }
 
+int64_t TransformerConfig::mlp_hidden_size() const {
+  return num_experts > 0 && moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size;
+}
+
 int64_t TransformerConfig::kv_heads() const {
   return num_query_groups == 0 ? num_attention_heads : num_query_groups;
 }
@@ -187,6 +191,22 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(window_layers[l] == 0 || window_layers[l] == 1,
                        "TransformerConfig.window_layers[", l, "] is ", window_layers[l],
                        "; each entry is 1 (window) or 0 (full attention)");
+  }
+  BRAID_CONFIG_CHECK(num_experts >= 0 && num_experts <= 1024,
+                     "TransformerConfig.num_experts must be in [0, 1024] (0: a dense MLP), got ",
+                     num_experts);
+  if (num_experts > 0) {
+    BRAID_CONFIG_CHECK(moe_router_topk >= 1 && moe_router_topk <= num_experts,
+                       "TransformerConfig.moe_router_topk must be in [1, num_experts = ",
+                       num_experts, "], got ", moe_router_topk);
+    BRAID_CONFIG_CHECK(
+        moe_ffn_hidden_size >= 0,
+        "TransformerConfig.moe_ffn_hidden_size must be positive (0: ffn_hidden_size), "
+        "got ",
+        moe_ffn_hidden_size);
+    BRAID_CONFIG_CHECK(moe_aux_loss_coeff >= 0 && std::isfinite(moe_aux_loss_coeff),
+                       "TransformerConfig.moe_aux_loss_coeff must be >= 0 and finite, got ",
+                       moe_aux_loss_coeff);
   }
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);

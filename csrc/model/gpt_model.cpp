@@ -163,7 +163,7 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   const int64_t qkv_rows = (n.q_heads + 2 * n.kv_heads) * n.head_dim;
   const bool swiglu = c.activation == Activation::swiglu;
   const int64_t fc1_rows = swiglu ? 2 * n.ffn : n.ffn;
-  const std::string fc1 = swiglu ? "mlp.gate_proj" : "mlp.up_proj";
+  const std::string fc1 = swiglu ? "gate_proj" : "up_proj";
   LayerTensors t;
   t.input_norm_weight = view_of(flat, p + "input_layernorm.weight");
   t.input_norm_bias = view_of(flat, p + "input_layernorm.bias");
@@ -177,10 +177,18 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   t.o_bias = view_of(flat, p + "self_attn.o_proj.bias");
   t.post_norm_weight = view_of(flat, p + "post_attention_layernorm.weight");
   t.post_norm_bias = view_of(flat, p + "post_attention_layernorm.bias");
-  t.fc1_weight = fused_view(flat, p + fc1 + ".weight", fc1_rows, c.hidden_size);
-  t.fc1_bias = fused_view(flat, p + fc1 + ".bias", fc1_rows, 0);
+  t.fc1_weight = fused_view(flat, p + "mlp." + fc1 + ".weight", fc1_rows, c.hidden_size);
+  t.fc1_bias = fused_view(flat, p + "mlp." + fc1 + ".bias", fc1_rows, 0);
   t.fc2_weight = view_of(flat, p + "mlp.down_proj.weight");
   t.fc2_bias = view_of(flat, p + "mlp.down_proj.bias");
+  t.router_weight = view_of(flat, p + "mlp.gate.weight");
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+    t.expert_fc1_weight.push_back(fused_view(flat, x + fc1 + ".weight", fc1_rows, c.hidden_size));
+    t.expert_fc1_bias.push_back(fused_view(flat, x + fc1 + ".bias", fc1_rows, 0));
+    t.expert_fc2_weight.push_back(view_of(flat, x + "down_proj.weight"));
+    t.expert_fc2_bias.push_back(view_of(flat, x + "down_proj.bias"));
+  }
   return t;
 }
 
@@ -474,7 +482,8 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
     if (group > 1) rerun_group(mb, begin, end);
     for (size_t l = end; l-- > begin;) {
       dx = layers_[l].backward(dx, tokens, dropout_context(mb, first_layer_ + int(l), true),
-                               group > 1 ? Recompute::none : layer_policy(l), mb.layers[l]);
+                               group > 1 ? Recompute::none : layer_policy(l), mb.layers[l],
+                               grad_scale, &load_balancing_loss_);
       grads_done(microbatch, layer_params_[l]);
     }
     end = begin;

@@ -96,12 +96,30 @@ void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& p
   add_norm(b, c, prefix, layer, c.hidden_size);
 }
 
+// One MLP (the dense one, or an expert) under `prefix`: gate_proj (swiglu), up_proj, down_proj.
+void add_mlp(LayoutBuilder& b, const TransformerConfig& c, const std::string& p, int layer) {
+  const int64_t h = c.hidden_size, f = c.mlp_hidden_size();
+  const bool bias = c.add_bias_linear;
+  if (c.activation == Activation::swiglu) {
+    b.group({p + "gate_proj.weight", Shape{f, h}, 0, layer, true});
+    b.member({p + "up_proj.weight", Shape{f, h}, 0, layer, true});
+    if (bias) {
+      b.group({p + "gate_proj.bias", Shape{f}, 0, layer, false});
+      b.member({p + "up_proj.bias", Shape{f}, 0, layer, false});
+    }
+  } else {
+    b.group({p + "up_proj.weight", Shape{f, h}, 0, layer, true});
+    if (bias) b.group({p + "up_proj.bias", Shape{f}, 0, layer, false});
+  }
+  b.group({p + "down_proj.weight", Shape{h, f}, 1, layer, true});
+  if (bias) b.group({p + "down_proj.bias", Shape{h}, -1, layer, false});
+}
+
 void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const int64_t h = c.hidden_size;
   const int64_t q_out = c.num_attention_heads * c.head_dim();
   const int64_t kv_out = c.kv_heads() * c.head_dim();
-  const int64_t f = c.ffn_hidden_size;
   const bool bias = c.add_bias_linear;
 
   add_norm(b, c, p + "input_layernorm", layer);
@@ -121,19 +139,10 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
   if (bias) b.group({p + "self_attn.o_proj.bias", Shape{h}, -1, layer, false});
 
   add_norm(b, c, p + "post_attention_layernorm", layer);
-  if (c.activation == Activation::swiglu) {
-    b.group({p + "mlp.gate_proj.weight", Shape{f, h}, 0, layer, true});
-    b.member({p + "mlp.up_proj.weight", Shape{f, h}, 0, layer, true});
-    if (bias) {
-      b.group({p + "mlp.gate_proj.bias", Shape{f}, 0, layer, false});
-      b.member({p + "mlp.up_proj.bias", Shape{f}, 0, layer, false});
-    }
-  } else {
-    b.group({p + "mlp.up_proj.weight", Shape{f, h}, 0, layer, true});
-    if (bias) b.group({p + "mlp.up_proj.bias", Shape{f}, 0, layer, false});
-  }
-  b.group({p + "mlp.down_proj.weight", Shape{h, f}, 1, layer, true});
-  if (bias) b.group({p + "mlp.down_proj.bias", Shape{h}, -1, layer, false});
+  if (c.num_experts == 0) return add_mlp(b, c, p + "mlp.", layer);
+  b.group({p + "mlp.gate.weight", Shape{c.num_experts, h}, -1, layer, true});
+  for (int64_t e = 0; e < c.num_experts; ++e)
+    add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer);
 }
 
 }  // namespace
@@ -150,9 +159,10 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   BRAID_CONFIG_CHECK(c.num_attention_heads % tp == 0, "tensor parallelism: num_attention_heads (",
                      c.num_attention_heads, ") is not divisible by --tensor-model-parallel-size (",
                      tp, ")");
-  BRAID_CONFIG_CHECK(c.ffn_hidden_size % tp == 0, "tensor parallelism: ffn_hidden_size (",
-                     c.ffn_hidden_size, ") is not divisible by --tensor-model-parallel-size (", tp,
-                     ")");
+  const char* ffn_name = c.num_experts > 0 ? "moe_ffn_hidden_size" : "ffn_hidden_size";
+  BRAID_CONFIG_CHECK(c.mlp_hidden_size() % tp == 0, "tensor parallelism: ", ffn_name, " (",
+                     c.mlp_hidden_size(), ") is not divisible by --tensor-model-parallel-size (",
+                     tp, ")");
   const int64_t kv = c.kv_heads();
   BRAID_CONFIG_CHECK(kv % tp == 0 || tp % kv == 0, "tensor parallelism: num_query_groups (", kv,
                      ") and --tensor-model-parallel-size (", tp,

@@ -49,6 +49,15 @@ QKV split_qkv(const Tensor& fused, int64_t q_rows, int64_t kv_rows) {
           fused.narrow(q_rows + kv_rows, kv_rows)};
 }
 
+// f(expert, first row, rows) for each expert that was routed rows, in expert order.
+template <typename F>
+void for_each_expert(const MoeRouting& r, F&& f) {
+  for (size_t e = 0; e + 1 < r.offsets.size(); ++e) {
+    const int64_t rows = r.offsets[e + 1] - r.offsets[e];
+    if (rows > 0) f(e, r.offsets[e], rows);
+  }
+}
+
 }  // namespace
 
 LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
@@ -56,7 +65,7 @@ LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
   s.head_dim = c.head_dim();
   s.q_heads = c.num_attention_heads / tp;
   s.kv_heads = c.kv_heads() >= tp ? c.kv_heads() / tp : 1;
-  s.ffn = c.ffn_hidden_size / tp;
+  s.ffn = c.mlp_hidden_size() / tp;
   return s;
 }
 
@@ -85,6 +94,138 @@ Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
       break;
   }
   return act;
+}
+
+void TransformerLayer::mlp_activation_backward(Tensor d_fc1, const Tensor& d_act,
+                                               const Tensor& fc1_out) const {
+  switch (config_.activation) {
+    case Activation::swiglu:
+      ops::swiglu_backward(d_fc1, d_act, fc1_out);
+      break;
+    case Activation::squared_relu:
+      ops::squared_relu_backward(d_fc1, d_act, fc1_out);
+      break;
+    case Activation::gelu:
+      ops::gelu_backward(d_fc1, d_act, fc1_out);
+      break;
+  }
+}
+
+Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* saved) const {
+  const TransformerConfig& c = config_;
+  const int64_t t = h_full.size(0), h = c.hidden_size;
+  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * shape_.ffn : shape_.ffn;
+  const DType dt = h_full.dtype();
+  const Device dev = h_full.device();
+  if (c.num_experts == 0) {
+    Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
+    linear_forward(fc1, h_full, w_.fc1_weight, w_.fc1_bias);
+    Tensor act = mlp_activation(fc1);
+    Tensor m = Tensor::empty({t, h}, dt, dev);
+    linear_forward(m, act, w_.fc2_weight, row_bias(w_.fc2_bias));
+    if (saved != nullptr) {
+      saved->fc1_out = fc1;
+      saved->act_out = act;
+    }
+    return m;
+  }
+  // Every TP rank routes every token alike (the router is replicated and h_full whole) and runs
+  // its share of each expert's columns; the combine is linear, so the partial outputs sum.
+  Tensor logits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
+  linear_forward(logits, h_full, w_.router_weight, {});
+  MoeRouting r = route_tokens(logits, c, cp_, saved != nullptr);
+  const int64_t n = r.row_token.size(0);
+  Tensor in = Tensor::empty({n, h}, dt, dev);
+  ops::gather_rows(in, h_full, r.row_token, {});
+  Tensor fc1 = Tensor::empty({n, fc1_cols}, dt, dev);
+  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
+    linear_forward(fc1.narrow(first, rows), in.narrow(first, rows), w_.expert_fc1_weight[e],
+                   w_.expert_fc1_bias[e]);
+  });
+  Tensor act = mlp_activation(fc1);
+  Tensor y = Tensor::empty({n, h}, dt, dev);
+  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
+    linear_forward(y.narrow(first, rows), act.narrow(first, rows), w_.expert_fc2_weight[e],
+                   row_bias(w_.expert_fc2_bias[e]));
+  });
+  Tensor m = Tensor::empty({t, h}, dt, dev);
+  ops::combine_rows(m, y, r.token_rows, r.probs);
+  if (saved != nullptr) {
+    saved->router_logits = logits;
+    saved->routing = std::move(r);
+    saved->expert_in = in;
+    saved->fc1_out = fc1;
+    saved->act_out = act;
+    saved->expert_out = y;
+  }
+  return m;
+}
+
+Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
+                                      float loss_scale) const {
+  const TransformerConfig& c = config_;
+  Tensor dh = Tensor::empty(h_full.shape(), h_full.dtype(), h_full.device());
+  if (c.num_experts == 0) {
+    Tensor d_act = empty_like(a.act_out);
+    linear_backward(d_act, g_.fc2_weight, g_.fc2_bias, dm, a.act_out, w_.fc2_weight);
+    release(a.act_out);
+    Tensor d_fc1 = empty_like(a.fc1_out);
+    mlp_activation_backward(d_fc1, d_act, a.fc1_out);
+    release(d_act, a.fc1_out);
+    linear_backward(dh, g_.fc1_weight, g_.fc1_bias, d_fc1, h_full, w_.fc1_weight);
+    return dh;
+  }
+  const MoeRouting& r = a.routing;
+  const int64_t t = h_full.size(0), n = r.row_token.size(0);
+  const Device dev = h_full.device();
+  // The probabilities' gradient: each rank's expert outputs are partial sums, so are the dots.
+  Tensor dprobs = Tensor::empty(r.probs.shape(), DType::f32, dev);
+  ops::combine_rows_weight_grad(dprobs, dm, a.expert_out, r.token_rows);
+  all_reduce_tp(tp_, dprobs);
+  release(a.expert_out);
+  Tensor dy = Tensor::empty({n, c.hidden_size}, dm.dtype(), dev);
+  ops::gather_rows(dy, dm, r.row_token, r.row_prob);
+  Tensor d_act = empty_like(a.act_out);
+  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
+    linear_backward(d_act.narrow(first, rows), g_.expert_fc2_weight[e], g_.expert_fc2_bias[e],
+                    dy.narrow(first, rows), a.act_out.narrow(first, rows), w_.expert_fc2_weight[e]);
+  });
+  release(dy, a.act_out);
+  Tensor d_fc1 = empty_like(a.fc1_out);
+  mlp_activation_backward(d_fc1, d_act, a.fc1_out);
+  release(d_act, a.fc1_out);
+  if (!a.expert_in.defined()) {  // selective recomputation: gathered again
+    a.expert_in = Tensor::empty({n, c.hidden_size}, h_full.dtype(), dev);
+    ops::gather_rows(a.expert_in, h_full, r.row_token, {});
+  }
+  Tensor d_in = empty_like(a.expert_in);
+  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
+    linear_backward(d_in.narrow(first, rows), g_.expert_fc1_weight[e], g_.expert_fc1_bias[e],
+                    d_fc1.narrow(first, rows), a.expert_in.narrow(first, rows),
+                    w_.expert_fc1_weight[e]);
+  });
+  release(d_fc1, a.expert_in);
+  ops::combine_rows(dh, d_in, r.token_rows, {});
+  release(d_in);
+
+  // The router: every TP rank computes the same gradients; its share of dh is added once.
+  Tensor aux;
+  if (r.aux_grad.defined()) {
+    aux = empty_like(r.aux_grad);
+    ops::scale(aux, r.aux_grad, loss_scale);
+  }
+  Tensor dlogits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
+  ops::moe_router_backward(dlogits, dprobs, a.router_logits, r.experts, c.moe_router_pre_softmax,
+                           aux);
+  if (h_full.dtype() != DType::f32) {
+    Tensor cast = Tensor::empty(dlogits.shape(), h_full.dtype(), dev);
+    ops::cast(cast, dlogits);
+    dlogits = cast;
+  }
+  linear_backward(tp_.rank() == 0 ? dh : Tensor(), g_.router_weight, {}, dlogits, h_full,
+                  w_.router_weight, true);
+  release(a.router_logits);
+  return dh;
 }
 
 // A row-parallel layer's bias is added once, by TP rank 0, before the partial sums are
@@ -182,7 +323,6 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   BRAID_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size, "TransformerLayer: input must be [T, ",
               c.hidden_size, "], got ", x.shape());
   const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
-  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * n.ffn : n.ffn;
   const DType dt = x.dtype();
   const Device dev = x.device();
 
@@ -204,13 +344,9 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
 
   NormStats s2;
   Tensor h2 = norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
-  const Tensor h2_full = enter_tp_forward(tp_, h2);
-  Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
-  linear_forward(fc1, h2_full, w_.fc1_weight, w_.fc1_bias);
-  Tensor act = mlp_activation(fc1);
-  Tensor m = Tensor::empty({t, c.hidden_size}, dt, dev);
-  linear_forward(m, act, w_.fc2_weight, row_bias(w_.fc2_bias));
-  m = exit_tp_forward(tp_, m);
+  LayerActivations mlp;
+  Tensor m = exit_tp_forward(
+      tp_, mlp_forward(enter_tp_forward(tp_, h2), saved != nullptr ? &mlp : nullptr));
   m = dropout(m, drop.p, drop.seed, drop.mlp_offset, drop.first_element);
   Tensor out = m;
   ops::add(out, mid, m);
@@ -231,7 +367,12 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->attn_out = attn;
       saved->lse = lse;
       saved->mid = mid;
-      saved->fc1_out = fc1;
+      saved->fc1_out = mlp.fc1_out;
+      saved->router_logits = mlp.router_logits;
+      saved->routing = std::move(mlp.routing);
+      saved->expert_out = mlp.expert_out;
+    } else {
+      saved->routing.aux_loss = mlp.routing.aux_loss;
     }
     if (policy == Recompute::none) {
       saved->q_norm_stats = qkv.q_stats;
@@ -240,7 +381,8 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->input_norm_out = h1;
       saved->post_norm_stats = s2;
       saved->post_norm_out = h2;
-      saved->act_out = act;
+      saved->act_out = mlp.act_out;
+      saved->expert_in = mlp.expert_in;
     }
   }
   return out;
@@ -256,7 +398,6 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   BRAID_CHECK(!tp_.sharded_tokens() && !cp_.active(),
               "TransformerLayer::forward_cached: no sequence or context parallelism");
   const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
-  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * n.ffn : n.ffn;
   const int64_t offset = cache.length();
   const DType dt = x.dtype();
   const Device dev = x.device();
@@ -280,18 +421,14 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   NormStats s2;
   const Tensor h2 =
       enter_tp_forward(tp_, norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias));
-  Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
-  linear_forward(fc1, h2, w_.fc1_weight, w_.fc1_bias);
-  const Tensor act = mlp_activation(fc1);
-  Tensor out = Tensor::empty({t, c.hidden_size}, dt, dev);
-  linear_forward(out, act, w_.fc2_weight, row_bias(w_.fc2_bias));
-  out = exit_tp_forward(tp_, out);
+  Tensor out = exit_tp_forward(tp_, mlp_forward(h2, nullptr));
   ops::add(out, mid, out);
   return out;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const DropoutContext& drop,
-                                  Recompute policy, LayerActivations& saved) const {
+                                  Recompute policy, LayerActivations& saved, float loss_scale,
+                                  double* load_balancing_loss) const {
   const TransformerConfig& c = config_;
   const LayerShape& n = shape_;
   BRAID_CHECK(saved.input.defined(), "TransformerLayer::backward: no saved activations");
@@ -317,30 +454,13 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   }
   LayerActivations& a = saved;
   const int64_t t = tokens.count(), d = n.head_dim;
+  if (load_balancing_loss != nullptr) *load_balancing_loss += a.routing.aux_loss;
 
   // MLP block.
   Tensor dm = exit_tp_backward(
       tp_, dropout_grad(dout, drop.p, drop.seed, drop.mlp_offset, drop.first_element));
-  Tensor d_act = empty_like(a.act_out);
-  linear_backward(d_act, g_.fc2_weight, g_.fc2_bias, dm, a.act_out, w_.fc2_weight);
-  release(dm, a.act_out);
-  Tensor d_fc1 = empty_like(a.fc1_out);
-  switch (c.activation) {
-    case Activation::swiglu:
-      ops::swiglu_backward(d_fc1, d_act, a.fc1_out);
-      break;
-    case Activation::squared_relu:
-      ops::squared_relu_backward(d_fc1, d_act, a.fc1_out);
-      break;
-    case Activation::gelu:
-      ops::gelu_backward(d_fc1, d_act, a.fc1_out);
-      break;
-  }
-  release(d_act, a.fc1_out);
-  const Tensor h2_full = enter_tp_forward(tp_, a.post_norm_out);
-  Tensor dh2 = Tensor::empty(h2_full.shape(), h2_full.dtype(), h2_full.device());
-  linear_backward(dh2, g_.fc1_weight, g_.fc1_bias, d_fc1, h2_full, w_.fc1_weight);
-  release(d_fc1, a.post_norm_out);
+  Tensor dh2 = mlp_backward(dm, enter_tp_forward(tp_, a.post_norm_out), a, loss_scale);
+  release(dm, a.post_norm_out);
   dh2 = enter_tp_backward(tp_, dh2);
   Tensor dmid = empty_like(a.mid);
   norm_backward(c, dmid, g_.post_norm_weight, g_.post_norm_bias, dh2, a.mid, w_.post_norm_weight,

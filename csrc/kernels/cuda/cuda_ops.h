@@ -47,6 +47,17 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         int64_t window, Stream stream);
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, int64_t length, int64_t window, Stream stream);
+void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, const Tensor& logits,
+                        bool softmax_first, Stream stream);
+void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& logits,
+                         const Tensor& experts, bool softmax_first, const Tensor& aux_grad,
+                         Stream stream);
+void gather_rows(Tensor out, const Tensor& x, const Tensor& index, const Tensor& scale,
+                 Stream stream);
+void combine_rows(Tensor out, const Tensor& y, const Tensor& rows, const Tensor& weight,
+                  Stream stream);
+void combine_rows_weight_grad(Tensor dweight, const Tensor& dout, const Tensor& y,
+                              const Tensor& rows, Stream stream);
 void cross_entropy_partials(Tensor max, Tensor sumexp, Tensor target_logit, const Tensor& logits,
                             const Tensor& targets, int64_t vocab_offset, Stream stream);
 void cross_entropy_loss(Tensor loss, const Tensor& max, const Tensor& sumexp,

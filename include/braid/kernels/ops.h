@@ -170,6 +170,39 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
                               const Tensor& v_cache, int64_t length, int64_t window = -1,
                               Stream stream = {});
 
+// ---------------------------------------------------------------- mixture of experts
+// Top-k routing of T tokens over E experts (E <= 1024). logits [T, E] f32, the router's output;
+// probs [T, k] f32 and experts [T, k] i32, each token's k experts in descending order of logit
+// (ties: the lower expert first), k <= E.
+//   softmax_first = false (Megatron's default, Mixtral, Qwen3-MoE: HF's norm_topk_prob):
+//     probs = softmax over the k largest logits;
+//   softmax_first = true (Megatron's --moe-router-pre-softmax, OLMoE, Qwen2-MoE):
+//     probs = those k entries of softmax(logits) over all E.
+// score_sums [E] f32, optional: sum over the tokens of softmax(logits) over all E (the P of the
+// load-balancing loss).
+void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, const Tensor& logits,
+                        bool softmax_first, Stream stream = {});
+// dlogits [T, E] f32 (overwritten) = the gradient through moe_router_forward of a loss with
+// gradient dprobs [T, k] f32 (the selection is constant), plus, when aux_grad [E] f32 is
+// defined, that of sum over t, e of aux_grad[e] * softmax(logits[t])[e] (the load-balancing
+// loss's, whose gradient is the same for every token).
+void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& logits,
+                         const Tensor& experts, bool softmax_first, const Tensor& aux_grad,
+                         Stream stream = {});
+// Token dispatch: out [N, C] row i = x[index[i]] (times scale[i] when scale [N] f32 is defined);
+// x [T, C] (activation dtype, out's), index [N] i32 in [0, T).
+void gather_rows(Tensor out, const Tensor& x, const Tensor& index, const Tensor& scale,
+                 Stream stream = {});
+// Token combine: out [T, C] row t = sum over j < k of weight[t, j] * y[rows[t, j]] (weight 1
+// when weight [T, k] f32 is undefined), summed in j order; y [N, C], rows [T, k] i32 in [0, N).
+// Overwrites out.
+void combine_rows(Tensor out, const Tensor& y, const Tensor& rows, const Tensor& weight,
+                  Stream stream = {});
+// The weight gradient of combine_rows: dweight [T, k] f32 (overwritten) = dot(dout[t],
+// y[rows[t, j]]), accumulated in f32.
+void combine_rows_weight_grad(Tensor dweight, const Tensor& dout, const Tensor& y,
+                              const Tensor& rows, Stream stream = {});
+
 // ---------------------------------------------------------------- cross-entropy
 // logits [T, V_local] (activation dtype; this rank's slice starts at vocab_offset); targets [T]
 // i32, negative = ignored. One online-softmax pass gives, per row, the partials a vocab-parallel

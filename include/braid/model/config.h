@@ -70,6 +70,18 @@ struct TransformerConfig {
   // of Megatron's --window-attn-skip-freq; Qwen2's max_window_layers, HF's layer_types). Empty:
   // every layer. Only with window_size >= 0.
   std::vector<int64_t> window_layers;
+  // Mixture of experts (Megatron's --num-experts; Mixtral, Qwen3-MoE, OLMoE): every layer's MLP
+  // is num_experts MLPs of moe_ffn_hidden_size (0: ffn_hidden_size) of which a router (a
+  // [num_experts, hidden] linear layer) picks moe_router_topk per token; their outputs are summed
+  // weighted by the router's probabilities (ops::moe_router_forward; with moe_router_pre_softmax
+  // the softmax runs over all experts before the top k). Dropless: every expert takes every token
+  // routed to it. moe_aux_loss_coeff > 0 adds the Switch Transformer load-balancing loss, as
+  // Megatron's aux_loss. 0 experts: a dense MLP.
+  int64_t num_experts = 0;
+  int64_t moe_router_topk = 2;
+  int64_t moe_ffn_hidden_size = 0;
+  bool moe_router_pre_softmax = false;
+  float moe_aux_loss_coeff = 0.0f;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;
   float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
@@ -86,6 +98,8 @@ struct TransformerConfig {
   int64_t rotary_dim() const;  // int(head_dim() x rotary_percent): the channels RoPE turns
   // The attention window of layer `layer` (0-based): window_size on a windowed layer, else -1.
   int64_t attention_window(int64_t layer) const;
+  // The hidden size of each MLP: moe_ffn_hidden_size (or ffn_hidden_size) with experts.
+  int64_t mlp_hidden_size() const;
   int64_t padded_vocab_size(int tp_size = 1) const;
 
   // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.

@@ -42,6 +42,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "braid/core/tensor.h"
@@ -150,6 +151,12 @@ class GPTModel {
     return tokens / cp_.size() / (tp_.sharded_tokens() ? tp_.size() : 1);
   }
 
+  // Mixture of experts with moe_aux_loss_coeff > 0: the load-balancing loss (moe.h, without its
+  // coefficient) of this chunk's layers, summed over them and over the microbatches whose
+  // backward ran since the last call (this rank's tokens' share under context parallelism);
+  // resets the sum.
+  double take_load_balancing_loss() { return std::exchange(load_balancing_loss_, 0.0); }
+
   // Dropout's random state: masks are Philox streams of (seed, training forwards so far,
   // layer). Checkpoints save it and set it back; setting the seed does not re-initialise.
   uint64_t dropout_forwards() const { return forward_count_; }
@@ -218,6 +225,7 @@ class GPTModel {
   GradsDoneHook grads_done_;
   std::map<int, std::unique_ptr<Microbatch>> activations_;
   uint64_t forward_count_ = 0;  // numbers the dropout streams of each training forward
+  double load_balancing_loss_ = 0;
 };
 
 }  // namespace braid::model

@@ -13,11 +13,13 @@
 // split-columns op.
 
 #include <cstdint>
+#include <vector>
 
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
 #include "braid/model/context_parallel.h"
 #include "braid/model/kv_cache.h"
+#include "braid/model/moe.h"
 #include "braid/model/norm.h"
 #include "braid/model/tensor_parallel.h"
 
@@ -35,6 +37,10 @@ struct LayerTensors {
   Tensor post_norm_weight, post_norm_bias;
   Tensor fc1_weight, fc1_bias;  // gelu: up_proj [F, H]; swiglu: [gate_proj; up_proj] [2F, H]
   Tensor fc2_weight, fc2_bias;  // down_proj [H, F], [H]
+  // Mixture of experts (in place of fc1 and fc2): the router [E, H] (replicated over TP) and each
+  // expert's fc1 and fc2, shaped as the dense ones.
+  Tensor router_weight;
+  std::vector<Tensor> expert_fc1_weight, expert_fc1_bias, expert_fc2_weight, expert_fc2_bias;
 };
 
 // This rank's share of a block: query heads, kv heads, head dim, MLP hidden size.
@@ -80,6 +86,13 @@ struct LayerActivations {
   Tensor post_norm_out;
   Tensor fc1_out;  // [B, S, F | 2F]
   Tensor act_out;  // [B, S, F]
+  // Mixture of experts: the routing (router_logits [T, E] f32, kept by none and selective, as is
+  // expert_out) and the experts' rows (moe.h): expert_in [N, H] (none only: selective gathers it
+  // again), fc1_out [N, F | 2F] and act_out [N, F] in place of the dense ones, expert_out [N, H].
+  // aux_grad [E] f32: the load-balancing loss's gradient per unit of loss (moe.h).
+  Tensor router_logits;
+  MoeRouting routing;
+  Tensor expert_in, expert_out;
 };
 
 // Hidden dropout of one block in one forward pass. The mask is never stored: backward
@@ -105,8 +118,13 @@ class TransformerLayer {
 
   // dout [T_region, H] -> dx [T_region, H]; adds the parameter gradients; frees `saved`.
   // `tokens`, `dropout` and `policy` must be those of the forward that filled `saved`.
+  // With experts: `loss_scale` is the weight of this microbatch's loss in the step's
+  // (GPTModel::backward's grad_scale), by which the load-balancing loss's gradient is scaled
+  // too; the layer's load-balancing loss (without its coefficient; this rank's tokens' share
+  // under context parallelism) is added to *load_balancing_loss when given.
   Tensor backward(const Tensor& dout, Tokens tokens, const DropoutContext& dropout,
-                  Recompute policy, LayerActivations& saved) const;
+                  Recompute policy, LayerActivations& saved, float loss_scale = 1.0f,
+                  double* load_balancing_loss = nullptr) const;
 
   // Inference: x [B * n, H] holds the next n positions of B sequences that follow the
   // cache.length() positions already in `cache`. Appends their keys (after rope) and values to
@@ -141,6 +159,14 @@ class TransformerLayer {
                           const Tensor& k, const Tensor& v, const Tensor& out,
                           const Tensor& lse) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;
+  void mlp_activation_backward(Tensor d_fc1, const Tensor& d_act, const Tensor& fc1_out) const;
+  // The MLP (dense, or the experts) of the normed input h_full [T, H] (every token under TP):
+  // returns this rank's partial output [T, H]; keeps fc1_out, act_out (and with experts the
+  // routing and expert rows, and the load-balancing loss) in `saved` when given.
+  Tensor mlp_forward(const Tensor& h_full, LayerActivations* saved) const;
+  // dm [T, H] (every token) -> this rank's partial dh [T, H]; adds the parameter gradients.
+  Tensor mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
+                      float loss_scale) const;
   Tensor row_bias(const Tensor& bias) const;
   TransformerConfig config_;
   TensorParallel tp_;

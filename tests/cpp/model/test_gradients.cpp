@@ -169,5 +169,22 @@ TEST(Gradients, WideHeadsMatchFiniteDifferences) {
   check_gradients(gpt2);
 }
 
+TEST(Gradients, ExpertsMatchFiniteDifferences) {
+  // Mixture of experts with every expert chosen (k = E), so that no perturbation can change the
+  // selection (which has no derivative): dispatch, each expert, the weighted combine and the
+  // router's softmax. Routing to k < E is checked against torch autograd (transformers' Mixtral
+  // and OLMoE) and one-rank parity, where the selection is the same on both sides.
+  TransformerConfig llama = small_llama();
+  llama.num_experts = 3;
+  llama.moe_router_topk = 3;
+  llama.moe_ffn_hidden_size = 24;
+  check_gradients(llama);
+  TransformerConfig gpt2 = small_gpt2();  // gelu experts with biases, softmax over all first
+  gpt2.num_experts = 2;
+  gpt2.moe_router_topk = 2;
+  gpt2.moe_router_pre_softmax = true;
+  check_gradients(gpt2);
+}
+
 }  // namespace
 }  // namespace braid::model

@@ -107,6 +107,18 @@ void check_methods(const TransformerConfig& config) {
   EXPECT_EQ(block_kept[size_t(layers)], full.kept_bytes);  // more than the chunk has: all
 }
 
+TEST(Recompute, ExpertPoliciesAgreeAndSaveMemory) {
+  // Top-2 of 4 experts with the load-balancing loss: selective keeps the routing, the experts'
+  // fc1 rows and outputs, and gathers their input again; full reruns the routing.
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 2;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_aux_loss_coeff = 0.01f;
+  check_policies(c);
+  check_methods(c);
+}
+
 TEST(Recompute, Gpt2PoliciesAgreeAndSaveMemory) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.num_layers = 4;

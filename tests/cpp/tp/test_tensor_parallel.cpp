@@ -63,6 +63,26 @@ TransformerConfig wide_heads() {
   return c;
 }
 
+// Mixtral's MLP: top-2 of 4 experts, each split over TP like the dense MLP, with the
+// load-balancing loss; and GPT-2 style experts (gelu, biases) with the softmax over all first.
+TransformerConfig experts() {
+  TransformerConfig c = llama();
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 16;
+  c.moe_aux_loss_coeff = 0.1f;
+  return c;
+}
+
+TransformerConfig gelu_experts() {
+  TransformerConfig c = gpt2();
+  c.num_experts = 3;
+  c.moe_router_topk = 1;
+  c.moe_router_pre_softmax = true;
+  c.moe_aux_loss_coeff = 0.05f;
+  return c;
+}
+
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
@@ -75,10 +95,17 @@ struct Case {
   bool sequence_parallel;
 };
 
-const Case kCases[] = {{"gpt2", gpt2, false},         {"gpt2_sp", gpt2, true},
-                       {"llama_gqa", llama, false},   {"llama_gqa_sp", llama, true},
-                       {"qk_norm", qk_norm, false},   {"qk_norm_sp", qk_norm, true},
-                       {"qkv_bias", qkv_bias, false}, {"wide_heads_sp", wide_heads, true}};
+const Case kCases[] = {{"gpt2", gpt2, false},
+                       {"gpt2_sp", gpt2, true},
+                       {"llama_gqa", llama, false},
+                       {"llama_gqa_sp", llama, true},
+                       {"qk_norm", qk_norm, false},
+                       {"qk_norm_sp", qk_norm, true},
+                       {"qkv_bias", qkv_bias, false},
+                       {"wide_heads_sp", wide_heads, true},
+                       {"experts", experts, false},
+                       {"experts_sp", experts, true},
+                       {"gelu_experts_sp", gelu_experts, true}};
 
 class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 
