@@ -33,6 +33,10 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rotary_percent", c.rotary_percent},
       {"window_size", c.window_size},
       {"window_layers", c.window_layers},
+      {"num_experts", c.num_experts},
+      {"moe_router_topk", c.moe_router_topk},
+      {"moe_ffn_hidden_size", c.num_experts > 0 ? c.mlp_hidden_size() : 0},
+      {"moe_router_pre_softmax", c.moe_router_pre_softmax},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
 }
@@ -64,6 +68,17 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                      ": a different model - rotary_percent is ", saved_rotary,
                      " in the checkpoint and ", config.rotary_percent, " in this run (RoPE turns ",
                      saved_rotary_dim, " and ", config.rotary_dim(), " channels of each head)");
+  // Checkpoints from before experts are dense.
+  const int64_t saved_experts = saved.value("num_experts", int64_t(0));
+  BRAID_CONFIG_CHECK(saved_experts == config.num_experts, where,
+                     ": a different model - num_experts is ", saved_experts,
+                     " in the checkpoint and ", config.num_experts, " in this run");
+  if (saved_experts > 0) {
+    const int64_t saved_ffn = saved.at("moe_ffn_hidden_size").get<int64_t>();
+    BRAID_CONFIG_CHECK(saved_ffn == config.mlp_hidden_size(), where,
+                       ": a different model - moe_ffn_hidden_size is ", saved_ffn,
+                       " in the checkpoint and ", config.mlp_hidden_size(), " in this run");
+  }
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] :
        {std::pair{"add_qkv_bias", config.add_qkv_bias},

@@ -195,6 +195,21 @@ float Trainer::global_loss(float local_loss) const {
   return loss[0];
 }
 
+double Trainer::load_balancing_loss(int num_microbatches) const {
+  const model::TransformerConfig& c = model_.config();
+  if (c.num_experts == 0 || c.moe_aux_loss_coeff == 0) return 0;
+  // Each rank holds its stages' layers for its DP replica's microbatches (its share of their
+  // tokens under CP); every TP rank holds the same values.
+  double local = 0;
+  for (model::GPTModel* chunk : model_.chunks()) local += chunk->take_load_balancing_loss();
+  std::vector<float> sum{float(local)};
+  const comm::ParallelState* state = model_.state();
+  all_reduce_host(state != nullptr ? &state->world() : nullptr, sum, DType::f32);
+  const int tp = model_.chunk(0).tensor_parallel().size();
+  const int dp = state != nullptr ? state->grid().dp() : 1;
+  return sum[0] / (double(tp) * dp * num_microbatches * double(c.num_layers));
+}
+
 float Trainer::evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches) {
   const Microbatches batch = split(ids, targets, num_microbatches, 1.0f, "evaluate");
   return global_loss(run_microbatches(batch, /*forward_only=*/true));
@@ -223,6 +238,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   stats.tokens = batch.tokens;
   stats.loss_scale = loss_scale;
   stats.loss = global_loss(local_loss) / loss_scale;
+  stats.load_balancing_loss = load_balancing_loss(num_microbatches);
   stats.grad_norm = optimizer_->grad_norm() / loss_scale;
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).

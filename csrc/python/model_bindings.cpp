@@ -62,6 +62,11 @@ void bind_model(py::module_& m) {
       .def_readwrite("qk_layernorm", &TransformerConfig::qk_layernorm)
       .def_readwrite("window_size", &TransformerConfig::window_size)
       .def_readwrite("window_layers", &TransformerConfig::window_layers)
+      .def_readwrite("num_experts", &TransformerConfig::num_experts)
+      .def_readwrite("moe_router_topk", &TransformerConfig::moe_router_topk)
+      .def_readwrite("moe_ffn_hidden_size", &TransformerConfig::moe_ffn_hidden_size)
+      .def_readwrite("moe_router_pre_softmax", &TransformerConfig::moe_router_pre_softmax)
+      .def_readwrite("moe_aux_loss_coeff", &TransformerConfig::moe_aux_loss_coeff)
       .def_readwrite("zero_centered_gamma", &TransformerConfig::zero_centered_gamma)
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
       .def_readwrite("init_std", &TransformerConfig::init_std)
@@ -128,6 +133,10 @@ void bind_model(py::module_& m) {
           },
           py::arg("ids"), "Logits [B, S, V] (f32, CPU) without keeping activations.")
       .def("zero_grad", &GPTModel::zero_grad)
+      .def("take_load_balancing_loss", &GPTModel::take_load_balancing_loss,
+           "Mixture of experts with moe_aux_loss_coeff > 0: the load-balancing loss (without "
+           "its coefficient) summed over the layers and the microbatches whose backward ran "
+           "since the last call; resets it.")
       .def("kv_cache", &GPTModel::kv_cache, py::arg("batch"), py::arg("capacity") = 0,
            "An empty KVCache for `batch` sequences of up to `capacity` positions (0: "
            "max_position_embeddings).")

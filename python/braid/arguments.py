@@ -19,7 +19,7 @@ import math
 import os
 import re
 
-from braid import checkpoint_args, schedule_args, window_args
+from braid import checkpoint_args, moe_args, schedule_args, window_args
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq, default=None,
                    help="with --window-size: N - every Nth layer attends to everything; or a "
                         "list, one 0 (full) or 1 (window) per layer, e.g. \"[1,1,1,0]*3\"")
+    moe_args.add_arguments(g, pos_int, nonneg_float)
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
@@ -435,6 +436,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--tensor-model-parallel-size {tp}")
     _check(not (a.swiglu and a.squared_relu), "--swiglu and --squared-relu are two activations; "
            "give one")
+    moe_error = moe_args.check(a, tp)
+    _check(moe_error is None, moe_error)
     _check(a.attention_dropout == 0.0,
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")

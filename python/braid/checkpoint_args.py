@@ -37,6 +37,10 @@ FROM_CHECKPOINT = {
     "norm_eps": lambda v: [("norm_epsilon", v)],
     "window_size": lambda v: [("window_size", v if v >= 0 else None)],
     "window_layers": lambda v: [("window_attn_skip_freq", list(v) or None)],
+    "num_experts": lambda v: [("num_experts", v or None)],
+    "moe_ffn_hidden_size": lambda v: [("moe_ffn_hidden_size", v or None)],
+    "moe_router_topk": lambda v: [("moe_router_topk", v)],
+    "moe_router_pre_softmax": lambda v: [("moe_router_pre_softmax", v)],
 }
 
 
@@ -49,6 +53,8 @@ MEGATRON_ROPE_SCALING = {"rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4
 BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamma": False,
                "rope_scaling_factor": 0.0,
                "rotary_percent": 1.0, "window_size": -1, "window_layers": [],
+               "num_experts": 0, "moe_ffn_hidden_size": 0, "moe_router_topk": 2,
+               "moe_router_pre_softmax": False,
                **MEGATRON_ROPE_SCALING}
 
 
@@ -82,7 +88,9 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "rope_original_max_position_embeddings": "--use-rope-scaling",
             "norm_eps": "--norm-epsilon",
             "window_size": "--window-size",
-            "window_layers": "--window-attn-skip-freq"}
+            "window_layers": "--window-attn-skip-freq",
+            "moe_router_topk": "--moe-router-topk",
+            "moe_router_pre_softmax": "--moe-router-pre-softmax"}
 
 
 def numerics_warnings(saved: dict, cfg) -> list[str]:

@@ -32,7 +32,9 @@ _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
                 "add_qkv_bias", "qk_layernorm", "zero_centered_gamma", "tie_embeddings",
                 "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
                 "rope_high_freq_factor", "rope_original_max_position_embeddings",
-                "rotary_percent", "window_size", "window_layers", "norm_eps", "params_dtype")
+                "rotary_percent", "window_size", "window_layers", "num_experts",
+                "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax", "norm_eps",
+                "params_dtype")
 
 
 @dataclass

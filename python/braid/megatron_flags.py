@@ -13,8 +13,15 @@ import argparse
 UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
-    "--expert-model-parallel-size": "mixture-of-experts models are not implemented",
-    "--num-experts": "mixture-of-experts models are not implemented",
+    "--moe-shared-expert-intermediate-size": "shared experts (Qwen2-MoE, DeepSeek) are not "
+                                             "implemented",
+    "--moe-expert-capacity-factor": "braid's experts are dropless (Megatron's default): no "
+                                    "capacity, no dropped tokens",
+    "--moe-z-loss-coeff": "the router z-loss is not implemented",
+    "--moe-router-topk-scaling-factor": "braid's router does not scale its probabilities",
+    "--moe-router-enable-expert-bias": "aux-loss-free load balancing (expert bias) is not "
+                                       "implemented",
+    "--moe-router-num-groups": "group-limited routing (DeepSeek-V3) is not implemented",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
@@ -45,6 +52,12 @@ NO_EFFECT = {
     "--use-cpu-initialization": (False, "every rank initialises its shard from the same seeded "
                                         "streams on any device"),
     "--distributed-backend": (True, "braid chooses NCCL for CUDA tensors and MPI on the CPU"),
+    "--moe-grouped-gemm": (False, "braid runs each expert's GEMMs on its contiguous rows of "
+                                  "tokens"),
+    "--moe-token-dispatcher-type": (True, "without expert parallelism every rank holds every "
+                                          "expert: tokens are dispatched locally"),
+    "--moe-permute-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--moe-router-dtype": (True, "braid's router logits and probabilities are always f32"),
     "--num-workers": (True, "braid's data loader prefetches on a thread of its own"),
     "--manual-gc": (False, "braid's step runs in C++; Python's garbage collector is not in it"),
     "--manual-gc-interval": (True, "see --manual-gc"),

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 import braid
-from braid import flops
+from braid import flops, moe_args
 from braid.arguments import ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.megatron_flags import no_effect_given
@@ -91,6 +91,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.qk_layernorm = a.qk_layernorm
     cfg.window_size = a.window_size
     cfg.window_layers = a.window_layers
+    moe_args.configure(cfg, a)
     cfg.zero_centered_gamma = a.apply_layernorm_1p
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
     cfg.init_std = a.init_method_std
@@ -304,6 +305,7 @@ def main(argv=None) -> int:
         first_stage_layers=a.decoder_first_pipeline_num_layers,
         last_stage_layers=a.decoder_last_pipeline_num_layers))
     trainer = braid.Trainer(model, trainer_config(a))
+    balancing = cfg.num_experts > 0 and cfg.moe_aux_loss_coeff > 0
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
     trace = braid.Trace(rank, device) if timers is not None or profiling else None
@@ -314,7 +316,9 @@ def main(argv=None) -> int:
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv"
         + (f", a sliding window of {cfg.window_size} on {windowed} layers"
-           if cfg.window_size >= 0 else "") + ") on "
+           if cfg.window_size >= 0 else "")
+        + (f", {cfg.num_experts} experts of {cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size} "
+           f"with top-{cfg.moe_router_topk} routing" if cfg.num_experts else "") + ") on "
         f"{state.world_size} x {device}: tp={state.tp}"
         + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
         + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")
@@ -505,6 +509,8 @@ def main(argv=None) -> int:
                       "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
                       "mem-peak-gb": stats.peak_memory_bytes / 1e9,
                       "skipped-iterations": trainer.skipped_iterations}
+            if balancing:
+                values["load_balancing_loss"] = stats.load_balancing_loss
             if params_norm is not None:
                 values["params-norm"] = params_norm
             cost = meter.cost(time.time(), train_start, done_samples, job_samples,
@@ -524,7 +530,10 @@ def main(argv=None) -> int:
                 log(f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
                     f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
                     f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | global batch "
-                    f"size: {batch_size:5d} | lm loss: {stats.loss:.6E} | loss scale: "
+                    f"size: {batch_size:5d} | lm loss: {stats.loss:.6E} | "
+                    + (f"load_balancing_loss: {stats.load_balancing_loss:.6E} | "
+                       if balancing else "")
+                    + f"loss scale: "
                     f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
                     + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")
                     + f"number of "

@@ -1,0 +1,104 @@
+"""pretrain_gpt.py with Megatron's mixture-of-experts flags: the run trains alike in one process
+and split over tensor (with sequence), pipeline, data and context parallelism, logs the
+load-balancing loss, and its checkpoint resumes in another layout; the flags braid does not
+implement are refused with the reason."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from pretrain_job import MODEL, REPO, jsonl, losses, run
+
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+       "--moe-aux-loss-coeff", "0.01"]
+
+
+def balancing(records):
+    return {r["step"]: r["load_balancing_loss"] for r in records if "load_balancing_loss" in r}
+
+
+def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
+    # Top-2 of 4 experts on every layer, with Megatron's aux_loss. One process trains 20
+    # iterations; tp 2 x pp 2 x dp 2 (sequence parallel, distributed optimizer, overlapped
+    # reduction) and tp 2 x cp 2 (sequence parallel) train the first 10 alike, with the same
+    # load-balancing loss; the 3D run's checkpoint at 10 resumes in one process and gives the
+    # one-process losses 11 to 20.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt = str(tmp_path / "ckpt")
+    runs = {}
+    for name, n, extra in (
+            ("one", 1, []),
+            ("3d", 8, ["--exit-interval", "10", "--save", ckpt, "--tensor-model-parallel-size", "2",
+                       "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+                       "--use-distributed-optimizer", "--overlap-grad-reduce"]),
+            ("tp_cp", 4, ["--exit-interval", "10", "--tensor-model-parallel-size", "2",
+                          "--context-parallel-size", "2", "--sequence-parallel"]),
+            ("resumed", 1, ["--load", ckpt])):
+        tb = str(tmp_path / name)
+        r = run(n, [*MODEL, *MOE, *extra, "--train-iters", "20", "--eval-iters", "0",
+                    "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "4 experts of 32 with top-2 routing) on" in r.stdout, r.stdout
+        assert "| load_balancing_loss: " in r.stdout, r.stdout
+        runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
+    one, one_balance = losses(runs["one"]), balancing(runs["one"])
+    assert sorted(one) == sorted(one_balance) == list(range(1, 21))
+    # Perfect balance gives 1; top-2 of 4 experts at most 2 (every token on the same two).
+    assert all(0.9 < v < 2.0 for v in one_balance.values()), one_balance
+    for name, steps in (("3d", range(1, 11)), ("tp_cp", range(1, 11)),
+                        ("resumed", range(11, 21))):
+        got, got_balance = losses(runs[name]), balancing(runs[name])
+        assert sorted(got) == list(steps), name
+        np.testing.assert_allclose([got[i] for i in steps], [one[i] for i in steps], rtol=1e-5,
+                                   err_msg=name)
+        np.testing.assert_allclose([got_balance[i] for i in steps],
+                                   [one_balance[i] for i in steps], rtol=1e-5, err_msg=name)
+    c = braid.checkpoint_metadata(ckpt)["config"]
+    assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"],
+            c["moe_router_pre_softmax"]) == (4, 2, 32, False)
+    # --use-checkpoint-args takes the experts back; a dense run cannot load the checkpoint.
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
+                "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: --num-experts 4 from the checkpoint" in r.stdout, r.stdout
+    r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    assert r.returncode != 0
+    assert "num_experts is 4 in the checkpoint and 0 in this run" in r.stdout + r.stderr
+
+
+def test_the_aux_loss_coefficient_changes_training():
+    # Without the load-balancing loss (coefficient 0, or --moe-router-load-balancing-type none)
+    # the losses differ from those with it, and none logs no load_balancing_loss.
+    runs = {}
+    for name, flags in (("aux", MOE), ("none", [*MOE, "--moe-router-load-balancing-type", "none"])):
+        r = run(1, [*MODEL, *flags, "--moe-aux-loss-coeff", "1.0", "--train-iters", "10",
+                    "--eval-iters", "0", "--log-interval", "1"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = r.stdout
+    assert "load_balancing_loss" in runs["aux"] and "load_balancing_loss" not in runs["none"]
+    final = {name: float(out.rsplit("final lm loss ", 1)[1].split()[0])
+             for name, out in runs.items()}
+    assert abs(final["aux"] / final["none"] - 1) > 1e-5, final
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-experts", "4", "--expert-model-parallel-size", "2"],
+     "expert parallelism is not implemented"),
+    (["--moe-aux-loss-coeff", "0.1"], "--moe-aux-loss-coeff needs --num-experts"),
+    (["--num-experts", "4", "--moe-router-topk", "5"], "is more than --num-experts 4"),
+    (["--num-experts", "4", "--moe-router-score-function", "sigmoid"],
+     "braid's router is softmax"),
+    (["--num-experts", "4", "--moe-layer-freq", "[1,0,1,0]"],
+     "dense layers between MoE layers are not implemented"),
+    (["--num-experts", "4", "--moe-z-loss-coeff", "1e-3"],
+     "--moe-z-loss-coeff is not supported by braid: the router z-loss is not implemented"),
+    (["--num-experts", "2000"], "at most 1024 experts"),
+])
+def test_unsupported_expert_flags_are_refused(args, message):
+    r = run(1, [*MODEL, *args, "--train-iters", "1"], timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr, r.stderr
