@@ -136,6 +136,16 @@ TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithSlidingWindows) {
   check_decode(c, GetParam());
 }
 
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithExperts) {
+  // Top-2 of 4 experts: the positions of a decoding step route alone, as they do in the whole
+  // sequence (routing is per token).
+  TransformerConfig c = small_llama();
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 32;
+  check_decode(c, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, KVCacheTest, ::testing::ValuesIn(testing::test_devices()),
                          testing::device_test_name);
 

@@ -4,11 +4,13 @@ load-balancing loss, and its checkpoint resumes in another layout; the flags bra
 implement are refused with the reason."""
 
 import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from mpi_job import mpi_env
 from pretrain_job import MODEL, REPO, jsonl, losses, run
 
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
@@ -60,6 +62,21 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
     c = braid.checkpoint_metadata(ckpt)["config"]
     assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"],
             c["moe_router_pre_softmax"]) == (4, 2, 32, False)
+    # tools/generate.py decodes the experts over its KV cache: greedily, the ids the whole
+    # sequence's logits give one position at a time.
+    from braid.generate import config_from_metadata
+
+    model = braid.GPTModel(config_from_metadata(c))
+    braid.load_parameters(ckpt, model)
+    ids = [5, 17, 42, 7]
+    for _ in range(6):
+        logits = np.asarray(model.logits(np.array([ids], dtype=np.int32)))
+        ids.append(int(logits[0, -1].argmax()))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate.py"), "--load",
+                        ckpt, "--greedy", "--max-new-tokens", "6", "--prompt-ids", "5,17,42,7"],
+                       env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [int(i) for i in r.stdout.split()] == ids[4:], (r.stdout, ids)
     # --use-checkpoint-args takes the experts back; a dense run cannot load the checkpoint.
     r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
                 "--eval-iters", "0"])
