@@ -548,8 +548,8 @@ namespace {
 constexpr int64_t kMaxExperts = 1024;
 
 // logits [T, E] f32 and the [T, k] probs / experts of a routing.
-void check_routing(const char* op, const Tensor& logits, const Tensor& probs,
-                   const Tensor& experts) {
+void check_routing(const char* op, const Tensor& logits, const char* probs_name,
+                   const Tensor& probs, const Tensor& experts) {
   check_dtype(op, "logits", logits, DType::f32);
   BRAID_CHECK(logits.dim() == 2 && logits.size(1) >= 1 && logits.size(1) <= kMaxExperts, op,
               ": logits ", describe(logits), " must be [tokens, experts] with 1 to ", kMaxExperts,
@@ -559,8 +559,8 @@ void check_routing(const char* op, const Tensor& logits, const Tensor& probs,
                   experts.size(1) <= logits.size(1),
               op, ": experts ", describe(experts), " must be [", logits.size(0),
               ", k] with 1 <= k <= ", logits.size(1), " (logits ", describe(logits), ")");
-  check_dtype(op, "probs", probs, DType::f32);
-  check_same_shape(op, "probs", probs, "experts", experts);
+  check_dtype(op, probs_name, probs, DType::f32);
+  check_same_shape(op, probs_name, probs, "experts", experts);
 }
 
 void check_expert_vector(const char* op, const char* name, const Tensor& t, const Tensor& logits) {
@@ -586,7 +586,7 @@ void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, const T
                                  {"experts", experts},
                                  {"score_sums", score_sums, true},
                                  {"logits", logits}});
-  check_routing(op, logits, probs, experts);
+  check_routing(op, logits, "probs", probs, experts);
   check_expert_vector(op, "score_sums", score_sums, logits);
   BRAID_DISPATCH(device, moe_router_forward, probs, experts, score_sums, logits, softmax_first,
                  stream);
@@ -601,7 +601,7 @@ void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& log
                                  {"logits", logits},
                                  {"experts", experts},
                                  {"aux_grad", aux_grad, true}});
-  check_routing(op, logits, dprobs, experts);
+  check_routing(op, logits, "dprobs", dprobs, experts);
   check_like(op, "dlogits", dlogits, "logits", logits);
   check_expert_vector(op, "aux_grad", aux_grad, logits);
   if (logits.numel() == 0) return;

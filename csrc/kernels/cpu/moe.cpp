@@ -22,15 +22,16 @@ void softmax(float* out, const float* x, int64_t n) {
   for (int64_t e = 0; e < n; ++e) out[e] *= inv;
 }
 
-// The k largest of x[0, n) in descending order, ties to the lower index: selection by k passes,
-// which is what the CUDA kernel does too (k is small).
+// The k largest of x[0, n) in descending order, ties to the lower index, NaN ranked as -inf:
+// selection by k passes, which is what the CUDA kernel does too (k is small).
 void top_k(int32_t* chosen, const float* x, int64_t n, int64_t k) {
+  auto rank = [&](int64_t e) { return std::isnan(x[e]) ? -INFINITY : x[e]; };
   for (int64_t j = 0; j < k; ++j) {
     int64_t best = -1;
     for (int64_t e = 0; e < n; ++e) {
       bool taken = false;
       for (int64_t i = 0; i < j && !taken; ++i) taken = chosen[i] == e;
-      if (!taken && (best < 0 || x[e] > x[best])) best = e;
+      if (!taken && (best < 0 || rank(e) > rank(best))) best = e;
     }
     chosen[j] = int32_t(best);
   }
@@ -143,17 +144,18 @@ void combine_rows(Tensor out, const Tensor& y, const Tensor& rows, const Tensor&
   for (int64_t i = 0; i < t_count * k; ++i)
     BRAID_CHECK(r[i] >= 0 && r[i] < n, "combine_rows: rows[", i / k, ", ", i % k, "] = ", r[i],
                 " is not a row of y (", n, " rows)");
-  parallel_for(t_count, std::max<int64_t>(1, 16384 / (c * k)), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* to = o + t * c;
-      std::memset(to, 0, size_t(c) * sizeof(float));
-      for (int64_t j = 0; j < k; ++j) {
-        const float f = w != nullptr ? w[t * k + j] : 1.0f;
-        const float* from = src + int64_t(r[t * k + j]) * c;
-        for (int64_t i = 0; i < c; ++i) to[i] += f * from[i];
-      }
-    }
-  });
+  parallel_for(t_count, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, c * k)),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   float* to = o + t * c;
+                   std::memset(to, 0, size_t(c) * sizeof(float));
+                   for (int64_t j = 0; j < k; ++j) {
+                     const float f = w != nullptr ? w[t * k + j] : 1.0f;
+                     const float* from = src + int64_t(r[t * k + j]) * c;
+                     for (int64_t i = 0; i < c; ++i) to[i] += f * from[i];
+                   }
+                 }
+               });
 }
 
 void combine_rows_weight_grad(Tensor dweight, const Tensor& dout, const Tensor& y,
@@ -166,16 +168,17 @@ void combine_rows_weight_grad(Tensor dweight, const Tensor& dout, const Tensor& 
   for (int64_t i = 0; i < t_count * k; ++i)
     BRAID_CHECK(r[i] >= 0 && r[i] < n, "combine_rows_weight_grad: rows[", i / k, ", ", i % k,
                 "] = ", r[i], " is not a row of y (", n, " rows)");
-  parallel_for(t_count, std::max<int64_t>(1, 16384 / (c * k)), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t j = 0; j < k; ++j) {
-        const float* from = src + int64_t(r[t * k + j]) * c;
-        double dot = 0;
-        for (int64_t i = 0; i < c; ++i) dot += double(g[t * c + i]) * from[i];
-        dw[t * k + j] = float(dot);
-      }
-    }
-  });
+  parallel_for(t_count, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, c * k)),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   for (int64_t j = 0; j < k; ++j) {
+                     const float* from = src + int64_t(r[t * k + j]) * c;
+                     double dot = 0;
+                     for (int64_t i = 0; i < c; ++i) dot += double(g[t * c + i]) * from[i];
+                     dw[t * k + j] = float(dot);
+                   }
+                 }
+               });
 }
 
 }  // namespace braid::ops::cpu

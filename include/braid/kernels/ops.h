@@ -173,7 +173,7 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
 // ---------------------------------------------------------------- mixture of experts
 // Top-k routing of T tokens over E experts (E <= 1024). logits [T, E] f32, the router's output;
 // probs [T, k] f32 and experts [T, k] i32, each token's k experts in descending order of logit
-// (ties: the lower expert first), k <= E.
+// (ties: the lower expert first; a NaN logit ranks as -inf), k <= E.
 //   softmax_first = false (Megatron's default, Mixtral, Qwen3-MoE: HF's norm_topk_prob):
 //     probs = softmax over the k largest logits;
 //   softmax_first = true (Megatron's --moe-router-pre-softmax, OLMoE, Qwen2-MoE):
@@ -190,7 +190,8 @@ void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& log
                          const Tensor& experts, bool softmax_first, const Tensor& aux_grad,
                          Stream stream = {});
 // Token dispatch: out [N, C] row i = x[index[i]] (times scale[i] when scale [N] f32 is defined);
-// x [T, C] (activation dtype, out's), index [N] i32 in [0, T).
+// x [T, C] (activation dtype, out's), index [N] i32 in [0, T). An index outside its range (here
+// and in combine_rows) is an error on the CPU; CUDA does not check and reads a zero row.
 void gather_rows(Tensor out, const Tensor& x, const Tensor& index, const Tensor& scale,
                  Stream stream = {});
 // Token combine: out [T, C] row t = sum over j < k of weight[t, j] * y[rows[t, j]] (weight 1
