@@ -8,8 +8,9 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
 
 Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
 --recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero fixes that
-choice; the rest are searched. The model behind the numbers is in
-docs/planner.md (python/braid/planner.py).
+choice; the rest are searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F]
+make every layer a mixture of experts (or --model mixtral-8x7b). The model behind the numbers
+is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
 layout, the batch, the recomputation, the iterations (-> tokens) and --gpu-hour-price all come
@@ -29,7 +30,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "python"))
 
-from braid import planner, window_args  # noqa: E402
+from braid import moe_args, planner, window_args  # noqa: E402
 from braid.arguments import parse_args as parse_training_args  # noqa: E402
 
 
@@ -67,6 +68,11 @@ def parse_args(argv):
                    help="sliding-window attention W,0 as pretrain_gpt.py takes it")
     g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq,
                    help="with --window-size: every Nth layer attends to everything, or a list")
+    g.add_argument("--num-experts", type=_positive_int,
+                   help="mixture of experts: every layer's MLP is this many experts")
+    g.add_argument("--moe-router-topk", type=_positive_int, help="experts per token (default 2)")
+    g.add_argument("--moe-ffn-hidden-size", type=_positive_int,
+                   help="each expert's hidden size (default --ffn-hidden-size)")
     g = ap.add_argument_group("cluster")
     g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
     g.add_argument("--gpus-per-node", type=int, default=8)
@@ -99,6 +105,8 @@ def parse_args(argv):
     g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
     g.add_argument("--zero", type=_bool, metavar="true|false",
                    help="ZeRO-1 (--use-distributed-optimizer)")
+    g.add_argument("--expert-model-parallel-size", type=_positive_int,
+                   help="1 only: braid has no expert parallelism (as pretrain_gpt.py)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="time braid without --overlap-grad-reduce")
     g.add_argument("--no-overlap-param-gather", action="store_true",
@@ -136,13 +144,17 @@ def parse_args(argv):
             a.ffn_hidden_size or m.ffn_hidden_size, a.vocab_size or m.vocab_size,
             a.seq_length or m.seq_length, a.activation or m.activation,
             a.tie_embeddings or m.tied_embeddings, m.qk_layernorm,
-            a.kv_channels or m.kv_channels)
+            a.kv_channels or m.kv_channels, num_experts=a.num_experts or m.num_experts,
+            moe_router_topk=a.moe_router_topk or m.moe_router_topk,
+            moe_ffn_hidden_size=a.moe_ffn_hidden_size or m.moe_ffn_hidden_size)
     elif all(x is not None for x in shape):
         a.model_shape = planner.ModelShape(
             a.num_layers, a.hidden_size, a.num_attention_heads,
             a.num_query_groups or a.num_attention_heads, a.ffn_hidden_size, a.vocab_size,
             a.seq_length, a.activation or "swiglu", a.tie_embeddings,
-            kv_channels=a.kv_channels or 0)
+            kv_channels=a.kv_channels or 0, num_experts=a.num_experts or 0,
+            moe_router_topk=a.moe_router_topk or 2,
+            moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0)
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
@@ -155,15 +167,33 @@ def parse_args(argv):
         ap.error(str(e))
     a.model_shape = dataclasses.replace(a.model_shape, window_size=size,
                                         window_layers=tuple(layers))
+    error = moe_error(a.model_shape, a.expert_model_parallel_size or 1, a.tp or 1)
+    if error:
+        ap.error(error)
     return a
+
+
+def moe_error(shape, expert_parallel: int, tp: int):
+    """pretrain_gpt.py's verdict (moe_args.check, its rules and words) on the planned model's
+    experts and --expert-model-parallel-size, or None."""
+    return moe_args.check(argparse.Namespace(
+        num_experts=shape.num_experts or None,
+        moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
+        moe_router_topk=shape.moe_router_topk, moe_router_pre_softmax=False,
+        moe_aux_loss_coeff=0.0, moe_router_score_function="softmax",
+        moe_router_load_balancing_type="aux_loss", moe_layer_freq=1,
+        expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=None,
+        num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp)
 
 
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation",
-               "window_size", "window_attn_skip_freq")
+               "window_size", "window_attn_skip_freq", "num_experts", "moe_router_topk",
+               "moe_ffn_hidden_size")
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
-                "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+                "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+                "expert_model_parallel_size")
 
 
 def _from_training_arguments(ap, a, training):
@@ -184,7 +214,8 @@ def _from_training_arguments(ap, a, training):
         t.ffn_hidden_size, t.vocab_size, t.seq_length,
         "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
         not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
-        t.window_size, tuple(t.window_layers))
+        t.window_size, tuple(t.window_layers), t.num_experts or 0, t.moe_router_topk,
+        t.moe_ffn_hidden_size or 0)
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; those of a --rampup-batch-size phase at their own
     # batches' step times, for the run's layout (docs/planner.md).

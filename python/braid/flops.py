@@ -8,6 +8,16 @@ as Megatron-Bridge counts it - and a training iteration is 3× the forward (back
 Recomputation is not counted: that is the hardware FLOPs (HFU), not the model's. For GPT-2
 shapes (ffn = 4h, no GQA) this is exactly the paper's 72·B·s·l·h²·(1 + s/6h + V/12lh).
 
+A mixture-of-experts layer (num_experts > 0) counts, in place of the dense MLP, the k =
+moe_router_topk experts each token is routed to (their MLPs of moe_ffn_hidden_size, or
+ffn_hidden_size) and the router GEMM [h -> E]: per token 2·k·m·h·F + 2·h·E, m = 3 with SwiGLU,
+else 2. The experts' term is Megatron-LM's (megatron/training/training.py,
+num_floating_point_operations: 3 · 2 · B·s · h · (F · k · m) per MoE layer, "routed experts";
+the megatron-core wheel does not ship that file); Megatron leaves out the router, which braid
+counts as it counts every other matrix product of the forward pass (Mixtral 8x7B: 0.008% of
+its layers' model FLOPs). Only the experts a token is routed to count: the model FLOPs of an
+E-expert top-k layer are those of a dense layer of k·F (+ the router), whatever E is.
+
 MFU = achieved model FLOP/s per device / the device's dense bf16 peak (A100 312 TFLOP/s,
 H100/H200 989). On the CPU the peak is measured: one core's f32 GEMM rate (numpy's BLAS, one
 thread) times the cores this rank has, cached per machine in ~/.cache/braid/cpu_peak.json.
@@ -43,7 +53,12 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     mlp_matrices = 3 if cfg.activation == "swiglu" else 2
     per_layer = 2 * h * (q + 2 * kv)           # query, key and value projections
     per_layer += 2 * q * h                     # output projection
-    per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
+    experts = getattr(cfg, "num_experts", 0) or 0
+    if experts:  # the k routed experts' MLPs and the router (the module docstring)
+        ffn = getattr(cfg, "moe_ffn_hidden_size", 0) or cfg.ffn_hidden_size
+        per_layer += 2 * mlp_matrices * h * ffn * cfg.moe_router_topk + 2 * h * experts
+    else:
+        per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
     attention = 2 * 2 * q * attended_keys(cfg, seq_length)  # QKᵀ and the probabilities times V
     return cfg.num_layers * per_layer + attention + 2 * h * cfg.vocab_size
 

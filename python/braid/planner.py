@@ -24,6 +24,9 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   layer it all-gathers the keys and values over the CP group (2 forward; backward 2 more and 2
   reduce-scatters of their gradients), not overlapped (braid does not); gradients are reduced,
   and ZeRO shards, over dp x cp.
+* mixture of experts (num_experts > 0, braid.planner_moe): the router, E experts' GEMMs on
+  T·k/E rows each (uniform routing), the dispatch's bytes and host planning, the backward's
+  [T, k] all-reduce; every rank holds all E experts (no expert parallelism).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import math
 
 from braid import _C
 from braid import flops as _flops
+from braid import planner_moe as _moe
 from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
                                   ModelShape, parse_bandwidth)
 
@@ -124,8 +128,6 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
     generalised to GQA and SwiGLU): 16-bit tensors, f32 norm statistics and lse."""
     t, h, a, q = lay.tp, model.hidden_size, model.num_attention_heads, model.q_size
     kv = model.kv_heads * model.head_dim
-    f1 = 2 * model.ffn_hidden_size if model.activation == "swiglu" else model.ffn_hidden_size
-    f = model.ffn_hidden_size
     sp = t if lay.sequence_parallel else 1
     tokens = lay.micro_batch_size * model.seq_length / lay.cp
     rec = recompute or lay.recompute
@@ -133,10 +135,10 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
         per_token = 2 * h / sp
     elif rec == "selective":
         per_token = 2 * h / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t + 2 * h / sp \
-            + 2 * f1 / t
+            + _moe.kept_bytes(model, t, rec)
     else:
         per_token = (2 * h + 8 + 2 * h) / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t \
-            + (2 * h + 8 + 2 * h) / sp + 2 * f1 / t + 2 * f / t
+            + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec)
         if model.qk_layernorm:  # q and k before their norms, and the norms' statistics
             stats = 8 if model.gpt_style else 4
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
@@ -177,17 +179,16 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     """Transformer layer `layer` (None: the layers' mean, which differ only in their attention
     window), one microbatch, one TP (and CP) rank."""
     gpu, t = cluster.gpu, lay.tp
-    h, s, f, q = model.hidden_size, model.seq_length, model.ffn_hidden_size, model.q_size
+    h, s, q = model.hidden_size, model.seq_length, model.q_size
     kv = model.kv_heads * model.head_dim
     T = lay.micro_batch_size * s / lay.cp  # this rank's tokens
     h_rep = h / t if lay.sequence_parallel else h
-    fc1 = 2 * f if model.activation == "swiglu" else f
-    gemms = [(T, (q + 2 * kv) / t, h), (T, h, q / t), (T, fc1 / t, h), (T, h, f / t)]
-    gemm_f = sum(_gemm_time(gpu, *g) for g in gemms)
+    gemms = [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t), *_moe.mlp_gemms(model, T, t)]
+    gemm_f = sum(c * _gemm_time(gpu, m, n, k) for c, m, n, k in gemms)
     # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
     attn_exec = 4 * T * model.executed_keys(layer) * q / t
     attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
-    act_bytes = (6 if model.activation == "swiglu" else 4) * f / t
+    act_bytes = _moe.activation_bytes(model, t)
     norm_bytes = 8 * h_rep
     elem_bytes = norm_bytes + 12 * h_rep + 4 * (q + kv) / t + act_bytes
     elem_f = _bytes_time(gpu, elem_bytes * T, 8)
@@ -210,8 +211,21 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
         full = lay.micro_batch_size * s * kv_local * 2
         cp_f = 2 * _ring(full, lay.cp, bw, alpha, "all_gather")
         cp_b = cp_f + 2 * _ring(2 * full, lay.cp, bw, alpha, "reduce_scatter")
-    forward = gemm_f + attn_f + elem_f + tp_f + cp_f
-    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b
+    moe_f = moe_b = 0.0
+    if model.num_experts:  # planner_moe: the router (at HBM speed), dispatch, host routing
+        router_flops, router_bytes = _moe.router(model, T)
+        moe_f = max(router_flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
+                    router_bytes / (gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY)) + KERNEL_LATENCY_S
+        moe_f += _bytes_time(gpu, _moe.dispatch_bytes(model) * T, _moe.DISPATCH_KERNELS)
+        moe_b = 2 * moe_f
+        moe_f += _moe.routing_host_s(model, T)
+        if t > 1:
+            moe_b += _ring(_moe.backward_all_reduce_bytes(model, T), t, *_link(cluster, t),
+                           "all_reduce")
+        if lay.recompute == "selective":
+            moe_b += _bytes_time(gpu, _moe.regather_bytes(model) * T, 1)
+    forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f
+    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
     layers = model.num_layers if layer is None else 1
@@ -246,7 +260,7 @@ def chunk_params(model: ModelShape, lay: Layout):
     the embedding in rank 0's chunk 0, the LM head and final norm in the last rank's last."""
     ranges = stage_ranges(model, lay)
     emb = model.vocab_size * model.hidden_size / lay.tp
-    out = [[(e - b) * model.layer_params() / lay.tp for b, e in chunks] for chunks in ranges]
+    out = [[(e - b) * model.layer_params(lay.tp) for b, e in chunks] for chunks in ranges]
     out[0][0] += emb
     head = emb + model.hidden_size
     if model.tied_embeddings and lay.pp == 1:
@@ -305,8 +319,10 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         raise ValueError(f"{model.num_attention_heads} heads do not divide by tp {t}")
     if model.kv_heads % t and t % model.kv_heads:
         raise ValueError(f"{model.kv_heads} KV heads and tp {t}: neither divides the other")
-    if model.ffn_hidden_size % t or model.vocab_size % t:
-        raise ValueError(f"ffn {model.ffn_hidden_size} / vocab {model.vocab_size} by tp {t}")
+    if model.ffn_hidden_size % t or model.mlp_hidden_size % t or model.vocab_size % t:
+        experts = f" / expert ffn {model.mlp_hidden_size}" if model.num_experts else ""
+        raise ValueError(f"ffn {model.ffn_hidden_size}{experts} / vocab {model.vocab_size} by "
+                         f"tp {t}")
     if lay.sequence_parallel and (t == 1 or model.seq_length % (t * c)):
         raise ValueError("sequence parallelism needs tp > 1 dividing the sequence (per CP rank)")
     if global_batch % (b * d):
@@ -632,4 +648,4 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
             f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "
             f"reserved {parts['reserved']:.1f}); {model.num_params() / 1e9:.1f}B parameters "
             f"need {18 * model.num_params() / GB / cluster.num_gpus:.1f} GB per GPU of state "
-            "even fully sharded: more GPUs, or a GPU with more memory")
+            "even fully sharded" + _moe.why(model) + ": more GPUs, or a GPU with more memory")

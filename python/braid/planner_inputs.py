@@ -29,6 +29,12 @@ class ModelShape:
     # (empty: every layer windowed).
     window_size: int = -1
     window_layers: tuple = ()
+    # Mixture of experts as TransformerConfig has it: every layer's MLP is num_experts MLPs of
+    # moe_ffn_hidden_size (0: ffn_hidden_size), moe_router_topk of them per token, and a router
+    # [num_experts, hidden] (replicated over TP). 0 experts: dense.
+    num_experts: int = 0
+    moe_router_topk: int = 2
+    moe_ffn_hidden_size: int = 0
 
     @property
     def head_dim(self) -> int:
@@ -60,17 +66,36 @@ class ModelShape:
     def gpt_style(self) -> bool:
         return self.activation == "gelu"
 
-    def layer_params(self) -> float:
-        h, f, q, kv = self.hidden_size, self.ffn_hidden_size, self.q_size, \
-            self.kv_heads * self.head_dim
-        mats = 3 if self.activation == "swiglu" else 2
-        p = h * (q + 2 * kv) + q * h + mats * h * f
+    @property
+    def mlp_hidden_size(self) -> int:
+        """Each MLP's hidden size: an expert's with experts (TransformerConfig's
+        mlp_hidden_size())."""
+        return (self.moe_ffn_hidden_size or self.ffn_hidden_size) if self.num_experts \
+            else self.ffn_hidden_size
+
+    @property
+    def router_params(self) -> int:
+        """The router's weight [num_experts, hidden] (no bias), whole on every TP rank."""
+        return self.num_experts * self.hidden_size
+
+    def mlp_params(self) -> float:
+        """A layer's MLP: fc1 (gate and up with SwiGLU) and fc2 [+ their biases], once dense,
+        num_experts times with experts, plus the router."""
+        h, f = self.hidden_size, self.mlp_hidden_size
+        one = (3 if self.activation == "swiglu" else 2) * h * f + (f + h if self.gpt_style else 0)
+        return one * self.num_experts + self.router_params if self.num_experts else one
+
+    def layer_params(self, tp: int = 1) -> float:
+        """One layer's parameters; with tp, one TP rank's share: the router whole, the rest
+        split (the norms too, an O(h) approximation)."""
+        h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim
+        p = h * (q + 2 * kv) + q * h + self.mlp_params()
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
         if self.qk_layernorm:
             p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
         if self.gpt_style:
-            p += (q + 2 * kv) + h + f + h                        # biases
-        return p
+            p += (q + 2 * kv) + h                                # attention's biases
+        return (p - self.router_params) / tp + self.router_params
 
     def num_params(self) -> float:
         emb = self.vocab_size * self.hidden_size
@@ -87,6 +112,10 @@ PRESETS = {
     "gpt3-175b": ModelShape(96, 12288, 96, 96, 49152, 51200, 2048, "gelu", True),
     # The seed scenario's ~650B Llama-style model (docs/planner.md): 655B parameters.
     "llama-650b": ModelShape(128, 20480, 160, 16, 67584, 128256, 4096),
+    # Mixtral 8x7B (Mistral AI's config.json): 8 experts of 14336, top 2; 46.7B parameters,
+    # 12.9B active per token.
+    "mixtral-8x7b": ModelShape(32, 4096, 32, 8, 14336, 32000, 4096, num_experts=8,
+                               moe_router_topk=2, moe_ffn_hidden_size=14336),
 }
 
 
