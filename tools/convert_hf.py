@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 directories to
-braid checkpoints and back.
+"""Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 / Mixtral /
+Qwen3-MoE directories to braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -16,7 +16,8 @@ indexes a tp=1 save); braid's loader reshards it to any layout (load it with --f
 --no-load-optim). An export assembles every tensor from the shards the index lists.
 
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
-docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs.
+docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs,
+hf_moe.py what is particular to mixtures of experts.
 """
 
 import argparse
@@ -33,6 +34,8 @@ from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
 from hf_configs import (LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
                         braid_config_from_hf, check, head_width, hf_architecture,
                         hf_architecture_or_none, hf_config_from_braid)
+from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, hf_moe_config,  # noqa: E402
+                    moe_architecture, moe_config_from_hf, moe_ffn, moe_tensors_to_braid)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -62,6 +65,15 @@ def braid_specs(c):
         if layernorm:
             specs.append((prefix + ".bias", [size], -1))
 
+    def mlp(prefix, f):  # the dense MLP or an expert
+        mlp_in = ["gate_proj", "up_proj"] if c["activation"] == "swiglu" else ["up_proj"]
+        specs.extend((prefix + f"{m}.weight", [f, h], 0) for m in mlp_in)
+        if bias:
+            specs.extend((prefix + f"{m}.bias", [f], 0) for m in mlp_in)
+        specs.append((prefix + "down_proj.weight", [h, f], 1))
+        if bias:
+            specs.append((prefix + "down_proj.bias", [h], -1))
+
     for i in range(c["num_layers"]):
         p = f"model.layers.{i}."
         norm(p + "input_layernorm")
@@ -79,13 +91,12 @@ def braid_specs(c):
         if bias:
             specs.append((p + "self_attn.o_proj.bias", [h], -1))
         norm(p + "post_attention_layernorm")
-        mlp_in = ["gate_proj", "up_proj"] if c["activation"] == "swiglu" else ["up_proj"]
-        specs += [(p + f"mlp.{m}.weight", [f, h], 0) for m in mlp_in]
-        if bias:
-            specs += [(p + f"mlp.{m}.bias", [f], 0) for m in mlp_in]
-        specs.append((p + "mlp.down_proj.weight", [h, f], 1))
-        if bias:
-            specs.append((p + "mlp.down_proj.bias", [h], -1))
+        if c.get("num_experts"):  # absent in checkpoints before experts
+            specs.append((p + "mlp.gate.weight", [c["num_experts"], h], -1))
+            for j in range(c["num_experts"]):
+                mlp(p + f"mlp.experts.{j}.", moe_ffn(c))
+        else:
+            mlp(p + "mlp.", f)
     norm("model.norm")
     if not c["tie_embeddings"]:
         specs.append(("lm_head.weight", [c["vocab_size"], h], 0))
@@ -97,6 +108,8 @@ def braid_specs(c):
 def hf_to_braid(hf, arch, c):
     """HF tensors (name -> Tensor) -> braid's names and layout; consumes what it maps."""
     take = hf.pop
+    if arch in MOE_ARCHITECTURES:
+        moe_tensors_to_braid(hf, arch, c)
     if arch in LLAMA_LIKE:
         out = {}
         for name, _, _ in braid_specs(c):
@@ -165,7 +178,10 @@ def braid_to_hf(t, arch, c):
                     np.zeros(w.shape[0], dtype=w.array.dtype))
         return out
     if arch in LLAMA_LIKE:
-        return dict(t)
+        out = dict(t)
+        if arch in MOE_ARCHITECTURES:
+            braid_moe_tensors_to_hf(out, arch, c)
+        return out
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],
            "transformer.wpe.weight": t["model.embed_positions.weight"],
            "transformer.ln_f.weight": t["model.norm.weight"],
@@ -267,6 +283,7 @@ def import_hf(hf_dir, save):
     arch = hf_architecture(hf)
     tensors = read_hf_weights(hf_dir)
     config = braid_config_from_hf(hf, arch, weights_dtype(tensors, hf_dir))
+    config.update(moe_config_from_hf(hf, arch))
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
                 "max_position_embeddings"):
         check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
@@ -378,7 +395,7 @@ def plus(t, delta):
 def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
-    arch = braid_architecture(config)
+    arch = moe_architecture(config) if config.get("num_experts") else braid_architecture(config)
     # Nemotron's LayerNorm1P holds gamma - 1, every other HF norm gamma.
     delta = int(bool(config.get("zero_centered_gamma"))) - int(arch == "nemotron")
     if delta:
@@ -399,6 +416,8 @@ def export_hf(load, out, iteration=None):
     dtypes = {t.dtype for t in hf_tensors.values()}
     torch_dtype = TORCH_NAMES.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
     hf = hf_config_from_braid(config, arch, torch_dtype, meta.get("hf_config"))
+    if arch in MOE_ARCHITECTURES:
+        hf.update(hf_moe_config(config, arch))
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), hf_tensors, {"format": "pt"})
     stale = os.path.join(out, "model.safetensors.index.json")

@@ -25,20 +25,30 @@ def head_width(c):
 # is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
 # norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
 # bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
-# are Llama's.
+# are Llama's. Mixtral is Mistral and Qwen3-MoE Qwen3 with every MLP a mixture of experts
+# (hf_moe.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
-                 "GPT2LMHeadModel": "gpt2"}
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron")
+                 "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
+                 "Qwen3MoeForCausalLM": "qwen3_moe"}
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron", "mixtral",
+              "qwen3_moe")
+# Known architectures braid cannot hold, with why.
+REFUSED = {"Qwen2MoeForCausalLM": "its MoE layers add a shared expert, gated by its own "
+                                  "sigmoid, to the routed ones; braid's MoE layers have "
+                                  "routed experts alone"}
 # Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
 # zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
 PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5}  # transformers' where it is absent
+THETA_DEFAULT = {"mixtral": 1000000.0}  # transformers' rope_theta where it is absent (else 1e4)
 
 
 def hf_architecture(hf):
     names = hf.get("architectures") or []
     for name in names:
+        if name in REFUSED:
+            raise ConvertError(f"unsupported architecture {name}: {REFUSED[name]}")
         if name in ARCHITECTURES:
             return ARCHITECTURES[name]
     if not names and hf.get("model_type") in ARCHITECTURES.values():
@@ -76,7 +86,8 @@ def rope_of(hf, arch):
     if arch not in PARTIAL_ROTARY_DEFAULT and factor not in (None, 1, 1.0):
         refuse("partial_rotary_factor", factor, f"transformers' {arch} turns the whole head "
                "(StableLM and Nemotron turn a part)")
-    out = {"rope_theta": as_f32(params.get("rope_theta", hf.get("rope_theta", 10000.0))),
+    theta = params.get("rope_theta", hf.get("rope_theta", THETA_DEFAULT.get(arch, 10000.0)))
+    out = {"rope_theta": as_f32(theta),
            **NO_ROPE_SCALING, "rotary_percent": float(factor or 1.0)}
     if kind == "llama3":
         for key in ("factor", "low_freq_factor", "high_freq_factor",
@@ -138,7 +149,8 @@ def braid_config_from_hf(hf, arch, dtype):
                 "activation": "squared_relu" if arch == "nemotron" else "swiglu",
                 "position_embedding": "rope", "add_bias_linear": bool(attention_bias),
                 "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")),
-                "qk_layernorm": arch == "qwen3", "zero_centered_gamma": arch == "nemotron",
+                "qk_layernorm": arch in ("qwen3", "qwen3_moe"),
+                "zero_centered_gamma": arch == "nemotron",
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf, arch),
                 "norm_eps": as_f32(hf.get(eps_key, 1e-5 if layernorm else 1e-6)),
                 "params_dtype": dtype}
@@ -163,14 +175,19 @@ def braid_config_from_hf(hf, arch, dtype):
 
 
 def window_of(hf, arch):
-    """braid's window_size and window_layers for a Llama-like config: Mistral's sliding_window
-    on every layer (4096 where the field is left out, as transformers has it; null: none);
-    Qwen2's and Qwen3's with use_sliding_window, on the layers layer_types names
-    sliding_attention (or, without layer_types, from max_window_layers on)."""
+    """braid's window_size and window_layers for a Llama-like config: Mistral's and Mixtral's
+    sliding_window on every layer (where the field is left out, 4096 for Mistral and none for
+    Mixtral, as transformers has it; null: none); Qwen3-MoE's with use_sliding_window, on every
+    layer (transformers 5 builds one mask for all); Qwen2's and Qwen3's with use_sliding_window,
+    on the layers layer_types names sliding_attention (or, without layer_types, from
+    max_window_layers on)."""
     none = {"window_size": -1, "window_layers": []}
     layers = hf["num_hidden_layers"]
-    if arch == "mistral":
-        window = hf.get("sliding_window", 4096)
+    if arch in ("mistral", "mixtral", "qwen3_moe"):
+        if arch == "qwen3_moe":
+            window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+        else:
+            window = hf.get("sliding_window", 4096 if arch == "mistral" else None)
         kinds = ["sliding_attention"] * layers
     elif arch in ("qwen2", "qwen3"):
         window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
@@ -205,14 +222,18 @@ def braid_window(c):
 
 
 def hf_window(c, arch):
-    """The HF fields of a braid config's window: Mistral's sliding_window, Qwen2's and Qwen3's
-    use_sliding_window, sliding_window, layer_types (and max_window_layers where the windowed
-    layers are the last ones, as transformers before layer_types reads it)."""
+    """The HF fields of a braid config's window: Mistral's and Mixtral's sliding_window,
+    Qwen3-MoE's use_sliding_window and sliding_window (every layer: hf_moe.py checks), Qwen2's
+    and Qwen3's use_sliding_window, sliding_window, layer_types (and max_window_layers where the
+    windowed layers are the last ones, as transformers before layer_types reads it)."""
+    one_switch = arch in ("mistral", "mixtral")
     if braid_window(c) is None:
-        return {"sliding_window": None} if arch == "mistral" else {"use_sliding_window": False}
+        return {"sliding_window": None} if one_switch else {"use_sliding_window": False}
     (window, pattern), layers = braid_window(c), c["num_layers"]
-    if arch == "mistral":
+    if one_switch:
         return {"sliding_window": window + 1}
+    if arch == "qwen3_moe":
+        return {"use_sliding_window": True, "sliding_window": window + 1}
     first = pattern.index(1)
     hf = {"use_sliding_window": True, "sliding_window": window + 1,
           "layer_types": ["sliding_attention" if w else "full_attention" for w in pattern]}
@@ -301,6 +322,12 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
     "mistral": LLAMA_KEYS + ("head_dim", "sliding_window"),
     "qwen2": LLAMA_KEYS + ("head_dim",) + SLIDING_KEYS,
     "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
+    "mixtral": LLAMA_KEYS + ("head_dim", "sliding_window", "num_local_experts", "num_experts",
+                             "num_experts_per_tok"),
+    "qwen3_moe": LLAMA_KEYS + ("head_dim", "attention_bias", "num_experts", "num_local_experts",
+                               "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                               "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
+                               "sliding_window"),
     "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
                               "use_parallel_residual", "partial_rotary_factor"),
     "nemotron": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias", "norm_eps",
@@ -330,6 +357,9 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                    "mistral": {"head_dim": head_dim, "rms_norm_eps": eps},
                    "qwen2": {"head_dim": head_dim, "rms_norm_eps": eps},
                    "qwen3": {"head_dim": head_dim, "attention_bias": False, "rms_norm_eps": eps},
+                   "mixtral": {"head_dim": head_dim, "rms_norm_eps": eps},
+                   "qwen3_moe": {"head_dim": head_dim, "attention_bias": False,
+                                 "rms_norm_eps": eps},
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
                    "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
                                 "qk_layernorm": False, "use_parallel_residual": False,
@@ -338,7 +368,7 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                                 "mlp_bias": c["add_bias_linear"], "norm_eps": eps,
                                 "hidden_act": "relu2",
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
-        if arch in ("mistral", "qwen2", "qwen3"):
+        if arch in ("mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
             hf.update(hf_window(c, arch))
         if arch in PARTIAL_ROTARY_DEFAULT:  # else transformers 5 takes its default
             rope["partial_rotary_factor"] = hf["partial_rotary_factor"]

@@ -2,7 +2,9 @@
 
 braid names parameters like HF Llama (model.layers.{i}.self_attn.q_proj.weight, ...), with
 weights [out, in]. GPT-2's HF names differ and its Conv1D weights are [in, out] with q, k, v
-fused in c_attn; `gpt2_to_braid` maps one onto the other.
+fused in c_attn; `gpt2_to_braid` maps one onto the other. transformers 5 holds the experts of a
+mixture-of-experts layer fused ([E, 2F, H] gate and up, [E, H, F] down); `experts_to_braid`
+splits them into braid's per-expert names.
 """
 
 from __future__ import annotations
@@ -88,7 +90,10 @@ def braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
     for name, value in fields.items():
         setattr(cfg, name, value)
     model = braid.GPTModel(cfg, device="cpu", seed=1)
-    load_into_braid(model, {n: p.detach().clone() for n, p in hf.named_parameters()})
+    state = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    if cfg.num_experts:
+        state = experts_to_braid(state, cfg.num_experts, cfg.moe_ffn_hidden_size or ffn)
+    load_into_braid(model, state)
     return model
 
 
@@ -182,6 +187,76 @@ def nemotron_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, p
                                 add_bias_linear=bias, rotary_percent=0.5)
 
 
+def moe_routers(hf, std=0.2):
+    """Router weights drawn wider than HF's init (std 0.02): decisive logits, so that no token's
+    k-th and (k+1)-th experts are near a tie that rounding could flip."""
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                p.normal_(0.0, std)
+    return hf
+
+
+def mixtral_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=48, experts=4, topk=2, vocab=97,
+                 positions=64, seed=0, **fields):
+    """MixtralForCausalLM: Mistral whose MLPs are `experts` SwiGLU experts of width `ffn`, `topk`
+    chosen per token and weighted by a softmax over their logits. `fields`: more braid config
+    (moe_aux_loss_coeff, ...). HF's own aux loss is off (router_aux_loss_coef 0)."""
+    torch.manual_seed(seed)
+    hf_cfg = transformers.MixtralConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
+        num_local_experts=experts, num_experts_per_tok=topk, rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        router_aux_loss_coef=0.0, tie_word_embeddings=False)
+    hf = moe_routers(eager_model(transformers.MixtralForCausalLM, hf_cfg))
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                norm_eps=1e-5, rope_theta=1000000.0, tie_embeddings=False,
+                                num_experts=experts, moe_router_topk=topk,
+                                moe_ffn_hidden_size=ffn, **fields)
+
+
+def qwen3_moe_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=48, experts=4, topk=2, vocab=97,
+                   positions=64, seed=0, norm_topk_prob=True, **fields):
+    """Qwen3MoeForCausalLM: Qwen3 (q/k norms) whose MLPs are experts; norm_topk_prob false
+    weights the chosen experts by their softmax over all experts, not renormalised (braid's
+    moe_router_pre_softmax)."""
+    torch.manual_seed(seed)
+    hf_cfg = transformers.Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+        moe_intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=kv_heads, head_dim=hidden // heads, max_position_embeddings=positions,
+        num_experts=experts, num_experts_per_tok=topk, norm_topk_prob=norm_topk_prob,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        router_aux_loss_coef=0.0, tie_word_embeddings=False)
+    hf = moe_routers(eager_model(transformers.Qwen3MoeForCausalLM, hf_cfg))
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
+                                norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=False,
+                                qk_layernorm=True, num_experts=experts, moe_router_topk=topk,
+                                moe_ffn_hidden_size=ffn,
+                                moe_router_pre_softmax=not norm_topk_prob, **fields)
+
+
+def experts_to_braid(state, num_experts, ffn):
+    """transformers 5's fused experts (mlp.experts.gate_up_proj [E, 2F, H], gate rows first;
+    mlp.experts.down_proj [E, H, F]) -> braid's mlp.experts.{j}.{gate,up,down}_proj.weight; the
+    other tensors as they are. Gradients map alike."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[:-len("gate_up_proj")]
+            for j in range(num_experts):
+                out[f"{prefix}{j}.gate_proj.weight"] = t[j, :ffn]
+                out[f"{prefix}{j}.up_proj.weight"] = t[j, ffn:]
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix = name[:-len("down_proj")]
+            for j in range(num_experts):
+                out[f"{prefix}{j}.down_proj.weight"] = t[j]
+        else:
+            out[name] = t
+    return out
+
+
 def gpt2_to_braid(hf, layers, hidden):
     """HF GPT-2 state -> braid names (weights transposed to [out, in], c_attn split)."""
     sd = {n: p.detach() for n, p in hf.named_parameters()}
@@ -214,6 +289,15 @@ def gpt2_grads_in_braid_names(hf, layers, hidden):
         def named_parameters(self):
             return [(n, p.grad) for n, p in self.m.named_parameters()]
     return gpt2_to_braid(_G(hf), layers, hidden)
+
+
+def assert_close_rel(name, got, want, rtol):
+    """max |got - want| <= rtol x max |want|; returns that relative error."""
+    want = np.asarray(want, dtype=np.float64)
+    scale = max(np.abs(want).max(), 1e-6)
+    err = np.abs(np.asarray(got, dtype=np.float64) - want).max() / scale
+    assert err <= rtol, f"{name}: max error {err:.2e} (relative to max |value| {scale:.3e}) > {rtol:.0e}"
+    return err
 
 
 def load_into_braid(model, state):

@@ -12,18 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from hf_oracle import (batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair, llama_pair,
-                       mistral_pair, nemotron_pair, qwen2_pair, qwen3_pair, stablelm_pair)
+from hf_oracle import (assert_close_rel, batch, braid_grads, gpt2_grads_in_braid_names, gpt2_pair,
+                       llama_pair, mistral_pair, nemotron_pair, qwen2_pair, qwen3_pair,
+                       stablelm_pair)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
-
-
-def assert_close_rel(name, got, want, rtol):
-    want = np.asarray(want, dtype=np.float64)
-    scale = max(np.abs(want).max(), 1e-6)
-    err = np.abs(np.asarray(got, dtype=np.float64) - want).max() / scale
-    assert err <= rtol, f"{name}: max error {err:.2e} (relative to max |value| {scale:.3e}) > {rtol:.0e}"
 
 
 def check_forward(hf, model, vocab):

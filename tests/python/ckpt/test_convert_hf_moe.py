@@ -1,0 +1,300 @@
+"""tools/convert_hf.py with mixtures of experts: tiny random MixtralForCausalLM and
+Qwen3MoeForCausalLM (4 experts, top 2) as transformers' save_pretrained writes them (one tensor
+per expert on disk: Mixtral's block_sparse_moe.experts.{j}.w1/w3/w2, Qwen3-MoE's
+mlp.experts.{j}.gate_proj/up_proj/down_proj), imported into braid and exported back.
+
+- the round trip is bit-exact and the config equivalent; transformers loads the export with no
+  missing or unexpected keys; braid's model of the import computes the logits of both the
+  original and the exported HF model
+- transformers 5's fused in-memory layout ([E, 2F, H] / [E, H, F] per layer) imports to the
+  same tensors; a hub-style config (num_experts) imports
+- a checkpoint braid trained and saved itself exports as Mixtral or Qwen3-MoE
+  (norm_topk_prob false for moe_router_pre_softmax) and transformers computes its logits
+- what braid cannot hold is refused with one line
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import save_file
+
+import braid
+from hf_oracle import moe_routers
+from mpi_job import mpi_env
+from test_convert_hf import (LOGITS_RTOL, RESAVE, assert_fails, assert_same_bits, braid_model,
+                             convert_hf, edit_config, hf_weights, load_hf, perturb, run_tool)
+
+
+def mixtral(tmp, sliding_window=None, tie=False, dtype=torch.float32):
+    torch.manual_seed(7)
+    cfg = transformers.MixtralConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
+        sliding_window=sliding_window, tie_word_embeddings=tie)
+    model = moe_routers(transformers.MixtralForCausalLM(cfg).eval())
+    perturb(model)
+    model.to(dtype).save_pretrained(tmp)
+    return tmp
+
+
+def qwen3_moe(tmp, norm_topk_prob=True, head_dim=16, **sliding):
+    """Qwen3-MoE; head_dim other than hidden / heads (16) is braid's kv_channels. `sliding`:
+    use_sliding_window and sliding_window (every layer, as transformers 5 builds it)."""
+    torch.manual_seed(8)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=160, moe_intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+        max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=norm_topk_prob, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **sliding)
+    model = moe_routers(transformers.Qwen3MoeForCausalLM(cfg).eval())
+    perturb(model)
+    model.save_pretrained(tmp)
+    return tmp
+
+
+MODELS = {
+    "mixtral": mixtral,
+    # Mistral v0.1's window (here 5 keys) on every layer, and tied embeddings.
+    "mixtral-tied-sliding-window": lambda d: mixtral(d, sliding_window=5, tie=True),
+    "qwen3_moe-norm-topk": qwen3_moe,
+    "qwen3_moe-softmax-first-wide-heads": lambda d: qwen3_moe(d, norm_topk_prob=False,
+                                                             head_dim=32),
+    "qwen3_moe-sliding-window": lambda d: qwen3_moe(d, use_sliding_window=True,
+                                                   sliding_window=5),
+}
+MOE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+            "tie_word_embeddings", "sliding_window", "use_sliding_window", "num_local_experts",
+            "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+            "decoder_sparse_step", "mlp_only_layers", "rope_parameters")
+
+
+def assert_equivalent_configs(got_dir, want_dir):
+    got = transformers.AutoConfig.from_pretrained(got_dir)
+    want = transformers.AutoConfig.from_pretrained(want_dir)
+    assert type(got) is type(want)
+    for key in MOE_KEYS:
+        if hasattr(want, key):
+            g, w = getattr(got, key), getattr(want, key)
+            if key == "head_dim" and w is None:  # export writes Mixtral's default out
+                w = want.hidden_size // want.num_attention_heads
+            assert g == w, (key, g, w)
+
+
+def imported(tmp_path, kind):
+    hf_dir = MODELS[kind](tmp_path / "hf")
+    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt")
+    assert r.returncode == 0, r.stderr
+    return hf_dir, tmp_path / "ckpt"
+
+
+def metadata(ckpt, iteration=0):
+    return json.loads((ckpt / f"iter_{iteration:07d}" / "metadata.json").read_text())
+
+
+def hf_logits(hf, ids):
+    """HF's logits; the router's k-th and (k+1)-th choices of every token are apart, so braid,
+    whose logits agree to ~1e-6, chooses the same experts."""
+    with torch.no_grad():
+        out = hf(torch.from_numpy(ids), output_router_logits=True)
+    for logits in out.router_logits:
+        top = torch.topk(logits, 3, dim=-1).values
+        assert (top[:, 1] - top[:, 2]).min() > 1e-3
+    return out.logits.numpy()
+
+
+def assert_same_logits(model, hf, ids):
+    got = np.from_dlpack(model.logits(ids))
+    want = hf_logits(hf, ids)
+    assert got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err <= LOGITS_RTOL, err
+
+
+IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
+    hf_dir, ckpt = imported(tmp_path, kind)
+    c = metadata(ckpt)["config"]
+    hf_cfg = json.loads((hf_dir / "config.json").read_text())
+    assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"]) == (4, 2, 48)
+    assert c["moe_router_pre_softmax"] == (not hf_cfg.get("norm_topk_prob", True))
+    assert c["qk_layernorm"] == kind.startswith("qwen3_moe")
+    assert c["window_size"] == (4 if "sliding" in kind else -1)
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", ckpt, "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    assert_equivalent_configs(out, hf_dir)
+
+    model = braid_model(ckpt)
+    assert_same_logits(model, load_hf(out), IDS)
+    assert_same_logits(model, load_hf(hf_dir), IDS)
+
+
+def fused_dir(hf_dir, dst):
+    """`hf_dir` with its weights as transformers 5 holds them in memory (the experts of a layer
+    fused, Mixtral's block_sparse_moe named mlp), saved as they are."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    dst.mkdir()
+    state = {n: t.contiguous() for n, t in model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight")
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(hf_dir / "config.json", dst / "config.json")
+    return dst
+
+
+@pytest.mark.parametrize("kind", ["mixtral-tied-sliding-window", "qwen3_moe-norm-topk"])
+def test_fused_experts_import_as_the_per_expert_layout(tmp_path, kind):
+    hf_dir, ckpt = imported(tmp_path, kind)
+    fused = fused_dir(hf_dir, tmp_path / "fused")
+    r = run_tool("import", "--hf-dir", fused, "--save", tmp_path / "ckpt2")
+    assert r.returncode == 0, r.stderr
+    _, want = convert_hf.read_checkpoint(str(ckpt))
+    _, got = convert_hf.read_checkpoint(str(tmp_path / "ckpt2"))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype
+        np.testing.assert_array_equal(got[name].array, want[name].array, err_msg=name)
+
+
+def test_bf16_round_trip_is_exact(tmp_path):
+    hf_dir = mixtral(tmp_path / "hf", dtype=torch.bfloat16)
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
+    assert metadata(tmp_path / "ckpt")["config"]["params_dtype"] == "bf16"
+    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    want = hf_weights(hf_dir)
+    assert all(t.dtype == torch.bfloat16 for t in want.values())
+    assert_same_bits(hf_weights(tmp_path / "out"), want)
+
+
+def test_hub_style_configs(tmp_path):
+    # Qwen3-MoE's hub configs name the count num_experts (transformers 5 writes
+    # num_local_experts); a Mixtral config without rope_theta means transformers' 1e6.
+    hf_dir = qwen3_moe(tmp_path / "q")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg["num_experts"] = cfg.pop("num_local_experts")
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c1").returncode == 0
+    assert metadata(tmp_path / "c1")["config"]["num_experts"] == 4
+    hf_dir = mixtral(tmp_path / "m")
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    cfg.pop("rope_parameters")
+    cfg.pop("rope_theta", None)
+    (hf_dir / "config.json").write_text(json.dumps(cfg))
+    assert transformers.AutoConfig.from_pretrained(hf_dir).rope_parameters["rope_theta"] == 1e6
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c2").returncode == 0
+    assert metadata(tmp_path / "c2")["config"]["rope_theta"] == 1e6
+
+
+def braid_moe_checkpoint(path, qk_layernorm, pre_softmax):
+    """A checkpoint braid saved itself after one training step (aux loss on), its routers
+    widened first (as the HF models') so that no token's routing is near a tie."""
+    cfg = braid.TransformerConfig.preset("llama-tiny")
+    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups = 2, 64, 4, 2
+    cfg.ffn_hidden_size, cfg.vocab_size, cfg.max_position_embeddings = 160, 97, 64
+    cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size = 4, 2, 48
+    cfg.qk_layernorm, cfg.moe_router_pre_softmax, cfg.moe_aux_loss_coeff = (
+        qk_layernorm, pre_softmax, 0.01)
+    model = braid.GPTModel(cfg, device="cpu", seed=3)
+    rng = np.random.default_rng(3)
+    for name, p in model.parameters().items():
+        if name.endswith("mlp.gate.weight"):
+            p.copy_(rng.normal(0.0, 0.2, size=tuple(p.shape)).astype(np.float32))
+    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
+                                                                         style="constant"))
+    trainer.train_step(IDS, IDS)
+    braid.save_checkpoint(str(path), trainer)
+    return model
+
+
+@pytest.mark.parametrize("qk_layernorm,pre_softmax,arch", [
+    (False, False, "mixtral"), (True, False, "qwen3_moe"), (True, True, "qwen3_moe")])
+def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, arch):
+    model = braid_moe_checkpoint(tmp_path / "ckpt", qk_layernorm, pre_softmax)
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    hf = load_hf(out)
+    assert hf.config.model_type == arch
+    assert hf.config.num_local_experts == 4 and hf.config.num_experts_per_tok == 2
+    if arch == "qwen3_moe":
+        assert hf.config.moe_intermediate_size == 48
+        assert hf.config.norm_topk_prob == (not pre_softmax)
+    else:
+        assert hf.config.intermediate_size == 48
+    assert_same_logits(model, hf, IDS)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path):
+    """braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks; each expert's columns
+    split like a dense MLP's, the router replicated) and saves it; export reassembles that save
+    bit for bit."""
+    hf_dir, ckpt = imported(tmp_path, "qwen3_moe-softmax-first-wide-heads")
+    script = tmp_path / "resave.py"
+    script.write_text(RESAVE)
+    r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
+                        str(ckpt), str(tmp_path / "sharded")],
+                       env=mpi_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(os.listdir(tmp_path / "sharded" / "iter_0000000")) == 5
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    load_hf(out)
+
+
+# ---- refused ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make,changes,words", [
+    (qwen3_moe, {"mlp_only_layers": [1]}, ("mlp_only_layers", "every layer an MoE layer")),
+    (qwen3_moe, {"decoder_sparse_step": 2}, ("decoder_sparse_step", "every layer an MoE layer")),
+    (qwen3_moe, {"architectures": ["Qwen2MoeForCausalLM"]}, ("Qwen2MoeForCausalLM",
+                                                             "shared expert")),
+    (qwen3_moe, {"attention_bias": True}, ("attention_bias", "not supported")),
+    (mixtral, {"num_experts_per_tok": 5}, ("num_experts_per_tok", "[1, 4]")),
+    (mixtral, {"num_local_experts": 5}, ("model.layers.0.block_sparse_moe.experts.4.w1.weight",)),
+    (mixtral, {"intermediate_size": 32}, ("model.layers.0.mlp.experts.0.gate_proj.weight",
+                                          "[48, 64]", "[32, 64]")),
+])
+def test_refuses_what_braid_cannot_hold(tmp_path, make, changes, words):
+    hf_dir = make(tmp_path / "hf")
+    edit_config(hf_dir, **changes)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), *words)
+    assert not (tmp_path / "c").exists()
+
+
+def test_export_refuses_an_moe_with_no_hf_counterpart():
+    c = {"normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
+         "add_bias_linear": False, "add_qkv_bias": False, "qk_layernorm": False,
+         "num_layers": 2, "num_experts": 4, "moe_router_topk": 2, "moe_router_pre_softmax": False,
+         "window_size": -1, "window_layers": [], "hidden_size": 64, "num_attention_heads": 4,
+         "num_query_groups": 2, "kv_channels": 16}
+    arch = convert_hf.moe_architecture
+    assert arch(c) == "mixtral"
+    assert arch(dict(c, window_size=4)) == "mixtral"
+    assert arch(dict(c, qk_layernorm=True, moe_router_pre_softmax=True)) == "qwen3_moe"
+    with pytest.raises(convert_hf.ConvertError, match="Mixtral.* renormalises"):
+        arch(dict(c, moe_router_pre_softmax=True))
+    with pytest.raises(convert_hf.ConvertError, match="experts and biases"):
+        arch(dict(c, add_qkv_bias=True))
+    with pytest.raises(convert_hf.ConvertError, match="window on some layers only"):
+        arch(dict(c, window_size=4, window_layers=[1, 0]))
+    with pytest.raises(convert_hf.ConvertError, match="stablelm shaped"):
+        arch(dict(c, normalization="layernorm"))

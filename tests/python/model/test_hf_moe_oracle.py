@@ -1,0 +1,158 @@
+"""braid's mixture-of-experts layers against Hugging Face transformers (CPU, f32) with identical
+weights: logits, loss and every parameter gradient of MixtralForCausalLM (softmax over the top
+k logits) and Qwen3MoeForCausalLM (norm_topk_prob true: the same router; false: the top k of a
+softmax over all experts, braid's moe_router_pre_softmax); and the load-balancing loss against
+megatron-core's own switch_load_balancing_loss_func.
+
+Both sides must choose the same experts: the tests check on HF's router logits that no token's
+k-th and (k+1)-th experts are near a tie (braid's logits agree to ~1e-6) and that every expert
+of every layer is chosen (so every expert's gradient is compared). Tolerances as
+test_hf_oracle.py's.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from hf_oracle import (assert_close_rel, batch, braid_grads, experts_to_braid, mixtral_pair,
+                       qwen3_moe_pair)
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
+    from megatron.core.transformer.moe.moe_utils import switch_load_balancing_loss_func
+
+LOGITS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
+MARGIN = 1e-3  # the least gap between a token's k-th and (k+1)-th router logits
+
+
+def pair(kind, **fields):
+    if kind == "mixtral":
+        return mixtral_pair(**fields)
+    return qwen3_moe_pair(norm_topk_prob=kind == "qwen3_moe-norm-topk", **fields)
+
+
+KINDS = ["mixtral", "qwen3_moe-norm-topk", "qwen3_moe-softmax-first"]
+
+
+def hf_forward(hf, ids):
+    """HF's logits, lm loss (labels = ids, shifted inside) and per-layer router logits [T, E]."""
+    out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids), output_router_logits=True)
+    assert len(out.router_logits) == hf.config.num_hidden_layers
+    return out
+
+
+def check_routing(router_logits, experts, topk):
+    """The top k is decisive on every layer and every expert is chosen; returns the choices."""
+    chosen = []
+    for layer, logits in enumerate(router_logits):
+        top = torch.topk(logits.detach(), topk + 1, dim=-1).values
+        gap = (top[:, topk - 1] - top[:, topk]).min().item()
+        assert gap > MARGIN, f"layer {layer}: a near tie in the router's top {topk} ({gap:.1e})"
+        picks = torch.topk(logits.detach(), topk, dim=-1).indices
+        counts = torch.bincount(picks.reshape(-1), minlength=experts)
+        assert (counts > 0).all(), f"layer {layer}: experts chosen {counts.tolist()}"
+        chosen.append(picks)
+    return chosen
+
+
+def hf_grads(hf, experts, ffn=48):
+    return experts_to_braid({n: p.grad for n, p in hf.named_parameters()}, experts, ffn)
+
+
+def compare_gradients(model, hf, experts, scale=1.0):
+    got = braid_grads(model)
+    want = hf_grads(hf, experts)
+    assert sorted(got) == sorted(want)
+    return max(assert_close_rel(name, got[name], scale * g.numpy(), GRAD_RTOL)
+               for name, g in want.items())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_loss_and_gradients(kind):
+    hf, model = pair(kind)
+    ids, targets = batch(97)
+    out = hf_forward(hf, ids)
+    check_routing(out.router_logits, 4, 2)
+    logits = np.from_dlpack(model.logits(ids))
+    assert logits.shape == out.logits.shape
+    assert_close_rel("logits", logits, out.logits.detach().numpy(), LOGITS_RTOL)
+    loss = model.forward(ids, targets)
+    model.backward()
+    out.loss.backward()
+    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
+    compare_gradients(model, hf, 4)
+    assert model.take_load_balancing_loss() == 0.0  # moe_aux_loss_coeff 0: none computed
+
+
+def test_router_kinds_differ():
+    # The same weights under the two Qwen3-MoE routers: renormalising the top k changes the
+    # output, so the tests above tell them apart.
+    ids, _ = batch(97)
+    _, renormalised = pair("qwen3_moe-norm-topk")
+    _, softmax_first = pair("qwen3_moe-softmax-first")
+    a, b = np.from_dlpack(renormalised.logits(ids)), np.from_dlpack(softmax_first.logits(ids))
+    assert np.abs(a - b).max() > 1e-2
+
+
+def megatron_aux_loss(router_logits, experts, topk, chosen):
+    """sum over layers of megatron-core's Switch loss of one microbatch (coefficient 1): the
+    softmax over all experts of each layer's logits, tokens_per_expert from the top k."""
+    total = 0.0
+    for logits, picks in zip(router_logits, chosen):
+        probs = torch.softmax(logits.float(), dim=-1)
+        counts = torch.bincount(picks.reshape(-1), minlength=experts).float()
+        total = total + switch_load_balancing_loss_func(
+            probs, counts, logits.shape[0], topk, experts, moe_aux_loss_coeff=1.0)
+    return total
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe-softmax-first"])
+def test_load_balancing_loss_and_its_gradients_are_megatrons(kind):
+    # moe_aux_loss_coeff c: braid's gradients are those of lm loss + c x (the sum over layers of
+    # megatron's aux_loss), T = the microbatch's 48 tokens; take_load_balancing_loss() is that
+    # sum without c. backward(grad_scale=s) scales both parts by s.
+    coeff = 0.5
+    hf, model = pair(kind, moe_aux_loss_coeff=coeff)
+    ids, targets = batch(97)
+    out = hf_forward(hf, ids)
+    chosen = check_routing(out.router_logits, 4, 2)
+    aux = megatron_aux_loss(out.router_logits, 4, 2, chosen)
+    router = dict(hf.named_parameters())["model.layers.0.mlp.gate.weight"]
+    aux_part, = torch.autograd.grad(coeff * aux, router, retain_graph=True)
+    (out.loss + coeff * aux).backward()
+    # The aux loss matters: its share of the router's gradient is far above the tolerance.
+    assert aux_part.abs().max() > 100 * GRAD_RTOL * router.grad.abs().max()
+
+    loss = model.forward(ids, targets)
+    model.backward()
+    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item())  # the lm loss alone
+    taken = model.take_load_balancing_loss()
+    assert abs(taken - aux.item()) <= 1e-5 * aux.item(), (taken, aux.item())
+    assert model.take_load_balancing_loss() == 0.0  # taken
+    compare_gradients(model, hf, 4)
+
+    model.zero_grad()
+    model.forward(ids, targets)
+    model.backward(grad_scale=0.5)
+    compare_gradients(model, hf, 4, scale=0.5)
+    assert abs(model.take_load_balancing_loss() - aux.item()) <= 1e-5 * aux.item()
+
+
+def test_load_balancing_loss_sums_microbatches():
+    # Two microbatches' backwards before one take: the sum of their losses, each over its own
+    # tokens (T = 48 each, not 96).
+    hf, model = pair("mixtral", moe_aux_loss_coeff=0.01)
+    want = 0.0
+    for mb, seed in enumerate((0, 1)):
+        ids, targets = batch(97, seed=seed)
+        out = hf_forward(hf, ids)
+        want += megatron_aux_loss(out.router_logits, 4, 2,
+                                  check_routing(out.router_logits, 4, 2)).item()
+        model.forward(ids, targets, microbatch=mb)
+    model.backward(microbatch=0)
+    model.backward(microbatch=1)
+    got = model.take_load_balancing_loss()
+    assert abs(got - want) <= 1e-5 * want, (got, want)

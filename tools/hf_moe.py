@@ -1,0 +1,143 @@
+"""Mixture-of-experts models between Hugging Face and braid (docs/convert_hf.md): Mixtral
+(MixtralForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM), their config fields and the names of
+their router and expert tensors. hf_configs.py holds what they share with Mistral and Qwen3
+(attention, norms, RoPE, windows).
+
+braid makes every layer an MoE layer: a router `mlp.gate.weight` [E, H] and per expert j
+`mlp.experts.{j}.{gate_proj,up_proj,down_proj}.weight` (SwiGLU, no biases). On disk
+transformers writes Qwen3-MoE under braid's names and Mixtral as `block_sparse_moe.gate`,
+`block_sparse_moe.experts.{j}.w1` (gate), `w3` (up), `w2` (down); transformers 5 holds the
+experts of a layer fused in memory (`mlp.experts.gate_up_proj` [E, 2F, H], gate rows first, and
+`mlp.experts.down_proj` [E, H, F]) and converts on load and save. Import reads either layout;
+export writes the per-expert one, which every transformers release loads.
+"""
+
+from hf_configs import braid_architecture, braid_window, check, refuse
+
+MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
+EXPERT_NAMES = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
+                "qwen3_moe": {"gate_proj": "gate_proj", "up_proj": "up_proj",
+                              "down_proj": "down_proj"}}
+MLP_PREFIX = {"mixtral": "block_sparse_moe.", "qwen3_moe": "mlp."}
+
+
+# ---- config.json <-> braid's config -----------------------------------------------------------
+
+def moe_config_from_hf(hf, arch):
+    """braid's MoE fields for a Mixtral or Qwen3-MoE config.json ({} for a dense architecture);
+    transformers' defaults where a field is left out. Qwen3-MoE's norm_topk_prob: true is a
+    softmax over the top k logits (Mixtral's router), false the top k of a softmax over all
+    experts (moe_router_pre_softmax)."""
+    if arch not in MOE_ARCHITECTURES:
+        return {}
+    # transformers 5 writes num_local_experts for both; Qwen3-MoE's hub configs num_experts.
+    default_experts, default_topk = (8, 2) if arch == "mixtral" else (128, 8)
+    experts = hf.get("num_local_experts", hf.get("num_experts", default_experts))
+    topk = hf.get("num_experts_per_tok", default_topk)
+    if arch == "mixtral":
+        ffn, pre_softmax = hf["intermediate_size"], False
+    else:
+        if hf.get("mlp_only_layers"):
+            refuse("mlp_only_layers", hf["mlp_only_layers"], "those layers have a dense MLP; "
+                   "braid makes every layer an MoE layer")
+        if hf.get("decoder_sparse_step", 1) != 1:
+            refuse("decoder_sparse_step", hf["decoder_sparse_step"], "only every n-th layer "
+                   "has experts, the others a dense MLP; braid makes every layer an MoE layer")
+        ffn = hf.get("moe_intermediate_size", 768)
+        pre_softmax = not hf.get("norm_topk_prob", False)
+    check(isinstance(experts, int) and experts >= 1, "config.json: the number of experts "
+          f"should be a positive integer, is {experts!r}")
+    check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
+          f"should be in [1, {experts}] (the number of experts), is {topk!r}")
+    check(isinstance(ffn, int) and ffn >= 1, "config.json: the experts' intermediate size "
+          f"should be a positive integer, is {ffn!r}")
+    return {"num_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": ffn,
+            "moe_router_pre_softmax": pre_softmax}
+
+
+def moe_architecture(c):
+    """The HF architecture of a braid MoE config: Mixtral (Mistral's shape: no q/k norms, no
+    biases, a window on every layer or none, the router's softmax over the top k), Qwen3-MoE
+    with q/k norms (norm_topk_prob for either router); ConvertError with why otherwise."""
+    what = "this braid model has experts"
+    check(not c["add_bias_linear"] and not c.get("add_qkv_bias"), what, " and biases; "
+          "MixtralForCausalLM has none and Qwen3MoeForCausalLM's experts have none")
+    window = braid_window(c)
+    check(window is None or all(window[1]), what, " and a window on some layers only; "
+          "MixtralForCausalLM and Qwen3MoeForCausalLM window every layer or none")
+    dense = braid_architecture(c)  # the attention, norms and RoPE as a dense model's
+    check(dense in ("llama", "mistral", "qwen3"), what, " and is ", dense, " shaped; "
+          "MixtralForCausalLM and Qwen3MoeForCausalLM are RMSNorm, SwiGLU, RoPE")
+    if c.get("qk_layernorm"):
+        return "qwen3_moe"
+    check(not c.get("moe_router_pre_softmax"), what, " whose router takes the top k of a "
+          "softmax over all experts (moe_router_pre_softmax) but no q/k norms; "
+          "MixtralForCausalLM always renormalises the top k, and Qwen3MoeForCausalLM (whose "
+          "norm_topk_prob false routes so) has q/k norms")
+    return "mixtral"
+
+
+def moe_ffn(c):
+    """The experts' hidden size of a braid config (moe_ffn_hidden_size, 0: ffn_hidden_size)."""
+    return c.get("moe_ffn_hidden_size") or c["ffn_hidden_size"]
+
+
+def hf_moe_config(c, arch):
+    """The MoE fields of the HF config.json for a braid MoE config."""
+    if arch == "mixtral":
+        return {"num_local_experts": c["num_experts"], "num_experts_per_tok":
+                c["moe_router_topk"], "intermediate_size": moe_ffn(c)}
+    # Qwen3-MoE's hub configs say num_experts (transformers 5 maps it to num_local_experts);
+    # intermediate_size is its dense MLPs' (none here), kept from braid's ffn_hidden_size.
+    return {"num_experts": c["num_experts"], "num_experts_per_tok": c["moe_router_topk"],
+            "moe_intermediate_size": moe_ffn(c),
+            "norm_topk_prob": not c.get("moe_router_pre_softmax", False),
+            "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+# ---- tensor names ------------------------------------------------------------------------------
+
+def moe_tensors_to_braid(hf, arch, c):
+    """Renames, in `hf` (name -> Tensor), each layer's router and experts to braid's names,
+    splitting transformers 5's fused [E, 2F, H] / [E, H, F] experts where it holds those."""
+    e_count, f, h = c["num_experts"], moe_ffn(c), c["hidden_size"]
+    for i in range(c["num_layers"]):
+        p, src = f"model.layers.{i}.", f"model.layers.{i}.{MLP_PREFIX[arch]}"
+        for router in (src + "gate.weight", p + "mlp.gate.weight"):
+            if router in hf:
+                hf[p + "mlp.gate.weight"] = hf.pop(router)
+                break
+        fused = (p + "mlp.experts.gate_up_proj", p + "mlp.experts.down_proj")
+        if fused[0] in hf or fused[1] in hf:
+            has, lacks = fused if fused[0] in hf else fused[::-1]
+            check(lacks in hf, f"the HF weights have {has} but no {lacks}")
+            gate_up, down = hf.pop(fused[0]), hf.pop(fused[1])
+            check(gate_up.shape == [e_count, 2 * f, h], f"{fused[0]} is {gate_up.shape}, "
+                  f"config.json makes it {[e_count, 2 * f, h]}")
+            check(down.shape == [e_count, h, f], f"{fused[1]} is {down.shape}, config.json "
+                  f"makes it {[e_count, h, f]}")
+            for j in range(e_count):
+                x = f"{p}mlp.experts.{j}."
+                hf[x + "gate_proj.weight"] = gate_up.like(gate_up.array[j, :f])
+                hf[x + "up_proj.weight"] = gate_up.like(gate_up.array[j, f:])
+                hf[x + "down_proj.weight"] = down.like(down.array[j])
+            continue
+        for j in range(e_count):
+            for braid_name, hf_name in EXPERT_NAMES[arch].items():
+                name = f"{src}experts.{j}.{hf_name}.weight"
+                check(name in hf, f"the HF weights have no {name} (config.json: {e_count} "
+                      "experts)")
+                hf[f"{p}mlp.experts.{j}.{braid_name}.weight"] = hf.pop(name)
+
+
+def braid_moe_tensors_to_hf(t, arch, c):
+    """braid's tensors -> the per-expert names transformers writes (in place)."""
+    if arch == "qwen3_moe":  # braid's names
+        return
+    for i in range(c["num_layers"]):
+        p, dst = f"model.layers.{i}.", f"model.layers.{i}.{MLP_PREFIX[arch]}"
+        t[dst + "gate.weight"] = t.pop(p + "mlp.gate.weight")
+        for j in range(c["num_experts"]):
+            for braid_name, hf_name in EXPERT_NAMES[arch].items():
+                t[f"{dst}experts.{j}.{hf_name}.weight"] = t.pop(
+                    f"{p}mlp.experts.{j}.{braid_name}.weight")
