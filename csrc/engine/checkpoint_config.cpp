@@ -37,6 +37,8 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"moe_router_topk", c.moe_router_topk},
       {"moe_ffn_hidden_size", c.num_experts > 0 ? c.mlp_hidden_size() : 0},
       {"moe_router_pre_softmax", c.moe_router_pre_softmax},
+      {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
+      {"moe_shared_expert_gate", c.moe_shared_expert_gate},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
 }
@@ -78,6 +80,16 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
     BRAID_CONFIG_CHECK(saved_ffn == config.mlp_hidden_size(), where,
                        ": a different model - moe_ffn_hidden_size is ", saved_ffn,
                        " in the checkpoint and ", config.mlp_hidden_size(), " in this run");
+    const int64_t saved_shared = saved.value("moe_shared_expert_intermediate_size", int64_t(0));
+    BRAID_CONFIG_CHECK(saved_shared == config.moe_shared_expert_intermediate_size, where,
+                       ": a different model - moe_shared_expert_intermediate_size is ",
+                       saved_shared, " in the checkpoint and ",
+                       config.moe_shared_expert_intermediate_size, " in this run");
+    const bool saved_gate = saved.value("moe_shared_expert_gate", false);
+    BRAID_CONFIG_CHECK(saved_gate == config.moe_shared_expert_gate, where,
+                       ": a different model - moe_shared_expert_gate is ",
+                       saved_gate ? "true" : "false", " in the checkpoint and ",
+                       config.moe_shared_expert_gate ? "true" : "false", " in this run");
   }
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] :

@@ -219,6 +219,7 @@ void cast(Tensor out, const Tensor& x, Stream stream) {
 
 BRAID_ELEMENTWISE_ACTIVATION(gelu)
 BRAID_ELEMENTWISE_ACTIVATION(squared_relu)
+BRAID_ELEMENTWISE_ACTIVATION(sigmoid)
 #undef BRAID_ELEMENTWISE_ACTIVATION
 
 namespace {

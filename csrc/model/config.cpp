@@ -207,7 +207,16 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(moe_aux_loss_coeff >= 0 && std::isfinite(moe_aux_loss_coeff),
                        "TransformerConfig.moe_aux_loss_coeff must be >= 0 and finite, got ",
                        moe_aux_loss_coeff);
+    BRAID_CONFIG_CHECK(moe_shared_expert_intermediate_size >= 0,
+                       "TransformerConfig.moe_shared_expert_intermediate_size must be >= 0 (0: no "
+                       "shared expert), got ",
+                       moe_shared_expert_intermediate_size);
   }
+  BRAID_CONFIG_CHECK(num_experts > 0 || moe_shared_expert_intermediate_size == 0,
+                     "TransformerConfig.moe_shared_expert_intermediate_size needs num_experts");
+  BRAID_CONFIG_CHECK(moe_shared_expert_intermediate_size > 0 || !moe_shared_expert_gate,
+                     "TransformerConfig.moe_shared_expert_gate needs a shared expert "
+                     "(moe_shared_expert_intermediate_size)");
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);
   BRAID_CONFIG_CHECK(init_std > 0 && std::isfinite(init_std),

@@ -162,7 +162,6 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const int64_t qkv_rows = (n.q_heads + 2 * n.kv_heads) * n.head_dim;
   const bool swiglu = c.activation == Activation::swiglu;
-  const int64_t fc1_rows = swiglu ? 2 * n.ffn : n.ffn;
   const std::string fc1 = swiglu ? "gate_proj" : "up_proj";
   LayerTensors t;
   t.input_norm_weight = view_of(flat, p + "input_layernorm.weight");
@@ -177,18 +176,25 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   t.o_bias = view_of(flat, p + "self_attn.o_proj.bias");
   t.post_norm_weight = view_of(flat, p + "post_attention_layernorm.weight");
   t.post_norm_bias = view_of(flat, p + "post_attention_layernorm.bias");
-  t.fc1_weight = fused_view(flat, p + "mlp." + fc1 + ".weight", fc1_rows, c.hidden_size);
-  t.fc1_bias = fused_view(flat, p + "mlp." + fc1 + ".bias", fc1_rows, 0);
-  t.fc2_weight = view_of(flat, p + "mlp.down_proj.weight");
-  t.fc2_bias = view_of(flat, p + "mlp.down_proj.bias");
-  t.router_weight = view_of(flat, p + "mlp.gate.weight");
-  for (int64_t e = 0; e < c.num_experts; ++e) {
-    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-    t.expert_fc1_weight.push_back(fused_view(flat, x + fc1 + ".weight", fc1_rows, c.hidden_size));
-    t.expert_fc1_bias.push_back(fused_view(flat, x + fc1 + ".bias", fc1_rows, 0));
-    t.expert_fc2_weight.push_back(view_of(flat, x + "down_proj.weight"));
-    t.expert_fc2_bias.push_back(view_of(flat, x + "down_proj.bias"));
+  // An MLP of hidden size f (this rank's share) under `prefix`.
+  auto mlp = [&](const std::string& prefix, int64_t f) {
+    const int64_t rows = swiglu ? 2 * f : f;
+    return MlpTensors{fused_view(flat, prefix + fc1 + ".weight", rows, c.hidden_size),
+                      fused_view(flat, prefix + fc1 + ".bias", rows, 0),
+                      view_of(flat, prefix + "down_proj.weight"),
+                      view_of(flat, prefix + "down_proj.bias")};
+  };
+  if (c.num_experts == 0) {
+    t.mlp = mlp(p + "mlp.", n.ffn);
+    return t;
   }
+  t.router_weight = view_of(flat, p + "mlp.gate.weight");
+  for (int64_t e = 0; e < c.num_experts; ++e)
+    t.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + ".", n.ffn));
+  if (c.moe_shared_expert_intermediate_size > 0)
+    t.shared_expert =
+        mlp(p + "mlp.shared_expert.", c.moe_shared_expert_intermediate_size / tp_.size());
+  t.shared_expert_gate = view_of(flat, p + "mlp.shared_expert_gate.weight");
   return t;
 }
 

@@ -96,9 +96,11 @@ void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& p
   add_norm(b, c, prefix, layer, c.hidden_size);
 }
 
-// One MLP (the dense one, or an expert) under `prefix`: gate_proj (swiglu), up_proj, down_proj.
-void add_mlp(LayoutBuilder& b, const TransformerConfig& c, const std::string& p, int layer) {
-  const int64_t h = c.hidden_size, f = c.mlp_hidden_size();
+// One MLP of hidden size f (the dense one, an expert, the shared expert) under `prefix`:
+// gate_proj (swiglu), up_proj, down_proj.
+void add_mlp(LayoutBuilder& b, const TransformerConfig& c, const std::string& p, int layer,
+             int64_t f) {
+  const int64_t h = c.hidden_size;
   const bool bias = c.add_bias_linear;
   if (c.activation == Activation::swiglu) {
     b.group({p + "gate_proj.weight", Shape{f, h}, 0, layer, true});
@@ -139,10 +141,14 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
   if (bias) b.group({p + "self_attn.o_proj.bias", Shape{h}, -1, layer, false});
 
   add_norm(b, c, p + "post_attention_layernorm", layer);
-  if (c.num_experts == 0) return add_mlp(b, c, p + "mlp.", layer);
+  if (c.num_experts == 0) return add_mlp(b, c, p + "mlp.", layer, c.ffn_hidden_size);
   b.group({p + "mlp.gate.weight", Shape{c.num_experts, h}, -1, layer, true});
   for (int64_t e = 0; e < c.num_experts; ++e)
-    add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer);
+    add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer, c.mlp_hidden_size());
+  if (c.moe_shared_expert_intermediate_size == 0) return;
+  add_mlp(b, c, p + "mlp.shared_expert.", layer, c.moe_shared_expert_intermediate_size);
+  if (c.moe_shared_expert_gate)
+    b.group({p + "mlp.shared_expert_gate.weight", Shape{1, h}, -1, layer, true});
 }
 
 }  // namespace
@@ -163,6 +169,10 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   BRAID_CONFIG_CHECK(c.mlp_hidden_size() % tp == 0, "tensor parallelism: ", ffn_name, " (",
                      c.mlp_hidden_size(), ") is not divisible by --tensor-model-parallel-size (",
                      tp, ")");
+  BRAID_CONFIG_CHECK(c.moe_shared_expert_intermediate_size % tp == 0,
+                     "tensor parallelism: moe_shared_expert_intermediate_size (",
+                     c.moe_shared_expert_intermediate_size,
+                     ") is not divisible by --tensor-model-parallel-size (", tp, ")");
   const int64_t kv = c.kv_heads();
   BRAID_CONFIG_CHECK(kv % tp == 0 || tp % kv == 0, "tensor parallelism: num_query_groups (", kv,
                      ") and --tensor-model-parallel-size (", tp,

@@ -49,6 +49,13 @@ QKV split_qkv(const Tensor& fused, int64_t q_rows, int64_t kv_rows) {
           fused.narrow(q_rows + kv_rows, kv_rows)};
 }
 
+// [0, 1, ..., t - 1] i32 on `device`: gather_rows' index of a per-token scale.
+Tensor token_index(int64_t t, Device device) {
+  Tensor host = Tensor::empty({t}, DType::i32);
+  for (int64_t i = 0; i < t; ++i) host.data_ptr<int32_t>()[i] = int32_t(i);
+  return device.is_cpu() ? host : host.to(device);
+}
+
 // f(expert, first row, rows) for each expert that was routed rows, in expert order.
 template <typename F>
 void for_each_expert(const MoeRouting& r, F&& f) {
@@ -81,7 +88,9 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int64_t laye
       g_(std::move(grads)) {}
 
 Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
-  Tensor act = Tensor::empty({fc1_out.size(0), shape_.ffn}, fc1_out.dtype(), fc1_out.device());
+  const bool gated = config_.activation == Activation::swiglu;
+  Tensor act = Tensor::empty({fc1_out.size(0), gated ? fc1_out.size(1) / 2 : fc1_out.size(1)},
+                             fc1_out.dtype(), fc1_out.device());
   switch (config_.activation) {
     case Activation::swiglu:
       ops::swiglu_forward(act, fc1_out);
@@ -111,24 +120,52 @@ void TransformerLayer::mlp_activation_backward(Tensor d_fc1, const Tensor& d_act
   }
 }
 
+Tensor TransformerLayer::mlp_rows(const MlpTensors& w, Tensor fc1, Tensor y,
+                                  const Tensor& x) const {
+  linear_forward(fc1, x, w.fc1_weight, w.fc1_bias);
+  Tensor act = mlp_activation(fc1);
+  linear_forward(y, act, w.fc2_weight, row_bias(w.fc2_bias));
+  return act;
+}
+
+void TransformerLayer::mlp_rows_backward(const MlpTensors& w, const MlpTensors& g, Tensor dx,
+                                         const Tensor& dy, const Tensor& x, const Tensor& fc1,
+                                         const Tensor& act, bool accumulate) const {
+  Tensor d_act = empty_like(act);
+  linear_backward(d_act, g.fc2_weight, g.fc2_bias, dy, act, w.fc2_weight);
+  Tensor d_fc1 = empty_like(fc1);
+  mlp_activation_backward(d_fc1, d_act, fc1);
+  release(d_act);
+  linear_backward(dx, g.fc1_weight, g.fc1_bias, d_fc1, x, w.fc1_weight, accumulate);
+}
+
 Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* saved) const {
+  if (config_.num_experts > 0) return moe_forward(h_full, saved);
+  const int64_t t = h_full.size(0);
+  Tensor fc1 = Tensor::empty({t, w_.mlp.fc1_weight.size(0)}, h_full.dtype(), h_full.device());
+  Tensor m = Tensor::empty({t, config_.hidden_size}, h_full.dtype(), h_full.device());
+  Tensor act = mlp_rows(w_.mlp, fc1, m, h_full);
+  if (saved != nullptr) {
+    saved->fc1_out = fc1;
+    saved->act_out = act;
+  }
+  return m;
+}
+
+Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
+                                      float loss_scale) const {
+  if (config_.num_experts > 0) return moe_backward(dm, h_full, a, loss_scale);
+  Tensor dh = Tensor::empty(h_full.shape(), h_full.dtype(), h_full.device());
+  mlp_rows_backward(w_.mlp, g_.mlp, dh, dm, h_full, a.fc1_out, a.act_out, false);
+  release(a.fc1_out, a.act_out);
+  return dh;
+}
+
+Tensor TransformerLayer::moe_forward(const Tensor& h_full, LayerActivations* saved) const {
   const TransformerConfig& c = config_;
   const int64_t t = h_full.size(0), h = c.hidden_size;
-  const int64_t fc1_cols = c.activation == Activation::swiglu ? 2 * shape_.ffn : shape_.ffn;
   const DType dt = h_full.dtype();
   const Device dev = h_full.device();
-  if (c.num_experts == 0) {
-    Tensor fc1 = Tensor::empty({t, fc1_cols}, dt, dev);
-    linear_forward(fc1, h_full, w_.fc1_weight, w_.fc1_bias);
-    Tensor act = mlp_activation(fc1);
-    Tensor m = Tensor::empty({t, h}, dt, dev);
-    linear_forward(m, act, w_.fc2_weight, row_bias(w_.fc2_bias));
-    if (saved != nullptr) {
-      saved->fc1_out = fc1;
-      saved->act_out = act;
-    }
-    return m;
-  }
   // Every TP rank routes every token alike (the router is replicated and h_full whole) and runs
   // its share of each expert's columns; the combine is linear, so the partial outputs sum.
   Tensor logits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
@@ -137,19 +174,20 @@ Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* sav
   const int64_t n = r.row_token.size(0);
   Tensor in = Tensor::empty({n, h}, dt, dev);
   ops::gather_rows(in, h_full, r.row_token, {});
-  Tensor fc1 = Tensor::empty({n, fc1_cols}, dt, dev);
+  Tensor fc1 = Tensor::empty({n, w_.experts[0].fc1_weight.size(0)}, dt, dev);
   for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
-    linear_forward(fc1.narrow(first, rows), in.narrow(first, rows), w_.expert_fc1_weight[e],
-                   w_.expert_fc1_bias[e]);
+    linear_forward(fc1.narrow(first, rows), in.narrow(first, rows), w_.experts[e].fc1_weight,
+                   w_.experts[e].fc1_bias);
   });
   Tensor act = mlp_activation(fc1);
   Tensor y = Tensor::empty({n, h}, dt, dev);
   for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
-    linear_forward(y.narrow(first, rows), act.narrow(first, rows), w_.expert_fc2_weight[e],
-                   row_bias(w_.expert_fc2_bias[e]));
+    linear_forward(y.narrow(first, rows), act.narrow(first, rows), w_.experts[e].fc2_weight,
+                   row_bias(w_.experts[e].fc2_bias));
   });
   Tensor m = Tensor::empty({t, h}, dt, dev);
   ops::combine_rows(m, y, r.token_rows, r.probs);
+  if (c.moe_shared_expert_intermediate_size > 0) shared_expert_forward(m, h_full, saved);
   if (saved != nullptr) {
     saved->router_logits = logits;
     saved->routing = std::move(r);
@@ -161,23 +199,13 @@ Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* sav
   return m;
 }
 
-Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
+Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                                       float loss_scale) const {
   const TransformerConfig& c = config_;
-  Tensor dh = Tensor::empty(h_full.shape(), h_full.dtype(), h_full.device());
-  if (c.num_experts == 0) {
-    Tensor d_act = empty_like(a.act_out);
-    linear_backward(d_act, g_.fc2_weight, g_.fc2_bias, dm, a.act_out, w_.fc2_weight);
-    release(a.act_out);
-    Tensor d_fc1 = empty_like(a.fc1_out);
-    mlp_activation_backward(d_fc1, d_act, a.fc1_out);
-    release(d_act, a.fc1_out);
-    linear_backward(dh, g_.fc1_weight, g_.fc1_bias, d_fc1, h_full, w_.fc1_weight);
-    return dh;
-  }
   const MoeRouting& r = a.routing;
   const int64_t t = h_full.size(0), n = r.row_token.size(0);
   const Device dev = h_full.device();
+  Tensor dh = Tensor::empty(h_full.shape(), h_full.dtype(), dev);
   // The probabilities' gradient: each rank's expert outputs are partial sums, so are the dots.
   Tensor dprobs = Tensor::empty(r.probs.shape(), DType::f32, dev);
   ops::combine_rows_weight_grad(dprobs, dm, a.expert_out, r.token_rows);
@@ -187,8 +215,9 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
   ops::gather_rows(dy, dm, r.row_token, r.row_prob);
   Tensor d_act = empty_like(a.act_out);
   for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
-    linear_backward(d_act.narrow(first, rows), g_.expert_fc2_weight[e], g_.expert_fc2_bias[e],
-                    dy.narrow(first, rows), a.act_out.narrow(first, rows), w_.expert_fc2_weight[e]);
+    linear_backward(d_act.narrow(first, rows), g_.experts[e].fc2_weight, g_.experts[e].fc2_bias,
+                    dy.narrow(first, rows), a.act_out.narrow(first, rows),
+                    w_.experts[e].fc2_weight);
   });
   release(dy, a.act_out);
   Tensor d_fc1 = empty_like(a.fc1_out);
@@ -200,13 +229,14 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
   }
   Tensor d_in = empty_like(a.expert_in);
   for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
-    linear_backward(d_in.narrow(first, rows), g_.expert_fc1_weight[e], g_.expert_fc1_bias[e],
+    linear_backward(d_in.narrow(first, rows), g_.experts[e].fc1_weight, g_.experts[e].fc1_bias,
                     d_fc1.narrow(first, rows), a.expert_in.narrow(first, rows),
-                    w_.expert_fc1_weight[e]);
+                    w_.experts[e].fc1_weight);
   });
   release(d_fc1, a.expert_in);
   ops::combine_rows(dh, d_in, r.token_rows, {});
   release(d_in);
+  if (c.moe_shared_expert_intermediate_size > 0) shared_expert_backward(dh, dm, h_full, a);
 
   // The router: every TP rank computes the same gradients; its share of dh is added once.
   Tensor aux;
@@ -217,15 +247,74 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
   Tensor dlogits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
   ops::moe_router_backward(dlogits, dprobs, a.router_logits, r.experts, c.moe_router_pre_softmax,
                            aux);
-  if (h_full.dtype() != DType::f32) {
-    Tensor cast = Tensor::empty(dlogits.shape(), h_full.dtype(), dev);
-    ops::cast(cast, dlogits);
-    dlogits = cast;
-  }
-  linear_backward(tp_.rank() == 0 ? dh : Tensor(), g_.router_weight, {}, dlogits, h_full,
-                  w_.router_weight, true);
+  replicated_linear_backward(dh, g_.router_weight, dlogits, h_full, w_.router_weight);
   release(a.router_logits);
   return dh;
+}
+
+void TransformerLayer::shared_expert_forward(Tensor m, const Tensor& h_full,
+                                             LayerActivations* saved) const {
+  const int64_t t = h_full.size(0);
+  const MlpTensors& w = w_.shared_expert;
+  Tensor fc1 = Tensor::empty({t, w.fc1_weight.size(0)}, h_full.dtype(), h_full.device());
+  Tensor y = empty_like(m);
+  Tensor act = mlp_rows(w, fc1, y, h_full);
+  Tensor logit;
+  if (config_.moe_shared_expert_gate) {  // y *= sigmoid(h w_gate), per token
+    logit = Tensor::empty({t, 1}, DType::f32, h_full.device());
+    linear_forward(logit, h_full, w_.shared_expert_gate, {});
+    Tensor gate = empty_like(logit);
+    ops::sigmoid_forward(gate, logit);
+    Tensor gated = empty_like(y);
+    ops::gather_rows(gated, y, token_index(t, h_full.device()), gate.view({t}));
+    ops::add(m, m, gated);
+  } else {
+    ops::add(m, m, y);
+  }
+  if (saved != nullptr) {
+    saved->shared_fc1_out = fc1;
+    saved->shared_act_out = act;
+    saved->shared_out = logit.defined() ? y : Tensor();
+    saved->shared_gate_logit = logit;
+  }
+}
+
+void TransformerLayer::shared_expert_backward(Tensor dh, const Tensor& dm, const Tensor& h_full,
+                                              LayerActivations& a) const {
+  const int64_t t = h_full.size(0);
+  if (!a.shared_act_out.defined()) a.shared_act_out = mlp_activation(a.shared_fc1_out);
+  Tensor dy = dm;
+  if (config_.moe_shared_expert_gate) {
+    // out = g y with g = sigmoid(logit): dy = g dm, dg = dm . y (partial under TP, as y is).
+    const Device dev = h_full.device();
+    const Tensor index = token_index(t, dev);
+    Tensor gate = empty_like(a.shared_gate_logit);
+    ops::sigmoid_forward(gate, a.shared_gate_logit);
+    dy = empty_like(dm);
+    ops::gather_rows(dy, dm, index, gate.view({t}));
+    Tensor dgate = empty_like(gate);
+    ops::combine_rows_weight_grad(dgate, dm, a.shared_out, index.view({t, 1}));
+    all_reduce_tp(tp_, dgate);
+    Tensor dlogit = empty_like(gate);
+    ops::sigmoid_backward(dlogit, dgate, a.shared_gate_logit);
+    replicated_linear_backward(dh, g_.shared_expert_gate, dlogit, h_full, w_.shared_expert_gate);
+    release(a.shared_out, a.shared_gate_logit);
+  }
+  mlp_rows_backward(w_.shared_expert, g_.shared_expert, dh, dy, h_full, a.shared_fc1_out,
+                    a.shared_act_out, true);
+  release(a.shared_fc1_out, a.shared_act_out);
+}
+
+// A replicated linear layer with f32 output (the router, the shared expert's gate) on the whole
+// tokens: every TP rank computes the same weight gradient; its share of dx is added once.
+void TransformerLayer::replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy,
+                                                  const Tensor& x, const Tensor& weight) const {
+  Tensor d = dy;
+  if (x.dtype() != DType::f32) {  // the GEMMs take operands of one dtype
+    d = Tensor::empty(dy.shape(), x.dtype(), dy.device());
+    ops::cast(d, dy);
+  }
+  linear_backward(tp_.rank() == 0 ? dx : Tensor(), dweight, {}, d, x, weight, true);
 }
 
 // A row-parallel layer's bias is added once, by TP rank 0, before the partial sums are
@@ -371,6 +460,9 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->router_logits = mlp.router_logits;
       saved->routing = std::move(mlp.routing);
       saved->expert_out = mlp.expert_out;
+      saved->shared_fc1_out = mlp.shared_fc1_out;
+      saved->shared_out = mlp.shared_out;
+      saved->shared_gate_logit = mlp.shared_gate_logit;
     } else {
       saved->routing.aux_loss = mlp.routing.aux_loss;
     }
@@ -383,6 +475,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->post_norm_out = h2;
       saved->act_out = mlp.act_out;
       saved->expert_in = mlp.expert_in;
+      saved->shared_act_out = mlp.shared_act_out;
     }
   }
   return out;

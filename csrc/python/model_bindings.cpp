@@ -67,6 +67,9 @@ void bind_model(py::module_& m) {
       .def_readwrite("moe_ffn_hidden_size", &TransformerConfig::moe_ffn_hidden_size)
       .def_readwrite("moe_router_pre_softmax", &TransformerConfig::moe_router_pre_softmax)
       .def_readwrite("moe_aux_loss_coeff", &TransformerConfig::moe_aux_loss_coeff)
+      .def_readwrite("moe_shared_expert_intermediate_size",
+                     &TransformerConfig::moe_shared_expert_intermediate_size)
+      .def_readwrite("moe_shared_expert_gate", &TransformerConfig::moe_shared_expert_gate)
       .def_readwrite("zero_centered_gamma", &TransformerConfig::zero_centered_gamma)
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
       .def_readwrite("init_std", &TransformerConfig::init_std)

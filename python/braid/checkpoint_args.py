@@ -41,6 +41,9 @@ FROM_CHECKPOINT = {
     "moe_ffn_hidden_size": lambda v: [("moe_ffn_hidden_size", v or None)],
     "moe_router_topk": lambda v: [("moe_router_topk", v)],
     "moe_router_pre_softmax": lambda v: [("moe_router_pre_softmax", v)],
+    "moe_shared_expert_intermediate_size": lambda v: [("moe_shared_expert_intermediate_size",
+                                                       v or None)],
+    "moe_shared_expert_gate": lambda v: [("moe_shared_expert_gate", v)],
 }
 
 
@@ -54,7 +57,8 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "rope_scaling_factor": 0.0,
                "rotary_percent": 1.0, "window_size": -1, "window_layers": [],
                "num_experts": 0, "moe_ffn_hidden_size": 0, "moe_router_topk": 2,
-               "moe_router_pre_softmax": False,
+               "moe_router_pre_softmax": False, "moe_shared_expert_intermediate_size": 0,
+               "moe_shared_expert_gate": False,
                **MEGATRON_ROPE_SCALING}
 
 

@@ -16,7 +16,9 @@ num_floating_point_operations: 3 · 2 · B·s · h · (F · k · m) per MoE laye
 the megatron-core wheel does not ship that file); Megatron leaves out the router, which braid
 counts as it counts every other matrix product of the forward pass (Mixtral 8x7B: 0.008% of
 its layers' model FLOPs). Only the experts a token is routed to count: the model FLOPs of an
-E-expert top-k layer are those of a dense layer of k·F (+ the router), whatever E is.
+E-expert top-k layer are those of a dense layer of k·F (+ the router), whatever E is. A shared
+expert (moe_shared_expert_intermediate_size S) counts as a dense MLP of S, its gate as a [h -> 1]
+GEMM.
 
 MFU = achieved model FLOP/s per device / the device's dense bf16 peak (A100 312 TFLOP/s,
 H100/H200 989). On the CPU the peak is measured: one core's f32 GEMM rate (numpy's BLAS, one
@@ -57,6 +59,9 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     if experts:  # the k routed experts' MLPs and the router (the module docstring)
         ffn = getattr(cfg, "moe_ffn_hidden_size", 0) or cfg.ffn_hidden_size
         per_layer += 2 * mlp_matrices * h * ffn * cfg.moe_router_topk + 2 * h * experts
+        shared = getattr(cfg, "moe_shared_expert_intermediate_size", 0) or 0
+        per_layer += 2 * mlp_matrices * h * shared  # the shared expert, as a dense MLP
+        per_layer += 2 * h if getattr(cfg, "moe_shared_expert_gate", False) else 0
     else:
         per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
     attention = 2 * 2 * q * attended_keys(cfg, seq_length)  # QKᵀ and the probabilities times V

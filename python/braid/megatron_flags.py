@@ -13,8 +13,6 @@ import argparse
 UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
-    "--moe-shared-expert-intermediate-size": "shared experts (Qwen2-MoE, DeepSeek) are not "
-                                             "implemented",
     "--moe-expert-capacity-factor": "braid's experts are dropless (Megatron's default): no "
                                     "capacity, no dropped tokens",
     "--moe-z-loss-coeff": "the router z-loss is not implemented",

@@ -7,6 +7,9 @@
                                    logits, then their softmax: Mixtral's)
 --moe-router-load-balancing-type   aux_loss (default) or none
 --moe-aux-loss-coeff C             the aux_loss's weight (default 0: off)
+--moe-shared-expert-intermediate-size S
+                                   a shared expert of hidden size S every token goes through
+--moe-shared-expert-gate           its output scaled by a sigmoid gate (Qwen2-MoE)
 
 braid's experts are dropless (Megatron's default, no capacity factor), every layer is an MoE
 layer, and without expert parallelism each expert is split over TP like the dense MLP (Megatron's
@@ -34,6 +37,12 @@ def add_arguments(g, pos_int, nonneg_float):
                    help="braid: aux_loss (the Switch Transformer loss of each microbatch, with "
                         "--moe-aux-loss-coeff) or none")
     g.add_argument("--moe-aux-loss-coeff", type=nonneg_float, default=0.0)
+    g.add_argument("--moe-shared-expert-intermediate-size", type=pos_int, default=None,
+                   help="a shared expert (an MLP of this hidden size) every token goes through "
+                        "besides its routed ones (DeepSeek, Qwen2-MoE)")
+    g.add_argument("--moe-shared-expert-gate", action="store_true",
+                   help="scale the shared expert's output by sigmoid(x w), w [1, hidden] "
+                        "(Qwen2-MoE's shared_expert_gate)")
     g.add_argument("--moe-layer-freq", type=window_args.skip_freq, default=1,
                    help="braid: 1 (every layer is an MoE layer)")
     g.add_argument("--expert-model-parallel-size", type=pos_int, default=1,
@@ -48,6 +57,9 @@ def check(a, tp: int) -> str | None:
         for flag, given in (("--moe-ffn-hidden-size", a.moe_ffn_hidden_size is not None),
                             ("--moe-router-pre-softmax", a.moe_router_pre_softmax),
                             ("--moe-aux-loss-coeff", a.moe_aux_loss_coeff != 0.0),
+                            ("--moe-shared-expert-intermediate-size",
+                             a.moe_shared_expert_intermediate_size is not None),
+                            ("--moe-shared-expert-gate", a.moe_shared_expert_gate),
                             ("--expert-model-parallel-size", a.expert_model_parallel_size != 1)):
             if given:
                 return f"{flag} needs --num-experts"
@@ -77,6 +89,12 @@ def check(a, tp: int) -> str | None:
     if ffn % tp:
         return (f"--moe-ffn-hidden-size {ffn} is not divisible by --tensor-model-parallel-size "
                 f"{tp}")
+    shared = a.moe_shared_expert_intermediate_size
+    if a.moe_shared_expert_gate and shared is None:
+        return "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"
+    if shared is not None and shared % tp:
+        return (f"--moe-shared-expert-intermediate-size {shared} is not divisible by "
+                f"--tensor-model-parallel-size {tp}")
     return None
 
 
@@ -88,5 +106,7 @@ def configure(cfg, a):
     cfg.moe_router_topk = a.moe_router_topk
     cfg.moe_ffn_hidden_size = a.moe_ffn_hidden_size or 0
     cfg.moe_router_pre_softmax = a.moe_router_pre_softmax
+    cfg.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size or 0
+    cfg.moe_shared_expert_gate = a.moe_shared_expert_gate
     if a.moe_router_load_balancing_type == "aux_loss":
         cfg.moe_aux_loss_coeff = a.moe_aux_loss_coeff

@@ -202,6 +202,26 @@ void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Strea
   });
 }
 
+void sigmoid_forward(Tensor out, const Tensor& x, Stream) {
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(out.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) o[i] = 1.0f / (1.0f + std::exp(-px[i]));
+  });
+}
+
+void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
+  float* d = dx.data_ptr<float>();
+  const float* g = dout.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(dx.numel(), kGrain, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float s = 1.0f / (1.0f + std::exp(-px[i]));
+      d[i] = g[i] * s * (1.0f - s);
+    }
+  });
+}
+
 void swiglu_forward(Tensor out, const Tensor& x, Stream) {
   const int64_t f = out.size(-1), rows = out.numel() / f;
   float* o = out.data_ptr<float>();

@@ -46,6 +46,17 @@ struct SquaredReluBackwardOp {  // (dout, x)
 
 __device__ __forceinline__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
+struct SigmoidForwardOp {
+  __device__ float operator()(float x, int64_t) const { return sigmoid(x); }
+};
+
+struct SigmoidBackwardOp {  // (dout, x)
+  __device__ float operator()(float dout, float x, int64_t) const {
+    const float s = sigmoid(x);
+    return dout * s * (1.0f - s);
+  }
+};
+
 // x [rows, 2F] = [gate | up]; out [rows, F] = silu(gate) * up. V elements of one row per step.
 template <int V, typename T>
 __global__ void swiglu_forward_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows,
@@ -127,6 +138,14 @@ void squared_relu_forward(Tensor out, const Tensor& x, Stream stream) {
 
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
   activation_backward<SquaredReluBackwardOp>(dx, dout, x, stream, "squared_relu_backward");
+}
+
+void sigmoid_forward(Tensor out, const Tensor& x, Stream stream) {
+  activation_forward<SigmoidForwardOp>(out, x, stream, "sigmoid_forward");
+}
+
+void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  activation_backward<SigmoidBackwardOp>(dx, dout, x, stream, "sigmoid_backward");
 }
 
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream) {

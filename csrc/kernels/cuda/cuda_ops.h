@@ -15,6 +15,8 @@ void gelu_forward(Tensor out, const Tensor& x, Stream stream);
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void squared_relu_forward(Tensor out, const Tensor& x, Stream stream);
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
+void sigmoid_forward(Tensor out, const Tensor& x, Stream stream);
+void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream);
 void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,

@@ -67,6 +67,10 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream
 void squared_relu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
 
+// out = 1 / (1 + exp(-x)) (the shared expert's gate); dx = dout * s (1 - s) of s = sigmoid(x).
+void sigmoid_forward(Tensor out, const Tensor& x, Stream stream = {});
+void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
+
 // x [..., 2F] holds [gate | up] in each row; out [..., F] = silu(gate) * up.
 void swiglu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});

@@ -82,6 +82,12 @@ struct TransformerConfig {
   int64_t moe_ffn_hidden_size = 0;
   bool moe_router_pre_softmax = false;
   float moe_aux_loss_coeff = 0.0f;
+  // A shared expert every token goes through besides its routed ones: an MLP of this hidden size
+  // (0: none; Megatron's --moe-shared-expert-intermediate-size, Qwen2-MoE's and DeepSeek's),
+  // with moe_shared_expert_gate its output scaled by sigmoid(x w), w [1, H] (Qwen2-MoE's
+  // shared_expert_gate, Megatron's --moe-shared-expert-gate).
+  int64_t moe_shared_expert_intermediate_size = 0;
+  bool moe_shared_expert_gate = false;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;
   float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities

@@ -8,6 +8,10 @@
 //     input_layernorm.{weight,bias}, self_attn.{q,k,v}_proj.weight, self_attn.{q,k,v}_proj.bias,
 //     self_attn.o_proj.{weight,bias}, post_attention_layernorm.{weight,bias},
 //     mlp.{gate_proj,up_proj}.weight, mlp.{gate_proj,up_proj}.bias, mlp.down_proj.{weight,bias}
+//     or, with experts: mlp.gate.weight (the router, [E, H], replicated over TP), expert j's MLP
+//     under mlp.experts.{j}. (the dense MLP's names and shapes, moe_ffn_hidden_size wide), then
+//     the shared expert's under mlp.shared_expert. and its gate mlp.shared_expert_gate.weight
+//     ([1, H], replicated) when the config has them,
 //   model.norm.{weight,bias}, lm_head.weight (absent when embeddings are tied).
 // Biases exist when add_bias_linear (q, k and v also with add_qkv_bias); q_norm and k_norm
 // (weight [head_dim], replicated over TP) with qk_layernorm; norm biases with layernorm; gate_proj

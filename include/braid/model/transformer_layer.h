@@ -25,6 +25,13 @@
 
 namespace braid::model {
 
+// One MLP's weights, or their gradients: fc1 is up_proj (gelu, squared relu) or the fused
+// [gate_proj; up_proj] (swiglu), [F | 2F, H]; fc2 is down_proj [H, F]; biases [F | 2F], [H].
+struct MlpTensors {
+  Tensor fc1_weight, fc1_bias;
+  Tensor fc2_weight, fc2_bias;
+};
+
 // The weights of one block, or their f32 gradients: views into the flat buffers.
 // With tensor parallelism Hq, Hkv and F are this rank's shares (LayerShape).
 struct LayerTensors {
@@ -35,12 +42,13 @@ struct LayerTensors {
   Tensor k_norm_weight, k_norm_bias;
   Tensor o_weight, o_bias;  // [H, Hq D], [H]
   Tensor post_norm_weight, post_norm_bias;
-  Tensor fc1_weight, fc1_bias;  // gelu: up_proj [F, H]; swiglu: [gate_proj; up_proj] [2F, H]
-  Tensor fc2_weight, fc2_bias;  // down_proj [H, F], [H]
-  // Mixture of experts (in place of fc1 and fc2): the router [E, H] (replicated over TP) and each
-  // expert's fc1 and fc2, shaped as the dense ones.
+  MlpTensors mlp;  // the dense MLP
+  // Mixture of experts, in place of mlp: the router [E, H] (replicated over TP), each expert's
+  // MLP, and (when the config has them) the shared expert's and its gate [1, H] (replicated).
   Tensor router_weight;
-  std::vector<Tensor> expert_fc1_weight, expert_fc1_bias, expert_fc2_weight, expert_fc2_bias;
+  std::vector<MlpTensors> experts;
+  MlpTensors shared_expert;
+  Tensor shared_expert_gate;
 };
 
 // This rank's share of a block: query heads, kv heads, head dim, MLP hidden size.
@@ -89,10 +97,12 @@ struct LayerActivations {
   // Mixture of experts: the routing (router_logits [T, E] f32, kept by none and selective, as is
   // expert_out) and the experts' rows (moe.h): expert_in [N, H] (none only: selective gathers it
   // again), fc1_out [N, F | 2F] and act_out [N, F] in place of the dense ones, expert_out [N, H].
-  // aux_grad [E] f32: the load-balancing loss's gradient per unit of loss (moe.h).
+  // The shared expert's fc1 output and activation [T, ...] (the activation: none only), its
+  // output [T, H] and its gate's logit [T, 1] f32 (with a gate; none and selective).
   Tensor router_logits;
   MoeRouting routing;
   Tensor expert_in, expert_out;
+  Tensor shared_fc1_out, shared_act_out, shared_out, shared_gate_logit;
 };
 
 // Hidden dropout of one block in one forward pass. The mask is never stored: backward
@@ -160,6 +170,24 @@ class TransformerLayer {
                           const Tensor& lse) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;
   void mlp_activation_backward(Tensor d_fc1, const Tensor& d_act, const Tensor& fc1_out) const;
+  // One MLP `w` on rows x [n, H]: writes fc1 (allocated by the caller) and y [n, H] (this rank's
+  // partial sums under TP); returns the activation.
+  Tensor mlp_rows(const MlpTensors& w, Tensor fc1, Tensor y, const Tensor& x) const;
+  // Its backward: dy [n, H] -> dx [n, H] (overwritten, or added to with accumulate); adds the
+  // weight gradients into g.
+  void mlp_rows_backward(const MlpTensors& w, const MlpTensors& g, Tensor dx, const Tensor& dy,
+                         const Tensor& x, const Tensor& fc1, const Tensor& act,
+                         bool accumulate) const;
+  // The mixture of experts' forward and backward (mlp_forward's and mlp_backward's).
+  Tensor moe_forward(const Tensor& h_full, LayerActivations* saved) const;
+  Tensor moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
+                      float loss_scale) const;
+  // The shared expert (gated or not) added into m [T, H]; its backward added into dh.
+  void shared_expert_forward(Tensor m, const Tensor& h_full, LayerActivations* saved) const;
+  void shared_expert_backward(Tensor dh, const Tensor& dm, const Tensor& h_full,
+                              LayerActivations& a) const;
+  void replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy, const Tensor& x,
+                                  const Tensor& weight) const;
   // The MLP (dense, or the experts) of the normed input h_full [T, H] (every token under TP):
   // returns this rank's partial output [T, H]; keeps fc1_out, act_out (and with experts the
   // routing and expert rows, and the load-balancing loss) in `saved` when given.

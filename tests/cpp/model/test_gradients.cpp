@@ -178,11 +178,14 @@ TEST(Gradients, ExpertsMatchFiniteDifferences) {
   llama.num_experts = 3;
   llama.moe_router_topk = 3;
   llama.moe_ffn_hidden_size = 24;
+  llama.moe_shared_expert_intermediate_size = 40;  // Qwen2-MoE's gated shared expert
+  llama.moe_shared_expert_gate = true;
   check_gradients(llama);
   TransformerConfig gpt2 = small_gpt2();  // gelu experts with biases, softmax over all first
   gpt2.num_experts = 2;
   gpt2.moe_router_topk = 2;
   gpt2.moe_router_pre_softmax = true;
+  gpt2.moe_shared_expert_intermediate_size = 16;  // ungated (Megatron's default)
   check_gradients(gpt2);
 }
 

@@ -143,6 +143,8 @@ TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithExperts) {
   c.num_experts = 4;
   c.moe_router_topk = 2;
   c.moe_ffn_hidden_size = 32;
+  c.moe_shared_expert_intermediate_size = 16;
+  c.moe_shared_expert_gate = true;
   check_decode(c, GetParam());
 }
 

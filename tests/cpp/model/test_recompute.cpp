@@ -115,6 +115,8 @@ TEST(Recompute, ExpertPoliciesAgreeAndSaveMemory) {
   c.num_experts = 4;
   c.moe_router_topk = 2;
   c.moe_aux_loss_coeff = 0.01f;
+  c.moe_shared_expert_intermediate_size = 64;
+  c.moe_shared_expert_gate = true;
   check_policies(c);
   check_methods(c);
 }

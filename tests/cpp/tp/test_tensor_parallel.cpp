@@ -64,13 +64,16 @@ TransformerConfig wide_heads() {
 }
 
 // Mixtral's MLP: top-2 of 4 experts, each split over TP like the dense MLP, with the
-// load-balancing loss; and GPT-2 style experts (gelu, biases) with the softmax over all first.
+// load-balancing loss and Qwen2-MoE's gated shared expert; and GPT-2 style experts (gelu,
+// biases) with the softmax over all first and an ungated shared expert.
 TransformerConfig experts() {
   TransformerConfig c = llama();
   c.num_experts = 4;
   c.moe_router_topk = 2;
   c.moe_ffn_hidden_size = 16;
   c.moe_aux_loss_coeff = 0.1f;
+  c.moe_shared_expert_intermediate_size = 32;  // split over TP; its gate replicated
+  c.moe_shared_expert_gate = true;
   return c;
 }
 
@@ -80,6 +83,7 @@ TransformerConfig gelu_experts() {
   c.moe_router_topk = 1;
   c.moe_router_pre_softmax = true;
   c.moe_aux_loss_coeff = 0.05f;
+  c.moe_shared_expert_intermediate_size = 16;
   return c;
 }
 

@@ -14,7 +14,8 @@ from mpi_job import mpi_env
 from pretrain_job import MODEL, REPO, jsonl, losses, run
 
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
-       "--moe-aux-loss-coeff", "0.01"]
+       "--moe-aux-loss-coeff", "0.01", "--moe-shared-expert-intermediate-size", "48",
+       "--moe-shared-expert-gate"]
 
 
 def balancing(records):
@@ -22,7 +23,8 @@ def balancing(records):
 
 
 def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
-    # Top-2 of 4 experts on every layer, with Megatron's aux_loss. One process trains 20
+    # Top-2 of 4 experts and a gated shared expert on every layer, with Megatron's aux_loss
+    # (Qwen2-MoE's block, Megatron's flags). One process trains 20
     # iterations; tp 2 x pp 2 x dp 2 (sequence parallel, distributed optimizer, overlapped
     # reduction) and tp 2 x cp 2 (sequence parallel) train the first 10 alike, with the same
     # load-balancing loss; the 3D run's checkpoint at 10 resumes in one process and gives the
@@ -61,7 +63,8 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
                                    [one_balance[i] for i in steps], rtol=1e-5, err_msg=name)
     c = braid.checkpoint_metadata(ckpt)["config"]
     assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"],
-            c["moe_router_pre_softmax"]) == (4, 2, 32, False)
+            c["moe_router_pre_softmax"], c["moe_shared_expert_intermediate_size"],
+            c["moe_shared_expert_gate"]) == (4, 2, 32, False, 48, True)
     # tools/generate.py decodes the experts over its KV cache: greedily, the ids the whole
     # sequence's logits give one position at a time.
     from braid.generate import config_from_metadata
@@ -82,6 +85,7 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
                 "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --num-experts 4 from the checkpoint" in r.stdout, r.stdout
+    assert "braid: --moe-shared-expert-gate True from the checkpoint" in r.stdout, r.stdout
     r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
     assert r.returncode != 0
     assert "num_experts is 4 in the checkpoint and 0 in this run" in r.stdout + r.stderr
@@ -114,6 +118,8 @@ def test_the_aux_loss_coefficient_changes_training():
     (["--num-experts", "4", "--moe-z-loss-coeff", "1e-3"],
      "--moe-z-loss-coeff is not supported by braid: the router z-loss is not implemented"),
     (["--num-experts", "2000"], "at most 1024 experts"),
+    (["--num-experts", "4", "--moe-shared-expert-gate"],
+     "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),
 ])
 def test_unsupported_expert_flags_are_refused(args, message):
     r = run(1, [*MODEL, *args, "--train-iters", "1"], timeout=60)
