@@ -124,6 +124,26 @@ TEST_P(Elementwise, SquaredReluAndItsGradient) {
   EXPECT_TRUE(all_close(dx, want_dx, tol({1e-6, 1e-5})));
 }
 
+TEST_P(Elementwise, SigmoidAndItsGradient) {
+  // 1 / (1 + exp(-x)) and dout s (1 - s), far into both tails (the shared expert's gate).
+  Tensor x = random_tensor({5, 37}, 8, 12.0f), dout = random_tensor({5, 37}, 9, 1.0f);
+  x.data_ptr<float>()[0] = 0.0f;
+  x.data_ptr<float>()[1] = 90.0f;
+  x.data_ptr<float>()[2] = -90.0f;
+  const std::vector<double> xv = values(seen(x)), dv = values(seen(dout));
+  std::vector<double> want_y, want_dx;
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const double sig = 1.0 / (1.0 + std::exp(-xv[i]));
+    want_y.push_back(sig);
+    want_dx.push_back(dv[i] * sig * (1.0 - sig));
+  }
+  Tensor y = empty({5, 37}), dx = empty({5, 37});
+  ops::sigmoid_forward(y, up(x));
+  EXPECT_TRUE(all_close(y, want_y, tol({1e-6, 1e-5})));
+  ops::sigmoid_backward(dx, up(dout), up(x));
+  EXPECT_TRUE(all_close(dx, want_dx, tol({1e-6, 1e-5})));
+}
+
 TEST_P(Elementwise, SwigluForward) {
   const int64_t f = 19;
   Tensor x = random_tensor({2, 3, 2 * f}, 5, 4.0f);
