@@ -8,9 +8,10 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
 
 Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
 --recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero fixes that
-choice; the rest are searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F]
-make every layer a mixture of experts (or --model mixtral-8x7b). The model behind the numbers
-is in docs/planner.md (python/braid/planner.py).
+choice; the rest are searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
+--moe-shared-expert-intermediate-size S --moe-shared-expert-gate] make every layer a mixture of
+experts (or --model mixtral-8x7b). The model behind the numbers is in docs/planner.md
+(python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
 layout, the batch, the recomputation, the iterations (-> tokens) and --gpu-hour-price all come
@@ -73,6 +74,10 @@ def parse_args(argv):
     g.add_argument("--moe-router-topk", type=_positive_int, help="experts per token (default 2)")
     g.add_argument("--moe-ffn-hidden-size", type=_positive_int,
                    help="each expert's hidden size (default --ffn-hidden-size)")
+    g.add_argument("--moe-shared-expert-intermediate-size", type=_positive_int, metavar="S",
+                   help="a shared expert of hidden size S every token goes through")
+    g.add_argument("--moe-shared-expert-gate", action="store_true",
+                   help="the shared expert's output scaled by a sigmoid gate")
     g = ap.add_argument_group("cluster")
     g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
     g.add_argument("--gpus-per-node", type=int, default=8)
@@ -146,7 +151,10 @@ def parse_args(argv):
             a.tie_embeddings or m.tied_embeddings, m.qk_layernorm,
             a.kv_channels or m.kv_channels, num_experts=a.num_experts or m.num_experts,
             moe_router_topk=a.moe_router_topk or m.moe_router_topk,
-            moe_ffn_hidden_size=a.moe_ffn_hidden_size or m.moe_ffn_hidden_size)
+            moe_ffn_hidden_size=a.moe_ffn_hidden_size or m.moe_ffn_hidden_size,
+            moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size
+            or m.moe_shared_expert_intermediate_size,
+            moe_shared_expert_gate=a.moe_shared_expert_gate or m.moe_shared_expert_gate)
     elif all(x is not None for x in shape):
         a.model_shape = planner.ModelShape(
             a.num_layers, a.hidden_size, a.num_attention_heads,
@@ -154,7 +162,9 @@ def parse_args(argv):
             a.seq_length, a.activation or "swiglu", a.tie_embeddings,
             kv_channels=a.kv_channels or 0, num_experts=a.num_experts or 0,
             moe_router_topk=a.moe_router_topk or 2,
-            moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0)
+            moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0,
+            moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size or 0,
+            moe_shared_expert_gate=a.moe_shared_expert_gate)
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
@@ -180,6 +190,8 @@ def moe_error(shape, expert_parallel: int, tp: int):
         num_experts=shape.num_experts or None,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
         moe_router_topk=shape.moe_router_topk, moe_router_pre_softmax=False,
+        moe_shared_expert_intermediate_size=shape.moe_shared_expert_intermediate_size or None,
+        moe_shared_expert_gate=shape.moe_shared_expert_gate,
         moe_aux_loss_coeff=0.0, moe_router_score_function="softmax",
         moe_router_load_balancing_type="aux_loss", moe_layer_freq=1,
         expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=None,
@@ -189,7 +201,8 @@ def moe_error(shape, expert_parallel: int, tp: int):
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
                "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation",
                "window_size", "window_attn_skip_freq", "num_experts", "moe_router_topk",
-               "moe_ffn_hidden_size")
+               "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+               "moe_shared_expert_gate")
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -215,7 +228,8 @@ def _from_training_arguments(ap, a, training):
         "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
         not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
         t.window_size, tuple(t.window_layers), t.num_experts or 0, t.moe_router_topk,
-        t.moe_ffn_hidden_size or 0)
+        t.moe_ffn_hidden_size or 0, t.moe_shared_expert_intermediate_size or 0,
+        t.moe_shared_expert_gate)
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; those of a --rampup-batch-size phase at their own
     # batches' step times, for the run's layout (docs/planner.md).

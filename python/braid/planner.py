@@ -26,7 +26,8 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   and ZeRO shards, over dp x cp.
 * mixture of experts (num_experts > 0, braid.planner_moe): the router, E experts' GEMMs on
   T·k/E rows each (uniform routing), the dispatch's bytes and host planning, the backward's
-  [T, k] all-reduce; every rank holds all E experts (no expert parallelism).
+  [T, k] all-reduce; a shared expert as a dense MLP on all T (its gate: a [T, 1] GEMM and
+  all-reduce); every rank holds all E experts (no expert parallelism).
 """
 
 from __future__ import annotations
@@ -212,16 +213,17 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
         cp_f = 2 * _ring(full, lay.cp, bw, alpha, "all_gather")
         cp_b = cp_f + 2 * _ring(2 * full, lay.cp, bw, alpha, "reduce_scatter")
     moe_f = moe_b = 0.0
-    if model.num_experts:  # planner_moe: the router (at HBM speed), dispatch, host routing
-        router_flops, router_bytes = _moe.router(model, T)
-        moe_f = max(router_flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
-                    router_bytes / (gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY)) + KERNEL_LATENCY_S
+    if model.num_experts:  # planner_moe: router and gate (at HBM speed), dispatch, host routing
+        for flops, nbytes in _moe.replicated_gemms(model, T):
+            moe_f += max(flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
+                         nbytes / (gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY)) + KERNEL_LATENCY_S
         moe_f += _bytes_time(gpu, _moe.dispatch_bytes(model) * T, _moe.DISPATCH_KERNELS)
-        moe_b = 2 * moe_f
+        moe_b = 2 * moe_f + _bytes_time(gpu, *_moe.shared_expert_bytes(model, T, True))
+        moe_f += _bytes_time(gpu, *_moe.shared_expert_bytes(model, T))
         moe_f += _moe.routing_host_s(model, T)
         if t > 1:
-            moe_b += _ring(_moe.backward_all_reduce_bytes(model, T), t, *_link(cluster, t),
-                           "all_reduce")
+            moe_b += sum(_ring(n, t, *_link(cluster, t), "all_reduce")
+                         for n in _moe.backward_all_reduces(model, T))
         if lay.recompute == "selective":
             moe_b += _bytes_time(gpu, _moe.regather_bytes(model) * T, 1)
     forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f
@@ -319,8 +321,11 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         raise ValueError(f"{model.num_attention_heads} heads do not divide by tp {t}")
     if model.kv_heads % t and t % model.kv_heads:
         raise ValueError(f"{model.kv_heads} KV heads and tp {t}: neither divides the other")
-    if model.ffn_hidden_size % t or model.mlp_hidden_size % t or model.vocab_size % t:
+    shared = model.moe_shared_expert_intermediate_size
+    if model.ffn_hidden_size % t or model.mlp_hidden_size % t or model.vocab_size % t \
+            or shared % t:
         experts = f" / expert ffn {model.mlp_hidden_size}" if model.num_experts else ""
+        experts += f" / shared expert {shared}" if shared else ""
         raise ValueError(f"ffn {model.ffn_hidden_size}{experts} / vocab {model.vocab_size} by "
                          f"tp {t}")
     if lay.sequence_parallel and (t == 1 or model.seq_length % (t * c)):

@@ -31,10 +31,15 @@ class ModelShape:
     window_layers: tuple = ()
     # Mixture of experts as TransformerConfig has it: every layer's MLP is num_experts MLPs of
     # moe_ffn_hidden_size (0: ffn_hidden_size), moe_router_topk of them per token, and a router
-    # [num_experts, hidden] (replicated over TP). 0 experts: dense.
+    # [num_experts, hidden] (replicated over TP). 0 experts: dense. With experts, a shared
+    # expert every token goes through, an MLP of moe_shared_expert_intermediate_size (0: none)
+    # split over TP like the dense one, with moe_shared_expert_gate its gate [1, hidden]
+    # (replicated).
     num_experts: int = 0
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    moe_shared_expert_gate: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -78,16 +83,30 @@ class ModelShape:
         """The router's weight [num_experts, hidden] (no bias), whole on every TP rank."""
         return self.num_experts * self.hidden_size
 
+    @property
+    def replicated_params(self) -> int:
+        """A layer's parameters whole on every TP rank: the router and the shared expert's
+        gate [1, hidden] (no bias)."""
+        return self.router_params + (self.hidden_size if self.moe_shared_expert_gate else 0)
+
+    def one_mlp_params(self, f: int) -> float:
+        """An MLP of hidden size f: fc1 (gate and up with SwiGLU) and fc2 [+ their biases]."""
+        h = self.hidden_size
+        return (3 if self.activation == "swiglu" else 2) * h * f + (f + h if self.gpt_style else 0)
+
     def mlp_params(self) -> float:
-        """A layer's MLP: fc1 (gate and up with SwiGLU) and fc2 [+ their biases], once dense,
-        num_experts times with experts, plus the router."""
-        h, f = self.hidden_size, self.mlp_hidden_size
-        one = (3 if self.activation == "swiglu" else 2) * h * f + (f + h if self.gpt_style else 0)
-        return one * self.num_experts + self.router_params if self.num_experts else one
+        """A layer's MLP: one dense MLP, or num_experts of them with the router, the shared
+        expert and its gate."""
+        one = self.one_mlp_params(self.mlp_hidden_size)
+        if not self.num_experts:
+            return one
+        shared = self.moe_shared_expert_intermediate_size
+        return one * self.num_experts + self.replicated_params + \
+            (self.one_mlp_params(shared) if shared else 0)
 
     def layer_params(self, tp: int = 1) -> float:
-        """One layer's parameters; with tp, one TP rank's share: the router whole, the rest
-        split (the norms too, an O(h) approximation)."""
+        """One layer's parameters; with tp, one TP rank's share: the router and the gate whole,
+        the rest split (the norms too, an O(h) approximation)."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim
         p = h * (q + 2 * kv) + q * h + self.mlp_params()
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
@@ -95,7 +114,7 @@ class ModelShape:
             p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
         if self.gpt_style:
             p += (q + 2 * kv) + h                                # attention's biases
-        return (p - self.router_params) / tp + self.router_params
+        return (p - self.replicated_params) / tp + self.replicated_params
 
     def num_params(self) -> float:
         emb = self.vocab_size * self.hidden_size

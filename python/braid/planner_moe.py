@@ -14,6 +14,12 @@ TP all-reduce (SP: reduce-scatter) of the output, as dense. Backward: the probab
 gradient [T, k] f32 all-reduced over TP, the gather of the output gradient, each expert's
 GEMMs' backward, the combine of the input gradient, the router's softmax and GEMM backward.
 
+A shared expert (moe_shared_expert_intermediate_size S, TransformerLayer::shared_expert_forward)
+is a dense MLP of S on all T tokens, split over TP like the dense MLP, its partial output added
+to the experts' before the same all-reduce; with moe_shared_expert_gate scaled per token by
+sigmoid(x w), w [1, H] replicated over TP: an f32 [T, 1] GEMM forward, and in backward the
+[T, 1] f32 gradient of the gate all-reduced over TP.
+
 Routing is assumed uniform: each expert gets T·k/E rows (load imbalance is not modelled; a
 skewed router leaves some experts' GEMMs longer and others' thinner).
 """
@@ -34,26 +40,49 @@ def rows_per_token(model) -> int:
 
 def mlp_gemms(model, T: float, t: int):
     """The MLP's forward GEMMs of one TP rank, as (count, m, n, k): fc1 [m, k] x [k, n] and
-    fc2; with experts E of each on the average expert's T·k/E rows (uniform routing)."""
-    h, f = model.hidden_size, model.mlp_hidden_size
-    fc1 = 2 * f if model.activation == "swiglu" else f
+    fc2; with experts E of each on the average expert's T·k/E rows (uniform routing), and the
+    shared expert's on all T."""
+    h, f, s = model.hidden_size, model.mlp_hidden_size, model.moe_shared_expert_intermediate_size
+    gated = 2 if model.activation == "swiglu" else 1
     count = model.num_experts or 1
     rows = T * rows_per_token(model) / count
-    return [(count, rows, fc1 / t, h), (count, rows, h, f / t)]
+    out = [(count, rows, gated * f / t, h), (count, rows, h, f / t)]
+    if model.num_experts and s:
+        out += [(1, T, gated * s / t, h), (1, T, h, s / t)]
+    return out
 
 
-def router(model, T: float):
-    """(FLOPs, bytes) of the router GEMM's forward on every TP rank: [T, H] x [H, E] in, f32
-    logits out. E is narrow (8 to 128), so it runs at HBM speed, not at a GEMM curve's."""
-    h, e = model.hidden_size, model.num_experts
-    return 2 * T * h * e, T * (2 * h + 4 * e) + 2 * e * h
+def replicated_gemms(model, T: float):
+    """(FLOPs, bytes) of the forward of each GEMM every TP rank computes whole, f32 out: the
+    router [T, H] x [H, E] and the shared expert's gate [T, H] x [H, 1]. They are narrow (E of
+    8 to 128; 1), so they run at HBM speed, not at a GEMM curve's."""
+    h = model.hidden_size
+    widths = [model.num_experts] + ([1] if model.moe_shared_expert_gate else [])
+    return [(2 * T * h * n, T * (2 * h + 4 * n) + 2 * n * h) for n in widths]
 
 
 def activation_bytes(model, t: int) -> float:
     """Bytes per token of the MLP's activation function (SwiGLU reads 2F, writes F), on the
-    k rows of a token with experts."""
-    per_row = (6 if model.activation == "swiglu" else 4) * model.mlp_hidden_size / t
-    return rows_per_token(model) * per_row
+    k rows of a token with experts, and the shared expert's on its one row."""
+    per_hidden = (6 if model.activation == "swiglu" else 4) / t
+    shared = model.moe_shared_expert_intermediate_size if model.num_experts else 0
+    return per_hidden * (rows_per_token(model) * model.mlp_hidden_size + shared)
+
+
+def shared_expert_bytes(model, T: float, backward: bool = False):
+    """(bytes, kernels) of the shared expert's forward (or backward) besides its GEMMs, its
+    activation and its gate's GEMM: forward, its output added to the experts' [T, H] (6H a
+    token) and with the gate the logit's sigmoid (8) and the output's scaling (4H + 4);
+    backward, with the gate, the sigmoid again, the output gradient's scaling (4H + 4), the
+    gate's gradient (4H + 4), the sigmoid's backward (12) and the logit gradient's cast (6)
+    (the gate's GEMMs: twice its forward, as the router's); without the gate the output
+    gradient goes to the GEMMs as it is. (0, 0) without a shared expert."""
+    if not (model.num_experts and model.moe_shared_expert_intermediate_size):
+        return 0.0, 0
+    h, gate = model.hidden_size, model.moe_shared_expert_gate
+    if backward:
+        return (T * (8 * h + 34), 5) if gate else (0.0, 0)
+    return (T * (10 * h + 12), 3) if gate else (T * 6 * h, 1)
 
 
 def dispatch_bytes(model) -> float:
@@ -79,9 +108,10 @@ def routing_host_s(model, T: float) -> float:
     return ROUTING_HOST_S + ROUTING_HOST_S_PER_CHOICE * T * model.moe_router_topk
 
 
-def backward_all_reduce_bytes(model, T: float) -> float:
-    """The probabilities' gradient [T, k] f32, all-reduced over TP in every backward."""
-    return 4 * T * model.moe_router_topk
+def backward_all_reduces(model, T: float) -> list:
+    """The bytes of each all-reduce over TP in every backward: the probabilities' gradient
+    [T, k] f32, and the shared expert's gate's [T, 1] f32."""
+    return [4 * T * model.moe_router_topk] + ([4 * T] if model.moe_shared_expert_gate else [])
 
 
 def kept_bytes(model, t: int, recompute: str) -> float:
@@ -91,17 +121,24 @@ def kept_bytes(model, t: int, recompute: str) -> float:
     router logits [T, E] f32 and the routing (probabilities, experts, the rows' tokens,
     probabilities and the tokens' rows: 20k bytes); selective fc1_out, expert_out, the logits
     and the routing. The [N, H] rows are whole on every TP rank (expert_out holds the rank's
-    partial sums). Full keeps only the layer's input (planner.layer_activation_bytes)."""
+    partial sums). A shared expert of S, on the T rows: shared_fc1_out [T, S | 2S] and
+    shared_act_out [T, S] (none), shared_fc1_out (selective); with its gate also shared_out
+    [T, H] (the rank's partial output, whole tokens) and the f32 logit [T, 1]. Full keeps only
+    the layer's input (planner.layer_activation_bytes)."""
     if recompute == "full":
         return 0.0
-    h, f = model.hidden_size, model.mlp_hidden_size
-    fc1 = 2 * (2 * f if model.activation == "swiglu" else f) / t
-    act = 2 * f / t if recompute == "none" else 0.0
+
+    def mlp(f):  # fc1_out [+ act_out] of one row through an MLP of hidden f
+        fc1 = 2 * (2 * f if model.activation == "swiglu" else f) / t
+        return fc1 + (2 * f / t if recompute == "none" else 0.0)
+
+    h = model.hidden_size
     if not model.num_experts:
-        return fc1 + act
-    k = model.moe_router_topk
-    rows = fc1 + act + 2 * h + (2 * h if recompute == "none" else 0.0)
-    return k * rows + 4 * model.num_experts + 20 * k
+        return mlp(model.mlp_hidden_size)
+    k, s = model.moe_router_topk, model.moe_shared_expert_intermediate_size
+    rows = mlp(model.mlp_hidden_size) + 2 * h + (2 * h if recompute == "none" else 0.0)
+    shared = (mlp(s) if s else 0.0) + (2 * h + 4 if model.moe_shared_expert_gate else 0.0)
+    return k * rows + 4 * model.num_experts + 20 * k + shared
 
 
 def why(model) -> str:
@@ -109,7 +146,7 @@ def why(model) -> str:
     parameters, and that every rank holds all of its layers' experts."""
     if not model.num_experts:
         return ""
-    experts = model.num_layers * (model.mlp_params() - model.router_params)
+    experts = model.num_layers * model.num_experts * model.one_mlp_params(model.mlp_hidden_size)
     share = experts / model.num_params()
     return (f"; the {model.num_experts} experts of each layer are {share:.0%} of them, and every "
             "rank holds all of its layers' experts (braid has no expert parallelism: only TP "

@@ -234,3 +234,153 @@ def test_plan_cli_takes_the_experts_as_pretrain_gpt_does():
     assert out.returncode == 2 and "expert parallelism is not implemented" in out.stderr
     out = _plan(*CLUSTER, "--num-experts", "8", "--", *TRAINING)
     assert out.returncode == 2 and "--num-experts: with training arguments after --" in out.stderr
+
+
+# ---- a shared expert (moe_shared_expert_intermediate_size, moe_shared_expert_gate) ----------
+
+def _tiny_with_a_gated_shared_expert(preset):
+    cfg = braid.TransformerConfig.preset(preset)
+    cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size = 4, 2, 96
+    cfg.moe_shared_expert_intermediate_size, cfg.moe_shared_expert_gate = 160, True
+    return cfg
+
+
+def test_parameters_and_flops_count_the_shared_expert_and_its_gate():
+    # llama-tiny (2 layers, hidden 64, 4 heads, 2 KV heads of 16, vocab 256, untied) with 4
+    # experts of 96, top 2, and a gated shared expert of 160. Per layer: attention
+    # 64·(64 + 2·32) + 64·64, the two norms 2·64, the experts 4·3·64·96, the router 4·64, the
+    # shared expert 3·64·160 and its gate [1, 64]; the embedding and the LM head 2·256·64, the
+    # final norm 64 (which ModelShape leaves out, as for Mixtral above).
+    cfg = _tiny_with_a_gated_shared_expert("llama-tiny")
+    layer = 64 * (64 + 2 * 32) + 64 * 64 + 2 * 64 + 4 * 3 * 64 * 96 + 4 * 64 + 3 * 64 * 160 + 64
+    assert cfg.num_parameters() == 2 * layer + 2 * 256 * 64 + 64 == 267_200
+    shape = planner.ModelShape(2, 64, 4, 2, 192, 256, 32, num_experts=4, moe_ffn_hidden_size=96,
+                               moe_shared_expert_intermediate_size=160,
+                               moe_shared_expert_gate=True)
+    assert shape.num_params() + 64 == cfg.num_parameters()
+    # Per TP rank the shared expert is split like the experts, the router and the gate whole.
+    assert shape.layer_params(4) == pytest.approx((layer - 4 * 64 - 64) / 4 + 4 * 64 + 64)
+    # Without the gate: 64 fewer a layer.
+    ungated = dataclasses.replace(shape, moe_shared_expert_gate=False)
+    assert shape.num_params() - ungated.num_params() == 2 * 64
+    # GELU: the shared expert's fc1 and fc2 biases too, as GPTModel builds them (+ the final
+    # norm's weight and bias and GPT-2's learned positions).
+    gcfg = _tiny_with_a_gated_shared_expert("gpt2-tiny")
+    gshape = dataclasses.replace(shape, kv_heads=4, ffn_hidden_size=256, seq_length=128,
+                                 activation="gelu", tied_embeddings=True)
+    built = braid.GPTModel(gcfg, device="cpu", seed=1).num_parameters()
+    assert gshape.num_params() + 2 * 64 + 128 * 64 == built == gcfg.num_parameters()
+    # FLOPs per token and layer: the k routed experts, the router, the shared expert as a dense
+    # MLP of 160 on every token (2·m·64·160) and its gate (2·64).
+    s = 32
+    for preset, kv, m in (("llama-tiny", 32, 3), ("gpt2-tiny", 64, 2)):
+        cfg = _tiny_with_a_gated_shared_expert(preset)
+        layer = 2 * 64 * (64 + 2 * kv) + 2 * 64 * 64 + 4 * 64 * s + 2 * (2 * m * 64 * 96) \
+            + 2 * 64 * 4 + 2 * m * 64 * 160 + 2 * 64
+        assert flops.forward_flops_per_token(cfg, s) == 2 * layer + 2 * 64 * 256, preset
+    assert flops.forward_flops_per_token(shape, s) == flops.forward_flops_per_token(
+        _tiny_with_a_gated_shared_expert("llama-tiny"), s)
+
+
+# Mixtral with a shared expert as wide as one of its experts, gated (Qwen2-MoE's kind), and
+# the dense model DENSE widened by the same MLP.
+SHARED = dataclasses.replace(MIXTRAL, moe_shared_expert_intermediate_size=14336,
+                             moe_shared_expert_gate=True)
+WIDE = dataclasses.replace(DENSE, ffn_hidden_size=3 * 14336)
+
+
+def test_a_shared_expert_keeps_its_activations_and_holds_its_parameters():
+    # Per token of a layer at TP 4 (its hidden 14336 split, 3584 a rank), over Mixtral's:
+    # none shared_fc1_out [T, 2·3584] and shared_act_out [T, 3584], selective shared_fc1_out
+    # alone (the activation is recomputed); with the gate also shared_out [T, 4096] (the rank's
+    # partial output, whole tokens under SP too) and the f32 logit [T, 1]; full nothing.
+    lay = planner.Layout(4, 2, 8, 4, 4, "selective", True, True)
+    T = 4 * 4096
+    gate = 2 * 4096 + 4
+    extra = {"none": 2 * 2 * 3584 + 2 * 3584, "selective": 2 * 2 * 3584, "full": 0}
+    ungated = dataclasses.replace(SHARED, moe_shared_expert_gate=False)
+    for rec, per_token in extra.items():
+        base = planner.layer_activation_bytes(MIXTRAL, lay, rec)
+        assert planner.layer_activation_bytes(ungated, lay, rec) - base == \
+            pytest.approx(per_token * T)
+        assert planner.layer_activation_bytes(SHARED, lay, rec) - base == \
+            pytest.approx((per_token + (gate if rec != "full" else 0)) * T)
+    # bf16 parameters of the fullest rank: 16 layers of the shared expert (3·4096·14336 / 4)
+    # and its gate (4096, whole) more than Mixtral's.
+    with_shared, without = (planner.predict(x, H100, lay, 256, baseline=False)
+                            for x in (SHARED, MIXTRAL))
+    assert with_shared["memory_parts_gb"]["params"] - without["memory_parts_gb"]["params"] == \
+        pytest.approx(2 * 16 * (3 * 4096 * 14336 / 4 + 4096) / 1e9, rel=1e-9)
+    # Every TP size the search proposes splits the shared expert's hidden size.
+    with pytest.raises(ValueError, match="shared expert 1001"):
+        planner.check_layout(dataclasses.replace(SHARED, moe_shared_expert_intermediate_size=1001),
+                             H100, lay, 256)
+
+
+def test_a_shared_expert_costs_about_a_dense_mlp_of_its_size():
+    # Against the same growth of a dense model (DENSE's MLP widened from 2 x 14336 to
+    # 3 x 14336): the same FLOPs and parameters. Here (TP 4, micro batch 4: T = 16384 rows,
+    # the dense GEMMs' smallest dimension 4096) the shared expert's own GEMMs cost a little
+    # more than widening: fc2's depth is S/t = 3584 < 4096, which the efficiency curve runs
+    # 5% slower (a third of the FLOPs: +1.5%), 4 more launches a pass, and its output is added
+    # to the experts' ([T, H] read twice and written: +2%) - 4% in all, so 1.0 to 1.08. The
+    # gate adds its [T, H] x [H, 1] GEMM at HBM speed, the output's scaling and its
+    # gradient (about 12 [T, H] bf16 tensors moved over forward and backward) and the [T, 1]
+    # all-reduce: 11% in all, so below 1.15. Counting the shared expert once per routed
+    # choice (k = 2) would double it; leaving out its backward would make it a third.
+    lay = planner.Layout(4, 2, 8, 4, 4, "selective", True, True)
+    ungated = dataclasses.replace(SHARED, moe_shared_expert_gate=False)
+
+    def layer(x):
+        c = planner.layer_cost(x, H100, lay)
+        return c.forward + c.backward
+
+    dense_mlp = layer(WIDE) - layer(DENSE)
+    assert 1.0 < (layer(ungated) - layer(MIXTRAL)) / dense_mlp < 1.08
+    assert 1.0 < (layer(SHARED) - layer(MIXTRAL)) / dense_mlp < 1.15
+    # The step: the layers' time, and the shared expert's parameters on the DP links and in the
+    # optimizer, as the widened dense MLP's - the same bounds.
+    step = {x: planner.predict(x, H100, lay, 256, baseline=False)["step_time_s"]
+            for x in (SHARED, ungated, MIXTRAL, WIDE, DENSE)}
+    assert step[SHARED] > step[ungated] > step[MIXTRAL]
+    dense_mlp = step[WIDE] - step[DENSE]
+    assert 1.0 < (step[ungated] - step[MIXTRAL]) / dense_mlp < 1.08
+    assert 1.0 < (step[SHARED] - step[MIXTRAL]) / dense_mlp < 1.15
+
+
+def test_plan_cli_takes_the_shared_expert_as_pretrain_gpt_does():
+    # On H200s (141 GB): Mixtral's layout above with the shared expert's state on top.
+    cluster = ["--gpu", "h200", *CLUSTER[2:]]
+    h200 = dataclasses.replace(H100, gpu=planner.GPUS["h200"])
+    lay = planner.Layout(4, 2, 8, 4, 4, "selective", True, True)
+    shared = dataclasses.replace(SHARED, moe_shared_expert_intermediate_size=8192)
+    want = planner.predict(shared, h200, lay, 256)
+    flags = ["--moe-shared-expert-intermediate-size", "8192", "--moe-shared-expert-gate"]
+    preset = _plan(*cluster, *LAYOUT, "--model", "mixtral-8x7b", *flags, "--global-batch",
+                   "256", "--json")
+    shape = _plan(*cluster, *LAYOUT, *SHAPE, "--num-experts", "8", *flags, "--global-batch",
+                  "256", "--json")
+    run = _plan(*cluster, "--json", "--", *TRAINING, *flags)
+    for out in (preset, shape, run):
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(want["step_time_s"],
+                                                                         rel=1e-12)
+    # Refused as pretrain_gpt.py refuses them (braid.moe_args), here and after --.
+    refusals = [
+        ([*SHAPE, "--num-experts", "8", "--moe-shared-expert-gate"],
+         "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),
+        ([*SHAPE, "--moe-shared-expert-intermediate-size", "4096"],
+         "--moe-shared-expert-intermediate-size needs --num-experts"),
+        ([*SHAPE, "--num-experts", "8", "--moe-shared-expert-intermediate-size", "1001", "--tp",
+          "2"], "--moe-shared-expert-intermediate-size 1001 is not divisible by "
+                "--tensor-model-parallel-size 2"),
+    ]
+    for args, message in refusals:
+        out = _plan(*cluster, "--global-batch", "256", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    out = _plan(*cluster, "--", *TRAINING, "--moe-shared-expert-gate")
+    assert out.returncode == 2 and \
+        "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size" in out.stderr
+    out = _plan(*cluster, "--moe-shared-expert-gate", "--", *TRAINING, *flags)
+    assert out.returncode == 2 and \
+        "--moe-shared-expert-gate: with training arguments after --" in out.stderr
