@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 / Mixtral /
-Qwen3-MoE directories to braid checkpoints and back.
+Qwen2-MoE / Qwen3-MoE directories to braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -95,6 +95,10 @@ def braid_specs(c):
             specs.append((p + "mlp.gate.weight", [c["num_experts"], h], -1))
             for j in range(c["num_experts"]):
                 mlp(p + f"mlp.experts.{j}.", moe_ffn(c))
+            if c.get("moe_shared_expert_intermediate_size"):  # absent before shared experts
+                mlp(p + "mlp.shared_expert.", c["moe_shared_expert_intermediate_size"])
+                if c.get("moe_shared_expert_gate"):
+                    specs.append((p + "mlp.shared_expert_gate.weight", [1, h], -1))
         else:
             mlp(p + "mlp.", f)
     norm("model.norm")
@@ -169,16 +173,16 @@ def hf_to_braid(hf, arch, c):
 
 def braid_to_hf(t, arch, c):
     """braid's tensors -> HF names and layout (the inverse of hf_to_braid)."""
-    if arch == "qwen2" and not c.get("add_qkv_bias"):  # a windowed Llama: Qwen2 with zero biases
-        out = dict(t)
-        for i in range(c["num_layers"]):
-            for p in ("q_proj", "k_proj", "v_proj"):
-                w = t[f"model.layers.{i}.self_attn.{p}.weight"]
-                out[f"model.layers.{i}.self_attn.{p}.bias"] = w.like(
-                    np.zeros(w.shape[0], dtype=w.array.dtype))
-        return out
     if arch in LLAMA_LIKE:
         out = dict(t)
+        # A windowed Llama as Qwen2, or a model with a shared expert as Qwen2-MoE, without
+        # q, k, v biases: those always have them (zeros here).
+        if arch in ("qwen2", "qwen2_moe") and not c.get("add_qkv_bias"):
+            for i in range(c["num_layers"]):
+                for p in ("q_proj", "k_proj", "v_proj"):
+                    w = t[f"model.layers.{i}.self_attn.{p}.weight"]
+                    out[f"model.layers.{i}.self_attn.{p}.bias"] = w.like(
+                        np.zeros(w.shape[0], dtype=w.array.dtype))
         if arch in MOE_ARCHITECTURES:
             braid_moe_tensors_to_hf(out, arch, c)
         return out

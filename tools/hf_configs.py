@@ -25,19 +25,17 @@ def head_width(c):
 # is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
 # norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
 # bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
-# are Llama's. Mixtral is Mistral and Qwen3-MoE Qwen3 with every MLP a mixture of experts
-# (hf_moe.py).
+# are Llama's. Mixtral is Mistral, Qwen2-MoE Qwen2 and Qwen3-MoE Qwen3 with every MLP a mixture
+# of experts, Qwen2-MoE's with a gated shared expert (hf_moe.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
                  "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
-                 "Qwen3MoeForCausalLM": "qwen3_moe"}
+                 "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron", "mixtral",
-              "qwen3_moe")
-# Known architectures braid cannot hold, with why.
-REFUSED = {"Qwen2MoeForCausalLM": "its MoE layers add a shared expert, gated by its own "
-                                  "sigmoid, to the routed ones; braid's MoE layers have "
-                                  "routed experts alone"}
+              "qwen2_moe", "qwen3_moe")
+# Known architectures braid cannot hold, with why (none at present).
+REFUSED = {}
 # Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
 # zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
 PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5}  # transformers' where it is absent
@@ -148,7 +146,9 @@ def braid_config_from_hf(hf, arch, dtype):
                 "normalization": "layernorm" if layernorm else "rmsnorm",
                 "activation": "squared_relu" if arch == "nemotron" else "swiglu",
                 "position_embedding": "rope", "add_bias_linear": bool(attention_bias),
-                "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")),
+                # Qwen2-MoE's qkv_bias: transformers 5's switch (4's q, k, v always have them)
+                "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")) or
+                                (arch == "qwen2_moe" and bool(hf.get("qkv_bias", True))),
                 "qk_layernorm": arch in ("qwen3", "qwen3_moe"),
                 "zero_centered_gamma": arch == "nemotron",
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf, arch),
@@ -178,9 +178,10 @@ def window_of(hf, arch):
     """braid's window_size and window_layers for a Llama-like config: Mistral's and Mixtral's
     sliding_window on every layer (where the field is left out, 4096 for Mistral and none for
     Mixtral, as transformers has it; null: none); Qwen3-MoE's with use_sliding_window, on every
-    layer (transformers 5 builds one mask for all); Qwen2's and Qwen3's with use_sliding_window,
-    on the layers layer_types names sliding_attention (or, without layer_types, from
-    max_window_layers on)."""
+    layer (transformers 5 builds one mask for all); Qwen2's, Qwen3's and Qwen2-MoE's with
+    use_sliding_window, on the layers layer_types names sliding_attention (or, without
+    layer_types, as transformers 5 fills it in: for Qwen2 and Qwen3 from max_window_layers on,
+    for Qwen2-MoE every other layer from the first, below max_window_layers)."""
     none = {"window_size": -1, "window_layers": []}
     layers = hf["num_hidden_layers"]
     if arch in ("mistral", "mixtral", "qwen3_moe"):
@@ -189,10 +190,13 @@ def window_of(hf, arch):
         else:
             window = hf.get("sliding_window", 4096 if arch == "mistral" else None)
         kinds = ["sliding_attention"] * layers
-    elif arch in ("qwen2", "qwen3"):
+    elif arch in ("qwen2", "qwen3", "qwen2_moe"):
         window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+        below = arch == "qwen2_moe"
         kinds = hf.get("layer_types") or [
-            "sliding_attention" if window and i >= hf.get("max_window_layers", 28)
+            "sliding_attention" if window and (
+                i % 2 == 0 and i < hf.get("max_window_layers", 28) if below
+                else i >= hf.get("max_window_layers", 28))
             else "full_attention" for i in range(layers)]
         check(len(kinds) == layers, f"config.json: layer_types has {len(kinds)} entries for "
               f"num_hidden_layers {layers}")
@@ -223,9 +227,10 @@ def braid_window(c):
 
 def hf_window(c, arch):
     """The HF fields of a braid config's window: Mistral's and Mixtral's sliding_window,
-    Qwen3-MoE's use_sliding_window and sliding_window (every layer: hf_moe.py checks), Qwen2's
-    and Qwen3's use_sliding_window, sliding_window, layer_types (and max_window_layers where the
-    windowed layers are the last ones, as transformers before layer_types reads it)."""
+    Qwen3-MoE's use_sliding_window and sliding_window (every layer: hf_moe.py checks), Qwen2's,
+    Qwen3's and Qwen2-MoE's use_sliding_window, sliding_window, layer_types (and for Qwen2 and
+    Qwen3 max_window_layers where the windowed layers are the last ones, as transformers before
+    layer_types reads it)."""
     one_switch = arch in ("mistral", "mixtral")
     if braid_window(c) is None:
         return {"sliding_window": None} if one_switch else {"use_sliding_window": False}
@@ -237,7 +242,7 @@ def hf_window(c, arch):
     first = pattern.index(1)
     hf = {"use_sliding_window": True, "sliding_window": window + 1,
           "layer_types": ["sliding_attention" if w else "full_attention" for w in pattern]}
-    if pattern == [0] * first + [1] * (layers - first):
+    if arch != "qwen2_moe" and pattern == [0] * first + [1] * (layers - first):
         hf["max_window_layers"] = first
     return hf
 
@@ -324,6 +329,10 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
     "qwen3": LLAMA_KEYS + ("head_dim", "attention_bias") + SLIDING_KEYS,
     "mixtral": LLAMA_KEYS + ("head_dim", "sliding_window", "num_local_experts", "num_experts",
                              "num_experts_per_tok"),
+    "qwen2_moe": LLAMA_KEYS + ("head_dim", "qkv_bias", "num_experts", "num_local_experts",
+                               "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+                               "shared_expert_intermediate_size", "decoder_sparse_step",
+                               "mlp_only_layers") + SLIDING_KEYS,
     "qwen3_moe": LLAMA_KEYS + ("head_dim", "attention_bias", "num_experts", "num_local_experts",
                                "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                                "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
@@ -358,6 +367,7 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                    "qwen2": {"head_dim": head_dim, "rms_norm_eps": eps},
                    "qwen3": {"head_dim": head_dim, "attention_bias": False, "rms_norm_eps": eps},
                    "mixtral": {"head_dim": head_dim, "rms_norm_eps": eps},
+                   "qwen2_moe": {"head_dim": head_dim, "rms_norm_eps": eps},
                    "qwen3_moe": {"head_dim": head_dim, "attention_bias": False,
                                  "rms_norm_eps": eps},
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
@@ -368,7 +378,7 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                                 "mlp_bias": c["add_bias_linear"], "norm_eps": eps,
                                 "hidden_act": "relu2",
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
-        if arch in ("mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"):
+        if arch in ("mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"):
             hf.update(hf_window(c, arch))
         if arch in PARTIAL_ROTARY_DEFAULT:  # else transformers 5 takes its default
             rope["partial_rotary_factor"] = hf["partial_rotary_factor"]

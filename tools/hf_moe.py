@@ -1,11 +1,13 @@
 """Mixture-of-experts models between Hugging Face and braid (docs/convert_hf.md): Mixtral
-(MixtralForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM), their config fields and the names of
-their router and expert tensors. hf_configs.py holds what they share with Mistral and Qwen3
-(attention, norms, RoPE, windows).
+(MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE (Qwen3MoeForCausalLM), their
+config fields and the names of their router and expert tensors. hf_configs.py holds what they
+share with Mistral, Qwen2 and Qwen3 (attention, norms, RoPE, windows).
 
 braid makes every layer an MoE layer: a router `mlp.gate.weight` [E, H] and per expert j
-`mlp.experts.{j}.{gate_proj,up_proj,down_proj}.weight` (SwiGLU, no biases). On disk
-transformers writes Qwen3-MoE under braid's names and Mixtral as `block_sparse_moe.gate`,
+`mlp.experts.{j}.{gate_proj,up_proj,down_proj}.weight` (SwiGLU, no biases); with a shared expert
+(Qwen2-MoE's) `mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight` and its sigmoid gate
+`mlp.shared_expert_gate.weight` [1, H]. On disk transformers writes Qwen2-MoE and Qwen3-MoE
+under braid's names and Mixtral as `block_sparse_moe.gate`,
 `block_sparse_moe.experts.{j}.w1` (gate), `w3` (up), `w2` (down); transformers 5 holds the
 experts of a layer fused in memory (`mlp.experts.gate_up_proj` [E, 2F, H], gate rows first, and
 `mlp.experts.down_proj` [E, H, F]) and converts on load and save. Import reads either layout;
@@ -14,26 +16,30 @@ export writes the per-expert one, which every transformers release loads.
 
 from hf_configs import braid_architecture, braid_window, check, refuse
 
-MOE_ARCHITECTURES = ("mixtral", "qwen3_moe")
+MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
+BRAID_EXPERT_NAMES = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 EXPERT_NAMES = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
-                "qwen3_moe": {"gate_proj": "gate_proj", "up_proj": "up_proj",
-                              "down_proj": "down_proj"}}
-MLP_PREFIX = {"mixtral": "block_sparse_moe.", "qwen3_moe": "mlp."}
+                "qwen2_moe": BRAID_EXPERT_NAMES, "qwen3_moe": BRAID_EXPERT_NAMES}
+MLP_PREFIX = {"mixtral": "block_sparse_moe.", "qwen2_moe": "mlp.", "qwen3_moe": "mlp."}
+# transformers' defaults: (experts, top k, the experts' width)
+DEFAULTS = {"mixtral": (8, 2, None), "qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}
 
 
 # ---- config.json <-> braid's config -----------------------------------------------------------
 
 def moe_config_from_hf(hf, arch):
-    """braid's MoE fields for a Mixtral or Qwen3-MoE config.json ({} for a dense architecture);
-    transformers' defaults where a field is left out. Qwen3-MoE's norm_topk_prob: true is a
-    softmax over the top k logits (Mixtral's router), false the top k of a softmax over all
-    experts (moe_router_pre_softmax)."""
+    """braid's MoE fields for a Mixtral, Qwen2-MoE or Qwen3-MoE config.json ({} for a dense
+    architecture); transformers' defaults where a field is left out. The Qwens' norm_topk_prob:
+    true is a softmax over the top k logits (Mixtral's router), false the top k of a softmax over
+    all experts (moe_router_pre_softmax). Qwen2-MoE adds a shared expert, always gated."""
     if arch not in MOE_ARCHITECTURES:
         return {}
-    # transformers 5 writes num_local_experts for both; Qwen3-MoE's hub configs num_experts.
-    default_experts, default_topk = (8, 2) if arch == "mixtral" else (128, 8)
+    # transformers 5 writes num_local_experts for Mixtral and Qwen3-MoE; hub configs and
+    # Qwen2-MoE num_experts.
+    default_experts, default_topk, default_ffn = DEFAULTS[arch]
     experts = hf.get("num_local_experts", hf.get("num_experts", default_experts))
     topk = hf.get("num_experts_per_tok", default_topk)
+    shared = {}
     if arch == "mixtral":
         ffn, pre_softmax = hf["intermediate_size"], False
     else:
@@ -43,8 +49,13 @@ def moe_config_from_hf(hf, arch):
         if hf.get("decoder_sparse_step", 1) != 1:
             refuse("decoder_sparse_step", hf["decoder_sparse_step"], "only every n-th layer "
                    "has experts, the others a dense MLP; braid makes every layer an MoE layer")
-        ffn = hf.get("moe_intermediate_size", 768)
+        ffn = hf.get("moe_intermediate_size", default_ffn)
         pre_softmax = not hf.get("norm_topk_prob", False)
+    if arch == "qwen2_moe":
+        size = hf.get("shared_expert_intermediate_size", 5632)
+        check(isinstance(size, int) and size >= 1, "config.json: shared_expert_intermediate_size "
+              f"should be a positive integer, is {size!r}")
+        shared = {"moe_shared_expert_intermediate_size": size, "moe_shared_expert_gate": True}
     check(isinstance(experts, int) and experts >= 1, "config.json: the number of experts "
           f"should be a positive integer, is {experts!r}")
     check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
@@ -52,16 +63,20 @@ def moe_config_from_hf(hf, arch):
     check(isinstance(ffn, int) and ffn >= 1, "config.json: the experts' intermediate size "
           f"should be a positive integer, is {ffn!r}")
     return {"num_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": ffn,
-            "moe_router_pre_softmax": pre_softmax}
+            "moe_router_pre_softmax": pre_softmax, **shared}
 
 
 def moe_architecture(c):
-    """The HF architecture of a braid MoE config: Mixtral (Mistral's shape: no q/k norms, no
-    biases, a window on every layer or none, the router's softmax over the top k), Qwen3-MoE
-    with q/k norms (norm_topk_prob for either router); ConvertError with why otherwise."""
+    """The HF architecture of a braid MoE config: Qwen2-MoE with a shared expert; else Mixtral
+    (Mistral's shape: no q/k norms, no biases, a window on every layer or none, the router's
+    softmax over the top k) or Qwen3-MoE with q/k norms (norm_topk_prob for either router);
+    ConvertError with why otherwise."""
+    if c.get("moe_shared_expert_intermediate_size"):
+        return shared_expert_architecture(c)
     what = "this braid model has experts"
     check(not c["add_bias_linear"] and not c.get("add_qkv_bias"), what, " and biases; "
-          "MixtralForCausalLM has none and Qwen3MoeForCausalLM's experts have none")
+          "MixtralForCausalLM has none, Qwen3MoeForCausalLM's experts have none, and "
+          "Qwen2MoeForCausalLM (q, k, v biases) has a shared expert, which this model has not")
     window = braid_window(c)
     check(window is None or all(window[1]), what, " and a window on some layers only; "
           "MixtralForCausalLM and Qwen3MoeForCausalLM window every layer or none")
@@ -77,6 +92,23 @@ def moe_architecture(c):
     return "mixtral"
 
 
+def shared_expert_architecture(c):
+    """Qwen2-MoE for a braid MoE config with a shared expert: its sigmoid gate, no q/k norms,
+    q, k, v biases or none (export writes zeros), any window pattern (layer_types), either
+    router (norm_topk_prob); ConvertError with why otherwise."""
+    what = "this braid model has a shared expert"
+    check(c.get("moe_shared_expert_gate"), what, " without a gate; Qwen2MoeForCausalLM, the HF "
+          "model with a shared expert, always scales its output by sigmoid(x w) "
+          "(--moe-shared-expert-gate)")
+    check(not c["add_bias_linear"], what, " and biases on every linear layer; "
+          "Qwen2MoeForCausalLM has biases on q, k and v alone")
+    check(not c.get("qk_layernorm"), what, " and q/k norms; Qwen2MoeForCausalLM has none")
+    dense = braid_architecture(c)  # the attention, norms and RoPE as a dense model's
+    check(dense in ("llama", "mistral", "qwen2"), what, " and is ", dense, " shaped; "
+          "Qwen2MoeForCausalLM is RMSNorm, SwiGLU, RoPE")
+    return "qwen2_moe"
+
+
 def moe_ffn(c):
     """The experts' hidden size of a braid config (moe_ffn_hidden_size, 0: ffn_hidden_size)."""
     return c.get("moe_ffn_hidden_size") or c["ffn_hidden_size"]
@@ -87,12 +119,17 @@ def hf_moe_config(c, arch):
     if arch == "mixtral":
         return {"num_local_experts": c["num_experts"], "num_experts_per_tok":
                 c["moe_router_topk"], "intermediate_size": moe_ffn(c)}
-    # Qwen3-MoE's hub configs say num_experts (transformers 5 maps it to num_local_experts);
-    # intermediate_size is its dense MLPs' (none here), kept from braid's ffn_hidden_size.
-    return {"num_experts": c["num_experts"], "num_experts_per_tok": c["moe_router_topk"],
-            "moe_intermediate_size": moe_ffn(c),
-            "norm_topk_prob": not c.get("moe_router_pre_softmax", False),
-            "decoder_sparse_step": 1, "mlp_only_layers": []}
+    # The Qwens' hub configs say num_experts (transformers 5 maps Qwen3-MoE's to
+    # num_local_experts); intermediate_size is their dense MLPs' (none here), kept from braid's
+    # ffn_hidden_size.
+    hf = {"num_experts": c["num_experts"], "num_experts_per_tok": c["moe_router_topk"],
+          "moe_intermediate_size": moe_ffn(c),
+          "norm_topk_prob": not c.get("moe_router_pre_softmax", False),
+          "decoder_sparse_step": 1, "mlp_only_layers": []}
+    if arch == "qwen2_moe":  # q, k, v biases always: transformers 4 has no qkv_bias switch
+        hf.update({"shared_expert_intermediate_size": c["moe_shared_expert_intermediate_size"],
+                   "qkv_bias": True})
+    return hf
 
 
 # ---- tensor names ------------------------------------------------------------------------------
@@ -132,7 +169,7 @@ def moe_tensors_to_braid(hf, arch, c):
 
 def braid_moe_tensors_to_hf(t, arch, c):
     """braid's tensors -> the per-expert names transformers writes (in place)."""
-    if arch == "qwen3_moe":  # braid's names
+    if arch in ("qwen2_moe", "qwen3_moe"):  # braid's names
         return
     for i in range(c["num_layers"]):
         p, dst = f"model.layers.{i}.", f"model.layers.{i}.{MLP_PREFIX[arch]}"

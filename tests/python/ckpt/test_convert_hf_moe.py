@@ -1,15 +1,17 @@
-"""tools/convert_hf.py with mixtures of experts: tiny random MixtralForCausalLM and
-Qwen3MoeForCausalLM (4 experts, top 2) as transformers' save_pretrained writes them (one tensor
-per expert on disk: Mixtral's block_sparse_moe.experts.{j}.w1/w3/w2, Qwen3-MoE's
-mlp.experts.{j}.gate_proj/up_proj/down_proj), imported into braid and exported back.
+"""tools/convert_hf.py with mixtures of experts: tiny random MixtralForCausalLM,
+Qwen2MoeForCausalLM and Qwen3MoeForCausalLM (4 experts, top 2) as transformers' save_pretrained
+writes them (one tensor per expert on disk: Mixtral's block_sparse_moe.experts.{j}.w1/w3/w2, the
+Qwens' mlp.experts.{j}.gate_proj/up_proj/down_proj; Qwen2-MoE's mlp.shared_expert.* and
+mlp.shared_expert_gate.weight), imported into braid and exported back.
 
 - the round trip is bit-exact and the config equivalent; transformers loads the export with no
   missing or unexpected keys; braid's model of the import computes the logits of both the
   original and the exported HF model
 - transformers 5's fused in-memory layout ([E, 2F, H] / [E, H, F] per layer) imports to the
   same tensors; a hub-style config (num_experts) imports
-- a checkpoint braid trained and saved itself exports as Mixtral or Qwen3-MoE
-  (norm_topk_prob false for moe_router_pre_softmax) and transformers computes its logits
+- a checkpoint braid trained and saved itself exports as Mixtral, Qwen3-MoE (norm_topk_prob
+  false for moe_router_pre_softmax) or, with a gated shared expert, Qwen2-MoE (q, k, v biases of
+  zero where it has none), and transformers computes its logits
 - what braid cannot hold is refused with one line
 """
 
@@ -61,6 +63,27 @@ def qwen3_moe(tmp, norm_topk_prob=True, head_dim=16, **sliding):
     return tmp
 
 
+def qwen2_moe(tmp, norm_topk_prob=False, qkv_bias=True, **sliding):
+    """Qwen2-MoE: q, k, v biases (qkv_bias), 4 experts of 48 and a shared expert of 96 behind its
+    sigmoid gate. `sliding`: use_sliding_window and sliding_window (on the layers layer_types,
+    which transformers 5 fills in and writes, names)."""
+    torch.manual_seed(16)  # a seed whose routing has no near tie on IDS
+    cfg = transformers.Qwen2MoeConfig(
+        vocab_size=97, hidden_size=64, intermediate_size=160, moe_intermediate_size=48,
+        shared_expert_intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
+        norm_topk_prob=norm_topk_prob, qkv_bias=qkv_bias, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **sliding)
+    model = moe_routers(transformers.Qwen2MoeForCausalLM(cfg).eval())
+    perturb(model)
+    with torch.no_grad():  # the shared expert's gate away from sigmoid's linear middle
+        for layer in model.model.layers:
+            layer.mlp.shared_expert_gate.weight.normal_(0.0, 0.2)
+    model.save_pretrained(tmp)
+    return tmp
+
+
 MODELS = {
     "mixtral": mixtral,
     # Mistral v0.1's window (here 5 keys) on every layer, and tied embeddings.
@@ -70,12 +93,17 @@ MODELS = {
                                                              head_dim=32),
     "qwen3_moe-sliding-window": lambda d: qwen3_moe(d, use_sliding_window=True,
                                                    sliding_window=5),
+    "qwen2_moe-softmax-first": qwen2_moe,
+    # transformers 5 windows the first of the two layers (layer_types on disk)
+    "qwen2_moe-norm-topk-sliding-window": lambda d: qwen2_moe(
+        d, norm_topk_prob=True, use_sliding_window=True, sliding_window=5),
 }
 MOE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
             "tie_word_embeddings", "sliding_window", "use_sliding_window", "num_local_experts",
             "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-            "decoder_sparse_step", "mlp_only_layers", "rope_parameters")
+            "decoder_sparse_step", "mlp_only_layers", "rope_parameters",
+            "shared_expert_intermediate_size", "qkv_bias", "layer_types")
 
 
 def assert_equivalent_configs(got_dir, want_dir):
@@ -132,6 +160,12 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
     assert c["moe_router_pre_softmax"] == (not hf_cfg.get("norm_topk_prob", True))
     assert c["qk_layernorm"] == kind.startswith("qwen3_moe")
     assert c["window_size"] == (4 if "sliding" in kind else -1)
+    qwen2 = kind.startswith("qwen2_moe")
+    assert c["add_qkv_bias"] == qwen2
+    assert (c.get("moe_shared_expert_intermediate_size", 0),
+            c.get("moe_shared_expert_gate", False)) == ((96, True) if qwen2 else (0, False))
+    if qwen2 and "sliding" in kind:
+        assert c["window_layers"] == [1, 0]
     out = tmp_path / "out"
     r = run_tool("export", "--load", ckpt, "--hf-dir", out)
     assert r.returncode == 0, r.stderr
@@ -157,7 +191,8 @@ def fused_dir(hf_dir, dst):
     return dst
 
 
-@pytest.mark.parametrize("kind", ["mixtral-tied-sliding-window", "qwen3_moe-norm-topk"])
+@pytest.mark.parametrize("kind", ["mixtral-tied-sliding-window", "qwen3_moe-norm-topk",
+                                  "qwen2_moe-softmax-first"])
 def test_fused_experts_import_as_the_per_expert_layout(tmp_path, kind):
     hf_dir, ckpt = imported(tmp_path, kind)
     fused = fused_dir(hf_dir, tmp_path / "fused")
@@ -201,19 +236,22 @@ def test_hub_style_configs(tmp_path):
     assert metadata(tmp_path / "c2")["config"]["rope_theta"] == 1e6
 
 
-def braid_moe_checkpoint(path, qk_layernorm, pre_softmax):
-    """A checkpoint braid saved itself after one training step (aux loss on), its routers
-    widened first (as the HF models') so that no token's routing is near a tie."""
+def braid_moe_checkpoint(path, qk_layernorm, pre_softmax, **fields):
+    """A checkpoint braid saved itself after one training step (aux loss on), its routers (and
+    shared experts' gates) widened first (as the HF models') so that no token's routing is near
+    a tie. `fields`: more config (a shared expert, q, k, v biases)."""
     cfg = braid.TransformerConfig.preset("llama-tiny")
     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups = 2, 64, 4, 2
     cfg.ffn_hidden_size, cfg.vocab_size, cfg.max_position_embeddings = 160, 97, 64
     cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size = 4, 2, 48
     cfg.qk_layernorm, cfg.moe_router_pre_softmax, cfg.moe_aux_loss_coeff = (
         qk_layernorm, pre_softmax, 0.01)
+    for name, value in fields.items():
+        setattr(cfg, name, value)
     model = braid.GPTModel(cfg, device="cpu", seed=3)
     rng = np.random.default_rng(3)
     for name, p in model.parameters().items():
-        if name.endswith("mlp.gate.weight"):
+        if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
             p.copy_(rng.normal(0.0, 0.2, size=tuple(p.shape)).astype(np.float32))
     trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
                                                                          style="constant"))
@@ -222,30 +260,42 @@ def braid_moe_checkpoint(path, qk_layernorm, pre_softmax):
     return model
 
 
-@pytest.mark.parametrize("qk_layernorm,pre_softmax,arch", [
-    (False, False, "mixtral"), (True, False, "qwen3_moe"), (True, True, "qwen3_moe")])
-def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, arch):
-    model = braid_moe_checkpoint(tmp_path / "ckpt", qk_layernorm, pre_softmax)
+SHARED = {"moe_shared_expert_intermediate_size": 32, "moe_shared_expert_gate": True}
+
+
+@pytest.mark.parametrize("qk_layernorm,pre_softmax,fields,arch", [
+    (False, False, {}, "mixtral"), (True, False, {}, "qwen3_moe"), (True, True, {}, "qwen3_moe"),
+    # q, k, v biases of zero in the export
+    (False, True, SHARED, "qwen2_moe"),
+    (False, False, dict(SHARED, add_qkv_bias=True), "qwen2_moe")])
+def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, fields, arch):
+    model = braid_moe_checkpoint(tmp_path / "ckpt", qk_layernorm, pre_softmax, **fields)
     out = tmp_path / "out"
     r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", out)
     assert r.returncode == 0, r.stderr
     hf = load_hf(out)
     assert hf.config.model_type == arch
-    assert hf.config.num_local_experts == 4 and hf.config.num_experts_per_tok == 2
-    if arch == "qwen3_moe":
+    assert hf.config.num_experts_per_tok == 2
+    assert (hf.config.num_experts if arch == "qwen2_moe" else hf.config.num_local_experts) == 4
+    if arch == "mixtral":
+        assert hf.config.intermediate_size == 48
+    else:
         assert hf.config.moe_intermediate_size == 48
         assert hf.config.norm_topk_prob == (not pre_softmax)
-    else:
-        assert hf.config.intermediate_size == 48
+    if arch == "qwen2_moe":
+        assert hf.config.shared_expert_intermediate_size == 32
+        bias = hf.model.layers[0].self_attn.q_proj.bias
+        assert bool(bias.any()) == bool(fields.get("add_qkv_bias"))
     assert_same_logits(model, hf, IDS)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
-def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path):
-    """braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks; each expert's columns
-    split like a dense MLP's, the router replicated) and saves it; export reassembles that save
-    bit for bit."""
-    hf_dir, ckpt = imported(tmp_path, "qwen3_moe-softmax-first-wide-heads")
+@pytest.mark.parametrize("kind", ["qwen3_moe-softmax-first-wide-heads", "qwen2_moe-softmax-first"])
+def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
+    """braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks; each expert's and the
+    shared expert's columns split like a dense MLP's, the router and the shared expert's gate
+    replicated) and saves it; export reassembles that save bit for bit."""
+    hf_dir, ckpt = imported(tmp_path, kind)
     script = tmp_path / "resave.py"
     script.write_text(RESAVE)
     r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
@@ -265,8 +315,13 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path):
 @pytest.mark.parametrize("make,changes,words", [
     (qwen3_moe, {"mlp_only_layers": [1]}, ("mlp_only_layers", "every layer an MoE layer")),
     (qwen3_moe, {"decoder_sparse_step": 2}, ("decoder_sparse_step", "every layer an MoE layer")),
-    (qwen3_moe, {"architectures": ["Qwen2MoeForCausalLM"]}, ("Qwen2MoeForCausalLM",
-                                                             "shared expert")),
+    (qwen2_moe, {"mlp_only_layers": [0]}, ("mlp_only_layers", "every layer an MoE layer")),
+    (qwen2_moe, {"decoder_sparse_step": 2}, ("decoder_sparse_step", "every layer an MoE layer")),
+    (qwen2_moe, {"shared_expert_intermediate_size": 64}, (
+        "model.layers.0.mlp.shared_expert.gate_proj.weight", "[96, 64]", "[64, 64]")),
+    (qwen2_moe, {"shared_expert_intermediate_size": 0}, ("shared_expert_intermediate_size",
+                                                         "positive integer")),
+    (qwen2_moe, {"qkv_bias": False}, ("unexpected tensor", "self_attn.k_proj.bias")),
     (qwen3_moe, {"attention_bias": True}, ("attention_bias", "not supported")),
     (mixtral, {"num_experts_per_tok": 5}, ("num_experts_per_tok", "[1, 4]")),
     (mixtral, {"num_local_experts": 5}, ("model.layers.0.block_sparse_moe.experts.4.w1.weight",)),
@@ -298,3 +353,56 @@ def test_export_refuses_an_moe_with_no_hf_counterpart():
         arch(dict(c, window_size=4, window_layers=[1, 0]))
     with pytest.raises(convert_hf.ConvertError, match="stablelm shaped"):
         arch(dict(c, normalization="layernorm"))
+    # A shared expert: Qwen2-MoE, under either router, with q, k, v biases or none, windowed on
+    # any layers; refused ungated, with q/k norms or with biases on every linear layer.
+    s = dict(c, moe_shared_expert_intermediate_size=32, moe_shared_expert_gate=True)
+    assert arch(s) == "qwen2_moe"
+    assert arch(dict(s, moe_router_pre_softmax=True, add_qkv_bias=True)) == "qwen2_moe"
+    assert arch(dict(s, window_size=4, window_layers=[1, 0])) == "qwen2_moe"
+    with pytest.raises(convert_hf.ConvertError, match="shared expert without a gate"):
+        arch(dict(s, moe_shared_expert_gate=False))
+    with pytest.raises(convert_hf.ConvertError, match="shared expert and q/k norms"):
+        arch(dict(s, qk_layernorm=True))
+    with pytest.raises(convert_hf.ConvertError, match="biases on every linear layer"):
+        arch(dict(s, add_bias_linear=True))
+    with pytest.raises(convert_hf.ConvertError, match="shared expert and is stablelm shaped"):
+        arch(dict(s, normalization="layernorm"))
+
+
+def test_qwen2_moe_without_qkv_biases_exports_zero_biases(tmp_path):
+    # qkv_bias false (transformers 5's switch) imports without biases; export writes them as
+    # zeros (transformers 4 always builds them), the same model.
+    hf_dir = qwen2_moe(tmp_path / "hf", qkv_bias=False)
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
+    assert metadata(tmp_path / "ckpt")["config"]["add_qkv_bias"] is False
+    out = tmp_path / "out"
+    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    got, want = hf_weights(out), hf_weights(hf_dir)
+    biases = {n for n in got if n.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))}
+    assert len(biases) == 6 and not any(got[n].any() for n in biases)
+    assert_same_bits({n: t for n, t in got.items() if n not in biases}, want)
+    hf = load_hf(out)
+    assert hf.config.qkv_bias
+    model = braid_model(tmp_path / "ckpt")
+    assert_same_logits(model, hf, IDS)
+    assert_same_logits(model, load_hf(hf_dir), IDS)
+
+
+def test_qwen2_moe_windows_where_transformers_puts_them(tmp_path):
+    # Without layer_types, transformers 5 windows Qwen2-MoE's even layers below
+    # max_window_layers (Qwen2's windows those from it on); import reads it so. Export writes
+    # layer_types.
+    hf_dir = qwen2_moe(tmp_path / "hf")
+    edit_config(hf_dir, use_sliding_window=True, sliding_window=5, layer_types=None)
+    for max_window_layers, want in ((28, [1, 0]), (1, [1, 0]), (0, [0, 0])):
+        edit_config(hf_dir, max_window_layers=max_window_layers)
+        layer_types = transformers.AutoConfig.from_pretrained(hf_dir).layer_types
+        assert [int(k == "sliding_attention") for k in layer_types] == want
+        shutil.rmtree(tmp_path / "c", ignore_errors=True)
+        assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c").returncode == 0
+        c = metadata(tmp_path / "c")["config"]
+        assert (c["window_size"], c["window_layers"]) == ((4, want) if any(want) else (-1, []))
+    edit_config(hf_dir, use_sliding_window=False, layer_types=["sliding_attention"] * 2)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "d"), "layer_types",
+                 "use_sliding_window is false")

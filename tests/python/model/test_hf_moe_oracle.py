@@ -1,8 +1,9 @@
 """braid's mixture-of-experts layers against Hugging Face transformers (CPU, f32) with identical
 weights: logits, loss and every parameter gradient of MixtralForCausalLM (softmax over the top
-k logits) and Qwen3MoeForCausalLM (norm_topk_prob true: the same router; false: the top k of a
-softmax over all experts, braid's moe_router_pre_softmax); and the load-balancing loss against
-megatron-core's own switch_load_balancing_loss_func.
+k logits), Qwen3MoeForCausalLM (norm_topk_prob true: the same router; false: the top k of a
+softmax over all experts, braid's moe_router_pre_softmax) and Qwen2MoeForCausalLM (q, k, v
+biases and a shared expert scaled by its sigmoid gate, under either router); and the
+load-balancing loss against megatron-core's own switch_load_balancing_loss_func.
 
 Both sides must choose the same experts: the tests check on HF's router logits that no token's
 k-th and (k+1)-th experts are near a tie (braid's logits agree to ~1e-6) and that every expert
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from hf_oracle import (assert_close_rel, batch, braid_grads, experts_to_braid, mixtral_pair,
-                       qwen3_moe_pair)
+                       qwen2_moe_pair, qwen3_moe_pair)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
@@ -31,10 +32,12 @@ MARGIN = 1e-3  # the least gap between a token's k-th and (k+1)-th router logits
 def pair(kind, **fields):
     if kind == "mixtral":
         return mixtral_pair(**fields)
-    return qwen3_moe_pair(norm_topk_prob=kind == "qwen3_moe-norm-topk", **fields)
+    make = qwen2_moe_pair if kind.startswith("qwen2_moe") else qwen3_moe_pair
+    return make(norm_topk_prob=kind.endswith("norm-topk"), **fields)
 
 
-KINDS = ["mixtral", "qwen3_moe-norm-topk", "qwen3_moe-softmax-first"]
+KINDS = ["mixtral", "qwen3_moe-norm-topk", "qwen3_moe-softmax-first", "qwen2_moe-softmax-first",
+         "qwen2_moe-norm-topk"]
 
 
 def hf_forward(hf, ids):
@@ -85,16 +88,24 @@ def test_logits_loss_and_gradients(kind):
     assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
     compare_gradients(model, hf, 4)
     assert model.take_load_balancing_loss() == 0.0  # moe_aux_loss_coeff 0: none computed
+    if kind.startswith("qwen2_moe"):  # the shared expert and its gate were compared
+        grads = braid_grads(model)
+        for name in ("model.layers.1.mlp.shared_expert.down_proj.weight",
+                     "model.layers.1.mlp.shared_expert_gate.weight",
+                     "model.layers.1.self_attn.k_proj.bias"):
+            assert np.abs(grads[name]).max() > 0, name
 
 
-def test_router_kinds_differ():
-    # The same weights under the two Qwen3-MoE routers: renormalising the top k changes the
-    # output, so the tests above tell them apart.
+@pytest.mark.parametrize("qwen", ["qwen3_moe", "qwen2_moe"])
+def test_router_kinds_differ(qwen):
+    # The same weights under the two routers: renormalising the top k changes the output far
+    # beyond the logits' tolerance, so the tests above tell them apart.
     ids, _ = batch(97)
-    _, renormalised = pair("qwen3_moe-norm-topk")
-    _, softmax_first = pair("qwen3_moe-softmax-first")
+    _, renormalised = pair(f"{qwen}-norm-topk")
+    _, softmax_first = pair(f"{qwen}-softmax-first")
     a, b = np.from_dlpack(renormalised.logits(ids)), np.from_dlpack(softmax_first.logits(ids))
-    assert np.abs(a - b).max() > 1e-2
+    assert np.abs(a - b).max() > 100 * LOGITS_RTOL * np.abs(a).max()
+
 
 
 def megatron_aux_loss(router_logits, experts, topk, chosen):
@@ -109,7 +120,7 @@ def megatron_aux_loss(router_logits, experts, topk, chosen):
     return total
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe-softmax-first"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe-softmax-first", "qwen2_moe-softmax-first"])
 def test_load_balancing_loss_and_its_gradients_are_megatrons(kind):
     # moe_aux_loss_coeff c: braid's gradients are those of lm loss + c x (the sum over layers of
     # megatron's aux_loss), T = the microbatch's 48 tokens; take_load_balancing_loss() is that
