@@ -39,6 +39,7 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"moe_router_pre_softmax", c.moe_router_pre_softmax},
       {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
       {"moe_shared_expert_gate", c.moe_shared_expert_gate},
+      {"moe_layers", c.moe_layers},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
 }
@@ -85,6 +86,15 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                        ": a different model - moe_shared_expert_intermediate_size is ",
                        saved_shared, " in the checkpoint and ",
                        config.moe_shared_expert_intermediate_size, " in this run");
+    std::vector<int64_t> saved_layers, mine_layers;
+    for (int64_t l = 0; l < config.num_layers; ++l) mine_layers.push_back(config.is_moe_layer(l));
+    const auto listed = saved.value("moe_layers", std::vector<int64_t>{});
+    for (int64_t l = 0; l < config.num_layers; ++l)
+      saved_layers.push_back(listed.empty() ? 1 : listed.at(size_t(l)));
+    BRAID_CONFIG_CHECK(saved_layers == mine_layers, where,
+                       ": a different model - the layers with experts (moe_layers) are ",
+                       nlohmann::json(saved_layers).dump(), " in the checkpoint and ",
+                       nlohmann::json(mine_layers).dump(), " in this run");
     const bool saved_gate = saved.value("moe_shared_expert_gate", false);
     BRAID_CONFIG_CHECK(saved_gate == config.moe_shared_expert_gate, where,
                        ": a different model - moe_shared_expert_gate is ",

@@ -207,7 +207,7 @@ double Trainer::load_balancing_loss(int num_microbatches) const {
   all_reduce_host(state != nullptr ? &state->world() : nullptr, sum, DType::f32);
   const int tp = model_.chunk(0).tensor_parallel().size();
   const int dp = state != nullptr ? state->grid().dp() : 1;
-  return sum[0] / (double(tp) * dp * num_microbatches * double(c.num_layers));
+  return sum[0] / (double(tp) * dp * num_microbatches * double(c.num_moe_layers()));
 }
 
 float Trainer::evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches) {

@@ -118,6 +118,20 @@ int64_t TransformerConfig::mlp_hidden_size() const {
   return num_experts > 0 && moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size;
 }
 
+bool TransformerConfig::is_moe_layer(int64_t layer) const {
+  if (num_experts == 0) return false;
+  if (moe_layers.empty()) return true;
+  BRAID_CHECK(layer >= 0 && layer < int64_t(moe_layers.size()), "is_moe_layer: layer ", layer,
+              " is not one of the ", moe_layers.size(), " in moe_layers");
+  return moe_layers[size_t(layer)] != 0;
+}
+
+int64_t TransformerConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l);
+  return n;
+}
+
 int64_t TransformerConfig::kv_heads() const {
   return num_query_groups == 0 ? num_attention_heads : num_query_groups;
 }
@@ -211,6 +225,15 @@ void TransformerConfig::validate() const {
                        "TransformerConfig.moe_shared_expert_intermediate_size must be >= 0 (0: no "
                        "shared expert), got ",
                        moe_shared_expert_intermediate_size);
+  }
+  BRAID_CONFIG_CHECK(moe_layers.empty() || num_experts > 0,
+                     "TransformerConfig.moe_layers needs num_experts");
+  BRAID_CONFIG_CHECK(moe_layers.empty() || int64_t(moe_layers.size()) == num_layers,
+                     "TransformerConfig.moe_layers has ", moe_layers.size(),
+                     " entries for num_layers = ", num_layers, " (one per layer, or none)");
+  for (size_t l = 0; l < moe_layers.size(); ++l) {
+    BRAID_CONFIG_CHECK(moe_layers[l] == 0 || moe_layers[l] == 1, "TransformerConfig.moe_layers[", l,
+                       "] is ", moe_layers[l], "; each entry is 1 (experts) or 0 (dense MLP)");
   }
   BRAID_CONFIG_CHECK(num_experts > 0 || moe_shared_expert_intermediate_size == 0,
                      "TransformerConfig.moe_shared_expert_intermediate_size needs num_experts");

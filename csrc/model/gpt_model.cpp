@@ -184,8 +184,8 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
                       view_of(flat, prefix + "down_proj.weight"),
                       view_of(flat, prefix + "down_proj.bias")};
   };
-  if (c.num_experts == 0) {
-    t.mlp = mlp(p + "mlp.", n.ffn);
+  if (!c.is_moe_layer(layer)) {
+    t.mlp = mlp(p + "mlp.", c.ffn_hidden_size / tp_.size());
     return t;
   }
   t.router_weight = view_of(flat, p + "mlp.gate.weight");

@@ -141,7 +141,7 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
   if (bias) b.group({p + "self_attn.o_proj.bias", Shape{h}, -1, layer, false});
 
   add_norm(b, c, p + "post_attention_layernorm", layer);
-  if (c.num_experts == 0) return add_mlp(b, c, p + "mlp.", layer, c.ffn_hidden_size);
+  if (!c.is_moe_layer(layer)) return add_mlp(b, c, p + "mlp.", layer, c.ffn_hidden_size);
   b.group({p + "mlp.gate.weight", Shape{c.num_experts, h}, -1, layer, true});
   for (int64_t e = 0; e < c.num_experts; ++e)
     add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer, c.mlp_hidden_size());
@@ -165,10 +165,16 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   BRAID_CONFIG_CHECK(c.num_attention_heads % tp == 0, "tensor parallelism: num_attention_heads (",
                      c.num_attention_heads, ") is not divisible by --tensor-model-parallel-size (",
                      tp, ")");
-  const char* ffn_name = c.num_experts > 0 ? "moe_ffn_hidden_size" : "ffn_hidden_size";
-  BRAID_CONFIG_CHECK(c.mlp_hidden_size() % tp == 0, "tensor parallelism: ", ffn_name, " (",
-                     c.mlp_hidden_size(), ") is not divisible by --tensor-model-parallel-size (",
-                     tp, ")");
+  if (c.num_moe_layers() < c.num_layers) {
+    BRAID_CONFIG_CHECK(c.ffn_hidden_size % tp == 0, "tensor parallelism: ffn_hidden_size (",
+                       c.ffn_hidden_size, ") is not divisible by --tensor-model-parallel-size (",
+                       tp, ")");
+  }
+  if (c.num_experts > 0) {
+    BRAID_CONFIG_CHECK(c.mlp_hidden_size() % tp == 0, "tensor parallelism: moe_ffn_hidden_size (",
+                       c.mlp_hidden_size(), ") is not divisible by --tensor-model-parallel-size (",
+                       tp, ")");
+  }
   BRAID_CONFIG_CHECK(c.moe_shared_expert_intermediate_size % tp == 0,
                      "tensor parallelism: moe_shared_expert_intermediate_size (",
                      c.moe_shared_expert_intermediate_size,

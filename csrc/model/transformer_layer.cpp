@@ -84,6 +84,7 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int64_t laye
       cp_(cp),
       shape_(LayerShape::of(config, tp.size())),
       window_(config.attention_window(layer)),
+      moe_(config.is_moe_layer(layer)),
       w_(std::move(weights)),
       g_(std::move(grads)) {}
 
@@ -140,7 +141,7 @@ void TransformerLayer::mlp_rows_backward(const MlpTensors& w, const MlpTensors& 
 }
 
 Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* saved) const {
-  if (config_.num_experts > 0) return moe_forward(h_full, saved);
+  if (moe_) return moe_forward(h_full, saved);
   const int64_t t = h_full.size(0);
   Tensor fc1 = Tensor::empty({t, w_.mlp.fc1_weight.size(0)}, h_full.dtype(), h_full.device());
   Tensor m = Tensor::empty({t, config_.hidden_size}, h_full.dtype(), h_full.device());
@@ -154,7 +155,7 @@ Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* sav
 
 Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                                       float loss_scale) const {
-  if (config_.num_experts > 0) return moe_backward(dm, h_full, a, loss_scale);
+  if (moe_) return moe_backward(dm, h_full, a, loss_scale);
   Tensor dh = Tensor::empty(h_full.shape(), h_full.dtype(), h_full.device());
   mlp_rows_backward(w_.mlp, g_.mlp, dh, dm, h_full, a.fc1_out, a.act_out, false);
   release(a.fc1_out, a.act_out);

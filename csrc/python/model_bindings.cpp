@@ -70,6 +70,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("moe_shared_expert_intermediate_size",
                      &TransformerConfig::moe_shared_expert_intermediate_size)
       .def_readwrite("moe_shared_expert_gate", &TransformerConfig::moe_shared_expert_gate)
+      .def_readwrite("moe_layers", &TransformerConfig::moe_layers)
       .def_readwrite("zero_centered_gamma", &TransformerConfig::zero_centered_gamma)
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
       .def_readwrite("init_std", &TransformerConfig::init_std)

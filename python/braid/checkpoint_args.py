@@ -44,6 +44,7 @@ FROM_CHECKPOINT = {
     "moe_shared_expert_intermediate_size": lambda v: [("moe_shared_expert_intermediate_size",
                                                        v or None)],
     "moe_shared_expert_gate": lambda v: [("moe_shared_expert_gate", v)],
+    "moe_layers": lambda v: [("moe_layer_freq", list(v) or 1)],
 }
 
 
@@ -58,7 +59,7 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "rotary_percent": 1.0, "window_size": -1, "window_layers": [],
                "num_experts": 0, "moe_ffn_hidden_size": 0, "moe_router_topk": 2,
                "moe_router_pre_softmax": False, "moe_shared_expert_intermediate_size": 0,
-               "moe_shared_expert_gate": False,
+               "moe_shared_expert_gate": False, "moe_layers": [],
                **MEGATRON_ROPE_SCALING}
 
 

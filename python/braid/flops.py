@@ -18,7 +18,7 @@ counts as it counts every other matrix product of the forward pass (Mixtral 8x7B
 its layers' model FLOPs). Only the experts a token is routed to count: the model FLOPs of an
 E-expert top-k layer are those of a dense layer of k·F (+ the router), whatever E is. A shared
 expert (moe_shared_expert_intermediate_size S) counts as a dense MLP of S, its gate as a [h -> 1]
-GEMM.
+GEMM. The layers moe_layers marks 0 count their dense MLP of ffn_hidden_size.
 
 MFU = achieved model FLOP/s per device / the device's dense bf16 peak (A100 312 TFLOP/s,
 H100/H200 989). On the CPU the peak is measured: one core's f32 GEMM rate (numpy's BLAS, one
@@ -55,17 +55,21 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     mlp_matrices = 3 if cfg.activation == "swiglu" else 2
     per_layer = 2 * h * (q + 2 * kv)           # query, key and value projections
     per_layer += 2 * q * h                     # output projection
+    dense_mlp = 2 * mlp_matrices * h * cfg.ffn_hidden_size
     experts = getattr(cfg, "num_experts", 0) or 0
+    moe_layers = 0
     if experts:  # the k routed experts' MLPs and the router (the module docstring)
         ffn = getattr(cfg, "moe_ffn_hidden_size", 0) or cfg.ffn_hidden_size
-        per_layer += 2 * mlp_matrices * h * ffn * cfg.moe_router_topk + 2 * h * experts
+        moe_mlp = 2 * mlp_matrices * h * ffn * cfg.moe_router_topk + 2 * h * experts
         shared = getattr(cfg, "moe_shared_expert_intermediate_size", 0) or 0
-        per_layer += 2 * mlp_matrices * h * shared  # the shared expert, as a dense MLP
-        per_layer += 2 * h if getattr(cfg, "moe_shared_expert_gate", False) else 0
-    else:
-        per_layer += 2 * mlp_matrices * h * cfg.ffn_hidden_size
+        moe_mlp += 2 * mlp_matrices * h * shared  # the shared expert, as a dense MLP
+        moe_mlp += 2 * h if getattr(cfg, "moe_shared_expert_gate", False) else 0
+        pattern = list(getattr(cfg, "moe_layers", ()) or ())
+        moe_layers = sum(pattern) if pattern else cfg.num_layers
     attention = 2 * 2 * q * attended_keys(cfg, seq_length)  # QKᵀ and the probabilities times V
-    return cfg.num_layers * per_layer + attention + 2 * h * cfg.vocab_size
+    mlps = moe_layers * moe_mlp + (cfg.num_layers - moe_layers) * dense_mlp if experts else \
+        cfg.num_layers * dense_mlp
+    return cfg.num_layers * per_layer + mlps + attention + 2 * h * cfg.vocab_size
 
 
 def flops_per_iteration(cfg, seq_length: int, global_batch_size: int) -> float:

@@ -34,7 +34,8 @@ _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
                 "rope_high_freq_factor", "rope_original_max_position_embeddings",
                 "rotary_percent", "window_size", "window_layers", "num_experts",
                 "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
-                "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "norm_eps",
+                "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layers",
+                "norm_eps",
                 "params_dtype")
 
 

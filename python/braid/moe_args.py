@@ -10,10 +10,12 @@
 --moe-shared-expert-intermediate-size S
                                    a shared expert of hidden size S every token goes through
 --moe-shared-expert-gate           its output scaled by a sigmoid gate (Qwen2-MoE)
+--moe-layer-freq N | "[0]+[1]*23"  which layers have experts: N - layers 0, N, 2N, ... (0-based,
+                                   Megatron's rule); a list - one 1 (experts) or 0 (dense) per layer
 
-braid's experts are dropless (Megatron's default, no capacity factor), every layer is an MoE
-layer, and without expert parallelism each expert is split over TP like the dense MLP (Megatron's
-expert tensor parallelism at the TP size)."""
+braid's experts are dropless (Megatron's default, no capacity factor), and without expert
+parallelism each expert is split over TP like the dense MLP (Megatron's expert tensor
+parallelism at the TP size)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ def add_arguments(g, pos_int, nonneg_float):
                    help="scale the shared expert's output by sigmoid(x w), w [1, hidden] "
                         "(Qwen2-MoE's shared_expert_gate)")
     g.add_argument("--moe-layer-freq", type=window_args.skip_freq, default=1,
-                   help="braid: 1 (every layer is an MoE layer)")
+                   help="which layers have experts: N - layers 0, N, 2N, ... (counted from 0); "
+                        "or a list, one 1 (experts) or 0 (dense MLP) per layer, e.g. "
+                        "\"[0]+[1]*23\"")
     g.add_argument("--expert-model-parallel-size", type=pos_int, default=1,
                    help="braid: 1 (experts are split over TP like the dense MLP)")
     g.add_argument("--expert-tensor-parallel-size", type=pos_int, default=None,
@@ -60,6 +64,7 @@ def check(a, tp: int) -> str | None:
                             ("--moe-shared-expert-intermediate-size",
                              a.moe_shared_expert_intermediate_size is not None),
                             ("--moe-shared-expert-gate", a.moe_shared_expert_gate),
+                            ("--moe-layer-freq", a.moe_layer_freq != 1),
                             ("--expert-model-parallel-size", a.expert_model_parallel_size != 1)):
             if given:
                 return f"{flag} needs --num-experts"
@@ -75,9 +80,12 @@ def check(a, tp: int) -> str | None:
         return (f"--moe-router-load-balancing-type {a.moe_router_load_balancing_type} is not "
                 "implemented: braid has aux_loss (per microbatch) and none")
     freq = a.moe_layer_freq
-    if freq != 1 and not (isinstance(freq, list) and len(freq) == a.num_layers and all(freq)):
-        return (f"--moe-layer-freq {freq}: dense layers between MoE layers are not implemented; "
-                "braid makes every layer an MoE layer (1)")
+    if isinstance(freq, list) and len(freq) != a.num_layers:
+        return (f"--moe-layer-freq gives {len(freq)} layers for --num-layers {a.num_layers} "
+                "(one entry per layer)")
+    layers = moe_layers(freq, a.num_layers)
+    if layers and not any(layers):
+        return f"--moe-layer-freq {freq} gives no layer experts"
     if a.expert_model_parallel_size != 1:
         return (f"--expert-model-parallel-size {a.expert_model_parallel_size}: expert "
                 "parallelism is not implemented; every rank holds every expert, split over TP "
@@ -98,6 +106,14 @@ def check(a, tp: int) -> str | None:
     return None
 
 
+def moe_layers(freq: int | list[int], num_layers: int) -> list[int]:
+    """One entry per layer, 1: experts, 0: the dense MLP ([] when every layer has experts):
+    Megatron's rule for --moe-layer-freq, layer i has experts when i % N == 0."""
+    layers = list(freq) if isinstance(freq, list) else \
+        [1 if i % freq == 0 else 0 for i in range(num_layers)]
+    return [] if all(layers) else layers
+
+
 def configure(cfg, a):
     """Sets the TransformerConfig's expert fields from checked arguments."""
     if a.num_experts is None:
@@ -108,5 +124,6 @@ def configure(cfg, a):
     cfg.moe_router_pre_softmax = a.moe_router_pre_softmax
     cfg.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size or 0
     cfg.moe_shared_expert_gate = a.moe_shared_expert_gate
+    cfg.moe_layers = moe_layers(a.moe_layer_freq, a.num_layers)
     if a.moe_router_load_balancing_type == "aux_loss":
         cfg.moe_aux_loss_coeff = a.moe_aux_loss_coeff

@@ -88,6 +88,10 @@ struct TransformerConfig {
   // shared_expert_gate, Megatron's --moe-shared-expert-gate).
   int64_t moe_shared_expert_intermediate_size = 0;
   bool moe_shared_expert_gate = false;
+  // Which layers have experts, one entry per layer, 1: experts, 0: the dense MLP of
+  // ffn_hidden_size (the list form of Megatron's --moe-layer-freq; DeepSeek's first dense layers,
+  // Qwen3-MoE's mlp_only_layers). Empty: every layer. Only with num_experts > 0.
+  std::vector<int64_t> moe_layers;
   float init_std = 0.02f;
   float hidden_dropout = 0.0f;
   float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
@@ -104,8 +108,11 @@ struct TransformerConfig {
   int64_t rotary_dim() const;  // int(head_dim() x rotary_percent): the channels RoPE turns
   // The attention window of layer `layer` (0-based): window_size on a windowed layer, else -1.
   int64_t attention_window(int64_t layer) const;
-  // The hidden size of each MLP: moe_ffn_hidden_size (or ffn_hidden_size) with experts.
+  // The hidden size of each expert: moe_ffn_hidden_size, or ffn_hidden_size.
   int64_t mlp_hidden_size() const;
+  // Whether layer `layer` (0-based) has experts; num_moe_layers() counts them.
+  bool is_moe_layer(int64_t layer) const;
+  int64_t num_moe_layers() const;
   int64_t padded_vocab_size(int tp_size = 1) const;
 
   // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.

@@ -201,6 +201,7 @@ class TransformerLayer {
   ContextParallel cp_;
   LayerShape shape_;
   int64_t window_;  // ops::attention_forward's: -1 or the keys before each query it sees
+  bool moe_;        // experts (and a router) in place of the dense MLP
   LayerTensors w_;
   LayerTensors g_;
 };

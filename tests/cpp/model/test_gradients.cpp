@@ -180,6 +180,7 @@ TEST(Gradients, ExpertsMatchFiniteDifferences) {
   llama.moe_ffn_hidden_size = 24;
   llama.moe_shared_expert_intermediate_size = 40;  // Qwen2-MoE's gated shared expert
   llama.moe_shared_expert_gate = true;
+  llama.moe_layers = {0, 1};  // a dense first layer (DeepSeek's)
   check_gradients(llama);
   TransformerConfig gpt2 = small_gpt2();  // gelu experts with biases, softmax over all first
   gpt2.num_experts = 2;

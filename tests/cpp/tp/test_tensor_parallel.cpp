@@ -74,6 +74,8 @@ TransformerConfig experts() {
   c.moe_aux_loss_coeff = 0.1f;
   c.moe_shared_expert_intermediate_size = 32;  // split over TP; its gate replicated
   c.moe_shared_expert_gate = true;
+  c.moe_layers.assign(size_t(c.num_layers), 1);
+  c.moe_layers[0] = 0;  // a dense first layer
   return c;
 }
 

@@ -15,7 +15,7 @@ from pretrain_job import MODEL, REPO, jsonl, losses, run
 
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
        "--moe-aux-loss-coeff", "0.01", "--moe-shared-expert-intermediate-size", "48",
-       "--moe-shared-expert-gate"]
+       "--moe-shared-expert-gate", "--moe-layer-freq", "[1,1,0,1]"]
 
 
 def balancing(records):
@@ -23,8 +23,8 @@ def balancing(records):
 
 
 def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
-    # Top-2 of 4 experts and a gated shared expert on every layer, with Megatron's aux_loss
-    # (Qwen2-MoE's block, Megatron's flags). One process trains 20
+    # Top-2 of 4 experts and a gated shared expert on layers 1, 2 and 4 (the third is dense),
+    # with Megatron's aux_loss (Qwen2-MoE's block, Megatron's flags). One process trains 20
     # iterations; tp 2 x pp 2 x dp 2 (sequence parallel, distributed optimizer, overlapped
     # reduction) and tp 2 x cp 2 (sequence parallel) train the first 10 alike, with the same
     # load-balancing loss; the 3D run's checkpoint at 10 resumes in one process and gives the
@@ -64,7 +64,8 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
     c = braid.checkpoint_metadata(ckpt)["config"]
     assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"],
             c["moe_router_pre_softmax"], c["moe_shared_expert_intermediate_size"],
-            c["moe_shared_expert_gate"]) == (4, 2, 32, False, 48, True)
+            c["moe_shared_expert_gate"], c["moe_layers"]) == (4, 2, 32, False, 48, True,
+                                                              [1, 1, 0, 1])
     # tools/generate.py decodes the experts over its KV cache: greedily, the ids the whole
     # sequence's logits give one position at a time.
     from braid.generate import config_from_metadata
@@ -113,8 +114,9 @@ def test_the_aux_loss_coefficient_changes_training():
     (["--num-experts", "4", "--moe-router-topk", "5"], "is more than --num-experts 4"),
     (["--num-experts", "4", "--moe-router-score-function", "sigmoid"],
      "braid's router is softmax"),
-    (["--num-experts", "4", "--moe-layer-freq", "[1,0,1,0]"],
-     "dense layers between MoE layers are not implemented"),
+    (["--num-experts", "4", "--moe-layer-freq", "[1,0,1]"],
+     "--moe-layer-freq gives 3 layers for --num-layers 4"),
+    (["--num-experts", "4", "--moe-layer-freq", "[0,0,0,0]"], "gives no layer experts"),
     (["--num-experts", "4", "--moe-z-loss-coeff", "1e-3"],
      "--moe-z-loss-coeff is not supported by braid: the router z-loss is not implemented"),
     (["--num-experts", "2000"], "at most 1024 experts"),
