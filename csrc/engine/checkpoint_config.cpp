@@ -77,7 +77,7 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                      ": a different model - num_experts is ", saved_experts,
                      " in the checkpoint and ", config.num_experts, " in this run");
   if (saved_experts > 0) {
-    const int64_t saved_ffn = saved.at("moe_ffn_hidden_size").get<int64_t>();
+    const int64_t saved_ffn = saved.value("moe_ffn_hidden_size", int64_t(0));
     BRAID_CONFIG_CHECK(saved_ffn == config.mlp_hidden_size(), where,
                        ": a different model - moe_ffn_hidden_size is ", saved_ffn,
                        " in the checkpoint and ", config.mlp_hidden_size(), " in this run");
@@ -89,8 +89,11 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
     std::vector<int64_t> saved_layers, mine_layers;
     for (int64_t l = 0; l < config.num_layers; ++l) mine_layers.push_back(config.is_moe_layer(l));
     const auto listed = saved.value("moe_layers", std::vector<int64_t>{});
+    BRAID_CONFIG_CHECK(listed.empty() || int64_t(listed.size()) == config.num_layers, where,
+                       ": moe_layers has ", listed.size(), " entries for ", config.num_layers,
+                       " layers");
     for (int64_t l = 0; l < config.num_layers; ++l)
-      saved_layers.push_back(listed.empty() ? 1 : listed.at(size_t(l)));
+      saved_layers.push_back(listed.empty() ? 1 : listed[size_t(l)]);
     BRAID_CONFIG_CHECK(saved_layers == mine_layers, where,
                        ": a different model - the layers with experts (moe_layers) are ",
                        nlohmann::json(saved_layers).dump(), " in the checkpoint and ",

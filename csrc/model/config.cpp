@@ -213,11 +213,10 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(moe_router_topk >= 1 && moe_router_topk <= num_experts,
                        "TransformerConfig.moe_router_topk must be in [1, num_experts = ",
                        num_experts, "], got ", moe_router_topk);
-    BRAID_CONFIG_CHECK(
-        moe_ffn_hidden_size >= 0,
-        "TransformerConfig.moe_ffn_hidden_size must be positive (0: ffn_hidden_size), "
-        "got ",
-        moe_ffn_hidden_size);
+    BRAID_CONFIG_CHECK(moe_ffn_hidden_size >= 0,
+                       "TransformerConfig.moe_ffn_hidden_size must be >= 0 (0: ffn_hidden_size), "
+                       "got ",
+                       moe_ffn_hidden_size);
     BRAID_CONFIG_CHECK(moe_aux_loss_coeff >= 0 && std::isfinite(moe_aux_loss_coeff),
                        "TransformerConfig.moe_aux_loss_coeff must be >= 0 and finite, got ",
                        moe_aux_loss_coeff);

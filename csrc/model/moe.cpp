@@ -12,7 +12,7 @@ Tensor on(Device device, const Tensor& host) { return device.is_cpu() ? host : h
 }  // namespace
 
 MoeRouting route_tokens(const Tensor& logits, const TransformerConfig& config,
-                        const ContextParallel& cp, bool load_balancing) {
+                        const TensorParallel& tp, const ContextParallel& cp, bool load_balancing) {
   const int64_t t_count = logits.size(0), e_count = config.num_experts;
   const int64_t k = config.moe_router_topk, n = t_count * k;
   const Device device = logits.device();
@@ -22,6 +22,10 @@ MoeRouting route_tokens(const Tensor& logits, const TransformerConfig& config,
   r.experts = Tensor::empty({t_count, k}, DType::i32, device);
   Tensor score_sums = aux ? Tensor::empty({e_count}, DType::f32, device) : Tensor();
   ops::moe_router_forward(r.probs, r.experts, score_sums, logits, config.moe_router_pre_softmax);
+  if (tp.active()) {
+    tp.group->broadcast(r.experts, 0)->wait();
+    tp.group->broadcast(r.probs, 0)->wait();
+  }
 
   // Counting sort of the (token, choice) pairs by expert, stable in token order.
   const Tensor chosen = host_copy(r.experts);

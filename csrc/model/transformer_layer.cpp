@@ -171,7 +171,7 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, LayerActivations* sav
   // its share of each expert's columns; the combine is linear, so the partial outputs sum.
   Tensor logits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
   linear_forward(logits, h_full, w_.router_weight, {});
-  MoeRouting r = route_tokens(logits, c, cp_, saved != nullptr);
+  MoeRouting r = route_tokens(logits, c, tp_, cp_, saved != nullptr);
   const int64_t n = r.row_token.size(0);
   Tensor in = Tensor::empty({n, h}, dt, dev);
   ops::gather_rows(in, h_full, r.row_token, {});

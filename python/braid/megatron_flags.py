@@ -55,7 +55,8 @@ NO_EFFECT = {
     "--moe-token-dispatcher-type": (True, "without expert parallelism every rank holds every "
                                           "expert: tokens are dispatched locally"),
     "--moe-permute-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--moe-router-dtype": (True, "braid's router logits and probabilities are always f32"),
+    "--moe-router-dtype": (True, "braid's router logits and probabilities are always f32 (its "
+                                 "GEMMs take the activations' dtype with f32 accumulation)"),
     "--num-workers": (True, "braid's data loader prefetches on a thread of its own"),
     "--manual-gc": (False, "braid's step runs in C++; Python's garbage collector is not in it"),
     "--manual-gc-interval": (True, "see --manual-gc"),

@@ -149,13 +149,21 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, cublasLtHandle_t handle, con
   return plan;
 }
 
-Plan* cached_plan(const PlanKey& key, cublasLtHandle_t handle, const void* bias) {
+// Plans are kept for the process, up to kMaxPlans: the experts' GEMMs take as many rows as
+// their routing gives them, so their shapes are unbounded; past the cap the cache starts
+// again (a plan in use stays alive with its caller).
+constexpr size_t kMaxPlans = 4096;
+
+std::shared_ptr<Plan> cached_plan(const PlanKey& key, cublasLtHandle_t handle, const void* bias) {
   static std::mutex mutex;
-  static auto* plans = new std::map<PlanKey, std::unique_ptr<Plan>>();  // kept for the process
+  static auto* plans = new std::map<PlanKey, std::shared_ptr<Plan>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans->find(key);
-  if (it == plans->end()) it = plans->emplace(key, make_plan(key, handle, bias)).first;
-  return it->second.get();
+  if (it == plans->end()) {
+    if (plans->size() >= kMaxPlans) plans->clear();
+    it = plans->emplace(key, make_plan(key, handle, bias)).first;
+  }
+  return it->second;
 }
 
 // out[r, c] += bias[c] (the epilogue's fallback) over [rows, n].
@@ -227,7 +235,7 @@ void matmul(Tensor out, const Tensor& a, const Tensor& b, const Tensor& bias, bo
               alignment_of(b.data()),
               alignment_of(out.data()),
               bias.defined() ? alignment_of(bias.data()) : 256u};
-  Plan* plan = cached_plan(key, handle, bias.defined() ? bias.data() : nullptr);
+  std::shared_ptr<Plan> plan = cached_plan(key, handle, bias.defined() ? bias.data() : nullptr);
   bool separate_bias = false;
   if (!plan->found && key.bias_epilogue) {  // no algorithm with the bias epilogue
     key.bias_epilogue = false;

@@ -23,6 +23,7 @@
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
 #include "braid/model/context_parallel.h"
+#include "braid/model/tensor_parallel.h"
 
 namespace braid::model {
 
@@ -42,7 +43,10 @@ struct MoeRouting {
 
 // Routes the tokens of `logits` [T, E] f32 by `config`'s router and plans their dispatch; with
 // `load_balancing` (training, moe_aux_loss_coeff > 0) also the loss (counts summed over `cp`).
+// Under tensor parallelism every rank routes the same tokens with its copy of the router; the
+// choices and probabilities of TP rank 0 are broadcast to the group, so that the ranks' partial
+// expert outputs always belong to the same experts, even if the copies' bits drift apart.
 MoeRouting route_tokens(const Tensor& logits, const TransformerConfig& config,
-                        const ContextParallel& cp, bool load_balancing);
+                        const TensorParallel& tp, const ContextParallel& cp, bool load_balancing);
 
 }  // namespace braid::model

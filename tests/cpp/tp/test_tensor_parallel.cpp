@@ -194,6 +194,33 @@ INSTANTIATE_TEST_SUITE_P(Models, TensorParallelEqualsOneRank, ::testing::ValuesI
 // per layer 2 all-reduces of b·s·h forward and 2 backward; with sequence parallelism the same
 // volume as all-gathers and reduce-scatters (backward also re-gathers the two norm outputs
 // that forward kept as shards).
+// Every TP rank routes with its own copy of the router; rank 0's choices are the group's. With
+// every other rank's router negated (their own choices would be other experts), the loss is
+// still the one-rank model's.
+TEST(TensorParallelExperts, RoutingFollowsRankZero) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  if (world->size() == 1) GTEST_SKIP() << "one rank routes alone";
+  TransformerConfig config = experts();
+  config.moe_aux_loss_coeff = 0;
+  GPTModel reference(config, Device::cpu(), 7);
+  GPTModel sharded(config, Device::cpu(), 7, TensorParallel{world.get(), true});
+  const auto global = perturbed(reference);
+  set_from_global(reference, global);
+  set_from_global(sharded, global);
+  if (world->rank() != 0) {
+    for (Parameter& p : sharded.parameters()) {
+      if (!p.spec.name.ends_with("mlp.gate.weight")) continue;
+      Tensor negated = p.value.clone();
+      float* v = negated.data_ptr<float>();
+      for (int64_t i = 0; i < negated.numel(); ++i) v[i] = -v[i];
+      p.value.copy_from(negated);
+    }
+  }
+  const Batch b = batch(2, 8, config.vocab_size, 31);
+  const float want = reference.forward(b.ids, b.targets);
+  EXPECT_NEAR(sharded.forward(b.ids, b.targets), want, 1e-5 * std::abs(want));
+}
+
 TEST(TensorParallelCommunication, MatchesTheAnalyticCount) {
   std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
   if (world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
