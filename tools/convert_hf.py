@@ -34,8 +34,9 @@ from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
 from hf_configs import (LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
                         braid_config_from_hf, check, head_width, hf_architecture,
                         hf_architecture_or_none, hf_config_from_braid)
-from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, hf_moe_config,  # noqa: E402
-                    moe_architecture, moe_config_from_hf, moe_ffn, moe_tensors_to_braid)
+from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  # noqa: E402
+                    hf_moe_config, moe_architecture, moe_config_from_hf, moe_ffn,
+                    moe_tensors_to_braid)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -74,6 +75,7 @@ def braid_specs(c):
         if bias:
             specs.append((prefix + "down_proj.bias", [h], -1))
 
+    experts = expert_layers(c) if c.get("num_experts") else [0] * c["num_layers"]
     for i in range(c["num_layers"]):
         p = f"model.layers.{i}."
         norm(p + "input_layernorm")
@@ -91,7 +93,7 @@ def braid_specs(c):
         if bias:
             specs.append((p + "self_attn.o_proj.bias", [h], -1))
         norm(p + "post_attention_layernorm")
-        if c.get("num_experts"):  # absent in checkpoints before experts
+        if experts[i]:  # (num_experts, moe_layers: absent in checkpoints before them)
             specs.append((p + "mlp.gate.weight", [c["num_experts"], h], -1))
             for j in range(c["num_experts"]):
                 mlp(p + f"mlp.experts.{j}.", moe_ffn(c))

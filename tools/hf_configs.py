@@ -25,8 +25,9 @@ def head_width(c):
 # is Llama with biases on q, k and v alone (braid's add_qkv_bias), Qwen3 Llama with a
 # norm on each query and key head (qk_layernorm), StableLM Llama with LayerNorms (weight and
 # bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
-# are Llama's. Mixtral is Mistral, Qwen2-MoE Qwen2 and Qwen3-MoE Qwen3 with every MLP a mixture
-# of experts, Qwen2-MoE's with a gated shared expert (hf_moe.py).
+# are Llama's. Mixtral is Mistral with every MLP a mixture of experts, Qwen2-MoE Qwen2 and
+# Qwen3-MoE Qwen3 with the MLPs of the layers mlp_only_layers and decoder_sparse_step pick
+# mixtures of experts, Qwen2-MoE's with a gated shared expert (hf_moe.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",

@@ -3,16 +3,21 @@
 config fields and the names of their router and expert tensors. hf_configs.py holds what they
 share with Mistral, Qwen2 and Qwen3 (attention, norms, RoPE, windows).
 
-braid makes every layer an MoE layer: a router `mlp.gate.weight` [E, H] and per expert j
+A braid MoE layer has a router `mlp.gate.weight` [E, H] and per expert j
 `mlp.experts.{j}.{gate_proj,up_proj,down_proj}.weight` (SwiGLU, no biases); with a shared expert
 (Qwen2-MoE's) `mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight` and its sigmoid gate
-`mlp.shared_expert_gate.weight` [1, H]. On disk transformers writes Qwen2-MoE and Qwen3-MoE
-under braid's names and Mixtral as `block_sparse_moe.gate`,
-`block_sparse_moe.experts.{j}.w1` (gate), `w3` (up), `w2` (down); transformers 5 holds the
-experts of a layer fused in memory (`mlp.experts.gate_up_proj` [E, 2F, H], gate rows first, and
-`mlp.experts.down_proj` [E, H, F]) and converts on load and save. Import reads either layout;
-export writes the per-expert one, which every transformers release loads.
+`mlp.shared_expert_gate.weight` [1, H]. The layers braid's moe_layers marks 0 have the dense MLP
+(`mlp.{gate_proj,up_proj,down_proj}.weight`, ffn_hidden_size wide), as the Qwens' layers that
+mlp_only_layers and decoder_sparse_step leave without experts do; Mixtral has experts on every
+layer. On disk transformers writes Qwen2-MoE and Qwen3-MoE under braid's names and Mixtral as
+`block_sparse_moe.gate`, `block_sparse_moe.experts.{j}.w1` (gate), `w3` (up), `w2` (down);
+transformers 5 holds the experts of a layer fused in memory (`mlp.experts.gate_up_proj`
+[E, 2F, H], gate rows first, and `mlp.experts.down_proj` [E, H, F]) and converts on load and
+save. Import reads either layout; export writes the per-expert one, which every transformers
+release loads.
 """
+
+import json
 
 from hf_configs import braid_architecture, braid_window, check, refuse
 
@@ -42,13 +47,9 @@ def moe_config_from_hf(hf, arch):
     shared = {}
     if arch == "mixtral":
         ffn, pre_softmax = hf["intermediate_size"], False
+        layers = []
     else:
-        if hf.get("mlp_only_layers"):
-            refuse("mlp_only_layers", hf["mlp_only_layers"], "those layers have a dense MLP; "
-                   "braid makes every layer an MoE layer")
-        if hf.get("decoder_sparse_step", 1) != 1:
-            refuse("decoder_sparse_step", hf["decoder_sparse_step"], "only every n-th layer "
-                   "has experts, the others a dense MLP; braid makes every layer an MoE layer")
+        layers = sparse_layers(hf)
         ffn = hf.get("moe_intermediate_size", default_ffn)
         pre_softmax = not hf.get("norm_topk_prob", False)
     if arch == "qwen2_moe":
@@ -63,14 +64,38 @@ def moe_config_from_hf(hf, arch):
     check(isinstance(ffn, int) and ffn >= 1, "config.json: the experts' intermediate size "
           f"should be a positive integer, is {ffn!r}")
     return {"num_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": ffn,
-            "moe_router_pre_softmax": pre_softmax, **shared}
+            "moe_router_pre_softmax": pre_softmax, **shared,
+            "moe_layers": [] if all(layers) else layers}
+
+
+def sparse_layers(hf):
+    """One entry per layer of a Qwen2-MoE or Qwen3-MoE config.json, 1 where transformers builds
+    the experts: layer i unless mlp_only_layers lists it, and only if (i + 1) is a multiple of
+    decoder_sparse_step; the other layers have the dense MLP of intermediate_size."""
+    only, step = hf.get("mlp_only_layers") or [], hf.get("decoder_sparse_step", 1)
+    check(isinstance(only, list) and all(isinstance(i, int) for i in only), "config.json: "
+          f"mlp_only_layers should be a list of layer numbers, is {json.dumps(only)}")
+    check(isinstance(step, int) and step >= 1, "config.json: decoder_sparse_step should be a "
+          f"positive integer, is {json.dumps(step)}")
+    layers = [int(i not in only and (i + 1) % step == 0) for i in range(hf["num_hidden_layers"])]
+    if not any(layers):
+        refuse("mlp_only_layers" if only else "decoder_sparse_step", only or step, "no layer "
+               "has experts; braid's MoE models have them on one layer at least "
+               "(--moe-layer-freq)")
+    return layers
+
+
+def expert_layers(c):
+    """One entry per layer of a braid config, 1 where it has experts (moe_layers; every layer
+    where it is empty or absent)."""
+    return c.get("moe_layers") or [1] * c["num_layers"]
 
 
 def moe_architecture(c):
     """The HF architecture of a braid MoE config: Qwen2-MoE with a shared expert; else Mixtral
     (Mistral's shape: no q/k norms, no biases, a window on every layer or none, the router's
-    softmax over the top k) or Qwen3-MoE with q/k norms (norm_topk_prob for either router);
-    ConvertError with why otherwise."""
+    softmax over the top k, experts on every layer) or Qwen3-MoE with q/k norms (norm_topk_prob
+    for either router, mlp_only_layers for dense layers); ConvertError with why otherwise."""
     if c.get("moe_shared_expert_intermediate_size"):
         return shared_expert_architecture(c)
     what = "this braid model has experts"
@@ -85,6 +110,10 @@ def moe_architecture(c):
           "MixtralForCausalLM and Qwen3MoeForCausalLM are RMSNorm, SwiGLU, RoPE")
     if c.get("qk_layernorm"):
         return "qwen3_moe"
+    check(all(expert_layers(c)), what, " on some layers only (moe_layers) but no q/k norms and "
+          "no shared expert; MixtralForCausalLM has experts on every layer, and of the HF "
+          "models with dense layers among expert ones (mlp_only_layers) Qwen3MoeForCausalLM "
+          "has q/k norms and Qwen2MoeForCausalLM a shared expert")
     check(not c.get("moe_router_pre_softmax"), what, " whose router takes the top k of a "
           "softmax over all experts (moe_router_pre_softmax) but no q/k norms; "
           "MixtralForCausalLM always renormalises the top k, and Qwen3MoeForCausalLM (whose "
@@ -95,7 +124,8 @@ def moe_architecture(c):
 def shared_expert_architecture(c):
     """Qwen2-MoE for a braid MoE config with a shared expert: its sigmoid gate, no q/k norms,
     q, k, v biases or none (export writes zeros), any window pattern (layer_types), either
-    router (norm_topk_prob); ConvertError with why otherwise."""
+    router (norm_topk_prob), dense layers anywhere (mlp_only_layers); ConvertError with why
+    otherwise."""
     what = "this braid model has a shared expert"
     check(c.get("moe_shared_expert_gate"), what, " without a gate; Qwen2MoeForCausalLM, the HF "
           "model with a shared expert, always scales its output by sigmoid(x w) "
@@ -120,12 +150,13 @@ def hf_moe_config(c, arch):
         return {"num_local_experts": c["num_experts"], "num_experts_per_tok":
                 c["moe_router_topk"], "intermediate_size": moe_ffn(c)}
     # The Qwens' hub configs say num_experts (transformers 5 maps Qwen3-MoE's to
-    # num_local_experts); intermediate_size is their dense MLPs' (none here), kept from braid's
-    # ffn_hidden_size.
+    # num_local_experts); intermediate_size is their dense MLPs' width, braid's ffn_hidden_size
+    # (kept where every layer has experts). mlp_only_layers lists any pattern of dense layers.
     hf = {"num_experts": c["num_experts"], "num_experts_per_tok": c["moe_router_topk"],
           "moe_intermediate_size": moe_ffn(c),
           "norm_topk_prob": not c.get("moe_router_pre_softmax", False),
-          "decoder_sparse_step": 1, "mlp_only_layers": []}
+          "decoder_sparse_step": 1,
+          "mlp_only_layers": [i for i, e in enumerate(expert_layers(c)) if not e]}
     if arch == "qwen2_moe":  # q, k, v biases always: transformers 4 has no qkv_bias switch
         hf.update({"shared_expert_intermediate_size": c["moe_shared_expert_intermediate_size"],
                    "qkv_bias": True})
@@ -136,9 +167,10 @@ def hf_moe_config(c, arch):
 
 def moe_tensors_to_braid(hf, arch, c):
     """Renames, in `hf` (name -> Tensor), each layer's router and experts to braid's names,
-    splitting transformers 5's fused [E, 2F, H] / [E, H, F] experts where it holds those."""
+    splitting transformers 5's fused [E, 2F, H] / [E, H, F] experts where it holds those. Dense
+    layers' MLPs have braid's names already."""
     e_count, f, h = c["num_experts"], moe_ffn(c), c["hidden_size"]
-    for i in range(c["num_layers"]):
+    for i in [i for i, e in enumerate(expert_layers(c)) if e]:
         p, src = f"model.layers.{i}.", f"model.layers.{i}.{MLP_PREFIX[arch]}"
         for router in (src + "gate.weight", p + "mlp.gate.weight"):
             if router in hf:
@@ -171,7 +203,7 @@ def braid_moe_tensors_to_hf(t, arch, c):
     """braid's tensors -> the per-expert names transformers writes (in place)."""
     if arch in ("qwen2_moe", "qwen3_moe"):  # braid's names
         return
-    for i in range(c["num_layers"]):
+    for i in [i for i, e in enumerate(expert_layers(c)) if e]:
         p, dst = f"model.layers.{i}.", f"model.layers.{i}.{MLP_PREFIX[arch]}"
         t[dst + "gate.weight"] = t.pop(p + "mlp.gate.weight")
         for j in range(c["num_experts"]):

@@ -216,53 +216,68 @@ def mixtral_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=48, experts=4, to
                                 moe_ffn_hidden_size=ffn, **fields)
 
 
+def expert_layers(hf):
+    """braid's moe_layers for an HF MoE model: 1 on the layers transformers built experts on,
+    0 on those with its dense MLP ([] when every layer has experts)."""
+    layers = [int(hasattr(layer.mlp, "experts")) for layer in hf.model.layers]
+    return [] if all(layers) else layers
+
+
 def qwen3_moe_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=48, experts=4, topk=2, vocab=97,
-                   positions=64, seed=0, norm_topk_prob=True, **fields):
+                   positions=64, seed=0, norm_topk_prob=True, mlp_only_layers=(), **fields):
     """Qwen3MoeForCausalLM: Qwen3 (q/k norms) whose MLPs are experts; norm_topk_prob false
     weights the chosen experts by their softmax over all experts, not renormalised (braid's
-    moe_router_pre_softmax)."""
+    moe_router_pre_softmax). The layers mlp_only_layers lists have the dense MLP of
+    intermediate_size (4 x hidden: braid's ffn_hidden_size)."""
     torch.manual_seed(seed)
     hf_cfg = transformers.Qwen3MoeConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
         moe_intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=kv_heads, head_dim=hidden // heads, max_position_embeddings=positions,
         num_experts=experts, num_experts_per_tok=topk, norm_topk_prob=norm_topk_prob,
-        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        mlp_only_layers=list(mlp_only_layers), rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         router_aux_loss_coef=0.0, tie_word_embeddings=False)
     hf = moe_routers(eager_model(transformers.Qwen3MoeForCausalLM, hf_cfg))
-    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
-                                norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=False,
-                                qk_layernorm=True, num_experts=experts, moe_router_topk=topk,
-                                moe_ffn_hidden_size=ffn,
-                                moe_router_pre_softmax=not norm_topk_prob, **fields)
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, 4 * hidden, vocab,
+                                positions, norm_eps=1e-6, rope_theta=1000000.0,
+                                tie_embeddings=False, qk_layernorm=True, num_experts=experts,
+                                moe_router_topk=topk, moe_ffn_hidden_size=ffn,
+                                moe_router_pre_softmax=not norm_topk_prob,
+                                moe_layers=expert_layers(hf), **fields)
 
 
 def qwen2_moe_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=48, shared=96, experts=4,
-                   topk=2, vocab=97, positions=64, seed=0, norm_topk_prob=False, **fields):
+                   topk=2, vocab=97, positions=64, seed=0, norm_topk_prob=False,
+                   decoder_sparse_step=1, **fields):
     """Qwen2MoeForCausalLM: Qwen2 (q, k, v biases) whose MLPs are experts plus a shared expert
     of width `shared` that every token goes through, its output scaled by sigmoid(x w_gate)
     (braid's moe_shared_expert_intermediate_size and moe_shared_expert_gate). Its router's
-    norm_topk_prob defaults to false: the top k of a softmax over all experts."""
+    norm_topk_prob defaults to false: the top k of a softmax over all experts. With
+    decoder_sparse_step N only layers N-1, 2N-1, ... have experts, the others the dense MLP of
+    intermediate_size (4 x hidden: braid's ffn_hidden_size)."""
     torch.manual_seed(seed)
     hf_cfg = transformers.Qwen2MoeConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
         moe_intermediate_size=ffn, shared_expert_intermediate_size=shared,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
         max_position_embeddings=positions, num_experts=experts, num_experts_per_tok=topk,
-        norm_topk_prob=norm_topk_prob, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        norm_topk_prob=norm_topk_prob, decoder_sparse_step=decoder_sparse_step,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         router_aux_loss_coef=0.0, tie_word_embeddings=False)
     hf = moe_routers(eager_model(transformers.Qwen2MoeForCausalLM, hf_cfg, biases=True))
     with torch.no_grad():  # gate logits of a few units: the sigmoid far from linear
         for name, p in hf.named_parameters():
             if name.endswith("shared_expert_gate.weight"):
                 p.normal_(0.0, 0.2)
-    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
-                                norm_eps=1e-6, rope_theta=1000000.0, tie_embeddings=False,
-                                add_qkv_bias=True, num_experts=experts, moe_router_topk=topk,
-                                moe_ffn_hidden_size=ffn, moe_router_pre_softmax=not norm_topk_prob,
+    return hf, braid_llama_like(hf, layers, hidden, heads, kv_heads, 4 * hidden, vocab,
+                                positions, norm_eps=1e-6, rope_theta=1000000.0,
+                                tie_embeddings=False, add_qkv_bias=True, num_experts=experts,
+                                moe_router_topk=topk, moe_ffn_hidden_size=ffn,
+                                moe_router_pre_softmax=not norm_topk_prob,
                                 moe_shared_expert_intermediate_size=shared,
-                                moe_shared_expert_gate=True, **fields)
+                                moe_shared_expert_gate=True, moe_layers=expert_layers(hf),
+                                **fields)
 
 
 def experts_to_braid(state, num_experts, ffn):

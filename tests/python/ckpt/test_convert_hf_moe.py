@@ -7,11 +7,15 @@ mlp.shared_expert_gate.weight), imported into braid and exported back.
 - the round trip is bit-exact and the config equivalent; transformers loads the export with no
   missing or unexpected keys; braid's model of the import computes the logits of both the
   original and the exported HF model
+- dense layers among expert ones (Qwen3-MoE's mlp_only_layers, Qwen2-MoE's decoder_sparse_step)
+  import as braid's moe_layers and export as mlp_only_layers; transformers builds the same
+  layers from either
 - transformers 5's fused in-memory layout ([E, 2F, H] / [E, H, F] per layer) imports to the
   same tensors; a hub-style config (num_experts) imports
 - a checkpoint braid trained and saved itself exports as Mixtral, Qwen3-MoE (norm_topk_prob
   false for moe_router_pre_softmax) or, with a gated shared expert, Qwen2-MoE (q, k, v biases of
-  zero where it has none), and transformers computes its logits
+  zero where it has none), the two Qwens also with a dense layer among expert ones (refused as
+  Mixtral, which has none), and transformers computes its logits
 - what braid cannot hold is refused with one line
 """
 
@@ -47,39 +51,43 @@ def mixtral(tmp, sliding_window=None, tie=False, dtype=torch.float32):
     return tmp
 
 
-def qwen3_moe(tmp, norm_topk_prob=True, head_dim=16, **sliding):
-    """Qwen3-MoE; head_dim other than hidden / heads (16) is braid's kv_channels. `sliding`:
-    use_sliding_window and sliding_window (every layer, as transformers 5 builds it)."""
-    torch.manual_seed(8)
+def qwen3_moe(tmp, norm_topk_prob=True, head_dim=16, layers=2, seed=8, **extra):
+    """Qwen3-MoE; head_dim other than hidden / heads (16) is braid's kv_channels. `extra`:
+    use_sliding_window and sliding_window (every layer, as transformers 5 builds it),
+    mlp_only_layers (dense MLPs of intermediate_size 160). `seed`: one whose routing has no
+    near tie on IDS."""
+    torch.manual_seed(seed)
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=97, hidden_size=64, intermediate_size=160, moe_intermediate_size=48,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
         max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
         norm_topk_prob=norm_topk_prob, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **sliding)
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **extra)
     model = moe_routers(transformers.Qwen3MoeForCausalLM(cfg).eval())
     perturb(model)
     model.save_pretrained(tmp)
     return tmp
 
 
-def qwen2_moe(tmp, norm_topk_prob=False, qkv_bias=True, **sliding):
+def qwen2_moe(tmp, norm_topk_prob=False, qkv_bias=True, layers=2, **extra):
     """Qwen2-MoE: q, k, v biases (qkv_bias), 4 experts of 48 and a shared expert of 96 behind its
-    sigmoid gate. `sliding`: use_sliding_window and sliding_window (on the layers layer_types,
-    which transformers 5 fills in and writes, names)."""
+    sigmoid gate. `extra`: use_sliding_window and sliding_window (on the layers layer_types,
+    which transformers 5 fills in and writes, names), decoder_sparse_step (dense MLPs of
+    intermediate_size 160 between)."""
     torch.manual_seed(16)  # a seed whose routing has no near tie on IDS
     cfg = transformers.Qwen2MoeConfig(
         vocab_size=97, hidden_size=64, intermediate_size=160, moe_intermediate_size=48,
-        shared_expert_intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        shared_expert_intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, num_experts=4, num_experts_per_tok=2,
         norm_topk_prob=norm_topk_prob, qkv_bias=qkv_bias, rms_norm_eps=1e-6,
         tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **sliding)
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **extra)
     model = moe_routers(transformers.Qwen2MoeForCausalLM(cfg).eval())
     perturb(model)
     with torch.no_grad():  # the shared expert's gate away from sigmoid's linear middle
         for layer in model.model.layers:
-            layer.mlp.shared_expert_gate.weight.normal_(0.0, 0.2)
+            if hasattr(layer.mlp, "shared_expert_gate"):
+                layer.mlp.shared_expert_gate.weight.normal_(0.0, 0.2)
     model.save_pretrained(tmp)
     return tmp
 
@@ -97,13 +105,24 @@ MODELS = {
     # transformers 5 windows the first of the two layers (layer_types on disk)
     "qwen2_moe-norm-topk-sliding-window": lambda d: qwen2_moe(
         d, norm_topk_prob=True, use_sliding_window=True, sliding_window=5),
+    # dense layers among expert ones: layer 0 (mlp_only_layers); layers 0 and 2 (every second
+    # layer has experts)
+    "qwen3_moe-mlp-only-layers": lambda d: qwen3_moe(d, layers=3, mlp_only_layers=[0], seed=12),
+    "qwen2_moe-sparse-step-2": lambda d: qwen2_moe(d, layers=4, decoder_sparse_step=2),
 }
+MOE_LAYERS = {"qwen3_moe-mlp-only-layers": [0, 1, 1], "qwen2_moe-sparse-step-2": [0, 1, 0, 1]}
 MOE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
             "tie_word_embeddings", "sliding_window", "use_sliding_window", "num_local_experts",
-            "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-            "decoder_sparse_step", "mlp_only_layers", "rope_parameters",
+            "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob", "rope_parameters",
             "shared_expert_intermediate_size", "qkv_bias", "layer_types")
+
+
+def mlp_kinds(hf):
+    """The class of each layer's MLP, as transformers built it: its experts or its dense MLP.
+    (Export writes the dense layers as mlp_only_layers with decoder_sparse_step 1: an import's
+    decoder_sparse_step 2 comes back as other fields that build the same layers.)"""
+    return [type(layer.mlp).__name__ for layer in hf.model.layers]
 
 
 def assert_equivalent_configs(got_dir, want_dir):
@@ -166,15 +185,23 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
             c.get("moe_shared_expert_gate", False)) == ((96, True) if qwen2 else (0, False))
     if qwen2 and "sliding" in kind:
         assert c["window_layers"] == [1, 0]
+    assert c["moe_layers"] == MOE_LAYERS.get(kind, [])
+    assert c["ffn_hidden_size"] == (48 if kind.startswith("mixtral") else 160)  # dense layers'
     out = tmp_path / "out"
     r = run_tool("export", "--load", ckpt, "--hf-dir", out)
     assert r.returncode == 0, r.stderr
     assert_same_bits(hf_weights(out), hf_weights(hf_dir))
     assert_equivalent_configs(out, hf_dir)
+    exported = json.loads((out / "config.json").read_text())
+    if not kind.startswith("mixtral"):
+        dense = [i for i, e in enumerate(MOE_LAYERS.get(kind, [])) if not e]
+        assert (exported["mlp_only_layers"], exported["decoder_sparse_step"]) == (dense, 1)
 
     model = braid_model(ckpt)
-    assert_same_logits(model, load_hf(out), IDS)
-    assert_same_logits(model, load_hf(hf_dir), IDS)
+    original, back = load_hf(hf_dir), load_hf(out)
+    assert mlp_kinds(back) == mlp_kinds(original)
+    assert_same_logits(model, back, IDS)
+    assert_same_logits(model, original, IDS)
 
 
 def fused_dir(hf_dir, dst):
@@ -267,7 +294,10 @@ SHARED = {"moe_shared_expert_intermediate_size": 32, "moe_shared_expert_gate": T
     (False, False, {}, "mixtral"), (True, False, {}, "qwen3_moe"), (True, True, {}, "qwen3_moe"),
     # q, k, v biases of zero in the export
     (False, True, SHARED, "qwen2_moe"),
-    (False, False, dict(SHARED, add_qkv_bias=True), "qwen2_moe")])
+    (False, False, dict(SHARED, add_qkv_bias=True), "qwen2_moe"),
+    # a dense layer (ffn_hidden_size 160) among expert ones: mlp_only_layers
+    (True, False, {"moe_layers": [0, 1]}, "qwen3_moe"),
+    (False, True, dict(SHARED, moe_layers=[1, 0]), "qwen2_moe")])
 def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, fields, arch):
     model = braid_moe_checkpoint(tmp_path / "ckpt", qk_layernorm, pre_softmax, **fields)
     out = tmp_path / "out"
@@ -282,6 +312,11 @@ def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, fields
     else:
         assert hf.config.moe_intermediate_size == 48
         assert hf.config.norm_topk_prob == (not pre_softmax)
+        dense = [i for i, e in enumerate(fields.get("moe_layers", [1, 1])) if not e]
+        assert (hf.config.mlp_only_layers, hf.config.decoder_sparse_step) == (dense, 1)
+        assert hf.config.intermediate_size == 160
+        for i in dense:
+            assert hf.model.layers[i].mlp.down_proj.weight.shape == (64, 160)
     if arch == "qwen2_moe":
         assert hf.config.shared_expert_intermediate_size == 32
         bias = hf.model.layers[0].self_attn.q_proj.bias
@@ -289,12 +324,24 @@ def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, fields
     assert_same_logits(model, hf, IDS)
 
 
+def test_a_braid_moe_with_dense_layers_and_no_qk_norms_is_not_mixtral(tmp_path):
+    # Mixtral has experts on every layer; without q/k norms (Qwen3-MoE) or a shared expert
+    # (Qwen2-MoE) no HF model holds a dense layer among expert ones.
+    braid_moe_checkpoint(tmp_path / "ckpt", False, False, moe_layers=[0, 1])
+    assert_fails(run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out"),
+                 "experts on some layers only (moe_layers)",
+                 "MixtralForCausalLM has experts on every layer")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
-@pytest.mark.parametrize("kind", ["qwen3_moe-softmax-first-wide-heads", "qwen2_moe-softmax-first"])
+@pytest.mark.parametrize("kind", ["qwen3_moe-softmax-first-wide-heads", "qwen2_moe-softmax-first",
+                                  "qwen2_moe-sparse-step-2"])
 def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks; each expert's and the
     shared expert's columns split like a dense MLP's, the router and the shared expert's gate
-    replicated) and saves it; export reassembles that save bit for bit."""
+    replicated; with decoder_sparse_step 2 a dense and an expert layer on each stage) and saves
+    it; export reassembles that save bit for bit."""
     hf_dir, ckpt = imported(tmp_path, kind)
     script = tmp_path / "resave.py"
     script.write_text(RESAVE)
@@ -313,10 +360,15 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
 # ---- refused ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("make,changes,words", [
-    (qwen3_moe, {"mlp_only_layers": [1]}, ("mlp_only_layers", "every layer an MoE layer")),
-    (qwen3_moe, {"decoder_sparse_step": 2}, ("decoder_sparse_step", "every layer an MoE layer")),
-    (qwen2_moe, {"mlp_only_layers": [0]}, ("mlp_only_layers", "every layer an MoE layer")),
-    (qwen2_moe, {"decoder_sparse_step": 2}, ("decoder_sparse_step", "every layer an MoE layer")),
+    # a config whose dense layers the weights do not have
+    (qwen3_moe, {"mlp_only_layers": [1]}, ("the HF weights have no "
+                                           "model.layers.1.mlp.gate_proj.weight",)),
+    (qwen2_moe, {"decoder_sparse_step": 2}, ("the HF weights have no "
+                                             "model.layers.0.mlp.gate_proj.weight",)),
+    (qwen3_moe, {"mlp_only_layers": [0, 1]}, ("mlp_only_layers", "no layer has experts")),
+    (qwen2_moe, {"decoder_sparse_step": 3}, ("decoder_sparse_step", "no layer has experts")),
+    (qwen2_moe, {"decoder_sparse_step": 0}, ("decoder_sparse_step", "positive integer")),
+    (qwen3_moe, {"mlp_only_layers": "0"}, ("mlp_only_layers", "list of layer numbers")),
     (qwen2_moe, {"shared_expert_intermediate_size": 64}, (
         "model.layers.0.mlp.shared_expert.gate_proj.weight", "[96, 64]", "[64, 64]")),
     (qwen2_moe, {"shared_expert_intermediate_size": 0}, ("shared_expert_intermediate_size",
@@ -353,12 +405,18 @@ def test_export_refuses_an_moe_with_no_hf_counterpart():
         arch(dict(c, window_size=4, window_layers=[1, 0]))
     with pytest.raises(convert_hf.ConvertError, match="stablelm shaped"):
         arch(dict(c, normalization="layernorm"))
+    # Dense layers among expert ones: Qwen3-MoE with q/k norms (mlp_only_layers), never Mixtral.
+    assert arch(dict(c, moe_layers=[1, 1])) == "mixtral"
+    assert arch(dict(c, qk_layernorm=True, moe_layers=[0, 1])) == "qwen3_moe"
+    with pytest.raises(convert_hf.ConvertError, match="MixtralForCausalLM has experts on every"):
+        arch(dict(c, moe_layers=[0, 1]))
     # A shared expert: Qwen2-MoE, under either router, with q, k, v biases or none, windowed on
     # any layers; refused ungated, with q/k norms or with biases on every linear layer.
     s = dict(c, moe_shared_expert_intermediate_size=32, moe_shared_expert_gate=True)
     assert arch(s) == "qwen2_moe"
     assert arch(dict(s, moe_router_pre_softmax=True, add_qkv_bias=True)) == "qwen2_moe"
     assert arch(dict(s, window_size=4, window_layers=[1, 0])) == "qwen2_moe"
+    assert arch(dict(s, moe_layers=[1, 0])) == "qwen2_moe"
     with pytest.raises(convert_hf.ConvertError, match="shared expert without a gate"):
         arch(dict(s, moe_shared_expert_gate=False))
     with pytest.raises(convert_hf.ConvertError, match="shared expert and q/k norms"):

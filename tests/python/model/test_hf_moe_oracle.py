@@ -2,8 +2,10 @@
 weights: logits, loss and every parameter gradient of MixtralForCausalLM (softmax over the top
 k logits), Qwen3MoeForCausalLM (norm_topk_prob true: the same router; false: the top k of a
 softmax over all experts, braid's moe_router_pre_softmax) and Qwen2MoeForCausalLM (q, k, v
-biases and a shared expert scaled by its sigmoid gate, under either router); and the
-load-balancing loss against megatron-core's own switch_load_balancing_loss_func.
+biases and a shared expert scaled by its sigmoid gate, under either router), also with dense
+layers among the expert ones (Qwen3-MoE's mlp_only_layers, Qwen2-MoE's decoder_sparse_step:
+braid's moe_layers); and the load-balancing loss against megatron-core's own
+switch_load_balancing_loss_func.
 
 Both sides must choose the same experts: the tests check on HF's router logits that no token's
 k-th and (k+1)-th experts are near a tie (braid's logits agree to ~1e-6) and that every expert
@@ -29,21 +31,33 @@ GRAD_RTOL = 1e-4
 MARGIN = 1e-3  # the least gap between a token's k-th and (k+1)-th router logits
 
 
+# Dense layers among expert ones: layer 0 dense (Qwen3-MoE's mlp_only_layers, DeepSeek-style),
+# and layers 0 and 2 dense around layer 1's experts (Qwen2-MoE's decoder_sparse_step 2).
+# (the pair's fields, the layers with experts)
+DENSE = {"qwen3_moe-norm-topk-mlp-only-layers": ({"layers": 3, "mlp_only_layers": [0]}, [1, 2]),
+         "qwen2_moe-softmax-first-sparse-step-2": ({"layers": 3, "decoder_sparse_step": 2}, [1])}
+
+
 def pair(kind, **fields):
     if kind == "mixtral":
         return mixtral_pair(**fields)
     make = qwen2_moe_pair if kind.startswith("qwen2_moe") else qwen3_moe_pair
-    return make(norm_topk_prob=kind.endswith("norm-topk"), **fields)
+    return make(norm_topk_prob="norm-topk" in kind, **DENSE.get(kind, ({},))[0], **fields)
 
 
 KINDS = ["mixtral", "qwen3_moe-norm-topk", "qwen3_moe-softmax-first", "qwen2_moe-softmax-first",
-         "qwen2_moe-norm-topk"]
+         "qwen2_moe-norm-topk", *DENSE]
+
+
+def expert_layers(hf):
+    return [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts")]
 
 
 def hf_forward(hf, ids):
-    """HF's logits, lm loss (labels = ids, shifted inside) and per-layer router logits [T, E]."""
+    """HF's logits, lm loss (labels = ids, shifted inside) and router logits [T, E] of each
+    layer with experts."""
     out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids), output_router_logits=True)
-    assert len(out.router_logits) == hf.config.num_hidden_layers
+    assert len(out.router_logits) == len(expert_layers(hf))
     return out
 
 
@@ -88,12 +102,17 @@ def test_logits_loss_and_gradients(kind):
     assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
     compare_gradients(model, hf, 4)
     assert model.take_load_balancing_loss() == 0.0  # moe_aux_loss_coeff 0: none computed
+    grads = braid_grads(model)
     if kind.startswith("qwen2_moe"):  # the shared expert and its gate were compared
-        grads = braid_grads(model)
         for name in ("model.layers.1.mlp.shared_expert.down_proj.weight",
                      "model.layers.1.mlp.shared_expert_gate.weight",
                      "model.layers.1.self_attn.k_proj.bias"):
             assert np.abs(grads[name]).max() > 0, name
+    assert expert_layers(hf) == DENSE.get(kind, (None, [0, 1]))[1]
+    for i in range(hf.config.num_hidden_layers):  # dense layers: their MLP of intermediate_size
+        if i not in expert_layers(hf):
+            assert grads[f"model.layers.{i}.mlp.down_proj.weight"].shape == (64, 256)
+            assert np.abs(grads[f"model.layers.{i}.mlp.gate_proj.weight"]).max() > 0
 
 
 @pytest.mark.parametrize("qwen", ["qwen3_moe", "qwen2_moe"])
@@ -120,18 +139,21 @@ def megatron_aux_loss(router_logits, experts, topk, chosen):
     return total
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe-softmax-first", "qwen2_moe-softmax-first"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe-softmax-first", "qwen2_moe-softmax-first",
+                                  "qwen2_moe-softmax-first-sparse-step-2"])
 def test_load_balancing_loss_and_its_gradients_are_megatrons(kind):
-    # moe_aux_loss_coeff c: braid's gradients are those of lm loss + c x (the sum over layers of
-    # megatron's aux_loss), T = the microbatch's 48 tokens; take_load_balancing_loss() is that
-    # sum without c. backward(grad_scale=s) scales both parts by s.
+    # moe_aux_loss_coeff c: braid's gradients are those of lm loss + c x (the sum over the
+    # layers with experts of megatron's aux_loss), T = the microbatch's 48 tokens;
+    # take_load_balancing_loss() is that sum without c. backward(grad_scale=s) scales both
+    # parts by s.
     coeff = 0.5
     hf, model = pair(kind, moe_aux_loss_coeff=coeff)
     ids, targets = batch(97)
     out = hf_forward(hf, ids)
     chosen = check_routing(out.router_logits, 4, 2)
     aux = megatron_aux_loss(out.router_logits, 4, 2, chosen)
-    router = dict(hf.named_parameters())["model.layers.0.mlp.gate.weight"]
+    first = expert_layers(hf)[0]
+    router = dict(hf.named_parameters())[f"model.layers.{first}.mlp.gate.weight"]
     aux_part, = torch.autograd.grad(coeff * aux, router, retain_graph=True)
     (out.loss + coeff * aux).backward()
     # The aux loss matters: its share of the router's gradient is far above the tolerance.
