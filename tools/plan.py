@@ -10,8 +10,8 @@ Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-p
 --recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero fixes that
 choice; the rest are searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
 --moe-shared-expert-intermediate-size S --moe-shared-expert-gate] make every layer a mixture of
-experts (or --model mixtral-8x7b). The model behind the numbers is in docs/planner.md
-(python/braid/planner.py).
+experts (or --model mixtral-8x7b), --moe-layer-freq N|LIST only some (the others dense). The
+model behind the numbers is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
 layout, the batch, the recomputation, the iterations (-> tokens) and --gpu-hour-price all come
@@ -78,6 +78,10 @@ def parse_args(argv):
                    help="a shared expert of hidden size S every token goes through")
     g.add_argument("--moe-shared-expert-gate", action="store_true",
                    help="the shared expert's output scaled by a sigmoid gate")
+    g.add_argument("--moe-layer-freq", type=window_args.skip_freq, metavar="N|LIST",
+                   help="which layers have experts: layers 0, N, 2N, ... (0-based), or one 1 "
+                        "(experts) or 0 (dense MLP) per layer, e.g. \"[0]+[1]*31\" (default: "
+                        "all)")
     g = ap.add_argument_group("cluster")
     g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
     g.add_argument("--gpus-per-node", type=int, default=8)
@@ -154,7 +158,8 @@ def parse_args(argv):
             moe_ffn_hidden_size=a.moe_ffn_hidden_size or m.moe_ffn_hidden_size,
             moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size
             or m.moe_shared_expert_intermediate_size,
-            moe_shared_expert_gate=a.moe_shared_expert_gate or m.moe_shared_expert_gate)
+            moe_shared_expert_gate=a.moe_shared_expert_gate or m.moe_shared_expert_gate,
+            moe_layers=m.moe_layers)
     elif all(x is not None for x in shape):
         a.model_shape = planner.ModelShape(
             a.num_layers, a.hidden_size, a.num_attention_heads,
@@ -175,17 +180,20 @@ def parse_args(argv):
             a.window_attn_skip_freq, a.model_shape.num_layers))
     except ValueError as e:
         ap.error(str(e))
-    a.model_shape = dataclasses.replace(a.model_shape, window_size=size,
-                                        window_layers=tuple(layers))
-    error = moe_error(a.model_shape, a.expert_model_parallel_size or 1, a.tp or 1)
+    freq = a.moe_layer_freq if a.moe_layer_freq is not None else \
+        list(a.model_shape.moe_layers) or 1  # a preset's own, else every layer's experts
+    a.model_shape = dataclasses.replace(
+        a.model_shape, window_size=size, window_layers=tuple(layers),
+        moe_layers=tuple(moe_args.moe_layers(freq, a.model_shape.num_layers)))
+    error = moe_error(a.model_shape, a.expert_model_parallel_size or 1, a.tp or 1, freq)
     if error:
         ap.error(error)
     return a
 
 
-def moe_error(shape, expert_parallel: int, tp: int):
+def moe_error(shape, expert_parallel: int, tp: int, freq=1):
     """pretrain_gpt.py's verdict (moe_args.check, its rules and words) on the planned model's
-    experts and --expert-model-parallel-size, or None."""
+    experts, --moe-layer-freq and --expert-model-parallel-size, or None."""
     return moe_args.check(argparse.Namespace(
         num_experts=shape.num_experts or None,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
@@ -193,7 +201,7 @@ def moe_error(shape, expert_parallel: int, tp: int):
         moe_shared_expert_intermediate_size=shape.moe_shared_expert_intermediate_size or None,
         moe_shared_expert_gate=shape.moe_shared_expert_gate,
         moe_aux_loss_coeff=0.0, moe_router_score_function="softmax",
-        moe_router_load_balancing_type="aux_loss", moe_layer_freq=1,
+        moe_router_load_balancing_type="aux_loss", moe_layer_freq=freq,
         expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=None,
         num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp)
 
@@ -202,7 +210,7 @@ MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num
                "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation",
                "window_size", "window_attn_skip_freq", "num_experts", "moe_router_topk",
                "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-               "moe_shared_expert_gate")
+               "moe_shared_expert_gate", "moe_layer_freq")
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -229,7 +237,7 @@ def _from_training_arguments(ap, a, training):
         not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
         t.window_size, tuple(t.window_layers), t.num_experts or 0, t.moe_router_topk,
         t.moe_ffn_hidden_size or 0, t.moe_shared_expert_intermediate_size or 0,
-        t.moe_shared_expert_gate)
+        t.moe_shared_expert_gate, tuple(moe_args.moe_layers(t.moe_layer_freq, t.num_layers)))
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; those of a --rampup-batch-size phase at their own
     # batches' step times, for the run's layout (docs/planner.md).

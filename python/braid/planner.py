@@ -27,12 +27,14 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
 * mixture of experts (num_experts > 0, braid.planner_moe): the router, E experts' GEMMs on
   T·k/E rows each (uniform routing), the dispatch's bytes and host planning, the backward's
   [T, k] all-reduce; a shared expert as a dense MLP on all T (its gate: a [T, 1] GEMM and
-  all-reduce); every rank holds all E experts (no expert parallelism).
+  all-reduce); every rank holds all E experts (no expert parallelism). The dense layers among
+  them (moe_layers) are costed, held and kept as a dense model's, each stage its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -124,9 +126,14 @@ def _link(cluster: Cluster, span: int):
     return cluster.net_bw * NET_EFFICIENCY, NET_ALPHA_S
 
 
-def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None = None) -> float:
-    """Bytes one layer keeps for its backward per microbatch and rank (docs/memory.md,
-    generalised to GQA and SwiGLU): 16-bit tensors, f32 norm statistics and lse."""
+def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None = None,
+                           layer: int | None = None) -> float:
+    """Bytes layer `layer` (None: the layers' mean) keeps for its backward per microbatch and
+    rank (docs/memory.md, generalised to GQA and SwiGLU): 16-bit tensors, f32 norm statistics
+    and lse; its MLP's as its kind, dense or with experts, keeps them (planner_moe)."""
+    kinds = _moe.by_kind(model, layer)
+    if kinds[0][1] is not model:
+        return sum(w * layer_activation_bytes(one, lay, recompute) for w, one in kinds)
     t, h, a, q = lay.tp, model.hidden_size, model.num_attention_heads, model.q_size
     kv = model.kv_heads * model.head_dim
     sp = t if lay.sequence_parallel else 1
@@ -160,25 +167,40 @@ def recomputed_layers(lay: Layout, layers: int) -> int:
     return min(lay.recompute_num_layers, layers) if lay.recompute_method == "block" else layers
 
 
-def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int):
-    """(kept, transient): the bytes a model chunk of `layers` layers keeps per microbatch from
-    its forward to its backward, and what its backward holds at most on top (full
-    recomputation's rerun layers), per rank."""
+def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int, first: int = 0):
+    """(kept, transient): the bytes a model chunk of `layers` layers from layer `first` keeps
+    per microbatch from its forward to its backward, and what its backward holds at most on top
+    (full recomputation's rerun layers), per rank; each layer as its kind keeps them."""
+    kinds = [model.has_experts(l) for l in range(first, first + layers)]
+
+    def one(rec):  # a layer's bytes under rec, by its kind
+        return {x: layer_activation_bytes(model, lay, rec, first + kinds.index(x))
+                for x in set(kinds)}
+
+    def held(each, which):  # the bytes of the chunk's layers `which` (indices)
+        return sum(b * sum(kinds[i] == x for i in which) for x, b in each.items())
+
     if lay.recompute != "full":
-        return layers * layer_activation_bytes(model, lay), 0.0
-    inp = layer_activation_bytes(model, lay, "full")
-    every = layer_activation_bytes(model, lay, "none")
+        return held(one(None), range(layers)), 0.0
+    inp, every = one("full"), one("none")
     n = lay.recompute_num_layers
     if lay.recompute_method == "block":
         k = min(n, layers)
-        return k * inp + (layers - k) * every, every if k else 0.0
-    return math.ceil(layers / n) * inp, min(n, layers) * every
+        return held(inp, range(k)) + held(every, range(k, layers)), \
+            max((every[kinds[i]] for i in range(k)), default=0.0)
+    groups = [range(b, min(b + n, layers)) for b in range(0, layers, n)]
+    return held(inp, [g[0] for g in groups]), max(held(every, g) for g in groups)
 
 
 def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
                layer: int | None = None) -> LayerCost:
-    """Transformer layer `layer` (None: the layers' mean, which differ only in their attention
-    window), one microbatch, one TP (and CP) rank."""
+    """Transformer layer `layer` (None: the layers' mean; they differ in their attention window
+    and whether their MLP has experts), one microbatch, one TP (and CP) rank."""
+    kinds = _moe.by_kind(model, layer)
+    if kinds[0][1] is not model:  # the layer's MLP kind (None: each kind by its share)
+        costs = [(w, layer_cost(one, cluster, lay, layer)) for w, one in kinds]
+        return LayerCost(*(sum(w * getattr(c, f.name) for w, c in costs)
+                           for f in dataclasses.fields(LayerCost)))
     gpu, t = cluster.gpu, lay.tp
     h, s, q = model.hidden_size, model.seq_length, model.q_size
     kv = model.kv_heads * model.head_dim
@@ -262,7 +284,7 @@ def chunk_params(model: ModelShape, lay: Layout):
     the embedding in rank 0's chunk 0, the LM head and final norm in the last rank's last."""
     ranges = stage_ranges(model, lay)
     emb = model.vocab_size * model.hidden_size / lay.tp
-    out = [[(e - b) * model.layer_params(lay.tp) for b, e in chunks] for chunks in ranges]
+    out = [[model.layers_params(b, e, lay.tp) for b, e in chunks] for chunks in ranges]
     out[0][0] += emb
     head = emb + model.hidden_size
     if model.tied_embeddings and lay.pp == 1:
@@ -281,14 +303,36 @@ def in_flight(lay: Layout, microbatches: int):
                 lay.virtual_stages * microbatches) for r in range(lay.pp)]
 
 
+def peak_kept(schedule, rank: int, kept: list) -> float:
+    """The most bytes rank `rank` keeps at once under `schedule`, each forward of chunk c
+    keeping kept[c] until its backward."""
+    now = peak = 0.0
+    for action in schedule.ranks[rank]:
+        if action.kind == _C.ActionKind.forward:
+            now += kept[action.chunk]
+            peak = max(peak, now)
+        elif action.kind == _C.ActionKind.backward:
+            now -= kept[action.chunk]
+    return peak
+
+
 def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
-    """Per-GPU memory parts (GB) of the rank that needs the most."""
-    rank_layers = [sum(e - b for b, e in chunks) for chunks in stage_ranges(model, lay)]
+    """Per-GPU memory parts (GB) of the rank that needs the most, each rank's own layers
+    counted: its chunks' activations, and (chunks of different kinds of layers) as many of
+    each at once as braid's schedule keeps."""
     T = lay.micro_batch_size * model.seq_length / lay.cp
-    best = None
+    best, ranges = None, stage_ranges(model, lay)
+
+    @functools.cache
+    def chunk(first, layers):  # chunks of a size are alike unless their layers' kinds differ
+        return chunk_activation_bytes(model, lay, layers, first)
+
     for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
-        kept, transient = chunk_activation_bytes(model, lay, rank_layers[r] // lay.virtual_stages)
-        act = kept * n + transient
+        acts = [chunk(b if model.mixed_mlps else 0, e - b) for b, e in ranges[r]]
+        kept = [k for k, _ in acts]  # chunks that keep different amounts: walk the schedule
+        act = kept[0] * n if len(set(kept)) == 1 else peak_kept(
+            _C.make_interleaved_1f1b(lay.pp, microbatches, lay.virtual_stages), r, kept)
+        act += max(t for _, t in acts)
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
         parts = {"params": 2 * p / GB, "grads": 4 * p / GB,
@@ -361,12 +405,11 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
                          f"activations {parts['activations']:.1f}, reserved "
                          f"{parts['reserved']:.1f}) > {cluster.gpu.memory_gb:.0f} GB")
     gpu, p, v, t, d, cp = cluster.gpu, lay.pp, lay.virtual_stages, lay.tp, lay.dp, lay.cp
-    # Each layer's cost (windowed and full layers differ in attention); a chunk's is its
-    # layers' sum, full recomputation adding the forward of those it reruns (its first ones).
-    kinds = {w: layer_cost(model, cluster, lay, next(
-        l for l in range(model.num_layers) if model.windowed(l) == w))
-        for w in {model.windowed(l) for l in range(model.num_layers)}}
-    costs = [kinds[model.windowed(l)] for l in range(model.num_layers)]
+    # Each layer's cost by its kind (its attention window, its MLP dense or experts); a chunk's
+    # is its layers' sum, full recomputation adding the forward of those it reruns (its first).
+    kinds = [(model.windowed(l), model.has_experts(l)) for l in range(model.num_layers)]
+    by_kind = {k: layer_cost(model, cluster, lay, kinds.index(k)) for k in set(kinds)}
+    costs = [by_kind[k] for k in kinds]
     hf, hb = head_cost(model, cluster, lay)
     ranges = stage_ranges(model, lay)
 

@@ -29,17 +29,20 @@ class ModelShape:
     # (empty: every layer windowed).
     window_size: int = -1
     window_layers: tuple = ()
-    # Mixture of experts as TransformerConfig has it: every layer's MLP is num_experts MLPs of
-    # moe_ffn_hidden_size (0: ffn_hidden_size), moe_router_topk of them per token, and a router
-    # [num_experts, hidden] (replicated over TP). 0 experts: dense. With experts, a shared
-    # expert every token goes through, an MLP of moe_shared_expert_intermediate_size (0: none)
-    # split over TP like the dense one, with moe_shared_expert_gate its gate [1, hidden]
-    # (replicated).
+    # Mixture of experts as TransformerConfig has it: an expert layer's MLP is num_experts MLPs
+    # of moe_ffn_hidden_size (0: ffn_hidden_size), moe_router_topk of them per token, and a
+    # router [num_experts, hidden] (replicated over TP). 0 experts: dense. With experts, a
+    # shared expert every token goes through, an MLP of moe_shared_expert_intermediate_size (0:
+    # none) split over TP like the dense one, with moe_shared_expert_gate its gate [1, hidden]
+    # (replicated). moe_layers, one 0/1 per layer (empty: every layer has experts;
+    # braid.moe_args.moe_layers of Megatron's --moe-layer-freq): the layers marked 0 have the
+    # dense MLP of ffn_hidden_size instead - no router, no experts, no shared expert.
     num_experts: int = 0
     moe_router_topk: int = 2
     moe_ffn_hidden_size: int = 0
     moe_shared_expert_intermediate_size: int = 0
     moe_shared_expert_gate: bool = False
+    moe_layers: tuple = ()
 
     @property
     def head_dim(self) -> int:
@@ -71,6 +74,39 @@ class ModelShape:
     def gpt_style(self) -> bool:
         return self.activation == "gelu"
 
+    def has_experts(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) is a mixture-of-experts layer (else: dense)."""
+        return bool(self.num_experts) and (not self.moe_layers or bool(self.moe_layers[layer]))
+
+    @property
+    def expert_layers(self) -> int:
+        """How many layers have experts."""
+        if not self.num_experts:
+            return 0
+        return sum(map(bool, self.moe_layers)) if self.moe_layers else self.num_layers
+
+    @property
+    def mixed_mlps(self) -> bool:
+        """Whether moe_layers may mix dense layers among the expert ones."""
+        return bool(self.num_experts and self.moe_layers)
+
+    def mlp_kinds(self, layer: int | None = None) -> dict:
+        """{whether the MLP has experts: its share of the layers}, of layer `layer` alone or
+        (None) of all of them: what the planner weighs a layer's two kinds by."""
+        if layer is not None:
+            return {self.has_experts(layer): 1.0}
+        e, n = self.expert_layers, self.num_layers
+        return {x: w for x, w in ((True, e / n), (False, (n - e) / n)) if w}
+
+    def with_experts(self, experts: bool) -> "ModelShape":
+        """This model with every layer's MLP that of its expert layers (experts) or its dense
+        one (not): the model the planner costs a layer of that kind with."""
+        if experts and self.num_experts:
+            return dataclasses.replace(self, moe_layers=())
+        return dataclasses.replace(self, num_experts=0, moe_layers=(),
+                                   moe_shared_expert_intermediate_size=0,
+                                   moe_shared_expert_gate=False)
+
     @property
     def mlp_hidden_size(self) -> int:
         """Each MLP's hidden size: an expert's with experts (TransformerConfig's
@@ -80,13 +116,15 @@ class ModelShape:
 
     @property
     def router_params(self) -> int:
-        """The router's weight [num_experts, hidden] (no bias), whole on every TP rank."""
+        """An expert layer's router [num_experts, hidden] (no bias), whole on every TP rank."""
         return self.num_experts * self.hidden_size
 
     @property
     def replicated_params(self) -> int:
-        """A layer's parameters whole on every TP rank: the router and the shared expert's
-        gate [1, hidden] (no bias)."""
+        """An expert layer's parameters whole on every TP rank: the router and the shared
+        expert's gate [1, hidden] (no bias)."""
+        if not self.num_experts:
+            return 0
         return self.router_params + (self.hidden_size if self.moe_shared_expert_gate else 0)
 
     def one_mlp_params(self, f: int) -> float:
@@ -94,31 +132,44 @@ class ModelShape:
         h = self.hidden_size
         return (3 if self.activation == "swiglu" else 2) * h * f + (f + h if self.gpt_style else 0)
 
-    def mlp_params(self) -> float:
-        """A layer's MLP: one dense MLP, or num_experts of them with the router, the shared
-        expert and its gate."""
-        one = self.one_mlp_params(self.mlp_hidden_size)
-        if not self.num_experts:
-            return one
+    def mlp_params(self, experts: bool = True) -> float:
+        """A layer's MLP: an expert layer's (experts, with experts in the model) num_experts
+        MLPs with the router, the shared expert and its gate; else one dense MLP."""
+        if not (experts and self.num_experts):
+            return self.one_mlp_params(self.ffn_hidden_size)
         shared = self.moe_shared_expert_intermediate_size
-        return one * self.num_experts + self.replicated_params + \
-            (self.one_mlp_params(shared) if shared else 0)
+        return self.one_mlp_params(self.mlp_hidden_size) * self.num_experts + \
+            self.replicated_params + (self.one_mlp_params(shared) if shared else 0)
 
-    def layer_params(self, tp: int = 1) -> float:
-        """One layer's parameters; with tp, one TP rank's share: the router and the gate whole,
-        the rest split (the norms too, an O(h) approximation)."""
+    def layer_params(self, tp: int = 1, layer: int | None = None) -> float:
+        """Layer `layer`'s parameters (None: the layers' mean); with tp, one TP rank's share:
+        the router and the gate whole, the rest split (the norms too, an O(h) approximation)."""
+        return sum(w * self._kind_params(tp, x) for x, w in self.mlp_kinds(layer).items())
+
+    def layers_params(self, begin: int, end: int, tp: int = 1) -> float:
+        """The parameters of layers [begin, end) (one TP rank's share with tp)."""
+        if not self.mixed_mlps:
+            return (end - begin) * self._kind_params(tp, bool(self.num_experts))
+        experts = sum(self.has_experts(layer) for layer in range(begin, end))
+        return experts * self._kind_params(tp, True) + \
+            (end - begin - experts) * self._kind_params(tp, False)
+
+    def _kind_params(self, tp: int, experts: bool) -> float:
+        """An expert layer's (experts) or a dense layer's parameters, one TP rank's share."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim
-        p = h * (q + 2 * kv) + q * h + self.mlp_params()
+        p = h * (q + 2 * kv) + q * h + self.mlp_params(experts)
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
         if self.qk_layernorm:
             p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
         if self.gpt_style:
             p += (q + 2 * kv) + h                                # attention's biases
-        return (p - self.replicated_params) / tp + self.replicated_params
+        replicated = self.replicated_params if experts else 0
+        return (p - replicated) / tp + replicated
 
     def num_params(self) -> float:
         emb = self.vocab_size * self.hidden_size
-        return self.num_layers * self.layer_params() + emb * (1 if self.tied_embeddings else 2)
+        return self.layers_params(0, self.num_layers) + \
+            emb * (1 if self.tied_embeddings else 2)
 
 
 PRESETS = {

@@ -141,12 +141,22 @@ def kept_bytes(model, t: int, recompute: str) -> float:
     return k * rows + 4 * model.num_experts + 20 * k + shared
 
 
+def by_kind(model, layer: int | None = None) -> list:
+    """[(weight, model)]: the model the planner costs layer `layer` with - every layer of its
+    MLP's kind, with experts or dense (ModelShape.with_experts) - or (None) each kind of the
+    model's layers with its share. A model whose layers are all of one kind stands for itself."""
+    if not model.mixed_mlps:
+        return [(1.0, model)]
+    return [(w, model.with_experts(x)) for x, w in model.mlp_kinds(layer).items()]
+
+
 def why(model) -> str:
     """What planner.why_nothing_fits adds for an MoE model: the experts' share of the
     parameters, and that every rank holds all of its layers' experts."""
     if not model.num_experts:
         return ""
-    experts = model.num_layers * model.num_experts * model.one_mlp_params(model.mlp_hidden_size)
+    experts = model.expert_layers * model.num_experts * \
+        model.one_mlp_params(model.mlp_hidden_size)
     share = experts / model.num_params()
     return (f"; the {model.num_experts} experts of each layer are {share:.0%} of them, and every "
             "rank holds all of its layers' experts (braid has no expert parallelism: only TP "

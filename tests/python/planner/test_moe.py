@@ -384,3 +384,201 @@ def test_plan_cli_takes_the_shared_expert_as_pretrain_gpt_does():
     out = _plan(*cluster, "--moe-shared-expert-gate", "--", *TRAINING, *flags)
     assert out.returncode == 2 and \
         "--moe-shared-expert-gate: with training arguments after --" in out.stderr
+
+
+# ---- dense layers among the expert ones (moe_layers, Megatron's --moe-layer-freq) -----------
+
+def _tiny_with_a_dense_first_layer(preset):
+    cfg = _tiny_with_a_gated_shared_expert(preset)
+    cfg.num_layers, cfg.moe_layers = 3, [0, 1, 1]
+    return cfg
+
+
+def test_a_dense_layer_holds_and_computes_the_dense_mlp():
+    # llama-tiny of 3 layers, the first dense (its MLP of ffn 192; no router, experts or shared
+    # expert), the others as above: 4 experts of 96, top 2, a gated shared expert of 160.
+    cfg = _tiny_with_a_dense_first_layer("llama-tiny")
+    attention = 64 * (64 + 2 * 32) + 64 * 64 + 2 * 64  # QKV, output, the two norms
+    dense = attention + 3 * 64 * 192
+    experts = attention + 4 * 3 * 64 * 96 + 4 * 64 + 3 * 64 * 160 + 64
+    assert cfg.num_parameters() == dense + 2 * experts + 2 * 256 * 64 + 64 == 316_480
+    shape = planner.ModelShape(3, 64, 4, 2, 192, 256, 32, num_experts=4, moe_ffn_hidden_size=96,
+                               moe_shared_expert_intermediate_size=160,
+                               moe_shared_expert_gate=True, moe_layers=(0, 1, 1))
+    assert shape.num_params() + 64 == cfg.num_parameters()
+    assert [shape.has_experts(i) for i in range(3)] == [False, True, True]
+    assert shape.expert_layers == 2
+    # Per layer and TP rank: a dense layer all split, an expert layer's router and gate whole;
+    # None: the layers' mean.
+    assert shape.layer_params(4, 0) == pytest.approx(dense / 4)
+    assert shape.layer_params(4, 2) == pytest.approx((experts - 4 * 64 - 64) / 4 + 4 * 64 + 64)
+    assert shape.layer_params() == pytest.approx((dense + 2 * experts) / 3)
+    assert shape.layers_params(0, 2, 4) == pytest.approx(shape.layer_params(4, 0) +
+                                                         shape.layer_params(4, 1))
+    # GELU: the dense MLP's biases (ffn 256) too, as GPTModel builds it (+ the final norm's
+    # weight and bias and GPT-2's learned positions).
+    gcfg = _tiny_with_a_dense_first_layer("gpt2-tiny")
+    gshape = dataclasses.replace(shape, kv_heads=4, ffn_hidden_size=256, seq_length=128,
+                                 activation="gelu", tied_embeddings=True)
+    built = braid.GPTModel(gcfg, device="cpu", seed=1).num_parameters()
+    assert gshape.num_params() + 2 * 64 + 128 * 64 == built == gcfg.num_parameters()
+    # FLOPs per token: the dense layer's MLP 2·m·64·ffn, the expert layers' k routed experts,
+    # router, shared expert and gate; from a TransformerConfig and a ModelShape alike.
+    s = 32
+    for preset, kv, m, ffn in (("llama-tiny", 32, 3, 192), ("gpt2-tiny", 64, 2, 256)):
+        attention = 2 * 64 * (64 + 2 * kv) + 2 * 64 * 64 + 4 * 64 * s
+        dense = attention + 2 * m * 64 * ffn
+        experts = attention + 2 * (2 * m * 64 * 96) + 2 * 64 * 4 + 2 * m * 64 * 160 + 2 * 64
+        cfg = _tiny_with_a_dense_first_layer(preset)
+        assert flops.forward_flops_per_token(cfg, s) == dense + 2 * experts + 2 * 64 * 256
+    assert flops.forward_flops_per_token(shape, s) == flops.forward_flops_per_token(
+        _tiny_with_a_dense_first_layer("llama-tiny"), s)
+
+
+# DeepSeek's pattern on Mixtral's shape: the first layer dense (ffn 14336), 31 expert layers.
+FIRST_DENSE = dataclasses.replace(MIXTRAL, moe_layers=(0,) + (1,) * 31)
+
+
+def test_a_dense_first_layer_holds_and_takes_less_than_an_expert_one():
+    # TP 8, no pipeline: every rank holds every layer. The dense layer holds one MLP of 14336
+    # where the expert layer holds 8 and the router: 7 x 3 x 4096 x 14336 / 8 + 8 x 4096 fewer
+    # parameters a rank, with their f32 gradients and (ZeRO over dp 8) Adam state; it keeps
+    # the dense MLP's activations, not the k rows' and the routing's.
+    lay = planner.Layout(8, 1, 8, 1, 1, "selective", True, True)
+    moe, first = (planner.predict(x, H100, lay, 256) for x in (MIXTRAL, FIRST_DENSE))
+    fewer = 7 * 3 * 4096 * 14336 / 8 + 8 * 4096
+    parts = {k: moe["memory_parts_gb"][k] - first["memory_parts_gb"][k]
+             for k in ("params", "grads", "optimizer", "activations")}
+    assert parts["params"] == pytest.approx(2 * fewer / 1e9, rel=1e-9)
+    assert parts["grads"] == pytest.approx(4 * fewer / 1e9, rel=1e-9)
+    assert parts["optimizer"] == pytest.approx(12 * fewer / 8 / 1e9, rel=1e-9)
+    assert parts["activations"] * 1e9 == pytest.approx(
+        planner.layer_activation_bytes(MIXTRAL, lay) -
+        planner.layer_activation_bytes(FIRST_DENSE, lay, layer=0), rel=1e-9)
+    assert first["memory_gb_per_gpu"] < moe["memory_gb_per_gpu"]
+    # Its MLP is one dense MLP of 14336 where an expert layer's tokens each go through two:
+    # faster, and counted as such (model FLOPs: 2 x 3 x 4096 x 14336 + the router's 2 x 4096
+    # x 8 fewer a token).
+    assert first["step_time_s"] < moe["step_time_s"]
+    dense, expert = (planner.layer_cost(FIRST_DENSE, H100, lay, i) for i in (0, 1))
+    assert dense.forward + dense.backward < 0.8 * (expert.forward + expert.backward)
+    assert expert == planner.layer_cost(MIXTRAL, H100, lay)
+    mean = planner.layer_cost(FIRST_DENSE, H100, lay)  # None: the layers' mean
+    for f in ("forward", "backward", "model_flops"):
+        assert getattr(mean, f) == pytest.approx((getattr(dense, f) + 31 * getattr(expert, f))
+                                                 / 32, rel=1e-12)
+    assert planner.layer_activation_bytes(FIRST_DENSE, lay) == pytest.approx(
+        (planner.layer_activation_bytes(FIRST_DENSE, lay, layer=0) +
+         31 * planner.layer_activation_bytes(MIXTRAL, lay)) / 32, rel=1e-12)
+    work = {k: r["mfu"] * r["step_time_s"] * 64 * 989e12 for k, r in (("moe", moe),
+                                                                       ("first", first))}
+    assert work["moe"] - work["first"] == pytest.approx(
+        3 * (2 * 3 * 4096 * 14336 + 2 * 4096 * 8) * 256 * 4096, rel=1e-9)
+    # The pipelined layout of the docs (TP 4, PP 2, v 4): less too.
+    lay = planner.Layout(4, 2, 8, 4, 4, "selective", True, True)
+    moe, first = (planner.predict(x, H100, lay, 256) for x in (MIXTRAL, FIRST_DENSE))
+    assert first["memory_gb_per_gpu"] < moe["memory_gb_per_gpu"]
+    assert first["step_time_s"] < moe["step_time_s"]
+
+
+# Half the layers with experts: the first 16, or every other one.
+FIRST_HALF = dataclasses.replace(MIXTRAL, moe_layers=(1,) * 16 + (0,) * 16)
+ALTERNATING = dataclasses.replace(MIXTRAL, moe_layers=(1, 0) * 16)
+
+
+def test_stages_of_more_expert_layers_hold_and_take_more():
+    # PP 2: with the experts in the first half, stage 0 holds all 16 expert layers and stage 1
+    # none; alternating, 8 each. The same parameters and model FLOPs; the first stage holds 8
+    # expert layers' worth more (each (8 experts - 1 dense MLP) x 3 x 4096 x 14336 / tp + the
+    # router) and takes longer, and the simulated step waits for it.
+    lay = planner.Layout(4, 2, 8, 4, 1, "selective", True, True)
+    assert FIRST_HALF.num_params() == ALTERNATING.num_params()
+    half, alt = (planner.stage_params(x, lay) for x in (FIRST_HALF, ALTERNATING))
+    assert half[0] - alt[0] == pytest.approx(8 * (7 * 3 * 4096 * 14336 / 4 + 8 * 4096))
+    assert sum(half) == pytest.approx(sum(alt))
+    uneven, even = (planner.predict(x, H100, lay, 256) for x in (FIRST_HALF, ALTERNATING))
+    assert uneven["memory_gb_per_gpu"] > 1.3 * even["memory_gb_per_gpu"]
+    assert uneven["step_time_s"] > 1.1 * even["step_time_s"]
+    assert uneven["mfu"] * uneven["step_time_s"] == pytest.approx(
+        even["mfu"] * even["step_time_s"], rel=1e-12)
+    # Full recomputation reruns each layer's forward at its kind's cost (HFU: the layers'
+    # forward once more, whatever their order).
+    full = planner.Layout(4, 2, 8, 1, 1, "full", True, True)
+    uneven, even = (planner.predict(x, H100, full, 256) for x in (FIRST_HALF, ALTERNATING))
+    layers_only = flops.forward_flops_per_token(dataclasses.replace(FIRST_HALF, vocab_size=0),
+                                                4096)
+    whole = flops.forward_flops_per_token(FIRST_HALF, 4096)
+    for r in (uneven, even):
+        assert r["hfu"] / r["mfu"] - 1 == pytest.approx(layers_only / (3 * whole), rel=1e-9)
+    assert uneven["step_time_s"] > 1.2 * even["step_time_s"]
+
+
+def test_chunks_of_different_kinds_are_kept_as_the_schedule_keeps_them():
+    # Interleaved (pp 2, v 2, 4 microbatches), rank 0 runs F0c0 F1c0 F0c1 F1c1 F2c0 B0c1 F3c0
+    # B1c1 ...: with chunk 0 keeping a and chunk 1 b bytes a microbatch, it holds 3a + 2b after
+    # F2c0, 4a + b after F3c0.
+    schedule = braid._C.make_interleaved_1f1b(2, 4, 2)
+    assert planner.peak_kept(schedule, 0, [2.0, 1.0]) == 4 * 2 + 1
+    assert planner.peak_kept(schedule, 0, [1.0, 2.0]) == 3 * 1 + 2 * 2
+    assert planner.peak_kept(schedule, 0, [1.0, 1.0]) == planner.in_flight(
+        planner.Layout(4, 2, 8, 4, 2), 4)[0]
+    # FIRST_HALF at pp 2, v 2: rank 0's chunks are layers 0-7 (experts) and 16-23 (dense),
+    # as many parameters as ALTERNATING's, but its expert chunk is the one it keeps more of.
+    lay = planner.Layout(4, 2, 8, 4, 2, "selective", True, True)
+    a, b = (8 * planner.layer_activation_bytes(FIRST_HALF, lay, layer=i) for i in (0, 16))
+    assert a > b
+    total, parts = planner.memory(FIRST_HALF, H100, lay, 4)
+    assert parts["activations"] == pytest.approx((4 * a + b) / 1e9, rel=1e-12)
+    assert planner.stage_params(FIRST_HALF, lay) == planner.stage_params(ALTERNATING, lay)
+    assert total > planner.memory(ALTERNATING, H100, lay, 4)[0]
+    # A chunk's layers each keep their own kind's; full recomputation's rerun holds the
+    # chunk's (block) recomputed layers' inputs and its heaviest layer's whole set at once.
+    blk = planner.Layout(4, 2, 8, 4, 1, "full", True, True, recompute_method="block",
+                         recompute_num_layers=1)
+    kept, transient = planner.chunk_activation_bytes(ALTERNATING, blk, 4, 0)
+    inp = planner.layer_activation_bytes(ALTERNATING, blk, "full", 0)
+    expert, dense = (planner.layer_activation_bytes(ALTERNATING, blk, "none", i) for i in (0, 1))
+    assert kept == pytest.approx(inp + expert + 2 * dense) and transient == expert
+    uni = dataclasses.replace(blk, recompute_method="uniform", recompute_num_layers=2)
+    assert planner.chunk_activation_bytes(ALTERNATING, uni, 4, 0) == pytest.approx(
+        (2 * inp, expert + dense))
+
+
+def test_plan_cli_takes_the_moe_layer_freq_as_pretrain_gpt_does():
+    lay = planner.Layout(4, 2, 8, 4, 4, "selective", True, True)
+    want = planner.predict(FIRST_DENSE, H100, lay, 256)
+    freq = ["--moe-layer-freq", "[0]+[1]*31"]
+    preset = _plan(*CLUSTER, *LAYOUT, "--model", "mixtral-8x7b", *freq, "--global-batch", "256",
+                   "--json")
+    flags = _plan(*CLUSTER, *LAYOUT, *SHAPE, "--num-experts", "8", *freq, "--global-batch",
+                  "256", "--json")
+    run = _plan(*CLUSTER, "--json", "--", *TRAINING, *freq)
+    for out in (preset, flags, run):
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(want["step_time_s"],
+                                                                         rel=1e-12)
+    # An integer N: layers 0, N, 2N, ... (0-based, Megatron's rule).
+    want = planner.predict(ALTERNATING, H100, lay, 256)
+    for out in (_plan(*CLUSTER, *LAYOUT, "--model", "mixtral-8x7b", "--moe-layer-freq", "2",
+                      "--global-batch", "256", "--json"),
+                _plan(*CLUSTER, "--json", "--", *TRAINING, "--moe-layer-freq", "2")):
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)[0]["step_time_s"] == pytest.approx(want["step_time_s"],
+                                                                         rel=1e-12)
+    # Refused as pretrain_gpt.py refuses them (braid.moe_args), here and after --.
+    refusals = [
+        ([*SHAPE, "--moe-layer-freq", "2"], "--moe-layer-freq needs --num-experts"),
+        (["--model", "mixtral-8x7b", "--moe-layer-freq", "[0]+[1]*30"],
+         "--moe-layer-freq gives 31 layers for --num-layers 32"),
+        (["--model", "mixtral-8x7b", "--moe-layer-freq", "[0]*32"], "gives no layer experts"),
+        (["--model", "mixtral-8x7b", "--moe-layer-freq", "[2]*32"],
+         "must give a list of 0s and 1s"),
+    ]
+    for args, message in refusals:
+        out = _plan(*CLUSTER, "--global-batch", "256", *args)
+        assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+    out = _plan(*CLUSTER, "--", *TRAINING, "--moe-layer-freq", "[0]+[1]*30")
+    assert out.returncode == 2 and "gives 31 layers for --num-layers 32" in out.stderr
+    out = _plan(*CLUSTER, *freq, "--", *TRAINING)
+    assert out.returncode == 2 and "--moe-layer-freq: with training arguments after --" in \
+        out.stderr
