@@ -17,6 +17,7 @@
 #include "braid/ckpt/atomic_dir.h"
 #include "braid/ckpt/safetensors.h"
 #include "braid/kernels/ops.h"
+#include "braid/model/moe.h"
 #include "engine/checkpoint_config.h"
 
 namespace braid::engine {
@@ -239,6 +240,15 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
   for (int p = 0; p < saved.pp; ++p) {
     for (int c = 0; c < saved.virtual_stages; ++c) {
       const model::ModelChunk held = pipeline_chunk(layers, p, c);
+      // The expert biases (replicated, f32) in TP rank 0's file.
+      for (int64_t l = held.first_layer; l < held.end_layer; ++l) {
+        if (!config.moe_router_enable_expert_bias || !config.is_moe_layer(l)) continue;
+        json& entry = tensors[model::expert_bias_name(l)];
+        entry["shape"] = std::vector<int64_t>{config.num_experts};
+        entry["split_dim"] = -1;
+        entry["shards"].push_back(
+            json{{"file", file_name(0, p)}, {"start", 0}, {"length", config.num_experts}});
+      }
       for (int t = 0; t < saved.tp; ++t) {
         const model::ParamLayout layout = model::parameter_layout(config, t, saved.tp, held);
         for (const Slice& s : stored_slices(layout)) {
@@ -386,6 +396,8 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
     for (int c = 0; c < model.num_chunks(); ++c) {
       const model::GPTModel& m = model.chunk(c);
       const model::ParamLayout& layout = m.layout();
+      if (tp_rank == 0)
+        for (const auto& [name, bias] : m.expert_biases()) p.file->add(name, keep(bias));
       for (const Slice& s : stored_slices(layout)) {
         const model::Parameter& param = m.parameters()[s.param];
         const std::string& name = param.spec.name;
@@ -604,6 +616,11 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
       }
       // Parameters (rounded to their dtype), then this rank's optimizer segments.
       ops::cast(m.flat_params(), values.to(m.device()));
+      for (const auto& [name, bias] : m.expert_biases()) {
+        Tensor host = Tensor::empty(bias.shape(), DType::f32);
+        reader.read(name, bias.shape(), -1, 0, bias.size(0), host);
+        Tensor(bias).copy_from(host.to(m.device()));
+      }
       if (!with_optim) continue;
       for (const AdamW::Segment& seg : trainer->optimizer().segments()) {
         if (seg.chunk != c) continue;

@@ -40,6 +40,11 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"moe_shared_expert_intermediate_size", c.moe_shared_expert_intermediate_size},
       {"moe_shared_expert_gate", c.moe_shared_expert_gate},
       {"moe_layers", c.moe_layers},
+      {"moe_router_score_function", model::to_string(c.moe_router_score_function)},
+      {"moe_router_enable_expert_bias", c.moe_router_enable_expert_bias},
+      {"moe_router_num_groups", c.moe_router_num_groups},
+      {"moe_router_group_topk", c.moe_router_group_topk},
+      {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
 }
@@ -103,6 +108,13 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                        ": a different model - moe_shared_expert_gate is ",
                        saved_gate ? "true" : "false", " in the checkpoint and ",
                        config.moe_shared_expert_gate ? "true" : "false", " in this run");
+    // The expert biases are tensors of the checkpoint: with and without them are different
+    // models (the score function and the groups are settings, like the top k).
+    const bool saved_bias = saved.value("moe_router_enable_expert_bias", false);
+    BRAID_CONFIG_CHECK(saved_bias == config.moe_router_enable_expert_bias, where,
+                       ": a different model - moe_router_enable_expert_bias is ",
+                       saved_bias ? "true" : "false", " in the checkpoint and ",
+                       config.moe_router_enable_expert_bias ? "true" : "false", " in this run");
   }
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] :

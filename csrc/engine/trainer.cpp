@@ -195,19 +195,24 @@ float Trainer::global_loss(float local_loss) const {
   return loss[0];
 }
 
-double Trainer::load_balancing_loss(int num_microbatches) const {
+model::MoeLosses Trainer::moe_losses(int num_microbatches) const {
   const model::TransformerConfig& c = model_.config();
-  if (c.num_experts == 0 || c.moe_aux_loss_coeff == 0) return 0;
+  if (c.num_experts == 0 || (c.moe_aux_loss_coeff == 0 && c.moe_z_loss_coeff == 0)) return {};
   // Each rank holds its stages' layers for its DP replica's microbatches (its share of their
   // tokens under CP); every TP rank holds the same values.
-  double local = 0;
-  for (model::GPTModel* chunk : model_.chunks()) local += chunk->take_load_balancing_loss();
-  std::vector<float> sum{float(local)};
+  model::MoeLosses local;
+  for (model::GPTModel* chunk : model_.chunks()) {
+    const model::MoeLosses l = chunk->take_moe_losses();
+    local.load_balancing += l.load_balancing;
+    local.z += l.z;
+  }
+  std::vector<float> sums{float(local.load_balancing), float(local.z)};
   const comm::ParallelState* state = model_.state();
-  all_reduce_host(state != nullptr ? &state->world() : nullptr, sum, DType::f32);
+  all_reduce_host(state != nullptr ? &state->world() : nullptr, sums, DType::f32);
   const int tp = model_.chunk(0).tensor_parallel().size();
   const int dp = state != nullptr ? state->grid().dp() : 1;
-  return sum[0] / (double(tp) * dp * num_microbatches * double(c.num_moe_layers()));
+  const double mean = double(tp) * dp * num_microbatches * double(c.num_moe_layers());
+  return {sums[0] / mean, sums[1] / mean};
 }
 
 float Trainer::evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches) {
@@ -238,7 +243,13 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   stats.tokens = batch.tokens;
   stats.loss_scale = loss_scale;
   stats.loss = global_loss(local_loss) / loss_scale;
-  stats.load_balancing_loss = load_balancing_loss(num_microbatches);
+  const model::MoeLosses router_losses = moe_losses(num_microbatches);
+  stats.load_balancing_loss = router_losses.load_balancing;
+  stats.z_loss = router_losses.z;
+  if (model_.config().moe_router_enable_expert_bias) {
+    comm::Communicator* group = state != nullptr ? &state->dp_cp() : nullptr;
+    for (model::GPTModel* chunk : model_.chunks()) chunk->update_expert_bias(group);
+  }
   stats.grad_norm = optimizer_->grad_norm() / loss_scale;
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).

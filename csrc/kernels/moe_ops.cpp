@@ -1,5 +1,7 @@
 // The mixture-of-experts ops' front door (ops.h, "mixture of experts"): checks every argument,
 // then dispatches to kernels/cpu/moe.cpp or kernels/cuda/moe.cu.
+#include <cmath>
+
 #include "kernels/op_checks.h"
 
 namespace braid::ops {
@@ -32,6 +34,35 @@ void check_expert_vector(const char* op, const char* name, const Tensor& t, cons
   check_shape(op, name, t, Shape{logits.size(1)});
 }
 
+// score_sums / aux_grad: [G, E] f32 with G dividing the T tokens.
+void check_group_scores(const char* op, const char* name, const Tensor& t, const Tensor& logits) {
+  if (!t.defined()) return;
+  check_dtype(op, name, t, DType::f32);
+  const int64_t tokens = logits.size(0);
+  BRAID_CHECK(
+      t.dim() == 2 && t.size(1) == logits.size(1) && t.size(0) >= 1 && tokens % t.size(0) == 0, op,
+      ": ", name, " ", describe(t), " must be [G, ", logits.size(1), "] with G dividing the ",
+      tokens, " tokens");
+}
+
+void check_spec(const char* op, const MoeRouterSpec& spec, const Tensor& experts,
+                const Tensor& logits) {
+  const int64_t e = logits.size(1), k = experts.size(1);
+  BRAID_CHECK(!(spec.sigmoid && spec.softmax_first), op,
+              ": softmax_first is for the softmax score function");
+  BRAID_CHECK(spec.scaling_factor > 0 && std::isfinite(spec.scaling_factor), op,
+              ": scaling_factor must be > 0 and finite, got ", spec.scaling_factor);
+  BRAID_CHECK(spec.num_groups != 0 || spec.group_topk == 0, op, ": group_topk ", spec.group_topk,
+              " needs num_groups");
+  if (spec.num_groups == 0) return;
+  const int64_t g = spec.num_groups, gk = spec.group_topk;
+  BRAID_CHECK(g >= 1 && e % g == 0 && gk >= 1 && gk <= g && k % gk == 0 && k / gk <= e / g, op,
+              ": num_groups ", g, " must divide the ", e, " experts, group_topk ", gk,
+              " be in [1, num_groups] and divide k = ", k,
+              ", and k / group_topk be at most a "
+              "group's experts");
+}
+
 // rows [T, k] i32 indexing the N rows of y, and the [T, C] tensor on the other side.
 void check_combine(const char* op, const Tensor& out, const char* out_name, const Tensor& y,
                    const Tensor& rows) {
@@ -42,22 +73,33 @@ void check_combine(const char* op, const Tensor& out, const char* out_name, cons
 }
 }  // namespace
 
-void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, const Tensor& logits,
-                        bool softmax_first, Stream stream) {
+void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, Tensor lse,
+                        const Tensor& logits, const Tensor& expert_bias, const MoeRouterSpec& spec,
+                        Stream stream) {
   const char* op = "moe_router_forward";
   Device device = device_of(op, {{"probs", probs},
                                  {"experts", experts},
                                  {"score_sums", score_sums, true},
-                                 {"logits", logits}});
+                                 {"lse", lse, true},
+                                 {"logits", logits},
+                                 {"expert_bias", expert_bias, true}});
   check_routing(op, logits, "probs", probs, experts);
-  check_expert_vector(op, "score_sums", score_sums, logits);
-  BRAID_DISPATCH(device, moe_router_forward, probs, experts, score_sums, logits, softmax_first,
-                 stream);
+  check_spec(op, spec, experts, logits);
+  check_group_scores(op, "score_sums", score_sums, logits);
+  check_expert_vector(op, "expert_bias", expert_bias, logits);
+  BRAID_CHECK(!expert_bias.defined() || spec.sigmoid, op,
+              ": expert_bias is for the sigmoid score function");
+  if (lse.defined()) {
+    check_dtype(op, "lse", lse, DType::f32);
+    check_shape(op, "lse", lse, Shape{logits.size(0)});
+  }
+  BRAID_DISPATCH(device, moe_router_forward, probs, experts, score_sums, lse, logits, expert_bias,
+                 spec, stream);
 }
 
 void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& logits,
-                         const Tensor& experts, bool softmax_first, const Tensor& aux_grad,
-                         Stream stream) {
+                         const Tensor& experts, const MoeRouterSpec& spec, const Tensor& aux_grad,
+                         float z_grad, Stream stream) {
   const char* op = "moe_router_backward";
   Device device = device_of(op, {{"dlogits", dlogits},
                                  {"dprobs", dprobs},
@@ -65,11 +107,13 @@ void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& log
                                  {"experts", experts},
                                  {"aux_grad", aux_grad, true}});
   check_routing(op, logits, "dprobs", dprobs, experts);
+  check_spec(op, spec, experts, logits);
   check_like(op, "dlogits", dlogits, "logits", logits);
-  check_expert_vector(op, "aux_grad", aux_grad, logits);
+  check_group_scores(op, "aux_grad", aux_grad, logits);
+  BRAID_CHECK(std::isfinite(z_grad), op, ": z_grad must be finite, got ", z_grad);
   if (logits.numel() == 0) return;
-  BRAID_DISPATCH(device, moe_router_backward, dlogits, dprobs, logits, experts, softmax_first,
-                 aux_grad, stream);
+  BRAID_DISPATCH(device, moe_router_backward, dlogits, dprobs, logits, experts, spec, aux_grad,
+                 z_grad, stream);
 }
 
 void gather_rows(Tensor out, const Tensor& x, const Tensor& index, const Tensor& scale,

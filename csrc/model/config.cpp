@@ -70,6 +70,25 @@ const char* to_string(RecomputeMethod value) {
   return "?";
 }
 
+const char* to_string(MoeScoreFunction value) {
+  return value == MoeScoreFunction::softmax ? "softmax" : "sigmoid";
+}
+
+const char* to_string(MoeLoadBalancing value) {
+  return value == MoeLoadBalancing::aux_loss ? "aux_loss" : "seq_aux_loss";
+}
+
+void from_string(std::string_view name, MoeScoreFunction& out) {
+  static constexpr MoeScoreFunction kAll[] = {MoeScoreFunction::softmax, MoeScoreFunction::sigmoid};
+  enum_from_string(name, "moe_router_score_function", kAll, out);
+}
+
+void from_string(std::string_view name, MoeLoadBalancing& out) {
+  static constexpr MoeLoadBalancing kAll[] = {MoeLoadBalancing::aux_loss,
+                                              MoeLoadBalancing::seq_aux_loss};
+  enum_from_string(name, "moe_router_load_balancing_type", kAll, out);
+}
+
 void from_string(std::string_view name, Normalization& out) {
   static constexpr Normalization kAll[] = {Normalization::layernorm, Normalization::rmsnorm};
   enum_from_string(name, "normalization", kAll, out);
@@ -220,6 +239,38 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(moe_aux_loss_coeff >= 0 && std::isfinite(moe_aux_loss_coeff),
                        "TransformerConfig.moe_aux_loss_coeff must be >= 0 and finite, got ",
                        moe_aux_loss_coeff);
+    BRAID_CONFIG_CHECK(moe_z_loss_coeff >= 0 && std::isfinite(moe_z_loss_coeff),
+                       "TransformerConfig.moe_z_loss_coeff must be >= 0 and finite, got ",
+                       moe_z_loss_coeff);
+    BRAID_CONFIG_CHECK(
+        moe_router_topk_scaling_factor > 0 && std::isfinite(moe_router_topk_scaling_factor),
+        "TransformerConfig.moe_router_topk_scaling_factor must be > 0 and finite, got ",
+        moe_router_topk_scaling_factor);
+    BRAID_CONFIG_CHECK(
+        moe_router_bias_update_rate >= 0 && std::isfinite(moe_router_bias_update_rate),
+        "TransformerConfig.moe_router_bias_update_rate must be >= 0 and finite, got ",
+        moe_router_bias_update_rate);
+    BRAID_CONFIG_CHECK(
+        !moe_router_enable_expert_bias || moe_router_score_function == MoeScoreFunction::sigmoid,
+        "TransformerConfig.moe_router_enable_expert_bias needs the sigmoid score function (as "
+        "Megatron's)");
+    BRAID_CONFIG_CHECK(
+        !moe_router_pre_softmax || moe_router_score_function == MoeScoreFunction::softmax,
+        "TransformerConfig.moe_router_pre_softmax is for the softmax score function");
+    if (moe_router_num_groups > 0 || moe_router_group_topk > 0) {
+      const int64_t g = moe_router_num_groups, gk = moe_router_group_topk;
+      BRAID_CONFIG_CHECK(g >= 1 && num_experts % g == 0,
+                         "TransformerConfig.moe_router_num_groups must divide num_experts = ",
+                         num_experts, ", got ", g);
+      BRAID_CONFIG_CHECK(gk >= 1 && gk <= g && moe_router_topk % gk == 0,
+                         "TransformerConfig.moe_router_group_topk must be in [1, "
+                         "moe_router_num_groups = ",
+                         g, "] and divide moe_router_topk = ", moe_router_topk, ", got ", gk);
+      BRAID_CONFIG_CHECK(moe_router_topk / gk <= num_experts / g,
+                         "TransformerConfig: each of the moe_router_group_topk = ", gk,
+                         " groups scores its best moe_router_topk / group_topk = ",
+                         moe_router_topk / gk, " experts, more than a group's ", num_experts / g);
+    }
     BRAID_CONFIG_CHECK(moe_shared_expert_intermediate_size >= 0,
                        "TransformerConfig.moe_shared_expert_intermediate_size must be >= 0 (0: no "
                        "shared expert), got ",

@@ -127,9 +127,35 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
     init_shard(params_.back().value, spec, shard, config_, seed_);
   }
   layers_.reserve(size_t(chunk.end_layer - chunk.first_layer));
-  for (int l = chunk.first_layer; l < chunk.end_layer; ++l)
-    layers_.emplace_back(config_, l, tp_, cp_, layer_tensors(flat_params_, l),
-                         layer_tensors(flat_grads_, l));
+  for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
+    LayerTensors weights = layer_tensors(flat_params_, l);
+    MoeStats& stats = moe_stats_.emplace_back();
+    if (config_.moe_router_enable_expert_bias && config_.is_moe_layer(l)) {
+      weights.expert_bias = Tensor::zeros({config_.num_experts}, DType::f32, device_);
+      expert_biases_.emplace_back(expert_bias_name(l), weights.expert_bias);
+      stats.tokens_per_expert.assign(size_t(config_.num_experts), 0);
+    }
+    layers_.emplace_back(config_, l, tp_, cp_, std::move(weights), layer_tensors(flat_grads_, l));
+  }
+}
+
+MoeLosses GPTModel::take_moe_losses() {
+  MoeLosses sum;
+  for (MoeStats& s : moe_stats_) {
+    sum.load_balancing += s.losses.load_balancing;
+    sum.z += s.losses.z;
+    s.losses = MoeLosses{};
+  }
+  return sum;
+}
+
+void GPTModel::update_expert_bias(comm::Communicator* group) {
+  size_t b = 0;
+  for (MoeStats& s : moe_stats_) {
+    if (s.tokens_per_expert.empty()) continue;
+    move_expert_bias(expert_biases_[b++].second, s.tokens_per_expert,
+                     config_.moe_router_bias_update_rate, group);
+  }
 }
 
 Parameter& GPTModel::parameter(const std::string& name) {
@@ -489,7 +515,7 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
     for (size_t l = end; l-- > begin;) {
       dx = layers_[l].backward(dx, tokens, dropout_context(mb, first_layer_ + int(l), true),
                                group > 1 ? Recompute::none : layer_policy(l), mb.layers[l],
-                               grad_scale, &load_balancing_loss_);
+                               grad_scale, &moe_stats_[l]);
       grads_done(microbatch, layer_params_[l]);
     }
     end = begin;

@@ -1,5 +1,8 @@
 #include "braid/model/moe.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "braid/kernels/ops.h"
 
 namespace braid::model {
@@ -9,19 +12,58 @@ Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device
 
 Tensor on(Device device, const Tensor& host) { return device.is_cpu() ? host : host.to(device); }
 
+// The experts the load-balancing loss counts, on the host: the top k of its scores (softmax,
+// or sigmoid normalised) over every expert, as Megatron's compute_routing_scores_for_aux_loss
+// picks them - the chosen experts when neither groups nor a bias steered the choice. Under TP
+// rank 0's, like the choice.
+Tensor balancing_choice(const Tensor& logits, const Tensor& chosen, const Tensor& expert_bias,
+                        const TransformerConfig& config, const TensorParallel& tp) {
+  ops::MoeRouterSpec spec = router_spec(config);
+  if (spec.num_groups == 0 && !expert_bias.defined()) return host_copy(chosen);
+  spec.num_groups = spec.group_topk = 0;
+  spec.softmax_first = !spec.sigmoid;  // the top k of the softmax, not of the logits
+  Tensor experts = Tensor::empty(chosen.shape(), DType::i32, chosen.device());
+  Tensor probs = Tensor::empty(chosen.shape(), DType::f32, chosen.device());
+  ops::moe_router_forward(probs, experts, {}, {}, logits, {}, spec);
+  if (tp.active()) tp.group->broadcast(experts, 0)->wait();
+  return host_copy(experts);
+}
+
 }  // namespace
 
-MoeRouting route_tokens(const Tensor& logits, const TransformerConfig& config,
-                        const TensorParallel& tp, const ContextParallel& cp, bool load_balancing) {
+ops::MoeRouterSpec router_spec(const TransformerConfig& config) {
+  ops::MoeRouterSpec spec;
+  spec.sigmoid = config.moe_router_score_function == MoeScoreFunction::sigmoid;
+  spec.softmax_first = config.moe_router_pre_softmax;
+  spec.num_groups = config.moe_router_num_groups;
+  spec.group_topk = config.moe_router_group_topk;
+  spec.scaling_factor = config.moe_router_topk_scaling_factor;
+  return spec;
+}
+
+MoeRouting route_tokens(const Tensor& logits, int64_t rows, const Tensor& expert_bias,
+                        const TransformerConfig& config, const TensorParallel& tp,
+                        const ContextParallel& cp, bool training) {
   const int64_t t_count = logits.size(0), e_count = config.num_experts;
   const int64_t k = config.moe_router_topk, n = t_count * k;
   const Device device = logits.device();
-  const bool aux = load_balancing && config.moe_aux_loss_coeff > 0;
+  const bool aux = training && config.moe_aux_loss_coeff > 0;
+  const bool z = training && config.moe_z_loss_coeff > 0;
+  // The load-balancing groups: the microbatch, or each of its sequences. `rows` runs of tokens
+  // (ops.h's score-sum groups) hold them: the sequences themselves, or under context
+  // parallelism each sequence's two local chunks, chunk-major (context_parallel.h).
+  const bool per_sequence = config.moe_router_load_balancing_type == MoeLoadBalancing::seq_aux_loss;
+  const int64_t runs = aux && per_sequence ? rows : 1;
+  const int64_t groups = aux && per_sequence ? (cp.active() ? rows / 2 : rows) : 1;
+  BRAID_CHECK(t_count % runs == 0 && runs % groups == 0, "route_tokens: ", t_count,
+              " tokens do not split into ", rows, " rows");
   MoeRouting r;
   r.probs = Tensor::empty({t_count, k}, DType::f32, device);
   r.experts = Tensor::empty({t_count, k}, DType::i32, device);
-  Tensor score_sums = aux ? Tensor::empty({e_count}, DType::f32, device) : Tensor();
-  ops::moe_router_forward(r.probs, r.experts, score_sums, logits, config.moe_router_pre_softmax);
+  Tensor score_sums = aux ? Tensor::empty({runs, e_count}, DType::f32, device) : Tensor();
+  Tensor lse = z ? Tensor::empty({t_count}, DType::f32, device) : Tensor();
+  ops::moe_router_forward(r.probs, r.experts, score_sums, lse, logits, expert_bias,
+                          router_spec(config));
   if (tp.active()) {
     tp.group->broadcast(r.experts, 0)->wait();
     tp.group->broadcast(r.probs, 0)->wait();
@@ -46,27 +88,74 @@ MoeRouting route_tokens(const Tensor& logits, const TransformerConfig& config,
   r.token_rows = on(device, token_rows);
   r.row_prob = Tensor::empty({n}, DType::f32, device);
   ops::gather_rows(r.row_prob.view({n, 1}), r.probs.view({n, 1}), on(device, row_slot), {});
+
+  if (z) {
+    const Tensor host = host_copy(lse);
+    double sum = 0;
+    for (int64_t t = 0; t < t_count; ++t) {
+      const double v = host.data_ptr<float>()[t];
+      sum += v * v;
+    }
+    const double tokens = double(t_count) * cp.size();
+    r.z_loss = sum / tokens;
+    r.z_grad = float(2.0 * config.moe_z_loss_coeff / tokens);
+  }
   if (!aux) return r;
 
-  Tensor counts = Tensor::empty({e_count}, DType::f32);
-  for (int64_t e = 0; e < e_count; ++e)
-    counts.data_ptr<float>()[e] = float(r.offsets[size_t(e + 1)] - r.offsets[size_t(e)]);
+  // Tokens per (group, expert), summed over CP; the score sums of each group's runs. Megatron
+  // counts the top k of the balancing scores over all experts, which are the chosen ones unless
+  // groups or the expert bias steer the choice.
+  const Tensor balanced = balancing_choice(logits, r.experts, expert_bias, config, tp);
+  const int32_t* counted = balanced.data_ptr<int32_t>();
+  const int64_t per_run = t_count / runs;
+  Tensor counts = Tensor::zeros({groups, e_count}, DType::f32);
+  for (int64_t i = 0; i < n; ++i)
+    counts.data_ptr<float>()[(i / k / per_run) % groups * e_count + counted[i]] += 1;
   if (cp.active()) {
     Tensor reduced = on(cp.group->device(), counts);
     cp.group->all_reduce(reduced)->wait();
     counts = host_copy(reduced);
   }
-  const double tokens = double(t_count) * cp.size();
-  const double unit = double(e_count) / (double(k) * tokens * tokens);
   const Tensor sums = host_copy(score_sums);
-  Tensor grad = Tensor::empty({e_count}, DType::f32);
-  for (int64_t e = 0; e < e_count; ++e) {
-    const double c = counts.data_ptr<float>()[e];
-    grad.data_ptr<float>()[e] = float(config.moe_aux_loss_coeff * unit * c);
-    r.aux_loss += unit * c * sums.data_ptr<float>()[e];
+  const double tokens = double(t_count) / double(groups) * cp.size();
+  const double unit = double(e_count) / (double(k) * tokens * tokens * double(groups));
+  Tensor grad = Tensor::empty({runs, e_count}, DType::f32);
+  for (int64_t run = 0; run < runs; ++run) {
+    for (int64_t e = 0; e < e_count; ++e) {
+      const double c = counts.data_ptr<float>()[run % groups * e_count + e];
+      grad.data_ptr<float>()[run * e_count + e] = float(config.moe_aux_loss_coeff * unit * c);
+      r.aux_loss += unit * c * sums.data_ptr<float>()[run * e_count + e];
+    }
   }
   r.aux_grad = on(device, grad);
   return r;
+}
+
+std::string expert_bias_name(int64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".mlp.gate.e_score_correction_bias";
+}
+
+void move_expert_bias(Tensor bias, std::vector<int64_t>& tokens, float rate,
+                      comm::Communicator* group) {
+  const int64_t e_count = int64_t(tokens.size());
+  Tensor counts = Tensor::empty({e_count}, DType::i64);
+  std::copy(tokens.begin(), tokens.end(), counts.data_ptr<int64_t>());
+  if (group != nullptr && group->size() > 1) {
+    Tensor reduced = on(group->device(), counts);
+    group->all_reduce(reduced)->wait();
+    counts = host_copy(reduced);
+  }
+  // sign(total / E - count), in integers.
+  const int64_t* c = counts.data_ptr<int64_t>();
+  const int64_t total = std::accumulate(c, c + e_count, int64_t(0));
+  Tensor moved = host_copy(bias).clone();
+  float* b = moved.data_ptr<float>();
+  for (int64_t e = 0; e < e_count; ++e) {
+    const int64_t offset = total - e_count * c[e];
+    b[e] += float(offset > 0) * rate - float(offset < 0) * rate;
+  }
+  bias.copy_from(moved);
+  std::fill(tokens.begin(), tokens.end(), 0);
 }
 
 }  // namespace braid::model

@@ -140,8 +140,9 @@ void TransformerLayer::mlp_rows_backward(const MlpTensors& w, const MlpTensors& 
   linear_backward(dx, g.fc1_weight, g.fc1_bias, d_fc1, x, w.fc1_weight, accumulate);
 }
 
-Tensor TransformerLayer::mlp_forward(const Tensor& h_full, LayerActivations* saved) const {
-  if (moe_) return moe_forward(h_full, saved);
+Tensor TransformerLayer::mlp_forward(const Tensor& h_full, int64_t rows,
+                                     LayerActivations* saved) const {
+  if (moe_) return moe_forward(h_full, rows, saved);
   const int64_t t = h_full.size(0);
   Tensor fc1 = Tensor::empty({t, w_.mlp.fc1_weight.size(0)}, h_full.dtype(), h_full.device());
   Tensor m = Tensor::empty({t, config_.hidden_size}, h_full.dtype(), h_full.device());
@@ -162,7 +163,8 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
   return dh;
 }
 
-Tensor TransformerLayer::moe_forward(const Tensor& h_full, LayerActivations* saved) const {
+Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t rows,
+                                     LayerActivations* saved) const {
   const TransformerConfig& c = config_;
   const int64_t t = h_full.size(0), h = c.hidden_size;
   const DType dt = h_full.dtype();
@@ -171,7 +173,7 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, LayerActivations* sav
   // its share of each expert's columns; the combine is linear, so the partial outputs sum.
   Tensor logits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
   linear_forward(logits, h_full, w_.router_weight, {});
-  MoeRouting r = route_tokens(logits, c, tp_, cp_, saved != nullptr);
+  MoeRouting r = route_tokens(logits, rows, w_.expert_bias, c, tp_, cp_, saved != nullptr);
   const int64_t n = r.row_token.size(0);
   Tensor in = Tensor::empty({n, h}, dt, dev);
   ops::gather_rows(in, h_full, r.row_token, {});
@@ -246,8 +248,8 @@ Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, La
     ops::scale(aux, r.aux_grad, loss_scale);
   }
   Tensor dlogits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
-  ops::moe_router_backward(dlogits, dprobs, a.router_logits, r.experts, c.moe_router_pre_softmax,
-                           aux);
+  ops::moe_router_backward(dlogits, dprobs, a.router_logits, r.experts, router_spec(c), aux,
+                           r.z_grad * loss_scale);
   replicated_linear_backward(dh, g_.router_weight, dlogits, h_full, w_.router_weight);
   release(a.router_logits);
   return dh;
@@ -436,7 +438,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   Tensor h2 = norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
   LayerActivations mlp;
   Tensor m = exit_tp_forward(
-      tp_, mlp_forward(enter_tp_forward(tp_, h2), saved != nullptr ? &mlp : nullptr));
+      tp_, mlp_forward(enter_tp_forward(tp_, h2), tokens.batch, saved != nullptr ? &mlp : nullptr));
   m = dropout(m, drop.p, drop.seed, drop.mlp_offset, drop.first_element);
   Tensor out = m;
   ops::add(out, mid, m);
@@ -466,6 +468,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->shared_gate_logit = mlp.shared_gate_logit;
     } else {
       saved->routing.aux_loss = mlp.routing.aux_loss;
+      saved->routing.z_loss = mlp.routing.z_loss;
     }
     if (policy == Recompute::none) {
       saved->q_norm_stats = qkv.q_stats;
@@ -515,14 +518,14 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   NormStats s2;
   const Tensor h2 =
       enter_tp_forward(tp_, norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias));
-  Tensor out = exit_tp_forward(tp_, mlp_forward(h2, nullptr));
+  Tensor out = exit_tp_forward(tp_, mlp_forward(h2, tokens.batch, nullptr));
   ops::add(out, mid, out);
   return out;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const DropoutContext& drop,
                                   Recompute policy, LayerActivations& saved, float loss_scale,
-                                  double* load_balancing_loss) const {
+                                  MoeStats* moe_stats) const {
   const TransformerConfig& c = config_;
   const LayerShape& n = shape_;
   BRAID_CHECK(saved.input.defined(), "TransformerLayer::backward: no saved activations");
@@ -548,7 +551,13 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   }
   LayerActivations& a = saved;
   const int64_t t = tokens.count(), d = n.head_dim;
-  if (load_balancing_loss != nullptr) *load_balancing_loss += a.routing.aux_loss;
+  if (moe_ && moe_stats != nullptr) {
+    moe_stats->losses.load_balancing += a.routing.aux_loss;
+    moe_stats->losses.z += a.routing.z_loss;
+    std::vector<int64_t>& counts = moe_stats->tokens_per_expert;
+    for (size_t e = 0; e < counts.size(); ++e)
+      counts[e] += a.routing.offsets[e + 1] - a.routing.offsets[e];
+  }
 
   // MLP block.
   Tensor dm = exit_tp_backward(

@@ -148,6 +148,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("tokens_per_second", &StepStats::tokens_per_second)
       .def_readonly("peak_memory_bytes", &StepStats::peak_memory_bytes)
       .def_readonly("load_balancing_loss", &StepStats::load_balancing_loss)
+      .def_readonly("z_loss", &StepStats::z_loss)
       .def_readonly("compute_seconds", &StepStats::compute_seconds)
       .def_readonly("pipeline_wait_seconds", &StepStats::pipeline_wait_seconds)
       .def_readonly("tp_wait_seconds", &StepStats::tp_wait_seconds)

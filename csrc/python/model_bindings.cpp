@@ -67,6 +67,14 @@ void bind_model(py::module_& m) {
       .def_readwrite("moe_ffn_hidden_size", &TransformerConfig::moe_ffn_hidden_size)
       .def_readwrite("moe_router_pre_softmax", &TransformerConfig::moe_router_pre_softmax)
       .def_readwrite("moe_aux_loss_coeff", &TransformerConfig::moe_aux_loss_coeff)
+      .def_readwrite("moe_router_num_groups", &TransformerConfig::moe_router_num_groups)
+      .def_readwrite("moe_router_group_topk", &TransformerConfig::moe_router_group_topk)
+      .def_readwrite("moe_router_topk_scaling_factor",
+                     &TransformerConfig::moe_router_topk_scaling_factor)
+      .def_readwrite("moe_router_enable_expert_bias",
+                     &TransformerConfig::moe_router_enable_expert_bias)
+      .def_readwrite("moe_router_bias_update_rate", &TransformerConfig::moe_router_bias_update_rate)
+      .def_readwrite("moe_z_loss_coeff", &TransformerConfig::moe_z_loss_coeff)
       .def_readwrite("moe_shared_expert_intermediate_size",
                      &TransformerConfig::moe_shared_expert_intermediate_size)
       .def_readwrite("moe_shared_expert_gate", &TransformerConfig::moe_shared_expert_gate)
@@ -86,6 +94,10 @@ void bind_model(py::module_& m) {
   def_enum_property(cfg, "position_embedding", &TransformerConfig::position_embedding);
   def_enum_property(cfg, "recompute", &TransformerConfig::recompute);
   def_enum_property(cfg, "recompute_method", &TransformerConfig::recompute_method);
+  def_enum_property(cfg, "moe_router_score_function",
+                    &TransformerConfig::moe_router_score_function);
+  def_enum_property(cfg, "moe_router_load_balancing_type",
+                    &TransformerConfig::moe_router_load_balancing_type);
   cfg.def_readwrite("recompute_num_layers", &TransformerConfig::recompute_num_layers);
 
   py::class_<KVCache>(m, "KVCache",
@@ -137,10 +149,28 @@ void bind_model(py::module_& m) {
           },
           py::arg("ids"), "Logits [B, S, V] (f32, CPU) without keeping activations.")
       .def("zero_grad", &GPTModel::zero_grad)
-      .def("take_load_balancing_loss", &GPTModel::take_load_balancing_loss,
-           "Mixture of experts with moe_aux_loss_coeff > 0: the load-balancing loss (without "
-           "its coefficient) summed over the layers and the microbatches whose backward ran "
-           "since the last call; resets it.")
+      .def(
+          "take_moe_losses",
+          [](GPTModel& g) {
+            const model::MoeLosses l = g.take_moe_losses();
+            return py::make_tuple(l.load_balancing, l.z);
+          },
+          "Mixture of experts: (load-balancing loss, z-loss), each without its coefficient, "
+          "summed over the layers and the microbatches whose backward ran since the last call "
+          "(0 for a loss whose coefficient is 0); resets them.")
+      .def(
+          "expert_biases",
+          [](GPTModel& g) {
+            py::dict out;
+            for (const auto& [name, bias] : g.expert_biases()) out[py::str(name)] = bias;
+            return out;
+          },
+          "moe_router_enable_expert_bias: name -> each expert layer's bias [E] f32 (the "
+          "tensors the routers read: writes change the model).")
+      .def(
+          "update_expert_bias", [](GPTModel& g) { g.update_expert_bias(nullptr); },
+          "Moves each expert bias by the tokens its experts took since the last call "
+          "(one process; the Trainer does this after every step).")
       .def("kv_cache", &GPTModel::kv_cache, py::arg("batch"), py::arg("capacity") = 0,
            "An empty KVCache for `batch` sequences of up to `capacity` positions (0: "
            "max_position_embeddings).")

@@ -1,6 +1,8 @@
 """A checkpoint's model config (metadata.json, docs/checkpoints.md) against pretrain_gpt.py's
 arguments: Megatron's --use-checkpoint-args takes the model arguments from it, and a run whose
-numerics differ from it is told so."""
+numerics differ from it is told so. The model is what the parameters compute with, the router's
+choice included; the training objective's knobs (the load-balancing and z-loss coefficients,
+the expert-bias update rate) stay the command line's."""
 
 from __future__ import annotations
 
@@ -41,6 +43,12 @@ FROM_CHECKPOINT = {
     "moe_ffn_hidden_size": lambda v: [("moe_ffn_hidden_size", v or None)],
     "moe_router_topk": lambda v: [("moe_router_topk", v)],
     "moe_router_pre_softmax": lambda v: [("moe_router_pre_softmax", v)],
+    "moe_router_score_function": lambda v: [("moe_router_score_function", v)],
+    "moe_router_num_groups": lambda v: [("moe_router_num_groups", v or None)],
+    "moe_router_group_topk": lambda v: [("moe_router_group_topk", v or None)],
+    "moe_router_topk_scaling_factor": lambda v: [("moe_router_topk_scaling_factor",
+                                                  None if v == 1.0 else v)],
+    "moe_router_enable_expert_bias": lambda v: [("moe_router_enable_expert_bias", v)],
     "moe_shared_expert_intermediate_size": lambda v: [("moe_shared_expert_intermediate_size",
                                                        v or None)],
     "moe_shared_expert_gate": lambda v: [("moe_shared_expert_gate", v)],
@@ -60,6 +68,9 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "num_experts": 0, "moe_ffn_hidden_size": 0, "moe_router_topk": 2,
                "moe_router_pre_softmax": False, "moe_shared_expert_intermediate_size": 0,
                "moe_shared_expert_gate": False, "moe_layers": [],
+               "moe_router_score_function": "softmax", "moe_router_num_groups": 0,
+               "moe_router_group_topk": 0, "moe_router_topk_scaling_factor": 1.0,
+               "moe_router_enable_expert_bias": False,
                **MEGATRON_ROPE_SCALING}
 
 
@@ -95,7 +106,11 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "window_size": "--window-size",
             "window_layers": "--window-attn-skip-freq",
             "moe_router_topk": "--moe-router-topk",
-            "moe_router_pre_softmax": "--moe-router-pre-softmax"}
+            "moe_router_pre_softmax": "--moe-router-pre-softmax",
+            "moe_router_score_function": "--moe-router-score-function",
+            "moe_router_num_groups": "--moe-router-num-groups",
+            "moe_router_group_topk": "--moe-router-group-topk",
+            "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
 
 
 def numerics_warnings(saved: dict, cfg) -> list[str]:

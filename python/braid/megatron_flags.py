@@ -15,11 +15,9 @@ UNSUPPORTED = {
     "--fp8-format": "braid has no FP8 kernels",
     "--moe-expert-capacity-factor": "braid's experts are dropless (Megatron's default): no "
                                     "capacity, no dropped tokens",
-    "--moe-z-loss-coeff": "the router z-loss is not implemented",
-    "--moe-router-topk-scaling-factor": "braid's router does not scale its probabilities",
-    "--moe-router-enable-expert-bias": "aux-loss-free load balancing (expert bias) is not "
-                                       "implemented",
-    "--moe-router-num-groups": "group-limited routing (DeepSeek-V3) is not implemented",
+    "--moe-token-drop-policy": "braid's experts are dropless: no token is dropped",
+    "--moe-pad-expert-input-to-capacity": "braid's experts are dropless: no capacity to pad to",
+    "--moe-input-jitter-eps": "the router's input jitter is not implemented",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",

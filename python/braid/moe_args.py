@@ -3,10 +3,19 @@
 --num-experts E                    every layer's MLP is E experts (TransformerConfig.num_experts)
 --moe-ffn-hidden-size F            each expert's hidden size (default --ffn-hidden-size)
 --moe-router-topk K                experts per token (default 2)
+--moe-router-score-function S      softmax (default) or sigmoid (DeepSeek-V3)
 --moe-router-pre-softmax           softmax over all experts, then the top K (default: the top K
-                                   logits, then their softmax: Mixtral's)
---moe-router-load-balancing-type   aux_loss (default) or none
---moe-aux-loss-coeff C             the aux_loss's weight (default 0: off)
+                                   logits, then their softmax: Mixtral's); softmax only
+--moe-router-num-groups G          group-limited routing (DeepSeek-V3): the experts form G groups,
+--moe-router-group-topk GK         each token's top K come from its GK best groups
+--moe-router-topk-scaling-factor X the routing weights times X (DeepSeek's routed_scaling_factor)
+--moe-router-enable-expert-bias    aux-loss-free balancing: a per-expert bias added to the sigmoid
+--moe-router-bias-update-rate R    scores for the choice only, moved by R after every step
+                                   (default 1e-3)
+--moe-router-load-balancing-type   aux_loss (default; per microbatch), seq_aux_loss (per
+                                   sequence) or none
+--moe-aux-loss-coeff C             the load-balancing loss's weight (default 0: off)
+--moe-z-loss-coeff C               the router z-loss's weight (default 0: off)
 --moe-shared-expert-intermediate-size S
                                    a shared expert of hidden size S every token goes through
 --moe-shared-expert-gate           its output scaled by a sigmoid gate (Qwen2-MoE)
@@ -15,11 +24,16 @@
 
 braid's experts are dropless (Megatron's default, no capacity factor), and without expert
 parallelism each expert is split over TP like the dense MLP (Megatron's expert tensor
-parallelism at the TP size)."""
+parallelism at the TP size). The router's arithmetic is ops::MoeRouterSpec's
+(include/braid/kernels/ops.h); TransformerConfig.validate checks the same rules again."""
 
 from __future__ import annotations
 
+import math
+
 from braid import window_args
+
+DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron's --moe-router-bias-update-rate default
 
 
 def add_arguments(g, pos_int, nonneg_float):
@@ -31,14 +45,39 @@ def add_arguments(g, pos_int, nonneg_float):
     g.add_argument("--moe-router-topk", type=pos_int, default=2)
     g.add_argument("--moe-router-pre-softmax", action="store_true",
                    help="softmax over all experts before the top k (OLMoE, Qwen2-MoE); default: "
-                        "the softmax of the top k logits (Mixtral, Qwen3-MoE)")
+                        "the softmax of the top k logits (Mixtral, Qwen3-MoE); softmax only")
     g.add_argument("--moe-router-score-function", default="softmax",
-                   choices=["softmax", "sigmoid"], help="braid's router: softmax")
-    g.add_argument("--moe-router-load-balancing-type", default="aux_loss",
-                   choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"],
-                   help="braid: aux_loss (the Switch Transformer loss of each microbatch, with "
-                        "--moe-aux-loss-coeff) or none")
-    g.add_argument("--moe-aux-loss-coeff", type=nonneg_float, default=0.0)
+                   choices=["softmax", "sigmoid"],
+                   help="softmax, or sigmoid (DeepSeek-V3: the top k of sigmoid(logits), "
+                        "their weights those scores over their sum)")
+    g.add_argument("--moe-router-num-groups", type=pos_int, default=None,
+                   help="group-limited routing (DeepSeek-V3): the experts form this many groups "
+                        "of consecutive ones; with --moe-router-group-topk")
+    g.add_argument("--moe-router-group-topk", type=pos_int, default=None,
+                   help="each token's experts come from its this many best groups (a group "
+                        "scores the sum of its top --moe-router-topk / this scores)")
+    g.add_argument("--moe-router-topk-scaling-factor", type=nonneg_float, default=None,
+                   help="multiply the routing weights by this (DeepSeek's routed_scaling_factor; "
+                        "default: 1)")
+    g.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                   help="aux-loss-free load balancing (DeepSeek-V3): a per-expert bias added to "
+                        "the sigmoid scores for the choice only, moved after every step towards "
+                        "the experts that got fewer tokens; needs --moe-router-score-function "
+                        "sigmoid")
+    g.add_argument("--moe-router-bias-update-rate", type=nonneg_float, default=None,
+                   help="how far each step moves an expert bias (default "
+                        f"{DEFAULT_BIAS_UPDATE_RATE:g})")
+    # Megatron takes a list of types (and of coefficients), one loss each; braid one of them.
+    g.add_argument("--moe-router-load-balancing-type", nargs="+", default="aux_loss",
+                   metavar="TYPE", choices=["aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"],
+                   help="aux_loss (the Switch Transformer loss of each microbatch), seq_aux_loss "
+                        "(of each sequence, averaged: DeepSeek-V3's) or none; one type")
+    g.add_argument("--moe-aux-loss-coeff", type=nonneg_float, nargs="+", default=0.0,
+                   metavar="COEFF",
+                   help="the load-balancing loss's coefficient (0: off); one value")
+    g.add_argument("--moe-z-loss-coeff", type=nonneg_float, default=None,
+                   help="the router z-loss's coefficient (ST-MoE: the mean of "
+                        "logsumexp(logits)^2; default: off)")
     g.add_argument("--moe-shared-expert-intermediate-size", type=pos_int, default=None,
                    help="a shared expert (an MLP of this hidden size) every token goes through "
                         "besides its routed ones (DeepSeek, Qwen2-MoE)")
@@ -55,12 +94,46 @@ def add_arguments(g, pos_int, nonneg_float):
                    help="braid: the TP size")
 
 
+def _one_value(a, dest: str) -> str | None:
+    """Megatron's list flags (nargs "+") as the one value braid takes: sets it on `a`; what is
+    wrong with more than one, or None."""
+    value = getattr(a, dest)
+    if not isinstance(value, list):
+        return None
+    if len(value) != 1:
+        flag = "--" + dest.replace("_", "-")
+        what = {"moe_router_load_balancing_type": "one load-balancing type (aux_loss, "
+                                                  "seq_aux_loss or none): Megatron's "
+                                                  "combination of several losses is not "
+                                                  "implemented",
+                "moe_aux_loss_coeff": "one coefficient, that of the one "
+                                      "--moe-router-load-balancing-type"}[dest]
+        return f"{flag} {' '.join(map(str, value))}: braid takes {what}"
+    setattr(a, dest, value[0])
+    return None
+
+
 def check(a, tp: int) -> str | None:
-    """What is wrong with the run's mixture-of-experts arguments, or None."""
+    """What is wrong with the run's mixture-of-experts arguments, or None. Sets Megatron's list
+    flags (--moe-router-load-balancing-type, --moe-aux-loss-coeff) to their one value."""
+    for dest in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+        error = _one_value(a, dest)
+        if error:
+            return error
     if a.num_experts is None:
         for flag, given in (("--moe-ffn-hidden-size", a.moe_ffn_hidden_size is not None),
                             ("--moe-router-pre-softmax", a.moe_router_pre_softmax),
+                            ("--moe-router-score-function sigmoid",
+                             a.moe_router_score_function != "softmax"),
+                            ("--moe-router-num-groups", a.moe_router_num_groups is not None),
+                            ("--moe-router-group-topk", a.moe_router_group_topk is not None),
+                            ("--moe-router-topk-scaling-factor",
+                             a.moe_router_topk_scaling_factor is not None),
+                            ("--moe-router-enable-expert-bias", a.moe_router_enable_expert_bias),
+                            ("--moe-router-bias-update-rate",
+                             a.moe_router_bias_update_rate is not None),
                             ("--moe-aux-loss-coeff", a.moe_aux_loss_coeff != 0.0),
+                            ("--moe-z-loss-coeff", a.moe_z_loss_coeff not in (None, 0.0)),
                             ("--moe-shared-expert-intermediate-size",
                              a.moe_shared_expert_intermediate_size is not None),
                             ("--moe-shared-expert-gate", a.moe_shared_expert_gate),
@@ -74,11 +147,9 @@ def check(a, tp: int) -> str | None:
     if a.moe_router_topk > a.num_experts:
         return (f"--moe-router-topk {a.moe_router_topk} is more than --num-experts "
                 f"{a.num_experts}")
-    if a.moe_router_score_function != "softmax":
-        return "--moe-router-score-function sigmoid is not implemented: braid's router is softmax"
-    if a.moe_router_load_balancing_type not in ("aux_loss", "none"):
-        return (f"--moe-router-load-balancing-type {a.moe_router_load_balancing_type} is not "
-                "implemented: braid has aux_loss (per microbatch) and none")
+    error = _router_error(a)
+    if error:
+        return error
     freq = a.moe_layer_freq
     if isinstance(freq, list) and len(freq) != a.num_layers:
         return (f"--moe-layer-freq gives {len(freq)} layers for --num-layers {a.num_layers} "
@@ -106,6 +177,56 @@ def check(a, tp: int) -> str | None:
     return None
 
 
+def _router_error(a) -> str | None:
+    """What is wrong with the router's flags of a run with experts, or None."""
+    sigmoid = a.moe_router_score_function == "sigmoid"
+    if sigmoid and a.moe_router_pre_softmax:
+        return ("--moe-router-pre-softmax is for --moe-router-score-function softmax, not "
+                "sigmoid")
+    if a.moe_router_enable_expert_bias and not sigmoid:
+        return ("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid "
+                "(as Megatron's)")
+    if a.moe_router_bias_update_rate is not None and not a.moe_router_enable_expert_bias:
+        return ("--moe-router-bias-update-rate needs --moe-router-enable-expert-bias (it moves "
+                "the expert biases)")
+    if a.moe_router_bias_update_rate is not None and not math.isfinite(
+            a.moe_router_bias_update_rate):
+        return f"--moe-router-bias-update-rate must be finite, got {a.moe_router_bias_update_rate}"
+    scale = a.moe_router_topk_scaling_factor
+    if scale is not None and not (0.0 < scale < math.inf):
+        return f"--moe-router-topk-scaling-factor must be > 0 and finite, got {scale}"
+    z = a.moe_z_loss_coeff
+    if z is not None and not math.isfinite(z):
+        return f"--moe-z-loss-coeff must be finite, got {z}"
+    if not math.isfinite(a.moe_aux_loss_coeff):
+        return f"--moe-aux-loss-coeff must be finite, got {a.moe_aux_loss_coeff}"
+    groups, group_topk, k, e = (a.moe_router_num_groups, a.moe_router_group_topk,
+                                a.moe_router_topk, a.num_experts)
+    if groups is not None and group_topk is None:
+        return ("--moe-router-num-groups needs --moe-router-group-topk (how many of the groups "
+                "each token's experts come from)")
+    if group_topk is not None and groups is None:
+        return "--moe-router-group-topk needs --moe-router-num-groups"
+    if groups is not None:
+        if e % groups:
+            return f"--moe-router-num-groups {groups} does not divide --num-experts {e}"
+        if group_topk > groups:
+            return (f"--moe-router-group-topk {group_topk} is more than --moe-router-num-groups "
+                    f"{groups}")
+        if k % group_topk:
+            return (f"--moe-router-topk {k} is not divisible by --moe-router-group-topk "
+                    f"{group_topk} (a group scores the sum of its top k / group-topk experts)")
+        if k // group_topk > e // groups:
+            return (f"--moe-router-topk {k} over --moe-router-group-topk {group_topk} groups is "
+                    f"{k // group_topk} experts a group, more than a group's {e // groups} "
+                    f"(--num-experts {e} / --moe-router-num-groups {groups})")
+    balancing = a.moe_router_load_balancing_type
+    if balancing not in ("aux_loss", "seq_aux_loss", "none"):
+        return (f"--moe-router-load-balancing-type {balancing} is not implemented: braid has "
+                "aux_loss (per microbatch), seq_aux_loss (per sequence) and none")
+    return None
+
+
 def moe_layers(freq: int | list[int], num_layers: int) -> list[int]:
     """One entry per layer, 1: experts, 0: the dense MLP ([] when every layer has experts):
     Megatron's rule for --moe-layer-freq, layer i has experts when i % N == 0."""
@@ -122,8 +243,18 @@ def configure(cfg, a):
     cfg.moe_router_topk = a.moe_router_topk
     cfg.moe_ffn_hidden_size = a.moe_ffn_hidden_size or 0
     cfg.moe_router_pre_softmax = a.moe_router_pre_softmax
+    cfg.moe_router_score_function = a.moe_router_score_function
+    cfg.moe_router_num_groups = a.moe_router_num_groups or 0
+    cfg.moe_router_group_topk = a.moe_router_group_topk or 0
+    cfg.moe_router_topk_scaling_factor = a.moe_router_topk_scaling_factor or 1.0
+    cfg.moe_router_enable_expert_bias = a.moe_router_enable_expert_bias
+    cfg.moe_router_bias_update_rate = (DEFAULT_BIAS_UPDATE_RATE
+                                       if a.moe_router_bias_update_rate is None
+                                       else a.moe_router_bias_update_rate)
+    cfg.moe_z_loss_coeff = a.moe_z_loss_coeff or 0.0
     cfg.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size or 0
     cfg.moe_shared_expert_gate = a.moe_shared_expert_gate
     cfg.moe_layers = moe_layers(a.moe_layer_freq, a.num_layers)
-    if a.moe_router_load_balancing_type == "aux_loss":
+    if a.moe_router_load_balancing_type != "none":  # none: no loss, coefficient 0
+        cfg.moe_router_load_balancing_type = a.moe_router_load_balancing_type
         cfg.moe_aux_loss_coeff = a.moe_aux_loss_coeff

@@ -22,6 +22,12 @@ sigmoid(x w), w [1, H] replicated over TP: an f32 [T, 1] GEMM forward, and in ba
 
 Routing is assumed uniform: each expert gets T·k/E rows (load imbalance is not modelled; a
 skewed router leaves some experts' GEMMs longer and others' thinner).
+
+The router's options (--moe-router-score-function sigmoid, --moe-router-num-groups and
+--moe-router-group-topk, --moe-router-topk-scaling-factor, --moe-router-enable-expert-bias, the
+z-loss and the load-balancing losses) change only element-wise work on the [T, E] logits, next
+to the router GEMM's, and the expert bias adds, per step, an all-reduce of E token counts over
+DP x CP for each expert layer: not costed, the plan is the same with or without them.
 """
 
 from __future__ import annotations

@@ -305,7 +305,10 @@ def main(argv=None) -> int:
         first_stage_layers=a.decoder_first_pipeline_num_layers,
         last_stage_layers=a.decoder_last_pipeline_num_layers))
     trainer = braid.Trainer(model, trainer_config(a))
+    # The router losses Megatron logs, each without its coefficient (seq_aux_loss's under the
+    # key load_balancing_loss: Megatron's seq_load_balancing_loss).
     balancing = cfg.num_experts > 0 and cfg.moe_aux_loss_coeff > 0
+    z_loss = cfg.num_experts > 0 and cfg.moe_z_loss_coeff > 0
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
     trace = braid.Trace(rank, device) if timers is not None or profiling else None
@@ -511,6 +514,8 @@ def main(argv=None) -> int:
                       "skipped-iterations": trainer.skipped_iterations}
             if balancing:
                 values["load_balancing_loss"] = stats.load_balancing_loss
+            if z_loss:
+                values["z_loss"] = stats.z_loss
             if params_norm is not None:
                 values["params-norm"] = params_norm
             cost = meter.cost(time.time(), train_start, done_samples, job_samples,
@@ -533,6 +538,7 @@ def main(argv=None) -> int:
                     f"size: {batch_size:5d} | lm loss: {stats.loss:.6E} | "
                     + (f"load_balancing_loss: {stats.load_balancing_loss:.6E} | "
                        if balancing else "")
+                    + (f"z_loss: {stats.z_loss:.6E} | " if z_loss else "")
                     + f"loss scale: "
                     f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
                     + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")

@@ -49,11 +49,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         int64_t window, Stream stream);
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, int64_t length, int64_t window, Stream stream);
-void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, const Tensor& logits,
-                        bool softmax_first, Stream stream);
+void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, Tensor lse,
+                        const Tensor& logits, const Tensor& expert_bias, const MoeRouterSpec& spec,
+                        Stream stream);
 void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& logits,
-                         const Tensor& experts, bool softmax_first, const Tensor& aux_grad,
-                         Stream stream);
+                         const Tensor& experts, const MoeRouterSpec& spec, const Tensor& aux_grad,
+                         float z_grad, Stream stream);
 void gather_rows(Tensor out, const Tensor& x, const Tensor& index, const Tensor& scale,
                  Stream stream);
 void combine_rows(Tensor out, const Tensor& y, const Tensor& rows, const Tensor& weight,

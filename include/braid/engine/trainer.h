@@ -51,10 +51,12 @@ struct StepStats {
   double seconds = 0;
   double tokens_per_second = 0;   // global batch tokens (ids) per second
   int64_t peak_memory_bytes = 0;  // the device allocator's peak during the step
-  // Mixture of experts with moe_aux_loss_coeff > 0: the load-balancing loss without its
-  // coefficient (1 when the tokens spread evenly), its mean over the layers and the global
-  // batch's microbatches (Megatron's load_balancing_loss); 0 otherwise.
+  // Mixture of experts, each router loss without its coefficient, its mean over the expert
+  // layers and the global batch's microbatches, 0 without the loss: with moe_aux_loss_coeff > 0
+  // the load-balancing loss (1 when the tokens spread evenly; Megatron's load_balancing_loss or
+  // seq_load_balancing_loss), with moe_z_loss_coeff > 0 the z-loss (Megatron's z_loss).
   double load_balancing_loss = 0;
+  double z_loss = 0;
 
   // Where this rank's step time went, from the spans of the trace given to set_trace (all 0
   // without one). The waits are the time this rank's thread was blocked on communication,
@@ -124,9 +126,9 @@ class Trainer {
   float run_microbatches(const Microbatches& batch, bool forward_only);
   // Sums the last stages' losses over the job: the global batch's loss on every rank.
   float global_loss(float local_loss) const;
-  // StepStats::load_balancing_loss of the step whose microbatches just ran (collective over the
-  // job when the model has the loss).
-  double load_balancing_loss(int num_microbatches) const;
+  // StepStats' router losses of the step whose microbatches just ran (collective over the job
+  // when the model has either loss).
+  model::MoeLosses moe_losses(int num_microbatches) const;
 
   std::unique_ptr<ParallelModel> owned_;  // the one-process constructor's wrapper
   ParallelModel& model_;

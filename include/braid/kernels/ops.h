@@ -175,24 +175,49 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
                               Stream stream = {});
 
 // ---------------------------------------------------------------- mixture of experts
-// Top-k routing of T tokens over E experts (E <= 1024). logits [T, E] f32, the router's output;
-// probs [T, k] f32 and experts [T, k] i32, each token's k experts in descending order of logit
-// (ties: the lower expert first; a NaN logit ranks as -inf), k <= E.
-//   softmax_first = false (Megatron's default, Mixtral, Qwen3-MoE: HF's norm_topk_prob):
-//     probs = softmax over the k largest logits;
-//   softmax_first = true (Megatron's --moe-router-pre-softmax, OLMoE, Qwen2-MoE):
-//     probs = those k entries of softmax(logits) over all E.
-// score_sums [E] f32, optional: sum over the tokens of softmax(logits) over all E (the P of the
-// load-balancing loss).
-void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, const Tensor& logits,
-                        bool softmax_first, Stream stream = {});
+// How a router turns its logits into each token's k experts and their weights (Megatron's
+// TopKRouter, DeepSeek-V3's gate).
+//   softmax (sigmoid false):
+//     softmax_first false (Megatron's default, Mixtral, Qwen3-MoE: HF's norm_topk_prob): the k
+//       largest logits are chosen, probs = softmax over those k logits;
+//     softmax_first true (--moe-router-pre-softmax, OLMoE, Qwen2-MoE): the k largest entries of
+//       s = softmax(logits) over all E are chosen, probs = those entries.
+//   sigmoid (--moe-router-score-function sigmoid): s = sigmoid(logits); the k largest of
+//     s + expert_bias (when given) are chosen; probs = s at the chosen, divided by their sum
+//     + 1e-20 when k > 1.
+//   Group-limited (num_groups > 0): the E experts form num_groups groups of E / num_groups
+//     consecutive ones; a group's score is the sum of its k / group_topk largest choice scores
+//     (what the top k is taken of: the logits, s, or s + expert_bias); the choice is made among
+//     the experts of the group_topk best groups (ties: the lower group) only.
+//   probs are then multiplied by scaling_factor (--moe-router-topk-scaling-factor).
+struct MoeRouterSpec {
+  bool sigmoid = false;
+  bool softmax_first = false;  // softmax only
+  int64_t num_groups = 0;      // 0: no groups
+  int64_t group_topk = 0;
+  float scaling_factor = 1.0f;
+};
+
+// Top-k routing of T tokens over E experts (E <= 1024) by `spec`. logits [T, E] f32, the
+// router's output; probs [T, k] f32 and experts [T, k] i32, each token's k experts in descending
+// order of their choice score (ties: the lower expert first; a NaN logit ranks as -inf), k <= E.
+// expert_bias [E] f32, optional, sigmoid only.
+// score_sums [G, E] f32, optional: per group of T / G consecutive tokens (G divides T; G = 1:
+// every token; the microbatch's sequences for the per-sequence loss), the sum over its tokens of
+// the load-balancing scores: softmax(logits) over all E (softmax), or s / (sum over E of s +
+// 1e-20) (sigmoid).
+// lse [T] f32, optional: logsumexp of each row of logits (the z-loss's).
+void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, Tensor lse,
+                        const Tensor& logits, const Tensor& expert_bias, const MoeRouterSpec& spec,
+                        Stream stream = {});
 // dlogits [T, E] f32 (overwritten) = the gradient through moe_router_forward of a loss with
-// gradient dprobs [T, k] f32 (the selection is constant), plus, when aux_grad [E] f32 is
-// defined, that of sum over t, e of aux_grad[e] * softmax(logits[t])[e] (the load-balancing
-// loss's, whose gradient is the same for every token).
+// gradient dprobs [T, k] f32 (the selection is constant), plus, when aux_grad [G, E] f32 is
+// defined, that of sum over t, e of aux_grad[group of t, e] * score(logits[t])[e] (the
+// load-balancing loss's, with the scores of score_sums), plus z_grad * lse[t] * softmax(
+// logits[t]) (the gradient of z_grad / 2 * lse[t]^2: the z-loss's, when z_grad != 0).
 void moe_router_backward(Tensor dlogits, const Tensor& dprobs, const Tensor& logits,
-                         const Tensor& experts, bool softmax_first, const Tensor& aux_grad,
-                         Stream stream = {});
+                         const Tensor& experts, const MoeRouterSpec& spec, const Tensor& aux_grad,
+                         float z_grad, Stream stream = {});
 // Token dispatch: out [N, C] row i = x[index[i]] (times scale[i] when scale [N] f32 is defined);
 // x [T, C] (activation dtype, out's), index [N] i32 in [0, T). An index outside its range (here
 // and in combine_rows) is an error on the CPU; CUDA does not check and reads a zero row.

@@ -17,6 +17,11 @@ enum class Normalization { layernorm, rmsnorm };
 // (Nemotron-4, Megatron's --squared-relu), ungated like gelu.
 enum class Activation { gelu, swiglu, squared_relu };
 enum class PositionEmbedding { learned, rope };
+// How a router scores experts from its logits (Megatron's --moe-router-score-function).
+enum class MoeScoreFunction { softmax, sigmoid };
+// Which tokens a load-balancing loss balances over (Megatron's --moe-router-load-balancing-type):
+// each microbatch's (aux_loss), or each sequence's, averaged over the microbatch (seq_aux_loss).
+enum class MoeLoadBalancing { aux_loss, seq_aux_loss };
 // What a layer keeps for its backward (see transformer_layer.h for the exact lists).
 enum class Recompute { none, selective, full };
 // Which layers Recompute::full recomputes (Megatron's --recompute-method), per model chunk:
@@ -82,6 +87,23 @@ struct TransformerConfig {
   int64_t moe_ffn_hidden_size = 0;
   bool moe_router_pre_softmax = false;
   float moe_aux_loss_coeff = 0.0f;
+  MoeLoadBalancing moe_router_load_balancing_type = MoeLoadBalancing::aux_loss;
+  // DeepSeek-V3's router (ops::MoeRouterSpec has the arithmetic): sigmoid scores; the experts
+  // picked from the moe_router_group_topk best of moe_router_num_groups groups (0: no groups);
+  // probabilities times moe_router_topk_scaling_factor (DeepSeek's routed_scaling_factor).
+  MoeScoreFunction moe_router_score_function = MoeScoreFunction::softmax;
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
+  float moe_router_topk_scaling_factor = 1.0f;
+  // Auxiliary-loss-free balancing (Megatron's --moe-router-enable-expert-bias, DeepSeek-V3's
+  // e_score_correction_bias): an f32 bias per expert, added to the scores for the choice only,
+  // moved after every step by moe_router_bias_update_rate towards the experts that got fewer
+  // than the mean of the step's tokens (GPTModel::update_expert_bias).
+  bool moe_router_enable_expert_bias = false;
+  float moe_router_bias_update_rate = 1e-3f;
+  // The router z-loss (ST-MoE; Megatron's --moe-z-loss-coeff): coeff x the mean over tokens of
+  // logsumexp(logits)^2, per expert layer and microbatch. 0: none.
+  float moe_z_loss_coeff = 0.0f;
   // A shared expert every token goes through besides its routed ones: an MLP of this hidden size
   // (0: none; Megatron's --moe-shared-expert-intermediate-size, Qwen2-MoE's and DeepSeek's),
   // with moe_shared_expert_gate its output scaled by sigmoid(x w), w [1, H] (Qwen2-MoE's
@@ -127,7 +149,11 @@ const char* to_string(Activation value);
 const char* to_string(PositionEmbedding value);
 const char* to_string(Recompute value);
 const char* to_string(RecomputeMethod value);
+const char* to_string(MoeScoreFunction value);
+const char* to_string(MoeLoadBalancing value);
 void from_string(std::string_view name, Normalization& out);
+void from_string(std::string_view name, MoeScoreFunction& out);
+void from_string(std::string_view name, MoeLoadBalancing& out);
 void from_string(std::string_view name, Activation& out);
 void from_string(std::string_view name, PositionEmbedding& out);
 void from_string(std::string_view name, Recompute& out);

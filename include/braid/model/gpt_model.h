@@ -151,11 +151,22 @@ class GPTModel {
     return tokens / cp_.size() / (tp_.sharded_tokens() ? tp_.size() : 1);
   }
 
-  // Mixture of experts with moe_aux_loss_coeff > 0: the load-balancing loss (moe.h, without its
-  // coefficient) of this chunk's layers, summed over them and over the microbatches whose
-  // backward ran since the last call (this rank's tokens' share under context parallelism);
-  // resets the sum.
-  double take_load_balancing_loss() { return std::exchange(load_balancing_loss_, 0.0); }
+  // Mixture of experts: the router losses (moe.h, without their coefficients) of this chunk's
+  // layers, summed over them and over the microbatches whose backward ran since the last call
+  // (this rank's tokens' share under context parallelism); resets the sums.
+  MoeLosses take_moe_losses();
+  // Auxiliary-loss-free balancing (moe_router_enable_expert_bias): the bias [E] f32 (on the
+  // device, zeros at first) of each expert layer this chunk holds, in layer order, named as HF
+  // names DeepSeek-V3's: model.layers.{i}.mlp.gate.e_score_correction_bias. Not parameters:
+  // no gradient, no optimizer; checkpoints save them.
+  const std::vector<std::pair<std::string, Tensor>>& expert_biases() const {
+    return expert_biases_;
+  }
+  // Megatron's update, after a step's backwards: each bias moves by moe_router_bias_update_rate
+  // × sign(mean − tokens) per expert, for the tokens its experts took in the backwards since the
+  // last call, summed over `group` (the data × context parallel ranks; nullptr: this rank's);
+  // resets the counts. Collective over `group` when the chunk has biases.
+  void update_expert_bias(comm::Communicator* group);
 
   // Dropout's random state: masks are Philox streams of (seed, training forwards so far,
   // layer). Checkpoints save it and set it back; setting the seed does not re-initialise.
@@ -224,8 +235,9 @@ class GPTModel {
   ParamUseHook param_use_;
   GradsDoneHook grads_done_;
   std::map<int, std::unique_ptr<Microbatch>> activations_;
-  uint64_t forward_count_ = 0;  // numbers the dropout streams of each training forward
-  double load_balancing_loss_ = 0;
+  uint64_t forward_count_ = 0;       // numbers the dropout streams of each training forward
+  std::vector<MoeStats> moe_stats_;  // per held layer
+  std::vector<std::pair<std::string, Tensor>> expert_biases_;
 };
 
 }  // namespace braid::model

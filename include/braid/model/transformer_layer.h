@@ -46,6 +46,7 @@ struct LayerTensors {
   // Mixture of experts, in place of mlp: the router [E, H] (replicated over TP), each expert's
   // MLP, and (when the config has them) the shared expert's and its gate [1, H] (replicated).
   Tensor router_weight;
+  Tensor expert_bias;  // [E] f32, with moe_router_enable_expert_bias (not a parameter: no grad)
   std::vector<MlpTensors> experts;
   MlpTensors shared_expert;
   Tensor shared_expert_gate;
@@ -60,6 +61,12 @@ struct LayerShape {
 // The tokens of one microbatch: [batch, seq]; a region of the residual stream holds all
 // batch·seq of them, or (sequence parallelism) this rank's 1/tp. With context parallelism
 // they are this rank's chunks: [2B, S / (2 cp)] (context_parallel.h).
+// What a mixture-of-experts layer reports from its backwards (TransformerLayer::backward).
+struct MoeStats {
+  MoeLosses losses;
+  std::vector<int64_t> tokens_per_expert;  // [E] when counted (expert bias), else empty
+};
+
 struct Tokens {
   int64_t batch = 0, seq = 0;
   int64_t count() const { return batch * seq; }
@@ -129,12 +136,13 @@ class TransformerLayer {
   // dout [T_region, H] -> dx [T_region, H]; adds the parameter gradients; frees `saved`.
   // `tokens`, `dropout` and `policy` must be those of the forward that filled `saved`.
   // With experts: `loss_scale` is the weight of this microbatch's loss in the step's
-  // (GPTModel::backward's grad_scale), by which the load-balancing loss's gradient is scaled
-  // too; the layer's load-balancing loss (without its coefficient; this rank's tokens' share
-  // under context parallelism) is added to *load_balancing_loss when given.
+  // (GPTModel::backward's grad_scale), by which the router losses' gradients are scaled too; the
+  // layer's router losses (without their coefficients; this rank's tokens' share under context
+  // parallelism) and, when its tokens_per_expert has E entries, the tokens each expert took,
+  // are added to *moe_stats when given.
   Tensor backward(const Tensor& dout, Tokens tokens, const DropoutContext& dropout,
                   Recompute policy, LayerActivations& saved, float loss_scale = 1.0f,
-                  double* load_balancing_loss = nullptr) const;
+                  MoeStats* moe_stats = nullptr) const;
 
   // Inference: x [B * n, H] holds the next n positions of B sequences that follow the
   // cache.length() positions already in `cache`. Appends their keys (after rope) and values to
@@ -179,7 +187,7 @@ class TransformerLayer {
                          const Tensor& x, const Tensor& fc1, const Tensor& act,
                          bool accumulate) const;
   // The mixture of experts' forward and backward (mlp_forward's and mlp_backward's).
-  Tensor moe_forward(const Tensor& h_full, LayerActivations* saved) const;
+  Tensor moe_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved) const;
   Tensor moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;
   // The shared expert (gated or not) added into m [T, H]; its backward added into dh.
@@ -188,10 +196,11 @@ class TransformerLayer {
                               LayerActivations& a) const;
   void replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy, const Tensor& x,
                                   const Tensor& weight) const;
-  // The MLP (dense, or the experts) of the normed input h_full [T, H] (every token under TP):
+  // The MLP (dense, or the experts) of the normed input h_full [T, H] (every token under TP, in
+  // `rows` runs of tokens: Tokens::batch):
   // returns this rank's partial output [T, H]; keeps fc1_out, act_out (and with experts the
   // routing and expert rows, and the load-balancing loss) in `saved` when given.
-  Tensor mlp_forward(const Tensor& h_full, LayerActivations* saved) const;
+  Tensor mlp_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved) const;
   // dm [T, H] (every token) -> this rank's partial dh [T, H]; adds the parameter gradients.
   Tensor mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;

@@ -188,6 +188,16 @@ TEST(Gradients, ExpertsMatchFiniteDifferences) {
   gpt2.moe_router_pre_softmax = true;
   gpt2.moe_shared_expert_intermediate_size = 16;  // ungated (Megatron's default)
   check_gradients(gpt2);
+  // DeepSeek-V3's router: sigmoid scores normalised over the chosen ones, scaled (with the
+  // expert bias, which only chooses).
+  TransformerConfig sigmoid = small_llama();
+  sigmoid.num_experts = 3;
+  sigmoid.moe_router_topk = 3;
+  sigmoid.moe_ffn_hidden_size = 24;
+  sigmoid.moe_router_score_function = MoeScoreFunction::sigmoid;
+  sigmoid.moe_router_topk_scaling_factor = 2.5f;
+  sigmoid.moe_router_enable_expert_bias = true;
+  check_gradients(sigmoid);
 }
 
 }  // namespace

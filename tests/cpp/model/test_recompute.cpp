@@ -21,6 +21,8 @@ struct Run {
   int64_t kept_bytes = 0;  // held between the forward and the backward
   int64_t peak_activation_bytes = 0;
   int64_t leaked_bytes = 0;
+  MoeLosses moe;              // the router losses, counted once whatever the policy
+  std::vector<float> biases;  // every expert bias after its update: the tokens counted once
 };
 
 Run run_policy(TransformerConfig config, Recompute policy, const Batch& batch,
@@ -43,6 +45,13 @@ Run run_policy(TransformerConfig config, Recompute policy, const Batch& batch,
   run.peak_activation_bytes = after.peak_bytes - before;
   run.leaked_bytes = after.current_bytes - before;
   run.grads = model.flat_grads().to(Device::cpu());
+  run.moe = model.take_moe_losses();
+  model.update_expert_bias(nullptr);
+  for (const auto& [name, bias] : model.expert_biases()) {
+    const Tensor host = bias.to(Device::cpu());
+    run.biases.insert(run.biases.end(), host.data_ptr<float>(),
+                      host.data_ptr<float>() + host.numel());
+  }
   return run;
 }
 
@@ -54,6 +63,9 @@ void check_policies(const TransformerConfig& config) {
   for (const Run* r : {&none, &selective, &full}) {
     EXPECT_EQ(r->leaked_bytes, 0) << "activations outlive backward";
     EXPECT_EQ(r->loss, none.loss);
+    EXPECT_EQ(r->moe.load_balancing, none.moe.load_balancing);
+    EXPECT_EQ(r->moe.z, none.moe.z);
+    EXPECT_EQ(r->biases, none.biases);
   }
   const size_t bytes = none.grads.nbytes();
   EXPECT_EQ(0, std::memcmp(selective.grads.data(), none.grads.data(), bytes))
@@ -120,6 +132,15 @@ TEST(Recompute, ExpertPoliciesAgreeAndSaveMemory) {
   check_methods(c);  // each layer keeps as much as the next: experts on every layer
   c.num_layers = 4;
   c.moe_layers = {1, 0, 0, 1};  // dense layers between expert ones
+  check_policies(c);
+  // DeepSeek-V3's router, the z-loss and the per-sequence loss.
+  c.moe_router_score_function = MoeScoreFunction::sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_num_groups = 2;
+  c.moe_router_group_topk = 1;
+  c.moe_router_topk_scaling_factor = 2.5f;
+  c.moe_z_loss_coeff = 0.001f;
+  c.moe_router_load_balancing_type = MoeLoadBalancing::seq_aux_loss;
   check_policies(c);
 }
 

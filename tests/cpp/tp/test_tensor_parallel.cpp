@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "braid/comm/launch.h"
@@ -89,6 +90,23 @@ TransformerConfig gelu_experts() {
   return c;
 }
 
+// DeepSeek-V3's router: sigmoid scores with the auxiliary-loss-free expert bias (moved after
+// every step below), the choice among the best of 2 groups, probabilities scaled; the z-loss
+// and the per-sequence load-balancing loss.
+TransformerConfig sigmoid_experts() {
+  TransformerConfig c = experts();
+  c.moe_router_score_function = MoeScoreFunction::sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_bias_update_rate = 0.05f;
+  c.moe_router_num_groups = 2;
+  c.moe_router_group_topk = 1;
+  c.moe_router_topk_scaling_factor = 2.5f;
+  c.moe_z_loss_coeff = 0.01f;
+  c.moe_router_load_balancing_type = MoeLoadBalancing::seq_aux_loss;
+  c.moe_shared_expert_gate = false;
+  return c;
+}
+
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
@@ -111,7 +129,8 @@ const Case kCases[] = {{"gpt2", gpt2, false},
                        {"wide_heads_sp", wide_heads, true},
                        {"experts", experts, false},
                        {"experts_sp", experts, true},
-                       {"gelu_experts_sp", gelu_experts, true}};
+                       {"gelu_experts_sp", gelu_experts, true},
+                       {"sigmoid_experts_sp", sigmoid_experts, true}};
 
 class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 
@@ -154,6 +173,7 @@ TEST_P(TensorParallelEqualsOneRank, LossGradientsAndThreeSteps) {
   opt.eps = 1e-6f;
   opt.clip_grad = 0.5f;
   engine::AdamW adam_ref(reference, opt), adam_tp(sharded, opt);
+  int64_t moved_biases = 0;
   for (int step = 0; step < 3; ++step) {
     if (step > 0) {
       reference.zero_grad();
@@ -170,7 +190,20 @@ TEST_P(TensorParallelEqualsOneRank, LossGradientsAndThreeSteps) {
     const float norm_ref = adam_ref.clip_and_step();
     const float norm_tp = adam_tp.clip_and_step();
     EXPECT_NEAR(norm_tp, norm_ref, 1e-5 * norm_ref) << "step " << step;
+    // Every TP rank counts the tokens of the whole batch: the biases move alike.
+    reference.update_expert_bias(nullptr);
+    sharded.update_expert_bias(nullptr);
+    auto values = [](const Tensor& t) {
+      return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+    };
+    for (size_t b = 0; b < reference.expert_biases().size(); ++b) {
+      const std::vector<float> want = values(reference.expert_biases()[b].second);
+      EXPECT_EQ(values(sharded.expert_biases()[b].second), want)
+          << reference.expert_biases()[b].first << " after step " << step;
+      moved_biases += std::count_if(want.begin(), want.end(), [](float v) { return v != 0; });
+    }
   }
+  EXPECT_EQ(moved_biases > 0, config.moe_router_enable_expert_bias);
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto want = global_of_reference(reference, i, reference.flat_params());
     const auto got = gather_global(sharded, i, sharded.flat_params(), world.get());

@@ -1,7 +1,7 @@
 """pretrain_gpt.py with Megatron's mixture-of-experts flags: the run trains alike in one process
 and split over tensor (with sequence), pipeline, data and context parallelism, logs the
 load-balancing loss, and its checkpoint resumes in another layout; the flags braid does not
-implement are refused with the reason."""
+implement are refused with the reason. DeepSeek-V3's router flags: test_pretrain_gpt_moe_router."""
 
 import os
 import subprocess
@@ -112,13 +112,13 @@ def test_the_aux_loss_coefficient_changes_training():
      "expert parallelism is not implemented"),
     (["--moe-aux-loss-coeff", "0.1"], "--moe-aux-loss-coeff needs --num-experts"),
     (["--num-experts", "4", "--moe-router-topk", "5"], "is more than --num-experts 4"),
-    (["--num-experts", "4", "--moe-router-score-function", "sigmoid"],
-     "braid's router is softmax"),
+    (["--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"],
+     "--moe-router-load-balancing-type sinkhorn is not implemented"),
     (["--num-experts", "4", "--moe-layer-freq", "[1,0,1]"],
      "--moe-layer-freq gives 3 layers for --num-layers 4"),
     (["--num-experts", "4", "--moe-layer-freq", "[0,0,0,0]"], "gives no layer experts"),
-    (["--num-experts", "4", "--moe-z-loss-coeff", "1e-3"],
-     "--moe-z-loss-coeff is not supported by braid: the router z-loss is not implemented"),
+    (["--num-experts", "4", "--moe-expert-capacity-factor", "1.0"],
+     "--moe-expert-capacity-factor is not supported by braid: braid's experts are dropless"),
     (["--num-experts", "2000"], "at most 1024 experts"),
     (["--num-experts", "4", "--moe-shared-expert-gate"],
      "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),

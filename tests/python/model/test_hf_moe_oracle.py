@@ -101,7 +101,7 @@ def test_logits_loss_and_gradients(kind):
     out.loss.backward()
     assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
     compare_gradients(model, hf, 4)
-    assert model.take_load_balancing_loss() == 0.0  # moe_aux_loss_coeff 0: none computed
+    assert model.take_moe_losses()[0] == 0.0  # moe_aux_loss_coeff 0: none computed
     grads = braid_grads(model)
     if kind.startswith("qwen2_moe"):  # the shared expert and its gate were compared
         for name in ("model.layers.1.mlp.shared_expert.down_proj.weight",
@@ -144,7 +144,7 @@ def megatron_aux_loss(router_logits, experts, topk, chosen):
 def test_load_balancing_loss_and_its_gradients_are_megatrons(kind):
     # moe_aux_loss_coeff c: braid's gradients are those of lm loss + c x (the sum over the
     # layers with experts of megatron's aux_loss), T = the microbatch's 48 tokens;
-    # take_load_balancing_loss() is that sum without c. backward(grad_scale=s) scales both
+    # take_moe_losses()[0] is that sum without c. backward(grad_scale=s) scales both
     # parts by s.
     coeff = 0.5
     hf, model = pair(kind, moe_aux_loss_coeff=coeff)
@@ -162,16 +162,16 @@ def test_load_balancing_loss_and_its_gradients_are_megatrons(kind):
     loss = model.forward(ids, targets)
     model.backward()
     assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item())  # the lm loss alone
-    taken = model.take_load_balancing_loss()
+    taken = model.take_moe_losses()[0]
     assert abs(taken - aux.item()) <= 1e-5 * aux.item(), (taken, aux.item())
-    assert model.take_load_balancing_loss() == 0.0  # taken
+    assert model.take_moe_losses()[0] == 0.0  # taken
     compare_gradients(model, hf, 4)
 
     model.zero_grad()
     model.forward(ids, targets)
     model.backward(grad_scale=0.5)
     compare_gradients(model, hf, 4, scale=0.5)
-    assert abs(model.take_load_balancing_loss() - aux.item()) <= 1e-5 * aux.item()
+    assert abs(model.take_moe_losses()[0] - aux.item()) <= 1e-5 * aux.item()
 
 
 def test_load_balancing_loss_sums_microbatches():
@@ -187,5 +187,5 @@ def test_load_balancing_loss_sums_microbatches():
         model.forward(ids, targets, microbatch=mb)
     model.backward(microbatch=0)
     model.backward(microbatch=1)
-    got = model.take_load_balancing_loss()
+    got = model.take_moe_losses()[0]
     assert abs(got - want) <= 1e-5 * want, (got, want)

@@ -1,0 +1,198 @@
+"""pretrain_gpt.py with DeepSeek-V3's router as Megatron's flags give it: sigmoid scores,
+group-limited routing, the top-k scaling factor, auxiliary-loss-free balancing (the expert
+bias), the z-loss and the per-sequence load-balancing loss. The run trains alike in one process
+and under tp x pp x dp and tp x cp, logs both router losses, and its checkpoint - the expert
+biases included - resumes in another layout; bad combinations of the flags are refused, naming
+the flag, before any rank starts."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mpi_job import mpi_env
+from pretrain_job import LAYOUT_3D, MODEL, REPO, jsonl, run
+
+RATE = 0.02
+ROUTER = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+          "--moe-shared-expert-intermediate-size", "48", "--moe-layer-freq", "[1,1,0,1]",
+          "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+          "--moe-router-num-groups", "2", "--moe-router-group-topk", "1",
+          "--moe-router-topk-scaling-factor", "2.5", "--moe-z-loss-coeff", "1e-3",
+          "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+          # 20 x Megatron's default: a few steps move the biases enough to change the experts
+          # chosen, so a resume without them would show in the losses.
+          "--moe-router-bias-update-rate", str(RATE)]
+
+
+def metric(records, key):
+    return {r["step"]: r[key] for r in records if key in r}
+
+
+def expert_biases(ckpt, iteration):
+    """name -> bias [E] of the checkpoint's expert layers, loaded into one process."""
+    import braid
+    from braid.generate import config_from_metadata
+
+    model = braid.GPTModel(config_from_metadata(braid.checkpoint_metadata(ckpt)["config"]))
+    braid.load_parameters(ckpt, model, iteration=iteration)
+    return {name: np.asarray(bias) for name, bias in model.expert_biases().items()}
+
+
+def test_deepseek_router_trains_like_one_process_and_resumes_in_another_layout(tmp_path):
+    # One process trains 10 iterations (saving at 5); tp 2 x pp 2 x dp 2 (sequence parallel,
+    # distributed optimizer, overlapped reduction; saving at 5 and 10) and tp 2 x cp 2 (sequence
+    # parallel) train alike, with the same lm loss, load-balancing loss and z-loss; the 3D run's
+    # checkpoint at 5 resumes in one process and gives the one-process iterations 6 to 10.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt, ckpt_one = str(tmp_path / "ckpt"), str(tmp_path / "ckpt_one")
+    runs = {}
+    for name, n, extra in (
+            ("one", 1, ["--save", ckpt_one, "--save-interval", "5"]),
+            ("3d", 8, [*LAYOUT_3D, "--save", ckpt, "--save-interval", "5"]),
+            ("tp_cp", 4, ["--tensor-model-parallel-size", "2", "--context-parallel-size", "2",
+                          "--sequence-parallel"]),
+            ("resumed", 1, ["--load", ckpt, "--ckpt-step", "5"])):
+        tb = str(tmp_path / name)
+        r = run(n, [*MODEL, *ROUTER, *extra, "--train-iters", "10", "--eval-iters", "0",
+                    "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "| load_balancing_loss: " in r.stdout and "| z_loss: " in r.stdout, r.stdout
+        runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
+    one = {key: metric(runs["one"], key) for key in ("lm loss", "load_balancing_loss", "z_loss")}
+    assert all(sorted(v) == list(range(1, 11)) for v in one.values()), one
+    # Perfect balance gives 1; top-2 of 4 experts at most 2 (every token on the same two).
+    assert all(0.5 < v < 2.0 for v in one["load_balancing_loss"].values()), one
+    # logsumexp(logits)^2: (log 4)^2 = 1.92 for logits of 0, which the initialisation is close to.
+    assert all(1.0 < v < 3.0 for v in one["z_loss"].values()), one
+    for name, steps in (("3d", range(1, 11)), ("tp_cp", range(1, 11)),
+                        ("resumed", range(6, 11))):
+        for key, want in one.items():
+            got = metric(runs[name], key)
+            assert sorted(got) == list(steps), (name, key)
+            np.testing.assert_allclose([got[i] for i in steps], [want[i] for i in steps],
+                                       rtol=1e-5, err_msg=f"{name}: {key}")
+
+    c = braid.checkpoint_metadata(ckpt)["config"]
+    assert (c["moe_router_score_function"], c["moe_router_enable_expert_bias"],
+            c["moe_router_num_groups"], c["moe_router_group_topk"],
+            c["moe_router_topk_scaling_factor"]) == ("sigmoid", True, 2, 1, 2.5), c
+    # The biases the 3D run saved at 5 are the one-process run's: Megatron's update, the
+    # tokens counted over the global batch, every step a multiple of the rate.
+    got, want = expert_biases(ckpt, 5), expert_biases(ckpt_one, 5)
+    assert sorted(got) == sorted(want) == [
+        f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in (0, 1, 3)]
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(want[name] / RATE, np.round(want[name] / RATE), atol=1e-4)
+    assert any(np.abs(b).max() > 0 for b in want.values()), want
+
+    # tools/generate.py decodes through the router over its KV cache: greedily, the ids the
+    # whole sequence's logits give one position at a time.
+    from braid.generate import config_from_metadata
+
+    model = braid.GPTModel(config_from_metadata(c))
+    braid.load_parameters(ckpt, model)
+    ids = [5, 17, 42, 7]
+    for _ in range(6):
+        logits = np.asarray(model.logits(np.array([ids], dtype=np.int32)))
+        ids.append(int(logits[0, -1].argmax()))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate.py"), "--load",
+                        ckpt, "--greedy", "--max-new-tokens", "6", "--prompt-ids", "5,17,42,7"],
+                       env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [int(i) for i in r.stdout.split()] == ids[4:], (r.stdout, ids)
+
+    # --use-checkpoint-args takes the router back (not its losses' coefficients); another
+    # scaling factor loads with a warning; a model without the expert biases is another model.
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
+                "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    for line in ("--moe-router-score-function sigmoid", "--moe-router-enable-expert-bias True",
+                 "--moe-router-num-groups 2", "--moe-router-group-topk 1",
+                 "--moe-router-topk-scaling-factor 2.5"):
+        assert f"braid: {line} from the checkpoint" in r.stdout, r.stdout
+    assert "| z_loss: " not in r.stdout and "| load_balancing_loss: " not in r.stdout, r.stdout
+    scaled = [*ROUTER[:ROUTER.index("--moe-router-topk-scaling-factor") + 1], "1.5",
+              *ROUTER[ROUTER.index("--moe-router-topk-scaling-factor") + 2:]]
+    r = run(1, [*MODEL, *scaled, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("the checkpoint's model has moe_router_topk_scaling_factor 2.5, this run's 1.5 "
+            "(--moe-router-topk-scaling-factor)") in r.stdout, r.stdout
+    unbiased = [f for f in ROUTER[:ROUTER.index("--moe-router-bias-update-rate")]
+                if f != "--moe-router-enable-expert-bias"]
+    r = run(1, [*MODEL, *unbiased, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    assert r.returncode != 0
+    assert "a different model - moe_router_enable_expert_bias" in r.stdout + r.stderr, r.stderr
+
+
+def test_the_expert_bias_and_the_z_loss_change_training(tmp_path):
+    # Without the expert bias, or without the z-loss (which is then not logged), the losses
+    # differ from those with both.
+    def without(*flags):
+        out, i = [], 0
+        while i < len(ROUTER):
+            if ROUTER[i] in flags:
+                i += 1 if ROUTER[i] == "--moe-router-enable-expert-bias" else 2
+            else:
+                out.append(ROUTER[i])
+                i += 1
+        return out
+
+    final = {}
+    for name, flags in (("all", ROUTER),
+                        ("no_bias", without("--moe-router-enable-expert-bias",
+                                            "--moe-router-bias-update-rate")),
+                        ("no_z", without("--moe-z-loss-coeff"))):
+        r = run(1, [*MODEL, *flags, "--train-iters", "8", "--eval-iters", "0"])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("| z_loss: " in r.stdout) == (name != "no_z"), r.stdout
+        final[name] = float(r.stdout.rsplit("final lm loss ", 1)[1].split()[0])
+    for name in ("no_bias", "no_z"):
+        assert abs(final[name] / final["all"] - 1) > 1e-6, final
+
+
+E4 = ["--num-experts", "4"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*E4, "--moe-router-enable-expert-bias"],
+     "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid"),
+    ([*E4, "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax"],
+     "--moe-router-pre-softmax is for --moe-router-score-function softmax"),
+    ([*E4, "--moe-router-score-function", "sigmoid", "--moe-router-bias-update-rate", "0.01"],
+     "--moe-router-bias-update-rate needs --moe-router-enable-expert-bias"),
+    ([*E4, "--moe-router-num-groups", "2"],
+     "--moe-router-num-groups needs --moe-router-group-topk"),
+    ([*E4, "--moe-router-group-topk", "1"],
+     "--moe-router-group-topk needs --moe-router-num-groups"),
+    ([*E4, "--moe-router-num-groups", "3", "--moe-router-group-topk", "1"],
+     "--moe-router-num-groups 3 does not divide --num-experts 4"),
+    ([*E4, "--moe-router-num-groups", "2", "--moe-router-group-topk", "3"],
+     "--moe-router-group-topk 3 is more than --moe-router-num-groups 2"),
+    ([*E4, "--moe-router-topk", "3", "--moe-router-num-groups", "2",
+      "--moe-router-group-topk", "2"],
+     "--moe-router-topk 3 is not divisible by --moe-router-group-topk 2"),
+    ([*E4, "--moe-router-num-groups", "4", "--moe-router-group-topk", "1"],
+     "more than a group's 1"),
+    ([*E4, "--moe-router-topk-scaling-factor", "0"],
+     "--moe-router-topk-scaling-factor must be > 0"),
+    ([*E4, "--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss"],
+     "--moe-router-load-balancing-type aux_loss seq_aux_loss: braid takes one load-balancing "
+     "type"),
+    ([*E4, "--moe-router-load-balancing-type", "global_aux_loss"],
+     "--moe-router-load-balancing-type global_aux_loss is not implemented"),
+    ([*E4, "--moe-aux-loss-coeff", "0.01", "0.001"],
+     "--moe-aux-loss-coeff 0.01 0.001: braid takes one coefficient"),
+    (["--moe-z-loss-coeff", "1e-3"], "--moe-z-loss-coeff needs --num-experts"),
+    (["--moe-router-score-function", "sigmoid"],
+     "--moe-router-score-function sigmoid needs --num-experts"),
+])
+def test_bad_router_flags_are_refused_naming_the_flag(args, message):
+    r = run(1, [*MODEL, *args, "--train-iters", "1"], timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr, r.stderr
