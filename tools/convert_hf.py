@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 / Mixtral /
-Qwen2-MoE / Qwen3-MoE directories to braid checkpoints and back.
+Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 directories to braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -17,7 +17,7 @@ indexes a tp=1 save); braid's loader reshards it to any layout (load it with --f
 
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
 docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs,
-hf_moe.py what is particular to mixtures of experts.
+hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3's routing.
 """
 
 import argparse
@@ -37,9 +37,14 @@ from hf_configs import (LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E
 from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  # noqa: E402
                     hf_moe_config, moe_architecture, moe_config_from_hf, moe_ffn,
                     moe_tensors_to_braid)
+from hf_deepseek import (SIGMOID_MOE_ARCHITECTURES,  # noqa: E402
+                         braid_sigmoid_moe_tensors_to_hf, drop_mtp_layers, expert_bias_specs,
+                         hf_sigmoid_moe_config, sigmoid_moe_architecture,
+                         sigmoid_moe_config_from_hf, sigmoid_moe_tensors_to_braid, sigmoid_router)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+BIAS_SUFFIX = "e_score_correction_bias"
 
 FORMAT = "braid-checkpoint"
 FORMAT_VERSION = 1
@@ -109,16 +114,24 @@ def braid_specs(c):
     return specs
 
 
+def checkpoint_specs(c):
+    """braid_specs and the expert biases (f32, replicated; not parameters): every tensor of a
+    checkpoint but the optimizer's."""
+    return braid_specs(c) + expert_bias_specs(c)
+
+
 # ---- tensor names ----------------------------------------------------------------------------
 
 def hf_to_braid(hf, arch, c):
     """HF tensors (name -> Tensor) -> braid's names and layout; consumes what it maps."""
     take = hf.pop
-    if arch in MOE_ARCHITECTURES:
+    if arch in MOE_ARCHITECTURES + SIGMOID_MOE_ARCHITECTURES:
         moe_tensors_to_braid(hf, arch, c)
+    if arch in SIGMOID_MOE_ARCHITECTURES:
+        sigmoid_moe_tensors_to_braid(hf, c)
     if arch in LLAMA_LIKE:
         out = {}
-        for name, _, _ in braid_specs(c):
+        for name, _, _ in checkpoint_specs(c):
             check(name in hf, f"the HF weights have no {name}")
             out[name] = take(name)
         if c["tie_embeddings"] and "lm_head.weight" in hf:  # a tied copy saved anyway
@@ -187,6 +200,8 @@ def braid_to_hf(t, arch, c):
                         np.zeros(w.shape[0], dtype=w.array.dtype))
         if arch in MOE_ARCHITECTURES:
             braid_moe_tensors_to_hf(out, arch, c)
+        if arch in SIGMOID_MOE_ARCHITECTURES:
+            braid_sigmoid_moe_tensors_to_hf(out, c)
         return out
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],
            "transformer.wpe.weight": t["model.embed_positions.weight"],
@@ -255,7 +270,8 @@ def read_hf_weights(hf_dir):
 
 
 def weights_dtype(tensors, hf_dir):
-    dtypes = {t.dtype for t in tensors.values()}
+    # DeepSeek-V3-style routers' e_score_correction_bias is f32 in bf16 models too (as braid's)
+    dtypes = {t.dtype for n, t in tensors.items() if not n.endswith(BIAS_SUFFIX)}
     for d in dtypes:
         check(d in FLOAT_DTYPES, f"{hf_dir}: weights of dtype {d} (braid's parameters are F32, "
               "BF16 or F16)")
@@ -288,8 +304,11 @@ def import_hf(hf_dir, save):
     hf = read_hf_config(hf_dir)
     arch = hf_architecture(hf)
     tensors = read_hf_weights(hf_dir)
+    drop_mtp_layers(tensors, hf, arch)
     config = braid_config_from_hf(hf, arch, weights_dtype(tensors, hf_dir))
     config.update(moe_config_from_hf(hf, arch))
+    if arch in SIGMOID_MOE_ARCHITECTURES:
+        config.update(sigmoid_moe_config_from_hf(hf, arch))
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
                 "max_position_embeddings"):
         check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
@@ -308,7 +327,7 @@ def import_hf(hf_dir, save):
         more = "" if len(left) == 1 else f", and {len(left) - 1} more"
         raise ConvertError(f"{hf_dir}: unexpected tensor {sorted(left)[0]} (not part of a {arch} "
                            f"model with this config.json){more}")
-    specs = braid_specs(config)
+    specs = checkpoint_specs(config)
     for name, shape, _ in specs:
         got = braid_tensors[name].shape
         check(got == shape, f"{name}: the weights hold {got}, config.json makes it {shape}")
@@ -401,7 +420,10 @@ def plus(t, delta):
 def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
-    arch = moe_architecture(config) if config.get("num_experts") else braid_architecture(config)
+    if not config.get("num_experts"):
+        arch = braid_architecture(config)
+    else:
+        arch = (sigmoid_moe_architecture if sigmoid_router(config) else moe_architecture)(config)
     # Nemotron's LayerNorm1P holds gamma - 1, every other HF norm gamma.
     delta = int(bool(config.get("zero_centered_gamma"))) - int(arch == "nemotron")
     if delta:
@@ -410,7 +432,7 @@ def export_hf(load, out, iteration=None):
     if arch == "llama" and not config["add_bias_linear"] and \
             hf_architecture_or_none(meta.get("hf_config") or {}) == "mistral":
         arch = "mistral"  # an imported Mistral goes back as one
-    specs = braid_specs(config)
+    specs = checkpoint_specs(config)
     for name, shape, _ in specs:
         check(name in tensors, f"{load}: the checkpoint has no {name}")
         check(tensors[name].shape == shape, f"{load}: {name} is {tensors[name].shape}, the "
@@ -419,11 +441,16 @@ def export_hf(load, out, iteration=None):
     if extra:
         raise ConvertError(f"{load}: unexpected tensor {sorted(extra)[0]} for this config")
     hf_tensors = braid_to_hf(tensors, arch, config)
-    dtypes = {t.dtype for t in hf_tensors.values()}
+    # transformers keeps dots1's and GLM-4.5's routers and biases in f32 in any dtype
+    kept_f32 = (BIAS_SUFFIX, "mlp.gate.weight") if arch in SIGMOID_MOE_ARCHITECTURES else (
+        BIAS_SUFFIX,)
+    dtypes = {t.dtype for n, t in hf_tensors.items() if not n.endswith(kept_f32)}
     torch_dtype = TORCH_NAMES.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
     hf = hf_config_from_braid(config, arch, torch_dtype, meta.get("hf_config"))
     if arch in MOE_ARCHITECTURES:
         hf.update(hf_moe_config(config, arch))
+    if arch in SIGMOID_MOE_ARCHITECTURES:
+        hf.update(hf_sigmoid_moe_config(config, arch))
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), hf_tensors, {"format": "pt"})
     stale = os.path.join(out, "model.safetensors.index.json")

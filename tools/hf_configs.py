@@ -27,19 +27,28 @@ def head_width(c):
 # bias), RoPE on a part of each head (rotary_percent) and optional q, k, v biases; the names
 # are Llama's. Mixtral is Mistral with every MLP a mixture of experts, Qwen2-MoE Qwen2 and
 # Qwen3-MoE Qwen3 with the MLPs of the layers mlp_only_layers and decoder_sparse_step pick
-# mixtures of experts, Qwen2-MoE's with a gated shared expert (hf_moe.py).
+# mixtures of experts, Qwen2-MoE's with a gated shared expert (hf_moe.py). dots1 is Qwen3 and
+# GLM-4.5 Llama with q, k, v biases, RoPE on half of each head and optional q/k norms, both
+# with DeepSeek-V3's sigmoid-routed experts after first_k_dense_replace dense layers
+# (hf_deepseek.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
                  "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
-                 "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe"}
+                 "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
+                 "Dots1ForCausalLM": "dots1", "Glm4MoeForCausalLM": "glm4_moe"}
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron", "mixtral",
-              "qwen2_moe", "qwen3_moe")
-# Known architectures braid cannot hold, with why (none at present).
-REFUSED = {}
+              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe")
+# Known architectures braid cannot hold, with why.
+MLA = ("its attention is multi-head latent attention (low-rank q and kv projections, a RoPE "
+       "part apart), which braid does not have")
+REFUSED = {"DeepseekV2ForCausalLM": MLA,
+           "DeepseekV3ForCausalLM": MLA + " (its routing braid has: Dots1ForCausalLM and "
+                                          "Glm4MoeForCausalLM, which route alike, import)"}
 # Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
 # zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
-PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5}  # transformers' where it is absent
+PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5,  # transformers' where it is absent
+                          "glm4_moe": 0.5}
 THETA_DEFAULT = {"mixtral": 1000000.0}  # transformers' rope_theta where it is absent (else 1e4)
 
 
@@ -84,7 +93,7 @@ def rope_of(hf, arch):
                                                         PARTIAL_ROTARY_DEFAULT.get(arch, 1.0)))
     if arch not in PARTIAL_ROTARY_DEFAULT and factor not in (None, 1, 1.0):
         refuse("partial_rotary_factor", factor, f"transformers' {arch} turns the whole head "
-               "(StableLM and Nemotron turn a part)")
+               "(StableLM, Nemotron and GLM-4.5 turn a part)")
     theta = params.get("rope_theta", hf.get("rope_theta", THETA_DEFAULT.get(arch, 10000.0)))
     out = {"rope_theta": as_f32(theta),
            **NO_ROPE_SCALING, "rotary_percent": float(factor or 1.0)}
@@ -126,6 +135,13 @@ def braid_config_from_hf(hf, arch, dtype):
         # take hidden_size / num_attention_heads.
         head_dim = hf.get("head_dim") or (128 if arch == "qwen3" else h // heads)
         attention_bias, mlp_bias = hf.get("attention_bias", False), hf.get("mlp_bias", False)
+        if arch == "dots1" and attention_bias:
+            refuse("attention_bias", attention_bias, "Dots1ForCausalLM then has biases on q, k, "
+                   "v and o but none in its MLPs; braid's add_bias_linear gives every linear "
+                   "layer a bias, add_qkv_bias q, k and v alone")
+        qkv_bias_only = arch == "glm4_moe" and bool(attention_bias)  # GLM's o_proj has none
+        if qkv_bias_only:
+            attention_bias = False
         if attention_bias != mlp_bias:
             refuse("attention_bias", attention_bias, f"mlp_bias is {json.dumps(mlp_bias)}; braid's "
                    "add_bias_linear gives every linear layer a bias or none")
@@ -139,6 +155,7 @@ def braid_config_from_hf(hf, arch, dtype):
                 refuse("use_parallel_residual", True, "braid's layers are sequential")
         layernorm = arch in ("stablelm", "nemotron")
         eps_key = {"stablelm": "layer_norm_eps", "nemotron": "norm_eps"}.get(arch, "rms_norm_eps")
+        eps_default = 1e-5 if layernorm or arch == "glm4_moe" else 1e-6
         return {**window_of(hf, arch), "num_layers": hf["num_hidden_layers"], "hidden_size": h,
                 "num_attention_heads": heads,
                 "num_query_groups": hf.get("num_key_value_heads") or heads, "kv_channels": head_dim,
@@ -149,11 +166,13 @@ def braid_config_from_hf(hf, arch, dtype):
                 "position_embedding": "rope", "add_bias_linear": bool(attention_bias),
                 # Qwen2-MoE's qkv_bias: transformers 5's switch (4's q, k, v always have them)
                 "add_qkv_bias": arch == "qwen2" or bool(hf.get("use_qkv_bias")) or
-                                (arch == "qwen2_moe" and bool(hf.get("qkv_bias", True))),
-                "qk_layernorm": arch in ("qwen3", "qwen3_moe"),
+                                (arch == "qwen2_moe" and bool(hf.get("qkv_bias", True))) or
+                                qkv_bias_only,
+                "qk_layernorm": arch in ("qwen3", "qwen3_moe", "dots1") or
+                                (arch == "glm4_moe" and bool(hf.get("use_qk_norm"))),
                 "zero_centered_gamma": arch == "nemotron",
                 "tie_embeddings": bool(hf.get("tie_word_embeddings", False)), **rope_of(hf, arch),
-                "norm_eps": as_f32(hf.get(eps_key, 1e-5 if layernorm else 1e-6)),
+                "norm_eps": as_f32(hf.get(eps_key, eps_default)),
                 "params_dtype": dtype}
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
@@ -182,7 +201,9 @@ def window_of(hf, arch):
     layer (transformers 5 builds one mask for all); Qwen2's, Qwen3's and Qwen2-MoE's with
     use_sliding_window, on the layers layer_types names sliding_attention (or, without
     layer_types, as transformers 5 fills it in: for Qwen2 and Qwen3 from max_window_layers on,
-    for Qwen2-MoE every other layer from the first, below max_window_layers)."""
+    for Qwen2-MoE every other layer from the first, below max_window_layers); dots1's
+    sliding_window (4096 where left out; null: none), always on, on the layers layer_types names
+    (without it, from max_window_layers, 62 where left out, on)."""
     none = {"window_size": -1, "window_layers": []}
     layers = hf["num_hidden_layers"]
     if arch in ("mistral", "mixtral", "qwen3_moe"):
@@ -191,13 +212,16 @@ def window_of(hf, arch):
         else:
             window = hf.get("sliding_window", 4096 if arch == "mistral" else None)
         kinds = ["sliding_attention"] * layers
-    elif arch in ("qwen2", "qwen3", "qwen2_moe"):
-        window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+    elif arch in ("qwen2", "qwen3", "qwen2_moe", "dots1"):
+        if arch == "dots1":
+            window, from_layer = hf.get("sliding_window", 4096), hf.get("max_window_layers", 62)
+        else:
+            window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+            from_layer = hf.get("max_window_layers", 28)
         below = arch == "qwen2_moe"
         kinds = hf.get("layer_types") or [
             "sliding_attention" if window and (
-                i % 2 == 0 and i < hf.get("max_window_layers", 28) if below
-                else i >= hf.get("max_window_layers", 28))
+                i % 2 == 0 and i < from_layer if below else i >= from_layer)
             else "full_attention" for i in range(layers)]
         check(len(kinds) == layers, f"config.json: layer_types has {len(kinds)} entries for "
               f"num_hidden_layers {layers}")
@@ -206,8 +230,9 @@ def window_of(hf, arch):
             refuse("layer_types", other[0], "braid's layers attend to all of the context or to "
                    "a sliding window")
         if "sliding_attention" in kinds and not window:
-            refuse("layer_types", "sliding_attention", "use_sliding_window is false, so "
-                   "transformers has no window for those layers")
+            refuse("layer_types", "sliding_attention", "sliding_window is null, so transformers "
+                   "has no window for those layers" if arch == "dots1" else "use_sliding_window "
+                   "is false, so transformers has no window for those layers")
     else:
         return none
     if not window or "sliding_attention" not in kinds:
@@ -231,8 +256,10 @@ def hf_window(c, arch):
     Qwen3-MoE's use_sliding_window and sliding_window (every layer: hf_moe.py checks), Qwen2's,
     Qwen3's and Qwen2-MoE's use_sliding_window, sliding_window, layer_types (and for Qwen2 and
     Qwen3 max_window_layers where the windowed layers are the last ones, as transformers before
-    layer_types reads it)."""
+    layer_types reads it); dots1's sliding_window and layer_types (no switch)."""
     one_switch = arch in ("mistral", "mixtral")
+    if arch == "dots1" and braid_window(c) is None:  # sliding_window kept: no layer uses it
+        return {"layer_types": ["full_attention"] * c["num_layers"]}
     if braid_window(c) is None:
         return {"sliding_window": None} if one_switch else {"use_sliding_window": False}
     (window, pattern), layers = braid_window(c), c["num_layers"]
@@ -243,6 +270,8 @@ def hf_window(c, arch):
     first = pattern.index(1)
     hf = {"use_sliding_window": True, "sliding_window": window + 1,
           "layer_types": ["sliding_attention" if w else "full_attention" for w in pattern]}
+    if arch == "dots1":
+        del hf["use_sliding_window"]
     if arch != "qwen2_moe" and pattern == [0] * first + [1] * (layers - first):
         hf["max_window_layers"] = first
     return hf
@@ -323,6 +352,9 @@ LLAMA_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
               "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_parameters",
               "rope_scaling", "hidden_act", "tie_word_embeddings")
 SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types", "max_window_layers")
+SIGMOID_MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts_per_tok",
+                    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                    "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
 ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
     "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
     "mistral": LLAMA_KEYS + ("head_dim", "sliding_window"),
@@ -338,6 +370,9 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
                                "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
                                "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
                                "sliding_window"),
+    "dots1": LLAMA_KEYS + ("head_dim", "attention_bias", "layer_types") + SIGMOID_MOE_KEYS,
+    "glm4_moe": LLAMA_KEYS + ("head_dim", "attention_bias", "use_qk_norm", "partial_rotary_factor",
+                              "num_nextn_predict_layers", "num_mtp_layers") + SIGMOID_MOE_KEYS,
     "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
                               "use_parallel_residual", "partial_rotary_factor"),
     "nemotron": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias", "norm_eps",
@@ -371,6 +406,9 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                    "qwen2_moe": {"head_dim": head_dim, "rms_norm_eps": eps},
                    "qwen3_moe": {"head_dim": head_dim, "attention_bias": False,
                                  "rms_norm_eps": eps},
+                   "dots1": {"head_dim": head_dim, "attention_bias": False, "rms_norm_eps": eps},
+                   "glm4_moe": {"head_dim": head_dim, "rms_norm_eps": eps,
+                                "partial_rotary_factor": c.get("rotary_percent", 1.0)},
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
                    "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
                                 "qk_layernorm": False, "use_parallel_residual": False,
@@ -379,7 +417,7 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                                 "mlp_bias": c["add_bias_linear"], "norm_eps": eps,
                                 "hidden_act": "relu2",
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)}}[arch])
-        if arch in ("mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"):
+        if arch in ("mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe", "dots1"):
             hf.update(hf_window(c, arch))
         if arch in PARTIAL_ROTARY_DEFAULT:  # else transformers 5 takes its default
             rope["partial_rotary_factor"] = hf["partial_rotary_factor"]

@@ -14,7 +14,8 @@ layer. On disk transformers writes Qwen2-MoE and Qwen3-MoE under braid's names a
 transformers 5 holds the experts of a layer fused in memory (`mlp.experts.gate_up_proj`
 [E, 2F, H], gate rows first, and `mlp.experts.down_proj` [E, H, F]) and converts on load and
 save. Import reads either layout; export writes the per-expert one, which every transformers
-release loads.
+release loads. dots1 and GLM-4.5 name their experts as the Qwens do; what else they have
+(sigmoid routers, expert biases, ungated shared experts) is hf_deepseek.py's.
 """
 
 import json
@@ -24,8 +25,10 @@ from hf_configs import braid_architecture, braid_window, check, refuse
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 BRAID_EXPERT_NAMES = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"}
 EXPERT_NAMES = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
-                "qwen2_moe": BRAID_EXPERT_NAMES, "qwen3_moe": BRAID_EXPERT_NAMES}
-MLP_PREFIX = {"mixtral": "block_sparse_moe.", "qwen2_moe": "mlp.", "qwen3_moe": "mlp."}
+                "qwen2_moe": BRAID_EXPERT_NAMES, "qwen3_moe": BRAID_EXPERT_NAMES,
+                "dots1": BRAID_EXPERT_NAMES, "glm4_moe": BRAID_EXPERT_NAMES}
+MLP_PREFIX = {"mixtral": "block_sparse_moe.", "qwen2_moe": "mlp.", "qwen3_moe": "mlp.",
+              "dots1": "mlp.", "glm4_moe": "mlp."}
 # transformers' defaults: (experts, top k, the experts' width)
 DEFAULTS = {"mixtral": (8, 2, None), "qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}
 
@@ -95,7 +98,15 @@ def moe_architecture(c):
     """The HF architecture of a braid MoE config: Qwen2-MoE with a shared expert; else Mixtral
     (Mistral's shape: no q/k norms, no biases, a window on every layer or none, the router's
     softmax over the top k, experts on every layer) or Qwen3-MoE with q/k norms (norm_topk_prob
-    for either router, mlp_only_layers for dense layers); ConvertError with why otherwise."""
+    for either router, mlp_only_layers for dense layers); ConvertError with why otherwise.
+    (Sigmoid routers: hf_deepseek.sigmoid_moe_architecture.)"""
+    what = "this braid model's softmax router"
+    check(not c.get("moe_router_num_groups"), what, " picks experts from groups "
+          "(moe_router_num_groups); MixtralForCausalLM's, Qwen2MoeForCausalLM's and "
+          "Qwen3MoeForCausalLM's do not (the HF models with groups route by sigmoid scores)")
+    check(c.get("moe_router_topk_scaling_factor", 1.0) == 1.0, what, " scales the weights by ",
+          c.get("moe_router_topk_scaling_factor"), " (moe_router_topk_scaling_factor); "
+          "MixtralForCausalLM's, Qwen2MoeForCausalLM's and Qwen3MoeForCausalLM's do not")
     if c.get("moe_shared_expert_intermediate_size"):
         return shared_expert_architecture(c)
     what = "this braid model has experts"

@@ -1,0 +1,214 @@
+"""DeepSeek-V3-style mixtures of experts between Hugging Face and braid (docs/convert_hf.md):
+dots1 (Dots1ForCausalLM: Qwen3's attention) and GLM-4.5 (Glm4MoeForCausalLM: q, k, v biases,
+RoPE on a part of each head, optional q/k norms). hf_configs.py holds their attention, norms
+and RoPE; hf_moe.py the expert tensors they share with the Qwens.
+
+Their router (transformers' Dots1TopkRouter, Glm4MoeTopkRouter, DeepseekV3TopkRouter) is
+braid's sigmoid router with an expert bias: s = sigmoid(x W^T) (f32); the top k of
+s + e_score_correction_bias are chosen among the topk_group best of n_group groups, a group
+scored by the sum of its 2 best s + bias; the weights are s at the chosen, divided by their sum +
+1e-20 when norm_topk_prob, times routed_scaling_factor. braid (Megatron) scores a group by its
+best moe_router_topk / group_topk, so groups import only where that is 2; braid always
+renormalises for k > 1 and never for k = 1. Every expert layer adds an ungated shared expert of
+n_shared_experts x moe_intermediate_size; the first first_k_dense_replace layers have the dense
+MLP of intermediate_size instead.
+
+Tensors: braid's names but for the shared expert (HF `mlp.shared_experts.*`, braid
+`mlp.shared_expert.*`); `mlp.gate.e_score_correction_bias` [E] f32 is braid's expert bias
+(GPTModel.expert_biases(), stored in the checkpoint under that name).
+"""
+
+import json
+
+import numpy as np
+
+from hf_configs import as_f32, braid_window, check, f32_value, refuse
+from hf_moe import expert_layers, moe_ffn
+from safetensors_numpy import Tensor
+
+SIGMOID_MOE_ARCHITECTURES = ("dots1", "glm4_moe")
+# transformers' defaults: (first_k_dense_replace, norm_topk_prob, n_shared_experts, experts, top k)
+DEFAULTS = {"dots1": (0, False, None, None, None), "glm4_moe": (1, True, 1, 128, 8)}
+BIAS = "mlp.gate.e_score_correction_bias"
+
+
+def sigmoid_router(c):
+    """Whether a braid config routes by sigmoid scores (dots1's and GLM-4.5's router)."""
+    return c.get("moe_router_score_function", "softmax") == "sigmoid"
+
+
+# ---- config.json -> braid's config ------------------------------------------------------------
+
+def positive(value, field):
+    check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+          f"config.json: {field} should be a positive integer, is {json.dumps(value)}")
+    return value
+
+
+def sigmoid_moe_config_from_hf(hf, arch):
+    """braid's MoE fields for a dots1 or GLM-4.5 config.json; ConvertError for what braid's
+    router cannot compute exactly."""
+    first_dense, norm_default, shared_default, experts_default, topk_default = DEFAULTS[arch]
+    experts = positive(hf.get("n_routed_experts", hf.get("num_local_experts", experts_default)),
+                       "n_routed_experts")
+    topk = hf.get("num_experts_per_tok", topk_default)
+    check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
+          f"should be in [1, {experts}] (n_routed_experts), is {json.dumps(topk)}")
+    ffn = positive(hf.get("moe_intermediate_size", 1408), "moe_intermediate_size")
+    shared = positive(hf.get("n_shared_experts", shared_default), "n_shared_experts")
+    layers = hf["num_hidden_layers"]
+    first = hf.get("first_k_dense_replace", first_dense)
+    check(isinstance(first, int) and first >= 0, "config.json: first_k_dense_replace should be "
+          f"a layer count, is {json.dumps(first)}")
+    if first >= layers:
+        refuse("first_k_dense_replace", first, f"no layer of the {layers} has experts; braid's "
+               "MoE models have them on one layer at least")
+    norm = hf.get("norm_topk_prob", norm_default)
+    if topk > 1 and not norm:
+        refuse("norm_topk_prob", norm, f"braid's sigmoid router (Megatron's) always divides the "
+               f"weights of the top {topk} by their sum; this model weights each by its score "
+               "alone")
+    if topk == 1 and norm:
+        refuse("norm_topk_prob", norm, "with one expert per token it makes every weight 1; "
+               "braid's sigmoid router (Megatron's) weights the expert by its score")
+    groups = hf.get("n_group", 1) or 1
+    group_topk = hf.get("topk_group", 1) or 1
+    check(isinstance(groups, int) and groups >= 1 and experts % groups == 0, "config.json: "
+          f"n_group should divide n_routed_experts {experts}, is {json.dumps(groups)}")
+    check(isinstance(group_topk, int) and 1 <= group_topk <= groups, "config.json: topk_group "
+          f"should be in [1, {groups}] (n_group), is {json.dumps(group_topk)}")
+    if groups > 1 and (topk % group_topk or topk // group_topk != 2):
+        refuse("n_group", groups, "transformers scores each group by the sum of its 2 best "
+               "experts, braid (Megatron) by its best num_experts_per_tok / topk_group; "
+               f"here num_experts_per_tok is {topk} and topk_group {group_topk}, so braid holds "
+               "this only with num_experts_per_tok = 2 x topk_group")
+    scale = hf.get("routed_scaling_factor", 1.0)
+    check(isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0,
+          f"config.json: routed_scaling_factor should be a positive number, is "
+          f"{json.dumps(scale)}")
+    return {"num_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": ffn,
+            "moe_router_pre_softmax": False, "moe_router_score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True,
+            "moe_router_num_groups": groups if groups > 1 else 0,
+            "moe_router_group_topk": group_topk if groups > 1 else 0,
+            "moe_router_topk_scaling_factor": as_f32(scale),
+            "moe_shared_expert_intermediate_size": shared * ffn,
+            "moe_shared_expert_gate": False,
+            "moe_layers": [int(i >= first) for i in range(layers)] if first else []}
+
+
+# ---- braid's config -> config.json ------------------------------------------------------------
+
+def sigmoid_moe_architecture(c):
+    """dots1 or GLM-4.5 for a braid config with a sigmoid router: dots1 with q/k norms, no
+    biases and RoPE on whole heads (any window pattern), else GLM-4.5 (q, k, v biases or none,
+    q/k norms or none, any rotary_percent, no window); ConvertError with why otherwise."""
+    what = "this braid model routes by sigmoid scores"
+    kind = (c["normalization"], c["activation"], c["position_embedding"])
+    check(kind == ("rmsnorm", "swiglu", "rope"), what, " and is ", "/".join(kind), " shaped; "
+          "Dots1ForCausalLM and Glm4MoeForCausalLM are rmsnorm/swiglu/rope")
+    check(not c["add_bias_linear"], what, " and has biases on every linear layer; "
+          "Glm4MoeForCausalLM has them on q, k and v alone, Dots1ForCausalLM's MLPs have none")
+    shared, ffn = c.get("moe_shared_expert_intermediate_size", 0), moe_ffn(c)
+    check(shared, what, " but has no shared expert; Dots1ForCausalLM and Glm4MoeForCausalLM "
+          "always add one (n_shared_experts)")
+    check(not c.get("moe_shared_expert_gate"), what, " and gates its shared expert; "
+          "Dots1ForCausalLM and Glm4MoeForCausalLM add it ungated")
+    check(shared % ffn == 0, what, f" and its shared expert is {shared} wide, not a multiple of "
+          f"the experts' {ffn}; transformers builds n_shared_experts x moe_intermediate_size")
+    layers = expert_layers(c)
+    check(1 in layers, what, " but no layer has experts (moe_layers)")
+    first = layers.index(1)
+    check(layers == [0] * first + [1] * (len(layers) - first), what, " and dense layers after "
+          f"expert ones (moe_layers {layers}); Dots1ForCausalLM and Glm4MoeForCausalLM have "
+          "them first (first_k_dense_replace)")
+    groups, topk = c.get("moe_router_num_groups", 0), c["moe_router_topk"]
+    group_topk = c.get("moe_router_group_topk", 0)
+    check(groups <= 1 or topk == 2 * group_topk, what, f" in {groups} groups, each scored by its "
+          f"best moe_router_topk / group_topk = {topk} / {group_topk}; transformers scores a "
+          "group by its best 2")
+    if c.get("qk_layernorm") and not c.get("add_qkv_bias") and c.get("rotary_percent", 1.0) == 1:
+        return "dots1"
+    check(braid_window(c) is None, what, " and has a sliding window but ",
+          "q, k, v biases" if c.get("add_qkv_bias") else
+          "RoPE on a part of each head" if c.get("rotary_percent", 1.0) != 1 else
+          "no q/k norms", "; Glm4MoeForCausalLM has no window, Dots1ForCausalLM (q/k norms, "
+          "RoPE on whole heads) no biases")
+    return "glm4_moe"
+
+
+def hf_sigmoid_moe_config(c, arch):
+    """The MoE fields of the HF config.json for a braid config with a sigmoid router."""
+    layers, topk = expert_layers(c), c["moe_router_topk"]
+    groups = c.get("moe_router_num_groups", 0)
+    hf = {"n_routed_experts": c["num_experts"], "num_experts_per_tok": topk,
+          "moe_intermediate_size": moe_ffn(c),
+          "n_shared_experts": c["moe_shared_expert_intermediate_size"] // moe_ffn(c),
+          "first_k_dense_replace": layers.index(1),
+          "n_group": groups or 1, "topk_group": c.get("moe_router_group_topk", 0) if groups else 1,
+          "norm_topk_prob": topk > 1,
+          "routed_scaling_factor": f32_value(c.get("moe_router_topk_scaling_factor", 1.0))}
+    if arch == "glm4_moe":  # no multi-token-prediction layers in the export
+        hf.update({"use_qk_norm": bool(c.get("qk_layernorm")),
+                   "attention_bias": bool(c.get("add_qkv_bias")), "num_nextn_predict_layers": 0})
+    return hf
+
+
+# ---- tensor names ------------------------------------------------------------------------------
+
+def expert_bias_specs(c):
+    """[(name, shape, split_dim)] of the expert biases a braid config has (replicated, f32,
+    not among the parameters)."""
+    if not c.get("num_experts") or not c.get("moe_router_enable_expert_bias"):
+        return []
+    return [(f"model.layers.{i}.{BIAS}", [c["num_experts"]], -1)
+            for i, e in enumerate(expert_layers(c)) if e]
+
+
+def sigmoid_moe_tensors_to_braid(hf, c):
+    """In `hf` (name -> Tensor): the shared experts to braid's name, the biases to f32 (exact).
+    The experts: hf_moe.moe_tensors_to_braid."""
+    for i in [i for i, e in enumerate(expert_layers(c)) if e]:
+        p = f"model.layers.{i}.mlp."
+        for m in ("gate_proj", "up_proj", "down_proj"):
+            name = f"{p}shared_experts.{m}.weight"
+            if name in hf:
+                hf[f"{p}shared_expert.{m}.weight"] = hf.pop(name)
+        bias = hf.get(f"model.layers.{i}.{BIAS}")
+        if bias is not None and bias.dtype != "F32":
+            check(bias.dtype in ("BF16", "F16"), f"model.layers.{i}.{BIAS} is {bias.dtype}; "
+                  "braid's expert biases are F32 (BF16 and F16 ones import exactly)")
+            hf[f"model.layers.{i}.{BIAS}"] = as_f32_tensor(bias)
+
+
+def drop_mtp_layers(tensors, hf, arch):
+    """Removes from `tensors` GLM-4.5's multi-token-prediction layers: the
+    num_nextn_predict_layers layers after the last (model.layers.{L}.*, ...), which
+    transformers does not load either. Returns how many tensors it dropped."""
+    if arch != "glm4_moe":
+        return 0
+    count = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 1)) or 0
+    first = hf["num_hidden_layers"]
+    prefixes = tuple(f"model.layers.{j}." for j in range(first, first + count))
+    names = [n for n in tensors if n.startswith(prefixes)] if prefixes else []
+    for name in names:
+        del tensors[name]
+    return len(names)
+
+
+def braid_sigmoid_moe_tensors_to_hf(t, c):
+    """braid's tensors -> transformers' names (in place); biases of zero where braid's sigmoid
+    router has none (transformers' always has them)."""
+    for i in [i for i, e in enumerate(expert_layers(c)) if e]:
+        p = f"model.layers.{i}.mlp."
+        for m in ("gate_proj", "up_proj", "down_proj"):
+            t[f"{p}shared_experts.{m}.weight"] = t.pop(f"{p}shared_expert.{m}.weight")
+        if not c.get("moe_router_enable_expert_bias"):
+            t[f"model.layers.{i}.{BIAS}"] = Tensor("F32", np.zeros(c["num_experts"], "<f4"))
+
+
+def as_f32_tensor(t):
+    """A BF16 or F16 Tensor as F32 (exact)."""
+    if t.dtype == "BF16":
+        return Tensor("F32", (t.array.astype(np.uint32) << 16).view("<f4"))
+    return Tensor("F32", np.ascontiguousarray(t.array, dtype="<f4"))
