@@ -47,7 +47,9 @@ TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 BIAS_SUFFIX = "e_score_correction_bias"
 
 FORMAT = "braid-checkpoint"
-FORMAT_VERSION = 1
+# The newest format read; 2 marks a model with MoE router features version-1 readers do not know
+# (checkpoint.h), written only for such a model (format_version).
+FORMAT_VERSION = 2
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
 SHARD_FILE = "mp_rank_00_000.safetensors"
@@ -282,13 +284,25 @@ def weights_dtype(tensors, hf_dir):
 
 # ---- import ----------------------------------------------------------------------------------
 
+def format_version(config) -> int:
+    """braid's format_version (csrc/engine/checkpoint_config.cpp) for a model config."""
+    new_router = config.get("num_experts", 0) > 0 and (
+        config.get("moe_router_score_function", "softmax") != "softmax"
+        or config.get("moe_router_enable_expert_bias", False)
+        or config.get("moe_router_num_groups", 0) > 0
+        or config.get("moe_router_topk_scaling_factor", 1.0) != 1.0
+        or config.get("moe_expert_capacity_factor", 0.0) > 0)
+    return 2 if new_router else 1
+
+
 def checkpoint_metadata(config, specs, hf):
     index = {}
     for name, shape, tp_dim in specs:  # stored_slices at tp = 1
         index[name] = {"shape": shape, "split_dim": tp_dim,
                        "shards": [{"file": SHARD_FILE, "start": 0,
                                    "length": shape[tp_dim] if tp_dim >= 0 else shape[0]}]}
-    return {"format": FORMAT, "format_version": FORMAT_VERSION, "iteration": 0, "config": config,
+    return {"format": FORMAT, "format_version": format_version(config), "iteration": 0,
+            "config": config,
             "layout": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
                        "data_parallel_size": 1, "virtual_pipeline_stages": 1,
                        "use_distributed_optimizer": False},

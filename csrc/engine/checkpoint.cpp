@@ -283,7 +283,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
   const LossScaler::State scaler = trainer.loss_scaler().state();
   const LRSchedule& lr = trainer.schedule();
   json meta{{"format", "braid-checkpoint"},
-            {"format_version", kCheckpointFormatVersion},
+            {"format_version", format_version(config)},
             {"iteration", trainer.iteration()},
             {"config", config_json(config)},
             {"layout", saved_layout},

@@ -45,8 +45,19 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"moe_router_num_groups", c.moe_router_num_groups},
       {"moe_router_group_topk", c.moe_router_group_topk},
       {"moe_router_topk_scaling_factor", c.moe_router_topk_scaling_factor},
+      {"moe_expert_capacity_factor", c.moe_expert_capacity_factor},
+      {"moe_token_drop_policy", model::to_string(c.moe_token_drop_policy)},
       {"norm_eps", c.norm_eps},
       {"params_dtype", dtype_name(c.params_dtype)}};
+}
+
+int format_version(const model::TransformerConfig& c) {
+  const bool new_router =
+      c.num_experts > 0 &&
+      (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
+       c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
+       c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
+  return new_router ? 2 : 1;
 }
 
 void check_same_model(const nlohmann::json& saved, const model::TransformerConfig& config,

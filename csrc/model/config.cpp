@@ -78,6 +78,16 @@ const char* to_string(MoeLoadBalancing value) {
   return value == MoeLoadBalancing::aux_loss ? "aux_loss" : "seq_aux_loss";
 }
 
+const char* to_string(MoeTokenDropPolicy value) {
+  return value == MoeTokenDropPolicy::probs ? "probs" : "position";
+}
+
+void from_string(std::string_view name, MoeTokenDropPolicy& out) {
+  static constexpr MoeTokenDropPolicy kAll[] = {MoeTokenDropPolicy::probs,
+                                                MoeTokenDropPolicy::position};
+  enum_from_string(name, "moe_token_drop_policy", kAll, out);
+}
+
 void from_string(std::string_view name, MoeScoreFunction& out) {
   static constexpr MoeScoreFunction kAll[] = {MoeScoreFunction::softmax, MoeScoreFunction::sigmoid};
   enum_from_string(name, "moe_router_score_function", kAll, out);
@@ -239,6 +249,10 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(moe_aux_loss_coeff >= 0 && std::isfinite(moe_aux_loss_coeff),
                        "TransformerConfig.moe_aux_loss_coeff must be >= 0 and finite, got ",
                        moe_aux_loss_coeff);
+    BRAID_CONFIG_CHECK(
+        moe_expert_capacity_factor >= 0 && std::isfinite(moe_expert_capacity_factor),
+        "TransformerConfig.moe_expert_capacity_factor must be >= 0 and finite (0: dropless), got ",
+        moe_expert_capacity_factor);
     BRAID_CONFIG_CHECK(moe_z_loss_coeff >= 0 && std::isfinite(moe_z_loss_coeff),
                        "TransformerConfig.moe_z_loss_coeff must be >= 0 and finite, got ",
                        moe_z_loss_coeff);

@@ -1,6 +1,7 @@
 #include "braid/model/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "braid/kernels/ops.h"
@@ -29,6 +30,41 @@ Tensor balancing_choice(const Tensor& logits, const Tensor& chosen, const Tensor
   return host_copy(experts);
 }
 
+// Megatron's token dropping (apply_router_token_dropping): each expert keeps at most
+// ceil(T · k / E · factor) of the pairs routed to it - those of the highest probabilities or the
+// first ones, in Megatron's token order (ties too). 1 per kept pair of experts [T, k], whose T
+// tokens are `rows` runs of sequences (or, under CP, of their two local chunks, chunk-major).
+std::vector<uint8_t> kept_pairs(const Tensor& experts, const Tensor& probs, int64_t rows,
+                                bool context_parallel, const TransformerConfig& config) {
+  const int64_t n = experts.numel(), e_count = config.num_experts, k = experts.size(1);
+  const int64_t t_count = experts.size(0), length = t_count / rows;
+  const auto capacity =
+      int64_t(std::ceil(double(n) / double(e_count) * config.moe_expert_capacity_factor));
+  // Megatron's order: position-major ([S, B] flattened; under CP a rank's two chunks in a row).
+  const int64_t batch = context_parallel ? rows / 2 : rows;
+  auto order = [&](int64_t pair) {
+    const int64_t t = pair / k, run = t / length, position = (run / batch) * length + t % length;
+    return position * batch + run % batch;
+  };
+  const Tensor p_host = host_copy(probs);
+  const float* p = p_host.data_ptr<float>();
+  auto ranked = [&](int64_t pair) { return std::isnan(p[pair]) ? -INFINITY : p[pair]; };
+  std::vector<std::vector<int64_t>> pairs(static_cast<size_t>(e_count));
+  const int32_t* ex = experts.data_ptr<int32_t>();
+  for (int64_t i = 0; i < n; ++i) pairs[size_t(ex[i])].push_back(i);
+  std::vector<uint8_t> kept(size_t(n), 1);
+  for (std::vector<int64_t>& list : pairs) {
+    if (int64_t(list.size()) <= capacity) continue;
+    const bool by_probs = config.moe_token_drop_policy == MoeTokenDropPolicy::probs;
+    std::sort(list.begin(), list.end(), [&](int64_t a, int64_t b) {
+      if (by_probs && ranked(a) != ranked(b)) return ranked(a) > ranked(b);
+      return order(a) < order(b);
+    });
+    for (size_t j = size_t(capacity); j < list.size(); ++j) kept[size_t(list[j])] = 0;
+  }
+  return kept;
+}
+
 }  // namespace
 
 ops::MoeRouterSpec router_spec(const TransformerConfig& config) {
@@ -43,7 +79,7 @@ ops::MoeRouterSpec router_spec(const TransformerConfig& config) {
 
 MoeRouting route_tokens(const Tensor& logits, int64_t rows, const Tensor& expert_bias,
                         const TransformerConfig& config, const TensorParallel& tp,
-                        const ContextParallel& cp, bool training) {
+                        const ContextParallel& cp, bool training, bool drop) {
   const int64_t t_count = logits.size(0), e_count = config.num_experts;
   const int64_t k = config.moe_router_topk, n = t_count * k;
   const Device device = logits.device();
@@ -69,16 +105,26 @@ MoeRouting route_tokens(const Tensor& logits, int64_t rows, const Tensor& expert
     tp.group->broadcast(r.probs, 0)->wait();
   }
 
-  // Counting sort of the (token, choice) pairs by expert, stable in token order.
+  // Counting sort of the kept (token, choice) pairs by expert, stable in token order.
   const Tensor chosen = host_copy(r.experts);
   const int32_t* ex = chosen.data_ptr<int32_t>();
+  const std::vector<uint8_t> kept = drop && config.moe_expert_capacity_factor > 0
+                                        ? kept_pairs(chosen, r.probs, rows, cp.active(), config)
+                                        : std::vector<uint8_t>(size_t(n), 1);
   r.offsets.assign(size_t(e_count + 1), 0);
-  for (int64_t i = 0; i < n; ++i) ++r.offsets[size_t(ex[i]) + 1];
+  for (int64_t i = 0; i < n; ++i) r.offsets[size_t(ex[i]) + 1] += kept[size_t(i)];
   for (int64_t e = 0; e < e_count; ++e) r.offsets[size_t(e + 1)] += r.offsets[size_t(e)];
-  Tensor row_token = Tensor::empty({n}, DType::i32), row_slot = Tensor::empty({n}, DType::i32);
+  const int64_t rows_kept = r.offsets.back();
+  r.dropped = n - rows_kept;
+  Tensor row_token = Tensor::empty({rows_kept}, DType::i32);
+  Tensor row_slot = Tensor::empty({rows_kept}, DType::i32);
   Tensor token_rows = Tensor::empty({t_count, k}, DType::i32);
   std::vector<int64_t> next(r.offsets.begin(), r.offsets.end() - 1);
   for (int64_t i = 0; i < n; ++i) {
+    if (!kept[size_t(i)]) {
+      token_rows.data_ptr<int32_t>()[i] = int32_t(rows_kept);  // the zero row
+      continue;
+    }
     const int64_t row = next[size_t(ex[i])]++;
     row_token.data_ptr<int32_t>()[row] = int32_t(i / k);
     row_slot.data_ptr<int32_t>()[row] = int32_t(i);
@@ -86,8 +132,8 @@ MoeRouting route_tokens(const Tensor& logits, int64_t rows, const Tensor& expert
   }
   r.row_token = on(device, row_token);
   r.token_rows = on(device, token_rows);
-  r.row_prob = Tensor::empty({n}, DType::f32, device);
-  ops::gather_rows(r.row_prob.view({n, 1}), r.probs.view({n, 1}), on(device, row_slot), {});
+  r.row_prob = Tensor::empty({rows_kept}, DType::f32, device);
+  ops::gather_rows(r.row_prob.view({rows_kept, 1}), r.probs.view({n, 1}), on(device, row_slot), {});
 
   if (z) {
     const Tensor host = host_copy(lse);

@@ -65,6 +65,15 @@ void for_each_expert(const MoeRouting& r, F&& f) {
   }
 }
 
+// [N, C] for the experts' rows of `r`, and a row of zeros after them when pairs were dropped
+// (their token_rows point there).
+Tensor expert_rows(const MoeRouting& r, int64_t c, DType dtype, Device device) {
+  const int64_t n = r.row_token.size(0);
+  Tensor t = Tensor::empty({n + (r.dropped > 0 ? 1 : 0), c}, dtype, device);
+  if (r.dropped > 0) t.narrow(n, 1).zero_();
+  return t;
+}
+
 }  // namespace
 
 LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
@@ -140,9 +149,9 @@ void TransformerLayer::mlp_rows_backward(const MlpTensors& w, const MlpTensors& 
   linear_backward(dx, g.fc1_weight, g.fc1_bias, d_fc1, x, w.fc1_weight, accumulate);
 }
 
-Tensor TransformerLayer::mlp_forward(const Tensor& h_full, int64_t rows,
-                                     LayerActivations* saved) const {
-  if (moe_) return moe_forward(h_full, rows, saved);
+Tensor TransformerLayer::mlp_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved,
+                                     bool decoding) const {
+  if (moe_) return moe_forward(h_full, rows, saved, decoding);
   const int64_t t = h_full.size(0);
   Tensor fc1 = Tensor::empty({t, w_.mlp.fc1_weight.size(0)}, h_full.dtype(), h_full.device());
   Tensor m = Tensor::empty({t, config_.hidden_size}, h_full.dtype(), h_full.device());
@@ -163,8 +172,8 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
   return dh;
 }
 
-Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t rows,
-                                     LayerActivations* saved) const {
+Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t batch_rows,
+                                     LayerActivations* saved, bool decoding) const {
   const TransformerConfig& c = config_;
   const int64_t t = h_full.size(0), h = c.hidden_size;
   const DType dt = h_full.dtype();
@@ -173,7 +182,8 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t rows,
   // its share of each expert's columns; the combine is linear, so the partial outputs sum.
   Tensor logits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
   linear_forward(logits, h_full, w_.router_weight, {});
-  MoeRouting r = route_tokens(logits, rows, w_.expert_bias, c, tp_, cp_, saved != nullptr);
+  MoeRouting r =
+      route_tokens(logits, batch_rows, w_.expert_bias, c, tp_, cp_, saved != nullptr, !decoding);
   const int64_t n = r.row_token.size(0);
   Tensor in = Tensor::empty({n, h}, dt, dev);
   ops::gather_rows(in, h_full, r.row_token, {});
@@ -183,7 +193,7 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t rows,
                    w_.experts[e].fc1_bias);
   });
   Tensor act = mlp_activation(fc1);
-  Tensor y = Tensor::empty({n, h}, dt, dev);
+  Tensor y = expert_rows(r, h, dt, dev);
   for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
     linear_forward(y.narrow(first, rows), act.narrow(first, rows), w_.experts[e].fc2_weight,
                    row_bias(w_.experts[e].fc2_bias));
@@ -230,7 +240,7 @@ Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, La
     a.expert_in = Tensor::empty({n, c.hidden_size}, h_full.dtype(), dev);
     ops::gather_rows(a.expert_in, h_full, r.row_token, {});
   }
-  Tensor d_in = empty_like(a.expert_in);
+  Tensor d_in = expert_rows(r, c.hidden_size, h_full.dtype(), dev);
   for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
     linear_backward(d_in.narrow(first, rows), g_.experts[e].fc1_weight, g_.experts[e].fc1_bias,
                     d_fc1.narrow(first, rows), a.expert_in.narrow(first, rows),
@@ -518,7 +528,7 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   NormStats s2;
   const Tensor h2 =
       enter_tp_forward(tp_, norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias));
-  Tensor out = exit_tp_forward(tp_, mlp_forward(h2, tokens.batch, nullptr));
+  Tensor out = exit_tp_forward(tp_, mlp_forward(h2, tokens.batch, nullptr, /*decoding=*/true));
   ops::add(out, mid, out);
   return out;
 }

@@ -75,6 +75,7 @@ void bind_model(py::module_& m) {
                      &TransformerConfig::moe_router_enable_expert_bias)
       .def_readwrite("moe_router_bias_update_rate", &TransformerConfig::moe_router_bias_update_rate)
       .def_readwrite("moe_z_loss_coeff", &TransformerConfig::moe_z_loss_coeff)
+      .def_readwrite("moe_expert_capacity_factor", &TransformerConfig::moe_expert_capacity_factor)
       .def_readwrite("moe_shared_expert_intermediate_size",
                      &TransformerConfig::moe_shared_expert_intermediate_size)
       .def_readwrite("moe_shared_expert_gate", &TransformerConfig::moe_shared_expert_gate)
@@ -98,6 +99,7 @@ void bind_model(py::module_& m) {
                     &TransformerConfig::moe_router_score_function);
   def_enum_property(cfg, "moe_router_load_balancing_type",
                     &TransformerConfig::moe_router_load_balancing_type);
+  def_enum_property(cfg, "moe_token_drop_policy", &TransformerConfig::moe_token_drop_policy);
   cfg.def_readwrite("recompute_num_layers", &TransformerConfig::recompute_num_layers);
 
   py::class_<KVCache>(m, "KVCache",

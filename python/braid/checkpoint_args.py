@@ -7,6 +7,7 @@ the expert-bias update rate) stay the command line's."""
 from __future__ import annotations
 
 
+
 # The checkpoint's metadata.json "config" key -> [(argument, its value)]
 FROM_CHECKPOINT = {
     "num_layers": lambda v: [("num_layers", v)],
@@ -49,6 +50,8 @@ FROM_CHECKPOINT = {
     "moe_router_topk_scaling_factor": lambda v: [("moe_router_topk_scaling_factor",
                                                   None if v == 1.0 else v)],
     "moe_router_enable_expert_bias": lambda v: [("moe_router_enable_expert_bias", v)],
+    "moe_expert_capacity_factor": lambda v: [("moe_expert_capacity_factor", v or None)],
+    "moe_token_drop_policy": lambda v: [("moe_token_drop_policy", None if v == "probs" else v)],
     "moe_shared_expert_intermediate_size": lambda v: [("moe_shared_expert_intermediate_size",
                                                        v or None)],
     "moe_shared_expert_gate": lambda v: [("moe_shared_expert_gate", v)],
@@ -70,7 +73,8 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "moe_shared_expert_gate": False, "moe_layers": [],
                "moe_router_score_function": "softmax", "moe_router_num_groups": 0,
                "moe_router_group_topk": 0, "moe_router_topk_scaling_factor": 1.0,
-               "moe_router_enable_expert_bias": False,
+               "moe_router_enable_expert_bias": False, "moe_expert_capacity_factor": 0.0,
+               "moe_token_drop_policy": "probs",
                **MEGATRON_ROPE_SCALING}
 
 
@@ -110,7 +114,9 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "moe_router_score_function": "--moe-router-score-function",
             "moe_router_num_groups": "--moe-router-num-groups",
             "moe_router_group_topk": "--moe-router-group-topk",
-            "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor"}
+            "moe_router_topk_scaling_factor": "--moe-router-topk-scaling-factor",
+            "moe_expert_capacity_factor": "--moe-expert-capacity-factor",
+            "moe_token_drop_policy": "--moe-token-drop-policy"}
 
 
 def numerics_warnings(saved: dict, cfg) -> list[str]:

@@ -26,7 +26,8 @@ import numpy as np
 import braid
 
 # metadata.json "config" keys, set on a TransformerConfig as they are (docs/checkpoints.md):
-# what the model computes. The router's training losses (moe_aux_loss_coeff, moe_z_loss_coeff)
+# what the model computes (token dropping in whole-sequence forwards: KV-cache decoding is
+# dropless). The router's training losses (moe_aux_loss_coeff, moe_z_loss_coeff)
 # and the expert-bias update rate change nothing in a forward; the expert biases themselves are
 # state, which braid.load_parameters reads.
 _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -39,7 +40,8 @@ _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
                 "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
                 "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layers",
                 "moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk",
-                "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias", "norm_eps",
+                "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias",
+                "moe_expert_capacity_factor", "moe_token_drop_policy", "norm_eps",
                 "params_dtype")
 
 

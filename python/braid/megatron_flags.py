@@ -13,10 +13,6 @@ import argparse
 UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
-    "--moe-expert-capacity-factor": "braid's experts are dropless (Megatron's default): no "
-                                    "capacity, no dropped tokens",
-    "--moe-token-drop-policy": "braid's experts are dropless: no token is dropped",
-    "--moe-pad-expert-input-to-capacity": "braid's experts are dropless: no capacity to pad to",
     "--moe-input-jitter-eps": "the router's input jitter is not implemented",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
@@ -53,6 +49,12 @@ NO_EFFECT = {
     "--moe-token-dispatcher-type": (True, "without expert parallelism every rank holds every "
                                           "expert: tokens are dispatched locally"),
     "--moe-permute-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    # Refused with --moe-router-enable-expert-bias (moe_args), whose counts the padding changes.
+    "--moe-pad-expert-input-to-capacity": (False, "Megatron pads each expert's input to its "
+                                                  "capacity with zero-probability tokens: the "
+                                                  "same outputs and gradients (only its "
+                                                  "expert-bias token counts would include the "
+                                                  "padding)"),
     "--moe-router-dtype": (True, "braid's router logits and probabilities are always f32 (its "
                                  "GEMMs take the activations' dtype with f32 accumulation)"),
     "--num-workers": (True, "braid's data loader prefetches on a thread of its own"),

@@ -21,8 +21,12 @@
 --moe-shared-expert-gate           its output scaled by a sigmoid gate (Qwen2-MoE)
 --moe-layer-freq N | "[0]+[1]*23"  which layers have experts: N - layers 0, N, 2N, ... (0-based,
                                    Megatron's rule); a list - one 1 (experts) or 0 (dense) per layer
+--moe-expert-capacity-factor F     token dropping: each expert keeps at most ceil(T k / E F) of
+--moe-token-drop-policy P          the pairs routed to it, those of the highest probabilities
+                                   (probs, default) or the first in token order (position)
+--moe-pad-expert-input-to-capacity no effect (Megatron's padding only shapes its buffers)
 
-braid's experts are dropless (Megatron's default, no capacity factor), and without expert
+braid's experts are dropless without a capacity factor (Megatron's default), and without expert
 parallelism each expert is split over TP like the dense MLP (Megatron's expert tensor
 parallelism at the TP size). The router's arithmetic is ops::MoeRouterSpec's
 (include/braid/kernels/ops.h); TransformerConfig.validate checks the same rules again."""
@@ -36,7 +40,7 @@ from braid import window_args
 DEFAULT_BIAS_UPDATE_RATE = 1e-3  # Megatron's --moe-router-bias-update-rate default
 
 
-def add_arguments(g, pos_int, nonneg_float):
+def add_arguments(g, pos_int, nonneg_float, pos_float):
     g.add_argument("--num-experts", type=pos_int, default=None,
                    help="mixture of experts: every layer's MLP is this many experts, of which "
                         "a router picks --moe-router-topk per token (at most 1024)")
@@ -88,6 +92,16 @@ def add_arguments(g, pos_int, nonneg_float):
                    help="which layers have experts: N - layers 0, N, 2N, ... (counted from 0); "
                         "or a list, one 1 (experts) or 0 (dense MLP) per layer, e.g. "
                         "\"[0]+[1]*23\"")
+    g.add_argument("--moe-expert-capacity-factor", type=pos_float, default=None,
+                   help="token dropping: each expert keeps at most ceil(T k / E x this) of the "
+                        "(token, choice) pairs routed to it, T the tokens this rank routes in a "
+                        "microbatch; the others add nothing to their tokens' outputs (default: "
+                        "dropless)")
+    # Megatron's default is probs; None tells a given policy from the default.
+    g.add_argument("--moe-token-drop-policy", default=None, choices=["probs", "position"],
+                   help="which pairs an expert past its capacity drops: those of the lowest "
+                        "routing probabilities (probs, the default) or the last in token order "
+                        "(position)")
     g.add_argument("--expert-model-parallel-size", type=pos_int, default=1,
                    help="braid: 1 (experts are split over TP like the dense MLP)")
     g.add_argument("--expert-tensor-parallel-size", type=pos_int, default=None,
@@ -138,6 +152,10 @@ def check(a, tp: int) -> str | None:
                              a.moe_shared_expert_intermediate_size is not None),
                             ("--moe-shared-expert-gate", a.moe_shared_expert_gate),
                             ("--moe-layer-freq", a.moe_layer_freq != 1),
+                            ("--moe-expert-capacity-factor",
+                             a.moe_expert_capacity_factor is not None),
+                            ("--moe-pad-expert-input-to-capacity",
+                             a.moe_pad_expert_input_to_capacity),
                             ("--expert-model-parallel-size", a.expert_model_parallel_size != 1)):
             if given:
                 return f"{flag} needs --num-experts"
@@ -147,7 +165,7 @@ def check(a, tp: int) -> str | None:
     if a.moe_router_topk > a.num_experts:
         return (f"--moe-router-topk {a.moe_router_topk} is more than --num-experts "
                 f"{a.num_experts}")
-    error = _router_error(a)
+    error = _router_error(a) or _dropping_error(a)
     if error:
         return error
     freq = a.moe_layer_freq
@@ -227,6 +245,31 @@ def _router_error(a) -> str | None:
     return None
 
 
+def _dropping_error(a) -> str | None:
+    """What is wrong with the token-dropping flags of a run with experts, or None."""
+    factor = a.moe_expert_capacity_factor
+    if factor is not None and not math.isfinite(factor):
+        return f"--moe-expert-capacity-factor must be finite, got {factor}"
+    if a.moe_pad_expert_input_to_capacity:
+        if factor is None:
+            return ("--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (as "
+                    "Megatron's: no capacity to pad to)")
+        if a.moe_router_enable_expert_bias:
+            return ("--moe-pad-expert-input-to-capacity with --moe-router-enable-expert-bias is "
+                    "not implemented: Megatron then counts the padding in the expert-bias token "
+                    "counts (every expert its whole capacity, so the biases never move); braid "
+                    "counts the pairs each expert keeps")
+    return None
+
+
+def notes(a) -> list[str]:
+    """Log lines for the mixture-of-experts flags given that change nothing in this run."""
+    if a.moe_token_drop_policy is not None and a.moe_expert_capacity_factor is None:
+        return [f"braid: --moe-token-drop-policy {a.moe_token_drop_policy} has no effect: "
+                "without --moe-expert-capacity-factor no token is dropped (as in Megatron)"]
+    return []
+
+
 def moe_layers(freq: int | list[int], num_layers: int) -> list[int]:
     """One entry per layer, 1: experts, 0: the dense MLP ([] when every layer has experts):
     Megatron's rule for --moe-layer-freq, layer i has experts when i % N == 0."""
@@ -255,6 +298,9 @@ def configure(cfg, a):
     cfg.moe_shared_expert_intermediate_size = a.moe_shared_expert_intermediate_size or 0
     cfg.moe_shared_expert_gate = a.moe_shared_expert_gate
     cfg.moe_layers = moe_layers(a.moe_layer_freq, a.num_layers)
+    if a.moe_expert_capacity_factor is not None:  # else dropless: the policy stays the default
+        cfg.moe_expert_capacity_factor = a.moe_expert_capacity_factor
+        cfg.moe_token_drop_policy = a.moe_token_drop_policy or "probs"
     if a.moe_router_load_balancing_type != "none":  # none: no loss, coefficient 0
         cfg.moe_router_load_balancing_type = a.moe_router_load_balancing_type
         cfg.moe_aux_loss_coeff = a.moe_aux_loss_coeff

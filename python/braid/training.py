@@ -287,7 +287,7 @@ def main(argv=None) -> int:
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
-    for line in a.checkpoint_args + no_effect_given(a):
+    for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)

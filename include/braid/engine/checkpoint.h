@@ -32,7 +32,10 @@
 
 namespace braid::engine {
 
-constexpr int kCheckpointFormatVersion = 1;
+// The newest format this braid reads. Version 2 marks a model that version-1 readers would
+// compute differently (MoE routers other than Mixtral's softmax: sigmoid scores, expert biases,
+// groups, a scaling factor, a capacity); every other checkpoint is written as version 1.
+constexpr int kCheckpointFormatVersion = 2;
 
 struct SaveOptions {
   bool save_optim = true;  // not --no-save-optim

@@ -22,6 +22,9 @@ enum class MoeScoreFunction { softmax, sigmoid };
 // Which tokens a load-balancing loss balances over (Megatron's --moe-router-load-balancing-type):
 // each microbatch's (aux_loss), or each sequence's, averaged over the microbatch (seq_aux_loss).
 enum class MoeLoadBalancing { aux_loss, seq_aux_loss };
+// Which of an expert's tokens past its capacity are dropped (Megatron's --moe-token-drop-policy):
+// those of the lowest routing probabilities, or the last ones in token order.
+enum class MoeTokenDropPolicy { probs, position };
 // What a layer keeps for its backward (see transformer_layer.h for the exact lists).
 enum class Recompute { none, selective, full };
 // Which layers Recompute::full recomputes (Megatron's --recompute-method), per model chunk:
@@ -101,6 +104,17 @@ struct TransformerConfig {
   // than the mean of the step's tokens (GPTModel::update_expert_bias).
   bool moe_router_enable_expert_bias = false;
   float moe_router_bias_update_rate = 1e-3f;
+  // Token dropping (Megatron's --moe-expert-capacity-factor, GShard's and Switch's): each expert
+  // takes at most ceil(T · k / E · factor) of the T tokens a rank routes in a microbatch, the
+  // others by moe_token_drop_policy are dropped: that choice of the token adds nothing and gets
+  // no gradient. 0: dropless. T is every token of the microbatch under TP (Megatron's routers see
+  // their sequence-parallel shard: its capacities are per TP rank, braid's do not depend on the
+  // TP size) and this rank's share under CP (per rank, as Megatron's). Tokens are ordered as
+  // Megatron's are, position-major ([S, B]), for the position policy and the probs policy's
+  // ties. A double, as Megatron's (1.1 as a float would round some capacities up). KV-cache
+  // decoding is dropless.
+  double moe_expert_capacity_factor = 0.0;
+  MoeTokenDropPolicy moe_token_drop_policy = MoeTokenDropPolicy::probs;
   // The router z-loss (ST-MoE; Megatron's --moe-z-loss-coeff): coeff x the mean over tokens of
   // logsumexp(logits)^2, per expert layer and microbatch. 0: none.
   float moe_z_loss_coeff = 0.0f;
@@ -151,9 +165,11 @@ const char* to_string(Recompute value);
 const char* to_string(RecomputeMethod value);
 const char* to_string(MoeScoreFunction value);
 const char* to_string(MoeLoadBalancing value);
+const char* to_string(MoeTokenDropPolicy value);
 void from_string(std::string_view name, Normalization& out);
 void from_string(std::string_view name, MoeScoreFunction& out);
 void from_string(std::string_view name, MoeLoadBalancing& out);
+void from_string(std::string_view name, MoeTokenDropPolicy& out);
 void from_string(std::string_view name, Activation& out);
 void from_string(std::string_view name, PositionEmbedding& out);
 void from_string(std::string_view name, Recompute& out);

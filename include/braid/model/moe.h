@@ -41,6 +41,9 @@ struct MoeRouting {
   Tensor row_prob;               // [N] f32: the router probability of each row
   Tensor token_rows;             // [T, k] i32: the row of each (token, choice)
   std::vector<int64_t> offsets;  // [E + 1], host: expert e's rows are [offsets[e], offsets[e+1])
+  // (token, choice) pairs dropped past an expert's capacity: their token_rows are N, a row of
+  // zeros the layer appends to the experts' outputs and their inputs' gradients.
+  int64_t dropped = 0;
   // The load-balancing loss's gradient with respect to each score, per unit of loss, per
   // balancing group (1, or the microbatch's sequences) - coeff · E · count_g,e / (k · T_g²) / G
   // - and this rank's share of the loss without its coefficient (what Megatron logs as
@@ -70,9 +73,11 @@ ops::MoeRouterSpec router_spec(const TransformerConfig& config);
 // of the router; the choices and probabilities of TP rank 0 are broadcast to the group, so that the
 // ranks' partial expert outputs always belong to the same experts, even if the copies' bits drift
 // apart.
+// With `drop` (not KV-cache decoding), experts keep at most their capacity of the tokens
+// (moe_expert_capacity_factor > 0).
 MoeRouting route_tokens(const Tensor& logits, int64_t rows, const Tensor& expert_bias,
                         const TransformerConfig& config, const TensorParallel& tp,
-                        const ContextParallel& cp, bool training);
+                        const ContextParallel& cp, bool training, bool drop);
 
 // The name of layer `layer`'s expert bias (HF's DeepSeek-V3 name).
 std::string expert_bias_name(int64_t layer);

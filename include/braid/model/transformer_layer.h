@@ -187,7 +187,8 @@ class TransformerLayer {
                          const Tensor& x, const Tensor& fc1, const Tensor& act,
                          bool accumulate) const;
   // The mixture of experts' forward and backward (mlp_forward's and mlp_backward's).
-  Tensor moe_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved) const;
+  Tensor moe_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved,
+                     bool decoding) const;
   Tensor moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;
   // The shared expert (gated or not) added into m [T, H]; its backward added into dh.
@@ -200,7 +201,8 @@ class TransformerLayer {
   // `rows` runs of tokens: Tokens::batch):
   // returns this rank's partial output [T, H]; keeps fc1_out, act_out (and with experts the
   // routing and expert rows, and the load-balancing loss) in `saved` when given.
-  Tensor mlp_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved) const;
+  Tensor mlp_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved,
+                     bool decoding = false) const;
   // dm [T, H] (every token) -> this rank's partial dh [T, H]; adds the parameter gradients.
   Tensor mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;

@@ -142,6 +142,8 @@ TEST(Recompute, ExpertPoliciesAgreeAndSaveMemory) {
   c.moe_z_loss_coeff = 0.001f;
   c.moe_router_load_balancing_type = MoeLoadBalancing::seq_aux_loss;
   check_policies(c);
+  c.moe_expert_capacity_factor = 0.5f;  // token dropping: a zero row among the experts'
+  check_policies(c);
 }
 
 TEST(Recompute, Gpt2PoliciesAgreeAndSaveMemory) {

@@ -107,6 +107,21 @@ TransformerConfig sigmoid_experts() {
   return c;
 }
 
+// Token dropping: every expert keeps its capacity of the tokens, by probability (and, below,
+// by position) - the same tokens on every TP rank, as the whole microbatch is routed alike.
+TransformerConfig dropping_experts() {
+  TransformerConfig c = experts();
+  c.moe_expert_capacity_factor = 0.75f;
+  return c;
+}
+
+TransformerConfig position_dropping_experts() {
+  TransformerConfig c = gelu_experts();
+  c.moe_expert_capacity_factor = 0.5f;
+  c.moe_token_drop_policy = MoeTokenDropPolicy::position;
+  return c;
+}
+
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
@@ -130,7 +145,9 @@ const Case kCases[] = {{"gpt2", gpt2, false},
                        {"experts", experts, false},
                        {"experts_sp", experts, true},
                        {"gelu_experts_sp", gelu_experts, true},
-                       {"sigmoid_experts_sp", sigmoid_experts, true}};
+                       {"sigmoid_experts_sp", sigmoid_experts, true},
+                       {"dropping_experts_sp", dropping_experts, true},
+                       {"position_dropping_experts", position_dropping_experts, false}};
 
 class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

@@ -189,6 +189,8 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
     assert (c["moe_router_num_groups"], c["moe_router_group_topk"]) == (
         (4, 2) if groups else (0, 0))
     assert c["moe_router_topk_scaling_factor"] == 2.5
+    # A version-1 reader would route these with a softmax and no bias: version 2.
+    assert metadata(ckpt)["format_version"] == 2
     assert (c["moe_shared_expert_intermediate_size"], c["moe_shared_expert_gate"]) == (
         32 * hf_cfg["n_shared_experts"], False)
     assert c["moe_layers"] == ([0, 1, 1] if hf_cfg["first_k_dense_replace"] else [])
@@ -314,6 +316,7 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
                         str(ckpt), str(tmp_path / "sharded")],
                        env=mpi_env(), capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert metadata(tmp_path / "sharded")["format_version"] == 2  # braid's C++ says so too
     index = metadata(tmp_path / "sharded")["tensors"]
     for i, stage in ((1, 0), (2, 1), (3, 1)):
         assert index[f"model.layers.{i}.{BIAS}"]["shards"] == [

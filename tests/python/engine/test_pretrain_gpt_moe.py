@@ -117,8 +117,6 @@ def test_the_aux_loss_coefficient_changes_training():
     (["--num-experts", "4", "--moe-layer-freq", "[1,0,1]"],
      "--moe-layer-freq gives 3 layers for --num-layers 4"),
     (["--num-experts", "4", "--moe-layer-freq", "[0,0,0,0]"], "gives no layer experts"),
-    (["--num-experts", "4", "--moe-expert-capacity-factor", "1.0"],
-     "--moe-expert-capacity-factor is not supported by braid: braid's experts are dropless"),
     (["--num-experts", "2000"], "at most 1024 experts"),
     (["--num-experts", "4", "--moe-shared-expert-gate"],
      "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),

@@ -2,7 +2,8 @@
 group-limited routing, the top-k scaling factor, auxiliary-loss-free balancing (the expert
 bias), the z-loss and the per-sequence load-balancing loss. The run trains alike in one process
 and under tp x pp x dp and tp x cp, logs both router losses, and its checkpoint - the expert
-biases included - resumes in another layout; bad combinations of the flags are refused, naming
+biases included - resumes in another layout. Token dropping (the expert capacity factor) trains
+alike in one process and under tp x pp x dp. Bad combinations of the flags are refused, naming
 the flag, before any rank starts."""
 
 import os
@@ -156,6 +157,75 @@ def test_the_expert_bias_and_the_z_loss_change_training(tmp_path):
         assert abs(final[name] / final["all"] - 1) > 1e-6, final
 
 
+DROPPING = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
+            "--moe-expert-capacity-factor", "0.5", "--moe-token-drop-policy", "position"]
+
+
+def test_token_dropping_trains_like_one_process(tmp_path):
+    # Capacity factor 0.5, position policy: each expert keeps the first 16 of the 64 tokens x 2
+    # choices of a microbatch routed to it (32 on average). tp 2 x pp 2 x dp 2 (sequence
+    # parallel) routes every token of a microbatch on each TP rank, so it drops what one process
+    # drops: the same losses, validation included. --moe-pad-expert-input-to-capacity changes
+    # nothing (the one-process run has it); without the capacity factor the run is dropless
+    # (--moe-token-drop-policy alone does nothing, as in Megatron) and trains otherwise.
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+    from braid.checkpoint_args import model_args
+    from braid.generate import config_from_metadata
+
+    ckpt = str(tmp_path / "ckpt")
+    dropless = [f for f in DROPPING if f not in ("--moe-expert-capacity-factor", "0.5")]
+    runs = {}
+    for name, n, flags in (("one", 1, [*DROPPING, "--moe-pad-expert-input-to-capacity"]),
+                           ("3d", 8, [*DROPPING, *LAYOUT_3D, "--save", ckpt,
+                                      "--save-interval", "8"]),
+                           ("dropless", 1, dropless)):
+        tb = str(tmp_path / name)
+        r = run(n, [*MODEL, *flags, "--train-iters", "8", "--eval-interval", "8",
+                    "--eval-iters", "1", "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
+        if name == "one":
+            assert "braid: --moe-pad-expert-input-to-capacity has no effect" in r.stdout, r.stdout
+        if name == "dropless":
+            assert ("braid: --moe-token-drop-policy position has no effect: without "
+                    "--moe-expert-capacity-factor no token is dropped") in r.stdout, r.stdout
+    steps = list(range(1, 9))
+    one = {key: metric(runs["one"], key) for key in ("lm loss", "lm loss validation",
+                                                     "grad-norm")}
+    assert sorted(one["lm loss"]) == steps and sorted(one["lm loss validation"]) == [8], one
+    errors = {}
+    for key, want in one.items():
+        got = metric(runs["3d"], key)
+        assert sorted(got) == sorted(want), key
+        np.testing.assert_allclose([got[i] for i in sorted(want)],
+                                   [want[i] for i in sorted(want)], rtol=1e-5, err_msg=key)
+        errors[key] = max(abs(got[i] / want[i] - 1) for i in want)
+    # The experts move the losses of a fresh model little (up to 1e-4 here), its gradients more.
+    moved = {key: max(abs(metric(runs["dropless"], key)[i] / want[i] - 1) for i in want)
+             for key, want in one.items()}
+    assert moved["grad-norm"] > 1e-3, moved
+    print(f"tp x pp x dp against one process: {errors}; dropless: {moved}")
+
+    # The checkpoint's config records the dropping; --use-checkpoint-args takes it, and a run
+    # of another capacity factor loads it with a warning.
+    c = braid.checkpoint_metadata(ckpt)["config"]
+    assert (c["moe_expert_capacity_factor"], c["moe_token_drop_policy"]) == (0.5, "position"), c
+    cfg = config_from_metadata(c)
+    assert (cfg.moe_expert_capacity_factor, cfg.moe_token_drop_policy) == (0.5, "position")
+    args = dict(model_args(c))
+    assert (args["moe_expert_capacity_factor"], args["moe_token_drop_policy"]) == (0.5,
+                                                                                   "position")
+    factor = DROPPING.index("--moe-expert-capacity-factor") + 1
+    other = [*DROPPING[:factor], "1.2", *DROPPING[factor + 1:]]
+    r = run(1, [*MODEL, *other, "--load", ckpt, "--train-iters", "9", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    warning = [line for line in r.stdout.splitlines()
+               if "the checkpoint's model has moe_expert_capacity_factor 0.5, this run's 1.2"
+               in line]
+    assert len(warning) == 1 and "(--moe-expert-capacity-factor)" in warning[0], r.stdout
+
+
 E4 = ["--num-experts", "4"]
 
 
@@ -191,6 +261,19 @@ E4 = ["--num-experts", "4"]
     (["--moe-z-loss-coeff", "1e-3"], "--moe-z-loss-coeff needs --num-experts"),
     (["--moe-router-score-function", "sigmoid"],
      "--moe-router-score-function sigmoid needs --num-experts"),
+    (["--moe-expert-capacity-factor", "1.0"], "--moe-expert-capacity-factor needs --num-experts"),
+    ([*E4, "--moe-expert-capacity-factor", "0"],
+     "argument --moe-expert-capacity-factor: must be > 0, got 0"),
+    ([*E4, "--moe-expert-capacity-factor", "inf"],
+     "--moe-expert-capacity-factor must be finite, got inf"),
+    ([*E4, "--moe-token-drop-policy", "last"],
+     "argument --moe-token-drop-policy: invalid choice: 'last'"),
+    ([*E4, "--moe-pad-expert-input-to-capacity"],
+     "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor"),
+    ([*E4, "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+      "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"],
+     "--moe-pad-expert-input-to-capacity with --moe-router-enable-expert-bias is not "
+     "implemented"),
 ])
 def test_bad_router_flags_are_refused_naming_the_flag(args, message):
     r = run(1, [*MODEL, *args, "--train-iters", "1"], timeout=60)

@@ -1,25 +1,31 @@
 """braid's MoE router options against megatron-core's own router (CPU, f32): the sigmoid score
 function, the expert bias (aux-loss-free balancing) and its update, group-limited routing, the
-top-k scaling factor, the z-loss, and the load-balancing losses per microbatch (aux_loss) and
-per sequence (seq_aux_loss).
+top-k scaling factor, the z-loss, the load-balancing losses per microbatch (aux_loss) and
+per sequence (seq_aux_loss), and token dropping (the expert capacity factor).
 
 The oracle is transformers' MixtralForCausalLM with braid's weights (hf_oracle.mixtral_pair)
 whose routers are replaced by `MegatronGate`: the same router weight, its logits routed by
 megatron-core's TopKRouter.routing itself, run on a stand-in `self`. That method is Megatron's
 wiring of the moe_utils functions: z_loss_func on the logits, topk_routing_with_score_function
-(score function, expert bias, group_limited_topk, scaling factor),
-compute_routing_scores_for_aux_loss and switch_load_balancing_loss_func for the balancing
-losses (attached to the probabilities by MoEAuxLossAutoScaler, whose backward scale is 1: one
-microbatch, one process), and the tokens per expert that get_updated_expert_bias moves the bias
-by. Megatron's tokens are sequence-major ([S, B]); braid's and HF's batch-major ([B, S]): the
-gate transposes its logits into Megatron's order and its routing back.
+(score function, expert bias, group_limited_topk, scaling factor), apply_router_token_dropping
+past each expert's capacity, compute_routing_scores_for_aux_loss and
+switch_load_balancing_loss_func for the balancing losses (attached to the probabilities by
+MoEAuxLossAutoScaler, whose backward scale is 1: one microbatch, one process), and the tokens
+per expert that get_updated_expert_bias moves the bias by. Megatron's tokens are sequence-major
+([S, B]); braid's and HF's batch-major ([B, S]): the gate transposes its logits into Megatron's
+order and its routing back.
 
 Megatron's balancing losses count the tokens per expert by the top k of the plain scores
 (compute_routing_scores_for_aux_loss: no expert bias, no groups), not by the router's choice;
 test_load_balancing_counts_are_megatrons_top_k_of_the_scores checks braid does the same.
 
+Token dropping: Megatron's routing drops itself (apply_router_token_dropping, wrapped by
+`token_dropping` to record what it dropped and, for the position policy, to fix the order among
+tied tokens as Megatron's [S, B] token order, which braid follows).
+
 Both sides must choose the same experts: `decisive` refuses a seed whose oracle routing has any
-choice (group, expert, or the aux loss's top k) within MARGIN of flipping. Tolerances as
+choice (group, expert, or the aux loss's top k) within MARGIN of flipping, or with dropping by
+probability two probabilities within DROP_MARGIN at an expert's capacity. Tolerances as
 test_hf_moe_oracle.py's.
 """
 
@@ -37,15 +43,17 @@ from hf_oracle import assert_close_rel, batch, braid_grads, experts_to_braid, mi
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # "Transformer Engine and Apex are not installed"
     from megatron.core.transformer.moe import moe_utils
+    from megatron.core.transformer.moe import router as megatron_router
     from megatron.core.transformer.moe.moe_utils import (
-        compute_routing_scores_for_aux_loss, get_moe_layer_wise_logging_tracker,
-        get_updated_expert_bias, switch_load_balancing_loss_func,
-        topk_routing_with_score_function, z_loss_func)
+        apply_router_token_dropping, compute_routing_scores_for_aux_loss, get_capacity,
+        get_moe_layer_wise_logging_tracker, get_updated_expert_bias,
+        switch_load_balancing_loss_func, topk_routing_with_score_function, z_loss_func)
     from megatron.core.transformer.moe.router import TopKRouter
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 MARGIN = 1e-3  # the least gap between any choice of the router and its runner-up
+DROP_MARGIN = 1e-6  # the least gap between an expert's last kept probability and its first dropped
 FFN, VOCAB = 48, 97
 SEEDS = range(12)
 
@@ -61,6 +69,7 @@ def one_process_world():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(moe_utils.parallel_state, "get_tensor_and_data_parallel_group",
                       lambda with_context_parallel=False: dist.group.WORLD)
+        patch.setattr(megatron_router, "apply_router_token_dropping", token_dropping)
         yield
     if owned:
         dist.destroy_process_group()
@@ -82,6 +91,8 @@ class MegatronGate(torch.nn.Module):
     _apply_expert_bias = getattr(TopKRouter._apply_expert_bias, "_torchdynamo_orig_callable",
                                  TopKRouter._apply_expert_bias)
 
+    routing_now = None  # the gate whose routing runs (token_dropping records into it)
+
     def __init__(self, weight, layer_number, config):
         super().__init__()
         self.weight = torch.nn.Parameter(weight.detach().clone())
@@ -99,18 +110,44 @@ class MegatronGate(torch.nn.Module):
         self.router_replay = None
         self.shape = None  # (B, S) of the next forward
         self.logits, self.maps = [], []  # per forward: [B*S, E] logits, routing map
+        self.undropped = []  # per forward with a capacity: (probs, map) before dropping, [S*B, E]
 
     def forward(self, hidden):
         b, s = self.shape
         logits = F.linear(hidden, self.weight)  # [B*S, E], batch-major
         sb = logits.view(b, s, -1).transpose(0, 1).contiguous()  # Megatron's [S, B, E]
+        MegatronGate.routing_now = self
         probs, routing_map = self.routing(sb)  # [S*B, E]
         probs = probs.view(s, b, -1).transpose(0, 1).reshape(b * s, -1)
         routing_map = routing_map.view(s, b, -1).transpose(0, 1).reshape(b * s, -1)
         self.logits.append(logits.detach().clone())
         self.maps.append(routing_map.clone())
-        index = routing_map.float().topk(self.topk, dim=1).indices  # its k experts, any order
+        # Its k experts, any order; a token some of whose pairs were dropped past their experts'
+        # capacities gets other experts in their place, of probability 0 (without gradient:
+        # apply_router_token_dropping's probs * map).
+        index = routing_map.float().topk(self.topk, dim=1).indices
         return logits, probs.gather(1, index), index
+
+
+def token_dropping(probs, routing_map, router_topk, capacity_factor, drop_policy="probs",
+                   pad_to_capacity=False):
+    """megatron-core's apply_router_token_dropping in TopKRouter.routing (on Megatron's [S*B, E]
+    tokens), recording the gate's probabilities and map before dropping. The position policy's
+    capacity mask is built here: Megatron's, torch.topk over the 0/1 routing map, picks
+    `capacity` of an expert's selected tokens in no defined order (on the CPU neither the first
+    in Megatron's [S, B] token order nor in braid's [B, S]; on CUDA the first in [S, B]); braid
+    keeps the first `capacity` selected tokens per expert in Megatron's [S, B] order, and so
+    does this mask."""
+    gate = MegatronGate.routing_now
+    gate.undropped.append((probs.detach().clone(), routing_map.clone()))
+    if drop_policy != "position" or pad_to_capacity:
+        return apply_router_token_dropping(probs, routing_map, router_topk, capacity_factor,
+                                           drop_policy, pad_to_capacity)
+    t, e = routing_map.shape
+    capacity = get_capacity(num_tokens=t * router_topk, num_experts=e,
+                            capacity_factor=capacity_factor)
+    kept = routing_map & (routing_map.int().cumsum(dim=0) <= capacity)  # rows in [S, B] order
+    return probs * kept, kept  # apply_router_token_dropping's final_probs, final_map
 
 
 def megatron_config(layers, experts, topk, fields):
@@ -127,7 +164,10 @@ def megatron_config(layers, experts, topk, fields):
         moe_router_group_topk=fields.get("moe_router_group_topk") or None,
         moe_router_topk_scaling_factor=fields.get("moe_router_topk_scaling_factor"),
         moe_router_enable_expert_bias=fields.get("moe_router_enable_expert_bias", False),
-        moe_router_fusion=False, moe_expert_capacity_factor=None)
+        moe_router_fusion=False,
+        moe_expert_capacity_factor=fields.get("moe_expert_capacity_factor") or None,
+        moe_token_drop_policy=fields.get("moe_token_drop_policy", "probs"),
+        moe_pad_expert_input_to_capacity=False)
 
 
 def gates(hf):
@@ -206,16 +246,36 @@ def margin(gate, logits):
     return least
 
 
-def decisive(layers=2, experts=8, topk=4, b=3, bias_std=0.1, **fields):
-    """The first seed whose oracle routing is decisive (MARGIN) and chooses every expert of
-    every layer: (hf, model, ids, targets, out) with `out` HF's output of that forward."""
+def capacity_gap(gate):
+    """The least gap, over the experts past their capacity under the probs policy, between the
+    probability of the last pair kept and of the first dropped (inf: nothing to confuse)."""
+    cfg = gate.config
+    if not cfg.moe_expert_capacity_factor or cfg.moe_token_drop_policy != "probs":
+        return float("inf")
+    probs, routing_map = gate.undropped[-1]
+    t, e = routing_map.shape
+    capacity = get_capacity(t * gate.topk, e, cfg.moe_expert_capacity_factor)
+    least = float("inf")
+    for column, chosen in zip(probs.T, routing_map.T):
+        routed = column[chosen].sort(descending=True).values
+        if len(routed) > capacity:
+            least = min(least, (routed[capacity - 1] - routed[capacity]).item())
+    return least
+
+
+def decisive(layers=2, experts=8, topk=4, b=3, s=16, bias_std=0.1, accept=None, **fields):
+    """The first seed whose oracle routing is decisive (MARGIN; with token dropping by
+    probability, DROP_MARGIN at each capacity) and chooses every expert of every layer (and
+    that `accept(hf)`): (hf, model, ids, targets, out) with `out` HF's output of that forward."""
     for seed in SEEDS:
         hf, model = oracle_pair(seed, layers, experts, topk, fields, bias_std)
-        ids, targets = batch(VOCAB, b=b, seed=seed)
+        ids, targets = batch(VOCAB, b=b, s=s, seed=seed)
         out = oracle_forward(hf, ids)
         least = min(margin(gate, gate.logits[-1]) for gate in gates(hf))
         counts = [gate.maps[-1].sum(dim=0) for gate in gates(hf)]
-        if least > MARGIN and all((c > 0).all() for c in counts):
+        if (least > MARGIN and all((c > 0).all() for c in counts)
+                and all(capacity_gap(gate) > DROP_MARGIN for gate in gates(hf))
+                and (accept is None or accept(hf))):
             return hf, model, ids, targets, out
     pytest.fail(f"no seed in {SEEDS} routes decisively")
 
@@ -445,3 +505,118 @@ def test_expert_bias_update_is_megatrons():
     model.update_expert_bias()
     for name, b in model.expert_biases().items():
         assert np.array_equal(np.from_dlpack(b), after[name])
+
+
+def dropped_pairs(gate):
+    """The (token, choice) pairs megatron's routing dropped past their experts' capacities in
+    the gate's last forward."""
+    return int(gate.undropped[-1][1].sum() - gate.maps[-1].sum())
+
+
+def dropless_run(hf, ids):
+    """The oracle's loss and gradients of `ids` without a capacity (its gates' configs restored
+    after; its gradients replaced)."""
+    configs = [gate.config for gate in gates(hf)]
+    for gate in gates(hf):
+        gate.config = types.SimpleNamespace(**{**vars(gate.config),
+                                               "moe_expert_capacity_factor": None})
+    hf.zero_grad()
+    out = oracle_forward(hf, ids)
+    out.loss.backward()
+    for gate, config in zip(gates(hf), configs):
+        gate.config = config
+    return out.loss.item(), {n: p.grad.clone() for n, p in hf.named_parameters()}
+
+
+DROPPING_ROUTERS = {
+    "softmax": {},
+    "sigmoid": {"moe_router_score_function": "sigmoid", "moe_router_topk_scaling_factor": 2.5},
+}
+
+
+@pytest.mark.parametrize("policy", ["probs", "position"])
+@pytest.mark.parametrize("factor", [0.5, 1.0])
+@pytest.mark.parametrize("router", DROPPING_ROUTERS)
+def test_token_dropping_is_megatrons(router, factor, policy):
+    # moe_expert_capacity_factor F: each expert keeps at most ceil(T k / E F) of its pairs (here
+    # T 48, k 4, E 8: 12 at F 0.5, 24 at F 1.0), by probability or by position in Megatron's
+    # [S, B] token order (token_dropping says why the oracle's position mask is built here).
+    # The loss and every gradient are the oracle's; the evaluation forward (model.logits) drops
+    # too; the dropless gradients are far from both.
+    fields = {**DROPPING_ROUTERS[router], "moe_expert_capacity_factor": factor,
+              "moe_token_drop_policy": policy}
+    hf, model, ids, targets, out = decisive(**fields)
+    dropped = [dropped_pairs(gate) for gate in gates(hf)]
+    assert all(d > 0 for d in dropped), dropped
+    logits = np.asarray(model.logits(ids.astype(np.int32)))
+    logits_err = assert_close_rel("logits", logits, out.logits.detach().numpy(), LOSS_RTOL)
+    loss_err, grad_err = check_step(hf, model, ids, targets, out)
+    dropped_grads = {n: p.grad.clone() for n, p in hf.named_parameters()}
+    loss, grads = dropless_run(hf, ids)
+    loss_moved = abs(loss - out.loss.item()) / abs(out.loss.item())
+    grad_moved = max((grads[n] - g).abs().max().item() / g.abs().max().item()
+                     for n, g in dropped_grads.items())
+    # The routed experts move the loss of random weights little (1e-4 here); their gradients
+    # tell dropping apart.
+    assert grad_moved > 100 * GRAD_RTOL, (loss_moved, grad_moved)
+    print(f"{router} F {factor} {policy}: dropped {dropped} of {ids.size * 4} pairs per layer, "
+          f"loss {loss_err:.1e}, gradients {grad_err:.1e}, logits {logits_err:.1e}; dropless: "
+          f"loss {loss_moved:.1e}, gradients {grad_moved:.1e} away")
+
+
+def test_token_dropping_leaves_the_aux_loss_its_own_top_k():
+    # Megatron's balancing loss counts its own top k of the scores (compute_routing_scores_
+    # for_aux_loss), before any dropping: braid's loss and gradients with both are the oracle's.
+    fields = {"moe_expert_capacity_factor": 0.5, "moe_aux_loss_coeff": 0.5}
+    hf, model, ids, targets, out = decisive(**fields)
+    assert all(dropped_pairs(gate) > 0 for gate in gates(hf))
+    want = tracked("load_balancing_loss")
+    loss_err, grad_err = check_step(hf, model, ids, targets, out)
+    got = model.take_moe_losses()[0]
+    assert abs(got - want) <= LOSS_RTOL * want, (got, want)
+    kept = sum(switch_load_balancing_loss_func(
+        torch.softmax(gate.logits[-1], dim=-1), gate.maps[-1].sum(dim=0), ids.size, gate.topk,
+        gate.maps[-1].shape[1], 1.0).item() for gate in gates(hf))
+    assert abs(kept - want) > 100 * LOSS_RTOL * want, (kept, want)  # the kept pairs' counts differ
+    print(f"aux loss with dropping: loss {loss_err:.1e}, gradients {grad_err:.1e}, "
+          f"balancing {abs(got - want) / want:.1e}")
+
+
+@pytest.mark.parametrize("policy", ["probs", "position"])
+def test_expert_bias_update_counts_the_kept_pairs(policy):
+    # With a capacity, Megatron's _apply_expert_bias counts the routing map after dropping: each
+    # layer's bias moves by get_updated_expert_bias of the pairs the experts kept, bit for bit.
+    rate = 1e-3
+    hf, model, ids, targets, out = decisive(
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        moe_router_bias_update_rate=rate, moe_expert_capacity_factor=1.0,
+        moe_token_drop_policy=policy)
+    out.loss.backward()
+    model.forward(ids, targets)
+    model.backward()
+    biases = model.expert_biases()
+    model.update_expert_bias()
+    for i, gate in enumerate(gates(hf)):
+        name = f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+        tokens = gate.local_tokens_per_expert.clone()
+        assert tokens.sum().item() == ids.size * gate.topk - dropped_pairs(gate) < ids.size * 4
+        want = get_updated_expert_bias(tokens, gate.expert_bias, rate).numpy()
+        got = np.from_dlpack(biases[name]).copy()
+        assert got.dtype == np.float32 and np.array_equal(got, want), (i, got - want)
+        routed = gate.undropped[-1][1].sum(dim=0).float()  # the counts before dropping
+        assert not np.array_equal(get_updated_expert_bias(routed, gate.expert_bias, rate).numpy(),
+                                  want), "the dropped pairs' counts would move the bias alike"
+
+
+def test_capacity_is_megatrons_where_a_float32_factor_would_round_it_up():
+    # Megatron's capacity is math.ceil(T k / E x F) in double. For F 1.2 and T k / E = 5 (10
+    # tokens, top 4 of 8) that is 6; a float32 F = 1.2000000477 would make it 7, which is why
+    # TransformerConfig.moe_expert_capacity_factor is a double. A seed where some expert has
+    # more than 6 pairs routed to it tells the two apart.
+    def past_six(hf):
+        return any(gate.undropped[-1][1].sum(dim=0).max() > 6 for gate in gates(hf))
+
+    hf, model, ids, targets, out = decisive(b=1, s=10, moe_expert_capacity_factor=1.2,
+                                            accept=past_six)
+    assert get_capacity(ids.size * 4, 8, 1.2) == 6
+    check_step(hf, model, ids, targets, out)
