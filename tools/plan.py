@@ -204,7 +204,8 @@ def moe_error(shape, expert_parallel: int, tp: int, freq=1):
         moe_router_load_balancing_type="aux_loss", moe_router_num_groups=None,
         moe_router_group_topk=None, moe_router_topk_scaling_factor=None,
         moe_router_enable_expert_bias=False, moe_router_bias_update_rate=None,
-        moe_z_loss_coeff=None, moe_layer_freq=freq,
+        moe_z_loss_coeff=None, moe_expert_capacity_factor=None, moe_token_drop_policy=None,
+        moe_pad_expert_input_to_capacity=False, moe_layer_freq=freq,
         expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=None,
         num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp)
 
