@@ -72,3 +72,22 @@ def assert_trains_alike(records, one_process):
     assert one_valid.keys() == got_valid.keys() == {10, 20}
     for step in one_valid:
         assert got_valid[step] == pytest.approx(one_valid[step], rel=2e-4)
+
+
+def assert_generate_decodes_greedily(ckpt, config: dict) -> None:
+    """tools/generate.py decodes the checkpoint (its model `config`) over its KV cache: greedily,
+    the ids the whole sequence's logits give one position at a time."""
+    import braid
+    from braid.generate import config_from_metadata
+
+    model = braid.GPTModel(config_from_metadata(config))
+    braid.load_parameters(ckpt, model)
+    ids = [5, 17, 42, 7]
+    for _ in range(6):
+        logits = np.asarray(model.logits(np.array([ids], dtype=np.int32)))
+        ids.append(int(logits[0, -1].argmax()))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate.py"), "--load",
+                        ckpt, "--greedy", "--max-new-tokens", "6", "--prompt-ids", "5,17,42,7"],
+                       env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [int(i) for i in r.stdout.split()] == ids[4:], (r.stdout, ids)

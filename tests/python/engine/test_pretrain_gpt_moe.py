@@ -4,14 +4,12 @@ load-balancing loss, and its checkpoint resumes in another layout; the flags bra
 implement are refused with the reason. DeepSeek-V3's router flags: test_pretrain_gpt_moe_router."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from mpi_job import mpi_env
-from pretrain_job import MODEL, REPO, jsonl, losses, run
+from pretrain_job import (MODEL, REPO, assert_generate_decodes_greedily, jsonl, losses, run)
 
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
        "--moe-aux-loss-coeff", "0.01", "--moe-shared-expert-intermediate-size", "48",
@@ -66,21 +64,7 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
             c["moe_router_pre_softmax"], c["moe_shared_expert_intermediate_size"],
             c["moe_shared_expert_gate"], c["moe_layers"]) == (4, 2, 32, False, 48, True,
                                                               [1, 1, 0, 1])
-    # tools/generate.py decodes the experts over its KV cache: greedily, the ids the whole
-    # sequence's logits give one position at a time.
-    from braid.generate import config_from_metadata
-
-    model = braid.GPTModel(config_from_metadata(c))
-    braid.load_parameters(ckpt, model)
-    ids = [5, 17, 42, 7]
-    for _ in range(6):
-        logits = np.asarray(model.logits(np.array([ids], dtype=np.int32)))
-        ids.append(int(logits[0, -1].argmax()))
-    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate.py"), "--load",
-                        ckpt, "--greedy", "--max-new-tokens", "6", "--prompt-ids", "5,17,42,7"],
-                       env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert [int(i) for i in r.stdout.split()] == ids[4:], (r.stdout, ids)
+    assert_generate_decodes_greedily(ckpt, c)
     # --use-checkpoint-args takes the experts back; a dense run cannot load the checkpoint.
     r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
                 "--eval-iters", "0"])

@@ -7,14 +7,13 @@ alike in one process and under tp x pp x dp. Bad combinations of the flags are r
 the flag, before any rank starts."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from mpi_job import mpi_env
-from pretrain_job import LAYOUT_3D, MODEL, REPO, jsonl, run
+from pretrain_job import (LAYOUT_3D, MODEL, REPO, assert_generate_decodes_greedily, jsonl,
+                         run)
 
 RATE = 0.02
 ROUTER = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
@@ -92,21 +91,7 @@ def test_deepseek_router_trains_like_one_process_and_resumes_in_another_layout(t
         np.testing.assert_allclose(want[name] / RATE, np.round(want[name] / RATE), atol=1e-4)
     assert any(np.abs(b).max() > 0 for b in want.values()), want
 
-    # tools/generate.py decodes through the router over its KV cache: greedily, the ids the
-    # whole sequence's logits give one position at a time.
-    from braid.generate import config_from_metadata
-
-    model = braid.GPTModel(config_from_metadata(c))
-    braid.load_parameters(ckpt, model)
-    ids = [5, 17, 42, 7]
-    for _ in range(6):
-        logits = np.asarray(model.logits(np.array([ids], dtype=np.int32)))
-        ids.append(int(logits[0, -1].argmax()))
-    r = subprocess.run([sys.executable, os.path.join(REPO, "tools", "generate.py"), "--load",
-                        ckpt, "--greedy", "--max-new-tokens", "6", "--prompt-ids", "5,17,42,7"],
-                       env=mpi_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert [int(i) for i in r.stdout.split()] == ids[4:], (r.stdout, ids)
+    assert_generate_decodes_greedily(ckpt, c)
 
     # --use-checkpoint-args takes the router back (not its losses' coefficients); another
     # scaling factor loads with a warning; a model without the expert biases is another model.

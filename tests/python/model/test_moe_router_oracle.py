@@ -280,11 +280,11 @@ def decisive(layers=2, experts=8, topk=4, b=3, s=16, bias_std=0.1, accept=None, 
     pytest.fail(f"no seed in {SEEDS} routes decisively")
 
 
-def compare_gradients(model, hf, experts):
+def compare_gradients(model, hf, experts, scale=1.0):
     got = braid_grads(model)
     want = experts_to_braid({n: p.grad for n, p in hf.named_parameters()}, experts, FFN)
     assert sorted(got) == sorted(want)
-    return max(assert_close_rel(name, got[name], g.numpy(), GRAD_RTOL)
+    return max(assert_close_rel(name, got[name], scale * g.numpy(), GRAD_RTOL)
                for name, g in want.items())
 
 
@@ -375,6 +375,12 @@ def test_z_loss_is_megatrons():
     got = model.take_moe_losses()
     assert got[0] == 0.0 and abs(got[1] - want) <= LOSS_RTOL * want, (got, want)
     assert model.take_moe_losses() == (0.0, 0.0)  # taken
+    # A microbatch weighted s in its step (backward's grad_scale): the z-loss's share too.
+    model.zero_grad()
+    model.forward(ids, targets)
+    model.backward(grad_scale=0.5)
+    compare_gradients(model, hf, 8, scale=0.5)
+    assert abs(model.take_moe_losses()[1] - want) <= LOSS_RTOL * want  # not scaled
     assert_router_losses_matter(hf, ids)
     print(f"z-loss: loss {loss_err:.1e}, gradients {grad_err:.1e}, "
           f"z {abs(got[1] - want) / want:.1e}")
