@@ -14,6 +14,15 @@ UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
     "--moe-input-jitter-eps": "the router's input jitter is not implemented",
+    "--moe-layer-recompute": "braid recomputes whole layers or their cheap parts: "
+                             "--recompute-granularity selective keeps the routing and the "
+                             "experts' fc1 rows and outputs, full recomputes every layer",
+    "--moe-router-force-load-balancing": "braid always routes by the router's scores",
+    "--moe-apply-probs-on-input": "braid weights the experts' outputs by the probabilities, "
+                                  "not their inputs",
+    "--moe-use-upcycling": "upcycling a dense checkpoint into experts is not implemented",
+    "--moe-router-topk-limited-devices": "use --moe-router-num-groups and "
+                                         "--moe-router-group-topk (Megatron's replacement)",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
@@ -49,6 +58,16 @@ NO_EFFECT = {
     "--moe-token-dispatcher-type": (True, "without expert parallelism every rank holds every "
                                           "expert: tokens are dispatched locally"),
     "--moe-permute-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--moe-router-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--moe-shared-expert-overlap": (False, "it overlaps the shared expert with expert-parallel "
+                                           "dispatch; braid's dispatch is local"),
+    "--moe-enable-deepep": (False, "DeepEP dispatches over expert-parallel ranks; braid's "
+                                   "dispatch is local"),
+    "--moe-deepep-num-sms": (True, "see --moe-enable-deepep"),
+    "--moe-use-legacy-grouped-gemm": (False, "braid runs each expert's GEMMs on its contiguous "
+                                             "rows of tokens"),
+    "--moe-per-layer-logging": (False, "braid logs each router loss's mean over the expert "
+                                       "layers"),
     # Refused with --moe-router-enable-expert-bias (moe_args), whose counts the padding changes.
     "--moe-pad-expert-input-to-capacity": (False, "Megatron pads each expert's input to its "
                                                   "capacity with zero-probability tokens: the "
