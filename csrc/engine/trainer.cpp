@@ -195,24 +195,34 @@ float Trainer::global_loss(float local_loss) const {
   return loss[0];
 }
 
-model::MoeLosses Trainer::moe_losses(int num_microbatches) const {
+void Trainer::moe_losses(int num_microbatches, StepStats& stats) const {
   const model::TransformerConfig& c = model_.config();
-  if (c.num_experts == 0 || (c.moe_aux_loss_coeff == 0 && c.moe_z_loss_coeff == 0)) return {};
+  if (c.num_experts == 0 || (c.moe_aux_loss_coeff == 0 && c.moe_z_loss_coeff == 0)) return;
   // Each rank holds its stages' layers for its DP replica's microbatches (its share of their
-  // tokens under CP); every TP rank holds the same values.
-  model::MoeLosses local;
+  // tokens under CP); every TP rank holds the same values. Per layer: [balancing, z].
+  const auto layers = size_t(c.num_layers);
+  std::vector<float> sums(2 * layers, 0.0f);
   for (model::GPTModel* chunk : model_.chunks()) {
-    const model::MoeLosses l = chunk->take_moe_losses();
-    local.load_balancing += l.load_balancing;
-    local.z += l.z;
+    for (const auto& [layer, l] : chunk->take_moe_losses()) {
+      sums[2 * size_t(layer)] = float(l.load_balancing);
+      sums[2 * size_t(layer) + 1] = float(l.z);
+    }
   }
-  std::vector<float> sums{float(local.load_balancing), float(local.z)};
   const comm::ParallelState* state = model_.state();
   all_reduce_host(state != nullptr ? &state->world() : nullptr, sums, DType::f32);
   const int tp = model_.chunk(0).tensor_parallel().size();
   const int dp = state != nullptr ? state->grid().dp() : 1;
-  const double mean = double(tp) * dp * num_microbatches * double(c.num_moe_layers());
-  return {sums[0] / mean, sums[1] / mean};
+  const double replicas = double(tp) * dp * num_microbatches;
+  stats.layer_load_balancing_loss.assign(layers, 0.0);
+  stats.layer_z_loss.assign(layers, 0.0);
+  for (size_t l = 0; l < layers; ++l) {
+    stats.layer_load_balancing_loss[l] = sums[2 * l] / replicas;
+    stats.layer_z_loss[l] = sums[2 * l + 1] / replicas;
+    stats.load_balancing_loss += stats.layer_load_balancing_loss[l];
+    stats.z_loss += stats.layer_z_loss[l];
+  }
+  stats.load_balancing_loss /= double(c.num_moe_layers());
+  stats.z_loss /= double(c.num_moe_layers());
 }
 
 float Trainer::evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches) {
@@ -243,9 +253,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   stats.tokens = batch.tokens;
   stats.loss_scale = loss_scale;
   stats.loss = global_loss(local_loss) / loss_scale;
-  const model::MoeLosses router_losses = moe_losses(num_microbatches);
-  stats.load_balancing_loss = router_losses.load_balancing;
-  stats.z_loss = router_losses.z;
+  moe_losses(num_microbatches, stats);
   if (model_.config().moe_router_enable_expert_bias) {
     comm::Communicator* group = state != nullptr ? &state->dp_cp() : nullptr;
     for (model::GPTModel* chunk : model_.chunks()) chunk->update_expert_bias(group);

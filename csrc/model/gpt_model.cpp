@@ -139,14 +139,14 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
   }
 }
 
-MoeLosses GPTModel::take_moe_losses() {
-  MoeLosses sum;
-  for (MoeStats& s : moe_stats_) {
-    sum.load_balancing += s.losses.load_balancing;
-    sum.z += s.losses.z;
-    s.losses = MoeLosses{};
+std::vector<std::pair<int64_t, MoeLosses>> GPTModel::take_moe_losses() {
+  std::vector<std::pair<int64_t, MoeLosses>> out;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int64_t layer = first_layer_ + int64_t(l);
+    if (!config_.is_moe_layer(layer)) continue;
+    out.emplace_back(layer, std::exchange(moe_stats_[l].losses, MoeLosses{}));
   }
-  return sum;
+  return out;
 }
 
 void GPTModel::update_expert_bias(comm::Communicator* group) {

@@ -154,8 +154,12 @@ void bind_model(py::module_& m) {
       .def(
           "take_moe_losses",
           [](GPTModel& g) {
-            const model::MoeLosses l = g.take_moe_losses();
-            return py::make_tuple(l.load_balancing, l.z);
+            model::MoeLosses sum;
+            for (const auto& [layer, l] : g.take_moe_losses()) {
+              sum.load_balancing += l.load_balancing;
+              sum.z += l.z;
+            }
+            return py::make_tuple(sum.load_balancing, sum.z);
           },
           "Mixture of experts: (load-balancing loss, z-loss), each without its coefficient, "
           "summed over the layers and the microbatches whose backward ran since the last call "

@@ -66,8 +66,6 @@ NO_EFFECT = {
     "--moe-deepep-num-sms": (True, "see --moe-enable-deepep"),
     "--moe-use-legacy-grouped-gemm": (False, "braid runs each expert's GEMMs on its contiguous "
                                              "rows of tokens"),
-    "--moe-per-layer-logging": (False, "braid logs each router loss's mean over the expert "
-                                       "layers"),
     # Refused with --moe-router-enable-expert-bias (moe_args), whose counts the padding changes.
     "--moe-pad-expert-input-to-capacity": (False, "Megatron pads each expert's input to its "
                                                   "capacity with zero-probability tokens: the "

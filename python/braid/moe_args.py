@@ -16,6 +16,7 @@
                                    sequence) or none
 --moe-aux-loss-coeff C             the load-balancing loss's weight (default 0: off)
 --moe-z-loss-coeff C               the router z-loss's weight (default 0: off)
+--moe-per-layer-logging            each expert layer's router losses in the metrics too
 --moe-shared-expert-intermediate-size S
                                    a shared expert of hidden size S every token goes through
 --moe-shared-expert-gate           its output scaled by a sigmoid gate (Qwen2-MoE)
@@ -82,6 +83,10 @@ def add_arguments(g, pos_int, nonneg_float, pos_float):
     g.add_argument("--moe-z-loss-coeff", type=nonneg_float, default=None,
                    help="the router z-loss's coefficient (ST-MoE: the mean of "
                         "logsumexp(logits)^2; default: off)")
+    g.add_argument("--moe-per-layer-logging", action="store_true",
+                   help="also write each expert layer's router losses to the metrics "
+                        "(moe/load_balancing_loss_layer_{i}, moe/z_loss_layer_{i}: Megatron's "
+                        "names)")
     g.add_argument("--moe-shared-expert-intermediate-size", type=pos_int, default=None,
                    help="a shared expert (an MLP of this hidden size) every token goes through "
                         "besides its routed ones (DeepSeek, Qwen2-MoE)")

@@ -309,6 +309,9 @@ def main(argv=None) -> int:
     # key load_balancing_loss: Megatron's seq_load_balancing_loss).
     balancing = cfg.num_experts > 0 and cfg.moe_aux_loss_coeff > 0
     z_loss = cfg.num_experts > 0 and cfg.moe_z_loss_coeff > 0
+    logged_moe_layers = [layer for layer in range(cfg.num_layers)
+                         if a.moe_per_layer_logging and cfg.num_experts > 0
+                         and (not cfg.moe_layers or cfg.moe_layers[layer])]
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
     trace = braid.Trace(rank, device) if timers is not None or profiling else None
@@ -516,6 +519,12 @@ def main(argv=None) -> int:
                 values["load_balancing_loss"] = stats.load_balancing_loss
             if z_loss:
                 values["z_loss"] = stats.z_loss
+            for layer in logged_moe_layers:  # --moe-per-layer-logging, Megatron's names
+                if balancing:
+                    values[f"moe/load_balancing_loss_layer_{layer}"] = \
+                        stats.layer_load_balancing_loss[layer]
+                if z_loss:
+                    values[f"moe/z_loss_layer_{layer}"] = stats.layer_z_loss[layer]
             if params_norm is not None:
                 values["params-norm"] = params_norm
             cost = meter.cost(time.time(), train_start, done_samples, job_samples,

@@ -57,6 +57,9 @@ struct StepStats {
   // seq_load_balancing_loss), with moe_z_loss_coeff > 0 the z-loss (Megatron's z_loss).
   double load_balancing_loss = 0;
   double z_loss = 0;
+  // The same per layer (num_layers entries, 0 on dense layers; Megatron's
+  // --moe-per-layer-logging): each layer's mean over the global batch's microbatches.
+  std::vector<double> layer_load_balancing_loss, layer_z_loss;
 
   // Where this rank's step time went, from the spans of the trace given to set_trace (all 0
   // without one). The waits are the time this rank's thread was blocked on communication,
@@ -126,9 +129,9 @@ class Trainer {
   float run_microbatches(const Microbatches& batch, bool forward_only);
   // Sums the last stages' losses over the job: the global batch's loss on every rank.
   float global_loss(float local_loss) const;
-  // StepStats' router losses of the step whose microbatches just ran (collective over the job
-  // when the model has either loss).
-  model::MoeLosses moe_losses(int num_microbatches) const;
+  // Fills StepStats' router losses of the step whose microbatches just ran (collective over the
+  // job when the model has either loss).
+  void moe_losses(int num_microbatches, StepStats& stats) const;
 
   std::unique_ptr<ParallelModel> owned_;  // the one-process constructor's wrapper
   ParallelModel& model_;

@@ -151,10 +151,10 @@ class GPTModel {
     return tokens / cp_.size() / (tp_.sharded_tokens() ? tp_.size() : 1);
   }
 
-  // Mixture of experts: the router losses (moe.h, without their coefficients) of this chunk's
-  // layers, summed over them and over the microbatches whose backward ran since the last call
-  // (this rank's tokens' share under context parallelism); resets the sums.
-  MoeLosses take_moe_losses();
+  // Mixture of experts: the router losses (moe.h, without their coefficients) of each expert
+  // layer this chunk holds, by global layer index, summed over the microbatches whose backward
+  // ran since the last call (this rank's tokens' share under context parallelism); resets them.
+  std::vector<std::pair<int64_t, MoeLosses>> take_moe_losses();
   // Auxiliary-loss-free balancing (moe_router_enable_expert_bias): the bias [E] f32 (on the
   // device, zeros at first) of each expert layer this chunk holds, in layer order, named as HF
   // names DeepSeek-V3's: model.layers.{i}.mlp.gate.e_score_correction_bias. Not parameters:
