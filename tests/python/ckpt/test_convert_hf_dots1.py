@@ -27,8 +27,9 @@ from safetensors.torch import load_file, save_file
 
 import braid
 from mpi_job import mpi_env
-from test_convert_hf import (LOGITS_RTOL, assert_fails, assert_same_bits, convert_hf, edit_config,
-                             hf_weights, load_hf, perturb, run_tool)
+from test_convert_hf import (LOGITS_RTOL, RESAVE, assert_fails, assert_same_bits, convert_hf,
+                             edit_config, hf_weights, load_hf, perturb, run_tool)
+from test_convert_hf_moe import metadata
 
 EXPERTS, TOPK = 8, 4
 IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
@@ -122,10 +123,6 @@ def imported(tmp_path, kind):
     r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt")
     assert r.returncode == 0, r.stderr
     return hf_dir, tmp_path / "ckpt"
-
-
-def metadata(ckpt, iteration=0):
-    return json.loads((ckpt / f"iter_{iteration:07d}" / "metadata.json").read_text())
 
 
 def hf_forward(hf, ids):
@@ -280,25 +277,6 @@ def test_braids_loader_reads_the_import_and_saves_it_alike(tmp_path):
     for name in want:
         assert got[name].dtype == want[name].dtype
         np.testing.assert_array_equal(got[name].array, want[name].array, err_msg=name)
-
-
-RESAVE = """
-import json, sys
-import braid
-src, dst = sys.argv[1], sys.argv[2]
-braid.init_distributed(timeout_minutes=2)
-cfg = braid.TransformerConfig()
-for key, value in json.load(open(src + "/iter_0000000/metadata.json"))["config"].items():
-    if hasattr(cfg, key):
-        setattr(cfg, key, value)
-cfg.params_dtype = "f32"
-state = braid.ParallelState(tp=2, pp=2, dp=1)
-model = braid.ParallelModel(cfg, device="cpu", seed=5, state=state)
-trainer = braid.Trainer(model, braid.TrainerConfig(braid.AdamWConfig(), braid.LRSchedule(
-    lr=1e-3, min_lr=1e-4, warmup_iters=0, decay_iters=10, style="cosine")))
-braid.load_checkpoint(src, trainer, finetune=True)
-braid.save_checkpoint(dst, trainer)
-"""
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
