@@ -7,11 +7,12 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
         --gpu-hour-price 2.5 [--tp 8 --pp 4 ...] [--json] [--top 10]
 
 Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
---recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero fixes that
-choice; the rest are searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
---moe-shared-expert-intermediate-size S --moe-shared-expert-gate] make every layer a mixture of
-experts (or --model mixtral-8x7b), --moe-layer-freq N|LIST only some (the others dense). The
-model behind the numbers is in docs/planner.md (python/braid/planner.py).
+--recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero
+--expert-model-parallel-size fixes that choice; the rest are searched. --num-experts E
+[--moe-router-topk K --moe-ffn-hidden-size F --moe-shared-expert-intermediate-size S
+--moe-shared-expert-gate] make every layer a mixture of experts (or --model mixtral-8x7b),
+--moe-layer-freq N|LIST only some (the others dense); their expert parallelism is searched too.
+The model behind the numbers is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
 layout, the batch, the recomputation, the iterations (-> tokens) and --gpu-hour-price all come
@@ -114,8 +115,11 @@ def parse_args(argv):
     g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
     g.add_argument("--zero", type=_bool, metavar="true|false",
                    help="ZeRO-1 (--use-distributed-optimizer)")
-    g.add_argument("--expert-model-parallel-size", type=_positive_int,
-                   help="1 only: braid has no expert parallelism (as pretrain_gpt.py)")
+    g.add_argument("--expert-model-parallel-size", type=_positive_int, metavar="EP",
+                   help="expert parallelism: EP of the dp x cp ranks split each layer's experts "
+                        "and exchange their tokens all-to-all; must divide --num-experts and "
+                        "dp x cp (searched for a model with experts, over the divisors of "
+                        "--num-experts that divide dp x cp)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="time braid without --overlap-grad-reduce")
     g.add_argument("--no-overlap-param-gather", action="store_true",
@@ -185,15 +189,24 @@ def parse_args(argv):
     a.model_shape = dataclasses.replace(
         a.model_shape, window_size=size, window_layers=tuple(layers),
         moe_layers=tuple(moe_args.moe_layers(freq, a.model_shape.num_layers)))
-    error = moe_error(a.model_shape, a.expert_model_parallel_size or 1, a.tp or 1, freq)
+    error = moe_error(a.model_shape, a.expert_model_parallel_size or 1, a.tp or 1, freq,
+                      data_ranks(a))
     if error:
         ap.error(error)
     return a
 
 
-def moe_error(shape, expert_parallel: int, tp: int, freq=1):
+def data_ranks(a) -> int | None:
+    """dp x cp where the fixed layout flags say it (tp x pp x dp x cp = the GPUs), else None."""
+    if a.tp and a.pp and a.num_gpus % (a.tp * a.pp) == 0:
+        return a.num_gpus // (a.tp * a.pp)
+    return a.dp * a.cp if a.dp and a.cp else None
+
+
+def moe_error(shape, expert_parallel: int, tp: int, freq=1, data=None):
     """pretrain_gpt.py's verdict (moe_args.check, its rules and words) on the planned model's
-    experts, --moe-layer-freq and --expert-model-parallel-size, or None."""
+    experts, --moe-layer-freq and --expert-model-parallel-size (with `data`, the dp x cp ranks
+    where known), or None."""
     return moe_args.check(argparse.Namespace(
         num_experts=shape.num_experts or None,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
@@ -207,7 +220,7 @@ def moe_error(shape, expert_parallel: int, tp: int, freq=1):
         moe_z_loss_coeff=None, moe_expert_capacity_factor=None, moe_token_drop_policy=None,
         moe_pad_expert_input_to_capacity=False, moe_layer_freq=freq,
         expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=None,
-        num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp)
+        num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp, data)
 
 
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -250,7 +263,7 @@ def _from_training_arguments(ap, a, training):
     a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
     if not a.search:
         a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp
-        a.cp = t.context_parallel_size
+        a.cp, a.expert_model_parallel_size = t.context_parallel_size, t.expert_model_parallel_size
         a.micro_batch_size, a.virtual_stages = t.micro_batch_size, t.virtual_stages
         a.recompute = t.recompute_granularity or "none"
         if a.recompute == "full":
@@ -306,7 +319,7 @@ def main(argv=None):
                  recompute_method=a.recompute_method,
                  recompute_num_layers=a.recompute_num_layers,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
-                 overlap_grad_reduce=not a.no_overlap_grad_reduce,
+                 ep=a.expert_model_parallel_size, overlap_grad_reduce=not a.no_overlap_grad_reduce,
                  overlap_param_gather=not a.no_overlap_param_gather,
                  even_stages=a.even_stages)
     results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
@@ -326,14 +339,15 @@ def main(argv=None):
     print(f"{model.num_params() / 1e9:.1f}B parameters on {a.num_gpus} x {a.gpu} "
           f"({a.gpus_per_node}/node), global batch {a.global_batch} x {model.seq_length}; "
           f"{len(results)} layouts fit")
-    cols = ("tp cp pp dp mbs v stages recompute sp zero step_s tok/s mfu hfu mem_GB "
+    cols = ("tp cp pp dp ep mbs v stages recompute sp zero step_s tok/s mfu hfu mem_GB "
             "(par/grad/opt/act) scaling").split()
     extra = (["days"] if a.train_tokens else []) + (["cost"] if a.gpu_hour_price and
                                                     a.train_tokens else [])
     print(" ".join(f"{c:>8}" for c in cols + extra))
     for r in results[:a.top]:
         p = r["memory_parts_gb"]
-        row = [r["tp"], r["cp"], r["pp"], r["dp"], r["micro_batch_size"], r["virtual_stages"],
+        row = [r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["micro_batch_size"],
+               r["virtual_stages"],
                stages(r["stage_layers"]), recompute(r), int(r["sequence_parallel"]), int(r["zero"]),
                f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
                f"{r['hfu']:.3f}", f"{r['memory_gb_per_gpu']:.1f}",

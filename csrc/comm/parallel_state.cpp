@@ -20,6 +20,9 @@ int resolve_dp(int world_size, const ParallelLayout& layout) {
   BRAID_CONFIG_CHECK(layout.cp >= 1,
                      "parallel layout: --context-parallel-size must be at least 1, got ",
                      layout.cp);
+  BRAID_CONFIG_CHECK(layout.ep >= 1,
+                     "parallel layout: --expert-model-parallel-size must be at least 1, got ",
+                     layout.ep);
   BRAID_CONFIG_CHECK(layout.dp >= 0,
                      "parallel layout: the data-parallel size must be at least 1 "
                      "(or 0: inferred), got ",
@@ -44,10 +47,27 @@ int resolve_dp(int world_size, const ParallelLayout& layout) {
   return layout.dp;
 }
 
+// Experts split the DP × CP ranks of one (TP, PP) coordinate (after dp is resolved).
+int checked_ep(const ParallelLayout& layout, int dp) {
+  const int64_t data = int64_t(dp) * layout.cp;
+  const std::string sizes = layout.cp == 1 ? " (" + std::to_string(dp) + ")"
+                                           : " × --context-parallel-size (" + std::to_string(dp) +
+                                                 " × " + std::to_string(layout.cp) + " = " +
+                                                 std::to_string(data) + ")";
+  BRAID_CONFIG_CHECK(data % layout.ep == 0, "parallel layout: --expert-model-parallel-size (",
+                     layout.ep, ") must divide the data-parallel size", sizes,
+                     ": expert parallelism splits the data-parallel ranks");
+  return layout.ep;
+}
+
 }  // namespace
 
 RankGrid::RankGrid(int world_size, const ParallelLayout& layout)
-    : tp_(layout.tp), pp_(layout.pp), dp_(resolve_dp(world_size, layout)), cp_(layout.cp) {}
+    : tp_(layout.tp),
+      pp_(layout.pp),
+      dp_(resolve_dp(world_size, layout)),
+      cp_(layout.cp),
+      ep_(checked_ep(layout, dp_)) {}
 
 GridCoords RankGrid::coords(int rank) const {
   BRAID_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " is outside the grid of ",
@@ -108,6 +128,37 @@ std::vector<int> RankGrid::embedding_group(int rank) const {
   return {stages.front(), stages.back()};
 }
 
+// The expert grid reads the dp_cp index j = cp_rank + cp · dp_rank as ep_rank + ep ·
+// expert_dp_rank; rank = tp_rank + tp · (j + dp · cp · pp_rank), so ranks grow with j.
+int RankGrid::ep_rank(int rank) const {
+  const GridCoords c = coords(rank);
+  return (c.cp_rank + cp_ * c.dp_rank) % ep_;
+}
+
+int RankGrid::expert_dp_rank(int rank) const {
+  const GridCoords c = coords(rank);
+  return (c.cp_rank + cp_ * c.dp_rank) / ep_;
+}
+
+std::vector<int> RankGrid::data_group(int rank, int first, int stride, int count) const {
+  const GridCoords c = coords(rank);
+  std::vector<int> members;
+  for (int i = 0; i < count; ++i) {
+    const int j = first + stride * i;
+    members.push_back(rank_of(
+        {.tp_rank = c.tp_rank, .dp_rank = j / cp_, .pp_rank = c.pp_rank, .cp_rank = j % cp_}));
+  }
+  return members;
+}
+
+std::vector<int> RankGrid::ep_group(int rank) const {
+  return data_group(rank, ep_ * expert_dp_rank(rank), 1, ep_);
+}
+
+std::vector<int> RankGrid::expert_dp_group(int rank) const {
+  return data_group(rank, ep_rank(rank), ep_, expert_dp());
+}
+
 ParallelState::ParallelState(std::shared_ptr<Communicator> world, const ParallelLayout& layout)
     : world_(std::move(world)),
       grid_(world_->size(), layout),
@@ -126,6 +177,13 @@ ParallelState::ParallelState(std::shared_ptr<Communicator> world, const Parallel
   model_parallel_ = split(grid_.model_parallel_group(me), "model_parallel");
   const std::vector<int> embedding = grid_.embedding_group(me);
   embedding_ = world_->split(embedding.empty() ? -1 : embedding.front(), me, "embedding");
+  if (grid_.ep() == 1) {
+    ep_ = world_->split(me, me, "ep");  // every rank its own group
+    expert_dp_ = dp_cp_;
+  } else {
+    ep_ = split(grid_.ep_group(me), "ep");
+    expert_dp_ = split(grid_.expert_dp_group(me), "expert_dp");
+  }
 }
 
 }  // namespace braid::comm

@@ -27,7 +27,10 @@ void AdamWConfig::validate() const {
 
 AdamW::AdamW(model::GPTModel& model, AdamWConfig config)
     : AdamW({OptimizerChunk{&model, {ElementRange{0, model.layout().num_elements}}}}, config,
-            model.tensor_parallel().active() ? model.tensor_parallel().group : nullptr) {}
+            model.tensor_parallel().active() ? model.tensor_parallel().group : nullptr) {
+  BRAID_CHECK(!model.expert_parallel().active(), "AdamW: this model holds only its EP rank's ",
+              "experts; optimize it through a ParallelModel (Trainer), whose norm counts them all");
+}
 
 AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Communicator* norm_group)
     : chunks_(std::move(chunks)), config_(config), norm_group_(norm_group) {
@@ -48,6 +51,9 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
     model::GPTModel& m = *chunks_[c].model;
     const model::ParamLayout& layout = m.layout();
     const Tensor& flat = m.flat_params();
+    BRAID_CHECK(chunks_[c].dense_copies >= 1 && chunks_[c].expert_copies >= 1, "AdamW: chunk ", c,
+                " has ", chunks_[c].dense_copies, " dense and ", chunks_[c].expert_copies,
+                " expert copies");
     for (const ElementRange& r : chunks_[c].owned) {
       BRAID_CHECK(r.begin >= 0 && r.end <= flat.numel() && r.begin <= r.end, "AdamW: owned range [",
                   r.begin, ", ", r.end, ") outside chunk ", c, "'s buffer of ", flat.numel());
@@ -74,8 +80,10 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
             weight_decay_of(p.spec), f32_params ? Tensor() : flat.slice(begin, {n})});
         decays_.push_back(decays(p.spec));
         if (!is_tied_copy(m, p.spec)) {
-          grads_by_replicas_[p.shard.replicas].push_back(m.flat_grads().slice(begin, {n}));
-          params_by_replicas_[p.shard.replicas].push_back(seg.master.slice(local, {n}));
+          const int copies = p.shard.replicas * (p.spec.expert >= 0 ? chunks_[c].expert_copies
+                                                                    : chunks_[c].dense_copies);
+          grads_by_copies_[copies].push_back(m.flat_grads().slice(begin, {n}));
+          params_by_copies_[copies].push_back(seg.master.slice(local, {n}));
         }
       }
       segments_.push_back(std::move(seg));
@@ -106,17 +114,18 @@ void AdamW::set_weight_decay(float weight_decay) {
     if (decays_[i]) groups_[i].weight_decay = weight_decay;
 }
 
-float AdamW::grad_norm() const { return global_norm(grads_by_replicas_); }
+float AdamW::grad_norm() const { return global_norm(grads_by_copies_); }
 
-float AdamW::params_norm() const { return global_norm(params_by_replicas_); }
+float AdamW::params_norm() const { return global_norm(params_by_copies_); }
 
-float AdamW::global_norm(const std::map<int, std::vector<Tensor>>& by_replicas) const {
-  // Every parameter counts once: a shard that k TP ranks hold adds 1/k of its squares on each.
+float AdamW::global_norm(const std::map<int, std::vector<Tensor>>& by_copies) const {
+  // Every parameter counts once: a shard that k ranks of the norm group hold adds 1/k of its
+  // squares on each.
   double local = 0;
-  for (const auto& [replicas, tensors] : by_replicas) {
+  for (const auto& [copies, tensors] : by_copies) {
     Tensor sum = Tensor::empty({1}, DType::f32, device_);
     ops::sum_of_squares(sum, tensors);
-    local += sum.item(0) / replicas;
+    local += sum.item(0) / copies;
   }
   if (norm_group_ == nullptr || norm_group_->size() == 1) return float(std::sqrt(local));
   Tensor total = Tensor::empty({1}, DType::f32);

@@ -19,6 +19,7 @@
 #include "braid/kernels/ops.h"
 #include "braid/model/moe.h"
 #include "engine/checkpoint_config.h"
+#include "engine/checkpoint_index.h"
 
 namespace braid::engine {
 namespace {
@@ -29,67 +30,11 @@ using nlohmann::json;
 constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
 constexpr const char* kMetadata = "metadata.json";
 
-// ---- layout ----------------------------------------------------------------------------------
-
-struct SavedLayout {
-  int tp = 1, pp = 1, dp = 1, cp = 1, virtual_stages = 1;
-  std::optional<int> first_stage_layers, last_stage_layers;
-  bool distributed_optimizer = false;
-};
-
-SavedLayout layout_of(const ParallelModel& model) {
-  SavedLayout l;
-  if (const comm::ParallelState* s = model.state()) {
-    l.tp = s->grid().tp();
-    l.pp = s->grid().pp();
-    l.dp = s->grid().dp();
-    l.cp = s->grid().cp();
-  } else {
-    l.tp = model.chunk(0).tensor_parallel().size();
-  }
-  l.virtual_stages = model.num_chunks();
-  l.first_stage_layers = model.parallel().first_stage_layers;
-  l.last_stage_layers = model.parallel().last_stage_layers;
-  l.distributed_optimizer = model.parallel().ddp.use_distributed_optimizer;
-  return l;
-}
-
-std::string file_name(int tp_rank, int pp_rank) {
-  char name[64];
-  std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d.safetensors", tp_rank, pp_rank);
-  return name;
-}
-
-// One parameter's slice that a (tp, pp) position stores: the valid rows (tp_dim 0) or columns
-// (tp_dim 1) [start, start + length) of its TP shard; the whole tensor when replicated.
-struct Slice {
-  size_t param;  // index in the chunk's layout
-  int tp_dim;
-  int64_t start;
-  int64_t length;
-};
-
-// The slices this TP rank's chunk stores: not the last stage's copy of tied embeddings, not a
-// kv head another TP rank stores already, nothing for an all-padding vocabulary slice.
-std::vector<Slice> stored_slices(const model::ParamLayout& layout) {
-  std::vector<Slice> out;
-  for (size_t i = 0; i < layout.specs.size(); ++i) {
-    const model::ParamSpec& spec = layout.specs[i];
-    const model::ParamShard& shard = layout.shards[i];
-    if (spec.name == "model.embed_tokens.weight" && !layout.chunk.embedding) continue;
-    if (layout.tp_rank % shard.replicas != 0) continue;
-    const Shape valid = shard.valid_shape();
-    if (valid.numel() == 0) continue;
-    const int dim = shard.replicas == layout.tp_size && layout.tp_size > 1 ? -1 : spec.tp_dim;
-    out.push_back(Slice{i, dim, dim >= 0 ? shard.start : 0, dim >= 0 ? valid[dim] : spec.shape[0]});
-  }
-  return out;
-}
-
 // ---- optimizer state -------------------------------------------------------------------------
 
 // A chunk's optimizer state over its whole flat buffer (f32, on the model's device): ZeRO's
-// shards all-gathered over the DP group (collective there), else this rank's own.
+// shards all-gathered over each bucket's group - DP × CP, or expert DP for the experts' buckets
+// (collective there) - else this rank's own.
 struct ChunkState {
   Tensor exp_avg, exp_avg_sq, master;  // master undefined for f32 parameters
 };
@@ -106,10 +51,10 @@ ChunkState gather_state(Trainer& trainer, int c) {
   std::vector<const AdamW::Segment*> segments;
   for (const AdamW::Segment& s : trainer.optimizer().segments())
     if (s.chunk == c) segments.push_back(&s);
-  const bool sharded = buffer.sharded() && buffer.dp_size() > 1;
   for (const Bucket& bucket : buffer.buckets()) {
+    const bool sharded = buffer.sharded() && buffer.group_size(bucket) > 1;
     const ElementRange owned =
-        sharded ? bucket.shard(buffer.dp_rank(), buffer.dp_size()) : bucket.range;
+        sharded ? bucket.shard(buffer.group_rank(bucket), buffer.group_size(bucket)) : bucket.range;
     auto it = std::find_if(segments.begin(), segments.end(), [&](const AdamW::Segment* s) {
       return s->range.begin == owned.begin && s->range.end == owned.end;
     });
@@ -119,7 +64,7 @@ ChunkState gather_state(Trainer& trainer, int c) {
     const int64_t begin = bucket.range.begin, size = bucket.range.size();
     auto place = [&](const Tensor& part, Tensor& whole) {
       if (sharded) {
-        model.state()->dp_cp().all_gather(part, whole.slice(begin, {size}))->wait();
+        buffer.group(bucket)->all_gather(part, whole.slice(begin, {size}))->wait();
       } else {
         whole.slice(begin, {size}).copy_from(part);
       }
@@ -225,107 +170,13 @@ int64_t latest_iteration(const std::string& dir) {
   return iteration;
 }
 
-namespace {
-
-// The metadata.json of a save: everything but the tensors' bytes, and the tensor index built
-// from the saving layout alone (every (tp, pp) position's stored slices).
-json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOptions& options) {
-  const ParallelModel& model = trainer.model();
-  const SavedLayout saved = layout_of(model);
-  const model::TransformerConfig& config = model.config();
-  json tensors = json::object();
-  const bool bf16 = config.params_dtype != DType::f32;
-  const auto layers = stage_layers(int(config.num_layers), saved.pp, saved.virtual_stages,
-                                   saved.first_stage_layers, saved.last_stage_layers);
-  for (int p = 0; p < saved.pp; ++p) {
-    for (int c = 0; c < saved.virtual_stages; ++c) {
-      const model::ModelChunk held = pipeline_chunk(layers, p, c);
-      // The expert biases (replicated, f32) in TP rank 0's file.
-      for (int64_t l = held.first_layer; l < held.end_layer; ++l) {
-        if (!config.moe_router_enable_expert_bias || !config.is_moe_layer(l)) continue;
-        json& entry = tensors[model::expert_bias_name(l)];
-        entry["shape"] = std::vector<int64_t>{config.num_experts};
-        entry["split_dim"] = -1;
-        entry["shards"].push_back(
-            json{{"file", file_name(0, p)}, {"start", 0}, {"length", config.num_experts}});
-      }
-      for (int t = 0; t < saved.tp; ++t) {
-        const model::ParamLayout layout = model::parameter_layout(config, t, saved.tp, held);
-        for (const Slice& s : stored_slices(layout)) {
-          const model::ParamSpec& spec = layout.specs[s.param];
-          std::vector<std::string> keys{spec.name};
-          if (options.save_optim) {
-            keys.push_back("optimizer.exp_avg." + spec.name);
-            keys.push_back("optimizer.exp_avg_sq." + spec.name);
-            if (bf16) keys.push_back("optimizer.master." + spec.name);
-          }
-          for (const std::string& key : keys) {
-            json& entry = tensors[key];
-            entry["shape"] = std::vector<int64_t>(spec.shape.begin(), spec.shape.end());
-            entry["split_dim"] = s.tp_dim;
-            entry["shards"].push_back(
-                json{{"file", file_name(t, p)}, {"start", s.start}, {"length", s.length}});
-          }
-        }
-      }
-    }
-  }
-  json saved_layout{{"tensor_model_parallel_size", saved.tp},
-                    {"pipeline_model_parallel_size", saved.pp},
-                    {"data_parallel_size", saved.dp},
-                    {"context_parallel_size", saved.cp},
-                    {"virtual_pipeline_stages", saved.virtual_stages},
-                    {"use_distributed_optimizer", saved.distributed_optimizer}};
-  if (saved.first_stage_layers)
-    saved_layout["decoder_first_pipeline_num_layers"] = *saved.first_stage_layers;
-  if (saved.last_stage_layers)
-    saved_layout["decoder_last_pipeline_num_layers"] = *saved.last_stage_layers;
-  const LossScaler::State scaler = trainer.loss_scaler().state();
-  const LRSchedule& lr = trainer.schedule();
-  json meta{{"format", "braid-checkpoint"},
-            {"format_version", format_version(config)},
-            {"iteration", trainer.iteration()},
-            {"config", config_json(config)},
-            {"layout", saved_layout},
-            {"trainer",
-             {{"iteration", trainer.iteration()},
-              {"skipped_iterations", trainer.skipped_iterations()},
-              {"update_samples", trainer.update_samples()},
-              {"optimizer_steps", trainer.optimizer().step()}}},
-            {"lr_schedule",
-             {{"lr", lr.lr},
-              {"min_lr", lr.min_lr},
-              {"warmup_iters", lr.warmup_iters},
-              {"decay_iters", lr.decay_iters},
-              {"style", to_string(lr.style)},
-              {"warmup_init", lr.warmup_init},
-              {"wsd_decay_iters", lr.wsd_decay_iters},
-              {"wsd_style", to_string(lr.wsd_style)},
-              {"lr_now", lr.lr_at(trainer.schedule_iterations())}}},
-            {"loss_scaler",
-             {{"scale", scaler.scale},
-              {"growth_tracker", scaler.growth_tracker},
-              {"hysteresis_tracker", scaler.hysteresis_tracker}}},
-            {"consumed_samples", loop.consumed_samples},
-            {"device_seconds", loop.device_seconds},
-            {"optimizer", options.save_optim},
-            {"tensors", tensors}};
-  if (options.save_rng) {
-    meta["rng"] = {{"seed", model.chunk(0).seed()},
-                   {"dropout_forwards", model.chunk(0).dropout_forwards()}};
-  }
-  return meta;
-}
-
-}  // namespace
-
 // One save from prepare() to commit(): what each rank writes, and (rank 0) the staging
 // directory and the metadata.
 struct CheckpointSaver::Pending {
   int64_t iteration = 0;
   fs::path dir, final_dir, tmp_dir;
   std::unique_ptr<ckpt::AtomicDirectory> staging;  // rank 0
-  std::unique_ptr<ckpt::SafetensorsWriter> file;   // DP rank 0 of each (tp, pp) position
+  std::unique_ptr<ckpt::SafetensorsWriter> file;   // expert-DP rank 0 of each (tp, pp, ep)
   fs::path file_path;
   std::string metadata;  // rank 0
   std::thread thread;    // async: writes the files
@@ -357,7 +208,10 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
   ParallelModel& model = trainer.model();
   model.finish_param_gather();
   const comm::ParallelState* state = model.state();
-  const bool writer = state == nullptr || (state->dp_rank() == 0 && state->cp_rank() == 0);
+  // Expert-DP rank 0 of each (tp, pp, ep) position writes its experts; of those, the one with
+  // DP and CP rank 0 (EP rank 0) the rest too. Without EP these are one rank.
+  const bool writer = state == nullptr || state->expert_dp_rank() == 0;
+  const bool dense_writer = state == nullptr || (state->dp_rank() == 0 && state->cp_rank() == 0);
   const bool root = world_rank(model) == 0;
   auto pending = std::make_unique<Pending>();
   Pending& p = *pending;
@@ -378,7 +232,8 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
   });
   p.tmp_dir = broadcast_string(model, tmp_name);
 
-  // The chunks' optimizer state, gathered over DP (collective: every rank, writer or not).
+  // The chunks' optimizer state, gathered over (expert) DP (collective: every rank, writer or
+  // not).
   std::vector<ChunkState> states;
   if (options.save_optim)
     for (int c = 0; c < model.num_chunks(); ++c) states.push_back(gather_state(trainer, c));
@@ -392,14 +247,17 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
     p.file = std::make_unique<ckpt::SafetensorsWriter>();
     const int tp_rank = state != nullptr ? state->tp_rank() : 0;
     const int pp_rank = state != nullptr ? state->pp_rank() : 0;
-    p.file_path = p.tmp_dir / file_name(tp_rank, pp_rank);
+    const int ep_rank = state != nullptr ? state->ep_rank() : 0;
+    const int ep = state != nullptr ? state->grid().ep() : 1;
+    p.file_path = p.tmp_dir / file_name(tp_rank, pp_rank, ep_rank, ep);
     for (int c = 0; c < model.num_chunks(); ++c) {
       const model::GPTModel& m = model.chunk(c);
       const model::ParamLayout& layout = m.layout();
-      if (tp_rank == 0)
+      if (tp_rank == 0 && dense_writer)
         for (const auto& [name, bias] : m.expert_biases()) p.file->add(name, keep(bias));
       for (const Slice& s : stored_slices(layout)) {
         const model::Parameter& param = m.parameters()[s.param];
+        if (param.spec.expert < 0 && !dense_writer) continue;
         const std::string& name = param.spec.name;
         p.file->add(name, keep(param.value));
         if (!options.save_optim) continue;

@@ -40,10 +40,11 @@ ElementRange Bucket::shard(int dp_rank, int dp_size) const {
 }
 
 std::vector<Bucket> make_buckets(const model::ParamLayout& layout, int dp_size, int64_t bucket_size,
-                                 bool bucketed, bool separate_embedding) {
+                                 bool bucketed, bool separate_embedding, bool split_experts) {
   BRAID_CHECK(dp_size >= 1 && bucket_size > 0, "make_buckets: dp ", dp_size, ", bucket size ",
               bucket_size);
   const size_t n = layout.specs.size();
+  auto is_expert = [&](size_t i) { return layout.specs[i].expert >= 0; };
   // The boundary below which buckets may not reach: the separate embedding bucket's end.
   int64_t floor = 0;
   if (separate_embedding) {
@@ -57,19 +58,32 @@ std::vector<Bucket> make_buckets(const model::ParamLayout& layout, int dp_size, 
   for (size_t i = n; i-- > 0;) {
     const int64_t start = std::max(round_down(layout.offsets[i], dp_size), floor);
     const bool last = i == 0 || start == floor;
+    // Expert parallelism: parameter i starts a run of experts' parameters or of the others.
+    const bool kind_changes = split_experts && i > 0 && is_expert(i) != is_expert(i - 1);
     if ((bucketed && bucket_end - start >= bucket_size && start < bucket_end) ||
-        (last && start < bucket_end)) {
+        ((last || kind_changes) && start < bucket_end)) {
       const int64_t begin = last ? floor : start;
-      buckets.push_back(Bucket{{begin, bucket_end}, {}});
+      buckets.push_back(Bucket{{begin, bucket_end}, {}, false});
       bucket_end = begin;
       if (begin == floor) break;
     }
   }
-  if (separate_embedding) buckets.push_back(Bucket{{0, floor}, {}});
+  if (separate_embedding) buckets.push_back(Bucket{{0, floor}, {}, false});
   for (Bucket& b : buckets) {
     for (size_t i = 0; i < n; ++i) {
       const ElementRange e = elements_of(layout, i);
       if (e.size() > 0 && e.begin < b.range.end && b.range.begin < e.end) b.params.push_back(i);
+    }
+    if (!split_experts || b.params.empty()) continue;
+    const size_t first = b.params.front();
+    b.expert = is_expert(first);
+    for (size_t i : b.params) {
+      BRAID_CONFIG_CHECK(is_expert(i) == b.expert, "expert parallelism: ", layout.specs[first].name,
+                         " and ", layout.specs[i].name,
+                         " share a gradient bucket, as no multiple of the data-parallel size "
+                         "(dp x cp = ",
+                         dp_size, ") separates them in the flat buffer: the layout must align ",
+                         "its experts to it (ModelChunk::expert_alignment)");
     }
   }
   return buckets;
@@ -81,10 +95,14 @@ int64_t buffer_elements(const std::vector<Bucket>& buckets) {
   return end;
 }
 
-GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp, const DDPConfig& config,
+GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp,
+                       comm::Communicator* expert_dp, const DDPConfig& config,
                        std::vector<Bucket> buckets, comm::ProgressThread* progress)
     : model_(model),
       dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
+      expert_dp_(expert_dp == nullptr    ? dp_
+                 : expert_dp->size() > 1 ? expert_dp
+                                         : nullptr),
       config_(config),
       buckets_(std::move(buckets)),
       progress_(progress) {
@@ -93,14 +111,19 @@ GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp, const DDP
               "flat buffers hold ", model_.flat_grads().numel(), " elements, the buckets need ",
               buffer_elements(buckets_), " (build the model with buffer_elements)");
   for (const Bucket& b : buckets_) {
-    BRAID_CHECK(b.range.size() % dp_size() == 0, "GradBuffer: bucket [", b.range.begin, ", ",
-                b.range.end, ") does not split over ", dp_size(), " DP ranks");
+    BRAID_CHECK(b.range.size() % group_size(b) == 0, "GradBuffer: ", b.expert ? "expert " : "",
+                "bucket [", b.range.begin, ", ", b.range.end, ") does not split over ",
+                group_size(b), b.expert ? " expert-DP" : " DP", " ranks");
   }
-  if (dp_ != nullptr) {
-    BRAID_CHECK(dp_->device() == model_.device(), "GradBuffer: the DP group works on ",
-                dp_->device().str(), ", the model on ", model_.device().str());
-    if (model_.device().is_cuda()) comm_stream_ = std::make_unique<SideStream>(model_.device());
+  BRAID_CHECK(expert_dp_ == nullptr || dp_ != nullptr,
+              "GradBuffer: an expert-data-parallel group needs a data-parallel one");
+  for (comm::Communicator* g : {dp_, expert_dp_}) {
+    if (g == nullptr) continue;
+    BRAID_CHECK(g->device() == model_.device(), "GradBuffer: the ", g == dp_ ? "DP" : "expert-DP",
+                " group works on ", g->device().str(), ", the model on ", model_.device().str());
   }
+  if (dp_ != nullptr && model_.device().is_cuda())
+    comm_stream_ = std::make_unique<SideStream>(model_.device());
   buckets_of_param_.resize(model_.parameters().size());
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (size_t p : buckets_[b].params) buckets_of_param_[p].push_back(b);
@@ -133,7 +156,7 @@ GradBuffer::~GradBuffer() {
 std::vector<ElementRange> GradBuffer::owned_ranges() const {
   std::vector<ElementRange> owned;
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it)  // ascending offsets
-    owned.push_back(sharded() ? it->shard(dp_rank(), dp_size()) : it->range);
+    owned.push_back(sharded() ? it->shard(group_rank(*it), group_size(*it)) : it->range);
   return owned;
 }
 
@@ -158,19 +181,21 @@ void GradBuffer::on_grads_done(int, std::span<const size_t> params) {
 
 void GradBuffer::post_reduce(size_t b, bool during_backward) {
   const Bucket& bucket = buckets_[b];
+  comm::Communicator* g = group(bucket);
+  if (g == nullptr) return;  // an expert bucket whose experts no other rank holds
   const Tensor& grads = model_.flat_grads();
   const Tensor whole = grads.slice(bucket.range.begin, {bucket.range.size()});
   const int64_t posted = now_ns();
   stream_wait(model_.device(), comm_stream(), Stream{});
   comm::WorkPtr work;
   if (sharded()) {
-    const ElementRange s = bucket.shard(dp_rank(), dp_size());
-    work = dp_->reduce_scatter(whole, grads.slice(s.begin, {s.size()}), comm::ReduceOp::sum,
-                               comm_stream());
+    const ElementRange s = bucket.shard(g->rank(), g->size());
+    work = g->reduce_scatter(whole, grads.slice(s.begin, {s.size()}), comm::ReduceOp::sum,
+                             comm_stream());
   } else {
-    work = dp_->all_reduce(whole, comm::ReduceOp::sum, comm_stream());
+    work = g->all_reduce(whole, comm::ReduceOp::sum, comm_stream());
   }
-  if (progress_ != nullptr) progress_->watch(work, dp_->timeout());
+  if (progress_ != nullptr) progress_->watch(work, g->timeout());
   spans_.push_back(Span{int(b), posted, 0, during_backward});
   reduce_work_[b] = std::move(work);
 }
@@ -206,11 +231,13 @@ void GradBuffer::start_param_gather() {
   stream_wait(model_.device(), comm_stream(), Stream{});
   for (size_t b = buckets_.size(); b-- > 0;) {  // first layers first: the forward's order
     const Bucket& bucket = buckets_[b];
-    const ElementRange s = bucket.shard(dp_rank(), dp_size());
+    comm::Communicator* g = group(bucket);
+    if (g == nullptr) continue;
+    const ElementRange s = bucket.shard(g->rank(), g->size());
     comm::WorkPtr work =
-        dp_->all_gather(params.slice(s.begin, {s.size()}),
-                        params.slice(bucket.range.begin, {bucket.range.size()}), comm_stream());
-    if (progress_ != nullptr) progress_->watch(work, dp_->timeout());
+        g->all_gather(params.slice(s.begin, {s.size()}),
+                      params.slice(bucket.range.begin, {bucket.range.size()}), comm_stream());
+    if (progress_ != nullptr) progress_->watch(work, g->timeout());
     gather_work_[b] = std::move(work);
   }
   if (!config_.overlap_param_gather) finish_param_gather();

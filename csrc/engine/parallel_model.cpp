@@ -8,6 +8,25 @@
 #include "braid/kernels/ops.h"
 
 namespace braid::engine {
+namespace {
+
+// The gradient buckets of chunk `c` of a rank that holds `held` (its experts included) as TP rank
+// `tp_rank`: over dp × cp, kept apart by kind under expert parallelism.
+std::vector<Bucket> chunk_buckets(const model::TransformerConfig& config,
+                                  const comm::RankGrid& grid, const ParallelConfig& parallel,
+                                  int tp_rank, const model::ModelChunk& held, int c) {
+  const int dp = grid.dp() * grid.cp();
+  const DDPConfig& ddp = parallel.ddp;
+  const model::ParamLayout layout = model::parameter_layout(config, tp_rank, grid.tp(), held);
+  // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see
+  // grad_buffer.h), so the embedding group's sum after the reduce-scatter matches rows.
+  const bool separate_embedding = ddp.use_distributed_optimizer && grid.pp() > 1 &&
+                                  config.tie_embeddings && (held.embedding || held.head);
+  return make_buckets(layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0,
+                      separate_embedding, grid.ep() > 1);
+}
+
+}  // namespace
 
 void ParallelConfig::validate(const model::TransformerConfig& config,
                               const comm::RankGrid& grid) const {
@@ -21,6 +40,7 @@ void ParallelConfig::validate(const model::TransformerConfig& config,
                      "> 1, got ",
                      grid.pp());
   layers(int(config.num_layers), grid.pp());  // ConfigError unless the layers split
+  model::check_expert_parallel(config, grid.ep());
 }
 
 std::vector<std::vector<LayerRange>> ParallelConfig::layers(int num_layers, int pp) const {
@@ -40,11 +60,12 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
     : state_(&state), parallel_(parallel) {
   const comm::RankGrid& grid = state.grid();
   parallel_.validate(config, grid);
-  // Gradients are summed (and the distributed optimizer shards) over DP × CP.
+  // Gradients are summed (and the distributed optimizer shards) over DP × CP; experts' over
+  // the expert-DP part of it.
   const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp() * grid.cp();
   const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
   const model::ContextParallel cp{&state.cp()};
-  const DDPConfig& ddp = parallel_.ddp;
+  const model::ExpertParallel ep{grid.ep() > 1 ? &state.ep() : nullptr};
   // MPI moves non-blocking collectives only inside MPI calls: a thread polls them, where MPI
   // allows threads (else the reductions progress when finish_grad_sync waits for them).
   if (dp > 1 && device.is_cpu()) {
@@ -56,20 +77,17 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
   }
   const auto layers = parallel_.layers(int(config.num_layers), pp);
   for (int c = 0; c < v; ++c) {
-    const model::ModelChunk held = pipeline_chunk(layers, state.pp_rank(), c);
-    const model::ParamLayout layout =
-        model::parameter_layout(config, state.tp_rank(), grid.tp(), held);
-    // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see
-    // grad_buffer.h), so the embedding group's sum after the reduce-scatter matches rows.
-    const bool separate_embedding = ddp.use_distributed_optimizer && pp > 1 &&
-                                    config.tie_embeddings && (held.embedding || held.head);
-    std::vector<Bucket> buckets = make_buckets(
-        layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0, separate_embedding);
+    // Under EP: this rank's experts, aligned for buckets that hold them alone.
+    model::ModelChunk held =
+        ep.holding(pipeline_chunk(layers, state.pp_rank(), c), config.num_experts);
+    if (ep.active()) held.expert_alignment = dp;
+    std::vector<Bucket> buckets = chunk_buckets(config, grid, parallel_, state.tp_rank(), held, c);
     owned_.push_back(std::make_unique<model::GPTModel>(config, device, seed, tp, held,
-                                                       buffer_elements(buckets), cp));
+                                                       buffer_elements(buckets), cp, ep));
     chunks_.push_back(owned_.back().get());
     chunks_.back()->set_embedding_group(state.embedding());
-    buffers_.push_back(std::make_unique<GradBuffer>(*chunks_.back(), &state.dp_cp(), ddp,
+    buffers_.push_back(std::make_unique<GradBuffer>(*chunks_.back(), &state.dp_cp(),
+                                                    &state.expert_dp(), parallel_.ddp,
                                                     std::move(buckets), progress_.get()));
   }
 }
@@ -77,8 +95,8 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
 ParallelModel::ParallelModel(model::GPTModel& model) : chunks_{&model} {
   const model::ParamLayout& layout = model.layout();
   buffers_.push_back(std::make_unique<GradBuffer>(
-      model, nullptr, parallel_.ddp, make_buckets(layout, 1, layout.num_elements + 1, false, false),
-      nullptr));
+      model, nullptr, nullptr, parallel_.ddp,
+      make_buckets(layout, 1, layout.num_elements + 1, false, false), nullptr));
 }
 
 ParallelModel::~ParallelModel() {
@@ -115,17 +133,20 @@ void ParallelModel::gather_into(model::GPTModel& whole) {
               "ParallelModel::gather_into: the target must be a whole one-process model");
   std::unordered_map<std::string, size_t> index;
   for (size_t j = 0; j < target.specs.size(); ++j) index.emplace(target.specs[j].name, j);
-  // Each element is written by exactly one rank (DP and CP rank 0, the first TP rank of those
-  // holding a shard, the first stage for tied embeddings) into the whole model's layout; a sum
-  // over the world then gives every rank every value (adding zeros is exact).
+  // Each element is written by exactly one rank (DP and CP rank 0 - for an expert's, expert-DP
+  // rank 0 of the EP rank holding it -, the first TP rank of those holding a shard, the first
+  // stage for tied embeddings) into the whole model's layout; a sum over the world then gives
+  // every rank every value (adding zeros is exact).
   Tensor global = Tensor::zeros({target.num_elements}, DType::f32);
   float* out = global.data_ptr<float>();
-  const bool writes = state_ == nullptr || (state_->dp_rank() == 0 && state_->cp_rank() == 0);
+  const bool writes_dense = state_ == nullptr || (state_->dp_rank() == 0 && state_->cp_rank() == 0);
+  const bool writes_experts = state_ == nullptr || state_->expert_dp_rank() == 0;
   for (model::GPTModel* m : chunks_) {
     const model::ParamLayout& layout = m->layout();
-    for (size_t i = 0; i < layout.specs.size() && writes; ++i) {
+    for (size_t i = 0; i < layout.specs.size(); ++i) {
       const model::ParamSpec& spec = layout.specs[i];
       const model::ParamShard& shard = layout.shards[i];
+      if (!(spec.expert >= 0 ? writes_experts : writes_dense)) continue;
       if (layout.tp_rank % shard.replicas != 0) continue;
       if (spec.name == "model.embed_tokens.weight" && !m->chunk().embedding) continue;
       auto it = index.find(spec.name);

@@ -10,22 +10,41 @@
 namespace braid::engine {
 namespace {
 
+// Expert parallelism without ZeRO: the model-parallel group holds only its EP rank's experts,
+// so the norm is summed over the world, where each dense element has dp·cp copies and each
+// expert's expert-DP copies. (With ZeRO the world owns every element once: dense shards once per
+// dp·cp group, expert shards once per expert-DP group, each EP rank other experts.)
+bool norm_over_replicas(const ParallelModel& model) {
+  const comm::ParallelState* state = model.state();
+  return state != nullptr && state->grid().ep() > 1 &&
+         !model.parallel().ddp.use_distributed_optimizer;
+}
+
 std::vector<OptimizerChunk> optimizer_chunks(const ParallelModel& model) {
   std::vector<OptimizerChunk> chunks;
-  for (int c = 0; c < model.num_chunks(); ++c)
-    chunks.push_back(OptimizerChunk{&model.chunk(c), model.grad_buffer(c).owned_ranges()});
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    OptimizerChunk chunk{&model.chunk(c), model.grad_buffer(c).owned_ranges()};
+    if (norm_over_replicas(model)) {
+      const comm::RankGrid& grid = model.state()->grid();
+      chunk.dense_copies = grid.dp() * grid.cp();
+      chunk.expert_copies = grid.expert_dp();
+    }
+    chunks.push_back(std::move(chunk));
+  }
   return chunks;
 }
 
-// The group over which every parameter element is owned exactly once (AdamW's norm_group).
+// The group over which every parameter element is owned exactly once (AdamW's norm_group), or
+// the world with copies (above).
 comm::Communicator* norm_group(const ParallelModel& model) {
   const comm::ParallelState* state = model.state();
   if (state == nullptr) {
     const model::TensorParallel& tp = model.chunk(0).tensor_parallel();
     return tp.active() ? tp.group : nullptr;
   }
-  return model.parallel().ddp.use_distributed_optimizer ? &state->world()
-                                                        : &state->model_parallel();
+  return model.parallel().ddp.use_distributed_optimizer || norm_over_replicas(model)
+             ? &state->world()
+             : &state->model_parallel();
 }
 
 // Sums `values` over `group` (nullptr: as they are), through the group's device.
@@ -55,17 +74,20 @@ void add_breakdown(const Trace& trace, size_t first, StepStats& stats) {
     const TraceSpan& s = spans[i];
     if (s.lane.rfind("comm:", 0) != 0) continue;
     // "tp" and "tp_kv" (the GQA key/value heads' group) are tensor parallelism; "dp_cp" is
-    // data parallelism's gradient group under context parallelism, whose own "cp" waits
-    // count with the others.
+    // data parallelism's gradient group under context parallelism, "expert_dp" the experts'
+    // under expert parallelism, whose "ep" waits are the token exchanges; "cp" waits count
+    // with the others.
     const std::string group = s.lane.substr(5);
     const double seconds = double(s.dur_ns) * 1e-9;
-    (group == "pp"                       ? stats.pipeline_wait_seconds
-     : group.starts_with("tp")           ? stats.tp_wait_seconds
-     : group == "dp" || group == "dp_cp" ? stats.dp_wait_seconds
-                                         : stats.other_wait_seconds) += seconds;
+    const bool dp = group == "dp" || group == "dp_cp" || group == "expert_dp";
+    (group == "pp"             ? stats.pipeline_wait_seconds
+     : group.starts_with("tp") ? stats.tp_wait_seconds
+     : dp                      ? stats.dp_wait_seconds
+     : group == "ep"           ? stats.ep_wait_seconds
+                               : stats.other_wait_seconds) += seconds;
   }
   stats.compute_seconds = stats.seconds - stats.pipeline_wait_seconds - stats.tp_wait_seconds -
-                          stats.dp_wait_seconds - stats.other_wait_seconds;
+                          stats.dp_wait_seconds - stats.ep_wait_seconds - stats.other_wait_seconds;
 }
 
 }  // namespace

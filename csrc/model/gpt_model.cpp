@@ -69,8 +69,8 @@ void init_shard(const Tensor& value, const ParamSpec& spec, const ParamShard& sh
 
 GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
                    const TensorParallel& tp, const ModelChunk& chunk, int64_t buffer_elements,
-                   const ContextParallel& cp)
-    : config_(config), device_(device), seed_(seed), tp_(tp), cp_(cp) {
+                   const ContextParallel& cp, const ExpertParallel& ep)
+    : config_(config), device_(device), seed_(seed), tp_(tp), cp_(cp), ep_(ep) {
   config_.validate();
   BRAID_CONFIG_CHECK(config_.params_dtype == DType::f32 || device_.is_cuda(),
                      "TransformerConfig.params_dtype = ", dtype_name(config_.params_dtype),
@@ -83,7 +83,13 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
                      "the CUDA attention kernels take heads up to 256 channels wide; this model's ",
                      "are ", config_.head_dim(), " (kv_channels, or hidden_size / ",
                      "num_attention_heads)");
-  layout_ = parameter_layout(config_, tp_.rank(), tp_.size(), chunk);
+  check_expert_parallel(config_, ep_.size());
+  if (ep_.group != nullptr) {
+    BRAID_CHECK(ep_.group->device() == device_, "GPTModel: the EP group works on ",
+                ep_.group->device().str(), ", the model on ", device_.str());
+  }
+  layout_ =
+      parameter_layout(config_, tp_.rank(), tp_.size(), ep_.holding(chunk, config_.num_experts));
   first_layer_ = layout_.chunk.first_layer;
   if (cp_.group != nullptr) {
     BRAID_CHECK(cp_.group->device() == device_, "GPTModel: the CP group works on ",
@@ -135,7 +141,8 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
       expert_biases_.emplace_back(expert_bias_name(l), weights.expert_bias);
       stats.tokens_per_expert.assign(size_t(config_.num_experts), 0);
     }
-    layers_.emplace_back(config_, l, tp_, cp_, std::move(weights), layer_tensors(flat_grads_, l));
+    layers_.emplace_back(config_, l, tp_, cp_, ep_, std::move(weights),
+                         layer_tensors(flat_grads_, l));
   }
 }
 
@@ -215,7 +222,7 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
     return t;
   }
   t.router_weight = view_of(flat, p + "mlp.gate.weight");
-  for (int64_t e = 0; e < c.num_experts; ++e)
+  for (int e = layout_.chunk.first_expert; e < layout_.chunk.end_expert; ++e)
     t.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + ".", n.ffn));
   if (c.moe_shared_expert_intermediate_size > 0)
     t.shared_expert =

@@ -1,6 +1,7 @@
 #include "braid/model/parameters.h"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 
 namespace braid::model {
@@ -28,6 +29,11 @@ class LayoutBuilder {
     layout_.shards.push_back(std::move(shard));
   }
   void finish() { layout_.num_elements = align(layout_.num_elements); }
+  // The next parameter starts at a multiple of `multiple` (and of kParamGroupAlignment).
+  void align_to(int64_t multiple) {
+    const int64_t step = std::lcm(kParamGroupAlignment, multiple);
+    layout_.num_elements = (layout_.num_elements + step - 1) / step * step;
+  }
 
  private:
   static int64_t align(int64_t n) {
@@ -98,26 +104,27 @@ void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& p
 
 // One MLP of hidden size f (the dense one, an expert, the shared expert) under `prefix`:
 // gate_proj (swiglu), up_proj, down_proj.
+// `expert`: the expert's index (ParamSpec::expert), -1 for the others.
 void add_mlp(LayoutBuilder& b, const TransformerConfig& c, const std::string& p, int layer,
-             int64_t f) {
+             int64_t f, int expert = -1) {
   const int64_t h = c.hidden_size;
   const bool bias = c.add_bias_linear;
   if (c.activation == Activation::swiglu) {
-    b.group({p + "gate_proj.weight", Shape{f, h}, 0, layer, true});
-    b.member({p + "up_proj.weight", Shape{f, h}, 0, layer, true});
+    b.group({p + "gate_proj.weight", Shape{f, h}, 0, layer, true, expert});
+    b.member({p + "up_proj.weight", Shape{f, h}, 0, layer, true, expert});
     if (bias) {
-      b.group({p + "gate_proj.bias", Shape{f}, 0, layer, false});
-      b.member({p + "up_proj.bias", Shape{f}, 0, layer, false});
+      b.group({p + "gate_proj.bias", Shape{f}, 0, layer, false, expert});
+      b.member({p + "up_proj.bias", Shape{f}, 0, layer, false, expert});
     }
   } else {
-    b.group({p + "up_proj.weight", Shape{f, h}, 0, layer, true});
-    if (bias) b.group({p + "up_proj.bias", Shape{f}, 0, layer, false});
+    b.group({p + "up_proj.weight", Shape{f, h}, 0, layer, true, expert});
+    if (bias) b.group({p + "up_proj.bias", Shape{f}, 0, layer, false, expert});
   }
-  b.group({p + "down_proj.weight", Shape{h, f}, 1, layer, true});
-  if (bias) b.group({p + "down_proj.bias", Shape{h}, -1, layer, false});
+  b.group({p + "down_proj.weight", Shape{h, f}, 1, layer, true, expert});
+  if (bias) b.group({p + "down_proj.bias", Shape{h}, -1, layer, false, expert});
 }
 
-void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
+void add_layer(LayoutBuilder& b, const TransformerConfig& c, const ModelChunk& chunk, int layer) {
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const int64_t h = c.hidden_size;
   const int64_t q_out = c.num_attention_heads * c.head_dim();
@@ -143,8 +150,10 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, int layer) {
   add_norm(b, c, p + "post_attention_layernorm", layer);
   if (!c.is_moe_layer(layer)) return add_mlp(b, c, p + "mlp.", layer, c.ffn_hidden_size);
   b.group({p + "mlp.gate.weight", Shape{c.num_experts, h}, -1, layer, true});
-  for (int64_t e = 0; e < c.num_experts; ++e)
-    add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer, c.mlp_hidden_size());
+  b.align_to(chunk.expert_alignment);
+  for (int e = chunk.first_expert; e < chunk.end_expert; ++e)
+    add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer, c.mlp_hidden_size(), e);
+  b.align_to(chunk.expert_alignment);
   if (c.moe_shared_expert_intermediate_size == 0) return;
   add_mlp(b, c, p + "mlp.shared_expert.", layer, c.moe_shared_expert_intermediate_size);
   if (c.moe_shared_expert_gate)
@@ -202,6 +211,13 @@ ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int t
       0 <= c.first_layer && c.first_layer <= c.end_layer && c.end_layer <= config.num_layers,
       "model chunk: layers [", c.first_layer, ", ", c.end_layer, ") are not within the model's ",
       config.num_layers, " layers");
+  if (layout.chunk.end_expert < 0) layout.chunk.end_expert = int(config.num_experts);
+  BRAID_CHECK(c.expert_alignment >= 1, "model chunk: expert_alignment must be at least 1, got ",
+              c.expert_alignment);
+  BRAID_CONFIG_CHECK(
+      0 <= c.first_expert && c.first_expert <= c.end_expert && c.end_expert <= config.num_experts,
+      "model chunk: experts [", c.first_expert, ", ", c.end_expert, ") are not within the model's ",
+      config.num_experts, " experts");
   LayoutBuilder b(layout, config);
   const int64_t h = config.hidden_size;
   if (c.embedding || (c.head && config.tie_embeddings))
@@ -209,7 +225,7 @@ ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int t
   if (c.embedding && config.position_embedding == PositionEmbedding::learned)
     b.group(
         {"model.embed_positions.weight", Shape{config.max_position_embeddings, h}, -1, -1, false});
-  for (int layer = c.first_layer; layer < c.end_layer; ++layer) add_layer(b, config, layer);
+  for (int layer = c.first_layer; layer < c.end_layer; ++layer) add_layer(b, config, c, layer);
   if (c.head) {
     add_norm(b, config, "model.norm", -1);
     if (!config.tie_embeddings)

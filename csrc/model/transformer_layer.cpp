@@ -56,12 +56,13 @@ Tensor token_index(int64_t t, Device device) {
   return device.is_cpu() ? host : host.to(device);
 }
 
-// f(expert, first row, rows) for each expert that was routed rows, in expert order.
+// f(local expert, first row, rows) for each of this rank's experts that has rows, in expert
+// order.
 template <typename F>
-void for_each_expert(const MoeRouting& r, F&& f) {
-  for (size_t e = 0; e + 1 < r.offsets.size(); ++e) {
-    const int64_t rows = r.offsets[e + 1] - r.offsets[e];
-    if (rows > 0) f(e, r.offsets[e], rows);
+void for_each_expert(const ExpertDispatch& d, F&& f) {
+  for (size_t e = 0; e + 1 < d.offsets.size(); ++e) {
+    const int64_t rows = d.offsets[e + 1] - d.offsets[e];
+    if (rows > 0) f(e, d.offsets[e], rows);
   }
 }
 
@@ -87,10 +88,12 @@ LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
 
 TransformerLayer::TransformerLayer(const TransformerConfig& config, int64_t layer,
                                    const TensorParallel& tp, const ContextParallel& cp,
-                                   LayerTensors weights, LayerTensors grads)
+                                   const ExpertParallel& ep, LayerTensors weights,
+                                   LayerTensors grads)
     : config_(config),
       tp_(tp),
       cp_(cp),
+      ep_(ep),
       shape_(LayerShape::of(config, tp.size())),
       window_(config.attention_window(layer)),
       moe_(config.is_moe_layer(layer)),
@@ -184,32 +187,38 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t batch_rows,
   linear_forward(logits, h_full, w_.router_weight, {});
   MoeRouting r =
       route_tokens(logits, batch_rows, w_.expert_bias, c, tp_, cp_, saved != nullptr, !decoding);
-  const int64_t n = r.row_token.size(0);
-  Tensor in = Tensor::empty({n, h}, dt, dev);
-  ops::gather_rows(in, h_full, r.row_token, {});
-  Tensor fc1 = Tensor::empty({n, w_.experts[0].fc1_weight.size(0)}, dt, dev);
-  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
+  BRAID_CHECK(!decoding || !ep_.active(),
+              "KV-cache decoding runs without expert parallelism: load the checkpoint with "
+              "--expert-model-parallel-size 1");
+  ExpertDispatch d = plan_dispatch(r, ep_);
+  Tensor in = expert_input(h_full, r, d);
+  const int64_t m = d.rows();
+  Tensor fc1 = Tensor::empty({m, w_.experts[0].fc1_weight.size(0)}, dt, dev);
+  for_each_expert(d, [&](size_t e, int64_t first, int64_t rows) {
     linear_forward(fc1.narrow(first, rows), in.narrow(first, rows), w_.experts[e].fc1_weight,
                    w_.experts[e].fc1_bias);
   });
   Tensor act = mlp_activation(fc1);
   Tensor y = expert_rows(r, h, dt, dev);
-  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
-    linear_forward(y.narrow(first, rows), act.narrow(first, rows), w_.experts[e].fc2_weight,
+  Tensor y_local = ep_.active() ? Tensor::empty({m, h}, dt, dev) : y.narrow(0, m);
+  for_each_expert(d, [&](size_t e, int64_t first, int64_t rows) {
+    linear_forward(y_local.narrow(first, rows), act.narrow(first, rows), w_.experts[e].fc2_weight,
                    row_bias(w_.experts[e].fc2_bias));
   });
-  Tensor m = Tensor::empty({t, h}, dt, dev);
-  ops::combine_rows(m, y, r.token_rows, r.probs);
-  if (c.moe_shared_expert_intermediate_size > 0) shared_expert_forward(m, h_full, saved);
+  return_rows(y.narrow(0, r.row_token.size(0)), y_local, d, ep_);
+  Tensor m_out = Tensor::empty({t, h}, dt, dev);
+  ops::combine_rows(m_out, y, r.token_rows, r.probs);
+  if (c.moe_shared_expert_intermediate_size > 0) shared_expert_forward(m_out, h_full, saved);
   if (saved != nullptr) {
     saved->router_logits = logits;
     saved->routing = std::move(r);
+    saved->dispatch = std::move(d);
     saved->expert_in = in;
     saved->fc1_out = fc1;
     saved->act_out = act;
     saved->expert_out = y;
   }
-  return m;
+  return m_out;
 }
 
 Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
@@ -224,10 +233,12 @@ Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, La
   ops::combine_rows_weight_grad(dprobs, dm, a.expert_out, r.token_rows);
   all_reduce_tp(tp_, dprobs);
   release(a.expert_out);
+  const ExpertDispatch& d = a.dispatch;
   Tensor dy = Tensor::empty({n, c.hidden_size}, dm.dtype(), dev);
   ops::gather_rows(dy, dm, r.row_token, r.row_prob);
+  dy = dispatch_rows(dy, d, ep_);
   Tensor d_act = empty_like(a.act_out);
-  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
+  for_each_expert(d, [&](size_t e, int64_t first, int64_t rows) {
     linear_backward(d_act.narrow(first, rows), g_.experts[e].fc2_weight, g_.experts[e].fc2_bias,
                     dy.narrow(first, rows), a.act_out.narrow(first, rows),
                     w_.experts[e].fc2_weight);
@@ -236,17 +247,19 @@ Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, La
   Tensor d_fc1 = empty_like(a.fc1_out);
   mlp_activation_backward(d_fc1, d_act, a.fc1_out);
   release(d_act, a.fc1_out);
-  if (!a.expert_in.defined()) {  // selective recomputation: gathered again
-    a.expert_in = Tensor::empty({n, c.hidden_size}, h_full.dtype(), dev);
-    ops::gather_rows(a.expert_in, h_full, r.row_token, {});
-  }
+  // Selective recomputation gathers (and dispatches) the input again.
+  if (!a.expert_in.defined()) a.expert_in = expert_input(h_full, r, d);
   Tensor d_in = expert_rows(r, c.hidden_size, h_full.dtype(), dev);
-  for_each_expert(r, [&](size_t e, int64_t first, int64_t rows) {
-    linear_backward(d_in.narrow(first, rows), g_.experts[e].fc1_weight, g_.experts[e].fc1_bias,
-                    d_fc1.narrow(first, rows), a.expert_in.narrow(first, rows),
-                    w_.experts[e].fc1_weight);
+  Tensor d_in_local = ep_.active() ? Tensor::empty({d.rows(), c.hidden_size}, h_full.dtype(), dev)
+                                   : d_in.narrow(0, n);
+  for_each_expert(d, [&](size_t e, int64_t first, int64_t rows) {
+    linear_backward(d_in_local.narrow(first, rows), g_.experts[e].fc1_weight,
+                    g_.experts[e].fc1_bias, d_fc1.narrow(first, rows),
+                    a.expert_in.narrow(first, rows), w_.experts[e].fc1_weight);
   });
   release(d_fc1, a.expert_in);
+  return_rows(d_in.narrow(0, n), d_in_local, d, ep_);
+  release(d_in_local);
   ops::combine_rows(dh, d_in, r.token_rows, {});
   release(d_in);
   if (c.moe_shared_expert_intermediate_size > 0) shared_expert_backward(dh, dm, h_full, a);
@@ -263,6 +276,13 @@ Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, La
   replicated_linear_backward(dh, g_.router_weight, dlogits, h_full, w_.router_weight);
   release(a.router_logits);
   return dh;
+}
+
+Tensor TransformerLayer::expert_input(const Tensor& h_full, const MoeRouting& r,
+                                      const ExpertDispatch& d) const {
+  Tensor in = Tensor::empty({r.row_token.size(0), h_full.size(1)}, h_full.dtype(), h_full.device());
+  ops::gather_rows(in, h_full, r.row_token, {});
+  return dispatch_rows(in, d, ep_);
 }
 
 void TransformerLayer::shared_expert_forward(Tensor m, const Tensor& h_full,
@@ -472,6 +492,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
       saved->fc1_out = mlp.fc1_out;
       saved->router_logits = mlp.router_logits;
       saved->routing = std::move(mlp.routing);
+      saved->dispatch = std::move(mlp.dispatch);
       saved->expert_out = mlp.expert_out;
       saved->shared_fc1_out = mlp.shared_fc1_out;
       saved->shared_out = mlp.shared_out;

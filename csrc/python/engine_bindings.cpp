@@ -154,6 +154,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("compute_seconds", &StepStats::compute_seconds)
       .def_readonly("pipeline_wait_seconds", &StepStats::pipeline_wait_seconds)
       .def_readonly("tp_wait_seconds", &StepStats::tp_wait_seconds)
+      .def_readonly("ep_wait_seconds", &StepStats::ep_wait_seconds)
       .def_readonly("dp_wait_seconds", &StepStats::dp_wait_seconds)
       .def_readonly("other_wait_seconds", &StepStats::other_wait_seconds);
 

@@ -436,7 +436,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--tensor-model-parallel-size {tp}")
     _check(not (a.swiglu and a.squared_relu), "--swiglu and --squared-relu are two activations; "
            "give one")
-    moe_error = moe_args.check(a, tp)
+    moe_error = moe_args.check(a, tp, a.dp * cp)
     _check(moe_error is None, moe_error)
     _check(a.attention_dropout == 0.0,
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "

@@ -55,14 +55,15 @@ NO_EFFECT = {
     "--distributed-backend": (True, "braid chooses NCCL for CUDA tensors and MPI on the CPU"),
     "--moe-grouped-gemm": (False, "braid runs each expert's GEMMs on its contiguous rows of "
                                   "tokens"),
-    "--moe-token-dispatcher-type": (True, "without expert parallelism every rank holds every "
-                                          "expert: tokens are dispatched locally"),
+    "--moe-token-dispatcher-type": (True, "braid exchanges tokens over the expert-parallel "
+                                          "group all-to-all (Megatron's alltoall); allgather "
+                                          "and flex compute the same outputs"),
     "--moe-permute-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--moe-router-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--moe-shared-expert-overlap": (False, "it overlaps the shared expert with expert-parallel "
-                                           "dispatch; braid's dispatch is local"),
-    "--moe-enable-deepep": (False, "DeepEP dispatches over expert-parallel ranks; braid's "
-                                   "dispatch is local"),
+                                           "dispatch; braid's all-to-all does not overlap"),
+    "--moe-enable-deepep": (False, "DeepEP's kernels dispatch over expert-parallel ranks; "
+                                   "braid's all-to-all moves the same rows"),
     "--moe-deepep-num-sms": (True, "see --moe-enable-deepep"),
     "--moe-use-legacy-grouped-gemm": (False, "braid runs each expert's GEMMs on its contiguous "
                                              "rows of tokens"),

@@ -108,7 +108,10 @@ def add_arguments(g, pos_int, nonneg_float, pos_float):
                         "routing probabilities (probs, the default) or the last in token order "
                         "(position)")
     g.add_argument("--expert-model-parallel-size", type=pos_int, default=1,
-                   help="braid: 1 (experts are split over TP like the dense MLP)")
+                   help="expert parallelism: each group of this many data-parallel ranks splits "
+                        "the experts between them and exchanges the tokens routed to them "
+                        "(all-to-all); must divide --num-experts and the data-parallel size x "
+                        "--context-parallel-size")
     g.add_argument("--expert-tensor-parallel-size", type=pos_int, default=None,
                    help="braid: the TP size")
 
@@ -132,9 +135,10 @@ def _one_value(a, dest: str) -> str | None:
     return None
 
 
-def check(a, tp: int) -> str | None:
+def check(a, tp: int, data_ranks: int | None = None) -> str | None:
     """What is wrong with the run's mixture-of-experts arguments, or None. Sets Megatron's list
-    flags (--moe-router-load-balancing-type, --moe-aux-loss-coeff) to their one value."""
+    flags (--moe-router-load-balancing-type, --moe-aux-loss-coeff) to their one value.
+    `data_ranks`: the data-parallel size x --context-parallel-size, when known."""
     for dest in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
         error = _one_value(a, dest)
         if error:
@@ -180,10 +184,14 @@ def check(a, tp: int) -> str | None:
     layers = moe_layers(freq, a.num_layers)
     if layers and not any(layers):
         return f"--moe-layer-freq {freq} gives no layer experts"
-    if a.expert_model_parallel_size != 1:
-        return (f"--expert-model-parallel-size {a.expert_model_parallel_size}: expert "
-                "parallelism is not implemented; every rank holds every expert, split over TP "
-                "like the dense MLP (1)")
+    ep = a.expert_model_parallel_size
+    if a.num_experts % ep:
+        return (f"--expert-model-parallel-size {ep} does not divide --num-experts "
+                f"{a.num_experts}: each expert-parallel rank holds an equal share of the experts")
+    if data_ranks is not None and data_ranks % ep:
+        return (f"--expert-model-parallel-size {ep} does not divide the {data_ranks} data-parallel "
+                "x context-parallel ranks: expert parallelism splits them into groups of "
+                f"{ep}")
     if a.expert_tensor_parallel_size not in (None, tp):
         return (f"--expert-tensor-parallel-size {a.expert_tensor_parallel_size}: braid splits "
                 f"experts over the TP group (--tensor-model-parallel-size {tp})")

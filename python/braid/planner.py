@@ -27,8 +27,9 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
 * mixture of experts (num_experts > 0, braid.planner_moe): the router, E experts' GEMMs on
   T·k/E rows each (uniform routing), the dispatch's bytes and host planning, the backward's
   [T, k] all-reduce; a shared expert as a dense MLP on all T (its gate: a [T, 1] GEMM and
-  all-reduce); every rank holds all E experts (no expert parallelism). The dense layers among
-  them (moe_layers) are costed, held and kept as a dense model's, each stage its own.
+  all-reduce); with expert parallelism (ep) E / ep experts a rank, the all-to-alls not overlapped,
+  the experts' gradients over dp x cp / ep. The dense layers among them (moe_layers) are
+  costed, held and kept as a dense model's, each stage its own.
 """
 
 from __future__ import annotations
@@ -143,10 +144,10 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
         per_token = 2 * h / sp
     elif rec == "selective":
         per_token = 2 * h / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t + 2 * h / sp \
-            + _moe.kept_bytes(model, t, rec)
+            + _moe.kept_bytes(model, t, rec, lay.ep)
     else:
         per_token = (2 * h + 8 + 2 * h) / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t \
-            + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec)
+            + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec, lay.ep)
         if model.qk_layernorm:  # q and k before their norms, and the norms' statistics
             stats = 8 if model.gpt_style else 4
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
@@ -158,6 +159,8 @@ class LayerCost:
     forward: float
     backward: float       # including selective recomputation, not full (recomputed_layers)
     model_flops: float    # forward model FLOPs of this rank (braid.flops' count)
+    exchange_forward: float = 0.0   # of forward: expert parallelism's exchange (planner_moe)
+    exchange_backward: float = 0.0  # of backward
 
 
 def recomputed_layers(lay: Layout, layers: int) -> int:
@@ -206,7 +209,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     kv = model.kv_heads * model.head_dim
     T = lay.micro_batch_size * s / lay.cp  # this rank's tokens
     h_rep = h / t if lay.sequence_parallel else h
-    gemms = [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t), *_moe.mlp_gemms(model, T, t)]
+    gemms = [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t), *_moe.mlp_gemms(model, T, t, lay.ep)]
     gemm_f = sum(c * _gemm_time(gpu, m, n, k) for c, m, n, k in gemms)
     # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
     attn_exec = 4 * T * model.executed_keys(layer) * q / t
@@ -234,22 +237,11 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
         full = lay.micro_batch_size * s * kv_local * 2
         cp_f = 2 * _ring(full, lay.cp, bw, alpha, "all_gather")
         cp_b = cp_f + 2 * _ring(2 * full, lay.cp, bw, alpha, "reduce_scatter")
-    moe_f = moe_b = 0.0
-    if model.num_experts:  # planner_moe: router and gate (at HBM speed), dispatch, host routing
-        for flops, nbytes in _moe.replicated_gemms(model, T):
-            moe_f += max(flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
-                         nbytes / (gpu.hbm_gbps * 1e9 * HBM_EFFICIENCY)) + KERNEL_LATENCY_S
-        moe_f += _bytes_time(gpu, _moe.dispatch_bytes(model) * T, _moe.DISPATCH_KERNELS)
-        moe_b = 2 * moe_f + _bytes_time(gpu, *_moe.shared_expert_bytes(model, T, True))
-        moe_f += _bytes_time(gpu, *_moe.shared_expert_bytes(model, T))
-        moe_f += _moe.routing_host_s(model, T)
-        if t > 1:
-            moe_b += sum(_ring(n, t, *_link(cluster, t), "all_reduce")
-                         for n in _moe.backward_all_reduces(model, T))
-        if lay.recompute == "selective":
-            moe_b += _bytes_time(gpu, _moe.regather_bytes(model) * T, 1)
-    forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f
-    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b
+    # planner_moe: router, dispatch, host routing; expert parallelism's exchange
+    moe_f, moe_b = _moe.routing_s(model, cluster, lay, T) if model.num_experts else (0.0, 0.0)
+    ex_f, ex_b = _moe.exchange_s(model, cluster, lay, T)
+    forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f + ex_f
+    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b + ex_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
     layers = model.num_layers if layer is None else 1
@@ -258,7 +250,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
         if model.windowed(layer) else -1)
     model_flops = _flops.forward_flops_per_token(
         dataclasses.replace(one, vocab_size=0), s) / layers * T / t
-    return LayerCost(forward, backward, model_flops)
+    return LayerCost(forward, backward, model_flops, ex_f, ex_b)
 
 
 def head_cost(model: ModelShape, cluster: Cluster, lay: Layout):
@@ -284,7 +276,7 @@ def chunk_params(model: ModelShape, lay: Layout):
     the embedding in rank 0's chunk 0, the LM head and final norm in the last rank's last."""
     ranges = stage_ranges(model, lay)
     emb = model.vocab_size * model.hidden_size / lay.tp
-    out = [[model.layers_params(b, e, lay.tp) for b, e in chunks] for chunks in ranges]
+    out = [[model.layers_params(b, e, lay.tp, lay.ep) for b, e in chunks] for chunks in ranges]
     out[0][0] += emb
     head = emb + model.hidden_size
     if model.tied_embeddings and lay.pp == 1:
@@ -327,6 +319,7 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
     def chunk(first, layers):  # chunks of a size are alike unless their layers' kinds differ
         return chunk_activation_bytes(model, lay, layers, first)
 
+    experts = [sum(x) for x in _moe.chunk_experts(model, lay, ranges)]
     for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
         acts = [chunk(b if model.mixed_mlps else 0, e - b) for b, e in ranges[r]]
         kept = [k for k, _ in acts]  # chunks that keep different amounts: walk the schedule
@@ -336,7 +329,7 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
         parts = {"params": 2 * p / GB, "grads": 4 * p / GB,
-                 "optimizer": 12 * p / (lay.dp * lay.cp if lay.zero else 1) / GB,
+                 "optimizer": 12 * _moe.sharded(lay, p, experts[r]) / GB,
                  "activations": act / GB, "reserved": MEMORY_RESERVED_GB}
         total = sum(parts.values())
         if best is None or total > best[0]:
@@ -365,13 +358,11 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         raise ValueError(f"{model.num_attention_heads} heads do not divide by tp {t}")
     if model.kv_heads % t and t % model.kv_heads:
         raise ValueError(f"{model.kv_heads} KV heads and tp {t}: neither divides the other")
-    shared = model.moe_shared_expert_intermediate_size
-    if model.ffn_hidden_size % t or model.mlp_hidden_size % t or model.vocab_size % t \
-            or shared % t:
-        experts = f" / expert ffn {model.mlp_hidden_size}" if model.num_experts else ""
-        experts += f" / shared expert {shared}" if shared else ""
-        raise ValueError(f"ffn {model.ffn_hidden_size}{experts} / vocab {model.vocab_size} by "
-                         f"tp {t}")
+    widths = [("ffn", model.ffn_hidden_size), *_moe.widths(model), ("vocab", model.vocab_size)]
+    if any(w % t for _, w in widths):
+        raise ValueError(" / ".join(f"{name} {w}" for name, w in widths) + f" by tp {t}")
+    if _moe.layout_error(model, lay):
+        raise ValueError(_moe.layout_error(model, lay))
     if lay.sequence_parallel and (t == 1 or model.seq_length % (t * c)):
         raise ValueError("sequence parallelism needs tp > 1 dividing the sequence (per CP rank)")
     if global_batch % (b * d):
@@ -430,17 +421,16 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     if not sim.ok:
         raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
     # DP: each model chunk's f32 gradient buffer is reduced (ZeRO: reduce-scattered) over dp
-    # (x cp: the gradients' group; `d` below is its size).
+    # (x cp: the gradients' group, `d` below; the experts' over dp x cp / ep: planner_moe).
     # With overlap_grad_reduce, as braid does: a chunk's buckets are posted while its last
     # microbatch's backward completes them (the first once a bucket's share of that backward
     # has run, the last at its end), the chunks one after another on the rank's DP channel in
     # the order their last backwards end - under the interleaved schedule the later chunks
     # finish theirs first, so their reductions hide behind the earlier chunks' backwards.
     # Without it: the whole buffer after the rank's last action.
-    dbw, dalpha = _link(cluster, t * cp * d)
     d *= cp
-    params = stage_params(model, lay)
-    per_chunk = chunk_params(model, lay)
+    per_chunk, experts = chunk_params(model, lay), _moe.chunk_experts(model, lay, ranges)
+    params, held = [sum(c) for c in per_chunk], [sum(x) for x in experts]
     kind = "reduce_scatter" if lay.zero else "all_reduce"
     bucket = max(40e6, 1e6 * d)  # braid's (and Megatron's) default DDP bucket, in elements
     began, ended = sim.last_backward_start, sim.last_backward_end
@@ -450,21 +440,22 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
             ends.append(sim.finish[r])
             continue
         if not lay.overlap_grad_reduce:
-            ends.append(sim.finish[r] + _ring(4 * params[r], d, dbw, dalpha, kind))
+            ends.append(sim.finish[r] + _moe.data_sync_s(cluster, lay, 4, params[r], held[r], kind))
             continue
         free = 0.0
         for c in sorted(range(v), key=lambda c: ended[r][c]):
             begin, end = began[r][c], ended[r][c]
-            reduce_s = _ring(4 * per_chunk[r][c], d, dbw, dalpha, kind)
+            reduce_s = _moe.data_sync_s(cluster, lay, 4, per_chunk[r][c], experts[r][c], kind)
             first = min(1.0, bucket / max(per_chunk[r][c], 1.0))  # the first bucket's share
             start = max(free, begin + first * (end - begin))
             free = max(start + reduce_s, end + first * reduce_s)
         ends.append(max(sim.finish[r], free))
-    shard = max(params) / (d if lay.zero else 1)
+    shard = max(map(functools.partial(_moe.sharded, lay), params, held))
     opt = _bytes_time(gpu, OPTIMIZER_BYTES_PER_PARAM * shard, 4)
     gather = 0.0
     if lay.zero:  # bf16 params all-gathered; with overlap, during the first forward
-        gather = _ring(2 * max(params), d, dbw, dalpha, "all_gather")
+        gather = max(_moe.data_sync_s(cluster, lay, 2, n, x, "all_gather")
+                     for n, x in zip(params, held))
         if lay.overlap_param_gather:
             bucket = max(40e6, 1e6 * d) / max(max(params), 1.0)
             gather = max(gather - sum(fwd[0]), gather * min(1.0, bucket))
@@ -480,7 +471,8 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     hw_flops = model_flops + rerun_flops * t * m * d  # d: dp x cp
     peak = gpu.peak_tflops * 1e12
     out = dict(
-        tp=t, pp=p, dp=lay.dp, cp=cp, micro_batch_size=lay.micro_batch_size, virtual_stages=v,
+        tp=t, pp=p, dp=lay.dp, cp=cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
+        virtual_stages=v,
         first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers,
         stage_layers=[sum(e - b for b, e in chunks) for chunks in ranges],
         recompute=lay.recompute, recompute_method=lay.recompute_method,
@@ -493,16 +485,18 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
         memory_gb_per_gpu=total_mem, memory_parts_gb=parts,
         bubble_fraction=sim.bubble_fraction, pipeline_s=sim.makespan,
         exposed_dp_s=max(ends) - max(sim.finish), optimizer_s=opt + gather + emb_sync,
+        expert_exchange_s=_moe.step_exchange_s(costs, ranges, m, rerun),
     )
     out["scaling_efficiency"] = _scaling(model, cluster, lay, m, out) if baseline else 1.0
     return out
 
 
 def _scaling(model, cluster, lay, m, result) -> float:
-    """Per-GPU throughput against the same layout (tp, cp, pp, micro batch, microbatches per
+    """Per-GPU throughput against the same layout (tp, cp, ep, pp, micro batch, microbatches per
     replica, ...) on one node's worth of data parallelism: dp0 = max(1, gpus_per_node /
-    (tp cp pp)) replicas, where DP traffic stays on NVLink (or there is none)."""
+    (tp cp pp)) replicas (or whole EP groups), where DP traffic stays on NVLink (or none)."""
     dp0 = max(1, cluster.gpus_per_node // (lay.tp * lay.cp * lay.pp))
+    dp0 = math.lcm(dp0 * lay.cp, lay.ep) // lay.cp  # whole EP groups: the same ep
     if dp0 >= lay.dp:
         return 1.0
     small = dataclasses.replace(cluster, num_gpus=lay.tp * lay.cp * lay.pp * dp0)
@@ -515,11 +509,7 @@ def _scaling(model, cluster, lay, m, result) -> float:
 # ---- search --------------------------------------------------------------------------------
 
 def _pow2_upto(n):
-    out, k = [], 1
-    while k <= n:
-        out.append(k)
-        k *= 2
-    return out
+    return [1 << i for i in range(n.bit_length())]
 
 
 def _divisors(n):
@@ -561,8 +551,9 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
         splits = _splits_to_try(model, p, v, fixed)
-        for first, last in splits:
-            lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last, cp=c)
+        for (first, last), e in itertools.product(splits, _moe.ep_choices(model, d * c, fixed)):
+            lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last, cp=c,
+                         ep=e)
             for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
                 r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
                                         single=len(tps) * len(cps) * len(pps) * len(mbs)
@@ -638,7 +629,6 @@ def _predict_if_it_fits(model, cluster, lay, global_batch, rejected, single):
         return None
 
 
-
 def _rampup_cost(model, cluster, lay, rampup):
     """(seconds, tokens) of the ramp's steps under `lay`: each batch with its own microbatch
     count and so its own pipeline bubble."""
@@ -670,10 +660,11 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
                 continue
             v = fixed.get("virtual_stages", 1)
             for first, last in _splits_to_try(model, p, v, fixed):
+                ep = max(_moe.ep_choices(model, n // (t * p), fixed))  # the fewest experts
                 lay = Layout(t, p, n // (t * c * p), fixed.get("micro_batch_size", 1), v,
                              fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
                              fixed.get("zero", True), first_stage_layers=first,
-                             last_stage_layers=last, cp=c)
+                             last_stage_layers=last, cp=c, ep=ep)
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:
@@ -684,16 +675,16 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
                     best = (mem, lay)
     if best is None:
         return ("no valid layout: tp x cp x pp x dp must equal the GPUs, heads/ffn/vocab "
-                "divide by "
-                "tp, layers split over pp x v, the global batch by micro batch x dp"
+                "divide by tp, layers split over pp x v, ep divide the experts and dp x cp, "
+                "the global batch by micro batch x dp"
                 + (f" (the first tried, {first_error})" if first_error else ""))
     (total, parts), lay = best
     return (f"no layout fits in {cluster.gpu.memory_gb:.0f} GB per {cluster.gpu.name}: the "
             f"smallest, tp {lay.tp}{f' cp {lay.cp}' if lay.cp > 1 else ''} pp {lay.pp} dp "
-            f"{lay.dp} micro batch "
+            f"{lay.dp}{f' ep {lay.ep}' if lay.ep > 1 else ''} micro batch "
             f"{lay.micro_batch_size} recompute {lay.recompute} ZeRO {lay.zero}, needs "
             f"{total:.1f} GB (params {parts['params']:.1f}, grads {parts['grads']:.1f}, "
             f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "
             f"reserved {parts['reserved']:.1f}); {model.num_params() / 1e9:.1f}B parameters "
             f"need {18 * model.num_params() / GB / cluster.num_gpus:.1f} GB per GPU of state "
-            "even fully sharded" + _moe.why(model) + ": more GPUs, or a GPU with more memory")
+            "even fully sharded" + _moe.why(model, lay) + ": more GPUs, or a GPU with more memory")

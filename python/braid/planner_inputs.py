@@ -146,16 +146,29 @@ class ModelShape:
         the router and the gate whole, the rest split (the norms too, an O(h) approximation)."""
         return sum(w * self._kind_params(tp, x) for x, w in self.mlp_kinds(layer).items())
 
-    def layers_params(self, begin: int, end: int, tp: int = 1) -> float:
-        """The parameters of layers [begin, end) (one TP rank's share with tp)."""
+    def layers_params(self, begin: int, end: int, tp: int = 1, ep: int = 1) -> float:
+        """The parameters of layers [begin, end) (one TP rank's share with tp; with ep, one
+        expert-parallel rank's: E / ep experts of each expert layer)."""
         if not self.mixed_mlps:
-            return (end - begin) * self._kind_params(tp, bool(self.num_experts))
+            return (end - begin) * self._kind_params(tp, bool(self.num_experts), ep)
         experts = sum(self.has_experts(layer) for layer in range(begin, end))
-        return experts * self._kind_params(tp, True) + \
+        return experts * self._kind_params(tp, True, ep) + \
             (end - begin - experts) * self._kind_params(tp, False)
 
-    def _kind_params(self, tp: int, experts: bool) -> float:
-        """An expert layer's (experts) or a dense layer's parameters, one TP rank's share."""
+    def routed_params(self, tp: int = 1) -> float:
+        """An expert layer's routed experts (not the router, not the shared expert), one TP
+        rank's share."""
+        return self.num_experts * self.one_mlp_params(self.mlp_hidden_size) / tp
+
+    def experts_params(self, begin: int, end: int, tp: int = 1, ep: int = 1) -> float:
+        """The routed experts' parameters of layers [begin, end) one (TP, EP) rank holds."""
+        layers = sum(map(self.has_experts, range(begin, end))) if self.mixed_mlps else \
+            (end - begin if self.num_experts else 0)
+        return layers * self.routed_params(tp) / ep
+
+    def _kind_params(self, tp: int, experts: bool, ep: int = 1) -> float:
+        """An expert layer's (experts) or a dense layer's parameters, one TP (and EP) rank's
+        share."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim
         p = h * (q + 2 * kv) + q * h + self.mlp_params(experts)
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
@@ -164,7 +177,10 @@ class ModelShape:
         if self.gpt_style:
             p += (q + 2 * kv) + h                                # attention's biases
         replicated = self.replicated_params if experts else 0
-        return (p - replicated) / tp + replicated
+        held = (p - replicated) / tp + replicated
+        if experts and ep > 1:  # the other EP ranks' experts
+            held -= self.routed_params(tp) * (ep - 1) / ep
+        return held
 
     def num_params(self) -> float:
         emb = self.vocab_size * self.hidden_size
@@ -269,3 +285,6 @@ class Layout:
     recompute_num_layers: int = 1
     # Context parallelism (--context-parallel-size): each sequence split over cp ranks.
     cp: int = 1
+    # Expert parallelism (--expert-model-parallel-size): each expert layer's experts split over
+    # groups of ep consecutive dp x cp ranks (E / ep each), the routed rows exchanged all-to-all.
+    ep: int = 1

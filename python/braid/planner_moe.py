@@ -5,14 +5,27 @@ and mlp_backward, route_tokens in csrc/model/moe.cpp). Per microbatch and TP ran
 rank's tokens (micro batch x sequence / cp), every one of them under SP too: the MLP's input is
 gathered over TP first, so the router and the expert rows see all T.
 
-braid's layer, without expert parallelism (every rank holds all E experts, each split over TP
-like the dense MLP) and dropless: the router GEMM [T, H] x [H, E] (f32 logits, replicated over
-TP), the top k per token, a host plan of the N = T·k rows grouped by expert (a device-to-host
-copy of the choices, a counting sort, three host-to-device copies of indices), the gather of
-the N rows, each expert's fc1 and fc2 on its rows, the weighted combine into [T, H] - then the
-TP all-reduce (SP: reduce-scatter) of the output, as dense. Backward: the probabilities'
-gradient [T, k] f32 all-reduced over TP, the gather of the output gradient, each expert's
-GEMMs' backward, the combine of the input gradient, the router's softmax and GEMM backward.
+braid's layer, dropless: the router GEMM [T, H] x [H, E] (f32 logits, replicated over TP), the
+top k per token, a host plan of the N = T·k rows grouped by expert (a device-to-host copy of
+the choices, a counting sort, three host-to-device copies of indices), the gather of the N
+rows, each expert's fc1 and fc2 on its rows (every expert split over TP like the dense MLP),
+the weighted combine into [T, H] - then the TP all-reduce (SP: reduce-scatter) of the output,
+as dense. Backward: the probabilities' gradient [T, k] f32 all-reduced over TP, the gather of
+the output gradient, each expert's GEMMs' backward, the combine of the input gradient, the
+router's softmax and GEMM backward.
+
+Expert parallelism (ep > 1, csrc/model/expert_parallel.cpp): an EP group is ep consecutive
+dp x cp ranks (tp·ep consecutive global ranks), each holding E / ep experts of every expert
+layer. Per layer and microbatch the forward all-gathers the E per-expert row counts over the
+group (to the host: the plan of who sends what), sends each peer the rows routed to its experts
+(batched p2p: an all-to-all of [rows, H] bf16; under TP each TP rank its own, all N rows whole),
+permutes the M rows that arrive (a gather) into local-expert order, runs the local experts on
+them - on average M = N rows, T·k·ep / E an expert: the rows an expert gets from the whole
+group's tokens, so wider GEMMs - and permutes and sends the outputs back. The backward sends
+the output gradient's rows there and the input gradient's back: 2 all-to-alls forward, 2
+backward, a third under selective recomputation (expert_in is gathered and dispatched again);
+none overlapped with compute (the exchange blocks). The experts' gradients are reduced, and
+ZeRO shards their optimizer state, over the expert-data-parallel group of dp x cp / ep ranks.
 
 A shared expert (moe_shared_expert_intermediate_size S, TransformerLayer::shared_expert_forward)
 is a dense MLP of S on all T tokens, split over TP like the dense MLP, its partial output added
@@ -20,8 +33,10 @@ to the experts' before the same all-reduce; with moe_shared_expert_gate scaled p
 sigmoid(x w), w [1, H] replicated over TP: an f32 [T, 1] GEMM forward, and in backward the
 [T, 1] f32 gradient of the gate all-reduced over TP.
 
-Routing is assumed uniform: each expert gets T·k/E rows (load imbalance is not modelled; a
-skewed router leaves some experts' GEMMs longer and others' thinner).
+Routing is assumed uniform: each expert gets T·k/E rows of each rank's T tokens, and each EP
+rank sends (ep - 1) / ep of its rows away and receives as many (load imbalance is not modelled:
+a skewed router leaves some experts' GEMMs longer and others' thinner, and the EP rank holding
+the busiest experts receives more rows while its group waits on it).
 
 The router's options (--moe-router-score-function sigmoid, --moe-router-num-groups and
 --moe-router-group-topk, --moe-router-topk-scaling-factor, --moe-router-enable-expert-bias, the
@@ -37,6 +52,10 @@ from __future__ import annotations
 # the counting sort, per (token, choice).
 ROUTING_HOST_S = 20e-6
 ROUTING_HOST_S_PER_CHOICE = 2e-9
+# Assumed: expert parallelism's host plan of a layer's forward - the counts' device-to-host copy
+# and sync after their all-gather, the two orders' host-to-device copies - besides its loop over
+# the rows received (ROUTING_HOST_S_PER_CHOICE a row).
+EP_PLAN_HOST_S = 15e-6
 
 
 def rows_per_token(model) -> int:
@@ -44,13 +63,13 @@ def rows_per_token(model) -> int:
     return model.moe_router_topk if model.num_experts else 1
 
 
-def mlp_gemms(model, T: float, t: int):
+def mlp_gemms(model, T: float, t: int, ep: int = 1):
     """The MLP's forward GEMMs of one TP rank, as (count, m, n, k): fc1 [m, k] x [k, n] and
-    fc2; with experts E of each on the average expert's T·k/E rows (uniform routing), and the
-    shared expert's on all T."""
+    fc2; with experts E / ep of each on the average expert's T·k·ep / E rows (uniform routing:
+    its rows of the EP group's ep x T tokens), and the shared expert's on all T."""
     h, f, s = model.hidden_size, model.mlp_hidden_size, model.moe_shared_expert_intermediate_size
     gated = 2 if model.activation == "swiglu" else 1
-    count = model.num_experts or 1
+    count = model.num_experts // ep if model.num_experts else 1
     rows = T * rows_per_token(model) / count
     out = [(count, rows, gated * f / t, h), (count, rows, h, f / t)]
     if model.num_experts and s:
@@ -114,13 +133,151 @@ def routing_host_s(model, T: float) -> float:
     return ROUTING_HOST_S + ROUTING_HOST_S_PER_CHOICE * T * model.moe_router_topk
 
 
+def routing_s(model, cluster, lay, T: float):
+    """(forward, backward) seconds an expert layer adds to its GEMMs and activation function, one
+    TP rank and microbatch: the router and the gate (narrow: at HBM speed), the dispatch's bytes,
+    the shared expert's element-wise work, the host's routing plan, the backward's TP
+    all-reduces, selective recomputation's second gather - all but expert parallelism's
+    exchange (exchange_s)."""
+    from braid import planner as p  # its cost primitives (planner imports this module)
+    gpu, t = cluster.gpu, lay.tp
+    forward = 0.0
+    for flops, nbytes in replicated_gemms(model, T):
+        forward += max(flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
+                       nbytes / (gpu.hbm_gbps * 1e9 * p.HBM_EFFICIENCY)) + p.KERNEL_LATENCY_S
+    forward += p._bytes_time(gpu, dispatch_bytes(model) * T, DISPATCH_KERNELS)
+    backward = 2 * forward + p._bytes_time(gpu, *shared_expert_bytes(model, T, True))
+    forward += p._bytes_time(gpu, *shared_expert_bytes(model, T))
+    forward += routing_host_s(model, T)
+    if t > 1:
+        backward += sum(p._ring(n, t, *p._link(cluster, t), "all_reduce")
+                        for n in backward_all_reduces(model, T))
+    if lay.recompute == "selective":
+        backward += p._bytes_time(gpu, regather_bytes(model) * T, 1)
+    return forward, backward
+
+
+def exchange_s(model, cluster, lay, T: float):
+    """(forward, backward) seconds of an expert layer's expert-parallel exchange, one TP rank and
+    microbatch ((0, 0) without EP): forward the counts' all-gather (E i64 a rank) and the host's
+    plan, then 2 all-to-alls of the N = T·k rows [N, H] bf16, each with its permutation (a gather
+    of the M = N rows, 4H + 4 bytes a row); backward 2 of them, 3 under selective
+    recomputation. None overlaps compute."""
+    ep, h = lay.ep, model.hidden_size
+    if ep == 1 or not model.num_experts:
+        return 0.0, 0.0
+    from braid import planner as p
+    rows = T * model.moe_router_topk
+    move = all_to_all_s(cluster, lay, 2 * h * rows) + \
+        p._bytes_time(cluster.gpu, (4 * h + 4) * rows, 1)
+    counts = p._ring(8 * model.num_experts * ep, ep, *p._link(cluster, lay.tp * ep), "all_gather")
+    plan = counts + EP_PLAN_HOST_S + ROUTING_HOST_S_PER_CHOICE * rows
+    return plan + 2 * move, (3 if lay.recompute == "selective" else 2) * move
+
+
+def all_to_all_s(cluster, lay, nbytes: float) -> float:
+    """One all-to-all over an EP group, `nbytes` a rank of which each sends (ep - 1) / ep to its
+    peers and receives as much, by the alpha-beta costs of the planner's collectives: in a node
+    (the group's tp·ep consecutive ranks fit) over NVLink, a latency step a peer - the bytes
+    and steps of a ring all-gather of the same buffer. Across nodes the bytes for peers on other
+    nodes go over the network while those for the peers on the node go over NVLink, the slower
+    of the two, at the network's latency a peer."""
+    from braid import planner as p
+    ep, t, node = lay.ep, lay.tp, cluster.gpus_per_node
+    if t * ep <= node:
+        return p._ring(nbytes, ep, *p._link(cluster, t * ep), "all_gather")
+    here = max(1, node // t)  # the group's ranks on one node, this one included
+    nvlink = (here - 1) / ep * nbytes / (cluster.nvlink_bw * p.NVLINK_EFFICIENCY)
+    net = (ep - here) / ep * nbytes / (cluster.net_bw * p.NET_EFFICIENCY)
+    return max(nvlink, net) + (ep - 1) * p.NET_ALPHA_S
+
+
+def step_exchange_s(costs, ranges, microbatches: int, rerun) -> float:
+    """The seconds of a step the busiest pipeline rank spends in expert parallelism's exchanges
+    (part of its forwards and backwards, not overlapped): each of its layers' (planner.LayerCost
+    `costs`, `ranges` its chunks' layers) for every microbatch, the forward's again in the layers
+    full recomputation reruns (`rerun(begin, end)`)."""
+    return microbatches * max(sum((1 + (l in rerun(b, e))) * costs[l].exchange_forward +
+                                  costs[l].exchange_backward
+                                  for b, e in rank for l in range(b, e)) for rank in ranges)
+
+
+def chunk_experts(model, lay, ranges) -> list:
+    """[rank][chunk]: the routed experts' parameters each model chunk of `ranges` (planner
+    .stage_ranges) holds, one TP rank's share of E / ep experts of each of its expert layers."""
+    return [[model.experts_params(b, e, lay.tp, lay.ep) for b, e in chunks] for chunks in ranges]
+
+
+def data_groups(lay, params: float, experts: float) -> list:
+    """[(parameters, group size)]: what the gradient reduction (and ZeRO) of a rank's `params`,
+    `experts` of them its experts', runs over - all over dp x cp; with expert parallelism the
+    dense ones over dp x cp and the experts' over the expert-data-parallel group, dp x cp /
+    ep."""
+    d = lay.dp * lay.cp
+    if lay.ep == 1:
+        return [(params, d)]
+    return [(params - experts, d), (experts, d // lay.ep)]
+
+
+def data_sync_s(cluster, lay, bytes_each: float, params: float, experts: float,
+                kind: str) -> float:
+    """Seconds of a collective (`kind`) over the data-parallel ranks (dp x cp) of `params`
+    parameters at `bytes_each` bytes, `experts` of them experts', which go over their own
+    expert-DP group: the gradients' reduction (all_reduce; ZeRO: reduce_scatter) or ZeRO's
+    parameter all-gather. Both groups span about the same ranks (the expert-DP one strides by
+    tp·ep): the same links."""
+    from braid import planner as p
+    bw, alpha = p._link(cluster, lay.tp * lay.cp * lay.dp)
+    return sum(p._ring(bytes_each * n, g, bw, alpha, kind)
+               for n, g in data_groups(lay, params, experts))
+
+
+def sharded(lay, params: float, experts: float) -> float:
+    """The parameters whose f32 master weights and Adam moments a rank holds and updates: all of
+    its `params` without ZeRO, else its shard of each data group's."""
+    return sum(n / g for n, g in data_groups(lay, params, experts)) if lay.zero else params
+
+
+def ep_choices(model, data_ranks: int, fixed: dict | None = None) -> list:
+    """The expert-parallel sizes the search tries: fixed["ep"] where given, else the divisors of
+    E that divide the dp x cp ranks (1 alone for a dense model)."""
+    if fixed and fixed.get("ep") is not None:
+        return [fixed["ep"]]
+    e = model.num_experts
+    return [x for x in range(1, e + 1) if e % x == 0 and data_ranks % x == 0] if e else [1]
+
+
+def widths(model) -> list:
+    """[(name, width)]: the hidden sizes of an expert layer's MLPs that TP splits, the experts'
+    and the shared expert's (for planner.check_layout's message)."""
+    s = model.moe_shared_expert_intermediate_size
+    return ([("expert ffn", model.mlp_hidden_size)] if model.num_experts else []) + \
+        ([("shared expert", s)] if s else [])
+
+
+def layout_error(model, lay) -> str | None:
+    """What is wrong with the layout's expert parallelism (braid.moe_args.check's words)."""
+    ep, e, data = lay.ep, model.num_experts, lay.dp * lay.cp
+    if ep == 1:
+        return None
+    if ep < 1 or not e:
+        return f"--expert-model-parallel-size {ep} needs --num-experts (and to be at least 1)"
+    if e % ep:
+        return (f"--expert-model-parallel-size {ep} does not divide --num-experts {e}: each "
+                "expert-parallel rank holds an equal share of the experts")
+    if data % ep:
+        return (f"--expert-model-parallel-size {ep} does not divide the {data} data-parallel x "
+                f"context-parallel ranks: expert parallelism splits them into groups of {ep}")
+    return None
+
+
 def backward_all_reduces(model, T: float) -> list:
     """The bytes of each all-reduce over TP in every backward: the probabilities' gradient
     [T, k] f32, and the shared expert's gate's [T, 1] f32."""
     return [4 * T * model.moe_router_topk] + ([4 * T] if model.moe_shared_expert_gate else [])
 
 
-def kept_bytes(model, t: int, recompute: str) -> float:
+def kept_bytes(model, t: int, recompute: str, ep: int = 1) -> float:
     """Bytes per token the MLP keeps for its backward (LayerActivations), TP rank t's share.
     Dense: fc1_out [T, F|2F] and act_out [T, F] (none), fc1_out (selective). Experts, on the N =
     T·k rows: none expert_in [N, H], fc1_out [N, F|2F], act_out [N, F], expert_out [N, H], the
@@ -129,8 +286,9 @@ def kept_bytes(model, t: int, recompute: str) -> float:
     and the routing. The [N, H] rows are whole on every TP rank (expert_out holds the rank's
     partial sums). A shared expert of S, on the T rows: shared_fc1_out [T, S | 2S] and
     shared_act_out [T, S] (none), shared_fc1_out (selective); with its gate also shared_out
-    [T, H] (the rank's partial output, whole tokens) and the f32 logit [T, 1]. Full keeps only
-    the layer's input (planner.layer_activation_bytes)."""
+    [T, H] (the rank's partial output, whole tokens) and the f32 logit [T, 1]. Expert
+    parallelism also keeps the dispatch's two i32 orders of the M rows (on average N: 8k bytes).
+    Full keeps only the layer's input (planner.layer_activation_bytes)."""
     if recompute == "full":
         return 0.0
 
@@ -144,7 +302,7 @@ def kept_bytes(model, t: int, recompute: str) -> float:
     k, s = model.moe_router_topk, model.moe_shared_expert_intermediate_size
     rows = mlp(model.mlp_hidden_size) + 2 * h + (2 * h if recompute == "none" else 0.0)
     shared = (mlp(s) if s else 0.0) + (2 * h + 4 if model.moe_shared_expert_gate else 0.0)
-    return k * rows + 4 * model.num_experts + 20 * k + shared
+    return k * rows + 4 * model.num_experts + (28 if ep > 1 else 20) * k + shared
 
 
 def by_kind(model, layer: int | None = None) -> list:
@@ -156,14 +314,14 @@ def by_kind(model, layer: int | None = None) -> list:
     return [(w, model.with_experts(x)) for x, w in model.mlp_kinds(layer).items()]
 
 
-def why(model) -> str:
+def why(model, lay) -> str:
     """What planner.why_nothing_fits adds for an MoE model: the experts' share of the
-    parameters, and that every rank holds all of its layers' experts."""
+    parameters, and how far expert parallelism could split them beyond the smallest layout
+    `lay`."""
     if not model.num_experts:
         return ""
-    experts = model.expert_layers * model.num_experts * \
-        model.one_mlp_params(model.mlp_hidden_size)
-    share = experts / model.num_params()
-    return (f"; the {model.num_experts} experts of each layer are {share:.0%} of them, and every "
-            "rank holds all of its layers' experts (braid has no expert parallelism: only TP "
-            "and PP split them, ZeRO their optimizer state)")
+    share = model.expert_layers * model.routed_params() / model.num_params()
+    more = max(ep_choices(model, lay.dp * lay.cp))
+    split = (f", and expert parallelism could split them over up to {more} ranks "
+             "(--expert-model-parallel-size)" if more > lay.ep else "")
+    return f"; the {model.num_experts} experts of each layer are {share:.0%} of them{split}"

@@ -174,7 +174,7 @@ class Timers:
     iteration over a log interval, compared across ranks like Megatron's timers."""
 
     LEVELS = {1: ["step", "compute", "pipeline-wait", "comm-wait"],
-              2: ["tp-comm-wait", "dp-comm-wait", "other-comm-wait"]}
+              2: ["tp-comm-wait", "dp-comm-wait", "ep-comm-wait", "other-comm-wait"]}
 
     def __init__(self, level, option):
         self.names = [n for lv in sorted(self.LEVELS) if lv <= level for n in self.LEVELS[lv]]
@@ -183,10 +183,12 @@ class Timers:
         self.iterations = 0
 
     def add(self, stats):
-        comm = stats.tp_wait_seconds + stats.dp_wait_seconds + stats.other_wait_seconds
+        comm = (stats.tp_wait_seconds + stats.dp_wait_seconds + stats.ep_wait_seconds +
+                stats.other_wait_seconds)
         values = {"step": stats.seconds, "compute": stats.compute_seconds,
                   "pipeline-wait": stats.pipeline_wait_seconds, "comm-wait": comm,
                   "tp-comm-wait": stats.tp_wait_seconds, "dp-comm-wait": stats.dp_wait_seconds,
+                  "ep-comm-wait": stats.ep_wait_seconds,
                   "other-comm-wait": stats.other_wait_seconds}
         self.sums = [s + values[n] for s, n in zip(self.sums, self.names)]
         self.iterations += 1
@@ -283,7 +285,8 @@ def main(argv=None) -> int:
 
     job = braid.init_distributed(a.distributed_timeout_minutes)
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
-                                pp=a.pipeline_model_parallel_size, cp=a.context_parallel_size)
+                                pp=a.pipeline_model_parallel_size, cp=a.context_parallel_size,
+                                ep=a.expert_model_parallel_size)
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
@@ -327,6 +330,7 @@ def main(argv=None) -> int:
            f"with top-{cfg.moe_router_topk} routing" if cfg.num_experts else "") + ") on "
         f"{state.world_size} x {device}: tp={state.tp}"
         + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
+        + (f" ep={state.ep}" if state.ep > 1 else "")
         + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")
         + (", layers per stage " + " | ".join(str(sum(e - b for b, e in chunks))
                                              for chunks in a.stage_layers)

@@ -1,7 +1,6 @@
 #pragma once
 // ParallelState: the (tp, cp, dp, pp) rank grid and its communicators, in Megatron's order
-// (megatron-core's "tp-cp-ep-dp-pp", without expert parallelism) — TP fastest, then CP, then
-// DP, then PP:
+// (megatron-core's "tp-cp-ep-dp-pp") — TP fastest, then CP, then DP, then PP:
 //
 //   rank = tp_rank + tp · (cp_rank + cp · (dp_rank + dp · pp_rank))
 //
@@ -15,6 +14,19 @@
 // what the distributed optimizer shards over.
 // Model-parallel groups hold the TP×PP ranks of one (DP, CP) rank; embedding groups hold the
 // first and the last stage of each PP group (one rank when pp = 1).
+//
+// Expert parallelism (EP, --expert-model-parallel-size) splits the DP×CP ranks of one (TP, PP)
+// coordinate again, as megatron-core's expert RankGenerator ("tp-ep-dp-pp", expert TP = TP)
+// does: with j = cp_rank + cp · dp_rank (the rank in the dp_cp group),
+//
+//   ep_rank = j % ep,   expert_dp_rank = j / ep   (expert DP size = dp · cp / ep)
+//
+// An EP group (ranks that hold different experts and exchange tokens) is ep consecutive j;
+// an expert-DP group (ranks that hold the same experts and sum their gradients) strides j by
+// ep. Megatron's example, 8 ranks with TP=2, EP=2 (so DP=4, expert DP=2):
+//   EP groups [0,2] [4,6] [1,3] [5,7]      expert-DP groups [0,4] [2,6] [1,5] [3,7]
+// With cp > 1 an EP group takes the CP ranks first (cp = 2, ep = 2: the EP group is the CP
+// pair).
 //
 // RankGrid is the arithmetic alone (no communication), so layouts are checked, on every rank
 // alike and before any collective, from numbers every rank has: a bad layout is the same
@@ -33,6 +45,7 @@ struct ParallelLayout {
   int pp = 1;  // --pipeline-model-parallel-size
   int dp = 0;  // data-parallel size; 0: world size / (tp · cp · pp)
   int cp = 1;  // --context-parallel-size
+  int ep = 1;  // --expert-model-parallel-size
 };
 
 struct GridCoords {
@@ -44,7 +57,8 @@ struct GridCoords {
 
 class RankGrid {
  public:
-  // ConfigError unless every size is >= 1 and tp · cp · pp · dp == world_size.
+  // ConfigError unless every size is >= 1, tp · cp · pp · dp == world_size and ep divides
+  // dp · cp.
   RankGrid(int world_size, const ParallelLayout& layout);
 
   int world_size() const { return tp_ * cp_ * pp_ * dp_; }
@@ -52,11 +66,16 @@ class RankGrid {
   int cp() const { return cp_; }
   int pp() const { return pp_; }
   int dp() const { return dp_; }
+  int ep() const { return ep_; }
+  int expert_dp() const { return dp_ * cp_ / ep_; }
 
   int rank_of(const GridCoords& c) const {
     return c.tp_rank + tp_ * (c.cp_rank + cp_ * (c.dp_rank + dp_ * c.pp_rank));
   }
   GridCoords coords(int rank) const;
+  // The expert grid's coordinates (not in GridCoords: they are a second reading of cp and dp).
+  int ep_rank(int rank) const;
+  int expert_dp_rank(int rank) const;
 
   // The members of `rank`'s groups, in group-rank order.
   std::vector<int> tp_group(int rank) const;
@@ -66,13 +85,18 @@ class RankGrid {
   std::vector<int> pp_group(int rank) const;
   std::vector<int> model_parallel_group(int rank) const;  // TP × PP, ordered tp fastest
   std::vector<int> embedding_group(int rank) const;       // empty if `rank` is in none
+  std::vector<int> ep_group(int rank) const;              // ep consecutive dp_cp ranks
+  std::vector<int> expert_dp_group(int rank) const;       // dp_cp ranks strided by ep
 
  private:
   // The ranks that share `rank`'s coordinates but for those `vary` lists, in rank order.
   std::vector<int> group(int rank, std::initializer_list<int GridCoords::*> vary) const;
   int size_of(int GridCoords::*coord) const;
+  // The ranks of `rank`'s (TP, PP) coordinate whose dp_cp index is first + stride · i,
+  // i < count.
+  std::vector<int> data_group(int rank, int first, int stride, int count) const;
 
-  int tp_, pp_, dp_, cp_;
+  int tp_, pp_, dp_, cp_, ep_;
 };
 
 class ParallelState {
@@ -88,6 +112,8 @@ class ParallelState {
   int cp_rank() const { return coords_.cp_rank; }
   int dp_rank() const { return coords_.dp_rank; }
   int pp_rank() const { return coords_.pp_rank; }
+  int ep_rank() const { return grid_.ep_rank(rank()); }
+  int expert_dp_rank() const { return grid_.expert_dp_rank(rank()); }
   bool is_first_stage() const { return coords_.pp_rank == 0; }
   bool is_last_stage() const { return coords_.pp_rank == grid_.pp() - 1; }
   // Neighbouring stages as ranks of the PP group (wrapping around, as Megatron does).
@@ -101,6 +127,10 @@ class ParallelState {
   // The gradients' group: DP × CP (the DP group itself when cp = 1).
   Communicator& dp_cp() const { return *dp_cp_; }
   Communicator& pp() const { return *pp_; }
+  // Expert parallelism: the EP group (one rank when ep = 1) and the experts' gradient group
+  // (dp_cp itself when ep = 1).
+  Communicator& ep() const { return *ep_; }
+  Communicator& expert_dp() const { return *expert_dp_; }
   Communicator& model_parallel() const { return *model_parallel_; }
   // nullptr on ranks that are neither the first nor the last stage.
   Communicator* embedding() const { return embedding_.get(); }
@@ -109,7 +139,8 @@ class ParallelState {
   std::shared_ptr<Communicator> world_;
   RankGrid grid_;
   GridCoords coords_;
-  std::shared_ptr<Communicator> tp_, cp_, dp_, dp_cp_, pp_, model_parallel_, embedding_;
+  std::shared_ptr<Communicator> tp_, cp_, dp_, dp_cp_, pp_, model_parallel_, embedding_, ep_,
+      expert_dp_;
 };
 
 }  // namespace braid::comm

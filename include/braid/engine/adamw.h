@@ -35,9 +35,16 @@ struct AdamWConfig {
 // What the optimizer updates in one model chunk: the ranges of its flat buffers this rank owns
 // (ascending, disjoint). Data parallelism without ZeRO: everything; ZeRO-1: this DP rank's
 // shard of every bucket (GradBuffer::owned_ranges).
+// The copies: how many ranks of the norm group own each of these elements (the norm counts
+// each once), for the experts' parameters (spec.expert >= 0) and for the others. 1 where the
+// norm group is chosen so that one rank owns each; expert parallelism without ZeRO sums the
+// norm over the world, where dp·cp ranks hold each dense element and expert-DP ranks each
+// expert's.
 struct OptimizerChunk {
   model::GPTModel* model = nullptr;
   std::vector<ElementRange> owned;
+  int dense_copies = 1;
+  int expert_copies = 1;
 };
 
 class AdamW {
@@ -46,13 +53,15 @@ class AdamW {
   AdamW(model::GPTModel& model, AdamWConfig config);
   // The owned ranges of every chunk this rank holds; `norm_group` sums the squares of the
   // global norm (nullptr: this rank's are the whole). The caller picks a group in which every
-  // parameter element is owned exactly once: the model-parallel group without ZeRO (DP
-  // replicas hold the same sums), every rank with ZeRO.
+  // parameter element is owned once, or says by the chunks' copies how often: the
+  // model-parallel group without ZeRO (DP replicas hold the same sums), every rank with ZeRO,
+  // and every rank with copies under expert parallelism without ZeRO.
   AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Communicator* norm_group);
 
   // The global L2 norm of the gradients as they are in the buffers: every parameter counted
-  // once - a shard that k TP ranks hold adds 1/k of its squares on each, and the last stage's
-  // copy of tied embeddings none (the first stage's counts).
+  // once - a shard that k TP ranks hold adds 1/k of its squares on each (1/(k·copies) when
+  // `copies` ranks of the norm group own it), and the last stage's copy of tied embeddings none
+  // (the first stage's counts).
   float grad_norm() const;
   // The same global L2 norm of the parameters, from the f32 master weights (Megatron's
   // --log-params-norm). Collective over the norm group, like grad_norm.
@@ -104,10 +113,11 @@ class AdamW {
   std::vector<ops::AdamWGroup> groups_;  // one per (parameter, owned range)
   std::vector<bool> decays_;             // groups_[i] takes the weight decay
   bool decays(const model::ParamSpec& spec) const;
-  // The global norm of `by_replicas` (a shard that k TP ranks hold adds 1/k of its squares).
-  float global_norm(const std::map<int, std::vector<Tensor>>& by_replicas) const;
-  std::map<int, std::vector<Tensor>> grads_by_replicas_;   // norm inputs by TP copies held
-  std::map<int, std::vector<Tensor>> params_by_replicas_;  // the master weights alike
+  // The global norm of `by_copies` (a shard that k ranks of the norm group hold - TP replicas
+  // times data copies - adds 1/k of its squares).
+  float global_norm(const std::map<int, std::vector<Tensor>>& by_copies) const;
+  std::map<int, std::vector<Tensor>> grads_by_copies_;   // norm inputs by copies held
+  std::map<int, std::vector<Tensor>> params_by_copies_;  // the master weights alike
   Device device_;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
-// Distributed checkpoints: a Trainer's whole state saved under one (tp, pp, dp, ZeRO, virtual
-// stages) layout and loaded under any other, optimizer state included.
+// Distributed checkpoints: a Trainer's whole state saved under one (tp, pp, dp, ep, ZeRO,
+// virtual stages) layout and loaded under any other, optimizer state included.
 //
 // On disk (Megatron's names):
 //   <dir>/latest_checkpointed_iteration.txt   the last complete iteration, replaced by rename
@@ -8,15 +8,20 @@
 //                                             layout it was saved from, trainer, loss-scaler
 //                                             and RNG state, consumed samples, tensor index
 //   <dir>/iter_0000100/mp_rank_TT_PPP.safetensors   one per (tp, pp) position
+//   <dir>/iter_0000100/mp_rank_TT_PPP_EEE.safetensors   instead, under expert parallelism
+//                                                        (ep > 1): one per (tp, pp, ep)
 //
 // Tensors are stored at their global names with the layout taken out: a file holds, for each
 // parameter its (tp, pp) position owns, the rows (or columns) of its TP shard without
 // vocabulary padding - tied embeddings once, from the first stage; kv heads that TP ranks
 // share once, from the first of them - and with the optimizer `optimizer.exp_avg.<name>`,
 // `optimizer.exp_avg_sq.<name>` and (bf16 parameters) `optimizer.master.<name>`, f32, the same
-// slice. ZeRO shards are gathered over the DP group first; DP rank 0 writes. The index in
-// metadata.json gives each tensor's global shape, split dimension and the slice each file
-// holds, so a loader takes from each file the part its own shard overlaps.
+// slice. ZeRO shards are gathered over the DP group first; DP rank 0 writes. Under expert
+// parallelism EP rank e's file holds experts [e·E/ep, (e+1)·E/ep) of every expert layer (their
+// ZeRO shards gathered over the expert-DP group; expert-DP rank 0 writes), and EP rank 0's also
+// everything else. The index in metadata.json gives each tensor's global shape, split dimension
+// and the slice each file holds, so a loader takes from each file the part its own shard
+// overlaps - and each expert from whichever file holds it.
 //
 // Atomic: every rank writes into a temporary beside <dir>/iter_0000100 and fsyncs its file; rank 0
 // writes metadata.json last, renames the directory into place, fsyncs <dir>, then replaces the

@@ -23,6 +23,13 @@
 // work by an event; on the CPU a ProgressThread keeps MPI moving while the main thread
 // computes. finish_grad_sync() posts whatever is left and waits for everything.
 //
+// Expert parallelism. An EP rank holds only its experts (model/expert_parallel.h), and their
+// gradients already hold every EP peer's tokens' contributions (the token all-to-all brought
+// them). So buckets never mix expert parameters with the others (make_buckets' split_experts),
+// and an expert bucket is reduced, sharded and gathered over the expert-data-parallel group -
+// the ranks holding the same experts - instead of the DP group; its sum is again the whole
+// batch's gradient. Bucket boundaries stay multiples of dp, which the expert-DP size divides.
+//
 // ZeRO-1. After the optimizer has updated this rank's shards, start_param_gather()
 // all-gathers every bucket's parameters. With --overlap-param-gather the gathers run during
 // the next forward: before a piece of the model reads its parameters
@@ -59,24 +66,31 @@ struct ElementRange {
 struct Bucket {
   ElementRange range;          // elements of the chunk's flat buffers; size divisible by dp
   std::vector<size_t> params;  // parameters with elements in it, flat order
+  bool expert = false;         // experts' parameters only: reduced, sharded over expert-DP
   ElementRange shard(int dp_rank, int dp_size) const;
 };
 
 // The buckets of a chunk with `layout`, bucket 0 holding the last parameters. `bucketed`:
 // cut at bucket_size (else one bucket, and the separate embedding bucket where needed).
 // `separate_embedding`: embed_tokens gets a bucket of its own (ZeRO + pp > 1 + tied).
+// `split_experts` (expert parallelism): a bucket also closes wherever the parameters change
+// between experts' (spec.expert >= 0) and the others, and expert buckets are marked; ConfigError
+// when such a change has no multiple of dp_size between the two parameters' elements (a layout
+// with ModelChunk::expert_alignment = dp_size always has one, as ParallelModel builds them).
 std::vector<Bucket> make_buckets(const model::ParamLayout& layout, int dp_size, int64_t bucket_size,
-                                 bool bucketed, bool separate_embedding);
+                                 bool bucketed, bool separate_embedding,
+                                 bool split_experts = false);
 // Elements the flat buffers need for these buckets (the end of the last).
 int64_t buffer_elements(const std::vector<Bucket>& buckets);
 
 class GradBuffer {
  public:
-  // `dp`: the DP group (nullptr or one rank: no communication). `progress`: the thread that
+  // `dp`: the DP group (nullptr or one rank: no communication). `expert_dp`: the expert
+  // buckets' group (nullptr: `dp`; one rank: no communication). `progress`: the thread that
   // progresses CPU collectives (nullptr on CUDA). Installs the model's hooks; the model's
   // flat buffers must hold buffer_elements(buckets).
-  GradBuffer(model::GPTModel& model, comm::Communicator* dp, const DDPConfig& config,
-             std::vector<Bucket> buckets, comm::ProgressThread* progress);
+  GradBuffer(model::GPTModel& model, comm::Communicator* dp, comm::Communicator* expert_dp,
+             const DDPConfig& config, std::vector<Bucket> buckets, comm::ProgressThread* progress);
   ~GradBuffer();  // waits for what is in flight, removes the hooks
   GradBuffer(const GradBuffer&) = delete;
   GradBuffer& operator=(const GradBuffer&) = delete;
@@ -85,9 +99,14 @@ class GradBuffer {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   int dp_size() const { return dp_ != nullptr ? dp_->size() : 1; }
   int dp_rank() const { return dp_ != nullptr ? dp_->rank() : 0; }
+  // The group a bucket is reduced, sharded and gathered over: the expert-DP group for expert
+  // buckets, else the DP group; nullptr where it has one rank.
+  comm::Communicator* group(const Bucket& b) const { return b.expert ? expert_dp_ : dp_; }
+  int group_size(const Bucket& b) const { return group(b) != nullptr ? group(b)->size() : 1; }
+  int group_rank(const Bucket& b) const { return group(b) != nullptr ? group(b)->rank() : 0; }
   bool sharded() const { return config_.use_distributed_optimizer; }
-  // The elements this rank's optimizer updates: its shard of every bucket with ZeRO, else
-  // the whole of every bucket.
+  // The elements this rank's optimizer updates: its shard (over the bucket's group) of every
+  // bucket with ZeRO, else the whole of every bucket.
   std::vector<ElementRange> owned_ranges() const;
 
   // Before the step's first backward: the step runs `microbatches` backwards per parameter.
@@ -121,6 +140,7 @@ class GradBuffer {
 
   model::GPTModel& model_;
   comm::Communicator* dp_;
+  comm::Communicator* expert_dp_;
   DDPConfig config_;
   std::vector<Bucket> buckets_;
   comm::ProgressThread* progress_;

@@ -6,7 +6,9 @@
 // Every rank builds from the same config and seed and holds exactly its slice of the weights
 // the single-rank model would have (parameters.h, init.h), so a layout never changes the
 // model. Chunk c of pipeline rank r holds model chunk c·pp + r (Megatron's interleaving),
-// with the layers engine::stage_layers gives it.
+// with the layers engine::stage_layers gives it. Under expert parallelism (ep > 1) a chunk
+// holds its EP rank's experts only (model/expert_parallel.h), whose gradients its buffer
+// reduces over the expert-DP group (grad_buffer.h).
 
 #include <cstdint>
 #include <memory>
@@ -33,7 +35,9 @@ struct ParallelConfig {
 
   // ConfigError (same on every rank, before any communication) unless the model splits over
   // the layout: the TP rules (check_tensor_parallel), the layers over pp × virtual_stages
-  // (stage_layers), virtual stages only with pp > 1, and the DDP options.
+  // (stage_layers), virtual stages only with pp > 1, the DDP options, and the experts over ep
+  // (check_expert_parallel) with a bucket boundary between experts' parameters and the others
+  // (make_buckets' split_experts).
   void validate(const model::TransformerConfig& config, const comm::RankGrid& grid) const;
   // stage_layers under this config: [pp rank][chunk].
   std::vector<std::vector<LayerRange>> layers(int num_layers, int pp) const;

@@ -68,6 +68,7 @@ struct StepStats {
   double pipeline_wait_seconds = 0;  // pipeline p2p: the bubble, the transfers, imbalance
   double tp_wait_seconds = 0;        // tensor-parallel collectives ("tp", "tp_kv")
   double dp_wait_seconds = 0;        // DP reductions and ZeRO gathers the step did not hide
+  double ep_wait_seconds = 0;        // expert parallelism's token all-to-alls and counts ("ep")
   // The loss, gradient norm and tied embeddings (other groups). These wait for the slowest
   // rank, so they also hold the skew at the step's end - under pp, stages waiting for the
   // first stage's last backwards.

@@ -48,6 +48,7 @@
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
 #include "braid/model/context_parallel.h"
+#include "braid/model/expert_parallel.h"
 #include "braid/model/kv_cache.h"
 #include "braid/model/parameters.h"
 #include "braid/model/tensor_parallel.h"
@@ -64,10 +65,11 @@ class GPTModel {
   // `chunk`: the layers (and embedding / head) this pipeline stage holds (parameters.h).
   // `buffer_elements`: the flat buffers hold at least this many elements (zeros past the
   // layout's num_elements), so data parallelism can cut them into equal shards (grad_buffer.h).
-  // `cp`: the context-parallel group (above).
+  // `cp`: the context-parallel group (above). `ep`: the expert-parallel group; the model holds
+  // its share of the experts (ExpertParallel::holding: `chunk`'s expert range is replaced).
   GPTModel(const TransformerConfig& config, Device device, uint64_t seed,
            const TensorParallel& tp = {}, const ModelChunk& chunk = {}, int64_t buffer_elements = 0,
-           const ContextParallel& cp = {});
+           const ContextParallel& cp = {}, const ExpertParallel& ep = {});
   ~GPTModel();
   GPTModel(const GPTModel&) = delete;
   GPTModel& operator=(const GPTModel&) = delete;
@@ -78,6 +80,7 @@ class GPTModel {
   const ParamLayout& layout() const { return layout_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   const ContextParallel& context_parallel() const { return cp_; }
+  const ExpertParallel& expert_parallel() const { return ep_; }
   const ModelChunk& chunk() const { return layout_.chunk; }
 
   std::vector<Parameter>& parameters() { return params_; }  // flat-buffer order
@@ -220,6 +223,7 @@ class GPTModel {
   uint64_t seed_;
   TensorParallel tp_;
   ContextParallel cp_;
+  ExpertParallel ep_;
   std::shared_ptr<comm::Communicator> kv_group_;  // TP ranks that share a replicated kv head
   comm::Communicator* embedding_group_ = nullptr;
   int first_layer_ = 0;

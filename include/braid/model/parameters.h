@@ -49,6 +49,7 @@ struct ParamSpec {
   int tp_dim = -1;    // -1 replicated, 0 column-parallel (split dim 0), 1 row-parallel (dim 1)
   int layer = -1;     // global layer index; -1 outside the transformer layers
   bool weight_decay;  // true for the weight matrices of linear layers (incl. lm_head)
+  int expert = -1;    // j for expert j's parameters (mlp.experts.{j}.*); -1 for the rest
 };
 
 // How one TP rank holds a parameter.
@@ -72,11 +73,19 @@ struct Parameter {
 // With tied embeddings the last chunk holds its own copy of embed_tokens as the output weight
 // (initialised alike; GPTModel::finalize_grads sums the two copies' gradients over the
 // embedding group, so they stay equal). The default is the whole model.
+// Under expert parallelism a rank holds the experts [first_expert, end_expert) of every expert
+// layer (its EP rank's share, ExpertParallel::holding), and each layer's run of expert
+// parameters starts and ends at a multiple of expert_alignment elements (the data-parallel
+// size: gradient buckets, which split into that many equal shards, can then keep experts apart
+// from the rest).
 struct ModelChunk {
   int first_layer = 0;
   int end_layer = -1;  // -1: through the last layer
   bool embedding = true;
   bool head = true;
+  int first_expert = 0;
+  int end_expert = -1;  // -1: through the last expert
+  int64_t expert_alignment = 1;
 };
 
 // Where each parameter sits in the flat buffer of one TP rank.

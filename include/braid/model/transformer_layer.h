@@ -18,6 +18,7 @@
 #include "braid/core/tensor.h"
 #include "braid/model/config.h"
 #include "braid/model/context_parallel.h"
+#include "braid/model/expert_parallel.h"
 #include "braid/model/kv_cache.h"
 #include "braid/model/moe.h"
 #include "braid/model/norm.h"
@@ -43,8 +44,9 @@ struct LayerTensors {
   Tensor o_weight, o_bias;  // [H, Hq D], [H]
   Tensor post_norm_weight, post_norm_bias;
   MlpTensors mlp;  // the dense MLP
-  // Mixture of experts, in place of mlp: the router [E, H] (replicated over TP), each expert's
-  // MLP, and (when the config has them) the shared expert's and its gate [1, H] (replicated).
+  // Mixture of experts, in place of mlp: the router [E, H] (replicated over TP), the MLP of each
+  // expert this rank holds (all of them without expert parallelism), and (when the config has them)
+  // the shared expert's and its gate [1, H] (replicated).
   Tensor router_weight;
   Tensor expert_bias;  // [E] f32, with moe_router_enable_expert_bias (not a parameter: no grad)
   std::vector<MlpTensors> experts;
@@ -101,13 +103,16 @@ struct LayerActivations {
   Tensor post_norm_out;
   Tensor fc1_out;  // [B, S, F | 2F]
   Tensor act_out;  // [B, S, F]
-  // Mixture of experts: the routing (router_logits [T, E] f32, kept by none and selective, as is
-  // expert_out) and the experts' rows (moe.h): expert_in [N, H] (none only: selective gathers it
-  // again), fc1_out [N, F | 2F] and act_out [N, F] in place of the dense ones, expert_out [N, H].
+  // Mixture of experts: the routing (router_logits [T, E] f32, kept by none and selective, as are
+  // the dispatch plan and expert_out) and the experts' rows (moe.h): expert_in [M, H] (none only:
+  // selective gathers and dispatches it again), fc1_out [M, F | 2F] and act_out [M, F] in place of
+  // the dense ones, in the local experts' order (expert_parallel.h; M = N without EP),
+  // expert_out [N, H] in routed order.
   // The shared expert's fc1 output and activation [T, ...] (the activation: none only), its
   // output [T, H] and its gate's logit [T, 1] f32 (with a gate; none and selective).
   Tensor router_logits;
   MoeRouting routing;
+  ExpertDispatch dispatch;
   Tensor expert_in, expert_out;
   Tensor shared_fc1_out, shared_act_out, shared_out, shared_gate_logit;
 };
@@ -125,8 +130,10 @@ struct DropoutContext {
 class TransformerLayer {
  public:
   // Block `layer` (0-based, of the whole model: it decides the attention window) of `config`.
+  // `weights` and `grads` hold the experts `ep` gives this rank.
   TransformerLayer(const TransformerConfig& config, int64_t layer, const TensorParallel& tp,
-                   const ContextParallel& cp, LayerTensors weights, LayerTensors grads);
+                   const ContextParallel& cp, const ExpertParallel& ep, LayerTensors weights,
+                   LayerTensors grads);
 
   // x [T_region, H] -> out [T_region, H]. Keeps what `policy` says in `saved`; nothing if
   // nullptr. With context parallelism x holds this rank's chunks (tokens: [2B, L]).
@@ -191,6 +198,8 @@ class TransformerLayer {
                      bool decoding) const;
   Tensor moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;
+  // The local experts' input rows [M, H]: h_full's routed rows, dispatched.
+  Tensor expert_input(const Tensor& h_full, const MoeRouting& r, const ExpertDispatch& d) const;
   // The shared expert (gated or not) added into m [T, H]; its backward added into dh.
   void shared_expert_forward(Tensor m, const Tensor& h_full, LayerActivations* saved) const;
   void shared_expert_backward(Tensor dh, const Tensor& dm, const Tensor& h_full,
@@ -210,6 +219,7 @@ class TransformerLayer {
   TransformerConfig config_;
   TensorParallel tp_;
   ContextParallel cp_;
+  ExpertParallel ep_;
   LayerShape shape_;
   int64_t window_;  // ops::attention_forward's: -1 or the keys before each query it sees
   bool moe_;        // experts (and a router) in place of the dense MLP

@@ -2,17 +2,20 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "braid/ckpt/safetensors.h"
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
 #include "braid/engine/checkpoint.h"
@@ -49,10 +52,12 @@ struct Layout {
   int virtual_stages = 1;
   std::optional<int> first_stage_layers = std::nullopt;  // uneven pipeline stages
   std::optional<int> last_stage_layers = std::nullopt;
+  int ep = 1;  // expert parallelism, carved out of dp
   std::string str() const {
     std::ostringstream out;
     out << "(" << tp << ", " << pp << ", " << dp << ")" << (zero ? " zero" : "")
         << (virtual_stages > 1 ? " v2" : "");
+    if (ep > 1) out << " ep" << ep;
     if (first_stage_layers) out << " first " << *first_stage_layers;
     if (last_stage_layers) out << " last " << *last_stage_layers;
     return out.str();
@@ -73,8 +78,9 @@ struct Job {
       single = std::make_unique<GPTModel>(config, Device::cpu(), seed);
       model = std::make_unique<ParallelModel>(*single);
     } else {
-      state = std::make_unique<comm::ParallelState>(comm::init_distributed().world,
-                                                    comm::ParallelLayout{l.tp, l.pp, l.dp});
+      state = std::make_unique<comm::ParallelState>(
+          comm::init_distributed().world,
+          comm::ParallelLayout{.tp = l.tp, .pp = l.pp, .dp = l.dp, .ep = l.ep});
       ParallelConfig parallel;
       parallel.virtual_stages = l.virtual_stages;
       parallel.first_stage_layers = l.first_stage_layers;
@@ -113,10 +119,12 @@ std::string scratch(const std::string& name) {
 
 void barrier() { comm::init_distributed().world->barrier()->wait(); }
 
+bool is_single(const Layout& l) { return l.tp * l.pp * l.dp == 1; }
+
 // Saved under `saving` after 3 steps; every layout of `loading` that loads it takes the same
-// next 3 steps as the saving layout does.
-void check_reshard(const std::string& name, const TransformerConfig& config, const Layout& saving,
-                   const std::vector<Layout>& loading) {
+// next 3 steps as the saving layout does. Returns the checkpoint directory.
+std::string check_reshard(const std::string& name, const TransformerConfig& config,
+                          const Layout& saving, const std::vector<Layout>& loading) {
   SCOPED_TRACE(name + " saved at " + saving.str());
   static int saves = 0;
   const std::string dir = scratch("reshard_" + std::to_string(saves++));
@@ -124,7 +132,10 @@ void check_reshard(const std::string& name, const TransformerConfig& config, con
   {
     Job job(config, saving, 11);
     for (int s = 0; s < 3; ++s) job.step(config);
-    save_checkpoint(dir, *job.trainer, {.consumed_samples = 3 * kGlobalRows});
+    // A one-process layout runs on every rank alike; one of them saves.
+    if (!is_single(saving) || comm::init_distributed().world->rank() == 0)
+      save_checkpoint(dir, *job.trainer, {.consumed_samples = 3 * kGlobalRows});
+    if (is_single(saving)) barrier();
     for (int s = 0; s < 3; ++s) want.push_back(job.step(config));
   }
   for (const Layout& l : loading) {
@@ -140,6 +151,7 @@ void check_reshard(const std::string& name, const TransformerConfig& config, con
     }
     barrier();
   }
+  return dir;
 }
 
 TEST(CheckpointReshard, SavedAt222WithZeroLoadsEverywhere) {
@@ -160,6 +172,104 @@ TEST(CheckpointReshard, SavedWithUnevenStagesLoadsEverywhere) {
   const Layout saving{2, 2, 2, true, 1, std::nullopt, 3};
   check_reshard("gpt2", gpt2(), saving,
                 {{1, 1, 1, false}, {2, 4, 1, true}, {1, 2, 4, false, 2, 2, std::nullopt}});
+}
+
+// ---- expert parallelism -------------------------------------------------------------------
+
+// A mixture of experts in every layer: 4 experts, top 2.
+TransformerConfig moe() {
+  TransformerConfig c = llama();
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 32;
+  return c;
+}
+
+Layout with_ep(int tp, int pp, int dp, bool zero, int ep) {
+  return Layout{.tp = tp, .pp = pp, .dp = dp, .zero = zero, .ep = ep};
+}
+
+// The files of a checkpoint saved under (tp, pp, ep) are Megatron's, mp_rank_TT_PPP (ep = 1) or
+// mp_rank_TT_PPP_EEE, and each holds what its position writes: under EP the experts of EP rank
+// e, and the other tensors in EP rank 0's file only.
+void check_files(const std::string& dir, int64_t iteration, int tp, int pp, int ep,
+                 int64_t num_experts) {
+  if (comm::init_distributed().world->rank() != 0) return;
+  const std::string path = iteration_directory(dir, iteration);
+  std::vector<std::string> files, want{"metadata.json"};
+  for (const auto& entry : fs::directory_iterator(path))
+    files.push_back(entry.path().filename().string());
+  std::sort(files.begin(), files.end());
+  for (int t = 0; t < tp; ++t) {
+    for (int p = 0; p < pp; ++p) {
+      for (int e = 0; e < ep; ++e) {
+        char name[64];
+        if (ep > 1)
+          std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d_%03d.safetensors", t, p, e);
+        else
+          std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d.safetensors", t, p);
+        want.push_back(name);
+        const ckpt::SafetensorsFile file = ckpt::SafetensorsFile::open(path + "/" + name);
+        int experts = 0, dense = 0;
+        for (const std::string& key : file.names()) {
+          const size_t at = key.find("mlp.experts.");
+          if (at == std::string::npos) {
+            ++dense;
+            continue;
+          }
+          const int64_t j = std::stoll(key.substr(at + std::strlen("mlp.experts.")));
+          EXPECT_GE(j, e * num_experts / ep) << name << " holds " << key;
+          EXPECT_LT(j, (e + 1) * num_experts / ep) << name << " holds " << key;
+          ++experts;
+        }
+        EXPECT_GT(experts, 0) << name;
+        if (e == 0)
+          EXPECT_GT(dense, 0) << name;
+        else
+          EXPECT_EQ(dense, 0) << name;
+      }
+    }
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(files, want);
+  std::ifstream in(path + "/metadata.json");
+  const nlohmann::json meta = nlohmann::json::parse(in);
+  EXPECT_EQ(meta.at("layout").at("expert_model_parallel_size").get<int>(), ep);
+}
+
+// A MoE model saved under expert parallelism (with and without ZeRO, whose expert buckets shard
+// over the expert-DP group) resumes without it, and one saved without it resumes under EP: the
+// loader takes each expert by name from whichever file holds it.
+TEST(CheckpointExpertParallel, SavedUnderEpLoadsUnderAnyOtherEp) {
+  const int world = comm::init_distributed().world->size();
+  const TransformerConfig config = moe();
+  if (world == 2) {
+    const std::string ep_dir =
+        check_reshard("moe", config, with_ep(1, 1, 2, true, 2),
+                      {{1, 1, 1, false}, {1, 1, 2, true}, with_ep(1, 1, 2, false, 2)});
+    check_files(ep_dir, 3, 1, 1, 2, config.num_experts);
+    const std::string dense_dir = check_reshard(
+        "moe", config, {1, 1, 1, false}, {with_ep(1, 1, 2, true, 2), with_ep(1, 1, 2, false, 2)});
+    check_files(dense_dir, 3, 1, 1, 1, config.num_experts);
+  } else if (world == 8) {
+    // tp2 · ep2 (dp 4, expert DP 2) with ZeRO, loaded down to one process and across ep 1, 2, 4.
+    const std::string ep_dir = check_reshard("moe", config, with_ep(2, 1, 4, true, 2),
+                                             {{1, 1, 1, false},
+                                              with_ep(1, 1, 8, true, 4),
+                                              with_ep(2, 2, 2, false, 2),
+                                              {4, 1, 2, true},
+                                              with_ep(1, 2, 4, true, 4)});
+    check_files(ep_dir, 3, 2, 1, 2, config.num_experts);
+    const std::string pp_dir = check_reshard("moe", config, with_ep(1, 2, 4, true, 4),
+                                             {with_ep(2, 1, 4, true, 2), {2, 2, 2, true}});
+    check_files(pp_dir, 3, 1, 2, 4, config.num_experts);
+    const std::string dense_dir = check_reshard(
+        "moe", config, {1, 1, 1, false}, {with_ep(2, 1, 4, true, 2), with_ep(1, 1, 8, false, 4)});
+    check_files(dense_dir, 3, 1, 1, 1, config.num_experts);
+  } else {
+    GTEST_SKIP() << "runs on 2 or 8 ranks";
+  }
+  barrier();
 }
 
 // Same layout, f32 on the CPU: stopping at step 4 and resuming gives bit-identical losses for
@@ -246,6 +356,35 @@ testing::AssertionResult Mentions(const std::string& what,
   for (const char* n : needles)
     if (what.find(n) != std::string::npos) return testing::AssertionSuccess();
   return testing::AssertionFailure() << "the error '" << what << "' mentions none of the expected";
+}
+
+// A missing EP rank's file is named, as any missing file is.
+TEST(CheckpointExpertParallel, MissingExpertFileIsNamed) {
+  const int world = comm::init_distributed().world->size();
+  if (world != 2 && world != 8) GTEST_SKIP() << "runs on 2 or 8 ranks";
+  const TransformerConfig config = moe();
+  const Layout saving = world == 2 ? with_ep(1, 1, 2, true, 2) : with_ep(2, 1, 4, true, 2);
+  const std::string dir = scratch("ep_missing");
+  {
+    Job job(config, saving, 3);
+    job.step(config);
+    save_checkpoint(dir, *job.trainer, {});
+  }
+  barrier();
+  const std::string file = iteration_directory(dir, 1) + "/mp_rank_00_000_001.safetensors";
+  if (comm::init_distributed().world->rank() == 0) fs::remove(file);
+  barrier();
+  for (const Layout& l : {Layout{1, 1, 1, false}, saving}) {
+    SCOPED_TRACE("loaded at " + l.str());
+    Job job(config, l, 9);
+    try {
+      load_checkpoint(dir, *job.trainer);
+      ADD_FAILURE() << "loaded without " << file;
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(Mentions(e.what(), {"mp_rank_00_000_001.safetensors", "another rank"}));
+    }
+    barrier();
+  }
 }
 
 TEST_F(CheckpointErrors, NothingSaved) {

@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "braid/comm/parallel_state.h"
 
@@ -122,6 +124,122 @@ TEST(RankGrid, CoordinatesRoundTripAndGroupsPartitionTheWorld) {
   }
 }
 
+// Megatron's expert-parallel example (initialize_model_parallel's docstring), 8 ranks with TP=2,
+// EP=2 (so DP=4, expert DP=2): EP groups take consecutive DP ranks, expert-DP groups stride by ep.
+TEST(RankGrid, MegatronExpertParallelExample) {
+  RankGrid grid(8, {.tp = 2, .ep = 2});
+  EXPECT_EQ(grid.dp(), 4);
+  EXPECT_EQ(grid.ep(), 2);
+  EXPECT_EQ(grid.expert_dp(), 2);
+  EXPECT_EQ(all_groups(grid, [&](int r) { return grid.ep_group(r); }),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(all_groups(grid, [&](int r) { return grid.expert_dp_group(r); }),
+            (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // Rank 6: tp 0, dp 3, so j = 3 = 1 + 2 · 1.
+  EXPECT_EQ(grid.ep_rank(6), 1);
+  EXPECT_EQ(grid.expert_dp_rank(6), 1);
+}
+
+// With CP the dp_cp index j = cp_rank + cp · dp_rank runs CP first, so EP takes the CP ranks
+// first: with cp = 2 and ep = 2 an EP group is a CP group and an expert-DP group a DP group.
+TEST(RankGrid, ExpertParallelGroupsWithContextParallel) {
+  RankGrid grid(8, {.tp = 2, .cp = 2, .ep = 2});
+  EXPECT_EQ(grid.dp(), 2);
+  EXPECT_EQ(grid.expert_dp(), 2);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(grid.ep_group(r), grid.cp_group(r));
+    EXPECT_EQ(grid.expert_dp_group(r), grid.dp_group(r));
+    EXPECT_EQ(grid.ep_rank(r), grid.coords(r).cp_rank);
+    EXPECT_EQ(grid.expert_dp_rank(r), grid.coords(r).dp_rank);
+  }
+  EXPECT_EQ(grid.ep_group(0), (std::vector<int>{0, 2}));
+
+  // ep = dp · cp: one EP group per (TP, PP) coordinate, the experts' DP groups of one rank.
+  RankGrid all(8, {.tp = 2, .cp = 2, .ep = 4});
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(all.ep_group(r), all.dp_cp_group(r));
+    EXPECT_EQ(all.expert_dp_group(r), std::vector<int>{r});
+  }
+
+  // EP groups may cross CP groups: cp = 2, dp = 3, ep = 3 (j 0..5 at tp 0 is rank 2j).
+  RankGrid across(12, {.tp = 2, .cp = 2, .ep = 3});
+  EXPECT_EQ(across.dp(), 3);
+  EXPECT_EQ(across.expert_dp(), 2);
+  EXPECT_EQ(all_groups(across, [&](int r) { return across.ep_group(r); }),
+            (Groups{{0, 2, 4}, {1, 3, 5}, {6, 8, 10}, {7, 9, 11}}));
+  EXPECT_EQ(all_groups(across, [&](int r) { return across.expert_dp_group(r); }),
+            (Groups{{0, 6}, {1, 7}, {2, 8}, {3, 9}, {4, 10}, {5, 11}}));
+}
+
+TEST(RankGrid, ExpertGroupsPartitionEachDataParallelGroup) {
+  for (auto [tp, pp, dp, cp] : {std::tuple{1, 1, 1, 1},
+                                {2, 2, 2, 1},
+                                {1, 1, 8, 1},
+                                {2, 3, 6, 1},
+                                {2, 2, 2, 2},
+                                {1, 3, 2, 4},
+                                {3, 1, 3, 2},
+                                {2, 2, 4, 3}}) {
+    for (int ep = 1; ep <= dp * cp; ++ep) {
+      if (dp * cp % ep != 0) continue;
+      RankGrid grid(tp * pp * dp * cp, {.tp = tp, .pp = pp, .dp = dp, .cp = cp, .ep = ep});
+      SCOPED_TRACE(testing::Message()
+                   << "tp " << tp << " pp " << pp << " dp " << dp << " cp " << cp << " ep " << ep);
+      const int edp = dp * cp / ep;
+      EXPECT_EQ(grid.expert_dp(), edp);
+      for (int r = 0; r < grid.world_size(); ++r) {
+        const GridCoords c = grid.coords(r);
+        const std::vector<int> ep_group = grid.ep_group(r);
+        const std::vector<int> edp_group = grid.expert_dp_group(r);
+        EXPECT_EQ(grid.ep_rank(r) + ep * grid.expert_dp_rank(r), c.cp_rank + cp * c.dp_rank);
+        ASSERT_EQ(ep_group.size(), size_t(ep));
+        ASSERT_EQ(edp_group.size(), size_t(edp));
+        EXPECT_EQ(ep_group[grid.ep_rank(r)], r);
+        EXPECT_EQ(edp_group[grid.expert_dp_rank(r)], r);
+        EXPECT_TRUE(std::is_sorted(ep_group.begin(), ep_group.end()));
+        EXPECT_TRUE(std::is_sorted(edp_group.begin(), edp_group.end()));
+        // Members agree on the group (and on their place in it) and share r's TP and PP ranks.
+        for (int m : ep_group) {
+          EXPECT_EQ(grid.ep_group(m), ep_group);
+          EXPECT_EQ(grid.expert_dp_rank(m), grid.expert_dp_rank(r));
+          EXPECT_EQ(grid.coords(m).tp_rank, c.tp_rank);
+          EXPECT_EQ(grid.coords(m).pp_rank, c.pp_rank);
+        }
+        for (int m : edp_group) {
+          EXPECT_EQ(grid.expert_dp_group(m), edp_group);
+          EXPECT_EQ(grid.ep_rank(m), grid.ep_rank(r));
+        }
+        // EP × expert DP is exactly r's dp_cp group, and the two meet in r alone.
+        std::set<int> product;
+        for (int e : ep_group)
+          for (int m : grid.expert_dp_group(e)) product.insert(m);
+        const std::vector<int> dp_cp = grid.dp_cp_group(r);
+        EXPECT_EQ(std::vector<int>(product.begin(), product.end()), dp_cp);
+        std::vector<int> both;
+        std::set_intersection(ep_group.begin(), ep_group.end(), edp_group.begin(), edp_group.end(),
+                              std::back_inserter(both));
+        EXPECT_EQ(both, std::vector<int>{r});
+      }
+      // Every rank in exactly one group of each kind.
+      const size_t world = size_t(grid.world_size());
+      for (const Groups& groups :
+           {all_groups(grid, [&](int r) { return grid.ep_group(r); }),
+            all_groups(grid, [&](int r) { return grid.expert_dp_group(r); })}) {
+        std::multiset<int> seen;
+        for (const std::vector<int>& g : groups) seen.insert(g.begin(), g.end());
+        EXPECT_EQ(seen.size(), world);
+        for (int r = 0; r < grid.world_size(); ++r) EXPECT_EQ(seen.count(r), 1u);
+      }
+      if (ep == 1) {
+        for (int r = 0; r < grid.world_size(); ++r) {
+          EXPECT_EQ(grid.ep_group(r), std::vector<int>{r});
+          EXPECT_EQ(grid.expert_dp_group(r), grid.dp_cp_group(r));
+        }
+      }
+    }
+  }
+}
+
 TEST(RankGrid, DataParallelSizeIsInferred) {
   EXPECT_EQ(RankGrid(8, {.tp = 2, .pp = 1}).dp(), 4);
   EXPECT_EQ(RankGrid(8, {.tp = 2, .pp = 2, .dp = 2}).dp(), 2);
@@ -147,5 +265,16 @@ TEST(RankGrid, BadLayoutsNameTheRule) {
   EXPECT_EQ(layout_error(4, {.tp = 1, .pp = 1, .dp = -1}),
             "parallel layout: the data-parallel size must be at least 1 (or 0: inferred), got -1");
   EXPECT_NE(layout_error(0, {}), "");
+  EXPECT_EQ(layout_error(4, {.ep = 0}),
+            "parallel layout: --expert-model-parallel-size must be at least 1, got 0");
+  EXPECT_EQ(layout_error(3, {.ep = 4}),
+            "parallel layout: --expert-model-parallel-size (4) must divide the data-parallel "
+            "size (3): expert parallelism splits the data-parallel ranks");
+  EXPECT_EQ(layout_error(12, {.tp = 2, .cp = 2, .ep = 4}),
+            "parallel layout: --expert-model-parallel-size (4) must divide the data-parallel "
+            "size × --context-parallel-size (3 × 2 = 6): expert parallelism splits the "
+            "data-parallel ranks");
+  // ep divides dp · cp but neither alone: allowed, as in Megatron.
+  EXPECT_EQ(layout_error(8, {.tp = 2, .cp = 2, .ep = 4}), "");
   EXPECT_THROW(RankGrid(4, {.tp = 2}).coords(4), braid::Error);
 }

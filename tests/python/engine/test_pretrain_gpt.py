@@ -65,7 +65,7 @@ def test_3d_run_logs_megatron_lines_and_validates(runs):
 
 
 TIMERS = ["step", "compute", "pipeline-wait", "comm-wait", "tp-comm-wait", "dp-comm-wait",
-          "other-comm-wait"]
+          "ep-comm-wait", "other-comm-wait"]
 
 
 def test_timers_say_where_the_step_time_went(runs):
@@ -263,8 +263,8 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--recompute-method block needs --recompute-granularity full"),
     (["--recompute-granularity", "full", "--recompute-num-layers", "2"],
      "--recompute-num-layers needs --recompute-method uniform or block"),
-    (["--num-experts", "8", "--expert-model-parallel-size", "2"],
-     "expert parallelism is not implemented"),
+    (["--num-experts", "8", "--expert-model-parallel-size", "8"],
+     "--expert-model-parallel-size 8 does not divide the 4 data-parallel x context-parallel"),
     (["--vocab-file", "vocab.json"], "--vocab-file needs --tokenizer-type"),
     (["--use-checkpoint-args"], "--use-checkpoint-args needs --load DIR"),
     (["--rotary-percent", "0.5"], "--rotary-percent needs --position-embedding-type rope"),

@@ -92,8 +92,6 @@ def test_the_aux_loss_coefficient_changes_training():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--num-experts", "4", "--expert-model-parallel-size", "2"],
-     "expert parallelism is not implemented"),
     (["--moe-aux-loss-coeff", "0.1"], "--moe-aux-loss-coeff needs --num-experts"),
     (["--num-experts", "4", "--moe-router-topk", "5"], "is more than --num-experts 4"),
     (["--num-experts", "4", "--moe-router-load-balancing-type", "sinkhorn"],

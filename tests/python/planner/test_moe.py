@@ -155,9 +155,14 @@ def test_mixtral_on_64_h100s_finds_a_layout():
     assert best["memory_gb_per_gpu"] <= 80 and 0.2 < best["mfu"] < 0.6
     # Every proposal splits the experts' 14336 over its TP size, and fits.
     assert all(14336 % r["tp"] == 0 and r["memory_gb_per_gpu"] <= 80 for r in results)
-    # Without pipelining or ZeRO every rank holds 46.7B / tp parameters with their gradients
-    # and Adam state (18 bytes each): 105 GB at TP 8 - never proposed.
-    assert not any(r["pp"] == 1 and not r["zero"] for r in results)
+    # Without pipelining, ZeRO or expert parallelism every rank holds 46.7B / tp parameters
+    # with their gradients and Adam state (18 bytes each): 105 GB at TP 8 - never proposed.
+    assert not any(r["pp"] == 1 and not r["zero"] and r["ep"] == 1 for r in results)
+    # Expert parallelism is searched (tests/python/planner/test_expert_parallel.py): the best
+    # layout splits the experts over 8 ranks, which leaves room for TP 1 - each rank's expert
+    # then runs on the rows of 8 ranks' tokens - and is faster than any that keeps them all.
+    assert best["ep"] == 8 and best["tp"] == 1
+    assert best["step_time_s"] < 0.85 * min(r["step_time_s"] for r in results if r["ep"] == 1)
     with pytest.raises(planner.DoesNotFit):
         planner.predict(MIXTRAL, H100, planner.Layout(8, 1, 8, 1, recompute="full",
                                                       sequence_parallel=True), 256)
@@ -172,7 +177,6 @@ def test_when_the_experts_do_not_fit_the_plan_says_why():
     why = planner.why_nothing_fits(MIXTRAL, small, 64, {})
     assert "no layout fits in 80 GB" in why and "105.1 GB per GPU" in why
     assert "the 8 experts of each layer are 97% of them" in why
-    assert "no expert parallelism" in why
     assert "experts" not in planner.why_nothing_fits(
         DENSE, planner.Cluster(planner.GPUS["a100-40g"], 8, 1, 300e9, 25e9), 64, {})
     out = _plan("--model", "mixtral-8x7b", "--gpu", "a100-80g", "--num-gpus", "8",
@@ -183,7 +187,8 @@ def test_when_the_experts_do_not_fit_the_plan_says_why():
 CLUSTER = ["--gpu", "h100-80g", "--num-gpus", "64", "--nvlink-bw", "450GB/s", "--net-bw",
            "400Gb/s"]
 LAYOUT = ["--tp", "4", "--pp", "2", "--micro-batch-size", "4", "--virtual-stages", "4",
-          "--recompute", "selective", "--sequence-parallel", "true", "--zero", "true"]
+          "--recompute", "selective", "--sequence-parallel", "true", "--zero", "true",
+          "--expert-model-parallel-size", "1"]
 SHAPE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
          "--num-query-groups", "8", "--ffn-hidden-size", "14336", "--vocab-size", "32000",
          "--seq-length", "4096"]
@@ -219,8 +224,8 @@ def test_plan_cli_takes_the_experts_as_pretrain_gpt_does():
     assert json.loads(out.stdout)[0]["step_time_s"] < 0.8 * want["step_time_s"]
     # Refused as pretrain_gpt.py refuses them (braid.moe_args), here and after --.
     refusals = [
-        (["--model", "mixtral-8x7b", "--expert-model-parallel-size", "8"],
-         "--expert-model-parallel-size 8: expert parallelism is not implemented"),
+        (["--model", "mixtral-8x7b", "--expert-model-parallel-size", "3"],
+         "--expert-model-parallel-size 3 does not divide --num-experts 8"),
         ([*SHAPE, "--moe-ffn-hidden-size", "4096"], "--moe-ffn-hidden-size needs --num-experts"),
         ([*SHAPE, "--num-experts", "2", "--moe-router-topk", "4"],
          "--moe-router-topk 4 is more than --num-experts 2"),
@@ -230,8 +235,8 @@ def test_plan_cli_takes_the_experts_as_pretrain_gpt_does():
     for args, message in refusals:
         out = _plan(*CLUSTER, "--global-batch", "256", *args)
         assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
-    out = _plan(*CLUSTER, "--", *TRAINING, "--expert-model-parallel-size", "2")
-    assert out.returncode == 2 and "expert parallelism is not implemented" in out.stderr
+    out = _plan(*CLUSTER, "--", *TRAINING, "--expert-model-parallel-size", "16")
+    assert out.returncode == 2 and "--expert-model-parallel-size 16 does not divide" in out.stderr
     out = _plan(*CLUSTER, "--num-experts", "8", "--", *TRAINING)
     assert out.returncode == 2 and "--num-experts: with training arguments after --" in out.stderr
 

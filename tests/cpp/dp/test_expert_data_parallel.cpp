@@ -1,0 +1,264 @@
+// Expert parallelism in the engine: a small mixture-of-experts model trained by the Trainer with
+// its experts split over EP ranks (alone, and with data, tensor, pipeline and context parallelism
+// around them; ZeRO-1 on and off; bucket reductions overlapped with the backward or not) equals the
+// one-process model on the same global batch - every step's loss and gradient norm (which clips),
+// and every parameter afterwards, gathered from all shards, stages and EP ranks. Expert buckets are
+// reduced over the expert-DP group and dense ones over DP × CP, so the layouts where the two differ
+// (expert-DP of 1 and of 2 ranks) test both.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "braid/comm/launch.h"
+#include "braid/comm/parallel_state.h"
+#include "braid/engine/trainer.h"
+#include "dp/parallel_test_models.h"
+#include "tp/tp_test_util.h"
+
+using namespace braid;
+using namespace braid::engine;
+using model::GPTModel;
+using model::TransformerConfig;
+
+namespace {
+
+constexpr int kSteps = 4;
+constexpr int64_t kGlobalRows = 24;  // splits over 1, 2, 3, 4, 6 and 8 DP ranks
+constexpr int64_t kSeq = 16;
+
+// 4 experts of which each token takes 2, a gated shared expert, the Switch load-balancing loss;
+// layer 0 dense and layers 1..3 experts, so the flat buffer alternates dense and expert runs.
+TransformerConfig moe() {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");  // 4 heads, 2 kv heads
+  c.num_layers = 4;
+  c.hidden_size = 32;
+  c.ffn_hidden_size = 48;
+  c.vocab_size = 96;
+  c.make_vocab_size_divisible_by = 32;
+  c.max_position_embeddings = kSeq;
+  c.init_std = 0.1f;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 24;
+  c.moe_aux_loss_coeff = 0.01f;
+  c.moe_z_loss_coeff = 0.01f;
+  c.moe_shared_expert_intermediate_size = 16;
+  c.moe_shared_expert_gate = true;
+  c.moe_layers.assign(size_t(c.num_layers), 1);
+  c.moe_layers[0] = 0;
+  return c;
+}
+
+// DeepSeek-V3's router: sigmoid scores, the expert bias moved after every step by the token
+// counts of every DP rank (the routing's, over all experts, on every EP rank alike).
+TransformerConfig biased_moe() {
+  TransformerConfig c = moe();
+  c.moe_router_score_function = model::MoeScoreFunction::sigmoid;
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_bias_update_rate = 0.05f;
+  return c;
+}
+
+TransformerConfig config_named(const std::string& name) {
+  return name == "biased" ? biased_moe() : moe();
+}
+
+TrainerConfig trainer_config() { return parallel_testing::trainer_config(kSteps); }
+
+// Step s's global batch; row r ignores its last (r % 3) targets.
+tp_testing::Batch global_batch(int64_t vocab, int step) {
+  tp_testing::Batch b = tp_testing::batch(kGlobalRows, kSeq, vocab, 300 + uint64_t(step));
+  int32_t* t = b.targets.data_ptr<int32_t>();
+  for (int64_t r = 0; r < kGlobalRows; ++r)
+    for (int64_t j = kSeq - r % 3; j < kSeq; ++j) t[r * kSeq + j] = -1;
+  return b;
+}
+
+std::vector<float> floats(const Tensor& t) {
+  const Tensor f = t.to(Device::cpu());
+  return std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
+}
+
+struct Run {
+  std::vector<float> losses, grad_norms;
+  std::vector<float> params;  // the whole model's flat buffer after the steps
+  float params_norm = 0;
+};
+
+// The one-process trainer, one row per microbatch (computed once per model, on every rank).
+const Run& reference(const std::string& name) {
+  static std::map<std::string, Run> cache;
+  if (cache.count(name) > 0) return cache[name];
+  Run& run = cache[name];
+  const TransformerConfig config = config_named(name);
+  GPTModel model(config, Device::cpu(), 7);
+  const TrainerConfig t = trainer_config();
+  Trainer trainer(model, t.optimizer, t.schedule);
+  for (int s = 0; s < kSteps; ++s) {
+    const tp_testing::Batch b = global_batch(config.vocab_size, s);
+    const StepStats stats = trainer.train_step(b.ids, b.targets, int(kGlobalRows));
+    run.losses.push_back(stats.loss);
+    run.grad_norms.push_back(stats.grad_norm);
+    // The clip engages: the norm decides the step.
+    EXPECT_GT(stats.grad_norm, t.optimizer.clip_grad) << "step " << s + 1;
+  }
+  run.params = floats(model.flat_params());
+  run.params_norm = trainer.optimizer().params_norm();
+  return run;
+}
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1;
+  bool zero = false;
+  bool overlap = false;
+  std::string str() const {
+    return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
+           " cp " + std::to_string(cp) + " ep " + std::to_string(ep) + (zero ? " zero" : "") +
+           (overlap ? " overlap" : "");
+  }
+};
+
+// The buckets keep experts apart and each is reduced over its own group.
+void check_buckets(const ParallelModel& model, const comm::ParallelState& state, const Layout& l) {
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    SCOPED_TRACE("chunk " + std::to_string(c));
+    const GradBuffer& buffer = model.grad_buffer(c);
+    const model::ParamLayout& layout = model.chunk(c).layout();
+    int experts = 0;
+    for (const Bucket& b : buffer.buckets()) {
+      for (size_t p : b.params)
+        EXPECT_EQ(layout.specs[p].expert >= 0, b.expert)
+            << layout.specs[p].name << " in bucket [" << b.range.begin << ", " << b.range.end
+            << ")";
+      experts += b.expert;
+      EXPECT_EQ(buffer.group(b), b.expert
+                                     ? (state.grid().expert_dp() > 1 ? &state.expert_dp() : nullptr)
+                                     : &state.dp_cp());
+    }
+    // Every chunk but the first pipeline stage's holds expert layers (layer 0 is dense).
+    if (model.chunk(c).chunk().end_layer > 1) {
+      EXPECT_GT(experts, 0);
+    }
+    // Every bucket with a group was reduced once; with overlap, each posted by the backward.
+    size_t reduced = 0;
+    for (const Bucket& b : buffer.buckets()) reduced += buffer.group(b) != nullptr;
+    EXPECT_EQ(buffer.reduce_spans().size(), reduced);
+    for (const GradBuffer::Span& span : buffer.reduce_spans())
+      EXPECT_EQ(span.during_backward, l.overlap) << "bucket " << span.bucket;
+    // ZeRO: expert buckets are sharded over the expert-DP ranks.
+    if (l.zero) {
+      const std::vector<ElementRange> owned = buffer.owned_ranges();
+      ASSERT_EQ(owned.size(), buffer.buckets().size());
+      for (size_t i = 0; i < owned.size(); ++i) {
+        const Bucket& b = buffer.buckets()[buffer.buckets().size() - 1 - i];
+        EXPECT_EQ(owned[i].size() * (b.expert ? state.grid().expert_dp() : l.dp * l.cp),
+                  b.range.size());
+      }
+    }
+  }
+}
+
+void check_layout(const std::string& name, const Layout& l) {
+  SCOPED_TRACE(name + " " + l.str());
+  const TransformerConfig config = config_named(name);
+  const Run& want = reference(name);
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  ASSERT_EQ(world->size(), l.tp * l.pp * l.dp * l.cp);
+  comm::ParallelState state(world, {.tp = l.tp, .pp = l.pp, .dp = l.dp, .cp = l.cp, .ep = l.ep});
+  ParallelConfig parallel;
+  parallel.sequence_parallel = l.tp > 1;
+  parallel.ddp.use_distributed_optimizer = l.zero;
+  parallel.ddp.overlap_grad_reduce = l.overlap;
+  parallel.ddp.overlap_param_gather = l.zero && l.overlap;
+  parallel.ddp.bucket_size = l.overlap ? 1500 : 0;  // several buckets of each kind when overlapped
+  ParallelModel model(config, Device::cpu(), 7, state, parallel);
+  for (int c = 0; c < model.num_chunks(); ++c) {
+    const int per_rank = int(config.num_experts) / l.ep;
+    EXPECT_EQ(model.chunk(c).chunk().first_expert, state.ep_rank() * per_rank);
+    EXPECT_EQ(model.chunk(c).chunk().end_expert, (state.ep_rank() + 1) * per_rank);
+  }
+  Trainer trainer(model, trainer_config());
+
+  const int64_t rows = kGlobalRows / l.dp;  // this DP rank's share, one row per microbatch
+  for (int s = 0; s < kSteps; ++s) {
+    const tp_testing::Batch b = global_batch(config.vocab_size, s);
+    const int64_t first = state.dp_rank() * rows;
+    const StepStats stats = trainer.train_step(b.ids.narrow(first, rows).clone(),
+                                               b.targets.narrow(first, rows).clone(), int(rows));
+    EXPECT_FALSE(stats.skipped);
+    if (s == 0) check_buckets(model, state, l);
+    EXPECT_NEAR(stats.loss, want.losses[size_t(s)], 2e-5 * std::abs(want.losses[size_t(s)]))
+        << "step " << s + 1;
+    EXPECT_NEAR(stats.grad_norm, want.grad_norms[size_t(s)], 1e-5 * want.grad_norms[size_t(s)])
+        << "step " << s + 1;
+  }
+  EXPECT_NEAR(trainer.optimizer().params_norm(), want.params_norm, 1e-5 * want.params_norm);
+  GPTModel whole(config, Device::cpu(), 1);
+  model.gather_into(whole);
+  const std::vector<float> got = floats(whole.flat_params());
+  ASSERT_EQ(got.size(), want.params.size());
+  const auto& layout = whole.layout();
+  for (size_t i = 0; i < layout.specs.size(); ++i) {
+    const size_t at = size_t(layout.offsets[i]), n = size_t(layout.specs[i].shape.numel());
+    const std::vector<float> a(got.begin() + long(at), got.begin() + long(at + n));
+    const std::vector<float> b(want.params.begin() + long(at), want.params.begin() + long(at + n));
+    // k_proj's bias: see test_data_parallel.cpp (its true gradient is 0; llama has none).
+    EXPECT_LE(tp_testing::excess(a, b, 1e-5, 1e-4), 0.0)
+        << layout.specs[i].name << " after " << kSteps << " steps";
+  }
+  world->barrier()->wait();
+}
+
+void check_layout(const Layout& l) {
+  check_layout("moe", l);
+  check_layout("biased", l);
+}
+
+int world_size() { return comm::init_distributed().world->size(); }
+
+// Two EP ranks, each its own expert-DP group: experts' gradients are not summed at all.
+TEST(ExpertParallelEqualsOneRank, TwoRanks) {
+  if (world_size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  for (bool zero : {false, true})
+    for (bool overlap : {false, true})
+      check_layout({.dp = 2, .ep = 2, .zero = zero, .overlap = overlap});
+}
+
+TEST(ExpertParallelEqualsOneRank, FourRanks) {
+  if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  for (bool zero : {false, true}) {
+    // Expert-DP groups of 2 ranks ([0, 2] and [1, 3]) beside the DP group of 4.
+    for (bool overlap : {false, true})
+      check_layout({.dp = 4, .ep = 2, .zero = zero, .overlap = overlap});
+    check_layout({.dp = 4, .ep = 4, .zero = zero, .overlap = true});
+    // Tensor parallelism inside each EP rank; pipeline stages around them.
+    check_layout({.tp = 2, .dp = 2, .ep = 2, .zero = zero, .overlap = zero});
+    check_layout({.pp = 2, .dp = 2, .ep = 2, .zero = zero, .overlap = true});
+    // Context parallelism: an EP group takes the CP ranks first (ep 2: the CP pair, which reads
+    // the same rows), and ep 4 spans both DP ranks' CP pairs.
+    check_layout({.dp = 2, .cp = 2, .ep = 2, .zero = zero, .overlap = true});
+    check_layout({.dp = 2, .cp = 2, .ep = 4, .zero = zero, .overlap = !zero});
+  }
+}
+
+TEST(ExpertParallelEqualsOneRank, EightRanks) {
+  if (world_size() != 8) GTEST_SKIP() << "runs on 8 ranks";
+  check_layout({.tp = 2, .pp = 2, .dp = 2, .ep = 2, .zero = true, .overlap = true});
+  check_layout({.tp = 2, .dp = 4, .ep = 2, .zero = false, .overlap = true});
+  check_layout({.dp = 8, .ep = 4, .zero = true, .overlap = true});
+  check_layout({.tp = 2, .dp = 2, .cp = 2, .ep = 2, .zero = true, .overlap = true});
+}
+
+// Six ranks: dp·cp does not divide the 64-element parameter alignment, so only the expert
+// alignment (ModelChunk::expert_alignment) gives the buckets a boundary between the kinds.
+TEST(ExpertParallelEqualsOneRank, SixRanks) {
+  if (world_size() != 6) GTEST_SKIP() << "runs on 6 ranks";
+  check_layout({.dp = 6, .ep = 2, .zero = true, .overlap = true});
+  check_layout({.dp = 3, .cp = 2, .ep = 2, .zero = false, .overlap = true});
+}
+
+}  // namespace
