@@ -187,9 +187,6 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t batch_rows,
   linear_forward(logits, h_full, w_.router_weight, {});
   MoeRouting r =
       route_tokens(logits, batch_rows, w_.expert_bias, c, tp_, cp_, saved != nullptr, !decoding);
-  BRAID_CHECK(!decoding || !ep_.active(),
-              "KV-cache decoding runs without expert parallelism: load the checkpoint with "
-              "--expert-model-parallel-size 1");
   ExpertDispatch d = plan_dispatch(r, ep_);
   Tensor in = expert_input(h_full, r, d);
   const int64_t m = d.rows();
@@ -525,6 +522,10 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
               c.hidden_size, "], got ", x.shape());
   BRAID_CHECK(!tp_.sharded_tokens() && !cp_.active(),
               "TransformerLayer::forward_cached: no sequence or context parallelism");
+  BRAID_CONFIG_CHECK(!ep_.active(),
+                     "KV-cache decoding runs without expert parallelism (each rank would wait "
+                     "for its EP peers' tokens): load the checkpoint with "
+                     "--expert-model-parallel-size 1");
   const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), d = n.head_dim;
   const int64_t offset = cache.length();
   const DType dt = x.dtype();

@@ -225,6 +225,22 @@ const Case kCases[] = {{"experts", experts, 1},
 INSTANTIATE_TEST_SUITE_P(Models, ExpertParallelEqualsOneRank, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// KV-cache decoding needs every expert on the rank: refused, alike on every rank, before any
+// collective (a rank would otherwise wait for peers that decode other prompts or none).
+TEST(ExpertParallelLayout, DecodingIsRefused) {
+  auto w = world();
+  GPTModel split(experts(), Device::cpu(), 1, {}, {}, 0, {}, ExpertParallel{w.get()});
+  KVCache cache = split.kv_cache(1);
+  const Tensor ids = Tensor::zeros({1, 3}, DType::i32);
+  try {
+    split.decode(ids, cache);
+    ADD_FAILURE() << "decoding under expert parallelism was not refused";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--expert-model-parallel-size 1"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(ExpertParallelLayout, ExpertsMustSplitEvenly) {
   TransformerConfig c = experts();
   c.num_experts = 6;
