@@ -86,6 +86,33 @@ TEST(ExpertDispatch, RowsReachTheirExpertsInSourceOrderAndComeBack) {
     ASSERT_EQ(back.data_ptr<float>()[i], x.data_ptr<float>()[i]) << "element " << i;
 }
 
+// A skewed routing: rank 0 routes every row to the last rank's experts, the others route
+// nothing; so the last rank receives everything and the rest receive nothing, and every rank
+// but 0 sends nothing - still the counts' all-gather and the (empty) exchanges meet.
+TEST(ExpertDispatch, RanksThatSendOrReceiveNothing) {
+  auto w = world();
+  const int ep = w->size(), me = w->rank();
+  const ExpertParallel group{w.get()};
+  const int64_t experts = 2 * ep, width = 2;
+  std::vector<int64_t> rows(size_t(experts), 0);
+  if (me == 0) rows[size_t(experts - 1)] = 5;
+  const MoeRouting r = routing_of(rows);
+  Tensor x = Tensor::empty({r.offsets.back(), width}, DType::f32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data_ptr<float>()[i] = float(i + 1);
+  const ExpertDispatch plan = plan_dispatch(r, group);
+  const Tensor local = dispatch_rows(x, plan, group);
+  EXPECT_EQ(local.size(0), me == ep - 1 ? 5 : 0);
+  EXPECT_EQ(plan.offsets.back(), local.size(0));
+  if (me == ep - 1) {
+    EXPECT_EQ(plan.offsets[1], 0);  // the first local expert got nothing
+    for (int64_t i = 0; i < local.numel(); ++i) EXPECT_EQ(local.data_ptr<float>()[i], float(i + 1));
+  }
+  Tensor back = Tensor::zeros(x.shape(), DType::f32);
+  return_rows(back, local, plan, group);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    ASSERT_EQ(back.data_ptr<float>()[i], x.data_ptr<float>()[i]);
+}
+
 TransformerConfig experts() {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");  // 4 heads, 2 kv heads
   c.hidden_size = 32;
@@ -125,6 +152,9 @@ struct Case {
   const char* name;
   TransformerConfig (*config)();
   int tp;  // TP inside each EP rank; EP is the rest of the world
+  // A zero router: every score ties, and ties go to the lowest experts, so every token picks
+  // experts 0 and 1 - EP rank 0's: the other ranks receive nothing and send everything.
+  bool zero_router = false;
 };
 
 class ExpertParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
@@ -156,7 +186,12 @@ TEST_P(ExpertParallelEqualsOneRank, LossAndGradients) {
   EXPECT_EQ(split.layout().chunk.end_expert, (ep_rank + 1) * per_rank);
 
   // The same perturbed weights: by name, since the layouts differ.
-  const auto global = perturbed(reference);
+  auto global = perturbed(reference);
+  if (c.zero_router) {
+    for (size_t i = 0; i < reference.layout().specs.size(); ++i)
+      if (reference.layout().specs[i].name.ends_with("mlp.gate.weight"))
+        std::fill(global[i].begin(), global[i].end(), 0.0f);
+  }
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < reference.layout().specs.size(); ++i)
     index[reference.layout().specs[i].name] = i;
@@ -192,7 +227,11 @@ TEST_P(ExpertParallelEqualsOneRank, LossAndGradients) {
     experts_seen +=
         spec.expert >= 0 && std::any_of(want.begin(), want.end(), [](float v) { return v != 0; });
   }
-  EXPECT_GT(experts_seen, 0) << "no expert received a row";
+  if (c.zero_router) {
+    EXPECT_EQ(experts_seen > 0, ep_rank == 0) << "only EP rank 0's experts take tokens";
+  } else {
+    EXPECT_GT(experts_seen, 0) << "no expert received a row";
+  }
 
   // The expert biases move alike when both count every EP rank's tokens.
   reference.update_expert_bias(ep_group.get());
@@ -220,7 +259,8 @@ TEST_P(ExpertParallelEqualsOneRank, LossAndGradients) {
 const Case kCases[] = {{"experts", experts, 1},
                        {"dropping_sigmoid_experts", dropping_sigmoid_experts, 1},
                        {"experts_tp2", experts, 2},
-                       {"dropping_sigmoid_experts_tp2", dropping_sigmoid_experts, 2}};
+                       {"dropping_sigmoid_experts_tp2", dropping_sigmoid_experts, 2},
+                       {"one_rank_takes_every_token", experts, 1, true}};
 
 INSTANTIATE_TEST_SUITE_P(Models, ExpertParallelEqualsOneRank, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
