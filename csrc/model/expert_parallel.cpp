@@ -96,10 +96,10 @@ ExpertDispatch plan_dispatch(const MoeRouting& routing, const ExpertParallel& ep
     block[size_t(r) + 1] = block[size_t(r)] + plan.recv[size_t(r)];
   }
   const int64_t m = block.back();
-  Tensor expert_order = Tensor::empty({m}, DType::i32);
-  Tensor arrival_order = Tensor::empty({m}, DType::i32);
-  int32_t* to_arrival = expert_order.data_ptr<int32_t>();
-  int32_t* to_expert = arrival_order.data_ptr<int32_t>();
+  // Both permutations in one host buffer, so that they reach the device in one copy.
+  Tensor orders = Tensor::empty({2 * m}, DType::i32);
+  int32_t* to_arrival = orders.data_ptr<int32_t>();
+  int32_t* to_expert = to_arrival + m;
   plan.offsets.assign(1, 0);
   std::vector<int64_t> next(block.begin(), block.end() - 1);  // per source: its next row
   int64_t at = 0;
@@ -114,9 +114,9 @@ ExpertDispatch plan_dispatch(const MoeRouting& routing, const ExpertParallel& ep
     }
     plan.offsets.push_back(at);
   }
-  const Device dev = routing.row_token.device();
-  plan.expert_order = on_device(expert_order, dev);
-  plan.arrival_order = on_device(arrival_order, dev);
+  orders = on_device(orders, routing.row_token.device());
+  plan.expert_order = orders.slice(0, {m});
+  plan.arrival_order = orders.slice(m, {m});
   return plan;
 }
 
