@@ -37,6 +37,10 @@ def test_expert_parallel_layouts_train_like_one_process_and_resume_across_sizes(
             ("dp4_ep2", 4, ["--exit-interval", "10", "--expert-model-parallel-size", "2",
                             "--use-distributed-optimizer", "--overlap-grad-reduce",
                             "--ddp-bucket-size", "2000", "--timing-log-level", "2"]),
+            # Interleaved pipeline stages around EP 2 (each stage's EP pair exchanges per chunk).
+            ("vpp_ep2", 4, ["--exit-interval", "10", "--pipeline-model-parallel-size", "2",
+                            "--num-layers-per-virtual-pipeline-stage", "1",
+                            "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]),
             # An EP group across the context-parallel pair and the data-parallel ranks.
             ("cp2_ep4", 4, ["--exit-interval", "10", "--context-parallel-size", "2",
                             "--expert-model-parallel-size", "4"]),
@@ -54,6 +58,7 @@ def test_expert_parallel_layouts_train_like_one_process_and_resume_across_sizes(
     one, one_balance = losses(runs["one"]), balancing(runs["one"])
     assert sorted(one) == list(range(1, 21))
     for name, steps in (("3d_ep2", range(1, 11)), ("dp4_ep2", range(1, 11)),
+                        ("vpp_ep2", range(1, 11)),
                         ("cp2_ep4", range(1, 11)), ("ep2_to_one", range(11, 21)),
                         ("one_to_ep4", range(11, 21))):
         got, got_balance = losses(runs[name]), balancing(runs[name])
