@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 / Mixtral /
-Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 directories to braid checkpoints and back.
+Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 / DeepSeek-V3 directories to braid checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -17,7 +17,8 @@ indexes a tp=1 save); braid's loader reshards it to any layout (load it with --f
 
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
 docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs,
-hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3's routing.
+hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3 (its
+multi-latent attention and its routing).
 """
 
 import argparse
@@ -39,17 +40,20 @@ from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  
                     moe_tensors_to_braid)
 from hf_deepseek import (SIGMOID_MOE_ARCHITECTURES,  # noqa: E402
                          braid_sigmoid_moe_tensors_to_hf, drop_mtp_layers, expert_bias_specs,
-                         hf_sigmoid_moe_config, sigmoid_moe_architecture,
-                         sigmoid_moe_config_from_hf, sigmoid_moe_tensors_to_braid, sigmoid_router)
+                         hf_latent_attention_config, hf_sigmoid_moe_config,
+                         latent_attention_architecture, latent_attention_config_from_hf,
+                         sigmoid_moe_architecture, sigmoid_moe_config_from_hf,
+                         sigmoid_moe_tensors_to_braid, sigmoid_router)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 BIAS_SUFFIX = "e_score_correction_bias"
 
 FORMAT = "braid-checkpoint"
-# The newest format read; 2 marks a model with MoE router features version-1 readers do not know
-# (checkpoint.h), written only for such a model (format_version).
-FORMAT_VERSION = 2
+# The newest format read; 2 marks a model with MoE router features version-1 readers do not know,
+# 3 one with multi-latent attention (checkpoint.h), each written only for such a model
+# (format_version).
+FORMAT_VERSION = 3
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
 SHARD_FILE = "mp_rank_00_000.safetensors"
@@ -82,10 +86,44 @@ def braid_specs(c):
         if bias:
             specs.append((prefix + "down_proj.bias", [h], -1))
 
+    def mlp_or_experts(p, has_experts):
+        if not has_experts:  # (num_experts, moe_layers: absent in checkpoints before them)
+            mlp(p + "mlp.", f)
+            return
+        specs.append((p + "mlp.gate.weight", [c["num_experts"], h], -1))
+        for j in range(c["num_experts"]):
+            mlp(p + f"mlp.experts.{j}.", moe_ffn(c))
+        if c.get("moe_shared_expert_intermediate_size"):  # absent before shared experts
+            mlp(p + "mlp.shared_expert.", c["moe_shared_expert_intermediate_size"])
+            if c.get("moe_shared_expert_gate"):
+                specs.append((p + "mlp.shared_expert_gate.weight", [1, h], -1))
+
+    def latent_attention(p):  # multi-latent attention (parameters.cpp add_latent_attention)
+        heads, lq, lkv = c["num_attention_heads"], c["q_lora_rank"], c["kv_lora_rank"]
+        d = c["qk_head_dim"] + c["qk_pos_emb_head_dim"]
+        if lq:
+            specs.append((p + "q_a_proj.weight", [lq, h], -1))
+            if c["qk_layernorm"]:
+                norm(p + "q_a_layernorm", lq)
+            specs.append((p + "q_b_proj.weight", [heads * d, lq], 0))
+        else:
+            specs.append((p + "q_proj.weight", [heads * d, h], 0))
+        specs.append((p + "kv_a_proj_with_mqa.weight", [lkv + c["qk_pos_emb_head_dim"], h], -1))
+        if c["qk_layernorm"]:
+            norm(p + "kv_a_layernorm", lkv)
+        specs.append((p + "kv_b_proj.weight", [heads * (c["qk_head_dim"] + c["v_head_dim"]), lkv],
+                      0))
+        specs.append((p + "o_proj.weight", [h, heads * c["v_head_dim"]], 1))
+
     experts = expert_layers(c) if c.get("num_experts") else [0] * c["num_layers"]
     for i in range(c["num_layers"]):
         p = f"model.layers.{i}."
         norm(p + "input_layernorm")
+        if c.get("multi_latent_attention"):  # absent in checkpoints before it
+            latent_attention(p + "self_attn.")
+            norm(p + "post_attention_layernorm")
+            mlp_or_experts(p, experts[i])
+            continue
         specs += [(p + "self_attn.q_proj.weight", [q_out, h], 0),
                   (p + "self_attn.k_proj.weight", [kv_out, h], 0),
                   (p + "self_attn.v_proj.weight", [kv_out, h], 0)]
@@ -100,16 +138,7 @@ def braid_specs(c):
         if bias:
             specs.append((p + "self_attn.o_proj.bias", [h], -1))
         norm(p + "post_attention_layernorm")
-        if experts[i]:  # (num_experts, moe_layers: absent in checkpoints before them)
-            specs.append((p + "mlp.gate.weight", [c["num_experts"], h], -1))
-            for j in range(c["num_experts"]):
-                mlp(p + f"mlp.experts.{j}.", moe_ffn(c))
-            if c.get("moe_shared_expert_intermediate_size"):  # absent before shared experts
-                mlp(p + "mlp.shared_expert.", c["moe_shared_expert_intermediate_size"])
-                if c.get("moe_shared_expert_gate"):
-                    specs.append((p + "mlp.shared_expert_gate.weight", [1, h], -1))
-        else:
-            mlp(p + "mlp.", f)
+        mlp_or_experts(p, experts[i])
     norm("model.norm")
     if not c["tie_embeddings"]:
         specs.append(("lm_head.weight", [c["vocab_size"], h], 0))
@@ -127,7 +156,7 @@ def checkpoint_specs(c):
 def hf_to_braid(hf, arch, c):
     """HF tensors (name -> Tensor) -> braid's names and layout; consumes what it maps."""
     take = hf.pop
-    if arch in MOE_ARCHITECTURES + SIGMOID_MOE_ARCHITECTURES:
+    if arch in MOE_ARCHITECTURES + SIGMOID_MOE_ARCHITECTURES and c.get("num_experts"):
         moe_tensors_to_braid(hf, arch, c)
     if arch in SIGMOID_MOE_ARCHITECTURES:
         sigmoid_moe_tensors_to_braid(hf, c)
@@ -286,6 +315,8 @@ def weights_dtype(tensors, hf_dir):
 
 def format_version(config) -> int:
     """braid's format_version (csrc/engine/checkpoint_config.cpp) for a model config."""
+    if config.get("multi_latent_attention"):
+        return 3
     new_router = config.get("num_experts", 0) > 0 and (
         config.get("moe_router_score_function", "softmax") != "softmax"
         or config.get("moe_router_enable_expert_bias", False)
@@ -317,9 +348,15 @@ def checkpoint_metadata(config, specs, hf):
 def import_hf(hf_dir, save):
     hf = read_hf_config(hf_dir)
     arch = hf_architecture(hf)
+    quant = hf.get("quantization_config")
+    check(not quant, f"config.json: quantization_config "
+          f"({quant.get('quant_method') if isinstance(quant, dict) else quant}) is not supported "
+          "(braid's parameters are F32, BF16 or F16: dequantize the weights first)")
+    latent = latent_attention_config_from_hf(hf) if arch == "deepseek_v3" else {}
     tensors = read_hf_weights(hf_dir)
     drop_mtp_layers(tensors, hf, arch)
     config = braid_config_from_hf(hf, arch, weights_dtype(tensors, hf_dir))
+    config.update(latent)
     config.update(moe_config_from_hf(hf, arch))
     if arch in SIGMOID_MOE_ARCHITECTURES:
         config.update(sigmoid_moe_config_from_hf(hf, arch))
@@ -329,12 +366,13 @@ def import_hf(hf_dir, save):
               f"positive integer, is {config[key]!r}")
     check(arch in LLAMA_LIKE or config["hidden_size"] % config["num_attention_heads"] == 0,
           "config.json: the hidden size is not a multiple of the number of attention heads")
-    check(isinstance(config["kv_channels"], int) and config["kv_channels"] > 0,
-          f"config.json: head_dim should be a positive integer, is {config['kv_channels']!r}")
-    rotated = int(config["kv_channels"] * config["rotary_percent"])  # transformers' rounding
-    check(arch not in LLAMA_LIKE or rotated % 2 == 0,
-          f"config.json: head_dim {config['kv_channels']} x partial_rotary_factor "
-          f"{config['rotary_percent']} = {rotated} channels turn; RoPE turns pairs")
+    if not latent:  # (MLA's widths: latent_attention_config_from_hf)
+        check(isinstance(config["kv_channels"], int) and config["kv_channels"] > 0,
+              f"config.json: head_dim should be a positive integer, is {config['kv_channels']!r}")
+        rotated = int(config["kv_channels"] * config["rotary_percent"])  # transformers' rounding
+        check(arch not in LLAMA_LIKE or rotated % 2 == 0,
+              f"config.json: head_dim {config['kv_channels']} x partial_rotary_factor "
+              f"{config['rotary_percent']} = {rotated} channels turn; RoPE turns pairs")
     left = dict(tensors)  # hf_to_braid takes what it maps; what is left is unexpected
     braid_tensors = hf_to_braid(left, arch, config)
     if left:
@@ -434,7 +472,9 @@ def plus(t, delta):
 def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
-    if not config.get("num_experts"):
+    if config.get("multi_latent_attention"):
+        arch = latent_attention_architecture(config)
+    elif not config.get("num_experts"):
         arch = braid_architecture(config)
     else:
         arch = (sigmoid_moe_architecture if sigmoid_router(config) else moe_architecture)(config)
@@ -455,7 +495,8 @@ def export_hf(load, out, iteration=None):
     if extra:
         raise ConvertError(f"{load}: unexpected tensor {sorted(extra)[0]} for this config")
     hf_tensors = braid_to_hf(tensors, arch, config)
-    # transformers keeps dots1's and GLM-4.5's routers and biases in f32 in any dtype
+    # transformers keeps dots1's, GLM-4.5's and DeepSeek-V3's routers and biases in f32 in any
+    # dtype
     kept_f32 = (BIAS_SUFFIX, "mlp.gate.weight") if arch in SIGMOID_MOE_ARCHITECTURES else (
         BIAS_SUFFIX,)
     dtypes = {t.dtype for n, t in hf_tensors.items() if not n.endswith(kept_f32)}
@@ -463,8 +504,10 @@ def export_hf(load, out, iteration=None):
     hf = hf_config_from_braid(config, arch, torch_dtype, meta.get("hf_config"))
     if arch in MOE_ARCHITECTURES:
         hf.update(hf_moe_config(config, arch))
-    if arch in SIGMOID_MOE_ARCHITECTURES:
+    if arch in SIGMOID_MOE_ARCHITECTURES and config.get("num_experts"):
         hf.update(hf_sigmoid_moe_config(config, arch))
+    if arch == "deepseek_v3":
+        hf.update(hf_latent_attention_config(config, meta.get("hf_config")))
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), hf_tensors, {"format": "pt"})
     stale = os.path.join(out, "model.safetensors.index.json")

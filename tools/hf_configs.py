@@ -30,21 +30,22 @@ def head_width(c):
 # mixtures of experts, Qwen2-MoE's with a gated shared expert (hf_moe.py). dots1 is Qwen3 and
 # GLM-4.5 Llama with q, k, v biases, RoPE on half of each head and optional q/k norms, both
 # with DeepSeek-V3's sigmoid-routed experts after first_k_dense_replace dense layers
-# (hf_deepseek.py).
+# (hf_deepseek.py). DeepSeek-V3 is Llama's norms and MLPs with multi-latent attention and those
+# experts (hf_deepseek.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
                  "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
-                 "Dots1ForCausalLM": "dots1", "Glm4MoeForCausalLM": "glm4_moe"}
+                 "Dots1ForCausalLM": "dots1", "Glm4MoeForCausalLM": "glm4_moe",
+                 "DeepseekV3ForCausalLM": "deepseek_v3"}
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron", "mixtral",
-              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe")
+              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe", "deepseek_v3")
 # Known architectures braid cannot hold, with why.
-MLA = ("its attention is multi-head latent attention (low-rank q and kv projections, a RoPE "
-       "part apart), which braid does not have")
-REFUSED = {"DeepseekV2ForCausalLM": MLA,
-           "DeepseekV3ForCausalLM": MLA + " (its routing braid has: Dots1ForCausalLM and "
-                                          "Glm4MoeForCausalLM, which route alike, import)"}
+REFUSED = {"DeepseekV2ForCausalLM": "its router (a softmax over the experts, topk_method greedy "
+                                    "or group_limited_greedy) is not mapped to braid's; its "
+                                    "multi-latent attention is DeepSeek-V3's, and "
+                                    "DeepseekV3ForCausalLM imports"}
 # Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
 # zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
 PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5,  # transformers' where it is absent
@@ -373,6 +374,10 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
     "dots1": LLAMA_KEYS + ("head_dim", "attention_bias", "layer_types") + SIGMOID_MOE_KEYS,
     "glm4_moe": LLAMA_KEYS + ("head_dim", "attention_bias", "use_qk_norm", "partial_rotary_factor",
                               "num_nextn_predict_layers", "num_mtp_layers") + SIGMOID_MOE_KEYS,
+    "deepseek_v3": LLAMA_KEYS + ("head_dim", "attention_bias", "q_lora_rank", "kv_lora_rank",
+                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                 "qk_head_dim", "rope_interleave", "num_nextn_predict_layers",
+                                 "num_mtp_layers") + SIGMOID_MOE_KEYS,
     "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
                               "use_parallel_residual", "partial_rotary_factor"),
     "nemotron": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias", "norm_eps",
@@ -409,6 +414,8 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                    "dots1": {"head_dim": head_dim, "attention_bias": False, "rms_norm_eps": eps},
                    "glm4_moe": {"head_dim": head_dim, "rms_norm_eps": eps,
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)},
+                   # its attention's fields: hf_deepseek.hf_latent_attention_config
+                   "deepseek_v3": {"attention_bias": False, "rms_norm_eps": eps},
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
                    "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),
                                 "qk_layernorm": False, "use_parallel_residual": False,

@@ -1,7 +1,21 @@
-"""DeepSeek-V3-style mixtures of experts between Hugging Face and braid (docs/convert_hf.md):
-dots1 (Dots1ForCausalLM: Qwen3's attention) and GLM-4.5 (Glm4MoeForCausalLM: q, k, v biases,
-RoPE on a part of each head, optional q/k norms). hf_configs.py holds their attention, norms
-and RoPE; hf_moe.py the expert tensors they share with the Qwens.
+"""DeepSeek-V3 (DeepseekV3ForCausalLM: multi-latent attention) and the mixtures of experts that
+route as it does, between Hugging Face and braid (docs/convert_hf.md): dots1 (Dots1ForCausalLM:
+Qwen3's attention) and GLM-4.5 (Glm4MoeForCausalLM: q, k, v biases, RoPE on a part of each head,
+optional q/k norms). hf_configs.py holds their norms and dots1's and GLM-4.5's attention and
+RoPE; hf_moe.py the expert tensors they share with the Qwens.
+
+DeepSeek-V3's attention is braid's multi_latent_attention (include/braid/model/config.h), with
+HF's names and layouts: self_attn.q_a_proj [Lq, H], q_a_layernorm [Lq], q_b_proj [N (Dn + Dr),
+Lq] (or, with q_lora_rank null, q_proj [N (Dn + Dr), H]), kv_a_proj_with_mqa [Lkv + Dr, H],
+kv_a_layernorm [Lkv], kv_b_proj [N (Dn + Dv), Lkv], o_proj [H, N Dv], no biases; q_lora_rank
+(null: 0), kv_lora_rank, qk_nope_head_dim (braid's qk_head_dim), qk_rope_head_dim
+(qk_pos_emb_head_dim) and v_head_dim as they are; qk_layernorm for the latent norms, which
+transformers always builds. Its RoPE turns interleaved pairs (rope_interleave true, as braid's
+MLA); the softmax scale is 1/sqrt(Dn + Dr) unless rope_scaling is YaRN (mscale), which braid does
+not have. transformers' latent norms use eps 1e-6 whatever rms_norm_eps says (DeepSeek's code
+too), braid's norm_eps for every norm: the two must be 1e-6. Every layer but the first
+first_k_dense_replace routes as below; with first_k_dense_replace >= num_hidden_layers no layer
+does, and braid's model is dense.
 
 Their router (transformers' Dots1TopkRouter, Glm4MoeTopkRouter, DeepseekV3TopkRouter) is
 braid's sigmoid router with an expert bias: s = sigmoid(x W^T) (f32); the top k of
@@ -22,18 +36,29 @@ import json
 
 import numpy as np
 
-from hf_configs import as_f32, braid_window, check, f32_value, refuse
+from hf_configs import SIGMOID_MOE_KEYS, as_f32, braid_window, check, f32_value, refuse
 from hf_moe import expert_layers, moe_ffn
 from safetensors_numpy import Tensor
 
-SIGMOID_MOE_ARCHITECTURES = ("dots1", "glm4_moe")
-# transformers' defaults: (first_k_dense_replace, norm_topk_prob, n_shared_experts, experts, top k)
-DEFAULTS = {"dots1": (0, False, None, None, None), "glm4_moe": (1, True, 1, 128, 8)}
+SIGMOID_MOE_ARCHITECTURES = ("dots1", "glm4_moe", "deepseek_v3")
+# transformers' defaults, where config.json leaves a field out
+DEFAULTS = {
+    "dots1": {"first_k_dense_replace": 0, "norm_topk_prob": False},
+    "glm4_moe": {"first_k_dense_replace": 1, "norm_topk_prob": True, "n_shared_experts": 1,
+                 "n_routed_experts": 128, "num_experts_per_tok": 8},
+    "deepseek_v3": {"first_k_dense_replace": 3, "norm_topk_prob": True, "n_shared_experts": 1,
+                    "n_routed_experts": 256, "num_experts_per_tok": 8,
+                    "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4,
+                    "routed_scaling_factor": 2.5},
+}
+LATENT_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                   "qk_rope_head_dim": 64, "v_head_dim": 128}
 BIAS = "mlp.gate.e_score_correction_bias"
 
 
 def sigmoid_router(c):
-    """Whether a braid config routes by sigmoid scores (dots1's and GLM-4.5's router)."""
+    """Whether a braid config routes by sigmoid scores (dots1's, GLM-4.5's and DeepSeek-V3's
+    router)."""
     return c.get("moe_router_score_function", "softmax") == "sigmoid"
 
 
@@ -45,25 +70,89 @@ def positive(value, field):
     return value
 
 
+LATENT_NORM_EPS = 1e-6  # transformers' (and DeepSeek's) q_a_layernorm and kv_a_layernorm, always
+NO_YARN = ("braid's multi-latent attention turns plain RoPE: braid has no YaRN, DeepSeek-V3's "
+           "long-context scaling, whose mscale also multiplies the softmax scale")
+
+
+def latent_attention_config_from_hf(hf):
+    """braid's attention fields for a DeepSeek-V3 config.json, in place of the Llama ones (a key
+    and value head per query head, the latent norms); ConvertError for what braid's
+    multi-latent attention does not compute as transformers' DeepseekV3Attention does."""
+    def get(field):
+        return hf.get(field, LATENT_DEFAULTS.get(field))
+
+    if hf.get("attention_bias"):
+        refuse("attention_bias", hf["attention_bias"], "DeepseekV3Attention then has biases on "
+               "q_a_proj, kv_a_proj_with_mqa and o_proj; braid's multi-latent attention has none")
+    if hf.get("rope_interleave", True) is not True:
+        refuse("rope_interleave", hf["rope_interleave"], "transformers then turns the two halves "
+               "of each head's RoPE channels against each other (rotate_half); braid's "
+               "multi-latent attention turns interleaved pairs, as DeepSeek's checkpoints hold "
+               "them")
+    if hf.get("rope_scaling"):
+        refuse("rope_scaling", hf["rope_scaling"], NO_YARN)
+    kind = (hf.get("rope_parameters") or {}).get("rope_type") or "default"
+    if kind != "default":
+        refuse("rope_parameters.rope_type", kind, NO_YARN)
+    eps = hf.get("rms_norm_eps", 1e-6)
+    if as_f32(eps) != as_f32(LATENT_NORM_EPS):
+        refuse("rms_norm_eps", eps, "DeepseekV3Attention's latent norms (q_a_layernorm, "
+               f"kv_a_layernorm) use {LATENT_NORM_EPS} whatever rms_norm_eps says; braid's norms "
+               "share one epsilon (norm_eps)")
+    heads = hf["num_attention_heads"]
+    kv_heads = hf.get("num_key_value_heads") or heads
+    if not isinstance(kv_heads, int) or kv_heads < heads:
+        refuse("num_key_value_heads", kv_heads, f"DeepseekV3Attention gives each of the {heads} "
+               "query heads its own key and value (kv_b_proj), which transformers cannot "
+               f"repeat over {kv_heads} groups; braid's multi-latent attention has one per head")
+    q_rank = get("q_lora_rank")
+    if q_rank is not None:
+        positive(q_rank, "q_lora_rank")
+    dn, dr = positive(get("qk_nope_head_dim"), "qk_nope_head_dim"), get("qk_rope_head_dim")
+    check(isinstance(dr, int) and dr >= 2 and dr % 2 == 0, "config.json: qk_rope_head_dim "
+          f"should be a positive even number (RoPE turns pairs), is {json.dumps(dr)}")
+    dv = positive(get("v_head_dim"), "v_head_dim")
+    if dv > dn + dr:
+        refuse("v_head_dim", dv, f"wider than the query and key heads, qk_nope_head_dim + "
+               f"qk_rope_head_dim = {dn + dr}; braid's attention runs the value heads padded to "
+               "their width")
+    return {"multi_latent_attention": True, "q_lora_rank": q_rank or 0,
+            "kv_lora_rank": positive(get("kv_lora_rank"), "kv_lora_rank"),
+            "qk_head_dim": dn, "qk_pos_emb_head_dim": dr, "v_head_dim": dv,
+            # braid's saves hold the query/key head width here; readers set 0 for MLA
+            "kv_channels": dn + dr, "num_query_groups": heads, "qk_layernorm": True,
+            "add_bias_linear": False, "add_qkv_bias": False}
+
+
 def sigmoid_moe_config_from_hf(hf, arch):
-    """braid's MoE fields for a dots1 or GLM-4.5 config.json; ConvertError for what braid's
-    router cannot compute exactly."""
-    first_dense, norm_default, shared_default, experts_default, topk_default = DEFAULTS[arch]
-    experts = positive(hf.get("n_routed_experts", hf.get("num_local_experts", experts_default)),
-                       "n_routed_experts")
-    topk = hf.get("num_experts_per_tok", topk_default)
-    check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
-          f"should be in [1, {experts}] (n_routed_experts), is {json.dumps(topk)}")
-    ffn = positive(hf.get("moe_intermediate_size", 1408), "moe_intermediate_size")
-    shared = positive(hf.get("n_shared_experts", shared_default), "n_shared_experts")
+    """braid's MoE fields for a dots1, GLM-4.5 or DeepSeek-V3 config.json ({} for a DeepSeek-V3
+    whose first_k_dense_replace leaves no layer with experts: a dense model); ConvertError for
+    what braid's router cannot compute exactly."""
+    defaults = {"moe_intermediate_size": 1408, "n_group": 1, "topk_group": 1,
+                "routed_scaling_factor": 1.0, **DEFAULTS[arch]}
+
+    def get(field):
+        return hf.get(field, defaults.get(field))
+
     layers = hf["num_hidden_layers"]
-    first = hf.get("first_k_dense_replace", first_dense)
+    first = get("first_k_dense_replace")
     check(isinstance(first, int) and first >= 0, "config.json: first_k_dense_replace should be "
           f"a layer count, is {json.dumps(first)}")
+    if first >= layers and arch == "deepseek_v3":
+        return {}  # transformers builds no router: the MoE fields say nothing
     if first >= layers:
         refuse("first_k_dense_replace", first, f"no layer of the {layers} has experts; braid's "
                "MoE models have them on one layer at least")
-    norm = hf.get("norm_topk_prob", norm_default)
+    experts = positive(hf.get("n_routed_experts", hf.get("num_local_experts",
+                                                         defaults.get("n_routed_experts"))),
+                       "n_routed_experts")
+    topk = get("num_experts_per_tok")
+    check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
+          f"should be in [1, {experts}] (n_routed_experts), is {json.dumps(topk)}")
+    ffn = positive(get("moe_intermediate_size"), "moe_intermediate_size")
+    shared = positive(get("n_shared_experts"), "n_shared_experts")
+    norm = get("norm_topk_prob")
     if topk > 1 and not norm:
         refuse("norm_topk_prob", norm, f"braid's sigmoid router (Megatron's) always divides the "
                f"weights of the top {topk} by their sum; this model weights each by its score "
@@ -71,8 +160,8 @@ def sigmoid_moe_config_from_hf(hf, arch):
     if topk == 1 and norm:
         refuse("norm_topk_prob", norm, "with one expert per token it makes every weight 1; "
                "braid's sigmoid router (Megatron's) weights the expert by its score")
-    groups = hf.get("n_group", 1) or 1
-    group_topk = hf.get("topk_group", 1) or 1
+    groups = get("n_group") or 1
+    group_topk = get("topk_group") or 1
     check(isinstance(groups, int) and groups >= 1 and experts % groups == 0, "config.json: "
           f"n_group should divide n_routed_experts {experts}, is {json.dumps(groups)}")
     check(isinstance(group_topk, int) and 1 <= group_topk <= groups, "config.json: topk_group "
@@ -82,7 +171,7 @@ def sigmoid_moe_config_from_hf(hf, arch):
                "experts, braid (Megatron) by its best num_experts_per_tok / topk_group; "
                f"here num_experts_per_tok is {topk} and topk_group {group_topk}, so braid holds "
                "this only with num_experts_per_tok = 2 x topk_group")
-    scale = hf.get("routed_scaling_factor", 1.0)
+    scale = get("routed_scaling_factor")
     check(isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0,
           f"config.json: routed_scaling_factor should be a positive number, is "
           f"{json.dumps(scale)}")
@@ -98,6 +187,46 @@ def sigmoid_moe_config_from_hf(hf, arch):
 
 
 # ---- braid's config -> config.json ------------------------------------------------------------
+
+def latent_attention_architecture(c):
+    """DeepSeek-V3 for a braid config with multi-latent attention (experts routed by sigmoid
+    scores, as sigmoid_moe_architecture checks, or none: every layer dense); ConvertError with
+    why otherwise."""
+    what = "this braid model has multi-latent attention"
+    kind = (c["normalization"], c["activation"], c["position_embedding"])
+    check(kind == ("rmsnorm", "swiglu", "rope"), what, " and is ", "/".join(kind), " shaped; "
+          "DeepseekV3ForCausalLM is rmsnorm/swiglu/rope")
+    check(c.get("qk_layernorm"), what, " without its latent norms (qk_layernorm); "
+          "DeepseekV3ForCausalLM always norms them (q_a_layernorm, kv_a_layernorm)")
+    check(braid_window(c) is None, what, " and a sliding window; DeepseekV3ForCausalLM has none")
+    check(not c.get("rope_scaling_factor"), what, " and Llama 3.1's RoPE scaling; convert_hf.py "
+          "moves DeepSeek-V3 with plain RoPE only (DeepSeek-V3's own scaling, YaRN, braid has not)")
+    check(as_f32(c["norm_eps"]) == as_f32(LATENT_NORM_EPS), what, " and norm_eps ",
+          f32_value(c["norm_eps"]), f"; DeepseekV3ForCausalLM's latent norms use {LATENT_NORM_EPS} "
+          "whatever rms_norm_eps says (train with --norm-epsilon 1e-6)")
+    if c.get("num_experts"):
+        check(sigmoid_router(c), what, " and a softmax router; DeepseekV3ForCausalLM routes by "
+              "sigmoid scores with an expert bias (--moe-router-score-function sigmoid)")
+        sigmoid_moe_architecture(c)  # the routing's checks
+    return "deepseek_v3"
+
+
+def hf_latent_attention_config(c, imported):
+    """The attention fields of DeepSeek-V3's config.json for a braid config with multi-latent
+    attention; for a dense one first_k_dense_replace = num_hidden_layers, with the MoE fields
+    (which then build nothing) of the config an import stored."""
+    dn, dr = c["qk_head_dim"], c["qk_pos_emb_head_dim"]
+    hf = {"q_lora_rank": c["q_lora_rank"] or None, "kv_lora_rank": c["kv_lora_rank"],
+          "qk_nope_head_dim": dn, "qk_rope_head_dim": dr, "v_head_dim": c["v_head_dim"],
+          "qk_head_dim": dn + dr, "head_dim": dr,  # as transformers derives them
+          "num_key_value_heads": c["num_attention_heads"], "rope_interleave": True,
+          "attention_bias": False, "num_nextn_predict_layers": 0}  # no MTP layers exported
+    if not c.get("num_experts"):
+        if (imported or {}).get("model_type") == "deepseek_v3":
+            hf.update({k: imported[k] for k in SIGMOID_MOE_KEYS if k in imported})
+        hf["first_k_dense_replace"] = c["num_layers"]
+    return hf
+
 
 def sigmoid_moe_architecture(c):
     """dots1 or GLM-4.5 for a braid config with a sigmoid router: dots1 with q/k norms, no
@@ -168,6 +297,8 @@ def expert_bias_specs(c):
 def sigmoid_moe_tensors_to_braid(hf, c):
     """In `hf` (name -> Tensor): the shared experts to braid's name, the biases to f32 (exact).
     The experts: hf_moe.moe_tensors_to_braid."""
+    if not c.get("num_experts"):  # a dense DeepSeek-V3
+        return
     for i in [i for i, e in enumerate(expert_layers(c)) if e]:
         p = f"model.layers.{i}.mlp."
         for m in ("gate_proj", "up_proj", "down_proj"):
@@ -182,10 +313,10 @@ def sigmoid_moe_tensors_to_braid(hf, c):
 
 
 def drop_mtp_layers(tensors, hf, arch):
-    """Removes from `tensors` GLM-4.5's multi-token-prediction layers: the
+    """Removes from `tensors` GLM-4.5's and DeepSeek-V3's multi-token-prediction layers: the
     num_nextn_predict_layers layers after the last (model.layers.{L}.*, ...), which
-    transformers does not load either. Returns how many tensors it dropped."""
-    if arch != "glm4_moe":
+    transformers' causal LM does not load either. Returns how many tensors it dropped."""
+    if arch not in ("glm4_moe", "deepseek_v3"):
         return 0
     count = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 1)) or 0
     first = hf["num_hidden_layers"]
@@ -199,6 +330,8 @@ def drop_mtp_layers(tensors, hf, arch):
 def braid_sigmoid_moe_tensors_to_hf(t, c):
     """braid's tensors -> transformers' names (in place); biases of zero where braid's sigmoid
     router has none (transformers' always has them)."""
+    if not c.get("num_experts"):  # a dense DeepSeek-V3
+        return
     for i in [i for i, e in enumerate(expert_layers(c)) if e]:
         p = f"model.layers.{i}.mlp."
         for m in ("gate_proj", "up_proj", "down_proj"):

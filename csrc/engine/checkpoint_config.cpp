@@ -48,7 +48,13 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"moe_expert_capacity_factor", c.moe_expert_capacity_factor},
       {"moe_token_drop_policy", model::to_string(c.moe_token_drop_policy)},
       {"norm_eps", c.norm_eps},
-      {"params_dtype", dtype_name(c.params_dtype)}};
+      {"params_dtype", dtype_name(c.params_dtype)},
+      {"multi_latent_attention", c.multi_latent_attention},
+      {"q_lora_rank", c.q_lora_rank},
+      {"kv_lora_rank", c.kv_lora_rank},
+      {"qk_head_dim", c.qk_head_dim},
+      {"qk_pos_emb_head_dim", c.qk_pos_emb_head_dim},
+      {"v_head_dim", c.v_head_dim}};
 }
 
 int format_version(const model::TransformerConfig& c) {
@@ -57,6 +63,7 @@ int format_version(const model::TransformerConfig& c) {
       (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
        c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
        c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
+  if (c.multi_latent_attention) return 3;
   return new_router ? 2 : 1;
 }
 
@@ -81,8 +88,11 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                      " in the checkpoint and ", config.head_dim(), " in this run");
   // Checkpoints from before rotary_percent turned whole heads. Percents that turn as many
   // channels are the same model.
+  // MLA turns its qk_pos_emb_head_dim channels (compared with the other MLA fields below).
   const double saved_rotary = saved.value("rotary_percent", 1.0);
-  const auto saved_rotary_dim = int64_t(double(saved_head_dim) * saved_rotary);
+  const auto saved_rotary_dim = saved.value("multi_latent_attention", false)
+                                    ? saved.value("qk_pos_emb_head_dim", int64_t(0))
+                                    : int64_t(double(saved_head_dim) * saved_rotary);
   BRAID_CONFIG_CHECK(saved_rotary_dim == config.rotary_dim(), where,
                      ": a different model - rotary_percent is ", saved_rotary,
                      " in the checkpoint and ", config.rotary_percent, " in this run (RoPE turns ",
@@ -126,6 +136,21 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                        ": a different model - moe_router_enable_expert_bias is ",
                        saved_bias ? "true" : "false", " in the checkpoint and ",
                        config.moe_router_enable_expert_bias ? "true" : "false", " in this run");
+  }
+  // Checkpoints from before multi-latent attention have none.
+  const bool saved_mla = saved.value("multi_latent_attention", false);
+  BRAID_CONFIG_CHECK(saved_mla == config.multi_latent_attention, where,
+                     ": a different model - multi_latent_attention is ",
+                     saved_mla ? "true" : "false", " in the checkpoint and ",
+                     config.multi_latent_attention ? "true" : "false", " in this run");
+  if (saved_mla) {
+    for (const char* key :
+         {"q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"}) {
+      BRAID_CONFIG_CHECK(saved.value(key, int64_t(-1)) == mine.at(key).get<int64_t>(), where,
+                         ": a different model - ", key, " is ",
+                         saved.value(key, nlohmann::json()).dump(), " in the checkpoint and ",
+                         mine.at(key).dump(), " in this run");
+    }
   }
   // Checkpoints from before these fields have neither.
   for (const auto& [key, mine_value] :

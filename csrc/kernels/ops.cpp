@@ -274,10 +274,14 @@ void check_rope(const char* op, Device device, const char* out_name, const Tenso
   check_activation(op, device, in_name, in);
   check_like(op, out_name, out, in_name, in);
   rotary.validate();
-  BRAID_CHECK(in.dim() == 4 && (rotary.rotary_dim > 0 || in.size(3) % 2 == 0), op, ": ", in_name,
-              " must be [B, S, H, D] with an even D, got ", describe(in));
-  BRAID_CHECK(rotary.rotary_dim <= in.size(3), op, ": rotary_dim ", rotary.rotary_dim,
-              " exceeds the head's ", in.size(3), " channels (", in_name, " ", describe(in), ")");
+  BRAID_CHECK(in.dim() == 4, op, ": ", in_name, " must be [B, S, H, D], got ", describe(in));
+  const int64_t d = in.size(3), first = rotary.first_channel, r = rotary.rotated_channels(d);
+  BRAID_CHECK(first <= d, op, ": first_channel ", first, " exceeds the head's ", d, " channels (",
+              in_name, " ", describe(in), ")");
+  BRAID_CHECK(r <= d - first, op, ": first_channel ", first, " + rotary_dim ", r,
+              " exceeds the head's ", d, " channels (", in_name, " ", describe(in), ")");
+  BRAID_CHECK(r % 2 == 0, op, ": the ", r, " channels that turn (head dim ", d, " - first_channel ",
+              first, ") must be even (", in_name, " ", describe(in), ")");
 }
 }  // namespace
 
@@ -290,7 +294,8 @@ void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
               " must not be negative");
   if (x.numel() == 0) return;
   const std::vector<float> inv_freq = rotary.inv_freq(x.size(3));
-  BRAID_DISPATCH(device, rope_forward, out, x, inv_freq, position_offset, stream);
+  BRAID_DISPATCH(device, rope_forward, out, x, inv_freq, rotary.first_channel, rotary.interleaved,
+                 position_offset, stream);
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,
@@ -302,7 +307,8 @@ void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotar
               " must not be negative");
   if (dout.numel() == 0) return;
   const std::vector<float> inv_freq = rotary.inv_freq(dout.size(3));
-  BRAID_DISPATCH(device, rope_backward, dx, dout, inv_freq, position_offset, stream);
+  BRAID_DISPATCH(device, rope_backward, dx, dout, inv_freq, rotary.first_channel,
+                 rotary.interleaved, position_offset, stream);
 }
 
 namespace {
@@ -338,6 +344,63 @@ void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, i
   check_embedding(op, "dout", dout, ids, dweight);
   if (dout.numel() == 0) return;
   BRAID_DISPATCH(device, embedding_backward, dweight, dout, ids, vocab_offset, stream);
+}
+
+// ---------------------------------------------------------------- column copies
+
+namespace {
+// Columns [column, column + width) lie within [0, columns) (width >= 0 checked).
+void check_columns(const char* op, const char* name, const Tensor& t, int64_t columns,
+                   const char* column_name, int64_t column, int64_t width) {
+  BRAID_CHECK(column >= 0 && column <= columns - width, op, ": ", column_name, " ", column,
+              " with width ", width, " is outside [0, ", columns, "), the last dim of ", name, " ",
+              describe(t));
+}
+
+// out [R, H, D] and x [R, W] (x is dx for sum_heads) of broadcast_heads and sum_heads.
+void check_heads(const char* op, Device device, const char* out_name, const Tensor& out,
+                 const char* x_name, const Tensor& x, int64_t column) {
+  check_activation(op, device, x_name, x);
+  check_same_dtype(op, out_name, out, x_name, x);
+  BRAID_CHECK(out.dim() == 3 && x.dim() == 2, op, ": ", out_name, " ", describe(out),
+              " must be [R, H, D] and ", x_name, " ", describe(x), " [R, W]");
+  BRAID_CHECK(out.size(0) == x.size(0), op, ": ", out_name, " ", describe(out), " and ", x_name,
+              " ", describe(x), " disagree on R");
+  check_columns(op, out_name, out, out.size(2), "column", column, x.size(1));
+}
+}  // namespace
+
+void copy_columns(Tensor dst, int64_t dst_column, const Tensor& src, int64_t src_column,
+                  int64_t width, Stream stream) {
+  const char* op = "copy_columns";
+  Device device = device_of(op, {{"dst", dst}, {"src", src}});
+  check_activation(op, device, "src", src);
+  check_same_dtype(op, "dst", dst, "src", src);
+  BRAID_CHECK(dst.dim() == 2 && src.dim() == 2, op, ": dst ", describe(dst), " and src ",
+              describe(src), " must be [R, C]");
+  BRAID_CHECK(dst.size(0) == src.size(0), op, ": dst ", describe(dst), " and src ", describe(src),
+              " disagree on R");
+  BRAID_CHECK(width >= 0, op, ": width ", width, " must not be negative");
+  check_columns(op, "dst", dst, dst.size(1), "dst_column", dst_column, width);
+  check_columns(op, "src", src, src.size(1), "src_column", src_column, width);
+  if (dst.size(0) == 0 || width == 0) return;
+  BRAID_DISPATCH(device, copy_columns, dst, dst_column, src, src_column, width, stream);
+}
+
+void broadcast_heads(Tensor out, int64_t column, const Tensor& x, Stream stream) {
+  const char* op = "broadcast_heads";
+  Device device = device_of(op, {{"out", out}, {"x", x}});
+  check_heads(op, device, "out", out, "x", x, column);
+  if (out.numel() == 0 || x.numel() == 0) return;
+  BRAID_DISPATCH(device, broadcast_heads, out, column, x, stream);
+}
+
+void sum_heads(Tensor dx, const Tensor& dout, int64_t column, Stream stream) {
+  const char* op = "sum_heads";
+  Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
+  check_heads(op, device, "dout", dout, "dx", dx, column);
+  if (dx.numel() == 0) return;
+  BRAID_DISPATCH(device, sum_heads, dx, dout, column, stream);
 }
 
 // ---------------------------------------------------------------- attention

@@ -13,6 +13,7 @@ void RotaryFrequencies::validate() const {
               " must be positive and finite");
   BRAID_CHECK(rotary_dim >= 0 && rotary_dim % 2 == 0, "rope: rotary_dim = ", rotary_dim,
               " must be even (0: the whole head)");
+  BRAID_CHECK(first_channel >= 0, "rope: first_channel = ", first_channel, " must not be negative");
   if (llama3_factor == 0.0f) return;
   BRAID_CHECK(llama3_factor > 0.0f && std::isfinite(llama3_factor), "rope: the llama3 factor ",
               llama3_factor, " must be positive (0: no scaling)");
@@ -24,10 +25,15 @@ void RotaryFrequencies::validate() const {
               "rope: original_max_positions = ", original_max_positions, " must be positive");
 }
 
+int64_t RotaryFrequencies::rotated_channels(int64_t head_dim) const {
+  return rotary_dim > 0 ? rotary_dim : head_dim - first_channel;
+}
+
 std::vector<float> RotaryFrequencies::inv_freq(int64_t head_dim) const {
-  BRAID_CHECK(rotary_dim <= head_dim, "rope: rotary_dim = ", rotary_dim, " exceeds the head's ",
-              head_dim, " channels");
-  const int64_t dim = rotary_dim > 0 ? rotary_dim : head_dim;
+  BRAID_CHECK(first_channel <= head_dim && rotary_dim <= head_dim - first_channel,
+              "rope: channels from first_channel = ", first_channel, " (rotary_dim = ", rotary_dim,
+              ") exceed the head's ", head_dim, " channels");
+  const int64_t dim = rotated_channels(head_dim);
   const int64_t half = dim / 2;
   std::vector<float> out(size_t(std::max<int64_t>(half, 0)));
   for (int64_t i = 0; i < half; ++i) {

@@ -128,11 +128,17 @@ void from_string(std::string_view name, RecomputeMethod& out) {
 int64_t TransformerConfig::head_dim() const {
   BRAID_CONFIG_CHECK(num_attention_heads > 0, "TransformerConfig.num_attention_heads must be ",
                      "positive, got ", num_attention_heads);
+  if (multi_latent_attention) return qk_head_dim + qk_pos_emb_head_dim;
   return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
 }
 
 int64_t TransformerConfig::rotary_dim() const {
+  if (multi_latent_attention) return qk_pos_emb_head_dim;
   return int64_t(double(head_dim()) * rotary_percent);
+}
+
+int64_t TransformerConfig::value_head_dim() const {
+  return multi_latent_attention ? v_head_dim : head_dim();
 }
 
 int64_t TransformerConfig::attention_window(int64_t layer) const {
@@ -162,13 +168,45 @@ int64_t TransformerConfig::num_moe_layers() const {
 }
 
 int64_t TransformerConfig::kv_heads() const {
-  return num_query_groups == 0 ? num_attention_heads : num_query_groups;
+  return num_query_groups == 0 || multi_latent_attention ? num_attention_heads : num_query_groups;
 }
 
 int64_t TransformerConfig::padded_vocab_size(int tp_size) const {
   const int64_t multiple = make_vocab_size_divisible_by * tp_size;
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
+
+namespace {
+
+// The rules multi-latent attention adds (TransformerConfig's comment on multi_latent_attention).
+void validate_latent_attention(const TransformerConfig& c) {
+  BRAID_CONFIG_CHECK(c.q_lora_rank >= 0, "TransformerConfig.q_lora_rank must be >= 0 (0: no ",
+                     "query latent), got ", c.q_lora_rank);
+  check_positive(c.kv_lora_rank, "kv_lora_rank");
+  check_positive(c.qk_head_dim, "qk_head_dim");
+  check_positive(c.v_head_dim, "v_head_dim");
+  BRAID_CONFIG_CHECK(c.qk_pos_emb_head_dim > 0 && c.qk_pos_emb_head_dim % 2 == 0,
+                     "TransformerConfig.qk_pos_emb_head_dim must be even and positive, got ",
+                     c.qk_pos_emb_head_dim);
+  BRAID_CONFIG_CHECK(c.v_head_dim <= c.head_dim(), "TransformerConfig.v_head_dim (", c.v_head_dim,
+                     ") must not exceed the query/key head, qk_head_dim + qk_pos_emb_head_dim (",
+                     c.head_dim(), "): braid's attention runs the value heads padded to it");
+  BRAID_CONFIG_CHECK(c.position_embedding == PositionEmbedding::rope && c.rotary_percent == 1.0,
+                     "TransformerConfig.multi_latent_attention needs position_embedding = rope ",
+                     "(its qk_pos_emb_head_dim channels turn) and rotary_percent 1");
+  BRAID_CONFIG_CHECK(!c.add_bias_linear && !c.add_qkv_bias,
+                     "TransformerConfig.multi_latent_attention has no linear biases: set ",
+                     "add_bias_linear and add_qkv_bias off (Megatron's --disable-bias-linear)");
+  BRAID_CONFIG_CHECK(c.num_query_groups == 0 || c.num_query_groups == c.num_attention_heads,
+                     "TransformerConfig.num_query_groups (", c.num_query_groups,
+                     ") must be 0 or num_attention_heads (", c.num_attention_heads,
+                     ") with multi_latent_attention: every head has its own key and value");
+  BRAID_CONFIG_CHECK(c.kv_channels == 0, "TransformerConfig.kv_channels (", c.kv_channels,
+                     ") must be 0 with multi_latent_attention: qk_head_dim, ",
+                     "qk_pos_emb_head_dim and v_head_dim give the heads' widths");
+}
+
+}  // namespace
 
 void TransformerConfig::validate() const {
   check_positive(num_layers, "num_layers");
@@ -183,10 +221,12 @@ void TransformerConfig::validate() const {
   check_positive(recompute_num_layers, "recompute_num_layers");
   BRAID_CONFIG_CHECK(kv_channels >= 0, "TransformerConfig.kv_channels must be >= 0 ",
                      "(0: hidden_size / num_attention_heads), got ", kv_channels);
-  BRAID_CONFIG_CHECK(kv_channels > 0 || hidden_size % num_attention_heads == 0,
-                     "TransformerConfig.hidden_size (", hidden_size,
-                     ") must be divisible by num_attention_heads (", num_attention_heads,
-                     "), or kv_channels must give the head width");
+  if (multi_latent_attention) validate_latent_attention(*this);
+  BRAID_CONFIG_CHECK(
+      kv_channels > 0 || multi_latent_attention || hidden_size % num_attention_heads == 0,
+      "TransformerConfig.hidden_size (", hidden_size,
+      ") must be divisible by num_attention_heads (", num_attention_heads,
+      "), or kv_channels must give the head width");
   BRAID_CONFIG_CHECK(num_attention_heads % kv_heads() == 0,
                      "TransformerConfig.num_attention_heads (", num_attention_heads,
                      ") must be divisible by num_query_groups (", kv_heads(), ")");

@@ -199,7 +199,19 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   LayerTensors t;
   t.input_norm_weight = view_of(flat, p + "input_layernorm.weight");
   t.input_norm_bias = view_of(flat, p + "input_layernorm.bias");
-  t.qkv_weight = fused_view(flat, p + "self_attn.q_proj.weight", qkv_rows, c.hidden_size);
+  if (c.multi_latent_attention) {
+    const std::string a = p + "self_attn.";
+    t.q_a_weight = view_of(flat, a + "q_a_proj.weight");
+    t.q_a_norm_weight = view_of(flat, a + "q_a_layernorm.weight");
+    t.q_a_norm_bias = view_of(flat, a + "q_a_layernorm.bias");
+    t.q_weight = view_of(flat, a + (c.q_lora_rank > 0 ? "q_b_proj.weight" : "q_proj.weight"));
+    t.kv_a_weight = view_of(flat, a + "kv_a_proj_with_mqa.weight");
+    t.kv_a_norm_weight = view_of(flat, a + "kv_a_layernorm.weight");
+    t.kv_a_norm_bias = view_of(flat, a + "kv_a_layernorm.bias");
+    t.kv_b_weight = view_of(flat, a + "kv_b_proj.weight");
+  } else {
+    t.qkv_weight = fused_view(flat, p + "self_attn.q_proj.weight", qkv_rows, c.hidden_size);
+  }
   t.qkv_bias = fused_view(flat, p + "self_attn.q_proj.bias", qkv_rows, 0);
   t.q_norm_weight = view_of(flat, p + "self_attn.q_norm.weight");
   t.q_norm_bias = view_of(flat, p + "self_attn.q_norm.bias");
@@ -566,7 +578,9 @@ void GPTModel::finalize_grads() {
     } else if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
       // Used on this rank's tokens only: norms and position embeddings. (Row-parallel biases
       // take their gradient from the gathered output gradient, complete on every rank.)
-      const bool partial = p.spec.name.find("norm.") != std::string::npos ||
+      // MLA's latent norms (q_a_layernorm, kv_a_layernorm) see every token.
+      const bool partial = (p.spec.name.find("norm.") != std::string::npos &&
+                            p.spec.name.find("_a_layernorm.") == std::string::npos) ||
                            p.spec.name == "model.embed_positions.weight";
       if (partial) all_reduce_tp(tp_, p.grad);
     }

@@ -124,29 +124,58 @@ void add_mlp(LayoutBuilder& b, const TransformerConfig& c, const std::string& p,
   if (bias) b.group({p + "down_proj.bias", Shape{h}, -1, layer, false, expert});
 }
 
-void add_layer(LayoutBuilder& b, const TransformerConfig& c, const ModelChunk& chunk, int layer) {
-  const std::string p = "model.layers." + std::to_string(layer) + ".";
+// q, k, v (fused), their biases, the per-head q/k norms and o_proj under `p` (self_attn.).
+void add_attention(LayoutBuilder& b, const TransformerConfig& c, const std::string& p, int layer) {
   const int64_t h = c.hidden_size;
   const int64_t q_out = c.num_attention_heads * c.head_dim();
   const int64_t kv_out = c.kv_heads() * c.head_dim();
   const bool bias = c.add_bias_linear;
-
-  add_norm(b, c, p + "input_layernorm", layer);
-  b.group({p + "self_attn.q_proj.weight", Shape{q_out, h}, 0, layer, true});
-  b.member({p + "self_attn.k_proj.weight", Shape{kv_out, h}, 0, layer, true});
-  b.member({p + "self_attn.v_proj.weight", Shape{kv_out, h}, 0, layer, true});
+  b.group({p + "q_proj.weight", Shape{q_out, h}, 0, layer, true});
+  b.member({p + "k_proj.weight", Shape{kv_out, h}, 0, layer, true});
+  b.member({p + "v_proj.weight", Shape{kv_out, h}, 0, layer, true});
   if (bias || c.add_qkv_bias) {
-    b.group({p + "self_attn.q_proj.bias", Shape{q_out}, 0, layer, false});
-    b.member({p + "self_attn.k_proj.bias", Shape{kv_out}, 0, layer, false});
-    b.member({p + "self_attn.v_proj.bias", Shape{kv_out}, 0, layer, false});
+    b.group({p + "q_proj.bias", Shape{q_out}, 0, layer, false});
+    b.member({p + "k_proj.bias", Shape{kv_out}, 0, layer, false});
+    b.member({p + "v_proj.bias", Shape{kv_out}, 0, layer, false});
   }
   if (c.qk_layernorm) {
-    add_norm(b, c, p + "self_attn.q_norm", layer, c.head_dim());
-    add_norm(b, c, p + "self_attn.k_norm", layer, c.head_dim());
+    add_norm(b, c, p + "q_norm", layer, c.head_dim());
+    add_norm(b, c, p + "k_norm", layer, c.head_dim());
   }
-  b.group({p + "self_attn.o_proj.weight", Shape{h, q_out}, 1, layer, true});
-  if (bias) b.group({p + "self_attn.o_proj.bias", Shape{h}, -1, layer, false});
+  b.group({p + "o_proj.weight", Shape{h, q_out}, 1, layer, true});
+  if (bias) b.group({p + "o_proj.bias", Shape{h}, -1, layer, false});
+}
 
+// Multi-latent attention under `p` (HF DeepSeek-V3's names): the down projections and latent
+// norms replicated over TP, the up projections split by heads, o_proj by its input columns.
+void add_latent_attention(LayoutBuilder& b, const TransformerConfig& c, const std::string& p,
+                          int layer) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads;
+  if (c.q_lora_rank > 0) {
+    b.group({p + "q_a_proj.weight", Shape{c.q_lora_rank, h}, -1, layer, true});
+    if (c.qk_layernorm) add_norm(b, c, p + "q_a_layernorm", layer, c.q_lora_rank);
+    b.group({p + "q_b_proj.weight", Shape{heads * c.head_dim(), c.q_lora_rank}, 0, layer, true});
+  } else {
+    b.group({p + "q_proj.weight", Shape{heads * c.head_dim(), h}, 0, layer, true});
+  }
+  b.group({p + "kv_a_proj_with_mqa.weight", Shape{c.kv_lora_rank + c.qk_pos_emb_head_dim, h}, -1,
+           layer, true});
+  if (c.qk_layernorm) add_norm(b, c, p + "kv_a_layernorm", layer, c.kv_lora_rank);
+  b.group({p + "kv_b_proj.weight", Shape{heads * (c.qk_head_dim + c.v_head_dim), c.kv_lora_rank}, 0,
+           layer, true});
+  b.group({p + "o_proj.weight", Shape{h, heads * c.v_head_dim}, 1, layer, true});
+}
+
+void add_layer(LayoutBuilder& b, const TransformerConfig& c, const ModelChunk& chunk, int layer) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  const int64_t h = c.hidden_size;
+
+  add_norm(b, c, p + "input_layernorm", layer);
+  if (c.multi_latent_attention) {
+    add_latent_attention(b, c, p + "self_attn.", layer);
+  } else {
+    add_attention(b, c, p + "self_attn.", layer);
+  }
   add_norm(b, c, p + "post_attention_layernorm", layer);
   if (!c.is_moe_layer(layer)) return add_mlp(b, c, p + "mlp.", layer, c.ffn_hidden_size);
   b.group({p + "mlp.gate.weight", Shape{c.num_experts, h}, -1, layer, true});

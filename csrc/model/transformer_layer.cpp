@@ -2,19 +2,28 @@
 
 #include "braid/kernels/ops.h"
 #include "braid/model/linear.h"
+#include "model/layer_util.h"
 
 namespace braid::model {
 namespace {
 
-Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype(), t.device()); }
+// RoPE on each head's channels [first_channel, first_channel + rotary_dim()); MLA's pairs are
+// interleaved (DeepSeek's and megatron-core's).
+ops::RotaryFrequencies rotary(const TransformerConfig& c, int64_t first_channel) {
+  ops::RotaryFrequencies r{c.rope_theta,
+                           c.rope_scaling_factor,
+                           c.rope_low_freq_factor,
+                           c.rope_high_freq_factor,
+                           float(c.rope_original_max_position_embeddings),
+                           c.rotary_dim()};
+  r.first_channel = first_channel;
+  r.interleaved = c.multi_latent_attention;
+  return r;
+}
 
-ops::RotaryFrequencies rotary(const TransformerConfig& c) {
-  return {c.rope_theta,
-          c.rope_scaling_factor,
-          c.rope_low_freq_factor,
-          c.rope_high_freq_factor,
-          float(c.rope_original_max_position_embeddings),
-          c.rotary_dim()};
+// Per-head q and k norms (qk_layernorm without MLA, whose qk_layernorm norms the latents).
+bool per_head_qk_norms(const TransformerConfig& c) {
+  return c.qk_layernorm && !c.multi_latent_attention;
 }
 
 // Inverted dropout into a new tensor; `x` itself when dropout is off.
@@ -31,12 +40,6 @@ Tensor dropout_grad(const Tensor& dout, float p, uint64_t seed, uint64_t offset,
   Tensor dx = empty_like(dout);
   ops::dropout_backward(dx, dout, p, seed, offset, first_element);
   return dx;
-}
-
-// Drops these references now, so that memory is returned as early as possible.
-template <typename... Tensors>
-void release(Tensors&... tensors) {
-  ((tensors = Tensor()), ...);
 }
 
 // Row slices of the fused [q; k; v] weight or bias (dim 0): the q, k and v parts.
@@ -353,6 +356,12 @@ Tensor TransformerLayer::row_bias(const Tensor& bias) const {
   return tp_.rank() == 0 ? bias : Tensor();
 }
 
+TransformerLayer::Projection TransformerLayer::project(const Tensor& h, Tokens tokens,
+                                                       int64_t position_offset) const {
+  return config_.multi_latent_attention ? project_latent(h, tokens, position_offset)
+                                        : project_qkv(h, tokens, position_offset);
+}
+
 TransformerLayer::Projection TransformerLayer::project_qkv(const Tensor& h, Tokens tokens,
                                                            int64_t position_offset) const {
   const LayerShape& n = shape_;
@@ -394,12 +403,14 @@ void TransformerLayer::finish_qk(Projection& p, Tokens tokens, int64_t position_
   }
 }
 
-void TransformerLayer::rotate(Tensor x, int64_t position_offset, bool inverse) const {
+void TransformerLayer::rotate(Tensor x, int64_t position_offset, bool inverse,
+                              int64_t first_channel) const {
+  const ops::RotaryFrequencies freqs = rotary(config_, first_channel);
   auto apply = [&](const Tensor& t, int64_t offset) {
     if (inverse) {
-      ops::rope_backward(t, t, rotary(config_), offset);
+      ops::rope_backward(t, t, freqs, offset);
     } else {
-      ops::rope_forward(t, t, rotary(config_), offset);
+      ops::rope_forward(t, t, freqs, offset);
     }
   };
   if (!cp_.active()) return apply(x, position_offset);
@@ -435,6 +446,38 @@ void TransformerLayer::attention_backward(Tensor dq, Tensor& dk, Tensor& dv, con
   dv = to_local(dv_all, v);
 }
 
+Tensor TransformerLayer::qkv_backward(Tensor dq, Tensor dk, const Tensor& dv, const Tensor& h,
+                                      Tokens tokens, LayerActivations& a) const {
+  const TransformerConfig& c = config_;
+  const LayerShape& n = shape_;
+  const int64_t t = tokens.count(), d = n.head_dim;
+  if (c.position_embedding == PositionEmbedding::rope) {
+    rotate(dq, 0, true);
+    rotate(dk, 0, true);
+  }
+  if (c.qk_layernorm) {  // dq, dk of the normed heads -> of the projections
+    Tensor dq_raw = empty_like(a.q_raw), dk_raw = empty_like(a.k_raw);
+    norm_backward(c, dq_raw.view({t * n.q_heads, d}), g_.q_norm_weight, g_.q_norm_bias,
+                  dq.view({t * n.q_heads, d}), a.q_raw.view({t * n.q_heads, d}), w_.q_norm_weight,
+                  a.q_norm_stats);
+    norm_backward(c, dk_raw.view({t * n.kv_heads, d}), g_.k_norm_weight, g_.k_norm_bias,
+                  dk.view({t * n.kv_heads, d}), a.k_raw.view({t * n.kv_heads, d}), w_.k_norm_weight,
+                  a.k_norm_stats);
+    release(a.q_raw, a.k_raw, a.q_norm_stats.mean, a.q_norm_stats.rstd, a.k_norm_stats.mean,
+            a.k_norm_stats.rstd);
+    dq = dq_raw;
+    dk = dk_raw;
+  }
+  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV gw = split_qkv(g_.qkv_weight, n.q_heads * d, n.kv_heads * d);
+  const QKV gb = split_qkv(g_.qkv_bias, n.q_heads * d, n.kv_heads * d);
+  Tensor dh = Tensor::empty(h.shape(), h.dtype(), h.device());
+  linear_backward(dh, gw.q, gb.q, dq.view({t, n.q_heads * d}), h, wqkv.q);
+  linear_backward(dh, gw.k, gb.k, dk.view({t, n.kv_heads * d}), h, wqkv.k, true);
+  linear_backward(dh, gw.v, gb.v, dv.view({t, n.kv_heads * d}), h, wqkv.v, true);
+  return dh;
+}
+
 Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutContext& drop,
                                  Recompute policy, LayerActivations* saved) const {
   const TransformerConfig& c = config_;
@@ -448,14 +491,14 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   NormStats s1;
   Tensor h1 = norm_forward(c, s1, x, w_.input_norm_weight, w_.input_norm_bias);
   const Tensor h1_full = enter_tp_forward(tp_, h1);
-  Projection qkv = project_qkv(h1_full, tokens, 0);
+  Projection qkv = project(h1_full, tokens, 0);
   const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
   attention_forward(attn, lse, q, k, v);
 
   Tensor a = Tensor::empty({t, c.hidden_size}, dt, dev);
-  linear_forward(a, attn.view({t, n.q_heads * d}), w_.o_weight, row_bias(w_.o_bias));
+  linear_forward(a, o_input(attn), w_.o_weight, row_bias(w_.o_bias));
   a = exit_tp_forward(tp_, a);
   a = dropout(a, drop.p, drop.seed, drop.attention_offset, drop.first_element);
   Tensor mid = a;  // the residual add writes over the branch output
@@ -474,15 +517,21 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
     *saved = LayerActivations{};
     saved->input = x;
     if (policy != Recompute::full) {
-      // Selective with qk_layernorm keeps the projections; the backward norms and rotates
-      // them again.
-      if (policy == Recompute::none || !c.qk_layernorm) {
+      // Selective with per-head q/k norms keeps the projections; the backward norms and
+      // rotates them again.
+      if (policy == Recompute::none || !per_head_qk_norms(c)) {
         saved->q = q;
         saved->k = k;
       }
       saved->v = v;
       saved->q_raw = qkv.q_raw;
       saved->k_raw = qkv.k_raw;
+      saved->q_latent_in = qkv.q_latent_in;
+      saved->q_latent = qkv.q_latent;
+      saved->kv_latent_in = qkv.kv_latent_in;
+      saved->kv_latent = qkv.kv_latent;
+      saved->q_latent_stats = qkv.q_latent_stats;
+      saved->kv_latent_stats = qkv.kv_latent_stats;
       saved->attn_out = attn;
       saved->lse = lse;
       saved->mid = mid;
@@ -534,7 +583,7 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   NormStats s1;
   const Tensor h1 =
       enter_tp_forward(tp_, norm_forward(c, s1, x, w_.input_norm_weight, w_.input_norm_bias));
-  Projection qkv = project_qkv(h1, tokens, offset);
+  Projection qkv = project(h1, tokens, offset);
   const Tensor q = qkv.q;
   cache.write(cache_layer, qkv.k, qkv.v);
   qkv = Projection{};
@@ -543,7 +592,7 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
                                 offset + s, window_);
 
   Tensor mid = Tensor::empty({t, c.hidden_size}, dt, dev);
-  linear_forward(mid, attn.view({t, n.q_heads * d}), w_.o_weight, row_bias(w_.o_bias));
+  linear_forward(mid, o_input(attn), w_.o_weight, row_bias(w_.o_bias));
   mid = exit_tp_forward(tp_, mid);
   ops::add(mid, x, mid);
 
@@ -559,7 +608,6 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
                                   Recompute policy, LayerActivations& saved, float loss_scale,
                                   MoeStats* moe_stats) const {
   const TransformerConfig& c = config_;
-  const LayerShape& n = shape_;
   BRAID_CHECK(saved.input.defined(), "TransformerLayer::backward: no saved activations");
   if (policy == Recompute::full) {
     const Tensor input = saved.input;  // forward() resets `saved` before refilling it
@@ -570,7 +618,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
     saved.post_norm_out =
         norm_forward(c, saved.post_norm_stats, saved.mid, w_.post_norm_weight, w_.post_norm_bias);
     saved.act_out = mlp_activation(saved.fc1_out);
-    if (c.qk_layernorm) {
+    if (per_head_qk_norms(c)) {
       Projection p;
       p.q_raw = saved.q_raw;
       p.k_raw = saved.k_raw;
@@ -582,7 +630,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
     }
   }
   LayerActivations& a = saved;
-  const int64_t t = tokens.count(), d = n.head_dim;
+  const int64_t t = tokens.count();
   if (moe_ && moe_stats != nullptr) {
     moe_stats->losses.load_balancing += a.routing.aux_loss;
     moe_stats->losses.z += a.routing.z_loss;
@@ -606,39 +654,18 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   // Attention block.
   Tensor da = exit_tp_backward(
       tp_, dropout_grad(dmid, drop.p, drop.seed, drop.attention_offset, drop.first_element));
-  Tensor d_attn = empty_like(a.attn_out);
-  linear_backward(d_attn.view({t, n.q_heads * d}), g_.o_weight, g_.o_bias, da,
-                  a.attn_out.view({t, n.q_heads * d}), w_.o_weight);
+  Tensor d_o_in = Tensor::empty({t, w_.o_weight.size(1)}, da.dtype(), da.device());
+  linear_backward(d_o_in, g_.o_weight, g_.o_bias, da, o_input(a.attn_out), w_.o_weight);
   release(da);
+  Tensor d_attn = o_input_grad(d_o_in, tokens);
+  release(d_o_in);
   Tensor dq = empty_like(a.q), dk = empty_like(a.k), dv = empty_like(a.v);
   attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse);
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
-  if (c.position_embedding == PositionEmbedding::rope) {
-    rotate(dq, 0, true);
-    rotate(dk, 0, true);
-  }
-  if (c.qk_layernorm) {  // dq, dk of the normed heads -> of the projections
-    Tensor dq_raw = empty_like(a.q_raw), dk_raw = empty_like(a.k_raw);
-    norm_backward(c, dq_raw.view({t * n.q_heads, d}), g_.q_norm_weight, g_.q_norm_bias,
-                  dq.view({t * n.q_heads, d}), a.q_raw.view({t * n.q_heads, d}), w_.q_norm_weight,
-                  a.q_norm_stats);
-    norm_backward(c, dk_raw.view({t * n.kv_heads, d}), g_.k_norm_weight, g_.k_norm_bias,
-                  dk.view({t * n.kv_heads, d}), a.k_raw.view({t * n.kv_heads, d}), w_.k_norm_weight,
-                  a.k_norm_stats);
-    release(a.q_raw, a.k_raw, a.q_norm_stats.mean, a.q_norm_stats.rstd, a.k_norm_stats.mean,
-            a.k_norm_stats.rstd);
-    dq = dq_raw;
-    dk = dk_raw;
-  }
-  const QKV wqkv = split_qkv(w_.qkv_weight, n.q_heads * d, n.kv_heads * d);
-  const QKV gw = split_qkv(g_.qkv_weight, n.q_heads * d, n.kv_heads * d);
-  const QKV gb = split_qkv(g_.qkv_bias, n.q_heads * d, n.kv_heads * d);
   const Tensor h1 = enter_tp_forward(tp_, a.input_norm_out);
-  Tensor dh1 = Tensor::empty(h1.shape(), h1.dtype(), h1.device());
-  linear_backward(dh1, gw.q, gb.q, dq.view({t, n.q_heads * d}), h1, wqkv.q);
-  linear_backward(dh1, gw.k, gb.k, dk.view({t, n.kv_heads * d}), h1, wqkv.k, true);
-  linear_backward(dh1, gw.v, gb.v, dv.view({t, n.kv_heads * d}), h1, wqkv.v, true);
+  Tensor dh1 = c.multi_latent_attention ? latent_backward(dq, dk, dv, h1, tokens, a)
+                                        : qkv_backward(dq, dk, dv, h1, tokens, a);
   release(dq, dk, dv, a.input_norm_out);
   dh1 = enter_tp_backward(tp_, dh1);
   Tensor dx = empty_like(a.input);

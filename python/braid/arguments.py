@@ -19,7 +19,7 @@ import math
 import os
 import re
 
-from braid import checkpoint_args, moe_args, schedule_args, window_args
+from braid import attention_args, checkpoint_args, moe_args, schedule_args, window_args
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq, default=None,
                    help="with --window-size: N - every Nth layer attends to everything; or a "
                         "list, one 0 (full) or 1 (window) per layer, e.g. \"[1,1,1,0]*3\"")
+    attention_args.add_arguments(g, pos_int)
     moe_args.add_arguments(g, pos_int, nonneg_float, pos_float)
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
@@ -369,8 +370,8 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
     a.checkpoint_vocab = True
     for dest, value in model_args:
         mine = getattr(a, dest)
-        if dest == "kv_channels" and mine is None:  # the command line's default: hidden / heads
-            mine = a.hidden_size // a.num_attention_heads
+        if mine is None and value is not None:  # the command line's default
+            mine = attention_args.command_line_default(a, dest)
         if mine != value:
             flag = "--" + dest.replace("_", "-")
             notes.append(f"braid: {flag} {value} from the checkpoint (the command line: "
@@ -412,6 +413,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     a.world_size = world_size
 
     # Model shape.
+    attention_error = attention_args.check(a)  # sets kv_channels with --multi-latent-attention
+    _check(attention_error is None, attention_error)
     if a.kv_channels is None:  # Megatron: the head width is hidden / heads unless given
         _check(a.hidden_size % a.num_attention_heads == 0,
                f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
@@ -534,7 +537,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(a.rotary_percent == 1.0 or a.position_embedding_type == "rope",
            "--rotary-percent needs --position-embedding-type rope")
     rotary_dim = int(a.kv_channels * a.rotary_percent)  # Megatron's and HF's rounding
-    _check(a.position_embedding_type != "rope" or (rotary_dim > 0 and rotary_dim % 2 == 0),
+    _check(a.position_embedding_type != "rope" or a.multi_latent_attention  # MLA: attention_args
+           or (rotary_dim > 0 and rotary_dim % 2 == 0),
            f"--rotary-percent {a.rotary_percent} turns int({a.kv_channels} x "
            f"{a.rotary_percent}) = {rotary_dim} channels of each head; RoPE turns pairs, so "
            "that must be even and nonzero")

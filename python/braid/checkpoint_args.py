@@ -26,6 +26,14 @@ FROM_CHECKPOINT = {
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
     "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
     "qk_layernorm": lambda v: [("qk_layernorm", v)],
+    # braid's multi-latent attention turns plain RoPE (Megatron's MLA without --rope-type: YaRN).
+    "multi_latent_attention": lambda v: [("multi_latent_attention", v)]
+                                        + ([("rope_type", "rope")] if v else []),
+    "q_lora_rank": lambda v: [("q_lora_rank", v or None)],
+    "kv_lora_rank": lambda v: [("kv_lora_rank", v)],
+    "qk_head_dim": lambda v: [("qk_head_dim", v)],
+    "qk_pos_emb_head_dim": lambda v: [("qk_pos_emb_head_dim", v)],
+    "v_head_dim": lambda v: [("v_head_dim", v)],
     "zero_centered_gamma": lambda v: [("apply_layernorm_1p", v)],
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
@@ -75,7 +83,13 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "moe_router_group_topk": 0, "moe_router_topk_scaling_factor": 1.0,
                "moe_router_enable_expert_bias": False, "moe_expert_capacity_factor": 0.0,
                "moe_token_drop_policy": "probs",
+               "multi_latent_attention": False, "q_lora_rank": 0, "kv_lora_rank": 32,
+               "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                **MEGATRON_ROPE_SCALING}
+
+# Arguments only a model with multi-latent attention has: none (not given) for the others.
+LATENT_ATTENTION_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
+                         "v_head_dim")
 
 
 def _megatron_rope_constant(key, value):
@@ -91,11 +105,17 @@ def model_args(config: dict) -> list[tuple[str, object]]:
     config = {**BEFORE_THEM, **config}
     if "kv_channels" not in config and {"hidden_size", "num_attention_heads"} <= config.keys():
         config["kv_channels"] = config["hidden_size"] // config["num_attention_heads"]
+    latent = config["multi_latent_attention"]
     out = []
     for key, convert in FROM_CHECKPOINT.items():
         if key not in config:
             raise ValueError(f"the checkpoint's config has no {key}")
-        out += convert(config[key])
+        if key in LATENT_ATTENTION_ONLY and not latent:
+            out.append((key, None))
+        elif key == "kv_channels" and latent:  # saved as qk_head_dim + qk_pos_emb_head_dim
+            out.append((key, None))
+        else:
+            out += convert(config[key])
     return out
 
 

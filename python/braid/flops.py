@@ -20,6 +20,16 @@ E-expert top-k layer are those of a dense layer of k·F (+ the router), whatever
 expert (moe_shared_expert_intermediate_size S) counts as a dense MLP of S, its gate as a [h -> 1]
 GEMM. The layers moe_layers marks 0 count their dense MLP of ffn_hidden_size.
 
+Multi-latent attention (multi_latent_attention; n heads, latent ranks Lq and Lkv, head widths
+Dn = qk_head_dim, Dr = qk_pos_emb_head_dim, Dv = v_head_dim) counts its GEMMs per token: the
+queries 2·(h·Lq + Lq·n·(Dn + Dr)) through their latent (q_a_proj, q_b_proj), or 2·h·n·(Dn + Dr)
+without one (Lq = 0, q_proj); kv_a_proj_with_mqa 2·h·(Lkv + Dr); kv_b_proj 2·Lkv·n·(Dn + Dv);
+o_proj 2·n·Dv·h; and attention 2·n·(Dn + Dr) per key for the scores and 2·n·Dv per key for the
+values. These are Megatron-LM's terms (training.py, num_floating_point_operations, its
+multi_latent_attention branch) but for two things braid counts as it counts every model: no
+causal halving of the attention (Megatron halves it), and no elementwise terms (Megatron adds
+Lq + Lkv per token for the two latent norms).
+
 MFU = achieved model FLOP/s per device / the device's dense bf16 peak (A100 312 TFLOP/s,
 H100/H200 989). On the CPU the peak is measured: one core's f32 GEMM rate (numpy's BLAS, one
 thread) times the cores this rank has, cached per machine in ~/.cache/braid/cpu_peak.json.
@@ -46,15 +56,30 @@ def attended_keys(cfg, seq_length: int) -> float:
     return (cfg.num_layers - windowed) * seq_length + windowed * min(seq_length, window + 1)
 
 
+def attention_flops(cfg) -> tuple[int, int]:
+    """Forward FLOPs of one token in one layer's attention: (its projections, its scores and
+    weighted values per key it attends to)."""
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    if getattr(cfg, "multi_latent_attention", False):  # the module docstring
+        qk = cfg.qk_head_dim + cfg.qk_pos_emb_head_dim
+        lq, lkv, v = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.v_head_dim
+        projections = 2 * (h * lq + lq * heads * qk) if lq else 2 * h * heads * qk
+        projections += 2 * h * (lkv + cfg.qk_pos_emb_head_dim)  # kv_a_proj_with_mqa
+        projections += 2 * lkv * heads * (cfg.qk_head_dim + v)  # kv_b_proj
+        projections += 2 * heads * v * h                         # o_proj
+        return projections, 2 * heads * qk + 2 * heads * v
+    q = heads * cfg.head_dim  # h, unless --kv-channels widens the heads
+    kv = cfg.kv_heads * cfg.head_dim
+    # query, key and value projections, the output projection; QKᵀ and the probabilities times V
+    return 2 * h * (q + 2 * kv) + 2 * q * h, 2 * 2 * q
+
+
 def forward_flops_per_token(cfg, seq_length: int) -> float:
     """Model FLOPs of one token's forward pass through `cfg` (a TransformerConfig) with
     sequences of `seq_length`: the linear layers, attention scores and context, the LM head."""
     h = cfg.hidden_size
-    q = cfg.num_attention_heads * cfg.head_dim  # h, unless --kv-channels widens the heads
-    kv = cfg.kv_heads * cfg.head_dim
     mlp_matrices = 3 if cfg.activation == "swiglu" else 2
-    per_layer = 2 * h * (q + 2 * kv)           # query, key and value projections
-    per_layer += 2 * q * h                     # output projection
+    per_layer, per_key = attention_flops(cfg)
     dense_mlp = 2 * mlp_matrices * h * cfg.ffn_hidden_size
     experts = getattr(cfg, "num_experts", 0) or 0
     moe_layers = 0
@@ -66,7 +91,7 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
         moe_mlp += 2 * h if getattr(cfg, "moe_shared_expert_gate", False) else 0
         pattern = list(getattr(cfg, "moe_layers", ()) or ())
         moe_layers = sum(pattern) if pattern else cfg.num_layers
-    attention = 2 * 2 * q * attended_keys(cfg, seq_length)  # QKᵀ and the probabilities times V
+    attention = per_key * attended_keys(cfg, seq_length)
     mlps = moe_layers * moe_mlp + (cfg.num_layers - moe_layers) * dense_mlp if experts else \
         cfg.num_layers * dense_mlp
     return cfg.num_layers * per_layer + mlps + attention + 2 * h * cfg.vocab_size

@@ -42,7 +42,8 @@ _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
                 "moe_router_score_function", "moe_router_num_groups", "moe_router_group_topk",
                 "moe_router_topk_scaling_factor", "moe_router_enable_expert_bias",
                 "moe_expert_capacity_factor", "moe_token_drop_policy", "norm_eps",
-                "params_dtype")
+                "params_dtype", "multi_latent_attention", "q_lora_rank", "kv_lora_rank",
+                "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
 
 
 @dataclass
@@ -96,6 +97,8 @@ def config_from_metadata(config: dict, device: str = "cpu") -> braid.Transformer
     for key in _CONFIG_KEYS:
         if key in config:
             setattr(cfg, key, config[key])
+    if config.get("multi_latent_attention"):
+        cfg.kv_channels = 0  # saved as the head width, qk_head_dim + qk_pos_emb_head_dim
     if device == "cpu":
         cfg.params_dtype = "f32"
     cfg.hidden_dropout = 0.0

@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 import braid
-from braid import flops, moe_args
+from braid import attention_args, flops, moe_args
 from braid.arguments import ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.megatron_flags import no_effect_given
@@ -89,6 +89,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.add_bias_linear = not a.disable_bias_linear
     cfg.add_qkv_bias = a.add_qkv_bias
     cfg.qk_layernorm = a.qk_layernorm
+    attention_args.configure(cfg, a)
     cfg.window_size = a.window_size
     cfg.window_layers = a.window_layers
     moe_args.configure(cfg, a)
@@ -324,6 +325,7 @@ def main(argv=None) -> int:
     windowed = sum(cfg.window_layers) if len(cfg.window_layers) else cfg.num_layers
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv"
+        + attention_args.describe(cfg)
         + (f", a sliding window of {cfg.window_size} on {windowed} layers"
            if cfg.window_size >= 0 else "")
         + (f", {cfg.num_experts} experts of {cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size} "

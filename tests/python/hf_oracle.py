@@ -359,3 +359,30 @@ def batch(vocab, b=3, s=16, seed=0):
     ids = rng.integers(0, vocab, size=(b, s), dtype=np.int64)
     targets = np.concatenate([ids[:, 1:], np.full((b, 1), -1)], axis=1)
     return ids, targets
+
+
+def shared_experts_to_braid(state, num_experts, ffn):
+    """experts_to_braid, and DeepSeek-V3's (dots1's, GLM-4.5's) mlp.shared_experts.* under
+    braid's name mlp.shared_expert.*. Gradients map alike."""
+    state = experts_to_braid(state, num_experts, ffn)
+    return {n.replace("mlp.shared_experts.", "mlp.shared_expert."): t for n, t in state.items()}
+
+
+def deepseek_choices(logits, bias, groups, topk_group, topk):
+    """transformers' DeepseekV3TopkRouter choice from router logits [T, E] (bias [E]): the sets
+    of chosen experts [T, k] sorted, the least gap between a token's last chosen and first
+    unchosen group (inf with every group chosen) and the same gap for its experts (inf when the
+    chosen groups hold k experts)."""
+    experts = logits.shape[1]
+    scores = logits.sigmoid() + bias
+    group_scores = scores.view(-1, groups, experts // groups).topk(2, dim=-1).values.sum(-1)
+    top_groups = group_scores.topk(min(topk_group + 1, groups), dim=-1)
+    group_gap = (top_groups.values[:, topk_group - 1] - top_groups.values[:, topk_group]).min() \
+        if topk_group < groups else torch.tensor(float("inf"))
+    mask = torch.zeros_like(group_scores).scatter_(1, top_groups.indices[:, :topk_group], 1)
+    mask = mask.repeat_interleave(experts // groups, dim=1).bool()
+    masked = scores.masked_fill(~mask, float("-inf"))
+    top = masked.topk(min(topk + 1, experts), dim=-1)
+    expert_gap = (top.values[:, topk - 1] - top.values[:, topk]).min() if topk < experts \
+        else torch.tensor(float("inf"))
+    return top.indices[:, :topk].sort(dim=-1).values, group_gap.item(), expert_gap.item()

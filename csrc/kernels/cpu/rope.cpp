@@ -1,6 +1,8 @@
-// Rotary position embedding on the CPU, as HF Llama computes it (rotate_half): element i of a
-// head pairs with element i + R/2 and turns by angle pos * inv_freq[i], R = 2 x the
-// frequencies; channels from R on pass through (partial rotary).
+// Rotary position embedding on the CPU, on channels [F, F + R) of each head (F = first_channel,
+// R = 2 x the frequencies): as HF Llama computes it (rotate_half: channel F + i pairs with
+// F + i + R/2), or interleaved (GPT-J, DeepSeek: F + 2i pairs with F + 2i + 1); either pair turns
+// by angle pos * inv_freq[i]. The other channels pass through (partial rotary, MLA's no-rope
+// channels).
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -26,6 +28,19 @@ BRAID_CPU_MULTIVERSION void rotate_head(float* out, const float* x, const float*
   }
 }
 
+// The same turn on interleaved pairs (2i, 2i + 1).
+BRAID_CPU_MULTIVERSION void rotate_pairs(float* out, const float* x, const float* cos_sin,
+                                         int64_t half, float sign) {
+  const float* cs = cos_sin;
+  const float* sn = cos_sin + half;
+#pragma omp simd
+  for (int64_t i = 0; i < half; ++i) {
+    float x1 = x[2 * i], x2 = x[2 * i + 1], s = sign * sn[i];
+    out[2 * i] = x1 * cs[i] - x2 * s;
+    out[2 * i + 1] = x2 * cs[i] + x1 * s;
+  }
+}
+
 // Table [S, 2 * half]. Follows HF's float32 arithmetic: angle = float(pos) * inv_freq in f32;
 // cos and sin of that f32 angle, correctly rounded.
 std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
@@ -42,10 +57,11 @@ std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
   return table;
 }
 
-void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t position_offset,
-          float sign) {
+void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t first,
+          bool interleaved, int64_t position_offset, float sign) {
   const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3);
   const auto half = int64_t(inv_freq.size());
+  const int64_t end = first + 2 * half;  // channels [first, end) turn
   std::vector<float> table = cos_sin_table(s_len, inv_freq, position_offset);
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
@@ -55,8 +71,15 @@ void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t 
                    const float* cs = table.data() + (r % s_len) * 2 * half;
                    for (int64_t head = 0; head < h; ++head) {
                      int64_t at = (r * h + head) * d;
-                     rotate_head(o + at, px + at, cs, half, sign);
-                     if (o != px) std::copy(px + at + 2 * half, px + at + d, o + at + 2 * half);
+                     if (interleaved) {
+                       rotate_pairs(o + at + first, px + at + first, cs, half, sign);
+                     } else {
+                       rotate_head(o + at + first, px + at + first, cs, half, sign);
+                     }
+                     if (o != px) {
+                       std::copy(px + at, px + at + first, o + at);
+                       std::copy(px + at + end, px + at + d, o + at + end);
+                     }
                    }
                  }
                });
@@ -65,14 +88,14 @@ void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t 
 }  // namespace
 
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
-                  int64_t position_offset, Stream) {
-  rope(out, x, inv_freq, position_offset, 1.0f);
+                  int64_t first_channel, bool interleaved, int64_t position_offset, Stream) {
+  rope(out, x, inv_freq, first_channel, interleaved, position_offset, 1.0f);
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
-                   int64_t position_offset, Stream) {
+                   int64_t first_channel, bool interleaved, int64_t position_offset, Stream) {
   // The rotation is orthogonal: its transpose turns by the opposite angle.
-  rope(dx, dout, inv_freq, position_offset, -1.0f);
+  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, -1.0f);
 }
 
 }  // namespace braid::ops::cpu

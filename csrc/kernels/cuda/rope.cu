@@ -1,9 +1,9 @@
-// Rotary position embedding as in HF Llama (rotate_half): element i of a head pairs with
-// element i + R/2 and turns by angle pos * inv_freq[i] (R = 2 x the frequencies; channels from R
-// on pass through: partial rotary). The arithmetic follows the CPU
+// Rotary position embedding on channels [F, F + R) of each head (F = first_channel, R = 2 x
+// the frequencies): as HF Llama computes it (rotate_half: channel F + i pairs with F + i + R/2),
+// or interleaved (GPT-J, DeepSeek: F + 2i pairs with F + 2i + 1); either pair turns by angle
+// pos * inv_freq[i], and the other channels pass through. The arithmetic follows the CPU
 // reference (csrc/kernels/cpu/rope.cpp): inv_freq from the host (ops::RotaryFrequencies, f32),
 // angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded.
-
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -24,11 +24,13 @@ constexpr int kRopeThreads = 256;
 
 // One block per (position s, batch stride): the block's cos/sin table for position s sits in
 // shared memory; threads cover (head, i) pairs, the y dimension of the grid covers batches.
-// sign = 1 rotates by +angle (forward), -1 by -angle (backward). out may alias x.
+// Pair i of a head is channels (first + i, first + i + half), or (first + 2i, first + 2i + 1)
+// when interleaved. sign = 1 rotates by +angle (forward), -1 by -angle (backward). out may
+// alias x.
 template <typename T>
 __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_freq, int64_t b_len,
-                            int64_t s_len, int64_t h_len, int64_t d, int64_t half,
-                            int64_t position_offset, float sign) {
+                            int64_t s_len, int64_t h_len, int64_t d, int64_t half, int64_t first,
+                            bool interleaved, int64_t position_offset, float sign) {
   extern __shared__ float table[];  // cos [half], then sin [half]
   const int64_t s = blockIdx.x;
   const float pos = float(position_offset + s);
@@ -39,20 +41,22 @@ __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_fr
   }
   __syncthreads();
   const int64_t pairs = h_len * half;
+  const int64_t partner = interleaved ? 1 : half;  // channel distance within a pair
   for (int64_t b = blockIdx.y; b < b_len; b += gridDim.y) {
     const int64_t base = (b * s_len + s) * h_len * d;
     for (int64_t t = threadIdx.x; t < pairs; t += blockDim.x) {
       const int64_t head = t / half, i = t % half;
-      const int64_t at = base + head * d + i;
-      const float x1 = to_float(x[at]), x2 = to_float(x[at + half]);
+      const int64_t at = base + head * d + first + (interleaved ? 2 * i : i);
+      const float x1 = to_float(x[at]), x2 = to_float(x[at + partner]);
       const float c = table[i], sn = table[half + i];
       out[at] = from_float<T>(x1 * c - x2 * sn);
-      out[at + half] = from_float<T>(x2 * c + x1 * sn);
+      out[at + partner] = from_float<T>(x2 * c + x1 * sn);
     }
-    if (out != x) {  // partial rotary: the channels past 2 * half pass through
+    if (out != x) {  // the channels outside [first, first + 2 * half) pass through
       const int64_t rest = d - 2 * half, kept = h_len * rest;
       for (int64_t t = threadIdx.x; t < kept; t += blockDim.x) {
-        const int64_t at = base + (t / rest) * d + 2 * half + t % rest;
+        const int64_t j = t % rest;
+        const int64_t at = base + (t / rest) * d + (j < first ? j : j + 2 * half);
         out[at] = x[at];
       }
     }
@@ -81,8 +85,8 @@ const float* inv_freq_table(Device device, cudaStream_t stream, std::span<const 
   return table;
 }
 
-void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_host,
-          int64_t position_offset, float sign, Stream stream, const char* op) {
+void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_host, int64_t first,
+          bool interleaved, int64_t position_offset, float sign, Stream stream, const char* op) {
   detail::DeviceGuard guard(x.device());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
   const auto half = int64_t(inv_freq_host.size());
@@ -95,9 +99,9 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
   const float* inv_freq = inv_freq_table(x.device(), cs, inv_freq_host);
   detail::dispatch_activation(x.dtype(), op, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(static_cast<T*>(out.data()),
-                                                     static_cast<const T*>(x.data()), inv_freq, b,
-                                                     s, h, d, half, position_offset, sign);
+    rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(
+        static_cast<T*>(out.data()), static_cast<const T*>(x.data()), inv_freq, b, s, h, d, half,
+        first, interleaved, position_offset, sign);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -105,14 +109,16 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
 }  // namespace
 
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
-                  int64_t position_offset, Stream stream) {
-  rope(out, x, inv_freq, position_offset, 1.0f, stream, "rope_forward");
+                  int64_t first_channel, bool interleaved, int64_t position_offset, Stream stream) {
+  rope(out, x, inv_freq, first_channel, interleaved, position_offset, 1.0f, stream, "rope_forward");
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
-                   int64_t position_offset, Stream stream) {
+                   int64_t first_channel, bool interleaved, int64_t position_offset,
+                   Stream stream) {
   // The rotation is orthogonal: its transpose turns by the opposite angle.
-  rope(dx, dout, inv_freq, position_offset, -1.0f, stream, "rope_backward");
+  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, -1.0f, stream,
+       "rope_backward");
 }
 
 }  // namespace braid::ops::cuda

@@ -106,7 +106,7 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 
 // ---------------------------------------------------------------- positions and embeddings
 // RoPE's frequencies, in f32 as HF computes them: inv_freq[i] = 1 / theta^(2i/R), i < R/2, for
-// the R channels of a head that turn (rotary_dim, or the head's D).
+// the R channels of a head that turn (rotary_dim, or the head's channels from first_channel on).
 // With llama3_factor > 0, Llama 3.1's scaling (HF rope_type "llama3", Megatron's
 // --use-rope-scaling): with wavelength w = 2 pi / inv_freq[i] and L = original_max_positions,
 // w > L / low_freq_factor divides the frequency by the factor, w < L / high_freq_factor keeps
@@ -118,21 +118,36 @@ struct RotaryFrequencies {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   float original_max_positions = 8192.0f;
-  // The leading channels of each head that turn, R (even); the others pass through
-  // (GPT-NeoX / StableLM's partial rotary, Megatron's --rotary-percent). 0: all of them.
+  // The channels of each head that turn, R (even), from first_channel on; the others pass
+  // through (GPT-NeoX / StableLM's partial rotary, Megatron's --rotary-percent). 0: all of
+  // them from first_channel on.
   int64_t rotary_dim = 0;
+  // The first channel that turns: channels [first_channel, first_channel + R) of each head
+  // turn (multi-latent attention's heads are [no-rope channels | rope channels]).
+  int64_t first_channel = 0;
+  // How the R channels pair. false: HF Llama's rotate_half (channel i with i + R/2). true:
+  // GPT-J's interleaved pairs (channel 2i with 2i + 1), as DeepSeek-V2/V3 and megatron-core's
+  // multi-latent attention compute them.
+  bool interleaved = false;
 
   void validate() const;  // Error naming the field
-  // The R / 2 frequencies of a head of `head_dim` channels (R = rotary_dim, or head_dim).
+  // R for a head of `head_dim` channels: rotary_dim, or head_dim - first_channel.
+  int64_t rotated_channels(int64_t head_dim) const;
+  // The R / 2 frequencies of a head of `head_dim` channels.
   std::vector<float> inv_freq(int64_t head_dim) const;
 };
 
-// Rotary embedding as in HF Llama (rotate_half: element i pairs with i + R/2), on the first R
-// channels of each head (RotaryFrequencies::rotary_dim; all D by default).
+// Rotary embedding on channels [F, F + R) of each head, F = RotaryFrequencies::first_channel,
+// R = rotated_channels(D) (all D by default).
 // x, out [B, S, H, D], R even; position of row s is position_offset + s; angle =
-// float(position) * inv_freq[i] in f32 (RotaryFrequencies);
-// out[i] = x[i] cos - x[i + R/2] sin, out[i + R/2] = x[i + R/2] cos + x[i] sin (i < R/2),
-// out[j] = x[j] (j >= R). out may alias x (and dx dout). Backward rotates by the opposite angle.
+// float(position) * inv_freq[i] in f32 (RotaryFrequencies). Each pair (a, b) of channels turns:
+// out[a] = x[a] cos - x[b] sin, out[b] = x[b] cos + x[a] sin (i < R/2), with
+//   a = F + i, b = F + i + R/2 (HF Llama's rotate_half; interleaved false), or
+//   a = F + 2i, b = F + 2i + 1 (interleaved true; HF's apply_rotary_pos_emb_interleave
+//   de-interleaves q and k to [evens | odds] first, the same channel permutation on both, so
+//   q . k is the same);
+// out[j] = x[j] for the channels outside [F, F + R). out may alias x (and dx dout). Backward
+// rotates by the opposite angle.
 void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
                   int64_t position_offset = 0, Stream stream = {});
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,
@@ -145,6 +160,21 @@ void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight,
                        int64_t vocab_offset = 0, Stream stream = {});
 void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids,
                         int64_t vocab_offset = 0, Stream stream = {});
+
+// ---------------------------------------------------------------- column copies
+// Blocks of columns moved between row-major tensors, for multi-latent attention (DeepSeek-V2/V3):
+// its query and key heads are [no-rope channels | rope channels], and the key's rope channels
+// are one [R, W] tensor shared by every head. Source and destination have one activation dtype
+// and must not overlap; columns outside the written ones are left as they were.
+
+// dst[:, dst_column + j] = src[:, src_column + j], j < width; dst [R, Cd], src [R, Cs].
+void copy_columns(Tensor dst, int64_t dst_column, const Tensor& src, int64_t src_column,
+                  int64_t width, Stream stream = {});
+// out[r, h, column + j] = x[r, j] for every head h and j < W; out [R, H, D], x [R, W].
+void broadcast_heads(Tensor out, int64_t column, const Tensor& x, Stream stream = {});
+// broadcast_heads' backward: dx[r, j] = sum over h of dout[r, h, column + j], summed in f32 in
+// head order and rounded once to dx's dtype (0 when H = 0); dout [R, H, D], dx [R, W].
+void sum_heads(Tensor dx, const Tensor& dout, int64_t column, Stream stream = {});
 
 // ---------------------------------------------------------------- attention
 // Causal scaled-dot-product attention with grouped-query heads.

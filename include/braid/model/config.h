@@ -66,6 +66,22 @@ struct TransformerConfig {
   // A norm (the model's normalization, weight [head_dim]) on every query and key head after
   // the projection, before RoPE (Qwen3's q_norm / k_norm; Megatron's --qk-layernorm).
   bool qk_layernorm = false;
+  // Multi-latent attention (DeepSeek-V2/V3's; Megatron's --multi-latent-attention, its flag and
+  // HF names): keys and values come from one compressed latent per token, c_kv = norm(x W_kv_a)
+  // of kv_lora_rank (kv_a_proj_with_mqa, kv_a_layernorm), expanded per head by kv_b_proj into
+  // qk_head_dim "nope" key channels and v_head_dim value channels; queries from x directly
+  // (q_proj) or, with q_lora_rank > 0, through their own latent (q_a_proj, q_a_layernorm,
+  // q_b_proj). Every head's query and key is qk_head_dim nope channels then
+  // qk_pos_emb_head_dim RoPE channels (interleaved pairs, as DeepSeek's); the key's RoPE part is
+  // one per token (kv_a_proj_with_mqa's last rows), shared by every head. With MLA,
+  // qk_layernorm means the two latent norms (Megatron's), num_query_groups is the head count
+  // and head_dim() is qk_head_dim + qk_pos_emb_head_dim.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;  // 0: q_proj straight from the hidden state
+  int64_t kv_lora_rank = 32;
+  int64_t qk_head_dim = 128;         // HF's qk_nope_head_dim
+  int64_t qk_pos_emb_head_dim = 64;  // HF's qk_rope_head_dim
+  int64_t v_head_dim = 128;
   // Every norm's weight holds gamma - 1: the norms scale by 1 + weight, and the weights start at
   // zero (Megatron's --apply-layernorm-1p, megatron-core's layernorm_zero_centered_gamma).
   bool zero_centered_gamma = false;
@@ -139,9 +155,16 @@ struct TransformerConfig {
   int64_t recompute_num_layers = 1;                             // >= 1
 
   void validate() const;
-  int64_t head_dim() const;    // kv_channels, or hidden_size / num_attention_heads when that is 0
-  int64_t kv_heads() const;    // num_query_groups, or num_attention_heads when that is 0
-  int64_t rotary_dim() const;  // int(head_dim() x rotary_percent): the channels RoPE turns
+  // The width of each query and key head (and of the value heads but with MLA): kv_channels,
+  // or hidden_size / num_attention_heads when that is 0; qk_head_dim + qk_pos_emb_head_dim
+  // with MLA.
+  int64_t head_dim() const;
+  // num_query_groups, or num_attention_heads when that is 0 (and with MLA).
+  int64_t kv_heads() const;
+  // The channels RoPE turns: int(head_dim() x rotary_percent); qk_pos_emb_head_dim with MLA.
+  int64_t rotary_dim() const;
+  // The width of each value head: head_dim(), or v_head_dim with MLA.
+  int64_t value_head_dim() const;
   // The attention window of layer `layer` (0-based): window_size on a windowed layer, else -1.
   int64_t attention_window(int64_t layer) const;
   // The hidden size of each expert: moe_ffn_hidden_size, or ffn_hidden_size.

@@ -6,7 +6,11 @@
 //   model.embed_tokens.weight, model.embed_positions.weight (learned positions),
 //   per layer i (prefix model.layers.{i}.):
 //     input_layernorm.{weight,bias}, self_attn.{q,k,v}_proj.weight, self_attn.{q,k,v}_proj.bias,
-//     self_attn.o_proj.{weight,bias}, post_attention_layernorm.{weight,bias},
+//     self_attn.o_proj.{weight,bias} (or, with multi-latent attention, DeepSeek-V3's
+//     self_attn.q_a_proj.weight, q_a_layernorm.*, q_b_proj.weight (or q_proj.weight without a
+//     query latent), kv_a_proj_with_mqa.weight, kv_a_layernorm.*, kv_b_proj.weight and
+//     o_proj.weight: the down projections and latent norms replicated over TP, the up
+//     projections column-parallel by heads), post_attention_layernorm.{weight,bias},
 //     mlp.{gate_proj,up_proj}.weight, mlp.{gate_proj,up_proj}.bias, mlp.down_proj.{weight,bias}
 //     or, with experts: mlp.gate.weight (the router, [E, H], replicated over TP), expert j's MLP
 //     under mlp.experts.{j}. (the dense MLP's names and shapes, moe_ffn_hidden_size wide), then

@@ -2,7 +2,7 @@
 // One pre-norm transformer block with explicit forward and backward (Megatron's tensor
 // parallelism: attention split by heads, MLP along its hidden dimension; tensor_parallel.h):
 //   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (qk_layernorm: q, k = norm per head)
-//   (+ rope on q, k)
+//   (+ rope on q, k); or multi-latent attention's q, k, v (latent_attention.cpp)
 //   attn = causal_attention(q, k, v) (in a sliding window on windowed layers)
 //   mid = x + dropout(attn Wo^T + bo)
 //   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | swiglu(fc1)
@@ -41,7 +41,14 @@ struct LayerTensors {
   Tensor qkv_bias;                            // [(Hq + 2 Hkv) D], or undefined
   Tensor q_norm_weight, q_norm_bias;          // [D] each (qk_layernorm), or undefined
   Tensor k_norm_weight, k_norm_bias;
-  Tensor o_weight, o_bias;  // [H, Hq D], [H]
+  Tensor o_weight, o_bias;  // [H, Hq D], [H] (MLA: [H, Hq Dv], no bias)
+  // Multi-latent attention, in place of the qkv and q/k norm tensors (config.h; Lq, Lkv the
+  // latent ranks, Dn + Dr = D the query/key head, Dv the value head): q_a_proj [Lq, H] and
+  // q_a_layernorm [Lq] (replicated), q_b_proj [Hq D, Lq] in q_weight, or q_proj [Hq D, H] there
+  // without a query latent; kv_a_proj_with_mqa [Lkv + Dr, H] and kv_a_layernorm [Lkv]
+  // (replicated), kv_b_proj [Hq (Dn + Dv), Lkv]. The norms when qk_layernorm.
+  Tensor q_a_weight, q_a_norm_weight, q_a_norm_bias, q_weight;
+  Tensor kv_a_weight, kv_a_norm_weight, kv_a_norm_bias, kv_b_weight;
   Tensor post_norm_weight, post_norm_bias;
   MlpTensors mlp;  // the dense MLP
   // Mixture of experts, in place of mlp: the router [E, H] (replicated over TP), the MLP of each
@@ -96,6 +103,12 @@ struct LayerActivations {
   Tensor q, k, v;       // [B, S, Hq | Hkv, D], after rope
   Tensor q_raw, k_raw;  // qk_layernorm: the projections before their norms
   NormStats q_norm_stats, k_norm_stats;
+  // Multi-latent attention (kept by none and selective): the down projections' outputs [T, Lq],
+  // [T, Lkv] (every token under TP) and the latents the norms make of them (the same tensors
+  // without qk_layernorm), with the norms' statistics. v (and attn_out) are D wide, the value
+  // heads padded with zeros.
+  Tensor q_latent_in, q_latent, kv_latent_in, kv_latent;
+  NormStats q_latent_stats, kv_latent_stats;
   Tensor attn_out;  // [B, S, Hq, D]
   Tensor lse;       // [B, Hq, S] f32
   Tensor mid;       // input + attention branch: the residual input of the MLP
@@ -165,17 +178,34 @@ class TransformerLayer {
   // q [B, S, q_heads, D], k and v [B, S, kv_heads, D] of the normed input h [T, H] (the whole
   // sequence under TP), q and k normed per head (qk_layernorm: q_raw and k_raw before it) and
   // RoPE applied from position `position_offset` on.
+  // With multi-latent attention the latents too (LayerActivations' fields), and v [B, S,
+  // q_heads, D] with the value heads padded.
   struct Projection {
     Tensor q, k, v;
     Tensor q_raw, k_raw;
     NormStats q_stats, k_stats;
+    Tensor q_latent_in, q_latent, kv_latent_in, kv_latent;
+    NormStats q_latent_stats, kv_latent_stats;
   };
+  Projection project(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
+  Projection project_latent(const Tensor& h, Tokens tokens, int64_t position_offset) const;
+  // The projections' backward: dq, dk, dv (of the rotated q and k) -> this rank's partial dh
+  // [T, H] of their input h (every token under TP); adds the weight gradients.
+  Tensor qkv_backward(Tensor dq, Tensor dk, const Tensor& dv, const Tensor& h, Tokens tokens,
+                      LayerActivations& a) const;
+  Tensor latent_backward(Tensor dq, const Tensor& dk, const Tensor& dv, const Tensor& h,
+                         Tokens tokens, LayerActivations& a) const;
+  // Attention's output [B, S, Hq, D] as o_proj's input [T, Hq Dv] (the value heads without
+  // their padding under MLA; a view otherwise), and the gradient back.
+  Tensor o_input(const Tensor& attn) const;
+  Tensor o_input_grad(const Tensor& d_o_in, Tokens tokens) const;
   // q and k of the projection: normed per head from q_raw and k_raw (qk_layernorm), rotated.
   void finish_qk(Projection& p, Tokens tokens, int64_t position_offset) const;
   // RoPE (inverse: its backward) in place on x [B, S, H, D] whose row 0 sits at
   // position_offset; with context parallelism on each of this rank's two chunks at its place.
-  void rotate(Tensor x, int64_t position_offset, bool inverse) const;
+  // Under MLA the heads' channels from first_channel on turn (their RoPE part, interleaved).
+  void rotate(Tensor x, int64_t position_offset, bool inverse, int64_t first_channel = 0) const;
   // Causal attention (in window_) over this rank's tokens; with context parallelism over the
   // whole sequences' keys and values, gathered from the CP group.
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,

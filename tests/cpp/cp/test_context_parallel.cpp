@@ -66,6 +66,22 @@ TransformerConfig sliding_window() {
   return c;
 }
 
+// Multi-latent attention: the key's shared RoPE part turned at each chunk's positions, the
+// padded value heads gathered with the keys.
+TransformerConfig latent_selective() {
+  TransformerConfig c = llama();
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 16;
+  c.kv_lora_rank = 12;
+  c.qk_head_dim = 6;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 8;
+  c.qk_layernorm = true;
+  c.recompute = Recompute::selective;
+  return c;
+}
+
 TransformerConfig gpt2_selective() {
   TransformerConfig c = gpt2();
   c.recompute = Recompute::selective;
@@ -88,7 +104,9 @@ const Case kCases[] = {{"gpt2", gpt2, 1, false},
                        {"tp2_sliding_window_sp", sliding_window, 2, true},
                        {"tp2_llama_sp", llama, 2, true},
                        {"tp2_gpt2", gpt2, 2, false},
-                       {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true}};
+                       {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true},
+                       {"latent_selective", latent_selective, 1, false},
+                       {"tp2_latent_selective_sp", latent_selective, 2, true}};
 
 class ContextParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

@@ -1,5 +1,7 @@
-// Token embedding (vocab-parallel slices) and rotary position embedding (HF rotate_half).
+// Token embedding (vocab-parallel slices) and rotary position embedding (HF rotate_half, and
+// interleaved pairs from a channel offset: multi-latent attention).
 #include <numbers>
+#include <tuple>
 
 #include "kernel_test_util.h"
 
@@ -72,21 +74,25 @@ TEST_P(EmbeddingRope, EmbeddingBackwardMatchesFiniteDifferences) {
 // HF Llama: inv_freq[i] = theta^(-2i/R); out[i] = x[i] cos - x[i + R/2] sin,
 // out[i + R/2] = x[i + R/2] cos + x[i] sin, angle = position * inv_freq[i], R = 2 x the
 // frequencies (D, or fewer with partial rotary: HF StableLM's, whose other channels pass).
+// From channel `first` on, and with interleaved pairs (2i, 2i + 1) in place of (i, i + R/2):
+// DeepSeek-V2/V3's complex product (x[2i] + i x[2i + 1]) e^(i angle).
 std::vector<double> rope_reference(const std::vector<double>& x, int64_t b, int64_t s, int64_t h,
                                    int64_t d, const std::vector<double>& inv_freq, int64_t offset,
-                                   double sign) {
+                                   double sign, int64_t first = 0, bool interleaved = false) {
   std::vector<double> out(x);
   const auto half = int64_t(inv_freq.size());
   for (int64_t bi = 0; bi < b; ++bi) {
     for (int64_t si = 0; si < s; ++si) {
       for (int64_t hi = 0; hi < h; ++hi) {
-        size_t at = size_t(((bi * s + si) * h + hi) * d);
+        size_t at = size_t(((bi * s + si) * h + hi) * d + first);
         for (int64_t i = 0; i < half; ++i) {
           double angle = double(offset + si) * inv_freq[size_t(i)];
           double c = std::cos(angle), sn = sign * std::sin(angle);
-          double x1 = x[at + size_t(i)], x2 = x[at + size_t(i + half)];
-          out[at + size_t(i)] = x1 * c - x2 * sn;
-          out[at + size_t(i + half)] = x2 * c + x1 * sn;
+          size_t p1 = at + size_t(interleaved ? 2 * i : i);
+          size_t p2 = p1 + size_t(interleaved ? 1 : half);
+          double x1 = x[p1], x2 = x[p2];
+          out[p1] = x1 * c - x2 * sn;
+          out[p2] = x2 * c + x1 * sn;
         }
       }
     }
@@ -235,6 +241,175 @@ TEST_P(EmbeddingRope, RopeAtLongPositionsFollowsF32Angles) {
   EXPECT_TRUE(all_close(out,
                         rope_reference(xv, 1, 2, 1, d, plain_inv_freq(d, 10000.0), offset, 1.0),
                         tol({1e-3, 1e-3})));
+}
+
+// ---- first_channel and interleaved pairs (multi-latent attention: [no-rope | rope] heads)
+
+ops::RotaryFrequencies mla_rotary(int64_t first, int64_t rotary_dim, bool interleaved) {
+  ops::RotaryFrequencies rotary{10000.0f};
+  rotary.first_channel = first;
+  rotary.rotary_dim = rotary_dim;
+  rotary.interleaved = interleaved;
+  return rotary;
+}
+
+// The channels of x [.., d] outside [first, first + r) of each head, exactly.
+std::vector<double> passed_channels(const std::vector<double>& x, int64_t d, int64_t first,
+                                    int64_t r) {
+  std::vector<double> kept;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const auto j = int64_t(i) % d;
+    if (j < first || j >= first + r) kept.push_back(x[i]);
+  }
+  return kept;
+}
+
+TEST(RotaryFrequencies, FirstChannelTurnsTheRestOfTheHead) {
+  // R = head_dim - first_channel: the frequencies of an R-channel head.
+  const ops::RotaryFrequencies rotary = mla_rotary(4, 0, true);
+  EXPECT_EQ(rotary.rotated_channels(12), 8);
+  EXPECT_EQ(rotary.inv_freq(12), ops::RotaryFrequencies{10000.0f}.inv_freq(8));
+  EXPECT_EQ(mla_rotary(4, 6, false).inv_freq(12), ops::RotaryFrequencies{10000.0f}.inv_freq(6));
+  EXPECT_THROW(mla_rotary(4, 10, false).inv_freq(12), Error);
+  EXPECT_THROW(mla_rotary(13, 0, false).inv_freq(12), Error);
+  EXPECT_TRUE(raises([] { mla_rotary(-1, 0, false).validate(); }, "rope: first_channel = -1"));
+}
+
+TEST_P(EmbeddingRope, InterleavedRopeFromAChannelOffset) {
+  // DeepSeek's layout: 5 no-rope channels, then 8 rope channels (and a 3-channel tail with
+  // rotary_dim 8 of 16, which passes through too).
+  const int64_t b = 2, s = 5, h = 3, offset = 3;
+  for (auto [d, first, rotary_dim] :
+       {std::tuple<int64_t, int64_t, int64_t>{13, 5, 0}, {16, 5, 8}}) {
+    const ops::RotaryFrequencies rotary = mla_rotary(first, rotary_dim, true);
+    const int64_t r = rotary.rotated_channels(d);
+    const std::vector<double> f = plain_inv_freq(r, 10000.0);
+    Tensor x = random_tensor({b, s, h, d}, 11);
+    const std::vector<double> xv = values(seen(x));
+    const std::vector<double> want = rope_reference(xv, b, s, h, d, f, offset, 1.0, first, true);
+    // Out of place, into a buffer holding other values: every channel is written.
+    Tensor out = up(random_tensor({b, s, h, d}, 12));
+    ops::rope_forward(out, up(x), rotary, offset);
+    EXPECT_TRUE(all_close(out, want, tol({2e-6, 1e-5}))) << "d " << d;
+    EXPECT_EQ(passed_channels(values(out), d, first, r), passed_channels(xv, d, first, r));
+    // In place.
+    Tensor in_place = up(x);
+    ops::rope_forward(in_place, in_place, rotary, offset);
+    EXPECT_TRUE(all_close(in_place, values(out), {0, 0})) << "d " << d;
+    // Backward turns by the opposite angle, in and out of place; it undoes the forward.
+    Tensor g = up(x);
+    ops::rope_backward(g, g, rotary, offset);
+    EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, f, offset, -1.0, first, true),
+                          tol({2e-6, 1e-5})));
+    Tensor back = up(random_tensor({b, s, h, d}, 13));
+    ops::rope_backward(back, out, rotary, offset);
+    EXPECT_TRUE(all_close(back, xv, tol({2e-6, 1e-5}, {2e-2, 2e-2}))) << "d " << d;
+    EXPECT_EQ(passed_channels(values(back), d, first, r), passed_channels(xv, d, first, r));
+  }
+}
+
+TEST_P(EmbeddingRope, RotateHalfFromAChannelOffset) {
+  const int64_t b = 1, s = 4, h = 2, d = 14, first = 4, offset = 7;
+  const ops::RotaryFrequencies rotary = mla_rotary(first, 0, false);
+  Tensor x = random_tensor({b, s, h, d}, 14);
+  const std::vector<double> xv = values(seen(x));
+  Tensor out = up(random_tensor({b, s, h, d}, 15));
+  ops::rope_forward(out, up(x), rotary, offset);
+  EXPECT_TRUE(all_close(
+      out, rope_reference(xv, b, s, h, d, plain_inv_freq(10, 10000.0), offset, 1.0, first, false),
+      tol({2e-6, 1e-5})));
+  EXPECT_EQ(passed_channels(values(out), d, first, 10), passed_channels(xv, d, first, 10));
+}
+
+// HF's DeepseekV3 (apply_rotary_pos_emb_interleave) de-interleaves the rope channels of q and k
+// to [evens | odds], then applies rotate_half with cos, sin = cat(freqs, freqs) in f32. Putting
+// the channels back in their interleaved places gives braid's interleaved output.
+TEST_P(EmbeddingRope, InterleavedRopeIsHfDeinterleavedRotateHalf) {
+  const int64_t s = 6, h = 2, first = 4, r = 8, d = first + r, offset = 100;
+  Tensor x = random_tensor({1, s, h, d}, 16);
+  const std::vector<double> xv = values(seen(x));
+  Tensor out = empty({1, s, h, d});
+  const ops::RotaryFrequencies rotary = mla_rotary(first, 0, true);
+  ops::rope_forward(out, up(x), rotary, offset);
+  const std::vector<float> inv_freq = rotary.inv_freq(d);
+  std::vector<double> hf(xv);
+  for (int64_t si = 0; si < s; ++si) {
+    std::vector<double> cos(static_cast<size_t>(r)), sin(cos);  // emb = cat(freqs, freqs)
+    for (int64_t i = 0; i < r; ++i) {
+      const float angle = float(offset + si) * inv_freq[size_t(i % (r / 2))];
+      cos[size_t(i)] = std::cos(double(angle));
+      sin[size_t(i)] = std::sin(double(angle));
+    }
+    for (int64_t hi = 0; hi < h; ++hi) {
+      const size_t at = size_t((si * h + hi) * d + first);
+      std::vector<double> q(static_cast<size_t>(r)), rotated(q), embed(q);
+      for (int64_t i = 0; i < r / 2; ++i) {  // view(.., r/2, 2).transpose: [evens | odds]
+        q[size_t(i)] = xv[at + size_t(2 * i)];
+        q[size_t(i + r / 2)] = xv[at + size_t(2 * i + 1)];
+      }
+      for (int64_t i = 0; i < r / 2; ++i) {  // rotate_half: cat(-x2, x1)
+        rotated[size_t(i)] = -q[size_t(i + r / 2)];
+        rotated[size_t(i + r / 2)] = q[size_t(i)];
+      }
+      for (int64_t i = 0; i < r; ++i) {
+        embed[size_t(i)] = q[size_t(i)] * cos[size_t(i)] + rotated[size_t(i)] * sin[size_t(i)];
+      }
+      for (int64_t i = 0; i < r / 2; ++i) {  // back to the interleaved places
+        hf[at + size_t(2 * i)] = embed[size_t(i)];
+        hf[at + size_t(2 * i + 1)] = embed[size_t(i + r / 2)];
+      }
+    }
+  }
+  EXPECT_TRUE(all_close(out, hf, tol({2e-6, 1e-5})));
+  // The same through braid itself: rotate_half on the de-interleaved channels.
+  Tensor deinterleaved = Tensor::empty({1, s, h, d}, DType::f32);
+  const std::vector<double> outv = values(out);
+  std::vector<double> want(outv);
+  for (int64_t row = 0; row < s * h; ++row) {
+    for (int64_t j = 0; j < d; ++j) {
+      const int64_t k = row * d + j, i = j - first;
+      const int64_t from = i < 0 ? j : first + (i < r / 2 ? 2 * i : 2 * (i - r / 2) + 1);
+      deinterleaved.data_ptr<float>()[k] = float(xv[size_t(row * d + from)]);
+      want[size_t(k)] = outv[size_t(row * d + from)];
+    }
+  }
+  Tensor halves = empty({1, s, h, d});
+  ops::rope_forward(halves, up(deinterleaved), mla_rotary(first, 0, false), offset);
+  EXPECT_TRUE(all_close(halves, want, tol({1e-6, 1e-6}, {1e-2, 1e-2})));
+}
+
+TEST_P(EmbeddingRope, RopeChannelsMustFitTheHead) {
+  Tensor x = empty({1, 2, 2, 12});
+  EXPECT_TRUE(raises([&] { ops::rope_forward(x, x, mla_rotary(4, 10, true)); },
+                     "rope_forward: first_channel 4 + rotary_dim 10 exceeds the head's 12"));
+  EXPECT_TRUE(raises([&] { ops::rope_backward(x, x, mla_rotary(13, 0, true)); },
+                     "rope_backward: first_channel 13 exceeds the head's 12"));
+  EXPECT_TRUE(raises([&] { ops::rope_forward(x, x, mla_rotary(3, 0, false)); },
+                     "rope_forward: the 9 channels that turn"));
+  EXPECT_TRUE(raises([&] { ops::rope_forward(x, x, mla_rotary(-2, 0, false)); },
+                     "rope: first_channel = -2"));
+  // Every channel before the head's end is fine, and so is turning none.
+  ops::rope_forward(x, up(random_tensor({1, 2, 2, 12}, 17)), mla_rotary(4, 8, true));
+  ops::rope_forward(x, x, mla_rotary(12, 0, true));
+}
+
+TEST_P(EmbeddingRope, InterleavedRopeBackwardMatchesFiniteDifferences) {
+  GradCheck g;
+  g.inputs = {random_tensor({1, 4, 2, 10}, 18)};
+  g.wrt = {0};
+  g.samples = 80;
+  g.forward = [](const Tensors& in) {
+    Tensor y = empty_as(in[0], in[0].shape());
+    ops::rope_forward(y, in[0], mla_rotary(2, 0, true), 3);
+    return y;
+  };
+  g.backward = [](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty_as(in[0], in[0].shape());
+    ops::rope_backward(dx, dy, mla_rotary(2, 0, true), 3);
+    return Tensors{dx};
+  };
+  g.f32_tol = {1e-3, 1e-3};
+  check_gradients(GetParam(), g);
 }
 
 BRAID_KERNEL_TEST_SUITE(EmbeddingRope);

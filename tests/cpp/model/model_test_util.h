@@ -37,6 +37,21 @@ inline TransformerConfig small_llama() {
   return c;
 }
 
+// DeepSeek-V3's multi-latent attention on small_llama: a query latent of 24 and a key/value
+// latent of 16 with their norms, heads of 12 nope + 8 RoPE channels, value heads of 10.
+inline TransformerConfig small_latent() {
+  TransformerConfig c = small_llama();
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 24;
+  c.kv_lora_rank = 16;
+  c.qk_head_dim = 12;
+  c.qk_pos_emb_head_dim = 8;
+  c.v_head_dim = 10;
+  c.qk_layernorm = true;
+  return c;
+}
+
 struct Batch {
   Tensor ids;      // [B, S] i32, CPU
   Tensor targets;  // next tokens; the last position of each row is ignored (-1)

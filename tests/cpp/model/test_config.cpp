@@ -160,6 +160,43 @@ TEST(TransformerConfig, SlidingWindowsAndTheLayersTheyApplyTo) {
       "window_layers[1]", "llama-tiny");
 }
 
+TEST(TransformerConfig, LatentAttentionRules) {
+  auto latent = [](TransformerConfig& c) {
+    c.num_query_groups = 0;
+    c.multi_latent_attention = true;
+    c.qk_head_dim = 8;
+    c.qk_pos_emb_head_dim = 4;
+    c.v_head_dim = 8;
+  };
+  TransformerConfig ok = TransformerConfig::preset("llama-tiny");
+  latent(ok);
+  EXPECT_NO_THROW(ok.validate());
+  EXPECT_EQ(ok.head_dim(), 12);
+  EXPECT_EQ(ok.value_head_dim(), 8);
+  EXPECT_EQ(ok.rotary_dim(), 4);
+  EXPECT_EQ(ok.kv_heads(), ok.num_attention_heads);
+  auto rejected = [&](const std::function<void(TransformerConfig&)>& edit,
+                      const std::string& field) {
+    expect_rejected(
+        [&](TransformerConfig& c) {
+          latent(c);
+          edit(c);
+        },
+        field, "llama-tiny");
+  };
+  rejected([](TransformerConfig& c) { c.add_bias_linear = true; }, "add_bias_linear");
+  rejected([](TransformerConfig& c) { c.add_qkv_bias = true; }, "add_qkv_bias");
+  rejected([](TransformerConfig& c) { c.num_query_groups = 2; }, "num_query_groups");
+  rejected([](TransformerConfig& c) { c.kv_channels = 16; }, "kv_channels");
+  rejected([](TransformerConfig& c) { c.v_head_dim = 13; }, "v_head_dim");
+  rejected([](TransformerConfig& c) { c.qk_pos_emb_head_dim = 3; }, "qk_pos_emb_head_dim");
+  rejected([](TransformerConfig& c) { c.kv_lora_rank = 0; }, "kv_lora_rank");
+  rejected([](TransformerConfig& c) { c.q_lora_rank = -1; }, "q_lora_rank");
+  rejected([](TransformerConfig& c) { c.rotary_percent = 0.5; }, "rotary_percent");
+  rejected([](TransformerConfig& c) { c.position_embedding = PositionEmbedding::learned; },
+           "position_embedding");
+}
+
 TEST(TransformerConfig, MixturesAreValid) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.normalization = Normalization::rmsnorm;

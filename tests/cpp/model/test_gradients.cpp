@@ -136,6 +136,17 @@ TEST(Gradients, PartialRotaryMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+TEST(Gradients, LatentAttentionMatchesFiniteDifferences) {
+  // DeepSeek-V3's attention (query and key/value latents with their norms, interleaved RoPE on
+  // a part of each head shared by every head's key, narrower value heads), then
+  // DeepSeek-V2-Lite's (queries straight from the hidden state, no latent norms).
+  TransformerConfig c = small_latent();
+  check_gradients(c);
+  c.q_lora_rank = 0;
+  c.qk_layernorm = false;
+  check_gradients(c);
+}
+
 TEST(Gradients, SquaredReluMatchesFiniteDifferences) {
   // Nemotron-4's block: layernorm with zero-centered weights, squared relu (ungated), RoPE on
   // half of each head, biases.

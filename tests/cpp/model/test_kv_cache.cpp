@@ -136,6 +136,15 @@ TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithSlidingWindows) {
   check_decode(c, GetParam());
 }
 
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithLatentAttention) {
+  // Multi-latent attention caches every head's key (its shared RoPE part turned at the new
+  // positions' offsets) and padded value; with and without the query latent.
+  TransformerConfig c = small_latent();
+  check_decode(c, GetParam());
+  c.q_lora_rank = 0;
+  check_decode(c, GetParam());
+}
+
 TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithExperts) {
   // Top-2 of 4 experts: the positions of a decoding step route alone, as they do in the whole
   // sequence (routing is per token).

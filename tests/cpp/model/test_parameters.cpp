@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "braid/model/gpt_model.h"
@@ -155,6 +156,47 @@ TEST(ParameterSpecs, QkNorms) {
           EXPECT_FALSE(specs.at(name).weight_decay) << name;
         }
   }
+}
+
+TEST(ParameterSpecs, LatentAttentionHasDeepSeekV3sNamesAndShapes) {
+  // DeepSeek-V3's shape per layer (HF's names and [out, in] layouts): hidden 7168, 128 heads,
+  // q latent 1536, kv latent 512, heads of 128 + 64, values of 128.
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.hidden_size = 7168;
+  c.num_attention_heads = 128;
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_head_dim = 128;
+  c.qk_pos_emb_head_dim = 64;
+  c.v_head_dim = 128;
+  c.qk_layernorm = true;
+  const auto specs = by_name(parameter_specs(c));
+  const std::string a = "model.layers.1.self_attn.";
+  const std::vector<std::tuple<std::string, Shape, int>> want = {
+      {"q_a_proj.weight", Shape{1536, 7168}, -1},
+      {"q_a_layernorm.weight", Shape{1536}, -1},
+      {"q_b_proj.weight", Shape{128 * 192, 1536}, 0},
+      {"kv_a_proj_with_mqa.weight", Shape{512 + 64, 7168}, -1},
+      {"kv_a_layernorm.weight", Shape{512}, -1},
+      {"kv_b_proj.weight", Shape{128 * 256, 512}, 0},
+      {"o_proj.weight", Shape{7168, 128 * 128}, 1}};
+  int64_t attention = 0;
+  for (const auto& [name, shape, tp_dim] : want) {
+    ASSERT_TRUE(specs.contains(a + name)) << name;
+    EXPECT_EQ(specs.at(a + name).shape, shape) << name;
+    EXPECT_EQ(specs.at(a + name).tp_dim, tp_dim) << name;
+    attention += shape.numel();
+  }
+  for (const char* gone : {"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_norm.weight"})
+    EXPECT_FALSE(specs.contains(a + gone)) << gone;
+  EXPECT_EQ(attention, 187107328);  // DeepSeek-V3's attention parameters per layer
+  c.q_lora_rank = 0;                // DeepSeek-V2-Lite: q_proj from the hidden state
+  const auto lite = by_name(parameter_specs(c));
+  EXPECT_EQ(lite.at(a + "q_proj.weight").shape, (Shape{128 * 192, 7168}));
+  EXPECT_FALSE(lite.contains(a + "q_a_proj.weight"));
+  EXPECT_FALSE(lite.contains(a + "q_b_proj.weight"));
 }
 
 TEST(ParameterSpecs, InvalidConfigIsRejected) {

@@ -169,6 +169,22 @@ TEST(Recompute, QkNormPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
+TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
+  // Multi-latent attention: none and selective keep the latents and q, k, v; full reruns them.
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 4;
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 32;
+  c.kv_lora_rank = 16;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 8;
+  c.v_head_dim = 12;
+  c.qk_layernorm = true;
+  c.hidden_dropout = 0.1f;
+  check_policies(c);
+}
+
 TEST(Recompute, WideHeadsKeepTheirWiderQkvAndAttentionOutput) {
   // kv_channels doubles each head (16 -> 32 on hidden 64, 4 query and 2 kv heads): none and
   // selective keep q, k, v and the attention output, so each layer keeps

@@ -469,10 +469,3 @@ def test_export_chooses_dots1_or_glm4_moe_or_refuses():
     with pytest.raises(convert_hf.ConvertError, match="scales the weights by 2.5"):
         convert_hf.moe_architecture(dict(softmax, moe_router_num_groups=0,
                                          moe_router_topk_scaling_factor=2.5))
-
-
-def test_deepseek_v3_is_refused_for_its_attention(tmp_path):
-    hf_dir = sigmoid_moe(tmp_path / "hf")
-    edit_config(hf_dir, architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3")
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
-                 "DeepseekV3ForCausalLM", "multi-head latent attention")

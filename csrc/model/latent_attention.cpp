@@ -1,0 +1,149 @@
+// Multi-latent attention (DeepSeek-V2/V3, megatron-core's MLASelfAttention): TransformerLayer's
+// projections when config.multi_latent_attention (config.h). With Lq, Lkv the latent ranks,
+// Dn + Dr = D the query/key head and Dv the value head, for the normed input h:
+//   q           = norm(h W_qa^T) W_qb^T             (h W_q^T without a query latent)
+//   c_kv        = norm(h W_kva[:Lkv]^T)             the latent, one per token
+//   k_pe        = rope(h W_kva[Lkv:]^T)             one RoPE key part per token, every head's
+//   [k_nope, v] = c_kv W_kvb^T                      per head: Dn key and Dv value channels
+//   k = [k_nope | k_pe], q's last Dr channels rotated, v padded to D with zeros
+// so that attention runs on heads of one width (its output's padding is zero and dropped before
+// o_proj). Under TP the down projections and the latent norms are replicated: every rank runs
+// them on every token, as Megatron does. The up projections are split by heads, so the
+// gradients of the latents and of k_pe are each rank's heads' share: they are all-reduced over
+// TP (the backward of Megatron's column-parallel up projections), after which the replicated
+// weights' gradients are the same on every rank and their share of dh is added by TP rank 0
+// alone.
+
+#include "braid/kernels/ops.h"
+#include "braid/model/linear.h"
+#include "braid/model/transformer_layer.h"
+#include "model/layer_util.h"
+
+namespace braid::model {
+namespace {
+
+// A latent's norm (q_a_layernorm, kv_a_layernorm) with qk_layernorm; x itself without.
+Tensor latent_norm(const TransformerConfig& c, NormStats& stats, const Tensor& x,
+                   const Tensor& weight, const Tensor& bias) {
+  return c.qk_layernorm ? norm_forward(c, stats, x, weight, bias) : x;
+}
+
+Tensor latent_norm_backward(const TransformerConfig& c, const Tensor& dy, const Tensor& x,
+                            const Tensor& weight, Tensor dweight, Tensor dbias,
+                            const NormStats& stats) {
+  if (!c.qk_layernorm) return dy;
+  Tensor dx = empty_like(x);
+  norm_backward(c, dx, dweight, dbias, dy, x, weight, stats);
+  return dx;
+}
+
+}  // namespace
+
+TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, Tokens tokens,
+                                                              int64_t position_offset) const {
+  const TransformerConfig& c = config_;
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count();
+  const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
+  const int64_t dr = c.qk_pos_emb_head_dim, dv = c.v_head_dim, lkv = c.kv_lora_rank;
+  const DType dt = h.dtype();
+  const Device dev = h.device();
+  Projection p;
+  p.q = Tensor::empty({b, s, heads, d}, dt, dev);
+  if (c.q_lora_rank > 0) {
+    p.q_latent_in = Tensor::empty({t, c.q_lora_rank}, dt, dev);
+    linear_forward(p.q_latent_in, h, w_.q_a_weight, {});
+    p.q_latent =
+        latent_norm(c, p.q_latent_stats, p.q_latent_in, w_.q_a_norm_weight, w_.q_a_norm_bias);
+    linear_forward(p.q.view({t, heads * d}), p.q_latent, w_.q_weight, {});
+  } else {
+    linear_forward(p.q.view({t, heads * d}), h, w_.q_weight, {});
+  }
+  rotate(p.q, position_offset, false, dn);
+
+  p.kv_latent_in = Tensor::empty({t, lkv}, dt, dev);
+  linear_forward(p.kv_latent_in, h, w_.kv_a_weight.narrow(0, lkv), {});
+  p.kv_latent =
+      latent_norm(c, p.kv_latent_stats, p.kv_latent_in, w_.kv_a_norm_weight, w_.kv_a_norm_bias);
+  Tensor k_pe = Tensor::empty({b, s, 1, dr}, dt, dev);
+  linear_forward(k_pe.view({t, dr}), h, w_.kv_a_weight.narrow(lkv, dr), {});
+  rotate(k_pe, position_offset, false);
+
+  Tensor kv = Tensor::empty({t * heads, dn + dv}, dt, dev);
+  linear_forward(kv.view({t, heads * (dn + dv)}), p.kv_latent, w_.kv_b_weight, {});
+  p.k = Tensor::empty({b, s, heads, d}, dt, dev);
+  ops::copy_columns(p.k.view({t * heads, d}), 0, kv, 0, dn);
+  ops::broadcast_heads(p.k.view({t, heads, d}), dn, k_pe.view({t, dr}));
+  p.v = Tensor::zeros({b, s, heads, d}, dt, dev);
+  ops::copy_columns(p.v.view({t * heads, d}), 0, kv, dn, dv);
+  return p;
+}
+
+Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tensor& dv,
+                                         const Tensor& h, Tokens tokens,
+                                         LayerActivations& a) const {
+  const TransformerConfig& c = config_;
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count();
+  const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
+  const int64_t dr = c.qk_pos_emb_head_dim, lkv = c.kv_lora_rank;
+  const DType dt = h.dtype();
+  const Device dev = h.device();
+  rotate(dq, 0, true, dn);
+  // The keys' RoPE part is every head's: its gradient is the sum over the heads, turned back.
+  Tensor dk_pe = Tensor::empty({b, s, 1, dr}, dt, dev);
+  ops::sum_heads(dk_pe.view({t, dr}), dk.view({t, heads, d}), dn);
+  rotate(dk_pe, 0, true);
+  Tensor dkv = Tensor::empty({t * heads, dn + c.v_head_dim}, dt, dev);
+  ops::copy_columns(dkv, 0, dk.view({t * heads, d}), 0, dn);
+  ops::copy_columns(dkv, dn, dv.view({t * heads, d}), 0, c.v_head_dim);
+  Tensor d_kv_latent = empty_like(a.kv_latent);
+  linear_backward(d_kv_latent, g_.kv_b_weight, {}, dkv.view({t, heads * (dn + c.v_head_dim)}),
+                  a.kv_latent, w_.kv_b_weight);
+  release(dkv);
+  all_reduce_tp(tp_, d_kv_latent);
+  all_reduce_tp(tp_, dk_pe);
+
+  Tensor dh = Tensor::empty(h.shape(), dt, dev);
+  const bool adds_dh = tp_.rank() == 0;  // the replicated layers' share of dh, added once
+  if (c.q_lora_rank > 0) {
+    Tensor d_q_latent = empty_like(a.q_latent);
+    linear_backward(d_q_latent, g_.q_weight, {}, dq.view({t, heads * d}), a.q_latent, w_.q_weight);
+    all_reduce_tp(tp_, d_q_latent);
+    const Tensor d_q_in =
+        latent_norm_backward(c, d_q_latent, a.q_latent_in, w_.q_a_norm_weight, g_.q_a_norm_weight,
+                             g_.q_a_norm_bias, a.q_latent_stats);
+    if (!adds_dh) dh.zero_();
+    linear_backward(adds_dh ? dh : Tensor(), g_.q_a_weight, {}, d_q_in, h, w_.q_a_weight);
+  } else {
+    linear_backward(dh, g_.q_weight, {}, dq.view({t, heads * d}), h, w_.q_weight);
+  }
+  const Tensor d_kv_in =
+      latent_norm_backward(c, d_kv_latent, a.kv_latent_in, w_.kv_a_norm_weight, g_.kv_a_norm_weight,
+                           g_.kv_a_norm_bias, a.kv_latent_stats);
+  linear_backward(adds_dh ? dh : Tensor(), g_.kv_a_weight.narrow(0, lkv), {}, d_kv_in, h,
+                  w_.kv_a_weight.narrow(0, lkv), true);
+  linear_backward(adds_dh ? dh : Tensor(), g_.kv_a_weight.narrow(lkv, dr), {}, dk_pe.view({t, dr}),
+                  h, w_.kv_a_weight.narrow(lkv, dr), true);
+  release(a.q_latent_in, a.q_latent, a.kv_latent_in, a.kv_latent);
+  a.q_latent_stats = a.kv_latent_stats = NormStats{};
+  return dh;
+}
+
+Tensor TransformerLayer::o_input(const Tensor& attn) const {
+  const int64_t t = attn.size(0) * attn.size(1), heads = shape_.q_heads, d = shape_.head_dim;
+  if (!config_.multi_latent_attention) return attn.view({t, heads * d});
+  const int64_t dv = config_.v_head_dim;
+  Tensor out = Tensor::empty({t, heads * dv}, attn.dtype(), attn.device());
+  ops::copy_columns(out.view({t * heads, dv}), 0, attn.view({t * heads, d}), 0, dv);
+  return out;
+}
+
+Tensor TransformerLayer::o_input_grad(const Tensor& d_o_in, Tokens tokens) const {
+  const int64_t t = tokens.count(), heads = shape_.q_heads, d = shape_.head_dim;
+  if (!config_.multi_latent_attention) return d_o_in.view({tokens.batch, tokens.seq, heads, d});
+  const int64_t dv = config_.v_head_dim;
+  Tensor out = Tensor::zeros({tokens.batch, tokens.seq, heads, d}, d_o_in.dtype(), d_o_in.device());
+  ops::copy_columns(out.view({t * heads, d}), 0, d_o_in.view({t * heads, dv}), 0, dv);
+  return out;
+}
+
+}  // namespace braid::model

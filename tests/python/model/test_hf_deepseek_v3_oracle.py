@@ -1,0 +1,238 @@
+"""braid's multi-latent attention against Hugging Face transformers (CPU, f32) with identical
+weights: logits, loss and every parameter gradient of DeepseekV3ForCausalLM, and greedy
+decoding over braid's KV cache against transformers' generate.
+
+The model: 3 layers, hidden 64, 4 heads; queries through a latent of 24 (q_a_proj,
+q_a_layernorm, q_b_proj), keys and values from one of 16 (kv_a_proj_with_mqa, kv_a_layernorm,
+kv_b_proj); each query and key head 16 channels without position (qk_nope_head_dim) then 8 turned
+by RoPE in interleaved pairs (qk_rope_head_dim; the key's one per token, shared by the heads),
+each value head 12 wide (v_head_dim, narrower than the 24 of q and k on purpose: braid pads the
+values to run its attention); softmax scale 1/sqrt(24). The first layer dense, then 8 experts
+in 4 groups routed as test_hf_dots1_oracle.py's (sigmoid scores, the top 4 of scores +
+e_score_correction_bias among the best 2 groups, renormalised, scaled by 2.5, an ungated shared
+expert). Variants: DeepSeek-V2-Lite's queries straight from the hidden state (q_lora_rank null:
+q_proj), and a dense model (first_k_dense_replace = the layer count: no experts anywhere).
+
+braid: multi_latent_attention, q_lora_rank (0 for null), kv_lora_rank, qk_head_dim,
+qk_pos_emb_head_dim, v_head_dim, qk_layernorm (the latent norms); HF's parameter names as they
+are but for the experts (split) and the shared expert (mlp.shared_expert).
+
+Both sides must choose the same experts: as test_hf_dots1_oracle.py, the tests check on HF's
+router logits that no token's group or expert choice is near a tie, that every expert is chosen
+and that the bias and the groups each change some token's choice. Tolerances as
+test_hf_dots1_oracle.py's.
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import braid
+from braid.generate import Sampling, generate
+from hf_oracle import (assert_close_rel, batch, braid_grads, deepseek_choices, eager_model,
+                       load_into_braid, shared_experts_to_braid)
+
+LOGITS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
+MARGIN = 1e-3  # the least gap between a token's last chosen and first unchosen group or expert
+LAYERS, HIDDEN, HEADS, VOCAB, POSITIONS = 3, 64, 4, 97, 64
+Q_RANK, KV_RANK, NOPE, ROPE, V_DIM = 24, 16, 16, 8, 12
+EXPERTS, TOPK, GROUPS, TOPK_GROUP, FFN, SCALE = 8, 4, 4, 2, 32, 2.5
+
+# (HF config fields beyond the shared ones, seed: one whose routing of batch(97) has no near tie)
+KINDS = {
+    "q-latent": ({}, 0),
+    # DeepSeek-V2-Lite's queries: q_proj from the hidden state, no query latent or its norm
+    "no-q-latent": ({"q_lora_rank": None}, 0),
+    # no layer has experts: braid's model is dense; tied embeddings
+    "dense": ({"first_k_dense_replace": LAYERS, "tie_word_embeddings": True}, 0),
+}
+
+
+def hf_config(**fields):
+    base = dict(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN,
+        moe_intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=HEADS, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK,
+        qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V_DIM,
+        max_position_embeddings=POSITIONS, n_routed_experts=EXPERTS, num_experts_per_tok=TOPK,
+        n_group=GROUPS, topk_group=TOPK_GROUP, n_shared_experts=1, first_k_dense_replace=1,
+        norm_topk_prob=True, routed_scaling_factor=SCALE, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False)
+    base.update(fields)
+    return transformers.DeepseekV3Config(**base)
+
+
+def braid_config(hf_cfg):
+    """braid's TransformerConfig of a DeepSeek-V3 config made by hf_config."""
+    cfg = braid.TransformerConfig.preset("llama-tiny")
+    cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = LAYERS, HIDDEN, HEADS
+    cfg.num_query_groups, cfg.kv_channels, cfg.ffn_hidden_size = HEADS, 0, 4 * HIDDEN
+    cfg.vocab_size, cfg.max_position_embeddings = VOCAB, POSITIONS
+    cfg.norm_eps, cfg.rope_theta = 1e-6, 10000.0
+    cfg.tie_embeddings = hf_cfg.tie_word_embeddings
+    cfg.multi_latent_attention, cfg.qk_layernorm = True, True
+    cfg.q_lora_rank, cfg.kv_lora_rank = hf_cfg.q_lora_rank or 0, KV_RANK
+    cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim = NOPE, ROPE, V_DIM
+    first = hf_cfg.first_k_dense_replace
+    if first < LAYERS:
+        cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size = EXPERTS, TOPK, FFN
+        cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias = "sigmoid", True
+        cfg.moe_router_num_groups, cfg.moe_router_group_topk = GROUPS, TOPK_GROUP
+        cfg.moe_router_topk_scaling_factor = SCALE
+        cfg.moe_shared_expert_intermediate_size = FFN
+        cfg.moe_layers = [int(i >= first) for i in range(LAYERS)]
+    return cfg
+
+
+def deepseek_v3_pair(kind, seed=None, **hf_fields):
+    """An HF DeepseekV3ForCausalLM of `kind` (norms off their init, routers wide, the biases
+    random) and braid's copy of it. `hf_fields`: more HF config; `seed`: other than KINDS'."""
+    fields, kind_seed = KINDS[kind]
+    torch.manual_seed(kind_seed if seed is None else seed)
+    hf = eager_model(transformers.DeepseekV3ForCausalLM, hf_config(**{**fields, **hf_fields}))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("mlp.gate.weight"):  # decisive logits, as moe_routers
+                p.normal_(0.0, 0.2)
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, 0.1)
+    cfg = braid_config(hf.config)
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    state = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    if hf.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    load_into_braid(model, shared_experts_to_braid(state, EXPERTS, FFN))
+    biases = model.expert_biases()
+    assert sorted(biases) == sorted(n for n, _ in hf.named_buffers()
+                                    if n.endswith("e_score_correction_bias"))
+    for name, b in hf.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            biases[name].copy_(b.numpy().copy())
+    return hf, model
+
+
+def expert_layers(hf):
+    return [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts")]
+
+
+def routing_margin(hf, router_logits):
+    """The least group and expert gap over every token of every expert layer."""
+    margin = float("inf")
+    for i, logits in zip(expert_layers(hf), router_logits):
+        bias = hf.model.layers[i].mlp.gate.e_score_correction_bias
+        _, group_gap, expert_gap = deepseek_choices(logits.detach(), bias, GROUPS, TOPK_GROUP,
+                                                    TOPK)
+        margin = min(margin, group_gap, expert_gap)
+    return margin
+
+
+def check_routing(hf, router_logits):
+    """No near tie, every expert chosen, and the bias and the groups each change some token's
+    choice, on every expert layer."""
+    assert len(router_logits) == len(expert_layers(hf))
+    for i, logits in zip(expert_layers(hf), router_logits):
+        logits = logits.detach()
+        bias = hf.model.layers[i].mlp.gate.e_score_correction_bias
+        chosen, group_gap, expert_gap = deepseek_choices(logits, bias, GROUPS, TOPK_GROUP, TOPK)
+        assert group_gap > MARGIN, f"layer {i}: a near tie among the groups ({group_gap:.1e})"
+        assert expert_gap > MARGIN, f"layer {i}: a near tie among the experts ({expert_gap:.1e})"
+        counts = torch.bincount(chosen.reshape(-1), minlength=EXPERTS)
+        assert (counts > 0).all(), f"layer {i}: experts chosen {counts.tolist()}"
+        unbiased, _, _ = deepseek_choices(logits, torch.zeros_like(bias), GROUPS, TOPK_GROUP,
+                                          TOPK)
+        assert (unbiased != chosen).any(), f"layer {i}: the bias changes no token's choice"
+        ungrouped, _, _ = deepseek_choices(logits, bias, 1, 1, TOPK)
+        assert (ungrouped != chosen).any(), f"layer {i}: the groups change no token's choice"
+
+
+def hf_grads(hf):
+    grads = {n: p.grad for n, p in hf.named_parameters()}
+    if hf.config.tie_word_embeddings:
+        grads.pop("lm_head.weight", None)
+    return shared_experts_to_braid(grads, EXPERTS, FFN)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_logits_loss_and_gradients(kind):
+    hf, model = deepseek_v3_pair(kind)
+    assert hf.config.rope_interleave  # transformers' default: braid's pairing
+    attn = hf.model.layers[0].self_attn
+    assert attn.scaling == (NOPE + ROPE) ** -0.5
+    # the latent norms' eps is 1e-6 whatever rms_norm_eps says (convert_hf.py refuses others)
+    assert attn.kv_a_layernorm.variance_epsilon == hf.config.rms_norm_eps == 1e-6
+    assert (attn.q_proj is None) == (kind != "no-q-latent")
+    ids, targets = batch(VOCAB)
+    out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids), output_router_logits=True)
+    if kind == "dense":
+        assert not expert_layers(hf) and not model.config.num_experts
+    else:
+        assert expert_layers(hf) == [1, 2]
+        check_routing(hf, out.router_logits)
+    logits = np.from_dlpack(model.logits(ids))
+    assert logits.shape == out.logits.shape
+    err = assert_close_rel("logits", logits, out.logits.detach().numpy(), LOGITS_RTOL)
+    loss = model.forward(ids, targets)
+    model.backward()
+    out.loss.backward()
+    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
+    got, want = braid_grads(model), hf_grads(hf)
+    assert sorted(got) == sorted(want)
+    grad_err = max(assert_close_rel(name, got[name], g.numpy(), GRAD_RTOL)
+                   for name, g in want.items())
+    for name in want:  # every parameter takes part (the RoPE rows of kv_a_proj_with_mqa too)
+        assert np.abs(got[name]).max() > 0, name
+    print(f"{kind}: logits {err:.1e}, gradients {grad_err:.1e} (max relative error)")
+
+
+def test_the_pairing_of_the_rope_channels_matters():
+    # transformers with rope_interleave false turns halves (rotate_half) on the same weights:
+    # other logits, far beyond the tolerance, so the comparison above checks braid's pairing.
+    ids, _ = batch(VOCAB)
+    hf, model = deepseek_v3_pair("dense")
+    halves, _ = deepseek_v3_pair("dense", rope_interleave=False)
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids)).logits.numpy()
+        other = halves(torch.from_numpy(ids)).logits.numpy()
+    got = np.from_dlpack(model.logits(ids))
+    assert np.abs(got - want).max() <= LOGITS_RTOL * np.abs(want).max()
+    assert np.abs(got - other).max() > 100 * LOGITS_RTOL * np.abs(want).max()
+
+
+NEW_TOKENS = 20
+
+
+@pytest.mark.parametrize("kind", ["q-latent", "no-q-latent"])
+def test_greedy_decoding_over_the_kv_cache_matches_generate(kind):
+    # braid's decode fills its cache with the prompt, then one token a step: every step's logits
+    # are transformers' (over its own cache) and the tokens chosen the same. Weights drawn wider
+    # than transformers' init (std 0.02): logits of a few units, whose top two are apart.
+    hf, model = deepseek_v3_pair(kind, seed=0, initializer_range=0.1)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, VOCAB, size=6).tolist() for _ in range(3)]
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=NEW_TOKENS,
+                          min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0,
+                          attention_mask=torch.ones(3, 6, dtype=torch.long))
+        full = hf(out, output_router_logits=True)
+        # Every step's choice is clear, and so is every token's routing: the test is exact.
+        top2 = torch.topk(full.logits[:, 5:-1].double(), 2, dim=-1).values
+        assert (top2[..., 0] - top2[..., 1]).min() > 1e-3
+        assert routing_margin(hf, full.router_logits) > MARGIN
+    want = out[:, 6:].tolist()
+    assert any(len(set(w)) > 3 for w in want)  # not one token repeated
+    got = generate(model, prompts, NEW_TOKENS, Sampling(greedy=True))
+    assert got == want
+
+    cache = model.kv_cache(3, 6 + NEW_TOKENS)
+    tokens = out.numpy().astype(np.int32)
+    steps = [np.from_dlpack(model.decode(tokens[:, :6], cache))]
+    for t in range(6, 6 + NEW_TOKENS - 1):
+        steps.append(np.from_dlpack(model.decode(tokens[:, t:t + 1], cache)))
+    assert cache.length == 5 + NEW_TOKENS
+    err = assert_close_rel("decode logits", np.concatenate(steps, axis=1),
+                           full.logits[:, :-1].numpy(), LOGITS_RTOL)
+    print(f"{kind}: decode logits {err:.1e} (max relative error)")
