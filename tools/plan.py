@@ -12,6 +12,8 @@ Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-p
 [--moe-router-topk K --moe-ffn-hidden-size F --moe-shared-expert-intermediate-size S
 --moe-shared-expert-gate] make every layer a mixture of experts (or --model mixtral-8x7b),
 --moe-layer-freq N|LIST only some (the others dense); their expert parallelism is searched too.
+--multi-latent-attention [--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim
+--v-head-dim --qk-layernorm] is DeepSeek's attention (or --model deepseek-v3).
 The model behind the numbers is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
@@ -32,7 +34,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "python"))
 
-from braid import moe_args, planner, window_args  # noqa: E402
+from braid import attention_args, moe_args, planner, window_args  # noqa: E402
 from braid.arguments import parse_args as parse_training_args  # noqa: E402
 
 
@@ -66,6 +68,19 @@ def parse_args(argv):
     g.add_argument("--seq-length", type=int)
     g.add_argument("--activation", choices=["swiglu", "gelu", "squared_relu"], default=None)
     g.add_argument("--tie-embeddings", action="store_true")
+    g.add_argument("--qk-layernorm", action="store_true",
+                   help="norms on each query and key head (Qwen3); with --multi-latent-attention "
+                        "the two latent norms (DeepSeek's)")
+    g.add_argument("--multi-latent-attention", action="store_true",
+                   help="DeepSeek-V2/V3's multi-latent attention (kv heads = heads); its ranks and "
+                        "widths default to Megatron's, or a preset's")
+    for flag, what in (("q-lora-rank", "the queries' latent rank (default none: q_proj)"),
+                       ("kv-lora-rank", "the keys' and values' latent rank"),
+                       ("qk-head-dim", "each query/key head's channels without RoPE"),
+                       ("qk-pos-emb-head-dim", "each query/key head's RoPE channels"),
+                       ("v-head-dim", "each value head's width")):
+        g.add_argument(f"--{flag}", type=_positive_int,
+                       help=f"with --multi-latent-attention: {what}")
     g.add_argument("--window-size", type=window_args.window_size,
                    help="sliding-window attention W,0 as pretrain_gpt.py takes it")
     g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq,
@@ -156,7 +171,7 @@ def parse_args(argv):
             a.num_attention_heads or m.num_attention_heads, a.num_query_groups or m.kv_heads,
             a.ffn_hidden_size or m.ffn_hidden_size, a.vocab_size or m.vocab_size,
             a.seq_length or m.seq_length, a.activation or m.activation,
-            a.tie_embeddings or m.tied_embeddings, m.qk_layernorm,
+            a.tie_embeddings or m.tied_embeddings, a.qk_layernorm or m.qk_layernorm,
             a.kv_channels or m.kv_channels, num_experts=a.num_experts or m.num_experts,
             moe_router_topk=a.moe_router_topk or m.moe_router_topk,
             moe_ffn_hidden_size=a.moe_ffn_hidden_size or m.moe_ffn_hidden_size,
@@ -168,7 +183,7 @@ def parse_args(argv):
         a.model_shape = planner.ModelShape(
             a.num_layers, a.hidden_size, a.num_attention_heads,
             a.num_query_groups or a.num_attention_heads, a.ffn_hidden_size, a.vocab_size,
-            a.seq_length, a.activation or "swiglu", a.tie_embeddings,
+            a.seq_length, a.activation or "swiglu", a.tie_embeddings, a.qk_layernorm,
             kv_channels=a.kv_channels or 0, num_experts=a.num_experts or 0,
             moe_router_topk=a.moe_router_topk or 2,
             moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0,
@@ -177,6 +192,7 @@ def parse_args(argv):
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
+    a.model_shape = latent_attention(ap, a, a.model_shape, planner.PRESETS.get(a.model))
     if a.window_attn_skip_freq is not None and (a.window_size is None or a.window_size < 0):
         ap.error("--window-attn-skip-freq needs --window-size")
     try:
@@ -194,6 +210,30 @@ def parse_args(argv):
     if error:
         ap.error(error)
     return a
+
+
+MLA_FLAGS = ("q_lora_rank", *attention_args.DEFAULTS)
+
+
+def latent_attention(ap, a, shape, preset=None):
+    """`shape` with multi-latent attention where --multi-latent-attention (or the preset) asks
+    for it: the ranks and widths given, else the preset's, else Megatron's defaults
+    (attention_args.DEFAULTS; no query latent)."""
+    given = {f: getattr(a, f) for f in MLA_FLAGS if getattr(a, f) is not None}
+    mla_preset = preset is not None and preset.multi_latent_attention
+    if not (a.multi_latent_attention or mla_preset):
+        if given:
+            ap.error(f"--{next(iter(given)).replace('_', '-')} needs --multi-latent-attention")
+        return shape
+    if a.kv_channels is not None:
+        ap.error("--kv-channels with --multi-latent-attention: the heads' widths are "
+                 "--qk-head-dim + --qk-pos-emb-head-dim (queries, keys) and --v-head-dim")
+    defaults = {f: getattr(preset, f) for f in MLA_FLAGS} if mla_preset else \
+        dict(attention_args.DEFAULTS, q_lora_rank=0)
+    try:
+        return dataclasses.replace(shape, multi_latent_attention=True, **{**defaults, **given})
+    except ValueError as e:
+        ap.error(str(e))
 
 
 def data_ranks(a) -> int | None:
@@ -227,7 +267,8 @@ MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num
                "kv_channels", "ffn_hidden_size", "vocab_size", "seq_length", "activation",
                "window_size", "window_attn_skip_freq", "num_experts", "moe_router_topk",
                "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-               "moe_shared_expert_gate", "moe_layer_freq")
+               "moe_shared_expert_gate", "moe_layer_freq", "qk_layernorm",
+               "multi_latent_attention", *MLA_FLAGS)
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -251,10 +292,14 @@ def _from_training_arguments(ap, a, training):
         t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
         t.ffn_hidden_size, t.vocab_size, t.seq_length,
         "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
-        not t.untie_embeddings_and_output_weights, t.qk_layernorm, t.kv_channels,
+        not t.untie_embeddings_and_output_weights, t.qk_layernorm,
+        0 if t.multi_latent_attention else t.kv_channels,  # MLA: the widths below
         t.window_size, tuple(t.window_layers), t.num_experts or 0, t.moe_router_topk,
         t.moe_ffn_hidden_size or 0, t.moe_shared_expert_intermediate_size or 0,
-        t.moe_shared_expert_gate, tuple(moe_args.moe_layers(t.moe_layer_freq, t.num_layers)))
+        t.moe_shared_expert_gate, tuple(moe_args.moe_layers(t.moe_layer_freq, t.num_layers)),
+        **({} if not t.multi_latent_attention else dict(
+            multi_latent_attention=True, q_lora_rank=t.q_lora_rank or 0,
+            **{f: getattr(t, f) for f in attention_args.DEFAULTS})))
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; those of a --rampup-batch-size phase at their own
     # batches' step times, for the run's layout (docs/planner.md).

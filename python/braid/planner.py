@@ -30,6 +30,8 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   all-reduce); with expert parallelism (ep) E / ep experts a rank, the all-to-alls not overlapped,
   the experts' gradients over dp x cp / ep. The dense layers among them (moe_layers) are
   costed, held and kept as a dense model's, each stage its own.
+* multi-latent attention (braid.planner_mla): its projections, replicated down projections and
+  latents, padded values and backward TP all-reduces in place of q/k/v's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import math
 
 from braid import _C
 from braid import flops as _flops
+from braid import planner_mla as _mla
 from braid import planner_moe as _moe
 from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
                                   ModelShape, parse_bandwidth)
@@ -148,9 +151,10 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
     else:
         per_token = (2 * h + 8 + 2 * h) / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t \
             + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec, lay.ep)
-        if model.qk_layernorm:  # q and k before their norms, and the norms' statistics
-            stats = 8 if model.gpt_style else 4
+        if model.qk_layernorm and not model.multi_latent_attention:  # q, k before their norms
+            stats = 8 if model.gpt_style else 4                       # and the norms' statistics
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
+    per_token += _mla.kept_bytes(model, rec)  # the latents (planner_mla)
     return per_token * tokens
 
 
@@ -209,14 +213,17 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     kv = model.kv_heads * model.head_dim
     T = lay.micro_batch_size * s / lay.cp  # this rank's tokens
     h_rep = h / t if lay.sequence_parallel else h
-    gemms = [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t), *_moe.mlp_gemms(model, T, t, lay.ep)]
+    mla = model.multi_latent_attention  # its projections in place of q/k/v's (planner_mla)
+    attention = _mla.gemms(model, T, t) if mla else [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t)]
+    gemms = [*attention, *_moe.mlp_gemms(model, T, t, lay.ep)]
     gemm_f = sum(c * _gemm_time(gpu, m, n, k) for c, m, n, k in gemms)
     # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
     attn_exec = 4 * T * model.executed_keys(layer) * q / t
     attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
     act_bytes = _moe.activation_bytes(model, t)
     norm_bytes = 8 * h_rep
-    elem_bytes = norm_bytes + 12 * h_rep + 4 * (q + kv) / t + act_bytes
+    rope_bytes = _mla.elementwise_bytes(model, t) if mla else 4 * (q + kv) / t
+    elem_bytes = norm_bytes + 12 * h_rep + rope_bytes + act_bytes
     elem_f = _bytes_time(gpu, elem_bytes * T, 8)
     # TP: two all-reduces (or with SP two all-gathers + two reduce-scatters, the same bytes)
     # per forward, as many in backward; SP's backward all-gathers the norm outputs again.
@@ -240,8 +247,9 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     # planner_moe: router, dispatch, host routing; expert parallelism's exchange
     moe_f, moe_b = _moe.routing_s(model, cluster, lay, T) if model.num_experts else (0.0, 0.0)
     ex_f, ex_b = _moe.exchange_s(model, cluster, lay, T)
-    forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f + ex_f
-    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b + ex_b
+    mla_f, mla_b = _mla.extra_s(model, cluster, lay, T)  # narrow GEMM, kernels, TP all-reduces
+    forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f + ex_f + mla_f
+    backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b + ex_b + mla_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
     layers = model.num_layers if layer is None else 1

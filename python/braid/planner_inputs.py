@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from braid import planner_mla as _mla
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
@@ -43,9 +45,31 @@ class ModelShape:
     moe_shared_expert_intermediate_size: int = 0
     moe_shared_expert_gate: bool = False
     moe_layers: tuple = ()
+    # Multi-latent attention as TransformerConfig has it (DeepSeek-V2/V3; braid.planner_mla):
+    # queries through a latent of q_lora_rank (0: q_proj from the hidden state), keys and values
+    # from one of kv_lora_rank per token; each query/key head qk_head_dim + qk_pos_emb_head_dim
+    # wide (head_dim), each value head v_head_dim; kv_heads = the heads; with qk_layernorm the
+    # two latent norms (not q_norm and k_norm).
+    multi_latent_attention: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 32
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+
+    def __post_init__(self):
+        if self.multi_latent_attention and self.kv_heads != self.num_attention_heads:
+            raise ValueError(f"multi-latent attention: kv heads {self.kv_heads} must be the "
+                             f"{self.num_attention_heads} heads (every head has its own key "
+                             "and value)")
+        if self.multi_latent_attention and self.gpt_style:
+            raise ValueError("multi-latent attention has no linear biases: not with gelu (the "
+                             "planner's GPT-style model, with biases)")
 
     @property
     def head_dim(self) -> int:
+        if self.multi_latent_attention:
+            return self.qk_head_dim + self.qk_pos_emb_head_dim
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
@@ -170,13 +194,15 @@ class ModelShape:
         """An expert layer's (experts) or a dense layer's parameters, one TP (and EP) rank's
         share."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim
-        p = h * (q + 2 * kv) + q * h + self.mlp_params(experts)
+        split, whole = _mla.params(self) if self.multi_latent_attention else \
+            (h * (q + 2 * kv) + q * h, 0)
+        p = split + whole + self.mlp_params(experts)
         p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
-        if self.qk_layernorm:
+        if self.qk_layernorm and not self.multi_latent_attention:
             p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
         if self.gpt_style:
             p += (q + 2 * kv) + h                                # attention's biases
-        replicated = self.replicated_params if experts else 0
+        replicated = (self.replicated_params if experts else 0) + whole
         held = (p - replicated) / tp + replicated
         if experts and ep > 1:  # the other EP ranks' experts
             held -= self.routed_params(tp) * (ep - 1) / ep
@@ -202,6 +228,22 @@ PRESETS = {
     # 12.9B active per token.
     "mixtral-8x7b": ModelShape(32, 4096, 32, 8, 14336, 32000, 4096, num_experts=8,
                                moe_router_topk=2, moe_ffn_hidden_size=14336),
+    # DeepSeek-V3 (deepseek-ai's config.json, without the multi-token-prediction module):
+    # multi-latent attention (187,107,328 parameters a layer), 3 dense layers of 18432, then
+    # 256 routed experts of 2048, top 8, and a shared expert of 2048; its sigmoid router with
+    # expert bias and groups costs what a softmax one does (planner_moe). 671.0B parameters.
+    "deepseek-v3": ModelShape(61, 7168, 128, 128, 18432, 129280, 4096, qk_layernorm=True,
+                              num_experts=256, moe_router_topk=8, moe_ffn_hidden_size=2048,
+                              moe_shared_expert_intermediate_size=2048,
+                              moe_layers=(0,) * 3 + (1,) * 58, multi_latent_attention=True,
+                              q_lora_rank=1536, kv_lora_rank=512),
+    # DeepSeek-V2-Lite: no query latent, 1 dense layer of 10944, then 64 experts of 1408, top 6,
+    # and two shared experts (one of 2 x 1408, as Megatron's flag has them). 15.7B parameters.
+    "deepseek-v2-lite": ModelShape(27, 2048, 16, 16, 10944, 102400, 4096, qk_layernorm=True,
+                                   num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408,
+                                   moe_shared_expert_intermediate_size=2816,
+                                   moe_layers=(0,) + (1,) * 26, multi_latent_attention=True,
+                                   kv_lora_rank=512),
 }
 
 

@@ -86,6 +86,15 @@ def replicated_gemms(model, T: float):
     return [(2 * T * h * n, T * (2 * h + 4 * n) + 2 * n * h) for n in widths]
 
 
+def narrow_gemm_s(gpu, flops: float, nbytes: float) -> float:
+    """Seconds of a GEMM too narrow for the efficiency curve (one dimension of at most ~128:
+    the router's E, the gate's 1, MLA's shared RoPE key's 64; planner_mla): the larger of its
+    FLOPs at e_max and its bytes at HBM speed, plus a kernel's latency."""
+    from braid import planner as p
+    return max(flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
+               nbytes / (gpu.hbm_gbps * 1e9 * p.HBM_EFFICIENCY)) + p.KERNEL_LATENCY_S
+
+
 def activation_bytes(model, t: int) -> float:
     """Bytes per token of the MLP's activation function (SwiGLU reads 2F, writes F), on the
     k rows of a token with experts, and the shared expert's on its one row."""
@@ -143,8 +152,7 @@ def routing_s(model, cluster, lay, T: float):
     gpu, t = cluster.gpu, lay.tp
     forward = 0.0
     for flops, nbytes in replicated_gemms(model, T):
-        forward += max(flops / (gpu.peak_tflops * 1e12 * gpu.gemm_eff_max),
-                       nbytes / (gpu.hbm_gbps * 1e9 * p.HBM_EFFICIENCY)) + p.KERNEL_LATENCY_S
+        forward += narrow_gemm_s(gpu, flops, nbytes)
     forward += p._bytes_time(gpu, dispatch_bytes(model) * T, DISPATCH_KERNELS)
     backward = 2 * forward + p._bytes_time(gpu, *shared_expert_bytes(model, T, True))
     forward += p._bytes_time(gpu, *shared_expert_bytes(model, T))

@@ -1,0 +1,128 @@
+"""What multi-latent attention (DeepSeek-V2/V3's; TransformerConfig.multi_latent_attention) does
+in place of ordinary attention's projections, for the planner (braid.planner times it,
+docs/planner.md "Multi-latent attention"): its parameters, its GEMMs' shapes, its element-wise
+bytes, its extra TP collectives and what it keeps for the backward - as braid runs it
+(csrc/model/latent_attention.cpp). Per layer, microbatch and TP rank; T is the rank's tokens
+(micro batch x sequence / cp), every one of them under SP too: braid gathers the hidden state
+first, as for every other attention.
+
+With n heads, Lq and Lkv the latent ranks, Dn + Dr = D the query/key head and Dv the value
+head, braid's layer: q_a_proj [Lq, H] and the query latent's norm, q_b_proj [n·D, Lq] (or
+q_proj [n·D, H] without a query latent, Lq = 0); kv_a_proj_with_mqa [Lkv + Dr, H] - run as two
+GEMMs, the latent's Lkv rows and the shared RoPE key's Dr - and the latent's norm; kv_b_proj
+[n·(Dn + Dv), Lkv]; o_proj [H, n·Dv]. Under TP the down projections and the latent norms are
+replicated: every rank runs them on every token, so they do not shrink with TP; the up
+projections and o_proj are split by heads. The keys are assembled per head (Dn channels from
+kv_b_proj, the Dr RoPE channels copied into every head), the values padded with zeros to D, so
+that one attention kernel takes heads of width D: its time is that of D-wide values (the
+planner's attention term with head_dim = D), while the model FLOPs (braid.flops) count Dv.
+Backward: the latents' and the shared RoPE key's gradients are each rank's heads' share, and
+are all-reduced over TP - three all-reduces of T·Lq, T·Lkv and T·Dr bf16 values (two without a
+query latent), not overlapped.
+
+The latent norms exist with qk_layernorm (braid's and Megatron's meaning of it with MLA; every
+DeepSeek model has them). Megatron's sequence-parallel variant, which runs the down projections
+on each rank's token shard and gathers the latents instead of the hidden state, is not braid's
+and is not modelled; nor is YaRN (not in braid: --rope-type rope only).
+"""
+
+from __future__ import annotations
+
+# Element-wise kernels MLA adds to ordinary attention's (whose two RoPE kernels it keeps, on the
+# queries' RoPE channels and the shared key part): the keys' assembly (a copy, a broadcast),
+# the values' (zeros, a copy), o_proj's input (a copy); and one per latent norm.
+ASSEMBLY_KERNELS = 5
+
+
+def latent_norms(model) -> list:
+    """The ranks of the latents braid norms: [Lq (with a query latent), Lkv], with
+    qk_layernorm; [] without."""
+    if not model.qk_layernorm:
+        return []
+    return ([model.q_lora_rank] if model.q_lora_rank else []) + [model.kv_lora_rank]
+
+
+def params(model) -> tuple:
+    """(split, whole): a layer's attention parameters (no biases, not the input norm) that TP
+    splits by heads - q_b_proj or q_proj, kv_b_proj, o_proj - and those every TP rank holds
+    whole - q_a_proj, kv_a_proj_with_mqa, the latent norms' weights (RMSNorm)."""
+    h, n, lq, lkv = model.hidden_size, model.num_attention_heads, model.q_lora_rank, \
+        model.kv_lora_rank
+    d, dr = model.head_dim, model.qk_pos_emb_head_dim
+    split = n * d * (lq or h) + n * (model.qk_head_dim + model.v_head_dim) * lkv + \
+        h * n * model.v_head_dim
+    whole = lq * h + (lkv + dr) * h + sum(latent_norms(model))
+    return split, whole
+
+
+def gemms(model, T: float, t: int) -> list:
+    """The attention's forward GEMMs on the efficiency curve, one TP rank, as (count, m, n, k):
+    q_a_proj (whole) and q_b_proj (its heads), or q_proj; kv_a_proj_with_mqa's latent rows
+    (whole); kv_b_proj and o_proj (its heads). The shared RoPE key's Dr rows are narrow:
+    rope_key_gemm."""
+    h, n, lq, lkv = model.hidden_size, model.num_attention_heads, model.q_lora_rank, \
+        model.kv_lora_rank
+    q = [(1, T, lq, h), (1, T, n * model.head_dim / t, lq)] if lq else \
+        [(1, T, n * model.head_dim / t, h)]
+    return q + [(1, T, lkv, h), (1, T, n * (model.qk_head_dim + model.v_head_dim) / t, lkv),
+                (1, T, h, n * model.v_head_dim / t)]
+
+
+def rope_key_gemm(model, T: float) -> tuple:
+    """(FLOPs, bytes) of the forward GEMM of kv_a_proj_with_mqa's last Dr rows, the shared RoPE
+    key [T, H] x [H, Dr] (whole on every TP rank): narrow (Dr of 64), so at HBM speed like the
+    MoE router's (planner_moe.narrow_gemm_s)."""
+    h, dr = model.hidden_size, model.qk_pos_emb_head_dim
+    return 2 * T * h * dr, T * (2 * h + 2 * dr) + 2 * dr * h
+
+
+def elementwise_bytes(model, t: int) -> float:
+    """Bytes per token of the attention's element-wise work in place of ordinary attention's
+    RoPE on q and k (4(q + kv)/t), forward: RoPE on the queries' Dr channels (4·n·Dr/t) and on
+    the shared key part (4·Dr); the latent norms' inputs and outputs (4·L each, every token);
+    the keys' assembly - Dn channels copied from kv_b_proj's output, the RoPE part broadcast
+    into every head ((4·Dn + 2·Dr)·n/t + 2·Dr) -, the values' - zeros of D, Dv channels copied
+    (2·D + 4·Dv)·n/t -, and o_proj's input, the Dv channels of each head (4·Dv·n/t)."""
+    n, dn, dr, dv = model.num_attention_heads, model.qk_head_dim, model.qk_pos_emb_head_dim, \
+        model.v_head_dim
+    per_head = 4 * dr + (4 * dn + 2 * dr) + (2 * model.head_dim + 4 * dv) + 4 * dv
+    return n * per_head / t + 4 * dr + 2 * dr + 4 * sum(latent_norms(model))
+
+
+def backward_all_reduces(model, T: float) -> list:
+    """The bytes of each all-reduce over TP in every backward: the gradients of the query
+    latent [T, Lq] (with one), the key/value latent [T, Lkv] and the shared RoPE key [T, Dr],
+    bf16."""
+    lq = [2 * T * model.q_lora_rank] if model.q_lora_rank else []
+    return lq + [2 * T * model.kv_lora_rank, 2 * T * model.qk_pos_emb_head_dim]
+
+
+def extra_s(model, cluster, lay, T: float) -> tuple:
+    """(forward, backward) seconds MLA adds to its GEMMs on the curve, its attention and its
+    element-wise bytes (elementwise_bytes, in the layer's), one TP rank and microbatch: the
+    narrow RoPE-key GEMM (backward twice its forward), the assembly's and the latent norms'
+    kernel launches, and the backward's TP all-reduces. (0, 0) without MLA."""
+    if not model.multi_latent_attention:
+        return 0.0, 0.0
+    from braid import planner as p  # its cost primitives (planner imports this module)
+    from braid import planner_moe
+    kernels = (ASSEMBLY_KERNELS + len(latent_norms(model))) * p.KERNEL_LATENCY_S
+    forward = planner_moe.narrow_gemm_s(cluster.gpu, *rope_key_gemm(model, T)) + kernels
+    backward = 2 * forward
+    if lay.tp > 1:
+        backward += sum(p._ring(b, lay.tp, *p._link(cluster, lay.tp), "all_reduce")
+                        for b in backward_all_reduces(model, T))
+    return forward, backward
+
+
+def kept_bytes(model, recompute: str) -> float:
+    """Bytes per token MLA keeps for its backward besides q, k, v, attn_out and lse (which are
+    ordinary attention's, n heads of D: the values padded): under none and selective the down
+    projections' outputs [T, Lq] and [T, Lkv] and, with the latent norms, their outputs and f32
+    statistics (RMSNorm: rstd) - on every token under TP and SP. Full keeps only the layer's
+    input (planner.layer_activation_bytes)."""
+    if not model.multi_latent_attention or recompute == "full":
+        return 0.0
+    latents = [model.q_lora_rank] if model.q_lora_rank else []
+    latents.append(model.kv_lora_rank)
+    return 2 * sum(latents) + sum(2 * r + 4 for r in latent_norms(model))
