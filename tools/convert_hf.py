@@ -51,7 +51,7 @@ BIAS_SUFFIX = "e_score_correction_bias"
 
 FORMAT = "braid-checkpoint"
 # The newest format read; 2 marks a model with MoE router features version-1 readers do not know,
-# 3 one with multi-latent attention (checkpoint.h), each written only for such a model
+# 3 one with multi-latent attention or YaRN (checkpoint.h), each written only for such a model
 # (format_version).
 FORMAT_VERSION = 3
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -315,7 +315,7 @@ def weights_dtype(tensors, hf_dir):
 
 def format_version(config) -> int:
     """braid's format_version (csrc/engine/checkpoint_config.cpp) for a model config."""
-    if config.get("multi_latent_attention"):
+    if config.get("multi_latent_attention") or config.get("rope_yarn_factor", 0.0) > 0:
         return 3
     new_router = config.get("num_experts", 0) > 0 and (
         config.get("moe_router_score_function", "softmax") != "softmax"

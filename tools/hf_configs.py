@@ -2,6 +2,7 @@
 architectures braid imports, what each config field becomes, and what is refused."""
 
 import json
+import math
 
 import numpy as np
 
@@ -73,23 +74,38 @@ def refuse(field, value, why):
 
 NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
                    "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 8192,
-                   "rotary_percent": 1.0}
+                   "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
+                   "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0, "rotary_percent": 1.0}
+
+
+# Architectures whose YaRN (rope_type "yarn") imports, their module adding its fields
+# (hf_deepseek.yarn_config_from_hf).
+YARN_ARCHITECTURES = ("deepseek_v3",)
+
+
+def rope_parameters_of(hf):
+    """(the RoPE parameters, the field they came from) as transformers 5 reads either config
+    style (transformers 4: rope_theta and rope_scaling at the top level; 5: rope_parameters):
+    rope_scaling, when there is one, in place of rope_parameters; rope_type from its old name
+    type; rope_theta from the top level where the dict has none."""
+    scaling = hf.get("rope_scaling")
+    params = dict(scaling or hf.get("rope_parameters") or {})
+    params.setdefault("rope_type", params.get("type") or "default")
+    params["rope_type"] = params["rope_type"] or "default"
+    return params, "rope_scaling" if scaling else "rope_parameters"
 
 
 def rope_of(hf, arch):
-    """braid's RoPE fields from either config style (transformers 4: rope_theta and rope_scaling
-    at the top level; 5: rope_parameters): plain RoPE or Llama 3.1's scaling (rope_type
-    "llama3"); refuses any other variant."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = hf.get("rope_scaling")
-    if scaling and not params.get("factor"):  # transformers 4
-        params.update(scaling)
-        params.setdefault("rope_type", scaling.get("type"))
-    kind = params.get("rope_type") or "default"
-    if kind not in ("default", "llama3"):
-        field = "rope_scaling" if scaling else "rope_parameters.rope_type"
-        refuse(field, scaling or kind, "braid implements plain RoPE and Llama 3.1's scaling "
-               "(rope_type llama3)")
+    """braid's RoPE fields from either config style (rope_parameters_of): plain RoPE or Llama
+    3.1's scaling (rope_type "llama3"), and for YARN_ARCHITECTURES YaRN's frequencies' theta
+    and partial factor (the rest: their module); refuses any other variant."""
+    params, field = rope_parameters_of(hf)
+    kind = params["rope_type"]
+    if kind not in ("default", "llama3") and not (kind == "yarn" and arch in YARN_ARCHITECTURES):
+        refuse(field if field == "rope_scaling" else "rope_parameters.rope_type",
+               hf["rope_scaling"] if field == "rope_scaling" else kind,
+               "braid implements plain RoPE and Llama 3.1's scaling (rope_type llama3)"
+               + (", and YaRN for DeepSeek-V3" if kind == "yarn" else ""))
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
                                                         PARTIAL_ROTARY_DEFAULT.get(arch, 1.0)))
     if arch not in PARTIAL_ROTARY_DEFAULT and factor not in (None, 1, 1.0):
@@ -110,11 +126,46 @@ def rope_of(hf, arch):
     return out
 
 
-def hf_rope_parameters(c):
+def yarn_mscale(factor, mscale):
+    """YaRN's g: transformers' get_mscale and yarn_get_mscale, megatron-core's _yarn_get_mscale."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_attention_factor(factor, mscale, mscale_all_dim):
+    """What braid (and megatron-core) multiply RoPE's cos and sin by: g(mscale) /
+    g(mscale_all_dim), from the f32 values braid keeps (TransformerConfig.rope_attention_factor)."""
+    factor = as_f32(factor)
+    return yarn_mscale(factor, as_f32(mscale)) / yarn_mscale(factor, as_f32(mscale_all_dim))
+
+
+def hf_yarn_parameters(c):
+    """HF's YaRN parameters (rope_parameters, rope_scaling) for a braid config with YaRN; the
+    attention_factor too where transformers' own rule would not give braid's (mscale other than
+    1 without mscale_all_dim, or mscale 0)."""
+    factor, mscale = c["rope_yarn_factor"], c["rope_yarn_mscale"]
+    all_dim = c["rope_yarn_mscale_all_dim"]
+    out = {"factor": f32_value(factor),
+           "original_max_position_embeddings": c["rope_original_max_position_embeddings"],
+           "beta_fast": f32_value(c["rope_yarn_beta_fast"]),
+           "beta_slow": f32_value(c["rope_yarn_beta_slow"]),
+           "mscale": f32_value(mscale), "mscale_all_dim": f32_value(all_dim)}
+    transformers_rule = (yarn_attention_factor(factor, mscale, all_dim) if mscale and all_dim
+                         else yarn_mscale(as_f32(factor), 1.0))
+    braids = yarn_attention_factor(factor, mscale, all_dim)
+    if transformers_rule != braids:
+        out["attention_factor"] = braids
+    return out
+
+
+def hf_rope_parameters(c, arch):
     """HF's rope_parameters for braid's RoPE fields (export)."""
     theta = f32_value(c["rope_theta"])
     partial = c.get("rotary_percent", 1.0)
     partial = {"partial_rotary_factor": partial} if partial != 1.0 else {}
+    if c.get("rope_yarn_factor"):  # absent in checkpoints before it
+        check(arch in YARN_ARCHITECTURES, f"this braid model has YaRN RoPE and exports as {arch}; "
+              "convert_hf.py moves YaRN with DeepSeek-V3 (multi-latent attention) only")
+        return {"rope_type": "yarn", "rope_theta": theta, **partial, **hf_yarn_parameters(c)}
     if not c.get("rope_scaling_factor"):
         return {"rope_type": "default", "rope_theta": theta, **partial}
     return {"rope_type": "llama3", "rope_theta": theta, **partial,
@@ -391,7 +442,7 @@ HF_NAMES = {arch: name for name, arch in ARCHITECTURES.items()}
 
 def hf_config_from_braid(c, arch, torch_dtype, imported):
     if arch in LLAMA_LIKE:
-        rope = hf_rope_parameters(c)
+        rope = hf_rope_parameters(c, arch)
         hf = {"architectures": [HF_NAMES[arch]], "model_type": arch,
               "hidden_size": c["hidden_size"], "intermediate_size": c["ffn_hidden_size"],
               "num_hidden_layers": c["num_layers"],
@@ -428,8 +479,10 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
             hf.update(hf_window(c, arch))
         if arch in PARTIAL_ROTARY_DEFAULT:  # else transformers 5 takes its default
             rope["partial_rotary_factor"] = hf["partial_rotary_factor"]
-        if rope["rope_type"] == "llama3":  # transformers 4 reads the scaling from rope_scaling
+        if rope["rope_type"] != "default":  # transformers 4 reads the scaling from rope_scaling
             hf["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+            if rope["rope_type"] == "yarn":  # DeepSeek's config.json and own code name it type
+                hf["rope_scaling"]["type"] = "yarn"
     else:
         hf = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
               "n_embd": c["hidden_size"], "n_inner": c["ffn_hidden_size"],

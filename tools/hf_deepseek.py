@@ -11,11 +11,11 @@ kv_a_layernorm [Lkv], kv_b_proj [N (Dn + Dv), Lkv], o_proj [H, N Dv], no biases;
 (null: 0), kv_lora_rank, qk_nope_head_dim (braid's qk_head_dim), qk_rope_head_dim
 (qk_pos_emb_head_dim) and v_head_dim as they are; qk_layernorm for the latent norms, which
 transformers always builds. Its RoPE turns interleaved pairs (rope_interleave true, as braid's
-MLA); the softmax scale is 1/sqrt(Dn + Dr) unless rope_scaling is YaRN (mscale), which braid does
-not have. transformers' latent norms use eps 1e-6 whatever rms_norm_eps says (DeepSeek's code
-too), braid's norm_eps for every norm: the two must be 1e-6. Every layer but the first
-first_k_dense_replace routes as below; with first_k_dense_replace >= num_hidden_layers no layer
-does, and braid's model is dense.
+MLA), plain or YaRN-scaled (rope_scaling, DeepSeek-V3's long context: yarn_config_from_hf); the
+softmax scale is 1/sqrt(Dn + Dr), with YaRN times g(mscale_all_dim)^2. transformers' latent
+norms use eps 1e-6 whatever rms_norm_eps says (DeepSeek's code too), braid's norm_eps for every
+norm: the two must be 1e-6. Every layer but the first first_k_dense_replace routes as below;
+with first_k_dense_replace >= num_hidden_layers no layer does, and braid's model is dense.
 
 Their router (transformers' Dots1TopkRouter, Glm4MoeTopkRouter, DeepseekV3TopkRouter) is
 braid's sigmoid router with an expert bias: s = sigmoid(x W^T) (f32); the top k of
@@ -33,10 +33,12 @@ Tensors: braid's names but for the shared expert (HF `mlp.shared_experts.*`, bra
 """
 
 import json
+import math
 
 import numpy as np
 
-from hf_configs import SIGMOID_MOE_KEYS, as_f32, braid_window, check, f32_value, refuse
+from hf_configs import (SIGMOID_MOE_KEYS, as_f32, braid_window, check, f32_value, refuse,
+                        rope_parameters_of, yarn_attention_factor, yarn_mscale)
 from hf_moe import expert_layers, moe_ffn
 from safetensors_numpy import Tensor
 
@@ -71,8 +73,66 @@ def positive(value, field):
 
 
 LATENT_NORM_EPS = 1e-6  # transformers' (and DeepSeek's) q_a_layernorm and kv_a_layernorm, always
-NO_YARN = ("braid's multi-latent attention turns plain RoPE: braid has no YaRN, DeepSeek-V3's "
-           "long-context scaling, whose mscale also multiplies the softmax scale")
+
+
+def _number(params, field, where, least=0.0):
+    value = params[field]
+    check(isinstance(value, (int, float)) and not isinstance(value, bool) and
+          math.isfinite(value) and value >= least, f"config.json: {where}.{field} should be a "
+          f"number >= {least:g}, is {json.dumps(value)}")
+    return value
+
+
+def yarn_config_from_hf(hf):
+    """braid's YaRN fields for a DeepSeek-V3 config.json whose RoPE is rope_type yarn, as
+    transformers' _compute_yarn_parameters and DeepseekV3Attention compute it: the frequencies
+    from factor, beta_fast, beta_slow (32 and 1 where absent or 0) and
+    original_max_position_embeddings (max_position_embeddings where absent); cos and sin times
+    attention_factor, or g(mscale) / g(mscale_all_dim) when both are set, else g(1); the softmax
+    scale times g(mscale_all_dim)^2. braid (megatron-core, DeepSeek's own code) multiplies cos
+    and sin by g(mscale) / g(mscale_all_dim), 1 and 0 where absent. ConvertError where the two
+    differ (an attention_factor other than that ratio; one of mscale and mscale_all_dim without
+    the other, but for mscale 1 alone) and for truncate false."""
+    params, field = rope_parameters_of(hf)
+    if "factor" not in params:
+        refuse(field, params, "rope_type yarn without its factor")
+    factor = _number(params, "factor", field, least=1.0)
+    original = params.get("original_max_position_embeddings") or hf["max_position_embeddings"]
+    check(isinstance(original, (int, float)) and not isinstance(original, bool) and
+          original >= 1 and original == int(original), f"config.json: {field}."
+          f"original_max_position_embeddings should be a positive integer, is {original!r}")
+    fast = _number(params, "beta_fast", field) if params.get("beta_fast") else 32.0
+    slow = _number(params, "beta_slow", field) if params.get("beta_slow") else 1.0
+    if not 0 < slow <= fast:
+        refuse(f"{field}.beta_slow", slow, f"YaRN needs 0 < beta_slow <= beta_fast ({fast})")
+    if params.get("truncate", True) is not True:
+        refuse(f"{field}.truncate", params["truncate"], "transformers then blends the "
+               "frequencies over the unrounded correction range; braid's YaRN (megatron-core's) "
+               "rounds it (floor, ceil)")
+    mscale = _number(params, "mscale", field) if params.get("mscale") is not None else None
+    all_dim = (_number(params, "mscale_all_dim", field)
+               if params.get("mscale_all_dim") is not None else None)
+    # DeepSeek's own modeling code and megatron-core: g(mscale) / g(mscale_all_dim), 1 and 0
+    # where absent; transformers the same when both are set, else g(1), or attention_factor.
+    kept, all_dim = (1.0 if mscale is None else mscale), all_dim or 0.0
+    ratio = yarn_attention_factor(factor, kept, all_dim)
+    given = params.get("attention_factor")
+    if given is not None:
+        given = _number(params, "attention_factor", field)
+        if abs(given - ratio) > 1e-6 * ratio:
+            refuse(f"{field}.attention_factor", given, "braid (as megatron-core and DeepSeek's "
+                   f"code) multiplies cos and sin by g(mscale) / g(mscale_all_dim) = {ratio:.7g}, "
+                   "g(m) = 0.1 m ln(factor) + 1")
+    elif not (mscale and all_dim) and ratio != yarn_mscale(as_f32(factor), 1.0):
+        name = "mscale" if mscale is not None else "mscale_all_dim"
+        refuse(f"{field}.{name}", params[name], "transformers then multiplies cos and sin by "
+               f"g(1) = {yarn_mscale(factor, 1.0):.7g}, DeepSeek's code and megatron-core (and "
+               f"braid) by g(mscale) / g(mscale_all_dim) = {ratio:.7g}, g(m) = 0.1 m ln(factor) "
+               "+ 1: give both mscale and mscale_all_dim, or an attention_factor")
+    return {"rope_yarn_factor": as_f32(factor), "rope_yarn_beta_fast": as_f32(fast),
+            "rope_yarn_beta_slow": as_f32(slow), "rope_yarn_mscale": as_f32(kept),
+            "rope_yarn_mscale_all_dim": as_f32(all_dim),
+            "rope_original_max_position_embeddings": int(original)}
 
 
 def latent_attention_config_from_hf(hf):
@@ -90,11 +150,11 @@ def latent_attention_config_from_hf(hf):
                "of each head's RoPE channels against each other (rotate_half); braid's "
                "multi-latent attention turns interleaved pairs, as DeepSeek's checkpoints hold "
                "them")
-    if hf.get("rope_scaling"):
-        refuse("rope_scaling", hf["rope_scaling"], NO_YARN)
-    kind = (hf.get("rope_parameters") or {}).get("rope_type") or "default"
-    if kind != "default":
-        refuse("rope_parameters.rope_type", kind, NO_YARN)
+    params, field = rope_parameters_of(hf)
+    if params["rope_type"] not in ("default", "yarn"):
+        refuse(f"{field}.rope_type", params["rope_type"], "braid's multi-latent attention turns "
+               "plain RoPE or YaRN's (DeepSeek-V3's)")
+    yarn = yarn_config_from_hf(hf) if params["rope_type"] == "yarn" else {}
     eps = hf.get("rms_norm_eps", 1e-6)
     if as_f32(eps) != as_f32(LATENT_NORM_EPS):
         refuse("rms_norm_eps", eps, "DeepseekV3Attention's latent norms (q_a_layernorm, "
@@ -122,7 +182,7 @@ def latent_attention_config_from_hf(hf):
             "qk_head_dim": dn, "qk_pos_emb_head_dim": dr, "v_head_dim": dv,
             # braid's saves hold the query/key head width here; readers set 0 for MLA
             "kv_channels": dn + dr, "num_query_groups": heads, "qk_layernorm": True,
-            "add_bias_linear": False, "add_qkv_bias": False}
+            "add_bias_linear": False, "add_qkv_bias": False, **yarn}
 
 
 def sigmoid_moe_config_from_hf(hf, arch):
@@ -199,8 +259,8 @@ def latent_attention_architecture(c):
     check(c.get("qk_layernorm"), what, " without its latent norms (qk_layernorm); "
           "DeepseekV3ForCausalLM always norms them (q_a_layernorm, kv_a_layernorm)")
     check(braid_window(c) is None, what, " and a sliding window; DeepseekV3ForCausalLM has none")
-    check(not c.get("rope_scaling_factor"), what, " and Llama 3.1's RoPE scaling; convert_hf.py "
-          "moves DeepSeek-V3 with plain RoPE only (DeepSeek-V3's own scaling, YaRN, braid has not)")
+    check(not c.get("rope_scaling_factor"), what, " and Llama 3.1's RoPE scaling; "
+          "DeepseekV3ForCausalLM turns plain RoPE or YaRN's (rope_type yarn)")
     check(as_f32(c["norm_eps"]) == as_f32(LATENT_NORM_EPS), what, " and norm_eps ",
           f32_value(c["norm_eps"]), f"; DeepseekV3ForCausalLM's latent norms use {LATENT_NORM_EPS} "
           "whatever rms_norm_eps says (train with --norm-epsilon 1e-6)")

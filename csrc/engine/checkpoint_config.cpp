@@ -30,6 +30,11 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rope_low_freq_factor", c.rope_low_freq_factor},
       {"rope_high_freq_factor", c.rope_high_freq_factor},
       {"rope_original_max_position_embeddings", c.rope_original_max_position_embeddings},
+      {"rope_yarn_factor", c.rope_yarn_factor},
+      {"rope_yarn_beta_fast", c.rope_yarn_beta_fast},
+      {"rope_yarn_beta_slow", c.rope_yarn_beta_slow},
+      {"rope_yarn_mscale", c.rope_yarn_mscale},
+      {"rope_yarn_mscale_all_dim", c.rope_yarn_mscale_all_dim},
       {"rotary_percent", c.rotary_percent},
       {"window_size", c.window_size},
       {"window_layers", c.window_layers},
@@ -63,7 +68,8 @@ int format_version(const model::TransformerConfig& c) {
       (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
        c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
        c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
-  if (c.multi_latent_attention) return 3;
+  // A version-2 reader would ignore YaRN's fields and run the model with plain RoPE.
+  if (c.multi_latent_attention || c.rope_yarn_factor > 0) return 3;
   return new_router ? 2 : 1;
 }
 

@@ -11,8 +11,9 @@ namespace braid::engine {
 
 nlohmann::json config_json(const model::TransformerConfig& config);
 
-// The format version a checkpoint of `config` is written as (checkpoint.h): 2 for a model with
-// the MoE router features version-1 readers do not know, else 1.
+// The format version a checkpoint of `config` is written as (checkpoint.h): 3 for a model with
+// multi-latent attention or YaRN RoPE, 2 for one with the MoE router features version-1 readers
+// do not know, else 1.
 int format_version(const model::TransformerConfig& config);
 
 // ConfigError naming the first field that makes the checkpoint (its saved config `saved`, read

@@ -295,7 +295,7 @@ void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
   if (x.numel() == 0) return;
   const std::vector<float> inv_freq = rotary.inv_freq(x.size(3));
   BRAID_DISPATCH(device, rope_forward, out, x, inv_freq, rotary.first_channel, rotary.interleaved,
-                 position_offset, stream);
+                 position_offset, rotary.attention_factor, stream);
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,
@@ -308,7 +308,7 @@ void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotar
   if (dout.numel() == 0) return;
   const std::vector<float> inv_freq = rotary.inv_freq(dout.size(3));
   BRAID_DISPATCH(device, rope_backward, dx, dout, inv_freq, rotary.first_channel,
-                 rotary.interleaved, position_offset, stream);
+                 rotary.interleaved, position_offset, rotary.attention_factor, stream);
 }
 
 namespace {

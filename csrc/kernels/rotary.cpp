@@ -1,4 +1,5 @@
-// RoPE's frequencies (ops.h): plain, or with Llama 3.1's scaling, in HF's f32 arithmetic.
+// RoPE's frequencies (ops.h): plain, or with Llama 3.1's or YaRN's scaling, in HF's f32
+// arithmetic.
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -14,6 +15,20 @@ void RotaryFrequencies::validate() const {
   BRAID_CHECK(rotary_dim >= 0 && rotary_dim % 2 == 0, "rope: rotary_dim = ", rotary_dim,
               " must be even (0: the whole head)");
   BRAID_CHECK(first_channel >= 0, "rope: first_channel = ", first_channel, " must not be negative");
+  BRAID_CHECK(attention_factor > 0.0f && std::isfinite(attention_factor),
+              "rope: attention_factor = ", attention_factor, " must be positive and finite");
+  BRAID_CHECK(llama3_factor == 0.0f || yarn_factor == 0.0f, "rope: the llama3 factor (",
+              llama3_factor, ") and the YaRN factor (", yarn_factor, ") exclude each other");
+  if (yarn_factor != 0.0f) {  // HF's _validate_yarn_rope_parameters, as errors
+    BRAID_CHECK(yarn_factor >= 1.0f && std::isfinite(yarn_factor), "rope: the YaRN factor ",
+                yarn_factor, " must be >= 1 and finite (0: no YaRN)");
+    BRAID_CHECK(
+        0.0f < yarn_beta_slow && yarn_beta_slow <= yarn_beta_fast && std::isfinite(yarn_beta_fast),
+        "rope: YaRN needs 0 < yarn_beta_slow (", yarn_beta_slow, ") <= yarn_beta_fast (",
+        yarn_beta_fast, ")");
+    BRAID_CHECK(original_max_positions > 0.0f && std::isfinite(original_max_positions),
+                "rope: original_max_positions = ", original_max_positions, " must be positive");
+  }
   if (llama3_factor == 0.0f) return;
   BRAID_CHECK(llama3_factor > 0.0f && std::isfinite(llama3_factor), "rope: the llama3 factor ",
               llama3_factor, " must be positive (0: no scaling)");
@@ -28,6 +43,32 @@ void RotaryFrequencies::validate() const {
 int64_t RotaryFrequencies::rotated_channels(int64_t head_dim) const {
   return rotary_dim > 0 ? rotary_dim : head_dim - first_channel;
 }
+
+namespace {
+
+// HF's _compute_yarn_parameters, operation for operation: the correction range in double
+// (Python's math), the rest in f32 (torch's). `freq` holds the plain frequencies 1 / pos_freqs.
+void apply_yarn(std::vector<float>& freq, const RotaryFrequencies& r, int64_t dim) {
+  const double pi = std::numbers::pi;
+  auto correction_dim = [&](double rotations) {
+    return double(dim) * std::log(double(r.original_max_positions) / (rotations * 2.0 * pi)) /
+           (2.0 * std::log(double(r.theta)));
+  };
+  const double low = std::max(std::floor(correction_dim(r.yarn_beta_fast)), 0.0);
+  double high = std::min(std::ceil(correction_dim(r.yarn_beta_slow)), double(dim - 1));
+  if (low == high) high += 0.001;  // HF's guard against a zero-width ramp
+  const auto low_f = float(low), width = float(high - low);
+  for (size_t i = 0; i < freq.size(); ++i) {
+    const float pos_freq = std::pow(r.theta, float(2 * int64_t(i)) / float(dim));
+    const float extrapolation = 1.0f / pos_freq;
+    const float interpolation = 1.0f / (r.yarn_factor * pos_freq);
+    const float ramp = std::clamp((float(i) - low_f) / width, 0.0f, 1.0f);
+    const float kept = 1.0f - ramp;  // HF's inv_freq_extrapolation_factor
+    freq[i] = interpolation * (1.0f - kept) + extrapolation * kept;
+  }
+}
+
+}  // namespace
 
 std::vector<float> RotaryFrequencies::inv_freq(int64_t head_dim) const {
   BRAID_CHECK(first_channel <= head_dim && rotary_dim <= head_dim - first_channel,
@@ -50,6 +91,7 @@ std::vector<float> RotaryFrequencies::inv_freq(int64_t head_dim) const {
     }
     out[size_t(i)] = f;
   }
+  if (yarn_factor > 0.0f) apply_yarn(out, *this, dim);
   return out;
 }
 

@@ -206,7 +206,49 @@ void validate_latent_attention(const TransformerConfig& c) {
                      "qk_pos_emb_head_dim and v_head_dim give the heads' widths");
 }
 
+// The rules YaRN adds (HF's _validate_yarn_rope_parameters' warnings, as errors).
+void validate_yarn(const TransformerConfig& c) {
+  BRAID_CONFIG_CHECK(c.rope_scaling_factor == 0,
+                     "TransformerConfig.rope_yarn_factor and rope_scaling_factor (Llama 3.1's) ",
+                     "exclude each other, got ", c.rope_yarn_factor, " and ",
+                     c.rope_scaling_factor);
+  BRAID_CONFIG_CHECK(c.rope_yarn_factor >= 1 && std::isfinite(c.rope_yarn_factor),
+                     "TransformerConfig.rope_yarn_factor must be >= 1 and finite (0: no YaRN), ",
+                     "got ", c.rope_yarn_factor);
+  BRAID_CONFIG_CHECK(0 < c.rope_yarn_beta_slow && c.rope_yarn_beta_slow <= c.rope_yarn_beta_fast &&
+                         std::isfinite(c.rope_yarn_beta_fast),
+                     "TransformerConfig.rope_yarn_beta_slow (", c.rope_yarn_beta_slow,
+                     ") must be positive and at most rope_yarn_beta_fast (", c.rope_yarn_beta_fast,
+                     ")");
+  BRAID_CONFIG_CHECK(
+      c.rope_yarn_mscale >= 0 && std::isfinite(c.rope_yarn_mscale) &&
+          c.rope_yarn_mscale_all_dim >= 0 && std::isfinite(c.rope_yarn_mscale_all_dim),
+      "TransformerConfig.rope_yarn_mscale (", c.rope_yarn_mscale,
+      ") and rope_yarn_mscale_all_dim (", c.rope_yarn_mscale_all_dim, ") must be >= 0 and finite");
+  BRAID_CONFIG_CHECK(c.rope_original_max_position_embeddings > 0,
+                     "TransformerConfig.rope_original_max_position_embeddings must be positive, "
+                     "got ",
+                     c.rope_original_max_position_embeddings);
+}
+
+// YaRN's get_mscale (HF's, megatron-core's _yarn_get_mscale), in double as Python's.
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
 }  // namespace
+
+float TransformerConfig::rope_attention_factor() const {
+  if (rope_yarn_factor == 0) return 1.0f;
+  return float(yarn_mscale(rope_yarn_factor, rope_yarn_mscale) /
+               yarn_mscale(rope_yarn_factor, rope_yarn_mscale_all_dim));
+}
+
+float TransformerConfig::softmax_scale_factor() const {
+  if (rope_yarn_factor == 0 || !multi_latent_attention) return 1.0f;
+  const double m = yarn_mscale(rope_yarn_factor, rope_yarn_mscale_all_dim);
+  return float(m * m);
+}
 
 void TransformerConfig::validate() const {
   check_positive(num_layers, "num_layers");
@@ -254,10 +296,13 @@ void TransformerConfig::validate() const {
                        "TransformerConfig.rope_original_max_position_embeddings must be positive, "
                        "got ",
                        rope_original_max_position_embeddings);
+    if (rope_yarn_factor != 0) validate_yarn(*this);
   } else {
     BRAID_CONFIG_CHECK(rope_scaling_factor == 0,
                        "TransformerConfig.rope_scaling_factor needs "
                        "position_embedding = rope");
+    BRAID_CONFIG_CHECK(rope_yarn_factor == 0,
+                       "TransformerConfig.rope_yarn_factor needs position_embedding = rope");
     BRAID_CONFIG_CHECK(rotary_percent == 1.0,
                        "TransformerConfig.rotary_percent needs position_embedding = rope");
   }

@@ -13,6 +13,9 @@
 // TP (the backward of Megatron's column-parallel up projections), after which the replicated
 // weights' gradients are the same on every rank and their share of dh is added by TP rank 0
 // alone.
+// With YaRN, q is multiplied by config.softmax_scale_factor() after RoPE: the scores are linear
+// in q, so attention's 1/sqrt(D) becomes DeepSeek's softmax scale. Every path that projects sees
+// it (training, both recomputes, decoding: the KV cache holds k, which it leaves alone).
 
 #include "braid/kernels/ops.h"
 #include "braid/model/linear.h"
@@ -59,6 +62,7 @@ TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, T
     linear_forward(p.q.view({t, heads * d}), h, w_.q_weight, {});
   }
   rotate(p.q, position_offset, false, dn);
+  if (c.softmax_scale_factor() != 1.0f) ops::scale(p.q, p.q, c.softmax_scale_factor());
 
   p.kv_latent_in = Tensor::empty({t, lkv}, dt, dev);
   linear_forward(p.kv_latent_in, h, w_.kv_a_weight.narrow(0, lkv), {});
@@ -87,6 +91,7 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
   const int64_t dr = c.qk_pos_emb_head_dim, lkv = c.kv_lora_rank;
   const DType dt = h.dtype();
   const Device dev = h.device();
+  if (c.softmax_scale_factor() != 1.0f) ops::scale(dq, dq, c.softmax_scale_factor());
   rotate(dq, 0, true, dn);
   // The keys' RoPE part is every head's: its gradient is the sum over the heads, turned back.
   Tensor dk_pe = Tensor::empty({b, s, 1, dr}, dt, dev);

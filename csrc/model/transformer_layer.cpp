@@ -10,15 +10,18 @@ namespace {
 // RoPE on each head's channels [first_channel, first_channel + rotary_dim()); MLA's pairs are
 // interleaved (DeepSeek's and megatron-core's).
 ops::RotaryFrequencies rotary(const TransformerConfig& c, int64_t first_channel) {
-  ops::RotaryFrequencies r{c.rope_theta,
-                           c.rope_scaling_factor,
-                           c.rope_low_freq_factor,
-                           c.rope_high_freq_factor,
-                           float(c.rope_original_max_position_embeddings),
-                           c.rotary_dim()};
-  r.first_channel = first_channel;
-  r.interleaved = c.multi_latent_attention;
-  return r;
+  return {.theta = c.rope_theta,
+          .llama3_factor = c.rope_scaling_factor,
+          .low_freq_factor = c.rope_low_freq_factor,
+          .high_freq_factor = c.rope_high_freq_factor,
+          .original_max_positions = float(c.rope_original_max_position_embeddings),
+          .rotary_dim = c.rotary_dim(),
+          .first_channel = first_channel,
+          .interleaved = c.multi_latent_attention,
+          .yarn_factor = c.rope_yarn_factor,
+          .yarn_beta_fast = c.rope_yarn_beta_fast,
+          .yarn_beta_slow = c.rope_yarn_beta_slow,
+          .attention_factor = c.rope_attention_factor()};
 }
 
 // Per-head q and k norms (qk_layernorm without MLA, whose qk_layernorm norms the latents).

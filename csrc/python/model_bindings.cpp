@@ -54,6 +54,13 @@ void bind_model(py::module_& m) {
       .def_readwrite("rope_high_freq_factor", &TransformerConfig::rope_high_freq_factor)
       .def_readwrite("rope_original_max_position_embeddings",
                      &TransformerConfig::rope_original_max_position_embeddings)
+      .def_readwrite("rope_yarn_factor", &TransformerConfig::rope_yarn_factor)
+      .def_readwrite("rope_yarn_beta_fast", &TransformerConfig::rope_yarn_beta_fast)
+      .def_readwrite("rope_yarn_beta_slow", &TransformerConfig::rope_yarn_beta_slow)
+      .def_readwrite("rope_yarn_mscale", &TransformerConfig::rope_yarn_mscale)
+      .def_readwrite("rope_yarn_mscale_all_dim", &TransformerConfig::rope_yarn_mscale_all_dim)
+      .def_property_readonly("rope_attention_factor", &TransformerConfig::rope_attention_factor)
+      .def_property_readonly("softmax_scale_factor", &TransformerConfig::softmax_scale_factor)
       .def_readwrite("rotary_percent", &TransformerConfig::rotary_percent)
       .def_property_readonly("rotary_dim", &TransformerConfig::rotary_dim)
       .def_readwrite("norm_eps", &TransformerConfig::norm_eps)

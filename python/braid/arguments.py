@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq, default=None,
                    help="with --window-size: N - every Nth layer attends to everything; or a "
                         "list, one 0 (full) or 1 (window) per layer, e.g. \"[1,1,1,0]*3\"")
-    attention_args.add_arguments(g, pos_int)
+    attention_args.add_arguments(g, pos_int, pos_float, nonneg_float)
     moe_args.add_arguments(g, pos_int, nonneg_float, pos_float)
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)

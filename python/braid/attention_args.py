@@ -1,4 +1,4 @@
-"""Multi-latent attention as Megatron's arguments give it (docs/arguments.md):
+"""Multi-latent attention and RoPE's kind as Megatron's arguments give them (docs/arguments.md):
 
 --multi-latent-attention      DeepSeek-V2/V3's attention (TransformerConfig.multi_latent_attention):
                               keys and values from one compressed latent per token
@@ -9,28 +9,39 @@
                               qk_nope_head_dim)
 --qk-pos-emb-head-dim D       and with RoPE (default 64; HF's qk_rope_head_dim)
 --v-head-dim D                each value head's width (default 128)
---rope-type rope              plain RoPE; yarn (Megatron's default for MLA) is not implemented
+--rope-type rope|yarn         plain RoPE or YaRN; default yarn with --multi-latent-attention (as
+                              megatron-core's MLATransformerConfig), else rope
+--rotary-scaling-factor S     YaRN's factor (default 1)
+--mscale M, --mscale-all-dim A  YaRN's attention factors (default 1 and 0): cos and sin times
+                              g(M) / g(A), and with multi-latent attention the softmax scale
+                              times g(A)^2, g(m) = 0.1 m ln(S) + 1 (1 for S <= 1)
 
 The defaults are Megatron-LM's command line's (megatron/training/arguments.py, _add_mla_args),
-not megatron-core's MLATransformerConfig's (ranks of 512). TransformerConfig.validate checks the
-model's rules again; these are refused here, before MPI, naming the flags."""
+not megatron-core's MLATransformerConfig's (ranks of 512, rotary_scaling_factor 40). YaRN's beta
+fast and slow and its original context have no Megatron flag: MLATransformerConfig's 32, 1 and
+4096 (TransformerConfig.rope_yarn_beta_fast, rope_yarn_beta_slow,
+rope_original_max_position_embeddings). TransformerConfig.validate checks the model's rules
+again; these are refused here, before MPI, naming the flags."""
 
 from __future__ import annotations
+
+import math
 
 # Megatron's --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim defaults. The
 # arguments default to None so that one given without --multi-latent-attention is refused.
 DEFAULTS = {"kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
 RANKS_AND_WIDTHS = ("q_lora_rank", *DEFAULTS)
+# Megatron's command-line defaults of YaRN's flags (None here: given or not) and the values
+# megatron-core fixes where Megatron-LM has no flag (MLATransformerConfig's), as config fields.
+YARN_DEFAULTS = {"rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
+YARN_FIXED = {"rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
+              "rope_original_max_position_embeddings": 4096}
 
-YARN = ("braid does not implement YaRN, which would need its interpolated RoPE frequencies "
-        "(--rotary-scaling-factor, beta fast and slow, the original context length) and its "
-        "attention-scale correction (--mscale, --mscale-all-dim)")
 
-
-def add_arguments(g, pos_int):
+def add_arguments(g, pos_int, pos_float, nonneg_float):
     g.add_argument("--multi-latent-attention", action="store_true",
                    help="DeepSeek-V2/V3's multi-latent attention: keys and values expanded per "
-                        "head from one compressed latent per token (needs --rope-type rope, "
+                        "head from one compressed latent per token (needs "
                         "--position-embedding-type rope and --disable-bias-linear)")
     g.add_argument("--q-lora-rank", type=pos_int, default=None,
                    help="with --multi-latent-attention: the queries' latent rank (q_a_proj, "
@@ -46,31 +57,69 @@ def add_arguments(g, pos_int):
     g.add_argument("--v-head-dim", type=pos_int, default=None,
                    help=f"each value head's width (default {DEFAULTS['v_head_dim']})")
     g.add_argument("--rope-type", default=None, choices=["rope", "yarn"],
-                   help="rope: plain RoPE (ordinary attention's only kind); yarn, Megatron's "
-                        "default with --multi-latent-attention, is not implemented")
+                   help="rope: plain RoPE; yarn: YaRN's interpolated frequencies and attention "
+                        "factors. Default: yarn with --multi-latent-attention (Megatron's), "
+                        "else rope")
+    g.add_argument("--rotary-scaling-factor", type=pos_float, default=None,
+                   help="with --rope-type yarn: YaRN's factor, >= 1 (default "
+                        f"{YARN_DEFAULTS['rotary_scaling_factor']:g}, Megatron's; DeepSeek-V3: "
+                        "40); its original context is 4096 (megatron-core's)")
+    g.add_argument("--mscale", type=nonneg_float, default=None,
+                   help="with --rope-type yarn: cos and sin times g(mscale) / g(mscale-all-dim), "
+                        "g(m) = 0.1 m ln(factor) + 1 (default "
+                        f"{YARN_DEFAULTS['mscale']:g})")
+    g.add_argument("--mscale-all-dim", type=nonneg_float, default=None,
+                   help="with --rope-type yarn: see --mscale; with --multi-latent-attention also "
+                        "the softmax scale times g(mscale-all-dim)^2 (default "
+                        f"{YARN_DEFAULTS['mscale_all_dim']:g})")
 
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _check_rope(a) -> str | None:
+    """--rope-type and YaRN's flags: sets rope_type (Megatron's default when not given: yarn with
+    --multi-latent-attention, else rope) and, with yarn, YaRN's defaults."""
+    given = [_flag(dest) for dest in YARN_DEFAULTS if getattr(a, dest) is not None]
+    defaulted = a.rope_type is None
+    if defaulted:
+        a.rope_type = "yarn" if a.multi_latent_attention else "rope"
+    if a.rope_type == "rope":
+        return (f"{given[0]} is YaRN's: it needs --rope-type yarn (plain RoPE has no use for it; "
+                "megatron-core's MLA would still scale its softmax by --mscale-all-dim)"
+                ) if given else None
+    how = " (--multi-latent-attention's default)" if defaulted else ""
+    if a.use_rope_scaling:
+        return (f"--use-rope-scaling with --rope-type yarn{how}: Llama 3.1's RoPE scaling and "
+                "YaRN exclude each other")
+    if a.position_embedding_type != "rope" and not a.multi_latent_attention:
+        return (f"--rope-type yarn needs --position-embedding-type rope (with "
+                f"{a.position_embedding_type} there is no RoPE to scale)")
+    for dest, default in YARN_DEFAULTS.items():
+        if getattr(a, dest) is None:
+            setattr(a, dest, default)
+        if math.isinf(getattr(a, dest)):
+            return f"{_flag(dest)} must be finite"
+    if a.rotary_scaling_factor < 1.0:
+        return (f"--rotary-scaling-factor {a.rotary_scaling_factor:g} must be >= 1: YaRN "
+                "stretches the original context by it")
+    return None
+
+
 def check(a) -> str | None:
-    """What is wrong with the run's attention-kind arguments, or None. With
-    --multi-latent-attention fills in Megatron's default ranks and widths and sets kv_channels
-    to the query/key head width (qk_head_dim + qk_pos_emb_head_dim, what checkpoints save)."""
-    if a.rope_type == "yarn":
-        return (f"--rope-type yarn is not supported: {YARN}; --rope-type rope is plain RoPE"
-                + ("" if a.multi_latent_attention else " (Megatron's ordinary attention takes "
-                                                       "rope only)"))
+    """What is wrong with the run's attention-kind arguments, or None. Sets rope_type and YaRN's
+    defaults (_check_rope). With --multi-latent-attention fills in Megatron's default ranks and
+    widths and sets kv_channels to the query/key head width (qk_head_dim + qk_pos_emb_head_dim,
+    what checkpoints save)."""
+    rope_error = _check_rope(a)
+    if rope_error is not None:
+        return rope_error
     if not a.multi_latent_attention:
         for dest in RANKS_AND_WIDTHS:
             if getattr(a, dest) is not None:
                 return f"{_flag(dest)} needs --multi-latent-attention"
         return None
-    if a.rope_type is None:
-        return ("--multi-latent-attention without --rope-type is YaRN RoPE in Megatron "
-                "(megatron-core's MLATransformerConfig.rope_type defaults to yarn), and "
-                f"{YARN}: pass --rope-type rope for plain RoPE")
     for dest, default in DEFAULTS.items():
         if getattr(a, dest) is None:
             setattr(a, dest, default)
@@ -117,15 +166,25 @@ def check(a) -> str | None:
 def command_line_default(a, dest: str):
     """What the command line's None means for `dest` (compared with a checkpoint's value by
     --use-checkpoint-args): the head width hidden / heads for kv_channels, Megatron's MLA
-    defaults for the latent ranks and head widths."""
+    defaults for the latent ranks and head widths, its --rope-type (yarn with
+    --multi-latent-attention) and YaRN's flags' defaults."""
     if dest == "kv_channels":
         return a.hidden_size // a.num_attention_heads
-    return DEFAULTS.get(dest)
+    if dest == "rope_type":
+        return "yarn" if a.multi_latent_attention else "rope"
+    return DEFAULTS.get(dest, YARN_DEFAULTS.get(dest))
 
 
 def configure(cfg, a):
-    """Sets the TransformerConfig's multi-latent attention fields from checked arguments (none
-    without --multi-latent-attention, so a config of a build before them stays as it was)."""
+    """Sets the TransformerConfig's multi-latent attention and YaRN fields from checked
+    arguments (none without --multi-latent-attention or --rope-type yarn, so a config of a build
+    before them stays as it was)."""
+    if a.rope_type == "yarn":
+        cfg.rope_yarn_factor = a.rotary_scaling_factor
+        cfg.rope_yarn_mscale = a.mscale
+        cfg.rope_yarn_mscale_all_dim = a.mscale_all_dim
+        for field, value in YARN_FIXED.items():
+            setattr(cfg, field, value)
     if not a.multi_latent_attention:
         return
     cfg.multi_latent_attention = True
@@ -138,10 +197,18 @@ def configure(cfg, a):
 
 
 def describe(cfg) -> str:
-    """The startup line's words for a model with multi-latent attention ("" without)."""
-    if not getattr(cfg, "multi_latent_attention", False):
-        return ""
-    q = f"q_lora_rank {cfg.q_lora_rank}" if cfg.q_lora_rank else "no query latent"
-    return (f", multi-latent attention ({q}, kv_lora_rank {cfg.kv_lora_rank}, qk_head_dim "
-            f"{cfg.qk_head_dim}, qk_pos_emb_head_dim {cfg.qk_pos_emb_head_dim}, v_head_dim "
-            f"{cfg.v_head_dim})")
+    """The startup line's words for a model with multi-latent attention or YaRN ("" with
+    neither)."""
+    words = ""
+    if getattr(cfg, "multi_latent_attention", False):
+        q = f"q_lora_rank {cfg.q_lora_rank}" if cfg.q_lora_rank else "no query latent"
+        words += (f", multi-latent attention ({q}, kv_lora_rank {cfg.kv_lora_rank}, qk_head_dim "
+                  f"{cfg.qk_head_dim}, qk_pos_emb_head_dim {cfg.qk_pos_emb_head_dim}, v_head_dim "
+                  f"{cfg.v_head_dim})")
+    if getattr(cfg, "rope_yarn_factor", 0.0) > 0:
+        betas = (cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow)
+        words += (f", YaRN RoPE (factor {cfg.rope_yarn_factor:g} of "
+                  f"{cfg.rope_original_max_position_embeddings} positions, mscale "
+                  f"{cfg.rope_yarn_mscale:g}, mscale_all_dim {cfg.rope_yarn_mscale_all_dim:g}"
+                  + (f", beta {betas[0]:g} / {betas[1]:g}" if betas != (32.0, 1.0) else "") + ")")
+    return words

@@ -6,6 +6,9 @@ the expert-bias update rate) stay the command line's."""
 
 from __future__ import annotations
 
+import struct
+
+from braid.attention_args import YARN_DEFAULTS, YARN_FIXED
 
 
 # The checkpoint's metadata.json "config" key -> [(argument, its value)]
@@ -26,9 +29,7 @@ FROM_CHECKPOINT = {
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
     "add_qkv_bias": lambda v: [("add_qkv_bias", v)],
     "qk_layernorm": lambda v: [("qk_layernorm", v)],
-    # braid's multi-latent attention turns plain RoPE (Megatron's MLA without --rope-type: YaRN).
-    "multi_latent_attention": lambda v: [("multi_latent_attention", v)]
-                                        + ([("rope_type", "rope")] if v else []),
+    "multi_latent_attention": lambda v: [("multi_latent_attention", v)],
     "q_lora_rank": lambda v: [("q_lora_rank", v or None)],
     "kv_lora_rank": lambda v: [("kv_lora_rank", v)],
     "qk_head_dim": lambda v: [("qk_head_dim", v)],
@@ -43,8 +44,6 @@ FROM_CHECKPOINT = {
     # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
     "rope_low_freq_factor": lambda v: _megatron_rope_constant("rope_low_freq_factor", v),
     "rope_high_freq_factor": lambda v: _megatron_rope_constant("rope_high_freq_factor", v),
-    "rope_original_max_position_embeddings": lambda v: _megatron_rope_constant(
-        "rope_original_max_position_embeddings", v),
     "norm_eps": lambda v: [("norm_epsilon", v)],
     "window_size": lambda v: [("window_size", v if v >= 0 else None)],
     "window_layers": lambda v: [("window_attn_skip_freq", list(v) or None)],
@@ -85,6 +84,8 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "moe_token_drop_policy": "probs",
                "multi_latent_attention": False, "q_lora_rank": 0, "kv_lora_rank": 32,
                "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
+               "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
+               "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0,
                **MEGATRON_ROPE_SCALING}
 
 # Arguments only a model with multi-latent attention has: none (not given) for the others.
@@ -92,11 +93,42 @@ LATENT_ATTENTION_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_e
                          "v_head_dim")
 
 
-def _megatron_rope_constant(key, value):
-    if value != MEGATRON_ROPE_SCALING[key]:
-        raise ValueError(f"the checkpoint's {key} is {value}; Megatron's --use-rope-scaling "
-                         f"fixes it at {MEGATRON_ROPE_SCALING[key]}")
+def _megatron_rope_constant(key, value, fixed=MEGATRON_ROPE_SCALING,
+                            flags="--use-rope-scaling"):
+    if value != fixed[key]:
+        raise ValueError(f"the checkpoint's {key} is {_f32(value)}; Megatron's {flags} fixes it "
+                         f"at {_f32(fixed[key])}")
     return []
+
+
+def _f32(value):
+    """The shortest decimal of an f32 config value (0.707, not the 0.7070000171661377 its
+    double is), or an integer as it is."""
+    if isinstance(value, int):
+        return value
+    bits = struct.pack("<f", value)
+    for digits in range(6, 10):
+        short = float(f"{value:.{digits}g}")
+        if struct.pack("<f", short) == bits:
+            return short
+    return value
+
+
+def _rope_args(config: dict) -> list[tuple[str, object]]:
+    """--rope-type and YaRN's flags for the checkpoint's RoPE (older checkpoints: no YaRN); the
+    original context Llama 3.1's scaling or YaRN uses must be the one Megatron fixes."""
+    if config["rope_yarn_factor"] > 0:
+        for key in YARN_FIXED:
+            _megatron_rope_constant(key, config[key], YARN_FIXED,
+                                    "--rope-type yarn (megatron-core's MLATransformerConfig)")
+        return [("rope_type", "yarn"),
+                ("rotary_scaling_factor", _f32(config["rope_yarn_factor"])),
+                ("mscale", _f32(config["rope_yarn_mscale"])),
+                ("mscale_all_dim", _f32(config["rope_yarn_mscale_all_dim"]))]
+    if config["rope_scaling_factor"] > 0:
+        _megatron_rope_constant("rope_original_max_position_embeddings",
+                                config["rope_original_max_position_embeddings"])
+    return [("rope_type", "rope")] + [(dest, None) for dest in YARN_DEFAULTS]
 
 
 def model_args(config: dict) -> list[tuple[str, object]]:
@@ -116,7 +148,7 @@ def model_args(config: dict) -> list[tuple[str, object]]:
             out.append((key, None))
         else:
             out += convert(config[key])
-    return out
+    return out + _rope_args(config)
 
 
 # Numerics a run may change on purpose (a longer context's RoPE base, say): loading under other
@@ -125,7 +157,12 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "rope_scaling_factor": "--use-rope-scaling --rope-scaling-factor",
             "rope_low_freq_factor": "--use-rope-scaling",
             "rope_high_freq_factor": "--use-rope-scaling",
-            "rope_original_max_position_embeddings": "--use-rope-scaling",
+            "rope_original_max_position_embeddings": "--use-rope-scaling or --rope-type yarn",
+            "rope_yarn_factor": "--rope-type yarn --rotary-scaling-factor",
+            "rope_yarn_beta_fast": "--rope-type yarn",
+            "rope_yarn_beta_slow": "--rope-type yarn",
+            "rope_yarn_mscale": "--rope-type yarn --mscale",
+            "rope_yarn_mscale_all_dim": "--rope-type yarn --mscale-all-dim",
             "norm_eps": "--norm-epsilon",
             "window_size": "--window-size",
             "window_layers": "--window-attn-skip-freq",

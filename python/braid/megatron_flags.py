@@ -28,16 +28,6 @@ UNSUPPORTED = {
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
-    # YaRN's (Megatron's --rope-type yarn, multi-latent attention's default). Even with
-    # --rope-type rope megatron-core's MLA scales its softmax by YaRN's mscale of
-    # --rotary-scaling-factor and --mscale-all-dim (1 at their defaults, 1 and 0).
-    "--rotary-scaling-factor": "YaRN's frequency interpolation, which braid does not implement "
-                               "(--rope-type rope is plain RoPE; Llama 3.1's scaling is "
-                               "--use-rope-scaling --rope-scaling-factor)",
-    "--mscale": "YaRN's attention-scale correction, which braid does not implement (--rope-type "
-                "rope is plain RoPE)",
-    "--mscale-all-dim": "YaRN's attention-scale correction, which braid does not implement "
-                        "(--rope-type rope is plain RoPE)",
 }
 
 

@@ -23,7 +23,8 @@ query latent), not overlapped.
 The latent norms exist with qk_layernorm (braid's and Megatron's meaning of it with MLA; every
 DeepSeek model has them). Megatron's sequence-parallel variant, which runs the down projections
 on each rank's token shard and gathers the latents instead of the hidden state, is not braid's
-and is not modelled; nor is YaRN (not in braid: --rope-type rope only).
+and is not modelled. YaRN (--rope-type yarn) changes RoPE's frequencies and two scale factors,
+not the work: it costs what plain RoPE does.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ braid names parameters like HF Llama (model.layers.{i}.self_attn.q_proj.weight, 
 weights [out, in]. GPT-2's HF names differ and its Conv1D weights are [in, out] with q, k, v
 fused in c_attn; `gpt2_to_braid` maps one onto the other. transformers 5 holds the experts of a
 mixture-of-experts layer fused ([E, 2F, H] gate and up, [E, H, F] down); `experts_to_braid`
-splits them into braid's per-expert names.
+splits them into braid's per-expert names. The deepseek_* helpers serve the models with
+DeepSeek-V3's router (DeepseekV3, Dots1, Glm4Moe): its expert biases and its group-limited choice.
 """
 
 from __future__ import annotations
@@ -361,11 +362,65 @@ def batch(vocab, b=3, s=16, seed=0):
     return ids, targets
 
 
-def shared_experts_to_braid(state, num_experts, ffn):
-    """experts_to_braid, and DeepSeek-V3's (dots1's, GLM-4.5's) mlp.shared_experts.* under
-    braid's name mlp.shared_expert.*. Gradients map alike."""
-    state = experts_to_braid(state, num_experts, ffn)
+def compare_logits_loss_and_gradients(model, hf, out, ids, targets, hf_grads, logits_rtol,
+                                      grad_rtol):
+    """braid's logits, loss and gradients of (ids, targets) against HF's. `out`: HF's output of
+    the same batch with labels, not yet backpropagated; `hf_grads(hf)`: HF's gradients under
+    braid's names. Logits and each gradient within their rtol x their largest value, the loss
+    within 1e-5 x HF's. Returns the logits' and the gradients' largest relative error and
+    braid's gradients."""
+    logits = np.from_dlpack(model.logits(ids))
+    assert logits.shape == out.logits.shape
+    err = assert_close_rel("logits", logits, out.logits.detach().numpy(), logits_rtol)
+    loss = model.forward(ids, targets)
+    model.backward()
+    out.loss.backward()
+    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
+    got, want = braid_grads(model), hf_grads(hf)
+    assert sorted(got) == sorted(want)
+    grad_err = max(assert_close_rel(name, got[name], g.numpy(), grad_rtol)
+                   for name, g in want.items())
+    return err, grad_err, got
+
+
+# ---- DeepSeek-V3's router (DeepseekV3, Dots1, Glm4Moe) -------------------------------------------
+
+def deepseek_routers(hf, bias_std=0.1):
+    """moe_routers, and each e_score_correction_bias drawn random (std `bias_std`) so that it
+    changes choices."""
+    moe_routers(hf)
+    with torch.no_grad():
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.normal_(0.0, bias_std)
+    return hf
+
+
+def deepseek_to_braid(hf, state):
+    """The parameters or gradients `state` of a model with DeepSeek-V3's MoE under braid's names:
+    the experts split (experts_to_braid), mlp.shared_experts.* as mlp.shared_expert.*, a tied
+    lm_head left out."""
+    if hf.config.tie_word_embeddings:
+        state = {n: t for n, t in state.items() if n != "lm_head.weight"}
+    state = experts_to_braid(state, hf.config.n_routed_experts, hf.config.moe_intermediate_size)
     return {n.replace("mlp.shared_experts.", "mlp.shared_expert."): t for n, t in state.items()}
+
+
+def deepseek_grads(hf):
+    """HF's gradients under braid's names (deepseek_to_braid)."""
+    return deepseek_to_braid(hf, {n: p.grad for n, p in hf.named_parameters()})
+
+
+def load_deepseek_into_braid(model, hf):
+    """HF's parameters (deepseek_to_braid) and expert biases (e_score_correction_bias) into
+    braid's `model`, which has the same expert layers."""
+    load_into_braid(model, deepseek_to_braid(hf, {n: p.detach().clone()
+                                                  for n, p in hf.named_parameters()}))
+    biases = model.expert_biases()
+    hf_biases = {n: b for n, b in hf.named_buffers() if n.endswith("e_score_correction_bias")}
+    assert sorted(biases) == sorted(hf_biases)
+    for name, b in hf_biases.items():
+        biases[name].copy_(b.numpy().copy())
 
 
 def deepseek_choices(logits, bias, groups, topk_group, topk):
@@ -386,3 +441,46 @@ def deepseek_choices(logits, bias, groups, topk_group, topk):
     expert_gap = (top.values[:, topk - 1] - top.values[:, topk]).min() if topk < experts \
         else torch.tensor(float("inf"))
     return top.indices[:, :topk].sort(dim=-1).values, group_gap.item(), expert_gap.item()
+
+
+def deepseek_routing(hf, router_logits):
+    """(layer number, router logits, router) of each expert layer of `hf`; `router_logits` as
+    hf(..., output_router_logits=True) returns them (None without expert layers)."""
+    layers = [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts")]
+    assert len(layers) == len(router_logits or ())
+    return [(i, logits.detach(), hf.model.layers[i].mlp.gate)
+            for i, logits in zip(layers, router_logits or ())]
+
+
+def deepseek_routing_margin(hf, router_logits):
+    """The least gap, over every token of every expert layer, between the last chosen and the
+    first unchosen group or expert (deepseek_choices with each router's settings)."""
+    margin = float("inf")
+    for _, logits, router in deepseek_routing(hf, router_logits):
+        _, group_gap, expert_gap = deepseek_choices(logits, router.e_score_correction_bias,
+                                                    router.num_group, router.topk_group,
+                                                    router.top_k)
+        margin = min(margin, group_gap, expert_gap)
+    return margin
+
+
+def check_deepseek_routing(hf, router_logits, margin):
+    """On every expert layer: no token's group or expert choice within `margin` of a tie, every
+    expert chosen, and the bias and the groups each change some token's choice (so that a router
+    ignoring either fails). Returns each expert layer's least expert gap, by layer number."""
+    expert_gaps = {}
+    for i, logits, router in deepseek_routing(hf, router_logits):
+        bias, topk = router.e_score_correction_bias, router.top_k
+        chosen, group_gap, expert_gap = deepseek_choices(logits, bias, router.num_group,
+                                                         router.topk_group, topk)
+        assert group_gap > margin, f"layer {i}: a near tie among the groups ({group_gap:.1e})"
+        assert expert_gap > margin, f"layer {i}: a near tie among the experts ({expert_gap:.1e})"
+        counts = torch.bincount(chosen.reshape(-1), minlength=logits.shape[1])
+        assert (counts > 0).all(), f"layer {i}: experts chosen {counts.tolist()}"
+        unbiased, _, _ = deepseek_choices(logits, torch.zeros_like(bias), router.num_group,
+                                          router.topk_group, topk)
+        assert (unbiased != chosen).any(), f"layer {i}: the bias changes no token's choice"
+        ungrouped, _, _ = deepseek_choices(logits, bias, 1, 1, topk)
+        assert (ungrouped != chosen).any(), f"layer {i}: the groups change no token's choice"
+        expert_gaps[i] = expert_gap
+    return expert_gaps

@@ -35,9 +35,11 @@ void rmsnorm_forward(Tensor out, Tensor rstd, const Tensor& x, const Tensor& wei
 void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tensor& x,
                       const Tensor& weight, const Tensor& rstd, Stream stream);
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
-                  int64_t first_channel, bool interleaved, int64_t position_offset, Stream stream);
+                  int64_t first_channel, bool interleaved, int64_t position_offset,
+                  float attention_factor, Stream stream);
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
-                   int64_t first_channel, bool interleaved, int64_t position_offset, Stream stream);
+                   int64_t first_channel, bool interleaved, int64_t position_offset,
+                   float attention_factor, Stream stream);
 void copy_columns(Tensor dst, int64_t dst_column, const Tensor& src, int64_t src_column,
                   int64_t width, Stream stream);
 void broadcast_heads(Tensor out, int64_t column, const Tensor& x, Stream stream);

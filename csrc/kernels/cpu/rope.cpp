@@ -1,8 +1,8 @@
 // Rotary position embedding on the CPU, on channels [F, F + R) of each head (F = first_channel,
 // R = 2 x the frequencies): as HF Llama computes it (rotate_half: channel F + i pairs with
 // F + i + R/2), or interleaved (GPT-J, DeepSeek: F + 2i pairs with F + 2i + 1); either pair turns
-// by angle pos * inv_freq[i]. The other channels pass through (partial rotary, MLA's no-rope
-// channels).
+// by angle pos * inv_freq[i], cos and sin times attention_factor (YaRN's). The other channels pass
+// through (partial rotary, MLA's no-rope channels).
 #include <algorithm>
 #include <cmath>
 #include <span>
@@ -42,27 +42,27 @@ BRAID_CPU_MULTIVERSION void rotate_pairs(float* out, const float* x, const float
 }
 
 // Table [S, 2 * half]. Follows HF's float32 arithmetic: angle = float(pos) * inv_freq in f32;
-// cos and sin of that f32 angle, correctly rounded.
+// cos and sin of that f32 angle, correctly rounded, times attention_factor in f32 (exact at 1).
 std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
-                                 int64_t position_offset) {
+                                 int64_t position_offset, float attention_factor) {
   const auto half = int64_t(inv_freq.size());
   std::vector<float> table(static_cast<size_t>(s_len * 2 * half));
   for (int64_t s = 0; s < s_len; ++s) {
     for (int64_t i = 0; i < half; ++i) {
       float angle = float(position_offset + s) * inv_freq[size_t(i)];
-      table[size_t(s * 2 * half + i)] = float(std::cos(double(angle)));
-      table[size_t(s * 2 * half + half + i)] = float(std::sin(double(angle)));
+      table[size_t(s * 2 * half + i)] = float(std::cos(double(angle))) * attention_factor;
+      table[size_t(s * 2 * half + half + i)] = float(std::sin(double(angle))) * attention_factor;
     }
   }
   return table;
 }
 
 void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t first,
-          bool interleaved, int64_t position_offset, float sign) {
+          bool interleaved, int64_t position_offset, float attention_factor, float sign) {
   const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3);
   const auto half = int64_t(inv_freq.size());
   const int64_t end = first + 2 * half;  // channels [first, end) turn
-  std::vector<float> table = cos_sin_table(s_len, inv_freq, position_offset);
+  std::vector<float> table = cos_sin_table(s_len, inv_freq, position_offset, attention_factor);
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
   parallel_for(b * s_len, std::max<int64_t>(1, 8192 / std::max<int64_t>(h * d, 1)),
@@ -88,14 +88,16 @@ void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t 
 }  // namespace
 
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
-                  int64_t first_channel, bool interleaved, int64_t position_offset, Stream) {
-  rope(out, x, inv_freq, first_channel, interleaved, position_offset, 1.0f);
+                  int64_t first_channel, bool interleaved, int64_t position_offset,
+                  float attention_factor, Stream) {
+  rope(out, x, inv_freq, first_channel, interleaved, position_offset, attention_factor, 1.0f);
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
-                   int64_t first_channel, bool interleaved, int64_t position_offset, Stream) {
-  // The rotation is orthogonal: its transpose turns by the opposite angle.
-  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, -1.0f);
+                   int64_t first_channel, bool interleaved, int64_t position_offset,
+                   float attention_factor, Stream) {
+  // The rotation is orthogonal: its transpose turns by the opposite angle (the factor stays).
+  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, attention_factor, -1.0f);
 }
 
 }  // namespace braid::ops::cpu

@@ -3,7 +3,8 @@
 // or interleaved (GPT-J, DeepSeek: F + 2i pairs with F + 2i + 1); either pair turns by angle
 // pos * inv_freq[i], and the other channels pass through. The arithmetic follows the CPU
 // reference (csrc/kernels/cpu/rope.cpp): inv_freq from the host (ops::RotaryFrequencies, f32),
-// angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded.
+// angle = float(pos) * inv_freq in f32, cos and sin of that angle in double, rounded, times
+// attention_factor (YaRN's) in f32: exact at 1, which leaves the kernel's results unchanged.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -25,19 +26,19 @@ constexpr int kRopeThreads = 256;
 // One block per (position s, batch stride): the block's cos/sin table for position s sits in
 // shared memory; threads cover (head, i) pairs, the y dimension of the grid covers batches.
 // Pair i of a head is channels (first + i, first + i + half), or (first + 2i, first + 2i + 1)
-// when interleaved. sign = 1 rotates by +angle (forward), -1 by -angle (backward). out may
-// alias x.
+// when interleaved. sign = 1 rotates by +angle (forward), -1 by -angle (backward); cos and sin
+// are scaled by `factor`. out may alias x.
 template <typename T>
 __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_freq, int64_t b_len,
                             int64_t s_len, int64_t h_len, int64_t d, int64_t half, int64_t first,
-                            bool interleaved, int64_t position_offset, float sign) {
+                            bool interleaved, int64_t position_offset, float factor, float sign) {
   extern __shared__ float table[];  // cos [half], then sin [half]
   const int64_t s = blockIdx.x;
   const float pos = float(position_offset + s);
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
     const float angle = pos * inv_freq[i];
-    table[i] = float(cos(double(angle)));
-    table[half + i] = sign * float(sin(double(angle)));
+    table[i] = float(cos(double(angle))) * factor;
+    table[half + i] = sign * (float(sin(double(angle))) * factor);
   }
   __syncthreads();
   const int64_t pairs = h_len * half;
@@ -86,7 +87,8 @@ const float* inv_freq_table(Device device, cudaStream_t stream, std::span<const 
 }
 
 void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_host, int64_t first,
-          bool interleaved, int64_t position_offset, float sign, Stream stream, const char* op) {
+          bool interleaved, int64_t position_offset, float factor, float sign, Stream stream,
+          const char* op) {
   detail::DeviceGuard guard(x.device());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
   const auto half = int64_t(inv_freq_host.size());
@@ -101,7 +103,7 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
     using T = typename decltype(tag)::type;
     rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(
         static_cast<T*>(out.data()), static_cast<const T*>(x.data()), inv_freq, b, s, h, d, half,
-        first, interleaved, position_offset, sign);
+        first, interleaved, position_offset, factor, sign);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -109,16 +111,18 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
 }  // namespace
 
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
-                  int64_t first_channel, bool interleaved, int64_t position_offset, Stream stream) {
-  rope(out, x, inv_freq, first_channel, interleaved, position_offset, 1.0f, stream, "rope_forward");
+                  int64_t first_channel, bool interleaved, int64_t position_offset,
+                  float attention_factor, Stream stream) {
+  rope(out, x, inv_freq, first_channel, interleaved, position_offset, attention_factor, 1.0f,
+       stream, "rope_forward");
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
                    int64_t first_channel, bool interleaved, int64_t position_offset,
-                   Stream stream) {
-  // The rotation is orthogonal: its transpose turns by the opposite angle.
-  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, -1.0f, stream,
-       "rope_backward");
+                   float attention_factor, Stream stream) {
+  // The rotation is orthogonal: its transpose turns by the opposite angle (the factor stays).
+  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, attention_factor, -1.0f,
+       stream, "rope_backward");
 }
 
 }  // namespace braid::ops::cuda

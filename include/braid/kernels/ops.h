@@ -112,6 +112,13 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 // w > L / low_freq_factor divides the frequency by the factor, w < L / high_freq_factor keeps
 // it, and between the two s = (L / w - low) / (high - low) blends them:
 // (1 - s) inv_freq / factor + s inv_freq.
+// With yarn_factor = s > 0, YaRN (Peng et al. 2023; HF rope_type "yarn", Megatron's --rope-type
+// yarn), as HF's _compute_yarn_parameters computes it (f32, its correction range in double): with
+// L = original_max_positions and d(r) = R ln(L / (2 pi r)) / (2 ln theta), the pairs i up to
+// low = max(floor(d(beta_fast)), 0) keep their frequency, those from high =
+// min(ceil(d(beta_slow)), R - 1) on divide it by s, and between the two
+// ramp = (i - low) / (high - low) blends them: inv_freq / s * ramp + inv_freq * (1 - ramp).
+// At most one of the two scalings.
 struct RotaryFrequencies {
   float theta = 10000.0f;
   float llama3_factor = 0.0f;  // 0: no scaling
@@ -129,6 +136,12 @@ struct RotaryFrequencies {
   // GPT-J's interleaved pairs (channel 2i with 2i + 1), as DeepSeek-V2/V3 and megatron-core's
   // multi-latent attention compute them.
   bool interleaved = false;
+  float yarn_factor = 0.0f;  // 0: no YaRN
+  float yarn_beta_fast = 32.0f;
+  float yarn_beta_slow = 1.0f;
+  // cos and sin are multiplied by it (YaRN's attention factor, HF's attention_scaling,
+  // megatron-core's mscale): q . k scales by its square. 1 leaves RoPE a rotation.
+  float attention_factor = 1.0f;
 
   void validate() const;  // Error naming the field
   // R for a head of `head_dim` channels: rotary_dim, or head_dim - first_channel.
@@ -141,13 +154,14 @@ struct RotaryFrequencies {
 // R = rotated_channels(D) (all D by default).
 // x, out [B, S, H, D], R even; position of row s is position_offset + s; angle =
 // float(position) * inv_freq[i] in f32 (RotaryFrequencies). Each pair (a, b) of channels turns:
-// out[a] = x[a] cos - x[b] sin, out[b] = x[b] cos + x[a] sin (i < R/2), with
+// out[a] = x[a] cos - x[b] sin, out[b] = x[b] cos + x[a] sin (i < R/2; cos and sin in f32 times
+// attention_factor), with
 //   a = F + i, b = F + i + R/2 (HF Llama's rotate_half; interleaved false), or
 //   a = F + 2i, b = F + 2i + 1 (interleaved true; HF's apply_rotary_pos_emb_interleave
 //   de-interleaves q and k to [evens | odds] first, the same channel permutation on both, so
 //   q . k is the same);
 // out[j] = x[j] for the channels outside [F, F + R). out may alias x (and dx dout). Backward
-// rotates by the opposite angle.
+// rotates by the opposite angle (times attention_factor: the transpose).
 void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
                   int64_t position_offset = 0, Stream stream = {});
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,

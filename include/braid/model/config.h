@@ -54,7 +54,19 @@ struct TransformerConfig {
   float rope_scaling_factor = 0.0f;
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
+  // The context the model was pretrained on: L of Llama 3.1's scaling and of YaRN's.
   int64_t rope_original_max_position_embeddings = 8192;
+  // YaRN (HF rope_scaling "yarn": factor, beta_fast, beta_slow, mscale, mscale_all_dim;
+  // Megatron's --rope-type yarn --rotary-scaling-factor --mscale --mscale-all-dim, with
+  // megatron-core's betas; DeepSeek-V3's long context), ops::RotaryFrequencies' rule; factor 0:
+  // none.
+  // With g(m) = 0.1 m ln(factor) + 1, cos and sin are multiplied by rope_attention_factor(), and
+  // with multi_latent_attention the softmax scale by softmax_scale_factor().
+  float rope_yarn_factor = 0.0f;
+  float rope_yarn_beta_fast = 32.0f;
+  float rope_yarn_beta_slow = 1.0f;
+  float rope_yarn_mscale = 1.0f;
+  float rope_yarn_mscale_all_dim = 0.0f;
   // The fraction of each head RoPE turns: its first int(head_dim x rotary_percent) channels
   // (Megatron's --rotary-percent, HF's partial_rotary_factor: StableLM, GPT-NeoX, Phi).
   double rotary_percent = 1.0;
@@ -165,6 +177,13 @@ struct TransformerConfig {
   int64_t rotary_dim() const;
   // The width of each value head: head_dim(), or v_head_dim with MLA.
   int64_t value_head_dim() const;
+  // YaRN's factor on RoPE's cos and sin: g(rope_yarn_mscale) / g(rope_yarn_mscale_all_dim)
+  // (megatron-core's; HF's when mscale_all_dim is set or mscale is 1), 1 without YaRN.
+  float rope_attention_factor() const;
+  // The factor on multi-latent attention's softmax scale 1/sqrt(head_dim()):
+  // g(rope_yarn_mscale_all_dim)^2 with YaRN (HF's DeepseekV3Attention, megatron-core's MLA),
+  // else 1 (and without MLA: HF's other YaRN models keep their softmax scale).
+  float softmax_scale_factor() const;
   // The attention window of layer `layer` (0-based): window_size on a windowed layer, else -1.
   int64_t attention_window(int64_t layer) const;
   // The hidden size of each expert: moe_ffn_hidden_size, or ffn_hidden_size.

@@ -1,5 +1,6 @@
 // Token embedding (vocab-parallel slices) and rotary position embedding (HF rotate_half, and
 // interleaved pairs from a channel offset: multi-latent attention).
+#include <limits>
 #include <numbers>
 #include <tuple>
 
@@ -184,6 +185,208 @@ TEST_P(EmbeddingRope, ScaledRopeRotatesByTheScaledFrequencies) {
   // Head dim 32 with theta 5e5 and a short original context (64): all three regimes.
   const ops::RotaryFrequencies rotary{500000.0f, 8.0f, 1.0f, 4.0f, 64.0f};
   check_rope(rotary, llama3_inv_freq(32, 500000.0, 8, 1, 4, 64), 1, 5, 2, 32, 9, 7);
+}
+
+// ---- YaRN (HF rope_type "yarn": DeepSeek-V3's long context, Qwen's)
+
+// YaRN from its definition (Peng et al. 2023) in double: with d(r) = R ln(L / (2 pi r)) /
+// (2 ln theta), the pairs up to low = floor(d(beta_fast)) keep theta^(-2i/R), those from
+// high = ceil(d(beta_slow)) on are divided by the factor, and a linear ramp blends the two.
+std::vector<double> yarn_inv_freq(int64_t r, double theta, double factor, double original,
+                                  double beta_fast = 32, double beta_slow = 1) {
+  auto d = [&](double rotations) {
+    return double(r) * std::log(original / (2 * std::numbers::pi * rotations)) /
+           (2 * std::log(theta));
+  };
+  const double low = std::max(std::floor(d(beta_fast)), 0.0);
+  double high = std::min(std::ceil(d(beta_slow)), double(r - 1));
+  if (high == low) high += 0.001;
+  std::vector<double> f = plain_inv_freq(r, theta);
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    f[i] = f[i] / factor * ramp + f[i] * (1 - ramp);
+  }
+  return f;
+}
+
+ops::RotaryFrequencies yarn_rotary(float theta, float factor, float original) {
+  ops::RotaryFrequencies rotary{theta};
+  rotary.yarn_factor = factor;
+  rotary.original_max_positions = original;
+  return rotary;
+}
+
+// transformers 5.24's _compute_yarn_parameters (modeling_rope_utils.py), printed with float.hex()
+// from the venv: DeepSeek-V3's rope_scaling (theta 1e4, qk_rope_head_dim 64, yarn factor 40,
+// original_max_position_embeddings 4096, beta_fast 32, beta_slow 1, mscale = mscale_all_dim =
+// 1: attention_factor 1.0) ...
+constexpr float kHfDeepSeekV3[32] = {
+    0x1p+0f,         0x1.7ff222p-1f,  0x1.1feb34p-1f,  0x1.afd136p-2f,  0x1.43d136p-2f,
+    0x1.e5a846p-3f,  0x1.6c310ep-3f,  0x1.111aeep-3f,  0x1.99999ap-4f,  0x1.33281ap-4f,
+    0x1.ccab84p-5f,  0x1.3f8b74p-5f,  0x1.b86436p-6f,  0x1.2d1b86p-6f,  0x1.97e506p-7f,
+    0x1.111aeep-7f,  0x1.6872b2p-8f,  0x1.d2e0ccp-9f,  0x1.26d42cp-9f,  0x1.67459ap-10f,
+    0x1.9e7c6ep-11f, 0x1.b32624p-12f, 0x1.74eea6p-13f, 0x1.17a8e2p-15f, 0x1.a36e2ep-16f,
+    0x1.3a8746p-16f, 0x1.d7b9ep-17f,  0x1.61bea2p-17f, 0x1.094566p-17f, 0x1.8dd9bap-18f,
+    0x1.2a5884p-18f, 0x1.bf749ep-19f};
+// ... and a Qwen2Config with head_dim 128, rope_theta 1e6 and rope_scaling yarn factor 4,
+// original_max_position_embeddings 4096 x 8 (no mscale: attention_factor 1.138629436111989).
+constexpr float kHfQwenYarn[64] = {
+    0x1p+0f,         0x1.9c975ap-1f,  0x1.4c7bcp-1f,   0x1.0beddep-1f,  0x1.afd136p-2f,
+    0x1.5bf9fep-2f,  0x1.186a08p-2f,  0x1.c3f06ap-3f,  0x1.6c310ep-3f,  0x1.257b22p-3f,
+    0x1.d8ffacp-4f,  0x1.7d298cp-4f,  0x1.33281ap-4f,  0x1.ef0a26p-5f,  0x1.8eec7ep-5f,
+    0x1.41783ap-5f,  0x1.030dc6p-5f,  0x1.a1835p-6f,   0x1.507316p-6f,  0x1.0f201p-6f,
+    0x1.b4f7e4p-7f,  0x1.6020a4p-7f,  0x1.1bc25ap-7f,  0x1.c9548cp-8f,  0x1.6046eep-8f,
+    0x1.0ec71p-8f,   0x1.9f4aap-9f,   0x1.3da49p-9f,   0x1.e483bep-10f, 0x1.70578p-10f,
+    0x1.17040ep-10f, 0x1.a4fb7p-11f,  0x1.3c1d64p-11f, 0x1.d832dp-12f,  0x1.5e7a04p-12f,
+    0x1.02387cp-12f, 0x1.79277cp-13f, 0x1.107c7p-13f,  0x1.847d34p-14f, 0x1.103a14p-14f,
+    0x1.74eea6p-15f, 0x1.2c8648p-15f, 0x1.e459c4p-16f, 0x1.864f6ap-16f, 0x1.3a8748p-16f,
+    0x1.faeba8p-17f, 0x1.987f7cp-17f, 0x1.492f56p-17f, 0x1.094564p-17f, 0x1.ab8882p-18f,
+    0x1.58863ap-18f, 0x1.15a1dap-18f, 0x1.bf749ep-19f, 0x1.68941cp-19f, 0x1.2291c6p-19f,
+    0x1.d44e64p-20f, 0x1.796182p-20f, 0x1.301c04p-20f, 0x1.ea20ep-21f,  0x1.8af756p-21f,
+    0x1.3e47c8p-21f, 0x1.007bd8p-21f, 0x1.9d5ef2p-22f, 0x1.4d1c98p-22f};
+
+TEST(RotaryFrequencies, YarnIsHfsToTheBit) {
+  const std::vector<float> deepseek = yarn_rotary(10000.0f, 40.0f, 4096.0f).inv_freq(64);
+  ASSERT_EQ(deepseek.size(), 32u);
+  for (size_t i = 0; i < deepseek.size(); ++i) EXPECT_EQ(deepseek[i], kHfDeepSeekV3[i]) << i;
+  const std::vector<float> qwen = yarn_rotary(1e6f, 4.0f, 32768.0f).inv_freq(128);
+  ASSERT_EQ(qwen.size(), 64u);
+  // Within one ulp: torch's vectorised pow (Sleef's, 1-ulp) rounds theta^(74/128) down where
+  // std::pow rounds it correctly (as braid's plain frequencies do), which moves pair 37 by one.
+  for (size_t i = 0; i < qwen.size(); ++i) {
+    EXPECT_TRUE(qwen[i] == kHfQwenYarn[i] ||
+                std::nextafter(qwen[i], kHfQwenYarn[i]) == kHfQwenYarn[i])
+        << i << ": " << qwen[i] << " against HF's " << kHfQwenYarn[i];
+  }
+}
+
+TEST(RotaryFrequencies, YarnFollowsItsDefinition) {
+  // Every regime occurs (kept, blended, divided by the factor), with the default betas and
+  // others, and from a channel offset (MLA's rope channels: R = 64 of a 192-channel head).
+  struct Case {
+    float theta, factor, original, beta_fast, beta_slow;
+    int64_t first, head;
+  };
+  for (const Case& c : {Case{10000.0f, 40.0f, 4096.0f, 32.0f, 1.0f, 128, 192},
+                        Case{1e6f, 4.0f, 32768.0f, 32.0f, 1.0f, 0, 128},
+                        Case{500000.0f, 8.0f, 8192.0f, 16.0f, 2.0f, 0, 96}}) {
+    ops::RotaryFrequencies rotary = yarn_rotary(c.theta, c.factor, c.original);
+    rotary.yarn_beta_fast = c.beta_fast;
+    rotary.yarn_beta_slow = c.beta_slow;
+    rotary.first_channel = c.first;
+    rotary.validate();
+    const int64_t r = c.head - c.first;
+    const std::vector<float> got = rotary.inv_freq(c.head);
+    const std::vector<double> want =
+        yarn_inv_freq(r, c.theta, c.factor, c.original, c.beta_fast, c.beta_slow);
+    const std::vector<double> plain = plain_inv_freq(r, c.theta);
+    ASSERT_EQ(got.size(), want.size());
+    int kept = 0, blended = 0, divided = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 2e-6 * want[i]) << "theta " << c.theta << ", i = " << i;
+      const double ratio = want[i] / plain[i];
+      (ratio == 1.0 ? kept : std::abs(ratio * c.factor - 1) < 1e-12 ? divided : blended) += 1;
+    }
+    EXPECT_GT(kept, 0);
+    EXPECT_GT(blended, 0);
+    EXPECT_GT(divided, 0);
+  }
+}
+
+TEST(RotaryFrequencies, YarnRefusesWhatHfWarnsAbout) {
+  auto refused = [](auto change, const char* message) {
+    ops::RotaryFrequencies rotary = yarn_rotary(10000.0f, 40.0f, 4096.0f);
+    change(rotary);
+    return raises([&] { rotary.validate(); }, message);
+  };
+  EXPECT_TRUE(refused([](auto& r) { r.llama3_factor = 8.0f; }, "exclude each other"));
+  EXPECT_TRUE(refused([](auto& r) { r.yarn_factor = 0.5f; }, "YaRN factor 0.5 must be >= 1"));
+  EXPECT_TRUE(refused([](auto& r) { r.yarn_factor = -1.0f; }, "YaRN factor -1"));
+  EXPECT_TRUE(refused([](auto& r) { r.yarn_beta_slow = 64.0f; }, "0 < yarn_beta_slow (64)"));
+  EXPECT_TRUE(refused([](auto& r) { r.yarn_beta_slow = 0.0f; }, "0 < yarn_beta_slow (0)"));
+  EXPECT_TRUE(refused([](auto& r) { r.original_max_positions = 0.0f; }, "original_max_positions"));
+  EXPECT_TRUE(refused([](auto& r) { r.attention_factor = 0.0f; }, "attention_factor = 0"));
+  EXPECT_TRUE(refused([](auto& r) { r.attention_factor = std::numeric_limits<float>::quiet_NaN(); },
+                      "attention_factor = nan"));
+  yarn_rotary(10000.0f, 1.0f, 4096.0f).validate();  // factor 1 interpolates nothing
+}
+
+// x [.., d] with channels [first, first + r) of each head times `factor`.
+std::vector<double> scaled_channels(std::vector<double> x, int64_t d, int64_t first, int64_t r,
+                                    double factor) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    const auto j = int64_t(i) % d;
+    if (j >= first && j < first + r) x[i] *= factor;
+  }
+  return x;
+}
+
+TEST_P(EmbeddingRope, YarnRopeScalesCosAndSinByTheAttentionFactor) {
+  // DeepSeek-V3's frequencies on MLA's layout (4 no-rope channels, then 64 interleaved rope
+  // channels), with attention factor 1 (a rotation) and 1.25.
+  const int64_t b = 2, s = 3, h = 2, first = 4, r = 64, d = first + r, offset = 7;
+  ops::RotaryFrequencies rotary = yarn_rotary(10000.0f, 40.0f, 4096.0f);
+  rotary.first_channel = first;
+  rotary.interleaved = true;
+  std::vector<double> f;
+  for (float x : rotary.inv_freq(d)) f.push_back(x);  // HF's f32 frequencies (tested above)
+  Tensor x = random_tensor({b, s, h, d}, 19);
+  const std::vector<double> xv = values(seen(x));
+  const std::vector<double> turned = rope_reference(xv, b, s, h, d, f, offset, 1.0, first, true);
+  for (float factor : {1.0f, 1.25f}) {
+    rotary.attention_factor = factor;
+    Tensor out = empty({b, s, h, d});
+    ops::rope_forward(out, up(x), rotary, offset);
+    EXPECT_TRUE(all_close(out, scaled_channels(turned, d, first, r, factor), tol({2e-6, 1e-5})))
+        << "factor " << factor;
+    // The backward is the transpose: the opposite angle, the same factor (back = factor^2 x).
+    Tensor back = empty({b, s, h, d});
+    ops::rope_backward(back, out, rotary, offset);
+    EXPECT_TRUE(all_close(back, scaled_channels(xv, d, first, r, double(factor) * factor),
+                          tol({2e-6, 1e-5}, {2e-2, 2e-2})))
+        << "factor " << factor;
+  }
+  // A unit vector in every pair comes out with norm attention_factor.
+  Tensor unit = Tensor::zeros({1, s, 1, d}, DType::f32);
+  for (int64_t row = 0; row < s; ++row) {
+    for (int64_t i = 0; i < r / 2; ++i) unit.data_ptr<float>()[row * d + first + 2 * i] = 1.0f;
+  }
+  Tensor turned_unit = empty({1, s, 1, d});
+  ops::rope_forward(turned_unit, up(unit), rotary, offset);
+  const std::vector<double> u = values(turned_unit);
+  const double atol = dtype() == DType::f32 ? 1e-6 : 1e-2;
+  for (int64_t row = 0; row < s; ++row) {
+    for (int64_t i = 0; i < r / 2; ++i) {
+      const size_t at = size_t(row * d + first + 2 * i);
+      EXPECT_NEAR(std::hypot(u[at], u[at + 1]), 1.25, atol) << "row " << row << " pair " << i;
+    }
+  }
+}
+
+TEST_P(EmbeddingRope, YarnRopeBackwardMatchesFiniteDifferences) {
+  auto rotary = [] {
+    ops::RotaryFrequencies r = yarn_rotary(10000.0f, 40.0f, 64.0f);
+    r.first_channel = 2;
+    r.interleaved = true;
+    r.attention_factor = 1.3f;
+    return r;
+  };
+  GradCheck g;
+  g.inputs = {random_tensor({1, 4, 2, 18}, 20)};
+  g.wrt = {0};
+  g.samples = 80;
+  g.forward = [&](const Tensors& in) {
+    Tensor y = empty_as(in[0], in[0].shape());
+    ops::rope_forward(y, in[0], rotary(), 70);
+    return y;
+  };
+  g.backward = [&](const Tensors& in, const Tensor& dy) {
+    Tensor dx = empty_as(in[0], in[0].shape());
+    ops::rope_backward(dx, dy, rotary(), 70);
+    return Tensors{dx};
+  };
+  g.f32_tol = {1e-3, 1e-3};
+  check_gradients(GetParam(), g);
 }
 
 TEST_P(EmbeddingRope, PartialRopeTurnsTheLeadingChannelsAlone) {

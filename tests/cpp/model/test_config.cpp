@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -195,6 +196,66 @@ TEST(TransformerConfig, LatentAttentionRules) {
   rejected([](TransformerConfig& c) { c.rotary_percent = 0.5; }, "rotary_percent");
   rejected([](TransformerConfig& c) { c.position_embedding = PositionEmbedding::learned; },
            "position_embedding");
+}
+
+TEST(TransformerConfig, YarnRulesAndFactors) {
+  // DeepSeek-V3's rope_scaling: factor 40 from 4096 positions, mscale = mscale_all_dim = 1.
+  auto yarn = [](TransformerConfig& c) {
+    c.rope_yarn_factor = 40;
+    c.rope_original_max_position_embeddings = 4096;
+    c.rope_yarn_mscale = 1;
+    c.rope_yarn_mscale_all_dim = 1;
+  };
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  EXPECT_EQ(c.rope_attention_factor(), 1.0f);  // no YaRN
+  EXPECT_EQ(c.softmax_scale_factor(), 1.0f);
+  yarn(c);
+  EXPECT_NO_THROW(c.validate());
+  EXPECT_EQ(c.rope_attention_factor(), 1.0f);  // g(1) / g(1)
+  EXPECT_EQ(c.softmax_scale_factor(), 1.0f);   // without MLA the softmax scale stays
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 8;
+  EXPECT_NO_THROW(c.validate());
+  // HF's DeepseekV3Attention: scaling = qk_head_dim^-0.5 x yarn_get_mscale(40, 1)^2, and
+  // yarn_get_mscale(40, 1)^2 = (0.1 ln 40 + 1)^2 = 1.8738542070926265 in Python.
+  EXPECT_EQ(c.softmax_scale_factor(), float(1.8738542070926265));
+  EXPECT_EQ(c.rope_attention_factor(), 1.0f);
+  // mscale_all_dim 0 (Megatron's default): cos and sin times g(mscale), the softmax unscaled.
+  c.rope_yarn_mscale_all_dim = 0;
+  EXPECT_FLOAT_EQ(c.rope_attention_factor(), float(0.1 * std::log(40.0) + 1));
+  EXPECT_EQ(c.softmax_scale_factor(), 1.0f);
+  // Qwen's rope_scaling (factor 4, no mscale): HF's attention_factor 1.138629436111989.
+  TransformerConfig q = TransformerConfig::preset("llama-tiny");
+  q.rope_yarn_factor = 4;
+  EXPECT_EQ(q.rope_attention_factor(), float(1.138629436111989));
+  EXPECT_EQ(q.softmax_scale_factor(), 1.0f);
+
+  auto rejected = [&](const std::function<void(TransformerConfig&)>& edit, const std::string& field,
+                      const std::string& preset = "llama-tiny") {
+    expect_rejected(
+        [&](TransformerConfig& r) {
+          yarn(r);
+          edit(r);
+        },
+        field, preset);
+  };
+  rejected([](TransformerConfig& r) { r.rope_yarn_factor = 0.5f; },
+           "rope_yarn_factor must be >= 1");
+  rejected([](TransformerConfig& r) { r.rope_yarn_factor = -40; }, "rope_yarn_factor");
+  rejected([](TransformerConfig& r) { r.rope_yarn_factor = std::nanf(""); }, "rope_yarn_factor");
+  rejected([](TransformerConfig& r) { r.rope_scaling_factor = 8; }, "rope_scaling_factor");
+  rejected([](TransformerConfig& r) { r.rope_yarn_beta_slow = 64; }, "rope_yarn_beta_slow (64)");
+  rejected([](TransformerConfig& r) { r.rope_yarn_beta_slow = 0; }, "rope_yarn_beta_slow (0)");
+  rejected([](TransformerConfig& r) { r.rope_yarn_mscale = -1; }, "rope_yarn_mscale (-1)");
+  rejected([](TransformerConfig& r) { r.rope_yarn_mscale_all_dim = INFINITY; },
+           "rope_yarn_mscale_all_dim (inf)");
+  rejected([](TransformerConfig& r) { r.rope_original_max_position_embeddings = 0; },
+           "rope_original_max_position_embeddings");
+  rejected([](TransformerConfig&) {}, "rope_yarn_factor needs position_embedding = rope",
+           "gpt2-tiny");
 }
 
 TEST(TransformerConfig, MixturesAreValid) {

@@ -147,6 +147,25 @@ TEST(Gradients, LatentAttentionMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+TEST(Gradients, YarnMatchesFiniteDifferences) {
+  // YaRN from DeepSeek-V3's 4096 positions (every regime occurs on 8 and 16 rope channels:
+  // frequencies kept, blended, divided by the factor). With multi-latent attention and
+  // mscale = mscale_all_dim = 1: cos and sin unscaled, the softmax scale times g(1)^2 (q's
+  // factor, and dq's). Without it, Qwen's (mscale 1, mscale_all_dim 0): cos and sin times
+  // g(1) = 1.37, the softmax scale unchanged.
+  TransformerConfig c = small_latent();
+  c.rope_yarn_factor = 40;
+  c.rope_original_max_position_embeddings = 4096;
+  c.rope_yarn_mscale_all_dim = 1;
+  ASSERT_GT(c.softmax_scale_factor(), 1.8f);
+  check_gradients(c);
+  TransformerConfig llama = small_llama();
+  llama.rope_yarn_factor = 40;
+  llama.rope_original_max_position_embeddings = 4096;
+  ASSERT_GT(llama.rope_attention_factor(), 1.3f);
+  check_gradients(llama);
+}
+
 TEST(Gradients, SquaredReluMatchesFiniteDifferences) {
   // Nemotron-4's block: layernorm with zero-centered weights, squared relu (ungated), RoPE on
   // half of each head, biases.

@@ -145,6 +145,23 @@ TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithLatentAttention) {
   check_decode(c, GetParam());
 }
 
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithYarn) {
+  // YaRN with multi-latent attention (DeepSeek-V3's mscale = mscale_all_dim = 1: decoding's
+  // queries get the softmax factor too, the cached keys none; then mscale 0.707 for cos and sin
+  // times g(0.707) / g(1) as well), and without it (cos and sin times g(1)).
+  TransformerConfig c = small_latent();
+  c.rope_yarn_factor = 40;
+  c.rope_original_max_position_embeddings = 4096;
+  c.rope_yarn_mscale_all_dim = 1;
+  check_decode(c, GetParam());
+  c.rope_yarn_mscale = 0.707f;
+  check_decode(c, GetParam());
+  TransformerConfig llama = small_llama();
+  llama.rope_yarn_factor = 40;
+  llama.rope_original_max_position_embeddings = 4096;
+  check_decode(llama, GetParam());
+}
+
 TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithExperts) {
   // Top-2 of 4 experts: the positions of a decoding step route alone, as they do in the whole
   // sequence (routing is per token).

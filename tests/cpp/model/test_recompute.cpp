@@ -185,6 +185,25 @@ TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
+TEST(Recompute, YarnLatentAttentionPoliciesAgree) {
+  // YaRN's softmax factor on q (and on dq) and its cos and sin factor: full recompute projects
+  // and scales q again, selective keeps the scaled q.
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 4;
+  c.num_query_groups = 0;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = 32;
+  c.kv_lora_rank = 16;
+  c.qk_head_dim = 8;
+  c.qk_pos_emb_head_dim = 8;
+  c.v_head_dim = 12;
+  c.rope_yarn_factor = 40;
+  c.rope_original_max_position_embeddings = 4096;
+  c.rope_yarn_mscale = 0.707f;
+  c.rope_yarn_mscale_all_dim = 1;
+  check_policies(c);
+}
+
 TEST(Recompute, WideHeadsKeepTheirWiderQkvAndAttentionOutput) {
   // kv_channels doubles each head (16 -> 32 on hidden 64, 4 query and 2 kv heads): none and
   // selective keep q, k, v and the attention output, so each layer keeps

@@ -30,6 +30,7 @@ from mpi_job import mpi_env
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 TOOL = os.path.join(ROOT, "tools", "convert_hf.py")
 LOGITS_RTOL = 1e-5
+IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
 
 _spec = importlib.util.spec_from_file_location("convert_hf", TOOL)
 convert_hf = importlib.util.module_from_spec(_spec)
@@ -200,16 +201,31 @@ CONFIG_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size",
                "sliding_window", "use_sliding_window", "max_window_layers", "layer_types")
 
 
-def assert_equivalent_configs(got_dir, want_dir):
+def assert_configs_agree(got_dir, want_dir, keys, compared=None):
+    """The config in `got_dir` (an export's) is of the class of want_dir's and agrees with it on
+    each of `keys` that want_dir's has. `compared(key, got, want, want_config)`: the two values
+    to compare instead of got and want. Returns both configs."""
     got = transformers.AutoConfig.from_pretrained(got_dir)
     want = transformers.AutoConfig.from_pretrained(want_dir)
     assert type(got) is type(want)
-    for key in CONFIG_KEYS:
+    for key in keys:
         if hasattr(want, key):
             g, w = getattr(got, key), getattr(want, key)
-            if key == "n_inner" and w is None:
-                w = 4 * want.n_embd
+            if compared:
+                g, w = compared(key, g, w, want)
             assert g == w, (key, g, w)
+    return got, want
+
+
+def gpt2_default_n_inner(key, got, want, want_config):
+    """GPT-2's n_inner null means 4 x n_embd, which export writes out."""
+    if key == "n_inner" and want is None:
+        want = 4 * want_config.n_embd
+    return got, want
+
+
+def assert_equivalent_configs(got_dir, want_dir):
+    got, want = assert_configs_agree(got_dir, want_dir, CONFIG_KEYS, gpt2_default_n_inner)
     if want.model_type in ("llama", "qwen2", "qwen3"):
         assert got.rope_parameters == want.rope_parameters
 
@@ -222,20 +238,66 @@ def load_hf(out_dir):
     return model.float().eval()
 
 
-def braid_model(ckpt):
-    """A braid.GPTModel with the checkpoint's config and tensors (read by the tool's reader)."""
+def braid_model(ckpt, config=config_from_metadata):
+    """A braid.GPTModel of the checkpoint (its config made by `config` from the metadata's) with
+    the parameters and expert biases the tool's reader reads."""
     meta, tensors = convert_hf.read_checkpoint(str(ckpt))
-    model = braid.GPTModel(config_from_metadata(meta["config"]), device="cpu", seed=1)
-    params = model.parameters()
-    assert sorted(params) == sorted(tensors)
+    model = braid.GPTModel(config(meta["config"]), device="cpu", seed=1)
+    params, biases = model.parameters(), model.expert_biases()
+    assert sorted([*params, *biases]) == sorted(tensors)
     for name, t in tensors.items():
         assert t.dtype == "F32"
-        params[name].copy_(np.ascontiguousarray(t.array, dtype=np.float32))
+        (params[name] if name in params else biases[name]).copy_(
+            np.ascontiguousarray(t.array, dtype=np.float32))
     return model
 
 
-def imported(tmp_path, kind):
-    hf_dir = MODELS[kind](tmp_path / "hf")
+def metadata(ckpt, iteration=0):
+    return json.loads((ckpt / f"iter_{iteration:07d}" / "metadata.json").read_text())
+
+
+def assert_same_logits(model, ids, want):
+    """braid's `model` computes the logits `want` of `ids` (within LOGITS_RTOL of their
+    largest)."""
+    got = np.from_dlpack(model.logits(ids))
+    assert got.shape == want.shape
+    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+    assert err <= LOGITS_RTOL, err
+
+
+def mlp_kinds(hf):
+    """The class of each layer's MLP, as transformers built it: its experts or its dense MLP."""
+    return [type(layer.mlp).__name__ for layer in hf.model.layers]
+
+
+def assert_computes_both(model, hf_dir, out, hf_logits):
+    """braid's `model` of an import computes the logits of IDS of both the original HF model in
+    `hf_dir` and the export in `out`, whose layers transformers builds with the same MLPs.
+    `hf_logits(hf, ids)`: an HF model's logits, its routing checked."""
+    original, back = load_hf(hf_dir), load_hf(out)
+    assert mlp_kinds(back) == mlp_kinds(original)
+    assert_same_logits(model, IDS, hf_logits(back, IDS))
+    assert_same_logits(model, IDS, hf_logits(original, IDS))
+
+
+def save_after_a_step(cfg, path, seed, routers=("mlp.gate.weight",)):
+    """A braid.GPTModel of `cfg` (`seed`) saved at `path` by braid itself after one training step
+    on IDS, the weights named `routers` drawn wide (std 0.2, as the HF models') first so that no
+    token's routing is near a tie."""
+    model = braid.GPTModel(cfg, device="cpu", seed=seed)
+    rng = np.random.default_rng(seed)
+    for name, p in model.parameters().items():
+        if name.endswith(routers):
+            p.copy_(rng.normal(0.0, 0.2, size=tuple(p.shape)).astype(np.float32))
+    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
+                                                                         style="constant"))
+    trainer.train_step(IDS, IDS)
+    braid.save_checkpoint(str(path), trainer)
+    return model
+
+
+def imported(tmp_path, kind, models=MODELS):
+    hf_dir = models[kind](tmp_path / "hf")
     r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt")
     assert r.returncode == 0, r.stderr
     return hf_dir, tmp_path / "ckpt"
@@ -254,13 +316,9 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
 
     hf = load_hf(out)
     model = braid_model(ckpt)
-    ids = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
-    got = np.from_dlpack(model.logits(ids))
     with torch.no_grad():
-        want = hf(torch.from_numpy(ids)).logits.numpy()
-    assert got.shape == want.shape
-    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
-    assert err <= LOGITS_RTOL, err
+        want = hf(torch.from_numpy(IDS)).logits.numpy()
+    assert_same_logits(model, IDS, want)
 
 
 def test_imported_metadata_is_a_tp1_braid_save(tmp_path):
@@ -407,12 +465,8 @@ def test_export_reassembles_a_sharded_braid_save(tmp_path, kind):
     files = reshard(ckpt, tmp_path / "sharded", tp=2, pp=2)
     assert files == ["mp_rank_00_000.safetensors", "mp_rank_00_001.safetensors",
                      "mp_rank_01_000.safetensors", "mp_rank_01_001.safetensors"]
-    out = tmp_path / "out"
-    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
-    assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
-    assert_equivalent_configs(out, hf_dir)
-    load_hf(out)
+    assert_exports_exactly(tmp_path / "sharded", tmp_path / "out", hf_dir)
+    assert_equivalent_configs(tmp_path / "out", hf_dir)
 
 
 RESAVE = """
@@ -431,6 +485,25 @@ braid.save_checkpoint(dst, trainer)
 """
 
 
+def resave_at_tp2_pp2(ckpt, dst):
+    """braid's C++ loads `ckpt` into a tp = 2, pp = 2 job (4 MPI ranks) and saves it at `dst`."""
+    script = dst.parent / "resave.py"
+    script.write_text(RESAVE)
+    r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
+                        str(ckpt), str(dst)],
+                       env=mpi_env(), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def assert_exports_exactly(ckpt, out, hf_dir):
+    """The export of `ckpt` to `out` holds the tensors of hf_dir bit for bit, and transformers
+    loads it."""
+    r = run_tool("export", "--load", ckpt, "--hf-dir", out)
+    assert r.returncode == 0, r.stderr
+    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
+    load_hf(out)
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 @pytest.mark.parametrize("kind", ["llama-gqa-untied", "gpt2-untied", "qwen2-tied",
                                   "qwen3-untied", "qwen3-wide-heads", "stablelm-partial-rotary",
@@ -439,21 +512,11 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     """The real path: braid's C++ loads the import into a tp = 2, pp = 2 job (4 ranks) and saves
     it there; export reassembles that save bit for bit."""
     hf_dir, ckpt = imported(tmp_path, kind)
-    env = mpi_env()
-    script = tmp_path / "resave.py"
-    script.write_text(RESAVE)
-    r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
-                        str(ckpt), str(tmp_path / "sharded")],
-                       env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
+    resave_at_tp2_pp2(ckpt, tmp_path / "sharded")
     files = sorted(os.listdir(tmp_path / "sharded" / "iter_0000000"))
     assert files == ["metadata.json", "mp_rank_00_000.safetensors", "mp_rank_00_001.safetensors",
                      "mp_rank_01_000.safetensors", "mp_rank_01_001.safetensors"]
-    out = tmp_path / "out"
-    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
-    assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
-    load_hf(out)
+    assert_exports_exactly(tmp_path / "sharded", tmp_path / "out", hf_dir)
 
 
 # ---- bad inputs ------------------------------------------------------------------------------
@@ -497,6 +560,14 @@ def edit_config(hf_dir, **changes):
     cfg = json.loads(path.read_text())
     cfg.update(changes)
     path.write_text(json.dumps(cfg))
+
+
+def assert_import_refused(hf_dir, changes, words, save):
+    """With `changes` in its config.json, the import of hf_dir fails with one line holding
+    `words` and writes nothing at `save`."""
+    edit_config(hf_dir, **changes)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", save), *words)
+    assert not save.exists()
 
 
 @pytest.mark.parametrize("make,changes,field", [

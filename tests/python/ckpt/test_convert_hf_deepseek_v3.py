@@ -8,10 +8,13 @@ them, imported into braid and exported back.
   is format version 3; transformers loads the export with no missing or unexpected keys; braid's
   model of the import computes the logits of both the original and the exported HF model; also
   without a query latent (q_proj, DeepSeek-V2-Lite's), dense (first_k_dense_replace = the layer
-  count), tied, and without groups
+  count), tied, without groups, and with YaRN RoPE (DeepSeek-V3's rope_scaling, and mscale 0.8 /
+  mscale_all_dim 0.6 on a dense model); transformers 4's rope_scaling imports as 5's
+  rope_parameters does
 - braid's C++ loads the import and saves it as the import wrote it; a tp 2 x pp 2 re-save
   exports exactly; tools/generate.py decodes the import as transformers' generate does
-- a checkpoint braid trained itself exports as DeepSeek-V3, and transformers computes its logits
+- a checkpoint braid trained itself exports as DeepSeek-V3, and transformers computes its logits;
+  with YaRN too, an attention_factor written where transformers' own rule would differ
 - the multi-token-prediction layers are dropped; num_key_value_heads above the head count
   (transformers' default of 128 on a small model) imports
 - what braid's multi-latent attention or router cannot compute as transformers' does is refused
@@ -29,52 +32,44 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file, save_file
 
 import braid
 from braid.generate import config_from_metadata
-from mpi_job import mpi_env
-from test_convert_hf import (LOGITS_RTOL, RESAVE, ROOT, assert_fails, assert_same_bits,
-                             convert_hf, edit_config, hf_weights, load_hf, perturb, run_tool)
-from test_convert_hf_moe import metadata
+from convert_test_util import (BIAS, BRAID_ROUTER, HF_ROUTER, assert_mixed_bf16_round_trip,
+                               assert_mtp_layers_dropped, assert_resaves_alike,
+                               export_with_clear_routing, hf_logits, save_hf)
+from test_convert_hf import (IDS, LOGITS_RTOL, ROOT, assert_computes_both, assert_configs_agree,
+                             assert_exports_exactly, assert_import_refused, assert_same_bits,
+                             assert_same_logits, braid_model, convert_hf, hf_weights, imported,
+                             load_hf, metadata, resave_at_tp2_pp2, run_tool, save_after_a_step)
 
-EXPERTS, TOPK = 8, 4
-IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
-MARGIN = 1e-3  # the least gap between a token's last chosen and first unchosen group or expert
-BIAS = "mlp.gate.e_score_correction_bias"
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from hf_configs import ConvertError, as_f32, hf_config_from_braid  # noqa: E402
+
 YARN = {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
         "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1}  # V3's
+V3_YARN = {"rope_type": "yarn", "rope_theta": 10000.0,
+           **{k: v for k, v in YARN.items() if k != "type"}}  # as transformers 5 holds it
+# cos and sin times g(0.8) / g(0.6); an original context shorter than IDS
+OTHER_YARN = {**V3_YARN, "mscale": 0.8, "mscale_all_dim": 0.6,
+              "original_max_position_embeddings": 8}
 
 
 def deepseek_v3(tmp, layers=3, dtype=torch.float32, seed=3, **extra):
-    """A DeepseekV3ForCausalLM saved by save_pretrained: hidden 64, 4 heads, q_lora_rank 24,
-    kv_lora_rank 16, qk_nope_head_dim 16, qk_rope_head_dim 8, v_head_dim 12; the first layer
-    dense (intermediate_size 160), then 8 experts of 32 in 4 groups (top 4 of the best 2), a
-    shared expert of 32, routed_scaling_factor 2.5; routers wide and the biases random so that
-    they change choices. `extra`: more config fields. `seed`: one whose routing has no near tie
-    on IDS."""
+    """A DeepseekV3ForCausalLM saved by save_pretrained (save_hf): hidden 64, 4 heads,
+    q_lora_rank 24, kv_lora_rank 16, qk_nope_head_dim 16, qk_rope_head_dim 8, v_head_dim 12; the
+    first layer dense (intermediate_size 160), then HF_ROUTER's experts. `extra`: more config
+    fields. `seed`: one whose routing has no near tie on IDS."""
     torch.manual_seed(seed)
     fields = dict(
-        vocab_size=97, hidden_size=64, intermediate_size=160, moe_intermediate_size=32,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24,
-        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
-        max_position_embeddings=64, n_routed_experts=EXPERTS, num_experts_per_tok=TOPK,
-        n_group=4, topk_group=2, n_shared_experts=1, first_k_dense_replace=1,
-        norm_topk_prob=True, routed_scaling_factor=2.5, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, rope_parameters={"rope_type": "default",
-                                                    "rope_theta": 10000.0})
+        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=64,
+        rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **HF_ROUTER)
     fields.update(extra)
-    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**fields)).eval()
-    perturb(model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("mlp.gate.weight"):
-                p.normal_(0.0, 0.2)
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.1)
-    model.to(dtype).save_pretrained(tmp)
-    return tmp
+    return save_hf(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**fields))
+                   .eval(), tmp, dtype)
 
 
 MODELS = {
@@ -88,6 +83,10 @@ MODELS = {
     # no groups, top 2, experts on every layer
     "no-groups": lambda d: deepseek_v3(d, layers=2, n_group=1, topk_group=1,
                                        num_experts_per_tok=2, first_k_dense_replace=0),
+    # DeepSeek-V3's YaRN
+    "yarn": lambda d: deepseek_v3(d, rope_parameters=V3_YARN),
+    # YaRN with cos and sin scaled too; dense
+    "yarn-dense": lambda d: deepseek_v3(d, first_k_dense_replace=3, rope_parameters=OTHER_YARN),
 }
 CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
@@ -99,80 +98,16 @@ CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_lay
                "routed_scaling_factor", "max_position_embeddings", "vocab_size")
 
 
-def braid_model(ckpt):
-    """A braid.GPTModel with the checkpoint's config, parameters and expert biases (read by the
-    tool's reader)."""
-    meta, tensors = convert_hf.read_checkpoint(str(ckpt))
-    model = braid.GPTModel(config_from_metadata(meta["config"]), device="cpu", seed=1)
-    params, biases = model.parameters(), model.expert_biases()
-    assert sorted([*params, *biases]) == sorted(tensors)
-    for name, t in tensors.items():
-        assert t.dtype == "F32"
-        (params[name] if name in params else biases[name]).copy_(
-            np.ascontiguousarray(t.array, dtype=np.float32))
-    return model
-
-
-def imported(tmp_path, kind):
-    hf_dir = MODELS[kind](tmp_path / "hf")
-    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt")
-    assert r.returncode == 0, r.stderr
-    return hf_dir, tmp_path / "ckpt"
-
-
-def hf_forward(hf, ids):
-    """HF's logits and the least gap, over every token and expert layer, between the last group
-    and the last expert chosen and the first left out (transformers' DeepseekV3TopkRouter)."""
-    with torch.no_grad():
-        out = hf(torch.from_numpy(ids), output_router_logits=True)
-    routers = [layer.mlp.gate for layer in hf.model.layers if hasattr(layer.mlp, "experts")]
-    assert len(routers) == len(out.router_logits or ())
-    margin = float("inf")
-    for router, logits in zip(routers, out.router_logits):
-        scores = logits.sigmoid() + router.e_score_correction_bias
-        groups, topk_group, k = router.num_group, router.topk_group, router.top_k
-        if groups > 1:
-            sums = scores.view(-1, groups, EXPERTS // groups).topk(2, dim=-1).values.sum(-1)
-            top = sums.topk(topk_group + 1, dim=-1)
-            margin = min(margin, (top.values[:, topk_group - 1] -
-                                  top.values[:, topk_group]).min().item())
-            keep = torch.zeros_like(sums).scatter_(1, top.indices[:, :topk_group], 1)
-            scores = scores.masked_fill(
-                ~keep.repeat_interleave(EXPERTS // groups, dim=1).bool(), float("-inf"))
-        top = scores.topk(k + 1, dim=-1).values
-        margin = min(margin, (top[:, k - 1] - top[:, k]).min().item())
-    return out.logits.numpy(), margin
-
-
-def hf_logits(hf, ids):
-    """HF's logits, checking that no token's group or expert choice is near a tie (braid's
-    router logits agree to ~1e-6, so braid chooses the same experts)."""
-    logits, margin = hf_forward(hf, ids)
-    assert margin > MARGIN, f"a near tie in the routing ({margin:.1e})"
-    return logits
-
-
-def assert_same_logits(model, hf, ids):
-    got = np.from_dlpack(model.logits(ids))
-    want = hf_logits(hf, ids)
-    assert got.shape == want.shape
-    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
-    assert err <= LOGITS_RTOL, err
-
-
-def assert_equivalent_configs(got_dir, want_dir):
-    got = transformers.AutoConfig.from_pretrained(got_dir)
-    want = transformers.AutoConfig.from_pretrained(want_dir)
-    assert type(got) is type(want)
-    for key in CONFIG_KEYS:
-        if hasattr(want, key):
-            assert getattr(got, key) == getattr(want, key), (key, getattr(got, key),
-                                                             getattr(want, key))
+def without_yarn_type(key, got, want, want_config):
+    """rope_parameters without "type" (the export's rope_scaling also says type: yarn)."""
+    if key == "rope_parameters":
+        got, want = ({k: v for k, v in d.items() if k != "type"} for d in (got, want))
+    return got, want
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
-    hf_dir, ckpt = imported(tmp_path, kind)
+    hf_dir, ckpt = imported(tmp_path, kind, MODELS)
     meta, hf_cfg = metadata(ckpt), json.loads((hf_dir / "config.json").read_text())
     c = meta["config"]
     # A version-2 reader would build other parameters (q, k, v): version 3.
@@ -183,6 +118,16 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
     # kv_channels: the query/key head width, as braid's C++ saves an MLA model
     assert (c["kv_channels"], c["num_query_groups"], c["rotary_percent"]) == (24, 4, 1.0)
     assert (c["add_bias_linear"], c["add_qkv_bias"]) == (False, False)
+    rope = hf_cfg["rope_parameters"]
+    if rope["rope_type"] == "yarn":
+        assert (c["rope_yarn_factor"], c["rope_yarn_beta_fast"], c["rope_yarn_beta_slow"],
+                c["rope_original_max_position_embeddings"]) == (
+            40.0, 32.0, 1.0, rope["original_max_position_embeddings"])
+        assert (c["rope_yarn_mscale"], c["rope_yarn_mscale_all_dim"]) == (
+            as_f32(rope["mscale"]), as_f32(rope["mscale_all_dim"]))
+        assert c["rope_scaling_factor"] == 0.0
+    else:
+        assert c["rope_yarn_factor"] == 0.0
     index = meta["tensors"]
     a = "model.layers.0.self_attn."
     assert index[a + "kv_a_proj_with_mqa.weight"]["shape"] == [24, 64]
@@ -190,7 +135,7 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
     assert index[a + "o_proj.weight"]["shape"] == [64, 4 * 12]
     assert (a + "q_a_proj.weight" in index) == (a + "q_a_layernorm.weight" in index) == (
         hf_cfg["q_lora_rank"] is not None) != (a + "q_proj.weight" in index)
-    if kind == "dense":
+    if hf_cfg["first_k_dense_replace"] >= hf_cfg["num_hidden_layers"]:  # dense
         assert not c.get("num_experts") and "moe_router_score_function" not in c
         assert not any(BIAS in name for name in index)
     else:
@@ -211,54 +156,55 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
     assert r.returncode == 0, r.stderr
     got, want = hf_weights(out), hf_weights(hf_dir)
     assert_same_bits(got, want)
-    assert_equivalent_configs(out, hf_dir)
-    model = braid_model(ckpt)
-    original, back = load_hf(hf_dir), load_hf(out)
-    assert [type(layer.mlp).__name__ for layer in back.model.layers] == \
-        [type(layer.mlp).__name__ for layer in original.model.layers]
-    assert_same_logits(model, back, IDS)
-    assert_same_logits(model, original, IDS)
+    assert_configs_agree(out, hf_dir, CONFIG_KEYS, without_yarn_type)
+    written = json.loads((out / "config.json").read_text())
+    if rope["rope_type"] == "yarn":  # transformers 4 and DeepSeek's own code read rope_scaling
+        assert written["rope_scaling"] == {
+            "type": "yarn", "rope_type": "yarn",
+            **{k: v for k, v in rope.items() if k not in ("rope_theta", "rope_type")}}
+    else:
+        assert "rope_scaling" not in written
+    assert_computes_both(braid_model(ckpt), hf_dir, out, hf_logits)
 
 
 def test_bf16_round_trip_is_exact(tmp_path):
-    # Loaded in bf16, transformers keeps the routers and their biases in f32: the import is
-    # mixed, so braid computes in f32 (params_dtype), each tensor stored as it came.
-    f32_dir = deepseek_v3(tmp_path / "f32")
-    hf_dir = tmp_path / "hf"
-    transformers.AutoModelForCausalLM.from_pretrained(f32_dir, dtype=torch.bfloat16
-                                                      ).save_pretrained(hf_dir)
-    want = hf_weights(hf_dir)
-    assert want[f"model.layers.1.{BIAS}"].dtype == torch.float32
-    assert want["model.layers.1.self_attn.kv_b_proj.weight"].dtype == torch.bfloat16
-    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
-    assert metadata(tmp_path / "ckpt")["config"]["params_dtype"] == "f32"
-    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out")
+    # Loaded in bf16, transformers keeps the routers' biases in f32.
+    assert_mixed_bf16_round_trip(tmp_path, deepseek_v3(tmp_path / "f32"),
+                                 f32_names=[f"model.layers.1.{BIAS}"],
+                                 bf16_names=["model.layers.1.self_attn.kv_b_proj.weight"])
+
+
+def test_transformers_4_rope_scaling_imports_as_rope_parameters(tmp_path):
+    # DeepSeek-V3's own config.json: rope_scaling (type yarn) and rope_theta at the top level,
+    # no rope_parameters. transformers 5 reads it so (rope_scaling wins over rope_parameters);
+    # the import is the one of the same model saved by transformers 5.
+    hf_dir, ckpt = imported(tmp_path, "yarn", MODELS)
+    config = json.loads((hf_dir / "config.json").read_text())
+    del config["rope_parameters"]
+    config.update(rope_scaling=YARN, rope_theta=10000.0)
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    assert transformers.AutoConfig.from_pretrained(hf_dir).rope_parameters["rope_type"] == "yarn"
+    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "v4")
     assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(tmp_path / "out"), want)
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    want = metadata(ckpt)["config"]
+    assert metadata(tmp_path / "v4")["config"] == want
+    # Both, differing: transformers takes rope_scaling, and so does the import.
+    config["rope_parameters"] = {**V3_YARN, "factor": 8.0}
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "both").returncode == 0
+    assert metadata(tmp_path / "both")["config"] == want
 
 
 def test_braids_loader_reads_the_import_and_saves_it_alike(tmp_path):
     # C++ load_parameters takes the import's tensors (the latent projections, their norms, the
     # biases); save_checkpoint writes the index, the format version and the bytes the import
     # wrote.
-    hf_dir, ckpt = imported(tmp_path, "deepseek_v3")
-    meta = metadata(ckpt)
-    model = braid.GPTModel(config_from_metadata(meta["config"]), device="cpu", seed=9)
+    hf_dir, ckpt = imported(tmp_path, "deepseek_v3", MODELS)
+    model = braid.GPTModel(config_from_metadata(metadata(ckpt)["config"]), device="cpu", seed=9)
     braid.load_parameters(str(ckpt), model)
-    assert_same_logits(model, load_hf(hf_dir), IDS)
-    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
-                                                                         style="constant"))
-    braid.save_checkpoint(str(tmp_path / "resaved"), trainer, save_optim=False)
-    resaved = metadata(tmp_path / "resaved")
+    assert_same_logits(model, IDS, hf_logits(load_hf(hf_dir), IDS))
+    resaved = assert_resaves_alike(model, ckpt, tmp_path / "resaved")
     assert resaved["format_version"] == 3
-    assert resaved["tensors"] == meta["tensors"]
-    assert {k: v for k, v in resaved["config"].items() if k in meta["config"]} == meta["config"]
-    _, want = convert_hf.read_checkpoint(str(ckpt))
-    _, got = convert_hf.read_checkpoint(str(tmp_path / "resaved"))
-    for name in want:
-        assert got[name].dtype == want[name].dtype
-        np.testing.assert_array_equal(got[name].array, want[name].array, err_msg=name)
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
@@ -270,12 +216,7 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, q_lora_rank):
     hf_dir = deepseek_v3(tmp_path / "hf", layers=4, q_lora_rank=q_lora_rank)
     ckpt = tmp_path / "ckpt"
     assert run_tool("import", "--hf-dir", hf_dir, "--save", ckpt).returncode == 0
-    script = tmp_path / "resave.py"
-    script.write_text(RESAVE)
-    r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
-                        str(ckpt), str(tmp_path / "sharded")],
-                       env=mpi_env(), capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
+    resave_at_tp2_pp2(ckpt, tmp_path / "sharded")
     meta = metadata(tmp_path / "sharded")
     assert meta["format_version"] == 3
     index = meta["tensors"]
@@ -283,18 +224,17 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, q_lora_rank):
     assert [s["length"] for s in index[a + "kv_b_proj.weight"]["shards"]] == [56, 56]
     assert [s["length"] for s in index[a + "o_proj.weight"]["shards"]] == [24, 24]
     assert index[a + "kv_a_proj_with_mqa.weight"]["split_dim"] == -1
-    out = tmp_path / "out"
-    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
-    assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
-    load_hf(out)
+    assert_exports_exactly(tmp_path / "sharded", tmp_path / "out", hf_dir)
 
 
-def test_generate_tool_decodes_an_import_as_transformers_does(tmp_path):
-    # tools/generate.py builds the model from the checkpoint's metadata and decodes over braid's
-    # KV cache; transformers' generate over its own. Dense, with weights drawn wider than
-    # transformers' init so that every step's top two logits are apart.
-    hf_dir = deepseek_v3(tmp_path / "hf", first_k_dense_replace=3, initializer_range=0.1)
+@pytest.mark.parametrize("rope", ["default", "yarn"])
+def test_generate_tool_decodes_an_import_as_transformers_does(tmp_path, rope):
+    # tools/generate.py builds the model from the checkpoint's metadata (YaRN's keys included)
+    # and decodes over braid's KV cache; transformers' generate over its own. Dense, with weights
+    # drawn wider than transformers' init so that every step's top two logits are apart.
+    extra = {"rope_parameters": OTHER_YARN} if rope == "yarn" else {}
+    hf_dir = deepseek_v3(tmp_path / "hf", first_k_dense_replace=3, initializer_range=0.1,
+                         **extra)
     assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
     hf = load_hf(hf_dir)
     rng = np.random.default_rng(0)
@@ -319,25 +259,10 @@ def test_mtp_layers_are_dropped(tmp_path):
     # DeepSeek-V3's checkpoints hold num_nextn_predict_layers multi-token-prediction layers
     # after the last (model.layers.61.*: eh_proj, enorm, hnorm, shared_head, a whole layer),
     # which transformers' causal LM does not load: import drops them too.
-    hf_dir, ckpt = imported(tmp_path, "deepseek_v3")
-    state = load_file(str(hf_dir / "model.safetensors"))
-    for name in ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight",
-                 "self_attn.kv_b_proj.weight", "mlp.experts.0.up_proj.weight"):
-        state[f"model.layers.3.{name}"] = torch.ones(4, 4)
-    save_file(state, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
-    assert json.loads((hf_dir / "config.json").read_text())["num_nextn_predict_layers"] == 1
-    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt2")
-    assert r.returncode == 0, r.stderr
-    _, want = convert_hf.read_checkpoint(str(ckpt))
-    _, got = convert_hf.read_checkpoint(str(tmp_path / "ckpt2"))
-    assert sorted(got) == sorted(want)
-    r = run_tool("export", "--load", tmp_path / "ckpt2", "--hf-dir", tmp_path / "out")
-    assert r.returncode == 0, r.stderr
-    assert json.loads((tmp_path / "out" / "config.json").read_text())[
-        "num_nextn_predict_layers"] == 0
-    edit_config(hf_dir, num_nextn_predict_layers=0)
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt3"),
-                 "unexpected tensor model.layers.3.")
+    hf_dir, ckpt = imported(tmp_path, "deepseek_v3", MODELS)
+    assert_mtp_layers_dropped(tmp_path, hf_dir, ckpt, (
+        "eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight",
+        "self_attn.kv_b_proj.weight", "mlp.experts.0.up_proj.weight"))
 
 
 def test_more_key_value_heads_than_heads_import(tmp_path):
@@ -362,10 +287,9 @@ def test_more_key_value_heads_than_heads_import(tmp_path):
 # ---- a checkpoint braid trained ----------------------------------------------------------------
 
 def braid_mla_checkpoint(path, seed=3, **fields):
-    """A checkpoint braid saved itself after a training step with the expert-bias update on,
-    its routers widened first (as the HF models'): 3 layers, multi-latent attention of
-    test_hf_deepseek_v3_oracle.py's shape, the first layer dense, 8 experts in 4 groups, top 4
-    of the best 2, an ungated shared expert, scaling 2.5. `fields`: more config."""
+    """A checkpoint braid saved itself after a training step (save_after_a_step) with the
+    expert-bias update on: 3 layers, multi-latent attention of test_hf_deepseek_v3_oracle.py's
+    shape, BRAID_ROUTER's experts. `fields`: more config."""
     cfg = braid.TransformerConfig.preset("llama-tiny")
     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_query_groups = 3, 64, 4, 4
     cfg.ffn_hidden_size, cfg.vocab_size, cfg.max_position_embeddings = 160, 97, 64
@@ -373,24 +297,9 @@ def braid_mla_checkpoint(path, seed=3, **fields):
     cfg.multi_latent_attention, cfg.qk_layernorm, cfg.kv_channels = True, True, 0
     cfg.q_lora_rank, cfg.kv_lora_rank, cfg.v_head_dim = 24, 16, 12
     cfg.qk_head_dim, cfg.qk_pos_emb_head_dim = 16, 8
-    cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size = 8, 4, 32
-    cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias = "sigmoid", True
-    cfg.moe_router_bias_update_rate = 0.02
-    cfg.moe_router_num_groups, cfg.moe_router_group_topk = 4, 2
-    cfg.moe_router_topk_scaling_factor, cfg.moe_shared_expert_intermediate_size = 2.5, 32
-    cfg.moe_layers, cfg.moe_aux_loss_coeff = [0, 1, 1], 0.01
-    for name, value in fields.items():
+    for name, value in {**BRAID_ROUTER, **fields}.items():
         setattr(cfg, name, value)
-    model = braid.GPTModel(cfg, device="cpu", seed=seed)
-    rng = np.random.default_rng(seed)
-    for name, p in model.parameters().items():
-        if name.endswith("mlp.gate.weight"):
-            p.copy_(rng.normal(0.0, 0.2, size=tuple(p.shape)).astype(np.float32))
-    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
-                                                                         style="constant"))
-    trainer.train_step(IDS, IDS)
-    braid.save_checkpoint(str(path), trainer)
-    return model
+    return save_after_a_step(cfg, path, seed)
 
 
 DENSE = {"num_experts": 0, "moe_router_topk": 2, "moe_router_score_function": "softmax",
@@ -406,25 +315,22 @@ DENSE = {"num_experts": 0, "moe_router_topk": 2, "moe_router_score_function": "s
      "moe_router_group_topk": 0, "moe_router_topk": 2},
     # dense: first_k_dense_replace = 3
     DENSE,
-], ids=["moe", "no-q-latent", "dense"])
+    # DeepSeek-V3's YaRN
+    {"rope_yarn_factor": 40.0, "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 1.0,
+     "rope_original_max_position_embeddings": 4096},
+    # Megatron's --mscale 0.8 with --mscale-all-dim 0: cos and sin times g(0.8), which
+    # transformers' rule (g(1) unless both are set) would not give: an attention_factor
+    {**DENSE, "rope_yarn_factor": 40.0, "rope_yarn_mscale": 0.8,
+     "rope_original_max_position_embeddings": 8},
+], ids=["moe", "no-q-latent", "dense", "yarn", "yarn-attention-factor"])
 def test_a_trained_braid_model_exports(tmp_path, fields):
-    # The first of a few seeds whose trained model routes IDS with no near tie.
-    for seed in range(3, 11):
-        model = braid_mla_checkpoint(tmp_path / f"ckpt{seed}", seed, **fields)
-        out = tmp_path / f"out{seed}"
-        r = run_tool("export", "--load", tmp_path / f"ckpt{seed}", "--hf-dir", out)
-        assert r.returncode == 0, r.stderr
-        hf = load_hf(out)
-        if hf_forward(hf, IDS)[1] > MARGIN:
-            break
-    else:
-        pytest.fail("every seed's routing has a near tie")
+    model, out, hf = export_with_clear_routing(tmp_path, braid_mla_checkpoint, **fields)
     assert hf.config.model_type == "deepseek_v3" and hf.config.rope_interleave
     assert (hf.config.q_lora_rank, hf.config.kv_lora_rank) == (fields.get("q_lora_rank", 24) or
                                                                None, 16)
     assert (hf.config.qk_nope_head_dim, hf.config.qk_rope_head_dim, hf.config.v_head_dim) == (
         16, 8, 12)
-    if fields is DENSE:
+    if fields.get("num_experts") == 0:
         assert hf.config.first_k_dense_replace == 3
         assert not any(hasattr(layer.mlp, "experts") for layer in hf.model.layers)
     else:
@@ -436,21 +342,59 @@ def test_a_trained_braid_model_exports(tmp_path, fields):
             np.testing.assert_array_equal(written[f"model.layers.{i}.{BIAS}"].numpy(),
                                           biases.get(f"model.layers.{i}.{BIAS}",
                                                      np.zeros(8, np.float32)))
-    assert_same_logits(model, hf, IDS)
+    rope = hf.config.rope_parameters
+    if fields.get("rope_yarn_factor"):
+        assert rope["rope_type"] == "yarn" and rope["factor"] == 40.0
+        assert (rope["mscale"], rope["mscale_all_dim"]) == (
+            fields["rope_yarn_mscale"], fields.get("rope_yarn_mscale_all_dim", 0.0))
+        assert rope["original_max_position_embeddings"] == \
+            fields["rope_original_max_position_embeddings"]
+        assert ("attention_factor" in rope) == (fields["rope_yarn_mscale"] == 0.8)
+        assert hf.model.rotary_emb.attention_scaling == pytest.approx(
+            model.config.rope_attention_factor, rel=1e-7)
+        # ... and imports back as braid's model was
+        r = run_tool("import", "--hf-dir", out, "--save", tmp_path / "back")
+        assert r.returncode == 0, r.stderr
+        back = metadata(tmp_path / "back")["config"]
+        for key in ("rope_yarn_factor", "rope_yarn_beta_fast", "rope_yarn_beta_slow",
+                    "rope_yarn_mscale", "rope_yarn_mscale_all_dim",
+                    "rope_original_max_position_embeddings"):
+            assert back[key] == getattr(model.config, key), key
+    else:
+        assert rope["rope_type"] == "default"
+    assert_same_logits(model, IDS, hf_logits(hf, IDS))
 
 
 # ---- refused -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("changes,words", [
     ({"rope_interleave": False}, ("rope_interleave", "interleaved pairs")),
-    ({"rope_scaling": YARN}, ("rope_scaling", "braid has no YaRN")),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0}},
-     ("rope_parameters.rope_type", "braid has no YaRN")),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}},
+     ("rope_parameters.rope_type = \"linear\"", "plain RoPE or YaRN's")),
+    ({"rope_scaling": {**YARN, "truncate": False}},
+     ("rope_scaling.truncate = false", "unrounded correction range")),
+    ({"rope_parameters": {**V3_YARN, "attention_factor": 1.5}},
+     ("rope_parameters.attention_factor = 1.5", "g(mscale) / g(mscale_all_dim) = 1,")),
+    # transformers ignores mscale without mscale_all_dim (g(1) on cos and sin); DeepSeek's code
+    # and megatron-core take g(0.707) / g(0)
+    ({"rope_parameters": {**V3_YARN, "mscale": 0.707, "mscale_all_dim": 0}},
+     ("rope_parameters.mscale = 0.707", "g(1) = 1.368888", "= 1.260804")),
+    ({"rope_scaling": {k: v for k, v in YARN.items() if k != "mscale"}},
+     ("rope_scaling.mscale_all_dim = 1.0", "g(1) = 1.368888", "= 1,")),
+    ({"rope_parameters": {**V3_YARN, "factor": 0.5}},
+     ("rope_parameters.factor should be a number >= 1, is 0.5",)),
+    ({"rope_parameters": {k: v for k, v in V3_YARN.items() if k != "factor"}},
+     ("rope_type yarn without its factor",)),
+    ({"rope_parameters": {**V3_YARN, "beta_slow": 64}},
+     ("rope_parameters.beta_slow = 64", "0 < beta_slow <= beta_fast (32)")),
     ({"attention_bias": True}, ("attention_bias", "q_a_proj, kv_a_proj_with_mqa and o_proj")),
     ({"num_key_value_heads": 2}, ("num_key_value_heads", "its own key and value")),
     ({"v_head_dim": 32}, ("v_head_dim", "qk_nope_head_dim + qk_rope_head_dim = 24")),
     ({"qk_rope_head_dim": 7}, ("qk_rope_head_dim should be a positive even number",)),
     ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}},
+     ("quantization_config (fp8)", "dequantize")),
+    # DeepSeek-V3's own: FP8 weights with YaRN
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}, "rope_scaling": YARN},
      ("quantization_config (fp8)", "dequantize")),
     ({"hidden_act": "gelu"}, ("hidden_act",)),
     ({"rms_norm_eps": 1e-5}, ("rms_norm_eps", "latent norms (q_a_layernorm, kv_a_layernorm) use "
@@ -463,10 +407,7 @@ def test_a_trained_braid_model_exports(tmp_path, fields):
      ("unsupported architecture DeepseekV2ForCausalLM", "topk_method")),
 ])
 def test_refuses_what_braid_cannot_hold(tmp_path, changes, words):
-    hf_dir = deepseek_v3(tmp_path / "hf")
-    edit_config(hf_dir, **changes)
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), *words)
-    assert not (tmp_path / "c").exists()
+    assert_import_refused(deepseek_v3(tmp_path / "hf"), changes, words, tmp_path / "c")
 
 
 def test_export_refuses_an_mla_model_with_no_hf_counterpart():
@@ -484,6 +425,7 @@ def test_export_refuses_an_mla_model_with_no_hf_counterpart():
          "num_query_groups": 4, "kv_channels": 24}
     arch = convert_hf.latent_attention_architecture
     assert arch(c) == "deepseek_v3"
+    assert arch(dict(c, rope_yarn_factor=40.0)) == "deepseek_v3"  # YaRN
     assert arch(dict(c, num_experts=0)) == "deepseek_v3"  # dense
     assert arch(dict(c, q_lora_rank=0)) == "deepseek_v3"
     refusals = [
@@ -499,3 +441,24 @@ def test_export_refuses_an_mla_model_with_no_hf_counterpart():
     for config, words in refusals:
         with pytest.raises(convert_hf.ConvertError, match=re.escape(words)):
             arch(config)
+
+
+def test_export_refuses_yarn_without_multi_latent_attention():
+    # braid's YaRN on ordinary attention (--rope-type yarn without --multi-latent-attention)
+    # has no counterpart convert_hf.py moves: Llama and the others import and export plain RoPE
+    # or Llama 3.1's scaling only.
+    c = {"normalization": "rmsnorm", "activation": "swiglu", "position_embedding": "rope",
+         "add_bias_linear": False, "add_qkv_bias": False, "qk_layernorm": False,
+         "rotary_percent": 1.0, "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+         "num_query_groups": 2, "kv_channels": 16, "ffn_hidden_size": 160, "vocab_size": 97,
+         "max_position_embeddings": 64, "rope_theta": 10000.0, "rope_scaling_factor": 0.0,
+         "norm_eps": 1e-5, "tie_embeddings": False, "window_size": -1, "window_layers": [],
+         "rope_yarn_factor": 4.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
+         "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0,
+         "rope_original_max_position_embeddings": 4096}
+    assert convert_hf.braid_architecture(c) == "llama"
+    with pytest.raises(ConvertError, match="this braid model has YaRN RoPE and exports as llama; "
+                                           "convert_hf.py moves YaRN with DeepSeek-V3"):
+        hf_config_from_braid(c, "llama", "float32", None)
+    assert hf_config_from_braid(dict(c, rope_yarn_factor=0.0), "llama", "float32", None)[
+        "rope_parameters"]["rope_type"] == "default"

@@ -22,8 +22,6 @@ mlp.shared_expert_gate.weight), imported into braid and exported back.
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -33,9 +31,11 @@ from safetensors.torch import save_file
 
 import braid
 from hf_oracle import moe_routers
-from mpi_job import mpi_env
-from test_convert_hf import (LOGITS_RTOL, RESAVE, assert_fails, assert_same_bits, braid_model,
-                             convert_hf, edit_config, hf_weights, load_hf, perturb, run_tool)
+from test_convert_hf import (IDS, assert_computes_both, assert_configs_agree,
+                             assert_exports_exactly, assert_fails, assert_import_refused,
+                             assert_same_bits, assert_same_logits, braid_model, convert_hf,
+                             edit_config, hf_weights, imported, load_hf, metadata, perturb,
+                             resave_at_tp2_pp2, run_tool, save_after_a_step)
 
 
 def mixtral(tmp, sliding_window=None, tie=False, dtype=torch.float32):
@@ -118,34 +118,11 @@ MOE_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers
             "shared_expert_intermediate_size", "qkv_bias", "layer_types")
 
 
-def mlp_kinds(hf):
-    """The class of each layer's MLP, as transformers built it: its experts or its dense MLP.
-    (Export writes the dense layers as mlp_only_layers with decoder_sparse_step 1: an import's
-    decoder_sparse_step 2 comes back as other fields that build the same layers.)"""
-    return [type(layer.mlp).__name__ for layer in hf.model.layers]
-
-
-def assert_equivalent_configs(got_dir, want_dir):
-    got = transformers.AutoConfig.from_pretrained(got_dir)
-    want = transformers.AutoConfig.from_pretrained(want_dir)
-    assert type(got) is type(want)
-    for key in MOE_KEYS:
-        if hasattr(want, key):
-            g, w = getattr(got, key), getattr(want, key)
-            if key == "head_dim" and w is None:  # export writes Mixtral's default out
-                w = want.hidden_size // want.num_attention_heads
-            assert g == w, (key, g, w)
-
-
-def imported(tmp_path, kind):
-    hf_dir = MODELS[kind](tmp_path / "hf")
-    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt")
-    assert r.returncode == 0, r.stderr
-    return hf_dir, tmp_path / "ckpt"
-
-
-def metadata(ckpt, iteration=0):
-    return json.loads((ckpt / f"iter_{iteration:07d}" / "metadata.json").read_text())
+def mixtral_default_head_dim(key, got, want, want_config):
+    """Mixtral's head_dim null means hidden / heads, which export writes out."""
+    if key == "head_dim" and want is None:
+        want = want_config.hidden_size // want_config.num_attention_heads
+    return got, want
 
 
 def hf_logits(hf, ids):
@@ -159,20 +136,9 @@ def hf_logits(hf, ids):
     return out.logits.numpy()
 
 
-def assert_same_logits(model, hf, ids):
-    got = np.from_dlpack(model.logits(ids))
-    want = hf_logits(hf, ids)
-    assert got.shape == want.shape
-    err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
-    assert err <= LOGITS_RTOL, err
-
-
-IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
-
-
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
-    hf_dir, ckpt = imported(tmp_path, kind)
+    hf_dir, ckpt = imported(tmp_path, kind, MODELS)
     c = metadata(ckpt)["config"]
     hf_cfg = json.loads((hf_dir / "config.json").read_text())
     assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"]) == (4, 2, 48)
@@ -188,20 +154,16 @@ def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
     assert c["moe_layers"] == MOE_LAYERS.get(kind, [])
     assert c["ffn_hidden_size"] == (48 if kind.startswith("mixtral") else 160)  # dense layers'
     out = tmp_path / "out"
-    r = run_tool("export", "--load", ckpt, "--hf-dir", out)
-    assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
-    assert_equivalent_configs(out, hf_dir)
+    assert_exports_exactly(ckpt, out, hf_dir)
+    assert_configs_agree(out, hf_dir, MOE_KEYS, mixtral_default_head_dim)
     exported = json.loads((out / "config.json").read_text())
     if not kind.startswith("mixtral"):
         dense = [i for i, e in enumerate(MOE_LAYERS.get(kind, [])) if not e]
         assert (exported["mlp_only_layers"], exported["decoder_sparse_step"]) == (dense, 1)
 
-    model = braid_model(ckpt)
-    original, back = load_hf(hf_dir), load_hf(out)
-    assert mlp_kinds(back) == mlp_kinds(original)
-    assert_same_logits(model, back, IDS)
-    assert_same_logits(model, original, IDS)
+    # Export writes the dense layers as mlp_only_layers with decoder_sparse_step 1: an import's
+    # decoder_sparse_step 2 comes back as other fields that build the same layers.
+    assert_computes_both(braid_model(ckpt), hf_dir, out, hf_logits)
 
 
 def fused_dir(hf_dir, dst):
@@ -221,7 +183,7 @@ def fused_dir(hf_dir, dst):
 @pytest.mark.parametrize("kind", ["mixtral-tied-sliding-window", "qwen3_moe-norm-topk",
                                   "qwen2_moe-softmax-first"])
 def test_fused_experts_import_as_the_per_expert_layout(tmp_path, kind):
-    hf_dir, ckpt = imported(tmp_path, kind)
+    hf_dir, ckpt = imported(tmp_path, kind, MODELS)
     fused = fused_dir(hf_dir, tmp_path / "fused")
     r = run_tool("import", "--hf-dir", fused, "--save", tmp_path / "ckpt2")
     assert r.returncode == 0, r.stderr
@@ -275,16 +237,7 @@ def braid_moe_checkpoint(path, qk_layernorm, pre_softmax, **fields):
         qk_layernorm, pre_softmax, 0.01)
     for name, value in fields.items():
         setattr(cfg, name, value)
-    model = braid.GPTModel(cfg, device="cpu", seed=3)
-    rng = np.random.default_rng(3)
-    for name, p in model.parameters().items():
-        if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):
-            p.copy_(rng.normal(0.0, 0.2, size=tuple(p.shape)).astype(np.float32))
-    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
-                                                                         style="constant"))
-    trainer.train_step(IDS, IDS)
-    braid.save_checkpoint(str(path), trainer)
-    return model
+    return save_after_a_step(cfg, path, 3, ("mlp.gate.weight", "shared_expert_gate.weight"))
 
 
 SHARED = {"moe_shared_expert_intermediate_size": 32, "moe_shared_expert_gate": True}
@@ -321,7 +274,7 @@ def test_a_trained_braid_moe_exports(tmp_path, qk_layernorm, pre_softmax, fields
         assert hf.config.shared_expert_intermediate_size == 32
         bias = hf.model.layers[0].self_attn.q_proj.bias
         assert bool(bias.any()) == bool(fields.get("add_qkv_bias"))
-    assert_same_logits(model, hf, IDS)
+    assert_same_logits(model, IDS, hf_logits(hf, IDS))
 
 
 def test_a_braid_moe_with_dense_layers_and_no_qk_norms_is_not_mixtral(tmp_path):
@@ -342,19 +295,10 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
     shared expert's columns split like a dense MLP's, the router and the shared expert's gate
     replicated; with decoder_sparse_step 2 a dense and an expert layer on each stage) and saves
     it; export reassembles that save bit for bit."""
-    hf_dir, ckpt = imported(tmp_path, kind)
-    script = tmp_path / "resave.py"
-    script.write_text(RESAVE)
-    r = subprocess.run(["mpirun", "-np", "4", "--oversubscribe", sys.executable, str(script),
-                        str(ckpt), str(tmp_path / "sharded")],
-                       env=mpi_env(), capture_output=True, text=True, timeout=180)
-    assert r.returncode == 0, r.stdout + r.stderr
+    hf_dir, ckpt = imported(tmp_path, kind, MODELS)
+    resave_at_tp2_pp2(ckpt, tmp_path / "sharded")
     assert len(os.listdir(tmp_path / "sharded" / "iter_0000000")) == 5
-    out = tmp_path / "out"
-    r = run_tool("export", "--load", tmp_path / "sharded", "--hf-dir", out)
-    assert r.returncode == 0, r.stderr
-    assert_same_bits(hf_weights(out), hf_weights(hf_dir))
-    load_hf(out)
+    assert_exports_exactly(tmp_path / "sharded", tmp_path / "out", hf_dir)
 
 
 # ---- refused ---------------------------------------------------------------------------------
@@ -381,10 +325,7 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
                                           "[48, 64]", "[32, 64]")),
 ])
 def test_refuses_what_braid_cannot_hold(tmp_path, make, changes, words):
-    hf_dir = make(tmp_path / "hf")
-    edit_config(hf_dir, **changes)
-    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"), *words)
-    assert not (tmp_path / "c").exists()
+    assert_import_refused(make(tmp_path / "hf"), changes, words, tmp_path / "c")
 
 
 def test_export_refuses_an_moe_with_no_hf_counterpart():
@@ -443,8 +384,8 @@ def test_qwen2_moe_without_qkv_biases_exports_zero_biases(tmp_path):
     hf = load_hf(out)
     assert hf.config.qkv_bias
     model = braid_model(tmp_path / "ckpt")
-    assert_same_logits(model, hf, IDS)
-    assert_same_logits(model, load_hf(hf_dir), IDS)
+    assert_same_logits(model, IDS, hf_logits(hf, IDS))
+    assert_same_logits(model, IDS, hf_logits(load_hf(hf_dir), IDS))
 
 
 def test_qwen2_moe_windows_where_transformers_puts_them(tmp_path):

@@ -50,6 +50,10 @@ def validation(records: list[dict]) -> dict[int, float]:
     return {r["step"]: r["lm loss validation"] for r in records if "lm loss validation" in r}
 
 
+def balancing(records: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["load_balancing_loss"] for r in records if "load_balancing_loss" in r}
+
+
 def log_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if re.search(r"\] iteration +\d+/", line)]
 
@@ -72,6 +76,36 @@ def assert_trains_alike(records, one_process):
     assert one_valid.keys() == got_valid.keys() == {10, 20}
     for step in one_valid:
         assert got_valid[step] == pytest.approx(one_valid[step], rel=2e-4)
+
+
+def run_layouts(tmp_path, args: list[str], layouts, timeout: float = 180
+                ) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """pretrain_gpt.py with `args`, 20 iterations without evaluation, once per (name, ranks,
+    extra args) of `layouts`, each writing its metrics under tmp_path / name: the metrics and
+    the stdout of each run, by name."""
+    runs, stdout = {}, {}
+    for name, ranks, extra in layouts:
+        tb = str(tmp_path / name)
+        r = run(ranks, [*args, *extra, "--train-iters", "20", "--eval-iters", "0",
+                        "--tensorboard-dir", tb], timeout=timeout)
+        assert r.returncode == 0, r.stdout + r.stderr
+        runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
+        stdout[name] = r.stdout
+    return runs, stdout
+
+
+def assert_moe_layouts_train_alike(runs, steps):
+    """Of run_layouts' `runs`, the one-process run "one" logs the lm loss of steps 1 to 20, and
+    each run `name` of `steps` that of exactly steps[name], where its lm loss and load-balancing
+    loss are the one-process run's (rtol 1e-5)."""
+    one = runs["one"]
+    assert sorted(losses(one)) == list(range(1, 21))
+    for name, its_steps in steps.items():
+        assert sorted(losses(runs[name])) == list(its_steps), name
+        for metric in (losses, balancing):
+            got, want = metric(runs[name]), metric(one)
+            np.testing.assert_allclose([got[i] for i in its_steps],
+                                       [want[i] for i in its_steps], rtol=1e-5, err_msg=name)
 
 
 def assert_generate_decodes_greedily(ckpt, config: dict) -> None:

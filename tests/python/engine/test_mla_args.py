@@ -1,9 +1,10 @@
-"""Megatron's multi-latent attention arguments as pretrain_gpt.py reads them (braid.attention_args):
-the refusals (before MPI, naming the flags), Megatron's defaults, the model config they give, and a
-checkpoint's config taken back by --use-checkpoint-args and tools/generate.py. (What the attention
-computes: the C++ tests and the HF oracle.)"""
+"""Megatron's multi-latent attention and YaRN arguments as pretrain_gpt.py reads them
+(braid.attention_args): the refusals (before MPI, naming the flags), Megatron's defaults, the
+model config they give, and a checkpoint's config taken back by --use-checkpoint-args and
+tools/generate.py. (What the attention computes: the C++ tests and the HF oracle.)"""
 
 import json
+import math
 import os
 import types
 
@@ -13,9 +14,14 @@ import braid
 from braid import attention_args, checkpoint_args
 from braid.arguments import ArgumentError, parse_args
 
-# Megatron's MLA needs all three on its command line to be braid's.
-MLA = ["--multi-latent-attention", "--rope-type", "rope", "--position-embedding-type", "rope",
-       "--disable-bias-linear"]
+# Megatron's MLA needs the last two on its command line to be braid's; without --rope-type it
+# turns YaRN's RoPE (its defaults: factor 1).
+MLA_YARN = ["--multi-latent-attention", "--position-embedding-type", "rope",
+            "--disable-bias-linear"]
+MLA = [*MLA_YARN, "--rope-type", "rope"]
+# DeepSeek-V3's YaRN (its config.json's rope_scaling: factor 40, mscale and mscale_all_dim 1).
+V3_YARN = ["--rotary-scaling-factor", "40", "--mscale", "1", "--mscale-all-dim", "1"]
+ROPE = ["--position-embedding-type", "rope"]
 SMALL = ["--q-lora-rank", "24", "--kv-lora-rank", "16", "--qk-head-dim", "8",
          "--qk-pos-emb-head-dim", "4", "--v-head-dim", "6"]
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -31,12 +37,25 @@ def parse(*args, world_size=1):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--multi-latent-attention"],
-     "--multi-latent-attention without --rope-type is YaRN RoPE in Megatron"),
-    (["--multi-latent-attention"], "pass --rope-type rope for plain RoPE"),
-    (["--multi-latent-attention", "--rope-type", "yarn"],
-     "--rope-type yarn is not supported: braid does not implement YaRN"),
-    (["--rope-type", "yarn"], "(Megatron's ordinary attention takes rope only)"),
+    (["--multi-latent-attention"], "--multi-latent-attention needs --position-embedding-type rope"),
+    (["--rope-type", "yarn"], "--rope-type yarn needs --position-embedding-type rope"),
+    ([*MLA_YARN, "--use-rope-scaling"], "--use-rope-scaling with --rope-type yarn "
+                                        "(--multi-latent-attention's default): Llama 3.1's RoPE "
+                                        "scaling and YaRN exclude each other"),
+    ([*ROPE, "--rope-type", "yarn", "--use-rope-scaling"],
+     "--use-rope-scaling with --rope-type yarn: Llama 3.1's"),
+    (["--rotary-scaling-factor", "40"], "--rotary-scaling-factor is YaRN's: it needs --rope-type "
+                                        "yarn (plain RoPE has no use for it"),
+    ([*MLA, "--mscale", "1.0"], "--mscale is YaRN's: it needs --rope-type yarn"),
+    ([*ROPE, "--mscale-all-dim", "1.0"], "--mscale-all-dim is YaRN's: it needs --rope-type yarn"),
+    ([*MLA_YARN, "--rotary-scaling-factor", "0.5"],
+     "--rotary-scaling-factor 0.5 must be >= 1: YaRN stretches the original context by it"),
+    ([*MLA_YARN, "--rotary-scaling-factor", "0"],
+     "argument --rotary-scaling-factor: must be > 0, got 0"),
+    ([*MLA_YARN, "--rotary-scaling-factor", "inf"], "--rotary-scaling-factor must be finite"),
+    ([*MLA_YARN, "--mscale", "-1"], "argument --mscale: must be >= 0, got -1"),
+    ([*MLA_YARN, "--mscale-all-dim", "nan"], "argument --mscale-all-dim: must be >= 0, got nan"),
+    ([*MLA_YARN, "--mscale-all-dim", "inf"], "--mscale-all-dim must be finite"),
     (["--multi-latent-attention", "--rope-type", "rope"],
      "--multi-latent-attention needs --position-embedding-type rope"),
     (["--multi-latent-attention", "--rope-type", "rope", "--position-embedding-type", "rope"],
@@ -56,10 +75,6 @@ def parse(*args, world_size=1):
     (["--qk-head-dim", "128"], "--qk-head-dim needs --multi-latent-attention"),
     (["--qk-pos-emb-head-dim", "64"], "--qk-pos-emb-head-dim needs --multi-latent-attention"),
     (["--v-head-dim", "128"], "--v-head-dim needs --multi-latent-attention"),
-    (["--rotary-scaling-factor", "40"], "--rotary-scaling-factor is not supported by braid: "
-                                        "YaRN's"),
-    (["--mscale", "1.0"], "--mscale is not supported by braid: YaRN's"),
-    (["--mscale-all-dim", "1.0"], "--mscale-all-dim is not supported by braid: YaRN's"),
 ])
 def test_refused_naming_the_flag(args, message):
     with pytest.raises(ArgumentError) as e:
@@ -86,6 +101,22 @@ def test_plain_attention_is_as_before():
         a = parse(*args)
         assert not a.multi_latent_attention and a.kv_channels == 16, args
         assert (a.q_lora_rank, a.kv_lora_rank, a.v_head_dim) == (None, None, None)
+        assert a.rope_type == "rope" and a.rotary_scaling_factor is None
+
+
+def test_megatrons_yarn_defaults():
+    # Megatron's MLA without --rope-type is YaRN (MLATransformerConfig.rope_type), with the
+    # command line's factor 1, mscale 1, mscale-all-dim 0 (not MLATransformerConfig's factor 40).
+    a = parse(*MLA_YARN)
+    assert a.rope_type == "yarn"
+    assert (a.rotary_scaling_factor, a.mscale, a.mscale_all_dim) == (1.0, 1.0, 0.0)
+    a = parse(*MLA_YARN, *V3_YARN)
+    assert (a.rotary_scaling_factor, a.mscale, a.mscale_all_dim) == (40.0, 1.0, 1.0)
+    # Ordinary attention: braid's YaRN too (Megatron's --rope-type yarn is MLA's only).
+    a = parse(*ROPE, "--rope-type", "yarn", "--rotary-scaling-factor", "4")
+    assert (a.rope_type, a.rotary_scaling_factor, a.mscale, a.mscale_all_dim) == (
+        "yarn", 4.0, 1.0, 0.0)
+    assert parse(*MLA).rope_type == "rope"
 
 
 def config_json(**changes):
@@ -128,7 +159,7 @@ def test_checkpoint_config_gives_the_mla_arguments():
     for config in (config_json(multi_latent_attention=False, kv_channels=16),
                    {k: v for k, v in config_json(kv_channels=16).items() if k not in MLA_KEYS}):
         args = dict(checkpoint_args.model_args(config))
-        assert not args["multi_latent_attention"] and "rope_type" not in args
+        assert not args["multi_latent_attention"] and args["rope_type"] == "rope"
         assert all(args[k] is None for k in MLA_KEYS[1:]) and args["kv_channels"] == 16
 
 
@@ -169,6 +200,18 @@ def test_the_startup_line_names_mla_and_its_ranks():
     assert "(no query latent, kv_lora_rank 16" in attention_args.describe(cfg)
     assert attention_args.describe(types.SimpleNamespace()) == ""
     assert attention_args.describe(types.SimpleNamespace(multi_latent_attention=False)) == ""
+    # YaRN, with or without MLA (the f32 fields read back as doubles).
+    yarn = dict(rope_yarn_factor=40.0, rope_original_max_position_embeddings=4096,
+                rope_yarn_mscale=0.7070000171661377, rope_yarn_mscale_all_dim=0.0,
+                rope_yarn_beta_fast=32.0, rope_yarn_beta_slow=1.0)
+    words = ", YaRN RoPE (factor 40 of 4096 positions, mscale 0.707, mscale_all_dim 0)"
+    assert attention_args.describe(types.SimpleNamespace(**yarn)) == words
+    cfg.__dict__.update(yarn, rope_yarn_beta_fast=16.0)
+    assert attention_args.describe(cfg).endswith(
+        "v_head_dim 6), YaRN RoPE (factor 40 of 4096 positions, mscale 0.707, mscale_all_dim 0, "
+        "beta 16 / 1)")
+    assert attention_args.describe(types.SimpleNamespace(**dict(yarn, rope_yarn_factor=0.0))) \
+        == ""
 
 
 def test_a_config_from_before_mla_loads_for_generation():
@@ -205,3 +248,141 @@ def test_generate_rebuilds_an_mla_model_from_its_checkpoint_config():
             cfg.v_head_dim) == (24, 16, 8, 4, 6)
     assert not config_from_metadata(config_json(multi_latent_attention=False, kv_channels=16)
                                     ).multi_latent_attention
+
+
+# ---- YaRN ---------------------------------------------------------------------------------------
+
+def g(factor, m):  # YaRN's get_mscale
+    return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
+YARN_KEYS = ("rope_yarn_factor", "rope_yarn_beta_fast", "rope_yarn_beta_slow", "rope_yarn_mscale",
+             "rope_yarn_mscale_all_dim")
+# DeepSeek-V2's YaRN as braid's C++ saves it: f32 fields as their doubles.
+V2_YARN = {"rope_yarn_factor": 40.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
+           "rope_yarn_mscale": 0.7070000171661377, "rope_yarn_mscale_all_dim": 0.7070000171661377,
+           "rope_original_max_position_embeddings": 4096}
+
+
+def test_checkpoint_config_gives_the_yarn_arguments():
+    args = dict(checkpoint_args.model_args(config_json(**V2_YARN)))
+    assert args["rope_type"] == "yarn" and not args["use_rope_scaling"]
+    assert (args["rotary_scaling_factor"], args["mscale"], args["mscale_all_dim"]) == (
+        40.0, 0.707, 0.707)  # the f32 values' shortest decimals
+    # Older checkpoints (no YaRN keys) and those without YaRN: plain RoPE, the flags not given.
+    for config in (config_json(), {k: v for k, v in config_json().items() if k not in YARN_KEYS}):
+        args = dict(checkpoint_args.model_args(config))
+        assert args["rope_type"] == "rope"
+        assert (args["rotary_scaling_factor"], args["mscale"], args["mscale_all_dim"]) == (
+            None, None, None)
+    # YaRN without MLA (braid's, not Megatron's): the same arguments.
+    args = dict(checkpoint_args.model_args(config_json(multi_latent_attention=False,
+                                                       kv_channels=16, **V2_YARN)))
+    assert args["rope_type"] == "yarn" and args["rotary_scaling_factor"] == 40.0
+    # What Megatron's flags cannot say: beta fast and slow and the original context are
+    # megatron-core's 32, 1 and 4096.
+    for key, value in (("rope_original_max_position_embeddings", 16), ("rope_yarn_beta_fast", 16.0),
+                       ("rope_yarn_beta_slow", 2.0)):
+        with pytest.raises(ValueError, match=f"the checkpoint's {key} is .*; Megatron's "
+                                             r"--rope-type yarn \(megatron-core's"):
+            checkpoint_args.model_args(config_json(**{**V2_YARN, key: value}))
+    # Llama 3.1's scaling keeps its own original context (8192); without either any is fine.
+    assert checkpoint_args.model_args(config_json(rope_original_max_position_embeddings=16))
+    with pytest.raises(ValueError, match="Megatron's --use-rope-scaling fixes it at 8192"):
+        checkpoint_args.model_args(config_json(rope_scaling_factor=8.0,
+                                               rope_original_max_position_embeddings=16))
+
+
+def test_use_checkpoint_args_rebuilds_a_yarn_model(tmp_path):
+    save_metadata(tmp_path, config_json(**V2_YARN))
+    a = parse_args(["--load", str(tmp_path), "--use-checkpoint-args", "--device", "cpu"], 1)
+    assert a.multi_latent_attention and a.rope_type == "yarn"
+    assert (a.rotary_scaling_factor, a.mscale, a.mscale_all_dim) == (40.0, 0.707, 0.707)
+    notes = "\n".join(a.checkpoint_args)
+    assert "braid: --rotary-scaling-factor 40.0 from the checkpoint (the command line: None)" \
+        in notes, notes
+    assert "braid: --mscale 0.707 from the checkpoint" in notes, notes
+    assert "--rope-type" not in notes, notes  # MLA's default is yarn
+    # The command line's YaRN, loading a plain-RoPE checkpoint: the checkpoint's RoPE.
+    other = tmp_path / "plain"
+    save_metadata(other, config_json())
+    a = parse_args(["--load", str(other), "--use-checkpoint-args", *MLA_YARN, *V3_YARN,
+                    "--device", "cpu"], 1)
+    assert a.rope_type == "rope" and a.rotary_scaling_factor is None
+    assert "braid: --rope-type rope from the checkpoint (the command line: None)" in \
+        "\n".join(a.checkpoint_args)
+
+
+def test_generate_reads_the_yarn_keys():
+    from braid.generate import config_from_metadata
+
+    cfg = config_from_metadata(config_json(**V2_YARN))
+    assert (cfg.rope_yarn_factor, cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow,
+            cfg.rope_original_max_position_embeddings) == (40.0, 32.0, 1.0, 4096)
+    assert cfg.rope_yarn_mscale == cfg.rope_yarn_mscale_all_dim == V2_YARN["rope_yarn_mscale"]
+    assert cfg.rope_attention_factor == 1.0
+    assert cfg.softmax_scale_factor == pytest.approx(g(40, 0.707) ** 2, rel=1e-6)
+    old = config_from_metadata({k: v for k, v in config_json().items() if k not in YARN_KEYS})
+    assert old.rope_yarn_factor == 0.0 and old.rope_attention_factor == 1.0
+
+
+def test_the_arguments_give_the_yarn_config():
+    from braid.training import model_config
+
+    cfg = model_config(parse(*MLA_YARN, *SMALL, "--qk-layernorm", "--normalization", "RMSNorm"))
+    assert (cfg.rope_yarn_factor, cfg.rope_yarn_mscale, cfg.rope_yarn_mscale_all_dim) == (
+        1.0, 1.0, 0.0)  # Megatron's defaults: YaRN of factor 1
+    assert (cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow,
+            cfg.rope_original_max_position_embeddings) == (32.0, 1.0, 4096)
+    assert cfg.rope_attention_factor == cfg.softmax_scale_factor == 1.0
+    cfg = model_config(parse(*MLA_YARN, *SMALL, *V3_YARN, "--qk-layernorm"))
+    assert cfg.rope_yarn_factor == 40.0 and cfg.rope_scaling_factor == 0.0
+    assert cfg.rope_attention_factor == 1.0
+    assert cfg.softmax_scale_factor == pytest.approx(g(40, 1) ** 2, rel=1e-6)
+    cfg = model_config(parse(*MLA_YARN, *SMALL, "--rotary-scaling-factor", "40", "--mscale",
+                             "0.8", "--mscale-all-dim", "0.6"))
+    assert cfg.rope_attention_factor == pytest.approx(g(40, 0.8) / g(40, 0.6), rel=1e-6)
+    # Without MLA the softmax scale stays (HF's YaRN models other than DeepSeek's).
+    cfg = model_config(parse(*ROPE, "--rope-type", "yarn", "--rotary-scaling-factor", "4",
+                             "--mscale-all-dim", "0.5"))
+    assert not cfg.multi_latent_attention and cfg.rope_yarn_factor == 4.0
+    assert cfg.rope_attention_factor == pytest.approx(g(4, 1) / g(4, 0.5), rel=1e-6)
+    assert cfg.softmax_scale_factor == 1.0
+    for args in ([*MLA, *SMALL], [*ROPE]):  # plain RoPE
+        cfg = model_config(parse(*args))
+        assert cfg.rope_yarn_factor == 0.0 and cfg.rope_original_max_position_embeddings == 8192
+
+
+def test_numerics_warnings_name_the_yarn_flags():
+    from braid.training import model_config
+
+    cfg = model_config(parse(*MLA, *SMALL, "--qk-layernorm", "--normalization", "RMSNorm"))
+    lines = "\n".join(checkpoint_args.numerics_warnings(config_json(**V2_YARN), cfg))
+    assert "the checkpoint's model has rope_yarn_factor 40.0, this run's 0.0 (--rope-type yarn " \
+           "--rotary-scaling-factor)" in lines, lines
+    assert "rope_yarn_mscale_all_dim" in lines and "rope_original_max_position_embeddings" in lines
+    assert not checkpoint_args.numerics_warnings(config_json(norm_eps=cfg.norm_eps), cfg)
+
+
+def test_a_yarn_model_saves_the_five_keys_as_format_version_3(tmp_path):
+    # braid's C++ writes the five YaRN fields under their names (format version 3, which a
+    # version-2 reader refuses: it would run plain RoPE); tools/generate.py reads them back.
+    from braid.generate import config_from_metadata
+    from braid.training import model_config
+
+    cfg = model_config(parse(*ROPE, "--rope-type", "yarn", "--rotary-scaling-factor", "4",
+                             "--mscale", "0.5", "--normalization", "RMSNorm", "--swiglu",
+                             "--vocab-size", "64", "--mock-data", "--seq-length", "16"))
+    model = braid.GPTModel(cfg, device="cpu", seed=1)
+    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
+                                                                         style="constant"))
+    braid.save_checkpoint(str(tmp_path), trainer, save_optim=False)
+    meta = braid.checkpoint_metadata(str(tmp_path))
+    assert meta["format_version"] == 3
+    c = meta["config"]
+    assert (c["rope_yarn_factor"], c["rope_yarn_beta_fast"], c["rope_yarn_beta_slow"],
+            c["rope_yarn_mscale"], c["rope_yarn_mscale_all_dim"],
+            c["rope_original_max_position_embeddings"]) == (4.0, 32.0, 1.0, 0.5, 0.0, 4096)
+    back = config_from_metadata(c)
+    assert all(getattr(back, k) == c[k] for k in YARN_KEYS)
+    assert dict(checkpoint_args.model_args(c))["rotary_scaling_factor"] == 4.0

@@ -5,10 +5,8 @@ checkpoint resumes in another layout, and tools/generate.py decodes it over its 
 import os
 import sys
 
-import numpy as np
-
-from pretrain_job import MODEL, REPO, assert_generate_decodes_greedily, jsonl, losses, run
-from test_pretrain_gpt_moe import balancing
+from pretrain_job import (MODEL, REPO, assert_generate_decodes_greedily,
+                          assert_moe_layouts_train_alike, run, run_layouts)
 
 # The engine tests' model without its grouped-query attention: a query latent of 24 and a
 # key/value latent of 16 with their norms (--qk-layernorm, as Megatron's MLA takes it), heads of
@@ -31,46 +29,39 @@ def test_latent_attention_layouts_train_like_one_process_and_resume(tmp_path):
     import braid
 
     one_ckpt, three_d_ckpt = str(tmp_path / "one_ckpt"), str(tmp_path / "3d_ckpt")
-    runs, stdout = {}, {}
-    for name, n, extra in (
-            ("one", 1, ["--save", one_ckpt, "--save-interval", "10"]),
-            # tp 2 x pp 2 x dp 2, sequence parallel, ZeRO, overlapped reduction, EP 2.
-            ("3d", 8, ["--exit-interval", "10", "--save", three_d_ckpt,
-                       "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                       "--sequence-parallel", "--use-distributed-optimizer",
-                       "--overlap-grad-reduce", "--expert-model-parallel-size", "2"]),
-            # tp 2 x cp 2 with selective recomputation: the shared RoPE key turned per chunk.
-            ("tp2_cp2", 4, ["--exit-interval", "10", "--tensor-model-parallel-size", "2",
-                            "--sequence-parallel", "--context-parallel-size", "2",
-                            "--recompute-granularity", "selective"]),
-            # The 3D checkpoint continues in one process, the one-process one under tp 4.
-            ("3d_to_one", 1, ["--load", three_d_ckpt]),
-            ("one_to_tp4", 4, ["--load", one_ckpt, "--ckpt-step", "10",
-                               "--tensor-model-parallel-size", "4", "--sequence-parallel"])):
-        tb = str(tmp_path / name)
-        r = run(n, [*MLA_MODEL, *MLA, *DEEPSEEK_MOE, *extra, "--train-iters", "20",
-                    "--eval-iters", "0", "--tensorboard-dir", tb], timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
-        stdout[name] = r.stdout
-    one, one_balance = losses(runs["one"]), balancing(runs["one"])
-    assert sorted(one) == list(range(1, 21))
-    for name, steps in (("3d", range(1, 11)), ("tp2_cp2", range(1, 11)),
-                        ("3d_to_one", range(11, 21)), ("one_to_tp4", range(11, 21))):
-        got, got_balance = losses(runs[name]), balancing(runs[name])
-        assert sorted(got) == list(steps), name
-        np.testing.assert_allclose([got[i] for i in steps], [one[i] for i in steps], rtol=1e-5,
-                                   err_msg=name)
-        np.testing.assert_allclose([got_balance[i] for i in steps],
-                                   [one_balance[i] for i in steps], rtol=1e-5, err_msg=name)
+    runs, stdout = run_layouts(tmp_path, [*MLA_MODEL, *MLA, *DEEPSEEK_MOE], (
+        ("one", 1, ["--save", one_ckpt, "--save-interval", "10"]),
+        # tp 2 x pp 2 x dp 2, sequence parallel, ZeRO, overlapped reduction, EP 2.
+        ("3d", 8, ["--exit-interval", "10", "--save", three_d_ckpt,
+                   "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                   "--sequence-parallel", "--use-distributed-optimizer",
+                   "--overlap-grad-reduce", "--expert-model-parallel-size", "2"]),
+        # tp 2 x cp 2 with selective recomputation: the shared RoPE key turned per chunk.
+        ("tp2_cp2", 4, ["--exit-interval", "10", "--tensor-model-parallel-size", "2",
+                        "--sequence-parallel", "--context-parallel-size", "2",
+                        "--recompute-granularity", "selective"]),
+        # The 3D checkpoint continues in one process, the one-process one under tp 4.
+        ("3d_to_one", 1, ["--load", three_d_ckpt]),
+        ("one_to_tp4", 4, ["--load", one_ckpt, "--ckpt-step", "10",
+                           "--tensor-model-parallel-size", "4", "--sequence-parallel"])),
+        timeout=300)
+    assert_moe_layouts_train_alike(runs, {"3d": range(1, 11), "tp2_cp2": range(1, 11),
+                                          "3d_to_one": range(11, 21),
+                                          "one_to_tp4": range(11, 21)})
     assert "multi-latent attention (q_lora_rank 24, kv_lora_rank 16" in stdout["one"], stdout["one"]
     meta = braid.checkpoint_metadata(three_d_ckpt)
     assert meta["config"]["multi_latent_attention"] and meta["format_version"] == 3, meta
     assert_generate_decodes_greedily(three_d_ckpt, meta["config"])
 
 
-def test_megatrons_yarn_default_is_refused_before_any_work():
-    r = run(2, [*MLA_MODEL, *[a for a in MLA if a not in ("--rope-type", "rope")],
-                "--train-iters", "1"], timeout=60)
+def test_megatrons_yarn_default_and_a_bad_factor():
+    # Without --rope-type, MLA's RoPE is Megatron's YaRN with its command line's factor 1 (the
+    # plain frequencies); a factor below 1 is refused before any collective.
+    bare = [a for a in MLA if a not in ("--rope-type", "rope")]
+    r = run(1, [*MLA_MODEL, *bare, "--train-iters", "4", "--eval-iters", "0"], timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "YaRN RoPE (factor 1 of 4096 positions, mscale 1, mscale_all_dim 0)" in r.stdout
+    r = run(2, [*MLA_MODEL, *bare, "--rotary-scaling-factor", "0.5", "--train-iters", "4"],
+            timeout=60)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "--rope-type rope" in r.stderr, r.stderr
+    assert "--rotary-scaling-factor 0.5 must be >= 1" in r.stderr, r.stderr

@@ -6,18 +6,14 @@ implement are refused with the reason. DeepSeek-V3's router flags: test_pretrain
 import os
 import sys
 
-import numpy as np
 import pytest
 
-from pretrain_job import (MODEL, REPO, assert_generate_decodes_greedily, jsonl, losses, run)
+from pretrain_job import (MODEL, REPO, assert_generate_decodes_greedily,
+                          assert_moe_layouts_train_alike, balancing, run, run_layouts)
 
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32",
        "--moe-aux-loss-coeff", "0.01", "--moe-shared-expert-intermediate-size", "48",
        "--moe-shared-expert-gate", "--moe-layer-freq", "[1,1,0,1]"]
-
-
-def balancing(records):
-    return {r["step"]: r["load_balancing_loss"] for r in records if "load_balancing_loss" in r}
 
 
 def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
@@ -31,34 +27,23 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
     import braid
 
     ckpt = str(tmp_path / "ckpt")
-    runs = {}
-    for name, n, extra in (
-            ("one", 1, []),
-            ("3d", 8, ["--exit-interval", "10", "--save", ckpt, "--tensor-model-parallel-size", "2",
-                       "--pipeline-model-parallel-size", "2", "--sequence-parallel",
-                       "--use-distributed-optimizer", "--overlap-grad-reduce"]),
-            ("tp_cp", 4, ["--exit-interval", "10", "--tensor-model-parallel-size", "2",
-                          "--context-parallel-size", "2", "--sequence-parallel"]),
-            ("resumed", 1, ["--load", ckpt])):
-        tb = str(tmp_path / name)
-        r = run(n, [*MODEL, *MOE, *extra, "--train-iters", "20", "--eval-iters", "0",
-                    "--tensorboard-dir", tb])
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "4 experts of 32 with top-2 routing) on" in r.stdout, r.stdout
-        assert "| load_balancing_loss: " in r.stdout, r.stdout
-        runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
-    one, one_balance = losses(runs["one"]), balancing(runs["one"])
-    assert sorted(one) == sorted(one_balance) == list(range(1, 21))
+    runs, stdout = run_layouts(tmp_path, [*MODEL, *MOE], (
+        ("one", 1, []),
+        ("3d", 8, ["--exit-interval", "10", "--save", ckpt, "--tensor-model-parallel-size", "2",
+                   "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+                   "--use-distributed-optimizer", "--overlap-grad-reduce"]),
+        ("tp_cp", 4, ["--exit-interval", "10", "--tensor-model-parallel-size", "2",
+                      "--context-parallel-size", "2", "--sequence-parallel"]),
+        ("resumed", 1, ["--load", ckpt])))
+    for out in stdout.values():
+        assert "4 experts of 32 with top-2 routing) on" in out, out
+        assert "| load_balancing_loss: " in out, out
+    one_balance = balancing(runs["one"])
+    assert sorted(one_balance) == list(range(1, 21))
     # Perfect balance gives 1; top-2 of 4 experts at most 2 (every token on the same two).
     assert all(0.9 < v < 2.0 for v in one_balance.values()), one_balance
-    for name, steps in (("3d", range(1, 11)), ("tp_cp", range(1, 11)),
-                        ("resumed", range(11, 21))):
-        got, got_balance = losses(runs[name]), balancing(runs[name])
-        assert sorted(got) == list(steps), name
-        np.testing.assert_allclose([got[i] for i in steps], [one[i] for i in steps], rtol=1e-5,
-                                   err_msg=name)
-        np.testing.assert_allclose([got_balance[i] for i in steps],
-                                   [one_balance[i] for i in steps], rtol=1e-5, err_msg=name)
+    assert_moe_layouts_train_alike(runs, {"3d": range(1, 11), "tp_cp": range(1, 11),
+                                          "resumed": range(11, 21)})
     c = braid.checkpoint_metadata(ckpt)["config"]
     assert (c["num_experts"], c["moe_router_topk"], c["moe_ffn_hidden_size"],
             c["moe_router_pre_softmax"], c["moe_shared_expert_intermediate_size"],

@@ -11,17 +11,26 @@ values to run its attention); softmax scale 1/sqrt(24). The first layer dense, t
 in 4 groups routed as test_hf_dots1_oracle.py's (sigmoid scores, the top 4 of scores +
 e_score_correction_bias among the best 2 groups, renormalised, scaled by 2.5, an ungated shared
 expert). Variants: DeepSeek-V2-Lite's queries straight from the hidden state (q_lora_rank null:
-q_proj), and a dense model (first_k_dense_replace = the layer count: no experts anywhere).
+q_proj), a dense model (first_k_dense_replace = the layer count: no experts anywhere), and YaRN
+RoPE (rope_type yarn, factor 40 as DeepSeek-V3's; over the 4 frequency pairs of 8 RoPE channels
+the original context picks which keep their frequency, which are divided by the factor and which
+blend the two): DeepSeek-V3's mscale = mscale_all_dim = 1 (cos and sin unscaled, the softmax
+scale times g(1)^2, g(m) = 0.1 m ln 40 + 1), mscale 0.8 with mscale_all_dim 0.6 (cos and sin
+times g(0.8) / g(0.6) as well), and neither (cos and sin times g(1), the softmax scale as it is).
 
 braid: multi_latent_attention, q_lora_rank (0 for null), kv_lora_rank, qk_head_dim,
-qk_pos_emb_head_dim, v_head_dim, qk_layernorm (the latent norms); HF's parameter names as they
-are but for the experts (split) and the shared expert (mlp.shared_expert).
+qk_pos_emb_head_dim, v_head_dim, qk_layernorm (the latent norms), rope_yarn_factor,
+rope_yarn_beta_fast, rope_yarn_beta_slow, rope_yarn_mscale, rope_yarn_mscale_all_dim and
+rope_original_max_position_embeddings; HF's parameter names as they are but for the experts
+(split) and the shared expert (mlp.shared_expert).
 
 Both sides must choose the same experts: as test_hf_dots1_oracle.py, the tests check on HF's
 router logits that no token's group or expert choice is near a tie, that every expert is chosen
 and that the bias and the groups each change some token's choice. Tolerances as
 test_hf_dots1_oracle.py's.
 """
+
+import math
 
 import numpy as np
 import pytest
@@ -30,8 +39,9 @@ import transformers
 
 import braid
 from braid.generate import Sampling, generate
-from hf_oracle import (assert_close_rel, batch, braid_grads, deepseek_choices, eager_model,
-                       load_into_braid, shared_experts_to_braid)
+from hf_oracle import (assert_close_rel, batch, check_deepseek_routing,
+                       compare_logits_loss_and_gradients, deepseek_grads, deepseek_routers,
+                       deepseek_routing_margin, eager_model, load_deepseek_into_braid)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -40,6 +50,14 @@ LAYERS, HIDDEN, HEADS, VOCAB, POSITIONS = 3, 64, 4, 97, 64
 Q_RANK, KV_RANK, NOPE, ROPE, V_DIM = 24, 16, 16, 8, 12
 EXPERTS, TOPK, GROUPS, TOPK_GROUP, FFN, SCALE = 8, 4, 4, 2, 32, 2.5
 
+
+
+def yarn(original, **mscales):
+    return {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40,
+                                "original_max_position_embeddings": original, "beta_fast": 32,
+                                "beta_slow": 1, **mscales}}
+
+
 # (HF config fields beyond the shared ones, seed: one whose routing of batch(97) has no near tie)
 KINDS = {
     "q-latent": ({}, 0),
@@ -47,7 +65,21 @@ KINDS = {
     "no-q-latent": ({"q_lora_rank": None}, 0),
     # no layer has experts: braid's model is dense; tied embeddings
     "dense": ({"first_k_dense_replace": LAYERS, "tie_word_embeddings": True}, 0),
+    # DeepSeek-V3's YaRN and original context (longer than the sequence): of the 4 pairs, 2 keep
+    # their frequency, 1 blends, 1 is divided by 40
+    "yarn": (yarn(4096, mscale=1.0, mscale_all_dim=1.0), 0),
+    # cos and sin scaled too; an original context shorter than the sequence: 1 pair kept, 3
+    # divided
+    "yarn-mscale": (yarn(8, mscale=0.8, mscale_all_dim=0.6), 0),
+    # transformers' g(1) on cos and sin, the softmax scale as it is; 1 kept, 1 blended, 2 divided
+    "yarn-no-mscale": ({**yarn(256), "q_lora_rank": None}, 0),
 }
+# the pairs each YaRN kind keeps, blends and divides by the factor
+YARN_PAIRS = {"yarn": (2, 1, 1), "yarn-mscale": (1, 0, 3), "yarn-no-mscale": (1, 1, 2)}
+
+
+def g(m):  # YaRN's get_mscale at factor 40
+    return 0.1 * m * math.log(40) + 1.0
 
 
 def hf_config(**fields):
@@ -76,6 +108,14 @@ def braid_config(hf_cfg):
     cfg.multi_latent_attention, cfg.qk_layernorm = True, True
     cfg.q_lora_rank, cfg.kv_lora_rank = hf_cfg.q_lora_rank or 0, KV_RANK
     cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim = NOPE, ROPE, V_DIM
+    rope = hf_cfg.rope_parameters
+    if rope["rope_type"] == "yarn":  # convert_hf.py's mapping (hf_deepseek.yarn_config_from_hf)
+        both = rope.get("mscale") and rope.get("mscale_all_dim")
+        cfg.rope_yarn_factor = rope["factor"]
+        cfg.rope_yarn_beta_fast, cfg.rope_yarn_beta_slow = rope["beta_fast"], rope["beta_slow"]
+        cfg.rope_yarn_mscale = rope["mscale"] if both else 1.0
+        cfg.rope_yarn_mscale_all_dim = rope.get("mscale_all_dim") or 0.0
+        cfg.rope_original_max_position_embeddings = rope["original_max_position_embeddings"]
     first = hf_cfg.first_k_dense_replace
     if first < LAYERS:
         cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size = EXPERTS, TOPK, FFN
@@ -92,26 +132,10 @@ def deepseek_v3_pair(kind, seed=None, **hf_fields):
     random) and braid's copy of it. `hf_fields`: more HF config; `seed`: other than KINDS'."""
     fields, kind_seed = KINDS[kind]
     torch.manual_seed(kind_seed if seed is None else seed)
-    hf = eager_model(transformers.DeepseekV3ForCausalLM, hf_config(**{**fields, **hf_fields}))
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # decisive logits, as moe_routers
-                p.normal_(0.0, 0.2)
-        for name, b in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, 0.1)
-    cfg = braid_config(hf.config)
-    model = braid.GPTModel(cfg, device="cpu", seed=1)
-    state = {n: p.detach().clone() for n, p in hf.named_parameters()}
-    if hf.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    load_into_braid(model, shared_experts_to_braid(state, EXPERTS, FFN))
-    biases = model.expert_biases()
-    assert sorted(biases) == sorted(n for n, _ in hf.named_buffers()
-                                    if n.endswith("e_score_correction_bias"))
-    for name, b in hf.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            biases[name].copy_(b.numpy().copy())
+    hf = deepseek_routers(eager_model(transformers.DeepseekV3ForCausalLM,
+                                      hf_config(**{**fields, **hf_fields})))
+    model = braid.GPTModel(braid_config(hf.config), device="cpu", seed=1)
+    load_deepseek_into_braid(model, hf)
     return hf, model
 
 
@@ -119,41 +143,14 @@ def expert_layers(hf):
     return [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts")]
 
 
-def routing_margin(hf, router_logits):
-    """The least group and expert gap over every token of every expert layer."""
-    margin = float("inf")
-    for i, logits in zip(expert_layers(hf), router_logits):
-        bias = hf.model.layers[i].mlp.gate.e_score_correction_bias
-        _, group_gap, expert_gap = deepseek_choices(logits.detach(), bias, GROUPS, TOPK_GROUP,
-                                                    TOPK)
-        margin = min(margin, group_gap, expert_gap)
-    return margin
-
-
-def check_routing(hf, router_logits):
-    """No near tie, every expert chosen, and the bias and the groups each change some token's
-    choice, on every expert layer."""
-    assert len(router_logits) == len(expert_layers(hf))
-    for i, logits in zip(expert_layers(hf), router_logits):
-        logits = logits.detach()
-        bias = hf.model.layers[i].mlp.gate.e_score_correction_bias
-        chosen, group_gap, expert_gap = deepseek_choices(logits, bias, GROUPS, TOPK_GROUP, TOPK)
-        assert group_gap > MARGIN, f"layer {i}: a near tie among the groups ({group_gap:.1e})"
-        assert expert_gap > MARGIN, f"layer {i}: a near tie among the experts ({expert_gap:.1e})"
-        counts = torch.bincount(chosen.reshape(-1), minlength=EXPERTS)
-        assert (counts > 0).all(), f"layer {i}: experts chosen {counts.tolist()}"
-        unbiased, _, _ = deepseek_choices(logits, torch.zeros_like(bias), GROUPS, TOPK_GROUP,
-                                          TOPK)
-        assert (unbiased != chosen).any(), f"layer {i}: the bias changes no token's choice"
-        ungrouped, _, _ = deepseek_choices(logits, bias, 1, 1, TOPK)
-        assert (ungrouped != chosen).any(), f"layer {i}: the groups change no token's choice"
-
-
-def hf_grads(hf):
-    grads = {n: p.grad for n, p in hf.named_parameters()}
-    if hf.config.tie_word_embeddings:
-        grads.pop("lm_head.weight", None)
-    return shared_experts_to_braid(grads, EXPERTS, FFN)
+def yarn_pairs(hf):
+    """How many of HF's RoPE frequency pairs keep the plain frequency, blend it with the
+    interpolated one, and are the interpolated one (plain / factor)."""
+    inv_freq = hf.model.rotary_emb.inv_freq.double()
+    plain = 1.0 / 10000.0 ** (torch.arange(0, ROPE, 2, dtype=torch.float32) / ROPE).double()
+    kept = torch.isclose(inv_freq, plain, rtol=1e-6)
+    divided = torch.isclose(inv_freq, plain / 40, rtol=1e-6)
+    return int(kept.sum()), int((~kept & ~divided).sum()), int(divided.sum())
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -161,56 +158,78 @@ def test_logits_loss_and_gradients(kind):
     hf, model = deepseek_v3_pair(kind)
     assert hf.config.rope_interleave  # transformers' default: braid's pairing
     attn = hf.model.layers[0].self_attn
-    assert attn.scaling == (NOPE + ROPE) ** -0.5
+    rope = hf.config.rope_parameters
+    if rope["rope_type"] == "yarn":
+        assert yarn_pairs(hf) == YARN_PAIRS[kind]
+        # transformers' factors on cos and sin and on the softmax scale are braid's
+        cos_sin = hf.model.rotary_emb.attention_scaling
+        softmax = g(rope.get("mscale_all_dim") or 0.0) ** 2
+        assert cos_sin == pytest.approx({"yarn": 1.0, "yarn-mscale": g(0.8) / g(0.6),
+                                         "yarn-no-mscale": g(1.0)}[kind], rel=1e-12)
+        assert model.config.rope_attention_factor == pytest.approx(cos_sin, rel=1e-7)
+        assert model.config.softmax_scale_factor == pytest.approx(softmax, rel=1e-7)
+        assert attn.scaling == pytest.approx(softmax * (NOPE + ROPE) ** -0.5, rel=1e-12)
+    else:
+        assert attn.scaling == (NOPE + ROPE) ** -0.5
     # the latent norms' eps is 1e-6 whatever rms_norm_eps says (convert_hf.py refuses others)
     assert attn.kv_a_layernorm.variance_epsilon == hf.config.rms_norm_eps == 1e-6
-    assert (attn.q_proj is None) == (kind != "no-q-latent")
+    assert (attn.q_proj is None) == (hf.config.q_lora_rank is not None)
     ids, targets = batch(VOCAB)
     out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids), output_router_logits=True)
     if kind == "dense":
         assert not expert_layers(hf) and not model.config.num_experts
     else:
         assert expert_layers(hf) == [1, 2]
-        check_routing(hf, out.router_logits)
-    logits = np.from_dlpack(model.logits(ids))
-    assert logits.shape == out.logits.shape
-    err = assert_close_rel("logits", logits, out.logits.detach().numpy(), LOGITS_RTOL)
-    loss = model.forward(ids, targets)
-    model.backward()
-    out.loss.backward()
-    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
-    got, want = braid_grads(model), hf_grads(hf)
-    assert sorted(got) == sorted(want)
-    grad_err = max(assert_close_rel(name, got[name], g.numpy(), GRAD_RTOL)
-                   for name, g in want.items())
-    for name in want:  # every parameter takes part (the RoPE rows of kv_a_proj_with_mqa too)
+        check_deepseek_routing(hf, out.router_logits, MARGIN)
+    err, grad_err, got = compare_logits_loss_and_gradients(model, hf, out, ids, targets,
+                                                           deepseek_grads, LOGITS_RTOL, GRAD_RTOL)
+    for name in got:  # every parameter takes part (the RoPE rows of kv_a_proj_with_mqa too)
         assert np.abs(got[name]).max() > 0, name
     print(f"{kind}: logits {err:.1e}, gradients {grad_err:.1e} (max relative error)")
 
 
-def test_the_pairing_of_the_rope_channels_matters():
-    # transformers with rope_interleave false turns halves (rotate_half) on the same weights:
-    # other logits, far beyond the tolerance, so the comparison above checks braid's pairing.
+def assert_hf_fields_matter(kind, **other):
+    """braid's model of `kind` computes HF's logits, and HF's model of the same weights with the
+    config fields `other` logits far beyond the tolerance: the comparison checks what they
+    change."""
     ids, _ = batch(VOCAB)
-    hf, model = deepseek_v3_pair("dense")
-    halves, _ = deepseek_v3_pair("dense", rope_interleave=False)
+    hf, model = deepseek_v3_pair(kind)
+    changed, _ = deepseek_v3_pair(kind, **other)
     with torch.no_grad():
         want = hf(torch.from_numpy(ids)).logits.numpy()
-        other = halves(torch.from_numpy(ids)).logits.numpy()
+        different = changed(torch.from_numpy(ids)).logits.numpy()
     got = np.from_dlpack(model.logits(ids))
     assert np.abs(got - want).max() <= LOGITS_RTOL * np.abs(want).max()
-    assert np.abs(got - other).max() > 100 * LOGITS_RTOL * np.abs(want).max()
+    assert np.abs(got - different).max() > 100 * LOGITS_RTOL * np.abs(want).max()
+
+
+@pytest.mark.parametrize("kind", sorted(YARN_PAIRS))
+def test_yarn_matters(kind):
+    # The same weights with plain RoPE: other logits, so the comparison above checks braid's YaRN.
+    assert_hf_fields_matter(kind, rope_parameters={"rope_type": "default",
+                                                   "rope_theta": 10000.0})
+
+
+def test_the_pairing_of_the_rope_channels_matters():
+    # transformers with rope_interleave false turns halves (rotate_half) on the same weights:
+    # other logits, so the comparison above checks braid's pairing.
+    assert_hf_fields_matter("dense", rope_interleave=False)
 
 
 NEW_TOKENS = 20
 
 
-@pytest.mark.parametrize("kind", ["q-latent", "no-q-latent"])
+# kind -> a seed whose every decoding step's choice and routing is clear
+DECODE_SEEDS = {"q-latent": 0, "no-q-latent": 0, "yarn": 1, "yarn-mscale": 4}
+
+
+@pytest.mark.parametrize("kind", sorted(DECODE_SEEDS))
 def test_greedy_decoding_over_the_kv_cache_matches_generate(kind):
     # braid's decode fills its cache with the prompt, then one token a step: every step's logits
     # are transformers' (over its own cache) and the tokens chosen the same. Weights drawn wider
-    # than transformers' init (std 0.02): logits of a few units, whose top two are apart.
-    hf, model = deepseek_v3_pair(kind, seed=0, initializer_range=0.1)
+    # than transformers' init (std 0.02): logits of a few units, whose top two are apart. With
+    # YaRN the 26 positions outrun yarn-mscale's original context of 8.
+    hf, model = deepseek_v3_pair(kind, seed=DECODE_SEEDS[kind], initializer_range=0.1)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, VOCAB, size=6).tolist() for _ in range(3)]
     with torch.no_grad():
@@ -221,7 +240,7 @@ def test_greedy_decoding_over_the_kv_cache_matches_generate(kind):
         # Every step's choice is clear, and so is every token's routing: the test is exact.
         top2 = torch.topk(full.logits[:, 5:-1].double(), 2, dim=-1).values
         assert (top2[..., 0] - top2[..., 1]).min() > 1e-3
-        assert routing_margin(hf, full.router_logits) > MARGIN
+        assert deepseek_routing_margin(hf, full.router_logits) > MARGIN
     want = out[:, 6:].tolist()
     assert any(len(set(w)) > 3 for w in want)  # not one token repeated
     got = generate(model, prompts, NEW_TOKENS, Sampling(greedy=True))

@@ -25,8 +25,8 @@ import torch
 import transformers
 
 import braid
-from hf_oracle import (assert_close_rel, batch, braid_grads, eager_model, experts_to_braid,
-                       load_into_braid)
+from hf_oracle import (batch, check_deepseek_routing, compare_logits_loss_and_gradients,
+                       deepseek_grads, deepseek_routers, eager_model, load_deepseek_into_braid)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -71,14 +71,7 @@ def sigmoid_moe_pair(kind, bias_std=0.1, **fields):
         topk_group=TOPK_GROUP, n_shared_experts=1, first_k_dense_replace=1,
         norm_topk_prob=True, routed_scaling_factor=SCALE, rms_norm_eps=1e-6,
         tie_word_embeddings=False, **hf_fields)
-    hf = eager_model(model_class, hf_cfg, biases=True)
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("mlp.gate.weight"):  # decisive logits, as moe_routers
-                p.normal_(0.0, 0.2)
-        for name, b in hf.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                b.normal_(0.0, bias_std)
+    hf = deepseek_routers(eager_model(model_class, hf_cfg, biases=True), bias_std)
     cfg = braid.TransformerConfig.preset("llama-tiny")
     cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads = LAYERS, HIDDEN, HEADS
     cfg.num_query_groups, cfg.ffn_hidden_size = KV_HEADS, 4 * HIDDEN
@@ -92,64 +85,10 @@ def sigmoid_moe_pair(kind, bias_std=0.1, **fields):
     for name, value in {**braid_fields, **fields}.items():
         setattr(cfg, name, value)
     model = braid.GPTModel(cfg, device="cpu", seed=1)
-    load_into_braid(model, to_braid({n: p.detach().clone() for n, p in hf.named_parameters()},
-                                    cfg.num_experts))
-    biases = model.expert_biases()
-    assert sorted(biases) == [f"model.layers.{i}.mlp.gate.e_score_correction_bias"
-                              for i in (1, 2)]
-    for name, b in hf.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            biases[name].copy_(b.numpy().copy())
+    load_deepseek_into_braid(model, hf)
+    assert sorted(model.expert_biases()) == [f"model.layers.{i}.mlp.gate.e_score_correction_bias"
+                                             for i in (1, 2)]
     return hf, model
-
-
-def to_braid(state, experts):
-    """HF names -> braid's: the experts split, mlp.shared_experts -> mlp.shared_expert."""
-    state = experts_to_braid(state, experts, FFN)
-    return {n.replace("mlp.shared_experts.", "mlp.shared_expert."): t for n, t in state.items()}
-
-
-def choices(logits, bias, groups=GROUPS, topk_group=TOPK_GROUP):
-    """transformers' Dots1TopkRouter choice from router logits [T, E] (bias [E]): the sets of
-    chosen experts [T, k] sorted, the least group margin and the least expert margin."""
-    experts = logits.shape[1]
-    scores = logits.sigmoid() + bias
-    by_group = scores.view(-1, groups, experts // groups)
-    group_scores = by_group.topk(2, dim=-1).values.sum(-1)
-    top_groups = group_scores.topk(topk_group + 1 if topk_group < groups else groups, dim=-1)
-    group_gap = (top_groups.values[:, topk_group - 1] - top_groups.values[:, topk_group]).min() \
-        if topk_group < groups else torch.tensor(float("inf"))
-    mask = torch.zeros_like(group_scores).scatter_(1, top_groups.indices[:, :topk_group], 1)
-    mask = mask.repeat_interleave(experts // groups, dim=1).bool()
-    masked = scores.masked_fill(~mask, float("-inf"))
-    top = masked.topk(TOPK + 1, dim=-1)
-    expert_gap = (top.values[:, TOPK - 1] - top.values[:, TOPK]).min()
-    return top.indices[:, :TOPK].sort(dim=-1).values, group_gap.item(), expert_gap.item()
-
-
-def check_routing(hf, router_logits):
-    """No near tie on any layer, every expert chosen, and the bias and the groups each change
-    some token's choice."""
-    layers = [i for i, layer in enumerate(hf.model.layers) if hasattr(layer.mlp, "experts")]
-    assert layers == [1, 2] and len(router_logits) == 2
-    for i, logits in zip(layers, router_logits):
-        logits = logits.detach()
-        bias = hf.model.layers[i].mlp.gate.e_score_correction_bias
-        chosen, group_gap, expert_gap = choices(logits, bias)
-        assert group_gap > MARGIN, f"layer {i}: a near tie among the groups ({group_gap:.1e})"
-        assert expert_gap > MARGIN, f"layer {i}: a near tie among the experts ({expert_gap:.1e})"
-        # 2 experts per group: the top 4 of 2 groups is all of them (no choice within)
-        assert math.isfinite(expert_gap) == (logits.shape[1] // GROUPS * TOPK_GROUP > TOPK)
-        counts = torch.bincount(chosen.reshape(-1), minlength=logits.shape[1])
-        assert (counts > 0).all(), f"layer {i}: experts chosen {counts.tolist()}"
-        unbiased, _, _ = choices(logits, torch.zeros_like(bias))
-        assert (unbiased != chosen).any(), f"layer {i}: the bias changes no token's choice"
-        ungrouped, _, _ = choices(logits, bias, groups=1, topk_group=1)
-        assert (ungrouped != chosen).any(), f"layer {i}: the groups change no token's choice"
-
-
-def hf_grads(hf):
-    return to_braid({n: p.grad for n, p in hf.named_parameters()}, hf.config.n_routed_experts)
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
@@ -157,18 +96,13 @@ def test_logits_loss_and_gradients(kind):
     hf, model = sigmoid_moe_pair(kind)
     ids, targets = batch(VOCAB)
     out = hf(torch.from_numpy(ids), labels=torch.from_numpy(ids), output_router_logits=True)
-    check_routing(hf, out.router_logits)
-    logits = np.from_dlpack(model.logits(ids))
-    assert logits.shape == out.logits.shape
-    err = assert_close_rel("logits", logits, out.logits.detach().numpy(), LOGITS_RTOL)
-    loss = model.forward(ids, targets)
-    model.backward()
-    out.loss.backward()
-    assert abs(loss - out.loss.item()) <= 1e-5 * abs(out.loss.item()), (loss, out.loss.item())
-    got, want = braid_grads(model), hf_grads(hf)
-    assert sorted(got) == sorted(want)
-    grad_err = max(assert_close_rel(name, got[name], g.numpy(), GRAD_RTOL)
-                   for name, g in want.items())
+    expert_gaps = check_deepseek_routing(hf, out.router_logits, MARGIN)
+    assert list(expert_gaps) == [1, 2]
+    for gap in expert_gaps.values():
+        # 2 experts per group: the top 4 of 2 groups is all of them (no choice within)
+        assert math.isfinite(gap) == (hf.config.n_routed_experts // GROUPS * TOPK_GROUP > TOPK)
+    err, grad_err, got = compare_logits_loss_and_gradients(model, hf, out, ids, targets,
+                                                           deepseek_grads, LOGITS_RTOL, GRAD_RTOL)
     for name in ("model.layers.1.mlp.gate.weight", "model.layers.0.mlp.down_proj.weight",
                  "model.layers.2.mlp.shared_expert.up_proj.weight",
                  "model.layers.2.mlp.experts.7.up_proj.weight"):
