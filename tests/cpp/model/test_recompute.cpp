@@ -169,8 +169,9 @@ TEST(Recompute, QkNormPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
-TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
-  // Multi-latent attention: none and selective keep the latents and q, k, v; full reruns them.
+// Four layers of multi-latent attention on llama-tiny: a query latent of 32, a key/value latent
+// of 16, heads of 8 + 8 RoPE channels, value heads of 12.
+TransformerConfig latent_attention() {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_layers = 4;
   c.num_query_groups = 0;
@@ -180,6 +181,12 @@ TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
   c.qk_head_dim = 8;
   c.qk_pos_emb_head_dim = 8;
   c.v_head_dim = 12;
+  return c;
+}
+
+TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
+  // None and selective keep the latents and q, k, v; full reruns them.
+  TransformerConfig c = latent_attention();
   c.qk_layernorm = true;
   c.hidden_dropout = 0.1f;
   check_policies(c);
@@ -188,15 +195,7 @@ TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
 TEST(Recompute, YarnLatentAttentionPoliciesAgree) {
   // YaRN's softmax factor on q (and on dq) and its cos and sin factor: full recompute projects
   // and scales q again, selective keeps the scaled q.
-  TransformerConfig c = TransformerConfig::preset("llama-tiny");
-  c.num_layers = 4;
-  c.num_query_groups = 0;
-  c.multi_latent_attention = true;
-  c.q_lora_rank = 32;
-  c.kv_lora_rank = 16;
-  c.qk_head_dim = 8;
-  c.qk_pos_emb_head_dim = 8;
-  c.v_head_dim = 12;
+  TransformerConfig c = latent_attention();
   c.rope_yarn_factor = 40;
   c.rope_original_max_position_embeddings = 4096;
   c.rope_yarn_mscale = 0.707f;
