@@ -29,8 +29,9 @@ def test_mfu_reports_consistent_figures():
     step_ms, tokens_per_s = re.search(r"step ([0-9.]+) ms \(median of 3\), ([0-9,]+) tokens/s",
                                       out).groups()
     step = float(step_ms) / 1e3
-    rounding = 0.05e-3 / step  # the step is printed to 0.1 ms
-    assert float(tokens_per_s.replace(",", "")) == pytest.approx(2 * 64 / step, rel=rounding)
+    rounding = 0.05e-3 / step  # the step is printed to 0.1 ms, tokens/s to the unit
+    assert float(tokens_per_s.replace(",", "")) == pytest.approx(2 * 64 / step, rel=rounding,
+                                                                 abs=0.5)
     tflops, mfu = map(float, re.search(r"([0-9.e-]+) TFLOP/s of model FLOPs = MFU ([0-9.]+)% "
                                        r"of 0.5", out).groups())
     assert mfu == pytest.approx(100 * tflops / 0.5, abs=0.06)
