@@ -47,9 +47,24 @@ int resolve_dp(int world_size, const ParallelLayout& layout) {
   return layout.dp;
 }
 
-// Experts split the DP × CP ranks of one (TP, PP) coordinate (after dp is resolved).
+// Experts split the DP × CP ranks of one (TP, PP) coordinate, or with expert TP 1 the
+// TP × DP × CP ranks of one stage (after dp is resolved).
 int checked_ep(const ParallelLayout& layout, int dp) {
+  const int etp = layout.etp == 0 ? layout.tp : layout.etp;
+  BRAID_CONFIG_CHECK(etp == layout.tp || etp == 1,
+                     "parallel layout: --expert-tensor-parallel-size ",
+                     "must be 1 or the TP size (", layout.tp, "), got ", layout.etp);
   const int64_t data = int64_t(dp) * layout.cp;
+  if (etp == 1 && layout.tp > 1) {
+    const int64_t ranks = data * layout.tp;
+    BRAID_CONFIG_CHECK(ranks % layout.ep == 0, "parallel layout: --expert-model-parallel-size (",
+                       layout.ep, ") must divide tensor (", layout.tp, ") × data (", dp, ")",
+                       layout.cp == 1 ? "" : " × context (" + std::to_string(layout.cp) + ")",
+                       " parallel = ", ranks,
+                       ": with --expert-tensor-parallel-size 1 expert parallelism splits the "
+                       "ranks of a pipeline stage");
+    return layout.ep;
+  }
   const std::string sizes = layout.cp == 1 ? " (" + std::to_string(dp) + ")"
                                            : " × --context-parallel-size (" + std::to_string(dp) +
                                                  " × " + std::to_string(layout.cp) + " = " +
@@ -67,7 +82,8 @@ RankGrid::RankGrid(int world_size, const ParallelLayout& layout)
       pp_(layout.pp),
       dp_(resolve_dp(world_size, layout)),
       cp_(layout.cp),
-      ep_(checked_ep(layout, dp_)) {}
+      ep_(checked_ep(layout, dp_)),
+      whole_experts_(tp_ > 1 && layout.etp == 1) {}
 
 GridCoords RankGrid::coords(int rank) const {
   BRAID_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " is outside the grid of ",
@@ -128,35 +144,41 @@ std::vector<int> RankGrid::embedding_group(int rank) const {
   return {stages.front(), stages.back()};
 }
 
-// The expert grid reads the dp_cp index j = cp_rank + cp · dp_rank as ep_rank + ep ·
-// expert_dp_rank; rank = tp_rank + tp · (j + dp · cp · pp_rank), so ranks grow with j.
-int RankGrid::ep_rank(int rank) const {
+// The expert grid reads the index k of a rank among its stage's experts' ranks as ep_rank + ep
+// · expert_dp_rank. With the experts split over TP, k is the dp_cp index j = cp_rank + cp ·
+// dp_rank (rank = tp_rank + tp · (j + dp · cp · pp_rank)); with whole experts it is the rank's
+// place in its stage, tp_rank + tp · j (rank = k + tp · dp · cp · pp_rank). Ranks grow with k.
+int RankGrid::expert_index(int rank) const {
   const GridCoords c = coords(rank);
-  return (c.cp_rank + cp_ * c.dp_rank) % ep_;
+  const int j = c.cp_rank + cp_ * c.dp_rank;
+  return whole_experts_ ? c.tp_rank + tp_ * j : j;
 }
 
-int RankGrid::expert_dp_rank(int rank) const {
-  const GridCoords c = coords(rank);
-  return (c.cp_rank + cp_ * c.dp_rank) / ep_;
-}
+int RankGrid::ep_rank(int rank) const { return expert_index(rank) % ep_; }
 
-std::vector<int> RankGrid::data_group(int rank, int first, int stride, int count) const {
+int RankGrid::expert_dp_rank(int rank) const { return expert_index(rank) / ep_; }
+
+std::vector<int> RankGrid::expert_group(int rank, int first, int stride, int count) const {
   const GridCoords c = coords(rank);
   std::vector<int> members;
   for (int i = 0; i < count; ++i) {
-    const int j = first + stride * i;
-    members.push_back(rank_of(
-        {.tp_rank = c.tp_rank, .dp_rank = j / cp_, .pp_rank = c.pp_rank, .cp_rank = j % cp_}));
+    const int k = first + stride * i;
+    if (whole_experts_) {
+      members.push_back(k + tp_ * cp_ * dp_ * c.pp_rank);
+    } else {
+      members.push_back(rank_of(
+          {.tp_rank = c.tp_rank, .dp_rank = k / cp_, .pp_rank = c.pp_rank, .cp_rank = k % cp_}));
+    }
   }
   return members;
 }
 
 std::vector<int> RankGrid::ep_group(int rank) const {
-  return data_group(rank, ep_ * expert_dp_rank(rank), 1, ep_);
+  return expert_group(rank, ep_ * expert_dp_rank(rank), 1, ep_);
 }
 
 std::vector<int> RankGrid::expert_dp_group(int rank) const {
-  return data_group(rank, ep_rank(rank), ep_, expert_dp());
+  return expert_group(rank, ep_rank(rank), ep_, expert_dp());
 }
 
 ParallelState::ParallelState(std::shared_ptr<Communicator> world, const ParallelLayout& layout)
@@ -177,7 +199,7 @@ ParallelState::ParallelState(std::shared_ptr<Communicator> world, const Parallel
   model_parallel_ = split(grid_.model_parallel_group(me), "model_parallel");
   const std::vector<int> embedding = grid_.embedding_group(me);
   embedding_ = world_->split(embedding.empty() ? -1 : embedding.front(), me, "embedding");
-  if (grid_.ep() == 1) {
+  if (grid_.ep() == 1 && !grid_.whole_experts()) {
     ep_ = world_->split(me, me, "ep");  // every rank its own group
     expert_dp_ = dp_cp_;
   } else {

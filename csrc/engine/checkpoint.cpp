@@ -208,10 +208,12 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
   ParallelModel& model = trainer.model();
   model.finish_param_gather();
   const comm::ParallelState* state = model.state();
-  // Expert-DP rank 0 of each (tp, pp, ep) position writes its experts; of those, the one with
-  // DP and CP rank 0 (EP rank 0) the rest too. Without EP these are one rank.
-  const bool writer = state == nullptr || state->expert_dp_rank() == 0;
+  // Expert-DP rank 0 of each (tp, pp, ep) position (of each (pp, ep) one with whole experts)
+  // writes its experts; the rank with DP and CP rank 0 of each (tp, pp) the rest (EP rank 0
+  // when the experts are split over TP, so one of the former). Without EP these are one rank.
+  const bool expert_writer = state == nullptr || state->expert_dp_rank() == 0;
   const bool dense_writer = state == nullptr || (state->dp_rank() == 0 && state->cp_rank() == 0);
+  const bool writer = expert_writer || dense_writer;
   const bool root = world_rank(model) == 0;
   auto pending = std::make_unique<Pending>();
   Pending& p = *pending;
@@ -257,7 +259,7 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
         for (const auto& [name, bias] : m.expert_biases()) p.file->add(name, keep(bias));
       for (const Slice& s : stored_slices(layout)) {
         const model::Parameter& param = m.parameters()[s.param];
-        if (param.spec.expert < 0 && !dense_writer) continue;
+        if (!(param.spec.expert >= 0 ? expert_writer : dense_writer)) continue;
         const std::string& name = param.spec.name;
         p.file->add(name, keep(param.value));
         if (!options.save_optim) continue;

@@ -19,9 +19,11 @@ SavedLayout layout_of(const ParallelModel& model) {
     l.dp = s->grid().dp();
     l.cp = s->grid().cp();
     l.ep = s->grid().ep();
+    l.whole_experts = s->grid().whole_experts();
   } else {
     l.tp = model.chunk(0).tensor_parallel().size();
     l.ep = model.chunk(0).expert_parallel().size();
+    l.whole_experts = model.chunk(0).expert_parallel().whole_experts && l.tp > 1;
   }
   l.virtual_stages = model.num_chunks();
   l.first_stage_layers = model.parallel().first_stage_layers;
@@ -76,13 +78,20 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
         entry["shards"].push_back(json{
             {"file", file_name(0, p, 0, saved.ep)}, {"start", 0}, {"length", config.num_experts}});
       }
+      // Who writes what (CheckpointSaver::save): TP rank t's dense shards the rank of DP and CP
+      // rank 0 - EP rank 0, or with whole experts EP rank t % ep -; EP rank e's experts (their
+      // TP shards, or whole) its expert-DP rank 0 - with whole experts TP rank e % tp.
+      model::ModelChunk whole = held;
+      whole.whole_experts = saved.whole_experts;
       for (int t = 0; t < saved.tp; ++t) {
+        const int dense_ep_rank = saved.whole_experts ? t % saved.ep : 0;
         for (int e = 0; e < saved.ep; ++e) {
           const model::ParamLayout layout = model::parameter_layout(
-              config, t, saved.tp, model::holding_experts(held, e, saved.ep, config.num_experts));
+              config, t, saved.tp, model::holding_experts(whole, e, saved.ep, config.num_experts));
           for (const Slice& s : stored_slices(layout)) {
             const model::ParamSpec& spec = layout.specs[s.param];
-            if (spec.expert < 0 && e > 0) continue;  // EP rank 0's file has it
+            if (spec.expert < 0 && e != dense_ep_rank) continue;
+            if (spec.expert >= 0 && saved.whole_experts && t != e % saved.tp) continue;
             std::vector<std::string> keys{spec.name};
             if (options.save_optim) {
               keys.push_back("optimizer.exp_avg." + spec.name);
@@ -107,6 +116,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
                     {"data_parallel_size", saved.dp},
                     {"context_parallel_size", saved.cp},
                     {"expert_model_parallel_size", saved.ep},
+                    {"expert_tensor_parallel_size", saved.whole_experts ? 1 : saved.tp},
                     {"virtual_pipeline_stages", saved.virtual_stages},
                     {"use_distributed_optimizer", saved.distributed_optimizer}};
   if (saved.first_stage_layers)

@@ -115,14 +115,12 @@ GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp,
                 "bucket [", b.range.begin, ", ", b.range.end, ") does not split over ",
                 group_size(b), b.expert ? " expert-DP" : " DP", " ranks");
   }
-  BRAID_CHECK(expert_dp_ == nullptr || dp_ != nullptr,
-              "GradBuffer: an expert-data-parallel group needs a data-parallel one");
   for (comm::Communicator* g : {dp_, expert_dp_}) {
     if (g == nullptr) continue;
     BRAID_CHECK(g->device() == model_.device(), "GradBuffer: the ", g == dp_ ? "DP" : "expert-DP",
                 " group works on ", g->device().str(), ", the model on ", model_.device().str());
   }
-  if (dp_ != nullptr && model_.device().is_cuda())
+  if (communicates() && model_.device().is_cuda())
     comm_stream_ = std::make_unique<SideStream>(model_.device());
   buckets_of_param_.resize(model_.parameters().size());
   for (size_t b = 0; b < buckets_.size(); ++b)
@@ -130,7 +128,7 @@ GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp,
   reduce_work_.resize(buckets_.size());
   gather_work_.resize(buckets_.size());
   params_pending_.assign(buckets_.size(), 0);
-  if (dp_ == nullptr) return;
+  if (!communicates()) return;
   if (config_.overlap_grad_reduce) {
     model_.set_grads_done_hook([this](int microbatch, std::span<const size_t> params) {
       on_grads_done(microbatch, params);
@@ -210,7 +208,7 @@ void GradBuffer::wait(comm::WorkPtr& work) {
 }
 
 void GradBuffer::finish_grad_sync() {
-  if (dp_ == nullptr) return;
+  if (!communicates()) return;
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (reduce_work_[b] == nullptr && (params_pending_[b] > 0 || !config_.overlap_grad_reduce))
       post_reduce(b, false);
@@ -225,7 +223,7 @@ void GradBuffer::finish_grad_sync() {
 }
 
 void GradBuffer::start_param_gather() {
-  if (dp_ == nullptr || !sharded()) return;
+  if (!communicates() || !sharded()) return;
   finish_param_gather();  // a bucket no forward read (padding only) may still be in flight
   const Tensor& params = model_.flat_params();
   stream_wait(model_.device(), comm_stream(), Stream{});

@@ -1,6 +1,7 @@
 #include "braid/engine/parallel_model.h"
 
 #include <cstring>
+#include <numeric>
 
 #include "braid/comm/mpi_communicator.h"
 #include "braid/core/log.h"
@@ -10,12 +11,19 @@
 namespace braid::engine {
 namespace {
 
+// What gradient buckets split into: the DP × CP ranks, and when experts have a group of their
+// own, its ranks too (the expert-DP size differs from dp · cp with whole experts).
+int bucket_unit(const comm::RankGrid& grid) {
+  const int dp = grid.dp() * grid.cp();
+  return grid.ep() > 1 || grid.whole_experts() ? std::lcm(dp, grid.expert_dp()) : dp;
+}
+
 // The gradient buckets of chunk `c` of a rank that holds `held` (its experts included) as TP rank
 // `tp_rank`: over dp × cp, kept apart by kind under expert parallelism.
 std::vector<Bucket> chunk_buckets(const model::TransformerConfig& config,
                                   const comm::RankGrid& grid, const ParallelConfig& parallel,
                                   int tp_rank, const model::ModelChunk& held, int c) {
-  const int dp = grid.dp() * grid.cp();
+  const int dp = bucket_unit(grid);
   const DDPConfig& ddp = parallel.ddp;
   const model::ParamLayout layout = model::parameter_layout(config, tp_rank, grid.tp(), held);
   // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see
@@ -23,7 +31,7 @@ std::vector<Bucket> chunk_buckets(const model::TransformerConfig& config,
   const bool separate_embedding = ddp.use_distributed_optimizer && grid.pp() > 1 &&
                                   config.tie_embeddings && (held.embedding || held.head);
   return make_buckets(layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0,
-                      separate_embedding, grid.ep() > 1);
+                      separate_embedding, grid.ep() > 1 || grid.whole_experts());
 }
 
 }  // namespace
@@ -65,10 +73,10 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
   const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp() * grid.cp();
   const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
   const model::ContextParallel cp{&state.cp()};
-  const model::ExpertParallel ep{grid.ep() > 1 ? &state.ep() : nullptr};
+  const model::ExpertParallel ep{grid.ep() > 1 ? &state.ep() : nullptr, grid.whole_experts()};
   // MPI moves non-blocking collectives only inside MPI calls: a thread polls them, where MPI
   // allows threads (else the reductions progress when finish_grad_sync waits for them).
-  if (dp > 1 && device.is_cpu()) {
+  if (std::max(dp, grid.expert_dp()) > 1 && device.is_cpu()) {
     if (comm::MpiCommunicator::thread_multiple()) {
       progress_ = std::make_unique<comm::ProgressThread>();
     } else if (state.rank() == 0) {
@@ -80,7 +88,7 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
     // Under EP: this rank's experts, aligned for buckets that hold them alone.
     model::ModelChunk held =
         ep.holding(pipeline_chunk(layers, state.pp_rank(), c), config.num_experts);
-    if (ep.active()) held.expert_alignment = dp;
+    if (ep.active() || ep.whole_experts) held.expert_alignment = bucket_unit(grid);
     std::vector<Bucket> buckets = chunk_buckets(config, grid, parallel_, state.tp_rank(), held, c);
     owned_.push_back(std::make_unique<model::GPTModel>(config, device, seed, tp, held,
                                                        buffer_elements(buckets), cp, ep));

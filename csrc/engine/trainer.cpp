@@ -10,13 +10,14 @@
 namespace braid::engine {
 namespace {
 
-// Expert parallelism without ZeRO: the model-parallel group holds only its EP rank's experts,
-// so the norm is summed over the world, where each dense element has dp·cp copies and each
-// expert's expert-DP copies. (With ZeRO the world owns every element once: dense shards once per
-// dp·cp group, expert shards once per expert-DP group, each EP rank other experts.)
+// Expert parallelism (or whole experts) without ZeRO: the model-parallel group holds only its EP
+// rank's experts (or every TP rank whole ones), so the norm is summed over the world, where each
+// dense element has dp·cp copies and each expert's expert-DP copies. (With ZeRO the world owns
+// every element once: dense shards once per dp·cp group, expert shards once per expert-DP group,
+// each EP rank other experts.)
 bool norm_over_replicas(const ParallelModel& model) {
   const comm::ParallelState* state = model.state();
-  return state != nullptr && state->grid().ep() > 1 &&
+  return state != nullptr && (state->grid().ep() > 1 || state->grid().whole_experts()) &&
          !model.parallel().ddp.use_distributed_optimizer;
 }
 
@@ -221,7 +222,8 @@ void Trainer::moe_losses(int num_microbatches, StepStats& stats) const {
   const model::TransformerConfig& c = model_.config();
   if (c.num_experts == 0 || (c.moe_aux_loss_coeff == 0 && c.moe_z_loss_coeff == 0)) return;
   // Each rank holds its stages' layers for its DP replica's microbatches (its share of their
-  // tokens under CP); every TP rank holds the same values. Per layer: [balancing, z].
+  // tokens under CP); every TP rank holds the same values, or its tokens' share when it routes
+  // its own. Per layer: [balancing, z].
   const auto layers = size_t(c.num_layers);
   std::vector<float> sums(2 * layers, 0.0f);
   for (model::GPTModel* chunk : model_.chunks()) {
@@ -232,7 +234,9 @@ void Trainer::moe_losses(int num_microbatches, StepStats& stats) const {
   }
   const comm::ParallelState* state = model_.state();
   all_reduce_host(state != nullptr ? &state->world() : nullptr, sums, DType::f32);
-  const int tp = model_.chunk(0).tensor_parallel().size();
+  const int tp = model_.chunk(0).expert_parallel().whole_experts
+                     ? 1
+                     : model_.chunk(0).tensor_parallel().size();
   const int dp = state != nullptr ? state->grid().dp() : 1;
   const double replicas = double(tp) * dp * num_microbatches;
   stats.layer_load_balancing_loss.assign(layers, 0.0);

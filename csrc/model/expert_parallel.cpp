@@ -62,6 +62,7 @@ ModelChunk holding_experts(ModelChunk chunk, int rank, int size, int64_t num_exp
 }
 
 ModelChunk ExpertParallel::holding(ModelChunk chunk, int64_t num_experts) const {
+  chunk.whole_experts = whole_experts;
   return holding_experts(chunk, rank(), size(), num_experts);
 }
 
@@ -73,6 +74,14 @@ void check_expert_parallel(const TransformerConfig& config, int ep) {
   BRAID_CONFIG_CHECK(config.num_experts % ep == 0, "expert parallelism: --num-experts (",
                      config.num_experts, ") is not divisible by --expert-model-parallel-size (", ep,
                      ")");
+}
+
+void check_whole_experts(const ExpertParallel& ep, const TensorParallel& tp) {
+  BRAID_CONFIG_CHECK(!ep.whole_experts || !tp.active() || tp.sequence_parallel,
+                     "--expert-tensor-parallel-size 1 with --tensor-model-parallel-size ",
+                     tp.size(),
+                     " needs --sequence-parallel: each TP rank routes its own share of "
+                     "the tokens through whole experts");
 }
 
 ExpertDispatch plan_dispatch(const MoeRouting& routing, const ExpertParallel& ep) {

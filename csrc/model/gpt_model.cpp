@@ -84,6 +84,7 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
                      "are ", config_.head_dim(), " (kv_channels, or hidden_size / ",
                      "num_attention_heads)");
   check_expert_parallel(config_, ep_.size());
+  check_whole_experts(ep_, tp_);
   if (ep_.group != nullptr) {
     BRAID_CHECK(ep_.group->device() == device_, "GPTModel: the EP group works on ",
                 ep_.group->device().str(), ", the model on ", device_.str());
@@ -160,8 +161,10 @@ void GPTModel::update_expert_bias(comm::Communicator* group) {
   size_t b = 0;
   for (MoeStats& s : moe_stats_) {
     if (s.tokens_per_expert.empty()) continue;
+    // Whole experts: each TP rank counted its own tokens.
+    comm::Communicator* tp_group = ep_.whole_experts && tp_.active() ? tp_.group : nullptr;
     move_expert_bias(expert_biases_[b++].second, s.tokens_per_expert,
-                     config_.moe_router_bias_update_rate, group);
+                     config_.moe_router_bias_update_rate, {group, tp_group});
   }
 }
 
@@ -234,8 +237,9 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
     return t;
   }
   t.router_weight = view_of(flat, p + "mlp.gate.weight");
+  const int64_t expert_ffn = layout_.chunk.whole_experts ? c.mlp_hidden_size() : n.ffn;
   for (int e = layout_.chunk.first_expert; e < layout_.chunk.end_expert; ++e)
-    t.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + ".", n.ffn));
+    t.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + ".", expert_ffn));
   if (c.moe_shared_expert_intermediate_size > 0)
     t.shared_expert =
         mlp(p + "mlp.shared_expert.", c.moe_shared_expert_intermediate_size / tp_.size());
@@ -573,7 +577,9 @@ void GPTModel::finalize_grads() {
     // whatever the token split.
     const bool per_head = p.spec.name.find("self_attn.q_norm.") != std::string::npos ||
                           p.spec.name.find("self_attn.k_norm.") != std::string::npos;
-    if (per_head) {
+    // A router that each TP rank runs on its own tokens (whole experts) has partial gradients.
+    const bool own_tokens_router = ep_.whole_experts && p.spec.name.ends_with(".mlp.gate.weight");
+    if (per_head || own_tokens_router) {
       all_reduce_tp(tp_, p.grad);
     } else if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
       // Used on this rank's tokens only: norms and position embeddings. (Row-parallel biases

@@ -12,7 +12,11 @@ namespace {
 class LayoutBuilder {
  public:
   LayoutBuilder(ParamLayout& layout, const TransformerConfig& config)
-      : layout_(layout), config_(config), tp_(layout.tp_size), rank_(layout.tp_rank) {}
+      : layout_(layout),
+        config_(config),
+        tp_(layout.tp_size),
+        rank_(layout.tp_rank),
+        whole_experts_(layout.chunk.whole_experts) {}
 
   // Starts a new group (aligned) and adds its first member.
   void group(ParamSpec spec) {
@@ -48,6 +52,10 @@ class LayoutBuilder {
 
   ParamShard shard_of(const ParamSpec& spec) const {
     ParamShard s;
+    if (spec.expert >= 0 && whole_experts_) {
+      s.shape = spec.shape;  // no TP rank holds the same experts as another
+      return s;
+    }
     if (spec.tp_dim < 0 || tp_ == 1) {
       s.shape = spec.shape;
       s.replicas = spec.tp_dim < 0 ? tp_ : 1;
@@ -89,6 +97,7 @@ class LayoutBuilder {
   ParamLayout& layout_;
   const TransformerConfig& config_;
   int tp_, rank_;
+  bool whole_experts_;
 };
 
 void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& prefix, int layer,

@@ -62,37 +62,40 @@ void bind_parallel(py::module_& m) {
       "rank cannot leave the others waiting in a collective.");
 
   py::class_<comm::ParallelLayout>(m, "ParallelLayout")
-      .def(py::init([](int tp, int pp, int dp, int cp, int ep) {
-             return comm::ParallelLayout{tp, pp, dp, cp, ep};
+      .def(py::init([](int tp, int pp, int dp, int cp, int ep, int etp) {
+             return comm::ParallelLayout{tp, pp, dp, cp, ep, etp};
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 0, py::arg("cp") = 1,
-           py::arg("ep") = 1,
-           "Tensor-, pipeline-, data-, context- and expert-parallel sizes; dp 0: world size / "
-           "(tp · cp · pp); ep must divide dp · cp.")
+           py::arg("ep") = 1, py::arg("etp") = 0,
+           "Tensor-, pipeline-, data-, context-, expert- and expert-tensor-parallel sizes; dp 0: "
+           "world size / (tp · cp · pp); etp 0 or tp: experts split over TP, ep dividing dp · cp; "
+           "etp 1: whole experts, ep dividing tp · dp · cp.")
       .def_readwrite("tp", &comm::ParallelLayout::tp)
       .def_readwrite("pp", &comm::ParallelLayout::pp)
       .def_readwrite("dp", &comm::ParallelLayout::dp)
       .def_readwrite("cp", &comm::ParallelLayout::cp)
-      .def_readwrite("ep", &comm::ParallelLayout::ep);
+      .def_readwrite("ep", &comm::ParallelLayout::ep)
+      .def_readwrite("etp", &comm::ParallelLayout::etp);
 
   py::class_<comm::ParallelState>(
       m, "ParallelState",
       "The (tp, cp, dp, pp) rank grid and its communicators over the MPI world (Megatron's "
       "order: TP fastest, then CP, then DP, then PP), with expert parallelism splitting the "
-      "DP × CP ranks (ep consecutive ones per EP group). Collective over the world; a layout that "
+      "DP × CP ranks (with etp 1 the TP × DP × CP ranks; ep consecutive ones per EP group). "
+      "Collective over the world; a layout that "
       "does not fit the world is a ValueError on every rank, before any communication.")
       .def(py::init([](const comm::ParallelLayout& layout) {
              py::gil_scoped_release release;
              return std::make_unique<comm::ParallelState>(distributed().world, layout);
            }),
            py::arg("layout"))
-      .def(py::init([](int tp, int pp, int dp, int cp, int ep) {
+      .def(py::init([](int tp, int pp, int dp, int cp, int ep, int etp) {
              py::gil_scoped_release release;
-             return std::make_unique<comm::ParallelState>(distributed().world,
-                                                          comm::ParallelLayout{tp, pp, dp, cp, ep});
+             return std::make_unique<comm::ParallelState>(
+                 distributed().world, comm::ParallelLayout{tp, pp, dp, cp, ep, etp});
            }),
            py::arg("tp") = 1, py::arg("pp") = 1, py::arg("dp") = 0, py::arg("cp") = 1,
-           py::arg("ep") = 1)
+           py::arg("ep") = 1, py::arg("etp") = 0)
       .def_property_readonly("rank", &comm::ParallelState::rank)
       .def_property_readonly("world_size",
                              [](const comm::ParallelState& s) { return s.grid().world_size(); })
@@ -103,6 +106,9 @@ void bind_parallel(py::module_& m) {
       .def_property_readonly("ep", [](const comm::ParallelState& s) { return s.grid().ep(); })
       .def_property_readonly("expert_dp",
                              [](const comm::ParallelState& s) { return s.grid().expert_dp(); })
+      .def_property_readonly(
+          "etp",
+          [](const comm::ParallelState& s) { return s.grid().whole_experts() ? 1 : s.grid().tp(); })
       .def_property_readonly("cp_rank", &comm::ParallelState::cp_rank)
       .def_property_readonly("tp_rank", &comm::ParallelState::tp_rank)
       .def_property_readonly("pp_rank", &comm::ParallelState::pp_rank)

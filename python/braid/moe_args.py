@@ -113,7 +113,11 @@ def add_arguments(g, pos_int, nonneg_float, pos_float):
                         "(all-to-all); must divide --num-experts and the data-parallel size x "
                         "--context-parallel-size")
     g.add_argument("--expert-tensor-parallel-size", type=pos_int, default=None,
-                   help="braid: the TP size")
+                   help="the TP size (default): each expert is split over the TP group like the "
+                        "dense MLP; 1: whole experts, each TP rank routing its own "
+                        "sequence-parallel tokens (needs --sequence-parallel), and "
+                        "--expert-model-parallel-size dividing TP x DP x CP (Megatron's MoE "
+                        "parallel folding)")
 
 
 def _one_value(a, dest: str) -> str | None:
@@ -188,15 +192,21 @@ def check(a, tp: int, data_ranks: int | None = None) -> str | None:
     if a.num_experts % ep:
         return (f"--expert-model-parallel-size {ep} does not divide --num-experts "
                 f"{a.num_experts}: each expert-parallel rank holds an equal share of the experts")
-    if data_ranks is not None and data_ranks % ep:
+    etp = a.expert_tensor_parallel_size
+    if etp not in (None, tp, 1):
+        return (f"--expert-tensor-parallel-size {etp}: braid splits experts over the TP group "
+                f"(--tensor-model-parallel-size {tp}) or keeps them whole (1)")
+    whole = etp == 1 and tp > 1
+    if whole:
+        error = _whole_experts_error(a, tp, data_ranks)
+        if error:
+            return error
+    elif data_ranks is not None and data_ranks % ep:
         return (f"--expert-model-parallel-size {ep} does not divide the {data_ranks} data-parallel "
                 "x context-parallel ranks: expert parallelism splits them into groups of "
                 f"{ep}")
-    if a.expert_tensor_parallel_size not in (None, tp):
-        return (f"--expert-tensor-parallel-size {a.expert_tensor_parallel_size}: braid splits "
-                f"experts over the TP group (--tensor-model-parallel-size {tp})")
     ffn = a.moe_ffn_hidden_size or a.ffn_hidden_size
-    if ffn % tp:
+    if ffn % tp and not whole:
         return (f"--moe-ffn-hidden-size {ffn} is not divisible by --tensor-model-parallel-size "
                 f"{tp}")
     shared = a.moe_shared_expert_intermediate_size
@@ -204,6 +214,28 @@ def check(a, tp: int, data_ranks: int | None = None) -> str | None:
         return "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"
     if shared is not None and shared % tp:
         return (f"--moe-shared-expert-intermediate-size {shared} is not divisible by "
+                f"--tensor-model-parallel-size {tp}")
+    return None
+
+
+def _whole_experts_error(a, tp: int, data_ranks: int | None) -> str | None:
+    """What is wrong with --expert-tensor-parallel-size 1 under TP, or None."""
+    ep = a.expert_model_parallel_size
+    if not a.sequence_parallel:
+        return (f"--expert-tensor-parallel-size 1 with --tensor-model-parallel-size {tp} needs "
+                "--sequence-parallel: each TP rank routes its own share of the tokens through "
+                "whole experts")
+    if data_ranks is not None and (tp * data_ranks) % ep:
+        return (f"--expert-model-parallel-size {ep} does not divide the {tp * data_ranks} "
+                "tensor x data x context-parallel ranks: with --expert-tensor-parallel-size 1 "
+                f"expert parallelism splits them into groups of {ep}")
+    runs = a.micro_batch_size * (2 if a.context_parallel_size > 1 else 1)
+    if (a.moe_router_load_balancing_type == "seq_aux_loss" and a.moe_aux_loss_coeff
+            and runs % tp and tp % runs):
+        return (f"--moe-router-load-balancing-type seq_aux_loss with --expert-tensor-parallel-size"
+                f" 1: each of the {tp} TP ranks' token shards must hold whole sequences "
+                f"(context-parallel chunks) or lie within one; --micro-batch-size "
+                f"{a.micro_batch_size} gives {runs}, which neither divides nor is divided by "
                 f"--tensor-model-parallel-size {tp}")
     return None
 

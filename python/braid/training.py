@@ -287,7 +287,8 @@ def main(argv=None) -> int:
     job = braid.init_distributed(a.distributed_timeout_minutes)
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
                                 pp=a.pipeline_model_parallel_size, cp=a.context_parallel_size,
-                                ep=a.expert_model_parallel_size)
+                                ep=a.expert_model_parallel_size,
+                                etp=a.expert_tensor_parallel_size or 0)
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
@@ -333,6 +334,7 @@ def main(argv=None) -> int:
         f"{state.world_size} x {device}: tp={state.tp}"
         + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
         + (f" ep={state.ep}" if state.ep > 1 else "")
+        + (" etp=1" if state.etp == 1 and state.tp > 1 else "")
         + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")
         + (", layers per stage " + " | ".join(str(sum(e - b for b, e in chunks))
                                              for chunks in a.stage_layers)

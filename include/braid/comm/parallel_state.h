@@ -28,6 +28,14 @@
 // With cp > 1 an EP group takes the CP ranks first (cp = 2, ep = 2: the EP group is the CP
 // pair).
 //
+// With --expert-tensor-parallel-size 1 under TP (Megatron's "MoE parallel folding"), each TP rank
+// routes its own sequence-parallel tokens through whole experts, so the experts split all the
+// TP × DP × CP ranks of a stage: with k = tp_rank + tp · j (the rank's place in its stage),
+//
+//   ep_rank = k % ep,   expert_dp_rank = k / ep   (expert DP size = tp · dp · cp / ep)
+//
+// TP=2, EP=2, DP=2 on 4 ranks: EP groups [0,1] [2,3], expert-DP groups [0,2] [1,3].
+//
 // RankGrid is the arithmetic alone (no communication), so layouts are checked, on every rank
 // alike and before any collective, from numbers every rank has: a bad layout is the same
 // ConfigError everywhere.
@@ -41,11 +49,12 @@
 namespace braid::comm {
 
 struct ParallelLayout {
-  int tp = 1;  // --tensor-model-parallel-size
-  int pp = 1;  // --pipeline-model-parallel-size
-  int dp = 0;  // data-parallel size; 0: world size / (tp · cp · pp)
-  int cp = 1;  // --context-parallel-size
-  int ep = 1;  // --expert-model-parallel-size
+  int tp = 1;   // --tensor-model-parallel-size
+  int pp = 1;   // --pipeline-model-parallel-size
+  int dp = 0;   // data-parallel size; 0: world size / (tp · cp · pp)
+  int cp = 1;   // --context-parallel-size
+  int ep = 1;   // --expert-model-parallel-size
+  int etp = 0;  // --expert-tensor-parallel-size: 0 or tp (experts split over TP), or 1
 };
 
 struct GridCoords {
@@ -57,8 +66,8 @@ struct GridCoords {
 
 class RankGrid {
  public:
-  // ConfigError unless every size is >= 1, tp · cp · pp · dp == world_size and ep divides
-  // dp · cp.
+  // ConfigError unless every size is >= 1, tp · cp · pp · dp == world_size, etp is tp or 1 and
+  // ep divides dp · cp (tp · dp · cp with etp 1).
   RankGrid(int world_size, const ParallelLayout& layout);
 
   int world_size() const { return tp_ * cp_ * pp_ * dp_; }
@@ -67,7 +76,9 @@ class RankGrid {
   int pp() const { return pp_; }
   int dp() const { return dp_; }
   int ep() const { return ep_; }
-  int expert_dp() const { return dp_ * cp_ / ep_; }
+  int expert_dp() const { return dp_ * cp_ * (whole_experts_ ? tp_ : 1) / ep_; }
+  // Expert TP 1 under TP > 1: every rank holds whole experts.
+  bool whole_experts() const { return whole_experts_; }
 
   int rank_of(const GridCoords& c) const {
     return c.tp_rank + tp_ * (c.cp_rank + cp_ * (c.dp_rank + dp_ * c.pp_rank));
@@ -85,18 +96,21 @@ class RankGrid {
   std::vector<int> pp_group(int rank) const;
   std::vector<int> model_parallel_group(int rank) const;  // TP × PP, ordered tp fastest
   std::vector<int> embedding_group(int rank) const;       // empty if `rank` is in none
-  std::vector<int> ep_group(int rank) const;              // ep consecutive dp_cp ranks
-  std::vector<int> expert_dp_group(int rank) const;       // dp_cp ranks strided by ep
+  std::vector<int> ep_group(int rank) const;              // ep consecutive expert indices
+  std::vector<int> expert_dp_group(int rank) const;       // expert indices strided by ep
 
  private:
   // The ranks that share `rank`'s coordinates but for those `vary` lists, in rank order.
   std::vector<int> group(int rank, std::initializer_list<int GridCoords::*> vary) const;
   int size_of(int GridCoords::*coord) const;
-  // The ranks of `rank`'s (TP, PP) coordinate whose dp_cp index is first + stride · i,
-  // i < count.
-  std::vector<int> data_group(int rank, int first, int stride, int count) const;
+  // The rank's index in the expert grid (above).
+  int expert_index(int rank) const;
+  // The ranks of `rank`'s stage (and TP coordinate, unless whole experts) whose expert index is
+  // first + stride · i, i < count.
+  std::vector<int> expert_group(int rank, int first, int stride, int count) const;
 
   int tp_, pp_, dp_, cp_, ep_;
+  bool whole_experts_;
 };
 
 class ParallelState {
@@ -128,7 +142,7 @@ class ParallelState {
   Communicator& dp_cp() const { return *dp_cp_; }
   Communicator& pp() const { return *pp_; }
   // Expert parallelism: the EP group (one rank when ep = 1) and the experts' gradient group
-  // (dp_cp itself when ep = 1).
+  // (dp_cp itself when ep = 1 and the experts are split over TP).
   Communicator& ep() const { return *ep_; }
   Communicator& expert_dp() const { return *expert_dp_; }
   Communicator& model_parallel() const { return *model_parallel_; }

@@ -105,6 +105,8 @@ class GradBuffer {
   int group_size(const Bucket& b) const { return group(b) != nullptr ? group(b)->size() : 1; }
   int group_rank(const Bucket& b) const { return group(b) != nullptr ? group(b)->rank() : 0; }
   bool sharded() const { return config_.use_distributed_optimizer; }
+  // Whether any bucket has a group to be reduced over.
+  bool communicates() const { return dp_ != nullptr || expert_dp_ != nullptr; }
   // The elements this rank's optimizer updates: its shard (over the bucket's group) of every
   // bucket with ZeRO, else the whole of every bucket.
   std::vector<ElementRange> owned_ranges() const;

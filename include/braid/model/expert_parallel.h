@@ -13,7 +13,10 @@
 // Every rank needs to know how many rows it receives, and where each expert's rows start: the
 // per-expert counts are all-gathered over the EP group first (one small host collective per
 // layer and microbatch, as Megatron's token counts are). Under tensor parallelism every TP rank of
-// an EP rank routes the same tokens and exchanges them with the same TP rank of its EP peers.
+// an EP rank routes the same tokens and exchanges them with the same TP rank of its EP peers -
+// unless the experts are whole (expert TP 1, Megatron's --expert-tensor-parallel-size 1, which
+// needs sequence parallelism): then each TP rank routes its own sequence-parallel shard of the
+// tokens through whole experts, and the EP group spans TP ranks too (parallel_state.h).
 //
 // The experts' gradients then hold the contributions of every EP rank's tokens: they are summed
 // over the expert-data-parallel group (the ranks holding the same experts) rather than the data-
@@ -26,16 +29,20 @@
 #include "braid/core/tensor.h"
 #include "braid/model/moe.h"
 #include "braid/model/parameters.h"
+#include "braid/model/tensor_parallel.h"
 
 namespace braid::model {
 
 struct ExpertParallel {
   comm::Communicator* group = nullptr;  // the EP group; nullptr: every rank holds every expert
+  // Expert TP 1 under TP > 1 with sequence parallelism: the experts are not split over TP, and
+  // each TP rank routes its own tokens through them (the router's gradient is then partial).
+  bool whole_experts = false;
 
   int size() const { return group != nullptr ? group->size() : 1; }
   int rank() const { return group != nullptr ? group->rank() : 0; }
   bool active() const { return size() > 1; }
-  // `chunk` holding this rank's experts of a model with `num_experts`.
+  // `chunk` holding this rank's experts of a model with `num_experts` (whole ones if so).
   ModelChunk holding(ModelChunk chunk, int64_t num_experts) const;
 };
 
@@ -46,6 +53,10 @@ ModelChunk holding_experts(ModelChunk chunk, int rank, int size, int64_t num_exp
 // ConfigError unless `ep` ranks can split the model's experts: it has experts and ep divides
 // num_experts.
 void check_expert_parallel(const TransformerConfig& config, int ep);
+
+// ConfigError for whole experts under TP without sequence parallelism (each TP rank must hold
+// its own tokens).
+void check_whole_experts(const ExpertParallel& ep, const TensorParallel& tp);
 
 // How one layer's routed rows travel for one microbatch.
 struct ExpertDispatch {

@@ -23,6 +23,7 @@
 // rank's) of logsumexp(logits_t)².
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -72,20 +73,23 @@ ops::MoeRouterSpec router_spec(const TransformerConfig& config);
 // moe_z_loss_coeff > 0). Under tensor parallelism every rank routes the same tokens with its copy
 // of the router; the choices and probabilities of TP rank 0 are broadcast to the group, so that the
 // ranks' partial expert outputs always belong to the same experts, even if the copies' bits drift
-// apart.
+// apart. With `tp_shards_tokens` (whole experts, expert_parallel.h) each TP rank instead routes its
+// own sequence-parallel shard: `rows` still counts the runs of the TP group's tokens, the balancing
+// counts are summed over TP too, the capacity is the TP group's (the same pairs are dropped as when
+// every rank routes every token), and the losses are each rank's shares.
 // With `drop` (not KV-cache decoding), experts keep at most their capacity of the tokens
 // (moe_expert_capacity_factor > 0).
 MoeRouting route_tokens(const Tensor& logits, int64_t rows, const Tensor& expert_bias,
                         const TransformerConfig& config, const TensorParallel& tp,
-                        const ContextParallel& cp, bool training, bool drop);
+                        bool tp_shards_tokens, const ContextParallel& cp, bool training, bool drop);
 
 // The name of layer `layer`'s expert bias (HF's DeepSeek-V3 name).
 std::string expert_bias_name(int64_t layer);
 
 // Megatron's auxiliary-loss-free update of one layer's expert bias [E] f32: with the tokens
-// each expert took summed over `group` (nullptr: none), bias += rate × sign(mean − tokens),
-// in f32; then zeroes `tokens`.
+// each expert took summed over each of `groups` in turn (nullptr: none), bias += rate ×
+// sign(mean − tokens), in f32; then zeroes `tokens`.
 void move_expert_bias(Tensor bias, std::vector<int64_t>& tokens, float rate,
-                      comm::Communicator* group);
+                      std::initializer_list<comm::Communicator*> groups);
 
 }  // namespace braid::model

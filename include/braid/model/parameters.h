@@ -90,6 +90,9 @@ struct ModelChunk {
   int first_expert = 0;
   int end_expert = -1;  // -1: through the last expert
   int64_t expert_alignment = 1;
+  // Expert TP 1 under TP > 1 (--expert-tensor-parallel-size 1): every TP rank holds its experts
+  // whole (ParamShard: the whole shape, replicas 1) instead of their TP shards.
+  bool whole_experts = false;
 };
 
 // Where each parameter sits in the flat buffer of one TP rank.

@@ -223,19 +223,32 @@ class TransformerLayer {
   void mlp_rows_backward(const MlpTensors& w, const MlpTensors& g, Tensor dx, const Tensor& dy,
                          const Tensor& x, const Tensor& fc1, const Tensor& act,
                          bool accumulate) const;
-  // The mixture of experts' forward and backward (mlp_forward's and mlp_backward's).
+  // The mixture of experts' forward and backward (mlp_forward's and mlp_backward's). When the
+  // layer routes its own tokens (routes_own_tokens) h_full and dm are this rank's shard, the
+  // outputs whole for it, and the shared expert is left to the MLP block.
   Tensor moe_forward(const Tensor& h_full, int64_t rows, LayerActivations* saved,
                      bool decoding) const;
   Tensor moe_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;
+  // Whole experts under TP (ExpertParallel::whole_experts): each TP rank routes its own
+  // sequence-parallel tokens through them.
+  bool routes_own_tokens() const { return moe_ && ep_.whole_experts && tp_.active(); }
+  // The MLP block between the post-attention norm's output h2 (this rank's region) and the
+  // branch output, TP's entry and exit included, and its backward (dm of the branch output ->
+  // dh2, both this rank's region). With routes_own_tokens the routed experts stay on the rank's
+  // shard and only the shared expert enters TP.
+  Tensor mlp_block_forward(const Tensor& h2, int64_t rows, LayerActivations* saved) const;
+  Tensor mlp_block_backward(const Tensor& dm, LayerActivations& a, float loss_scale) const;
   // The local experts' input rows [M, H]: h_full's routed rows, dispatched.
   Tensor expert_input(const Tensor& h_full, const MoeRouting& r, const ExpertDispatch& d) const;
   // The shared expert (gated or not) added into m [T, H]; its backward added into dh.
   void shared_expert_forward(Tensor m, const Tensor& h_full, LayerActivations* saved) const;
   void shared_expert_backward(Tensor dh, const Tensor& dm, const Tensor& h_full,
                               LayerActivations& a) const;
+  // A replicated linear layer's backward: dx added once over TP (by rank 0) when every rank
+  // sees the same tokens x, by every rank for its own tokens with `own_tokens`.
   void replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy, const Tensor& x,
-                                  const Tensor& weight) const;
+                                  const Tensor& weight, bool own_tokens = false) const;
   // The MLP (dense, or the experts) of the normed input h_full [T, H] (every token under TP, in
   // `rows` runs of tokens: Tokens::batch):
   // returns this rank's partial output [T, H]; keeps fc1_out, act_out (and with experts the
@@ -246,6 +259,10 @@ class TransformerLayer {
   Tensor mlp_backward(const Tensor& dm, const Tensor& h_full, LayerActivations& a,
                       float loss_scale) const;
   Tensor row_bias(const Tensor& bias) const;
+  // An expert's row-parallel bias: row_bias's, or whole when the rank routes its own tokens.
+  Tensor expert_row_bias(const Tensor& bias) const {
+    return routes_own_tokens() ? bias : row_bias(bias);
+  }
   TransformerConfig config_;
   TensorParallel tp_;
   ContextParallel cp_;

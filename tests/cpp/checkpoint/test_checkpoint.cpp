@@ -52,12 +52,14 @@ struct Layout {
   int virtual_stages = 1;
   std::optional<int> first_stage_layers = std::nullopt;  // uneven pipeline stages
   std::optional<int> last_stage_layers = std::nullopt;
-  int ep = 1;  // expert parallelism, carved out of dp
+  int ep = 1;  // expert parallelism, carved out of dp (of tp · dp with whole experts)
+  bool whole_experts = false;  // --expert-tensor-parallel-size 1 (with sequence parallelism)
   std::string str() const {
     std::ostringstream out;
     out << "(" << tp << ", " << pp << ", " << dp << ")" << (zero ? " zero" : "")
         << (virtual_stages > 1 ? " v2" : "");
     if (ep > 1) out << " ep" << ep;
+    if (whole_experts) out << " etp1";
     if (first_stage_layers) out << " first " << *first_stage_layers;
     if (last_stage_layers) out << " last " << *last_stage_layers;
     return out.str();
@@ -80,8 +82,10 @@ struct Job {
     } else {
       state = std::make_unique<comm::ParallelState>(
           comm::init_distributed().world,
-          comm::ParallelLayout{.tp = l.tp, .pp = l.pp, .dp = l.dp, .ep = l.ep});
+          comm::ParallelLayout{
+              .tp = l.tp, .pp = l.pp, .dp = l.dp, .ep = l.ep, .etp = l.whole_experts ? 1 : 0});
       ParallelConfig parallel;
+      parallel.sequence_parallel = l.whole_experts;
       parallel.virtual_stages = l.virtual_stages;
       parallel.first_stage_layers = l.first_stage_layers;
       parallel.last_stage_layers = l.last_stage_layers;
@@ -185,15 +189,17 @@ TransformerConfig moe() {
   return c;
 }
 
-Layout with_ep(int tp, int pp, int dp, bool zero, int ep) {
-  return Layout{.tp = tp, .pp = pp, .dp = dp, .zero = zero, .ep = ep};
+Layout with_ep(int tp, int pp, int dp, bool zero, int ep, bool whole_experts = false) {
+  return Layout{
+      .tp = tp, .pp = pp, .dp = dp, .zero = zero, .ep = ep, .whole_experts = whole_experts};
 }
 
 // The files of a checkpoint saved under (tp, pp, ep) are Megatron's, mp_rank_TT_PPP (ep = 1) or
 // mp_rank_TT_PPP_EEE, and each holds what its position writes: under EP the experts of EP rank
-// e, and the other tensors in EP rank 0's file only.
+// e, and the other tensors in EP rank 0's file only. With whole experts the ranks of a stage
+// write: TP rank t's dense shards the file (t, t % ep), EP rank e's whole experts (e % tp, e).
 void check_files(const std::string& dir, int64_t iteration, int tp, int pp, int ep,
-                 int64_t num_experts) {
+                 int64_t num_experts, bool whole_experts = false) {
   if (comm::init_distributed().world->rank() != 0) return;
   const std::string path = iteration_directory(dir, iteration);
   std::vector<std::string> files, want{"metadata.json"};
@@ -203,6 +209,9 @@ void check_files(const std::string& dir, int64_t iteration, int tp, int pp, int 
   for (int t = 0; t < tp; ++t) {
     for (int p = 0; p < pp; ++p) {
       for (int e = 0; e < ep; ++e) {
+        const bool has_dense = whole_experts ? e == t % ep : e == 0;
+        const bool has_experts = !whole_experts || t == e % tp;
+        if (!has_dense && !has_experts) continue;
         char name[64];
         if (ep > 1)
           std::snprintf(name, sizeof(name), "mp_rank_%02d_%03d_%03d.safetensors", t, p, e);
@@ -222,8 +231,11 @@ void check_files(const std::string& dir, int64_t iteration, int tp, int pp, int 
           EXPECT_LT(j, (e + 1) * num_experts / ep) << name << " holds " << key;
           ++experts;
         }
-        EXPECT_GT(experts, 0) << name;
-        if (e == 0)
+        if (has_experts)
+          EXPECT_GT(experts, 0) << name;
+        else
+          EXPECT_EQ(experts, 0) << name;
+        if (has_dense)
           EXPECT_GT(dense, 0) << name;
         else
           EXPECT_EQ(dense, 0) << name;
@@ -235,6 +247,7 @@ void check_files(const std::string& dir, int64_t iteration, int tp, int pp, int 
   std::ifstream in(path + "/metadata.json");
   const nlohmann::json meta = nlohmann::json::parse(in);
   EXPECT_EQ(meta.at("layout").at("expert_model_parallel_size").get<int>(), ep);
+  EXPECT_EQ(meta.at("layout").at("expert_tensor_parallel_size").get<int>(), whole_experts ? 1 : tp);
 }
 
 // A MoE model saved under expert parallelism (with and without ZeRO, whose expert buckets shard
@@ -266,6 +279,38 @@ TEST(CheckpointExpertParallel, SavedUnderEpLoadsUnderAnyOtherEp) {
     const std::string dense_dir = check_reshard(
         "moe", config, {1, 1, 1, false}, {with_ep(2, 1, 4, true, 2), with_ep(1, 1, 8, false, 4)});
     check_files(dense_dir, 3, 1, 1, 1, config.num_experts);
+  } else {
+    GTEST_SKIP() << "runs on 2 or 8 ranks";
+  }
+  barrier();
+}
+
+// Whole experts (--expert-tensor-parallel-size 1): each EP rank's experts are written whole by
+// one rank of the stage, and load under split experts, other EP sizes and one process; split
+// experts load as whole ones.
+TEST(CheckpointExpertParallel, WholeExpertsLoadUnderAnyLayout) {
+  const int world = comm::init_distributed().world->size();
+  const TransformerConfig config = moe();
+  if (world == 2) {
+    const std::string dir = check_reshard("moe", config, with_ep(2, 1, 1, true, 2, true),
+                                          {{1, 1, 1, false},
+                                           {2, 1, 1, false},
+                                           with_ep(1, 1, 2, false, 2),
+                                           with_ep(2, 1, 1, false, 1, true)});
+    check_files(dir, 3, 2, 1, 2, config.num_experts, true);
+    check_reshard("moe", config, {2, 1, 1, true}, {with_ep(2, 1, 1, false, 2, true)});
+  } else if (world == 8) {
+    // ep 4 over tp 2 × dp 2 per stage, so the dense files of TP rank 1 are EP rank 1's.
+    const std::string dir = check_reshard("moe", config, with_ep(2, 2, 2, true, 4, true),
+                                          {{1, 1, 1, false},
+                                           with_ep(2, 1, 4, true, 2),
+                                           with_ep(4, 1, 2, false, 4, true),
+                                           with_ep(4, 1, 2, true, 1, true)});
+    check_files(dir, 3, 2, 2, 4, config.num_experts, true);
+    // tp 4 with ep 2: TP ranks 2 and 3 write dense shards into EP rank 0's and 1's files.
+    const std::string tp4 = check_reshard("moe", config, with_ep(4, 1, 2, true, 2, true),
+                                          {with_ep(2, 2, 2, false, 4, true), {1, 1, 1, false}});
+    check_files(tp4, 3, 4, 1, 2, config.num_experts, true);
   } else {
     GTEST_SKIP() << "runs on 2 or 8 ranks";
   }

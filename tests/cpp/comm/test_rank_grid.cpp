@@ -240,6 +240,74 @@ TEST(RankGrid, ExpertGroupsPartitionEachDataParallelGroup) {
   }
 }
 
+// Expert TP 1 (Megatron's MoE parallel folding): the expert grid reads a rank's place in its
+// stage, k = tp_rank + tp · (cp_rank + cp · dp_rank), as ep_rank + ep · expert_dp_rank - megatron-
+// core's expert RankGenerator with etp 1 ("tp-ep-dp-pp"). TP=2, EP=2, DP=2, PP=2 on 16 ranks
+// with CP=2: each stage's 8 ranks are 4 EP pairs of neighbours, and expert-DP groups stride by 2.
+TEST(RankGrid, WholeExpertsSplitEveryRankOfAStage) {
+  RankGrid grid(16, {.tp = 2, .pp = 2, .cp = 2, .ep = 2, .etp = 1});
+  EXPECT_TRUE(grid.whole_experts());
+  EXPECT_EQ(grid.expert_dp(), 4);
+  EXPECT_EQ(all_groups(grid, [&](int r) { return grid.ep_group(r); }),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(all_groups(grid, [&](int r) { return grid.expert_dp_group(r); }),
+            (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  // An EP group of a whole stage: tp 2 × dp 2 = 4 ranks, expert DP 1.
+  RankGrid stage(8, {.tp = 2, .pp = 2, .ep = 4, .etp = 1});
+  EXPECT_EQ(stage.expert_dp(), 1);
+  EXPECT_EQ(stage.ep_group(5), (std::vector<int>{4, 5, 6, 7}));
+  EXPECT_EQ(stage.ep_rank(6), 2);
+  EXPECT_EQ(stage.expert_dp_group(6), std::vector<int>{6});
+  // EP 1: every rank holds every expert whole; their gradients sum over the stage's ranks.
+  RankGrid replicated(4, {.tp = 2, .ep = 1, .etp = 1});
+  EXPECT_EQ(replicated.ep_group(3), std::vector<int>{3});
+  EXPECT_EQ(replicated.expert_dp_group(3), (std::vector<int>{0, 1, 2, 3}));
+  // etp = tp, and etp 1 without TP, are the split experts' grid.
+  for (const ParallelLayout& same :
+       {ParallelLayout{.tp = 2, .ep = 2, .etp = 2}, ParallelLayout{.tp = 1, .ep = 2, .etp = 1}}) {
+    RankGrid a(8, same), b(8, {.tp = same.tp, .ep = 2});
+    EXPECT_FALSE(a.whole_experts());
+    for (int r = 0; r < 8; ++r) EXPECT_EQ(a.ep_group(r), b.ep_group(r));
+  }
+  EXPECT_EQ(layout_error(4, {.tp = 2, .ep = 3, .etp = 1}),
+            "parallel layout: --expert-model-parallel-size (3) must divide tensor (2) × data (2) "
+            "parallel = 4: with --expert-tensor-parallel-size 1 expert parallelism splits the "
+            "ranks of a pipeline stage");
+  EXPECT_EQ(layout_error(8, {.tp = 4, .ep = 2, .etp = 2}),
+            "parallel layout: --expert-tensor-parallel-size must be 1 or the TP size (4), got 2");
+}
+
+// With whole experts every rank of a stage sits in one EP group and one expert-DP group, whose
+// intersection is itself, for every layout of up to 8 ranks.
+TEST(RankGrid, WholeExpertGroupsPartitionEachStage) {
+  for (int tp : {2, 4})
+    for (int pp : {1, 2})
+      for (int dp : {1, 2})
+        for (int cp : {1, 2}) {
+          const int stage = tp * dp * cp;
+          for (int ep = 1; ep <= stage; ++ep) {
+            if (stage % ep != 0) continue;
+            RankGrid grid(stage * pp, {.tp = tp, .pp = pp, .dp = dp, .cp = cp, .ep = ep, .etp = 1});
+            SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " +
+                         std::to_string(dp) + " cp " + std::to_string(cp) + " ep " +
+                         std::to_string(ep));
+            for (int r = 0; r < grid.world_size(); ++r) {
+              const std::vector<int> e = grid.ep_group(r), d = grid.expert_dp_group(r);
+              ASSERT_EQ(e.size(), size_t(ep));
+              ASSERT_EQ(d.size(), size_t(stage / ep));
+              EXPECT_EQ(e[size_t(grid.ep_rank(r))], r);
+              EXPECT_EQ(d[size_t(grid.expert_dp_rank(r))], r);
+              for (int m : e) EXPECT_EQ(grid.coords(m).pp_rank, grid.coords(r).pp_rank);
+              for (int m : d) EXPECT_EQ(grid.ep_rank(m), grid.ep_rank(r));
+              std::vector<int> both;
+              std::set_intersection(e.begin(), e.end(), d.begin(), d.end(),
+                                    std::back_inserter(both));
+              EXPECT_EQ(both, std::vector<int>{r});
+            }
+          }
+        }
+}
+
 TEST(RankGrid, DataParallelSizeIsInferred) {
   EXPECT_EQ(RankGrid(8, {.tp = 2, .pp = 1}).dp(), 4);
   EXPECT_EQ(RankGrid(8, {.tp = 2, .pp = 2, .dp = 2}).dp(), 2);

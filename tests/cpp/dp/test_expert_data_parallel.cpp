@@ -63,9 +63,25 @@ TransformerConfig biased_moe() {
   return c;
 }
 
+// Token dropping (capacity factor 1, the first tokens kept) and DeepSeek-V3's per-sequence
+// balancing loss, whose capacity and sequences are the microbatch's: two rows per microbatch, so
+// that sequence-parallel shards hold whole sequences (tp 2) or part of one (tp 4). (By position:
+// dropping by probability would compare different tokens' probabilities at each capacity, where
+// the layouts' last-bit differences may break a near tie the other way.)
+TransformerConfig dropping_moe() {
+  TransformerConfig c = moe();
+  c.moe_expert_capacity_factor = 1.0;
+  c.moe_token_drop_policy = model::MoeTokenDropPolicy::position;
+  c.moe_router_load_balancing_type = model::MoeLoadBalancing::seq_aux_loss;
+  return c;
+}
+
 TransformerConfig config_named(const std::string& name) {
+  if (name == "dropping") return dropping_moe();
   return name == "biased" ? biased_moe() : moe();
 }
+
+int64_t microbatch_rows(const std::string& name) { return name == "dropping" ? 2 : 1; }
 
 TrainerConfig trainer_config() { return parallel_testing::trainer_config(kSteps); }
 
@@ -85,7 +101,8 @@ std::vector<float> floats(const Tensor& t) {
 
 struct Run {
   std::vector<float> losses, grad_norms;
-  std::vector<float> params;  // the whole model's flat buffer after the steps
+  std::vector<double> balancing_losses, z_losses;  // the router losses the step reports
+  std::vector<float> params;                       // the whole model's flat buffer after the steps
   float params_norm = 0;
 };
 
@@ -100,9 +117,12 @@ const Run& reference(const std::string& name) {
   Trainer trainer(model, t.optimizer, t.schedule);
   for (int s = 0; s < kSteps; ++s) {
     const tp_testing::Batch b = global_batch(config.vocab_size, s);
-    const StepStats stats = trainer.train_step(b.ids, b.targets, int(kGlobalRows));
+    const StepStats stats =
+        trainer.train_step(b.ids, b.targets, int(kGlobalRows / microbatch_rows(name)));
     run.losses.push_back(stats.loss);
     run.grad_norms.push_back(stats.grad_norm);
+    run.balancing_losses.push_back(stats.load_balancing_loss);
+    run.z_losses.push_back(stats.z_loss);
     // The clip engages: the norm decides the step.
     EXPECT_GT(stats.grad_norm, t.optimizer.clip_grad) << "step " << s + 1;
   }
@@ -113,12 +133,13 @@ const Run& reference(const std::string& name) {
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1;
+  int etp = 0;  // 0: tp (experts split over TP); 1: whole experts
   bool zero = false;
   bool overlap = false;
   std::string str() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
-           " cp " + std::to_string(cp) + " ep " + std::to_string(ep) + (zero ? " zero" : "") +
-           (overlap ? " overlap" : "");
+           " cp " + std::to_string(cp) + " ep " + std::to_string(ep) + (etp == 1 ? " etp 1" : "") +
+           (zero ? " zero" : "") + (overlap ? " overlap" : "");
   }
 };
 
@@ -137,7 +158,7 @@ void check_buckets(const ParallelModel& model, const comm::ParallelState& state,
       experts += b.expert;
       EXPECT_EQ(buffer.group(b), b.expert
                                      ? (state.grid().expert_dp() > 1 ? &state.expert_dp() : nullptr)
-                                     : &state.dp_cp());
+                                     : (l.dp * l.cp > 1 ? &state.dp_cp() : nullptr));
     }
     // Every chunk but the first pipeline stage's holds expert layers (layer 0 is dense).
     if (model.chunk(c).chunk().end_layer > 1) {
@@ -168,7 +189,8 @@ void check_layout(const std::string& name, const Layout& l) {
   const Run& want = reference(name);
   std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
   ASSERT_EQ(world->size(), l.tp * l.pp * l.dp * l.cp);
-  comm::ParallelState state(world, {.tp = l.tp, .pp = l.pp, .dp = l.dp, .cp = l.cp, .ep = l.ep});
+  comm::ParallelState state(
+      world, {.tp = l.tp, .pp = l.pp, .dp = l.dp, .cp = l.cp, .ep = l.ep, .etp = l.etp});
   ParallelConfig parallel;
   parallel.sequence_parallel = l.tp > 1;
   parallel.ddp.use_distributed_optimizer = l.zero;
@@ -180,20 +202,27 @@ void check_layout(const std::string& name, const Layout& l) {
     const int per_rank = int(config.num_experts) / l.ep;
     EXPECT_EQ(model.chunk(c).chunk().first_expert, state.ep_rank() * per_rank);
     EXPECT_EQ(model.chunk(c).chunk().end_expert, (state.ep_rank() + 1) * per_rank);
+    EXPECT_EQ(model.chunk(c).chunk().whole_experts, l.etp == 1 && l.tp > 1);
   }
   Trainer trainer(model, trainer_config());
 
-  const int64_t rows = kGlobalRows / l.dp;  // this DP rank's share, one row per microbatch
+  const int64_t rows = kGlobalRows / l.dp;  // this DP rank's share
   for (int s = 0; s < kSteps; ++s) {
     const tp_testing::Batch b = global_batch(config.vocab_size, s);
     const int64_t first = state.dp_rank() * rows;
-    const StepStats stats = trainer.train_step(b.ids.narrow(first, rows).clone(),
-                                               b.targets.narrow(first, rows).clone(), int(rows));
+    const StepStats stats =
+        trainer.train_step(b.ids.narrow(first, rows).clone(), b.targets.narrow(first, rows).clone(),
+                           int(rows / microbatch_rows(name)));
     EXPECT_FALSE(stats.skipped);
     if (s == 0) check_buckets(model, state, l);
     EXPECT_NEAR(stats.loss, want.losses[size_t(s)], 2e-5 * std::abs(want.losses[size_t(s)]))
         << "step " << s + 1;
     EXPECT_NEAR(stats.grad_norm, want.grad_norms[size_t(s)], 1e-5 * want.grad_norms[size_t(s)])
+        << "step " << s + 1;
+    EXPECT_NEAR(stats.load_balancing_loss, want.balancing_losses[size_t(s)],
+                1e-5 * want.balancing_losses[size_t(s)])
+        << "step " << s + 1;
+    EXPECT_NEAR(stats.z_loss, want.z_losses[size_t(s)], 1e-5 * want.z_losses[size_t(s)])
         << "step " << s + 1;
   }
   EXPECT_NEAR(trainer.optimizer().params_norm(), want.params_norm, 1e-5 * want.params_norm);
@@ -216,6 +245,9 @@ void check_layout(const std::string& name, const Layout& l) {
 void check_layout(const Layout& l) {
   check_layout("moe", l);
   check_layout("biased", l);
+  // Under CP each rank drops by its own tokens' capacity, as Megatron does: not the one process's.
+  if (l.cp == 1 && kGlobalRows / l.dp % microbatch_rows("dropping") == 0)
+    check_layout("dropping", l);
 }
 
 int world_size() { return comm::init_distributed().world->size(); }
@@ -251,6 +283,34 @@ TEST(ExpertParallelEqualsOneRank, EightRanks) {
   check_layout({.tp = 2, .dp = 4, .ep = 2, .zero = false, .overlap = true});
   check_layout({.dp = 8, .ep = 4, .zero = true, .overlap = true});
   check_layout({.tp = 2, .dp = 2, .cp = 2, .ep = 2, .zero = true, .overlap = true});
+}
+
+// Whole experts (--expert-tensor-parallel-size 1): each TP rank routes its sequence-parallel
+// tokens through whole experts, EP groups span TP ranks, and expert-DP groups (the TP pair with
+// ep 1) differ from the DP ones, down to a DP group of one rank.
+TEST(ExpertParallelEqualsOneRank, WholeExpertsTwoRanks) {
+  if (world_size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  for (bool zero : {false, true}) {
+    check_layout({.tp = 2, .ep = 2, .etp = 1, .zero = zero, .overlap = !zero});
+    check_layout({.tp = 2, .ep = 1, .etp = 1, .zero = zero, .overlap = zero});
+  }
+}
+
+TEST(ExpertParallelEqualsOneRank, WholeExpertsFourRanks) {
+  if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  for (bool zero : {false, true}) {
+    check_layout({.tp = 2, .dp = 2, .ep = 4, .etp = 1, .zero = zero, .overlap = true});
+    check_layout({.tp = 2, .dp = 2, .ep = 2, .etp = 1, .zero = zero, .overlap = !zero});
+    check_layout({.tp = 2, .pp = 2, .ep = 2, .etp = 1, .zero = zero, .overlap = true});
+    check_layout({.tp = 2, .cp = 2, .ep = 4, .etp = 1, .zero = zero, .overlap = zero});
+    check_layout({.tp = 4, .ep = 2, .etp = 1, .zero = zero, .overlap = true});
+  }
+}
+
+TEST(ExpertParallelEqualsOneRank, WholeExpertsEightRanks) {
+  if (world_size() != 8) GTEST_SKIP() << "runs on 8 ranks";
+  check_layout({.tp = 2, .pp = 2, .dp = 2, .ep = 4, .etp = 1, .zero = true, .overlap = true});
+  check_layout({.tp = 4, .dp = 2, .ep = 4, .etp = 1, .zero = false, .overlap = true});
 }
 
 // Six ranks: dp·cp does not divide the 64-element parameter alignment, so only the expert
