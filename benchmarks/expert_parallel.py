@@ -1,15 +1,21 @@
-"""Expert parallelism against plain data parallelism on the same ranks and the same MoE model.
+"""Expert parallelism against plain data parallelism on the same ranks and the same MoE model;
+with --tp, whole experts against experts split over tensor parallelism.
 
 Each run is one `mpirun -np N python pretrain_gpt.py` job (mock data, --timing-log-level 2):
 --expert-model-parallel-size 1 (every rank holds every expert; the experts' gradients are
 all-reduced over DP) and --expert-model-parallel-size EP (each rank holds E/EP experts; the
 routed tokens go all-to-all to them and back; the experts' gradients are reduced over the
-expert-DP group only). The two alternate, `--repeats` times each; the fastest repeat of each
-counts. Printed per run: ms per iteration (the last log interval), peak memory per rank, and the
-dp- and ep-communication waits (the slowest rank's); then the ratios EP / 1.
+expert-DP group only). With --tp T > 1 (sequence parallel) the two runs are instead "split",
+each expert split over the TP group (Megatron's default expert TP) with ep = the DP size, and
+"whole", --expert-tensor-parallel-size 1 with ep EP over TP x DP (each TP rank routes its own
+tokens; no TP collective around the routed experts). The two alternate, `--repeats` times each;
+the fastest repeat of each counts. Printed per run: ms per iteration (the last log interval),
+peak memory per rank, and the dp- and ep-communication waits (the slowest rank's); then the
+ratios of the second to the first.
 
     python benchmarks/expert_parallel.py                  # 2 CPU ranks, ep 2
     python benchmarks/expert_parallel.py --ranks 4 --ep 4 --num-experts 16
+    python benchmarks/expert_parallel.py --ranks 4 --tp 2 --ep 4   # whole vs split experts
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--ep", type=int, default=None, help="the expert-parallel size (default: ranks)")
+    p.add_argument("--tp", type=int, default=1,
+                   help="> 1: whole experts against experts split over this TP size")
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--hidden-size", type=int, default=256)
     p.add_argument("--num-experts", type=int, default=8)
@@ -41,15 +49,29 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     a = p.parse_args(argv)
     a.ep = a.ep or a.ranks
-    if a.ep < 2 or a.ranks % a.ep or a.num_experts % a.ep:
-        p.error(f"--ep {a.ep} must be at least 2 and divide --ranks {a.ranks} and "
-                f"--num-experts {a.num_experts}")
+    if a.tp < 1 or a.ranks % a.tp or (a.tp > 1 and a.num_experts % (a.ranks // a.tp)):
+        p.error(f"--tp {a.tp} must divide --ranks {a.ranks}, and the data-parallel size (the "
+                f"split run's ep) --num-experts {a.num_experts}")
+    if a.ep < (2 if a.tp == 1 else 1) or a.ranks % a.ep or a.num_experts % a.ep:
+        p.error(f"--ep {a.ep} must be at least {2 if a.tp == 1 else 1} and divide --ranks "
+                f"{a.ranks} and --num-experts {a.num_experts}")
     if a.train_iters < 2 or a.train_iters % 2:
         p.error(f"--train-iters must be even and >= 2, got {a.train_iters}")
     return a
 
 
-def command(a, ep: int) -> list[str]:
+def layouts(a) -> dict[str, list[str]]:
+    """The two runs compared: their labels and layout arguments, the baseline first."""
+    if a.tp == 1:
+        return {f"ep {ep}": ["--expert-model-parallel-size", str(ep)] for ep in (1, a.ep)}
+    tp = ["--tensor-model-parallel-size", str(a.tp), "--sequence-parallel"]
+    dp = a.ranks // a.tp
+    return {f"split ep {dp}": [*tp, "--expert-model-parallel-size", str(dp)],
+            f"whole ep {a.ep}": [*tp, "--expert-tensor-parallel-size", "1",
+                                 "--expert-model-parallel-size", str(a.ep)]}
+
+
+def command(a, layout: list[str]) -> list[str]:
     args = ["--device", "cpu", "--num-layers", str(a.num_layers), "--hidden-size",
             str(a.hidden_size), "--num-attention-heads", "4", "--swiglu", "--normalization",
             "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear", "--mock-data",
@@ -58,8 +80,7 @@ def command(a, ep: int) -> list[str]:
             "3e-4", "--train-iters", str(a.train_iters), "--eval-iters", "0", "--log-interval",
             str(a.train_iters // 2), "--num-experts", str(a.num_experts), "--moe-router-topk",
             str(a.topk), "--moe-ffn-hidden-size", str(a.moe_ffn_hidden_size),
-            "--moe-aux-loss-coeff", "0.01", "--timing-log-level", "2",
-            "--expert-model-parallel-size", str(ep)]
+            "--moe-aux-loss-coeff", "0.01", "--timing-log-level", "2", *layout]
     cmd = [sys.executable, os.path.join(REPO, "pretrain_gpt.py"), *args]
     return ["mpirun", "-np", str(a.ranks), "--oversubscribe", *cmd] if a.ranks > 1 else cmd
 
@@ -72,11 +93,11 @@ def environment() -> dict:
     return env
 
 
-def measure(a, ep: int) -> dict:
-    r = subprocess.run(command(a, ep), env=environment(), cwd=REPO, capture_output=True,
+def measure(a, label: str, layout: list[str]) -> dict:
+    r = subprocess.run(command(a, layout), env=environment(), cwd=REPO, capture_output=True,
                        text=True, timeout=a.timeout)
     if r.returncode != 0:
-        raise SystemExit(f"ep {ep}: pretrain_gpt.py failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+        raise SystemExit(f"{label}: pretrain_gpt.py failed ({r.returncode}):\n{r.stdout}{r.stderr}")
     last = [line for line in r.stdout.splitlines() if "elapsed time per iteration (ms):" in line][-1]
     timers = r.stdout.rsplit("time across ranks (ms):", 1)[1]
 
@@ -90,21 +111,22 @@ def measure(a, ep: int) -> dict:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    runs = {1: [], a.ep: []}
+    runs = {label: [] for label in layouts(a)}
     for _ in range(a.repeats):
-        for ep in runs:
-            runs[ep].append(measure(a, ep))
-    best = {ep: min(rs, key=lambda r: r["ms"]) for ep, rs in runs.items()}
-    print(f"{a.ranks} ranks, {a.num_layers} layers of {a.num_experts} experts (top-{a.topk}, "
-          f"hidden {a.hidden_size}, expert ffn {a.moe_ffn_hidden_size}), batch "
-          f"{a.global_batch_size} x {a.seq_length}; best of {a.repeats}, alternating")
-    print(f"{'ep':>4} {'ms/iter':>9} {'peak MB':>9} {'dp wait ms':>11} {'ep wait ms':>11}")
-    for ep, r in best.items():
-        print(f"{ep:>4} {r['ms']:>9.1f} {r['peak_mb']:>9.1f} {r['dp_wait_ms']:>11.2f} "
+        for label, layout in layouts(a).items():
+            runs[label].append(measure(a, label, layout))
+    best = {label: min(rs, key=lambda r: r["ms"]) for label, rs in runs.items()}
+    print(f"{a.ranks} ranks{f' (tp {a.tp}, sequence parallel)' if a.tp > 1 else ''}, "
+          f"{a.num_layers} layers of {a.num_experts} experts (top-{a.topk}, hidden "
+          f"{a.hidden_size}, expert ffn {a.moe_ffn_hidden_size}), batch {a.global_batch_size} x "
+          f"{a.seq_length}; best of {a.repeats}, alternating")
+    print(f"{'run':>12} {'ms/iter':>9} {'peak MB':>9} {'dp wait ms':>11} {'ep wait ms':>11}")
+    for label, r in best.items():
+        print(f"{label:>12} {r['ms']:>9.1f} {r['peak_mb']:>9.1f} {r['dp_wait_ms']:>11.2f} "
               f"{r['ep_wait_ms']:>11.2f}")
-    one, split = best[1], best[a.ep]
-    print(f"ep {a.ep} / ep 1: time {split['ms'] / one['ms']:.2f}x, peak memory "
-          f"{split['peak_mb'] / one['peak_mb']:.2f}x")
+    (base, first), (other, second) = best.items()
+    print(f"{other} / {base}: time {second['ms'] / first['ms']:.2f}x, peak memory "
+          f"{second['peak_mb'] / first['peak_mb']:.2f}x")
     return 0
 
 
