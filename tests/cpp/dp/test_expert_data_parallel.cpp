@@ -63,25 +63,34 @@ TransformerConfig biased_moe() {
   return c;
 }
 
-// Token dropping (capacity factor 1, the first tokens kept) and DeepSeek-V3's per-sequence
-// balancing loss, whose capacity and sequences are the microbatch's: two rows per microbatch, so
-// that sequence-parallel shards hold whole sequences (tp 2) or part of one (tp 4). (By position:
-// dropping by probability would compare different tokens' probabilities at each capacity, where
-// the layouts' last-bit differences may break a near tie the other way.)
-TransformerConfig dropping_moe() {
+// DeepSeek-V3's per-sequence balancing loss at two rows per microbatch, so that sequence-
+// parallel shards hold whole sequences (tp 2; under cp 2 whole chunks) or part of one (tp 4).
+TransformerConfig sequence_moe() {
   TransformerConfig c = moe();
+  c.moe_router_load_balancing_type = model::MoeLoadBalancing::seq_aux_loss;
+  return c;
+}
+
+// And token dropping (capacity factor 1, the first tokens kept), whose capacity is the
+// microbatch's. (By position: dropping by probability would compare different tokens'
+// probabilities at each capacity, where the layouts' last-bit differences may break a near tie
+// the other way.)
+TransformerConfig dropping_moe() {
+  TransformerConfig c = sequence_moe();
   c.moe_expert_capacity_factor = 1.0;
   c.moe_token_drop_policy = model::MoeTokenDropPolicy::position;
-  c.moe_router_load_balancing_type = model::MoeLoadBalancing::seq_aux_loss;
   return c;
 }
 
 TransformerConfig config_named(const std::string& name) {
   if (name == "dropping") return dropping_moe();
+  if (name == "sequence") return sequence_moe();
   return name == "biased" ? biased_moe() : moe();
 }
 
-int64_t microbatch_rows(const std::string& name) { return name == "dropping" ? 2 : 1; }
+int64_t microbatch_rows(const std::string& name) {
+  return name == "dropping" || name == "sequence" ? 2 : 1;
+}
 
 TrainerConfig trainer_config() { return parallel_testing::trainer_config(kSteps); }
 
@@ -246,8 +255,8 @@ void check_layout(const Layout& l) {
   check_layout("moe", l);
   check_layout("biased", l);
   // Under CP each rank drops by its own tokens' capacity, as Megatron does: not the one process's.
-  if (l.cp == 1 && kGlobalRows / l.dp % microbatch_rows("dropping") == 0)
-    check_layout("dropping", l);
+  if (kGlobalRows / l.dp % microbatch_rows("dropping") == 0)
+    check_layout(l.cp == 1 ? "dropping" : "sequence", l);
 }
 
 int world_size() { return comm::init_distributed().world->size(); }

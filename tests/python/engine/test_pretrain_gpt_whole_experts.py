@@ -23,15 +23,19 @@ def test_whole_experts_train_like_one_process_and_resume_in_other_layouts(tmp_pa
     whole_ckpt, one_ckpt = str(tmp_path / "whole_ckpt"), str(tmp_path / "one_ckpt")
     runs, stdout = run_layouts(tmp_path, [*MODEL, *EXPERTS], (
         ("one", 1, ["--save", one_ckpt, "--save-interval", "10"]),
-        # The TP pair is the EP group: each rank holds 4 whole experts.
-        ("tp2_ep2", 2, ["--exit-interval", "10", *WHOLE, "--expert-model-parallel-size", "2"]),
+        # The TP pair is the EP group: each rank holds 4 whole experts; every layer recomputed.
+        ("tp2_ep2", 2, ["--exit-interval", "10", *WHOLE, "--expert-model-parallel-size", "2",
+                        "--recompute-granularity", "full", "--recompute-method", "uniform",
+                        "--recompute-num-layers", "1"]),
         # EP 4 over tp 2 x dp 2 (expert DP 1), ZeRO and overlapped reduction; saved.
         ("tp2_dp2_ep4", 4, ["--exit-interval", "10", *WHOLE, "--expert-model-parallel-size", "4",
                             "--use-distributed-optimizer", "--overlap-grad-reduce",
                             "--save", whole_ckpt]),
-        # EP 1: every rank holds every expert whole; their gradients sum over tp x dp.
+        # EP 1: every rank holds every expert whole; their gradients sum over tp x dp. Selective
+        # recomputation dispatches the experts' input again in the backward.
         ("tp2_pp2_ep1", 4, ["--exit-interval", "10", *WHOLE, "--pipeline-model-parallel-size",
-                            "2", "--use-distributed-optimizer"]),
+                            "2", "--use-distributed-optimizer", "--recompute-granularity",
+                            "selective"]),
         # The whole-experts checkpoint in one process, the one-process checkpoint under them.
         ("whole_to_one", 1, ["--load", whole_ckpt]),
         ("one_to_whole", 4, ["--load", one_ckpt, "--ckpt-step", "10", *WHOLE,
