@@ -573,23 +573,20 @@ void GPTModel::finalize_grads() {
   if (embedding_group_ != nullptr && embedding_group_->size() > 1 && holds_copy)
     embedding_group_->all_reduce(parameter("model.embed_tokens.weight").grad)->wait();
   for (Parameter& p : params_) {
-    // q_norm and k_norm are used on this rank's heads only: their gradients are partial
-    // whatever the token split.
-    const bool per_head = p.spec.name.find("self_attn.q_norm.") != std::string::npos ||
-                          p.spec.name.find("self_attn.k_norm.") != std::string::npos;
-    // A router that each TP rank runs on its own tokens (whole experts) has partial gradients.
-    const bool own_tokens_router = ep_.whole_experts && p.spec.name.ends_with(".mlp.gate.weight");
-    if (per_head || own_tokens_router) {
-      all_reduce_tp(tp_, p.grad);
-    } else if (p.spec.tp_dim < 0 && tp_.sharded_tokens()) {
-      // Used on this rank's tokens only: norms and position embeddings. (Row-parallel biases
-      // take their gradient from the gathered output gradient, complete on every rank.)
-      // MLA's latent norms (q_a_layernorm, kv_a_layernorm) see every token.
-      const bool partial = (p.spec.name.find("norm.") != std::string::npos &&
-                            p.spec.name.find("_a_layernorm.") == std::string::npos) ||
-                           p.spec.name == "model.embed_positions.weight";
-      if (partial) all_reduce_tp(tp_, p.grad);
-    }
+    // Gradients that are this rank's share: q_norm and k_norm (used on its heads only), a router
+    // it runs on its own tokens (whole experts), and under SP the replicated layers used on its
+    // tokens only - norms (MLA's latent norms too), MLA's down projections and position
+    // embeddings. (Row-parallel biases take their gradient from the gathered output gradient,
+    // complete on every rank.)
+    const std::string& name = p.spec.name;
+    const bool partial =
+        name.find("self_attn.q_norm.") != std::string::npos ||
+        name.find("self_attn.k_norm.") != std::string::npos ||
+        (ep_.whole_experts && name.ends_with(".mlp.gate.weight")) ||
+        (p.spec.tp_dim < 0 && tp_.sharded_tokens() &&
+         (name.find("norm.") != std::string::npos || name.find("_a_proj") != std::string::npos ||
+          name == "model.embed_positions.weight"));
+    if (partial) all_reduce_tp(tp_, p.grad);
     if (kv_group_ != nullptr && p.shard.replicas > 1 && p.spec.tp_dim == 0) {
       kv_group_->all_reduce(p.grad)->wait();  // each rank saw its own query heads' share
     }

@@ -7,12 +7,17 @@
 //   [k_nope, v] = c_kv W_kvb^T                      per head: Dn key and Dv value channels
 //   k = [k_nope | k_pe], q's last Dr channels rotated, v padded to D with zeros
 // so that attention runs on heads of one width (its output's padding is zero and dropped before
-// o_proj). Under TP the down projections and the latent norms are replicated: every rank runs
-// them on every token, as Megatron does. The up projections are split by heads, so the
-// gradients of the latents and of k_pe are each rank's heads' share: they are all-reduced over
-// TP (the backward of Megatron's column-parallel up projections), after which the replicated
-// weights' gradients are the same on every rank and their share of dh is added by TP rank 0
-// alone.
+// o_proj). Under TP the down projections and the latent norms are replicated and the up
+// projections split by heads, so the gradients of the latents and of k_pe are each rank's heads'
+// share, summed over TP (the backward of Megatron's column-parallel up projections):
+// - without sequence parallelism every rank runs the replicated layers on every token, all-reduces
+//   the three gradients, and adds their share of dh once (TP rank 0);
+// - with it (megatron-core's MLA under SP) each rank runs them on its own tokens and all-gathers
+//   [q latent | kv latent | k_pe] - Lq + Lkv + Dr channels a token instead of the hidden state's
+//   H - and in the backward reduce-scatters their gradients the same way, so the replicated
+//   layers' gradients are each rank's tokens' shares (GPTModel::finalize_grads sums them over TP)
+//   and dh is the rank's own, with no further TP reduction. q_proj (no query latent) is column-
+//   parallel on the gathered hidden state, as in Megatron.
 // With YaRN, q is multiplied by config.softmax_scale_factor() after RoPE: the scores are linear
 // in q, so attention's 1/sqrt(D) becomes DeepSeek's softmax scale. Every path that projects sees
 // it (training, both recomputes, decoding: the KV cache holds k, which it leaves alone).
@@ -45,38 +50,55 @@ Tensor latent_norm_backward(const TransformerConfig& c, const Tensor& dy, const 
 TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, Tokens tokens,
                                                               int64_t position_offset) const {
   const TransformerConfig& c = config_;
-  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count();
+  const bool sharded = tp_.sharded_tokens();  // h is this rank's tokens
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), local = h.size(0);
   const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
-  const int64_t dr = c.qk_pos_emb_head_dim, dv = c.v_head_dim, lkv = c.kv_lora_rank;
+  const int64_t dr = c.qk_pos_emb_head_dim, dv = c.v_head_dim, lq = c.q_lora_rank;
+  const int64_t lkv = c.kv_lora_rank;
   const DType dt = h.dtype();
   const Device dev = h.device();
   Projection p;
-  p.q = Tensor::empty({b, s, heads, d}, dt, dev);
-  if (c.q_lora_rank > 0) {
-    p.q_latent_in = Tensor::empty({t, c.q_lora_rank}, dt, dev);
+  // The replicated down projections and latent norms, on the tokens this rank holds.
+  if (lq > 0) {
+    p.q_latent_in = Tensor::empty({local, lq}, dt, dev);
     linear_forward(p.q_latent_in, h, w_.q_a_weight, {});
     p.q_latent =
         latent_norm(c, p.q_latent_stats, p.q_latent_in, w_.q_a_norm_weight, w_.q_a_norm_bias);
-    linear_forward(p.q.view({t, heads * d}), p.q_latent, w_.q_weight, {});
-  } else {
-    linear_forward(p.q.view({t, heads * d}), h, w_.q_weight, {});
   }
-  rotate(p.q, position_offset, false, dn);
-  if (c.softmax_scale_factor() != 1.0f) ops::scale(p.q, p.q, c.softmax_scale_factor());
-
-  p.kv_latent_in = Tensor::empty({t, lkv}, dt, dev);
+  p.kv_latent_in = Tensor::empty({local, lkv}, dt, dev);
   linear_forward(p.kv_latent_in, h, w_.kv_a_weight.narrow(0, lkv), {});
   p.kv_latent =
       latent_norm(c, p.kv_latent_stats, p.kv_latent_in, w_.kv_a_norm_weight, w_.kv_a_norm_bias);
-  Tensor k_pe = Tensor::empty({b, s, 1, dr}, dt, dev);
-  linear_forward(k_pe.view({t, dr}), h, w_.kv_a_weight.narrow(lkv, dr), {});
-  rotate(k_pe, position_offset, false);
+  Tensor k_pe = Tensor::empty({local, dr}, dt, dev);
+  linear_forward(k_pe, h, w_.kv_a_weight.narrow(lkv, dr), {});
+  if (sharded) {  // every token's [q latent | kv latent | k_pe], in one all-gather
+    Tensor mine = Tensor::empty({local, lq + lkv + dr}, dt, dev);
+    if (lq > 0) ops::copy_columns(mine, 0, p.q_latent, 0, lq);
+    ops::copy_columns(mine, lq, p.kv_latent, 0, lkv);
+    ops::copy_columns(mine, lq + lkv, k_pe, 0, dr);
+    const Tensor all = enter_tp_forward(tp_, mine);
+    auto columns = [&](int64_t first, int64_t width) {
+      Tensor out = Tensor::empty({t, width}, dt, dev);
+      ops::copy_columns(out, 0, all, first, width);
+      return out;
+    };
+    if (lq > 0) p.q_latent = columns(0, lq);
+    p.kv_latent = columns(lq, lkv);
+    k_pe = columns(lq + lkv, dr);
+  }
+
+  p.q = Tensor::empty({b, s, heads, d}, dt, dev);
+  linear_forward(p.q.view({t, heads * d}), lq > 0 ? p.q_latent : enter_tp_forward(tp_, h),
+                 w_.q_weight, {});
+  rotate(p.q, position_offset, false, dn);
+  if (c.softmax_scale_factor() != 1.0f) ops::scale(p.q, p.q, c.softmax_scale_factor());
+  rotate(k_pe.view({b, s, 1, dr}), position_offset, false);
 
   Tensor kv = Tensor::empty({t * heads, dn + dv}, dt, dev);
   linear_forward(kv.view({t, heads * (dn + dv)}), p.kv_latent, w_.kv_b_weight, {});
   p.k = Tensor::empty({b, s, heads, d}, dt, dev);
   ops::copy_columns(p.k.view({t * heads, d}), 0, kv, 0, dn);
-  ops::broadcast_heads(p.k.view({t, heads, d}), dn, k_pe.view({t, dr}));
+  ops::broadcast_heads(p.k.view({t, heads, d}), dn, k_pe);
   p.v = Tensor::zeros({b, s, heads, d}, dt, dev);
   ops::copy_columns(p.v.view({t * heads, d}), 0, kv, dn, dv);
   return p;
@@ -86,9 +108,10 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
                                          const Tensor& h, Tokens tokens,
                                          LayerActivations& a) const {
   const TransformerConfig& c = config_;
-  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count();
+  const bool sharded = tp_.sharded_tokens();
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), local = h.size(0);
   const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
-  const int64_t dr = c.qk_pos_emb_head_dim, lkv = c.kv_lora_rank;
+  const int64_t dr = c.qk_pos_emb_head_dim, lq = c.q_lora_rank, lkv = c.kv_lora_rank;
   const DType dt = h.dtype();
   const Device dev = h.device();
   if (c.softmax_scale_factor() != 1.0f) ops::scale(dq, dq, c.softmax_scale_factor());
@@ -100,24 +123,52 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
   Tensor dkv = Tensor::empty({t * heads, dn + c.v_head_dim}, dt, dev);
   ops::copy_columns(dkv, 0, dk.view({t * heads, d}), 0, dn);
   ops::copy_columns(dkv, dn, dv.view({t * heads, d}), 0, c.v_head_dim);
-  Tensor d_kv_latent = empty_like(a.kv_latent);
+  Tensor d_kv_latent = Tensor::empty({t, lkv}, dt, dev);
   linear_backward(d_kv_latent, g_.kv_b_weight, {}, dkv.view({t, heads * (dn + c.v_head_dim)}),
                   a.kv_latent, w_.kv_b_weight);
   release(dkv);
-  all_reduce_tp(tp_, d_kv_latent);
-  all_reduce_tp(tp_, dk_pe);
-
-  Tensor dh = Tensor::empty(h.shape(), dt, dev);
-  const bool adds_dh = tp_.rank() == 0;  // the replicated layers' share of dh, added once
-  if (c.q_lora_rank > 0) {
-    Tensor d_q_latent = empty_like(a.q_latent);
+  Tensor d_q_latent;
+  if (lq > 0) {
+    d_q_latent = Tensor::empty({t, lq}, dt, dev);
     linear_backward(d_q_latent, g_.q_weight, {}, dq.view({t, heads * d}), a.q_latent, w_.q_weight);
-    all_reduce_tp(tp_, d_q_latent);
+  }
+  // The heads' shares summed over TP: all of them, or (SP) this rank's tokens' in one
+  // reduce-scatter.
+  Tensor dk_pe_rows = dk_pe.view({t, dr});
+  if (sharded) {
+    Tensor all = Tensor::empty({t, lq + lkv + dr}, dt, dev);
+    if (lq > 0) ops::copy_columns(all, 0, d_q_latent, 0, lq);
+    ops::copy_columns(all, lq, d_kv_latent, 0, lkv);
+    ops::copy_columns(all, lq + lkv, dk_pe_rows, 0, dr);
+    const Tensor mine = exit_tp_forward(tp_, all);
+    auto columns = [&](int64_t first, int64_t width) {
+      Tensor out = Tensor::empty({local, width}, dt, dev);
+      ops::copy_columns(out, 0, mine, first, width);
+      return out;
+    };
+    if (lq > 0) d_q_latent = columns(0, lq);
+    d_kv_latent = columns(lq, lkv);
+    dk_pe_rows = columns(lq + lkv, dr);
+  } else {
+    for (const Tensor& g : {d_q_latent, d_kv_latent, dk_pe_rows})
+      if (g.defined()) all_reduce_tp(tp_, g);
+  }
+
+  // dh: the replicated layers' share added once (TP rank 0) when every rank ran them on every
+  // token; each rank's own under SP.
+  Tensor dh = Tensor::empty(h.shape(), dt, dev);
+  const bool adds_dh = sharded || tp_.rank() == 0;
+  if (lq > 0) {
     const Tensor d_q_in =
         latent_norm_backward(c, d_q_latent, a.q_latent_in, w_.q_a_norm_weight, g_.q_a_norm_weight,
                              g_.q_a_norm_bias, a.q_latent_stats);
     if (!adds_dh) dh.zero_();
     linear_backward(adds_dh ? dh : Tensor(), g_.q_a_weight, {}, d_q_in, h, w_.q_a_weight);
+  } else if (sharded) {  // q_proj, column-parallel on the gathered h: its dh reduce-scattered
+    const Tensor h_all = enter_tp_forward(tp_, h);
+    Tensor dh_all = Tensor::empty(h_all.shape(), dt, dev);
+    linear_backward(dh_all, g_.q_weight, {}, dq.view({t, heads * d}), h_all, w_.q_weight);
+    dh = exit_tp_forward(tp_, dh_all);
   } else {
     linear_backward(dh, g_.q_weight, {}, dq.view({t, heads * d}), h, w_.q_weight);
   }
@@ -126,10 +177,11 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
                            g_.kv_a_norm_bias, a.kv_latent_stats);
   linear_backward(adds_dh ? dh : Tensor(), g_.kv_a_weight.narrow(0, lkv), {}, d_kv_in, h,
                   w_.kv_a_weight.narrow(0, lkv), true);
-  linear_backward(adds_dh ? dh : Tensor(), g_.kv_a_weight.narrow(lkv, dr), {}, dk_pe.view({t, dr}),
-                  h, w_.kv_a_weight.narrow(lkv, dr), true);
+  linear_backward(adds_dh ? dh : Tensor(), g_.kv_a_weight.narrow(lkv, dr), {}, dk_pe_rows, h,
+                  w_.kv_a_weight.narrow(lkv, dr), true);
   release(a.q_latent_in, a.q_latent, a.kv_latent_in, a.kv_latent);
   a.q_latent_stats = a.kv_latent_stats = NormStats{};
+  if (!sharded) all_reduce_tp(tp_, dh);  // the ranks' partial sums (without TP: nothing)
   return dh;
 }
 

@@ -174,6 +174,10 @@ Tensor TransformerLayer::row_bias(const Tensor& bias) const {
   return tp_.rank() == 0 ? bias : Tensor();
 }
 
+Tensor TransformerLayer::attention_input(const Tensor& h1) const {
+  return config_.multi_latent_attention ? h1 : enter_tp_forward(tp_, h1);
+}
+
 TransformerLayer::Projection TransformerLayer::project(const Tensor& h, Tokens tokens,
                                                        int64_t position_offset) const {
   return config_.multi_latent_attention ? project_latent(h, tokens, position_offset)
@@ -308,8 +312,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
 
   NormStats s1;
   Tensor h1 = norm_forward(c, s1, x, w_.input_norm_weight, w_.input_norm_bias);
-  const Tensor h1_full = enter_tp_forward(tp_, h1);
-  Projection qkv = project(h1_full, tokens, 0);
+  Projection qkv = project(attention_input(h1), tokens, 0);
   const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
@@ -478,11 +481,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse);
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
-  const Tensor h1 = enter_tp_forward(tp_, a.input_norm_out);
-  Tensor dh1 = c.multi_latent_attention ? latent_backward(dq, dk, dv, h1, tokens, a)
-                                        : qkv_backward(dq, dk, dv, h1, tokens, a);
+  const Tensor h1 = attention_input(a.input_norm_out);
+  Tensor dh1 = c.multi_latent_attention
+                   ? latent_backward(dq, dk, dv, h1, tokens, a)
+                   : enter_tp_backward(tp_, qkv_backward(dq, dk, dv, h1, tokens, a));
   release(dq, dk, dv, a.input_norm_out);
-  dh1 = enter_tp_backward(tp_, dh1);
   Tensor dx = empty_like(a.input);
   norm_backward(c, dx, g_.input_norm_weight, g_.input_norm_bias, dh1, a.input, w_.input_norm_weight,
                 a.input_norm_stats);

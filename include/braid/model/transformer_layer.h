@@ -104,9 +104,9 @@ struct LayerActivations {
   Tensor q_raw, k_raw;  // qk_layernorm: the projections before their norms
   NormStats q_norm_stats, k_norm_stats;
   // Multi-latent attention (kept by none and selective): the down projections' outputs [T, Lq],
-  // [T, Lkv] (every token under TP) and the latents the norms make of them (the same tensors
-  // without qk_layernorm), with the norms' statistics. v (and attn_out) are D wide, the value
-  // heads padded with zeros.
+  // [T, Lkv] (every token under TP, this rank's under SP) with the norms' statistics, and the
+  // latents the norms make of them (every token; without qk_layernorm and SP the same tensors). v
+  // (and attn_out) are D wide, the value heads padded with zeros.
   Tensor q_latent_in, q_latent, kv_latent_in, kv_latent;
   NormStats q_latent_stats, kv_latent_stats;
   Tensor attn_out;  // [B, S, Hq, D]
@@ -188,10 +188,14 @@ class TransformerLayer {
     NormStats q_latent_stats, kv_latent_stats;
   };
   Projection project(const Tensor& h, Tokens tokens, int64_t position_offset) const;
+  // What the projections take of the normed input h1 (this rank's region): every token, gathered
+  // under SP - but multi-latent attention takes the region itself and gathers its latents.
+  Tensor attention_input(const Tensor& h1) const;
   Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   Projection project_latent(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   // The projections' backward: dq, dk, dv (of the rotated q and k) -> this rank's partial dh
-  // [T, H] of their input h (every token under TP); adds the weight gradients.
+  // [T, H] of their input h (every token under TP); adds the weight gradients. latent_backward's
+  // h and dh are attention_input's (under SP this rank's tokens), its dh complete.
   Tensor qkv_backward(Tensor dq, Tensor dk, const Tensor& dv, const Tensor& h, Tokens tokens,
                       LayerActivations& a) const;
   Tensor latent_backward(Tensor dq, const Tensor& dk, const Tensor& dv, const Tensor& h,

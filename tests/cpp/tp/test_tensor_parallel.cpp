@@ -353,6 +353,51 @@ TEST(TensorParallelCommunication, MatchesTheAnalyticCount) {
   }
 }
 
+// Multi-latent attention under SP runs its replicated down projections on each rank's tokens and
+// all-gathers the latents, [q latent | kv latent | k_pe] (26 channels here against the hidden
+// state's 32), in place of the hidden state; its backward reduce-scatters their gradients and
+// needs no other TP collective (megatron-core's MLA under SP).
+TEST(TensorParallelCommunication, LatentAttentionGathersItsLatents) {
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  if (world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
+  TransformerConfig config = llama();
+  config.num_layers = 2;
+  config.num_query_groups = 0;
+  config.multi_latent_attention = true;
+  config.q_lora_rank = 12;
+  config.kv_lora_rank = 10;
+  config.qk_head_dim = 6;
+  config.qk_pos_emb_head_dim = 4;
+  config.v_head_dim = 8;
+  config.qk_layernorm = true;
+  auto counted = std::make_shared<CountingCommunicator>(world);
+  GPTModel model(config, Device::cpu(), 7, TensorParallel{counted.get(), true});
+  const int64_t b = 2, s = 8, t = b * s, h = config.hidden_size;
+  const Batch data = batch(b, s, config.vocab_size, 3);
+  counted->calls.clear();
+  model.forward(data.ids, data.targets);
+  const std::vector<CountingCommunicator::Call> forward = counted->calls;
+  counted->calls.clear();
+  model.backward();
+  const std::vector<CountingCommunicator::Call> backward = counted->calls;
+
+  using Call = CountingCommunicator::Call;
+  const size_t act = size_t(t * h) * 4, row = size_t(t) * 4;  // f32 bytes
+  const size_t latents = size_t(t * (12 + 10 + 4)) * 4;
+  const Call ag{"all_gather", act}, rs{"reduce_scatter", act};
+  const Call ag_latents{"all_gather", latents}, rs_latents{"reduce_scatter", latents};
+  std::vector<Call> want_fwd{rs}, want_bwd{ag, rs};
+  for (int l = 0; l < config.num_layers; ++l) {
+    want_fwd.insert(want_fwd.end(), {ag_latents, rs, ag, rs});
+    want_bwd.insert(want_bwd.end(), {ag, ag, rs, ag, rs_latents});
+  }
+  want_fwd.insert(want_fwd.end(),
+                  {ag, {"all_reduce", row}, {"all_reduce", row}, {"all_reduce", row}});
+  want_bwd.push_back(ag);
+  EXPECT_EQ(forward, want_fwd);
+  EXPECT_EQ(backward, want_bwd);
+}
+
 TEST(TensorParallelLayout, BadSplitsFailAlikeOnEveryRankBeforeAnyCollective) {
   std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
   const int tp = world->size();
