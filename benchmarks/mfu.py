@@ -7,8 +7,13 @@ the timed run trains it (forward + backward + AdamW, median of --steps after --w
 Each run is its own process, so a probe's memory is not the next one's. Prints the step time,
 tokens/s, TFLOP/s (model FLOPs, braid.flops) and MFU against --peak-tflops (989, H100/H200).
 
+With --multi-latent-attention the attention is DeepSeek-V3's (query latent 1536, key/value
+latent 512, heads of 128 + 64 RoPE channels, values of 128, the latents normed; every head its own
+keys and values), on the same stack.
+
     python benchmarks/mfu.py                     # on cuda:0
     python benchmarks/mfu.py --num-layers 8      # a fixed depth, no probes
+    python benchmarks/mfu.py --multi-latent-attention
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ def parse_args(argv=None):
     p.add_argument("--seq-length", type=int, default=4096)
     p.add_argument("--micro-batch-size", type=int, default=1)
     p.add_argument("--recompute-granularity", default="none", choices=["none", "selective", "full"])
+    p.add_argument("--multi-latent-attention", action="store_true",
+                   help="DeepSeek-V3's attention (the widths below; --num-query-groups ignored)")
+    p.add_argument("--q-lora-rank", type=int, default=1536)
+    p.add_argument("--kv-lora-rank", type=int, default=512)
+    p.add_argument("--qk-head-dim", type=int, default=128)
+    p.add_argument("--qk-pos-emb-head-dim", type=int, default=64)
+    p.add_argument("--v-head-dim", type=int, default=128)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--peak-tflops", type=float, default=989.0)
@@ -60,8 +72,25 @@ def config(args, num_layers):
     cfg.max_position_embeddings = args.seq_length
     cfg.params_dtype = "f32" if args.device == "cpu" else "bf16"  # bf16 activations: CUDA only
     cfg.recompute = args.recompute_granularity
+    if args.multi_latent_attention:
+        cfg.num_query_groups = 0  # every head its own keys and values
+        cfg.multi_latent_attention = True
+        cfg.qk_layernorm = True  # the latents' norms
+        cfg.q_lora_rank = args.q_lora_rank
+        cfg.kv_lora_rank = args.kv_lora_rank
+        cfg.qk_head_dim = args.qk_head_dim
+        cfg.qk_pos_emb_head_dim = args.qk_pos_emb_head_dim
+        cfg.v_head_dim = args.v_head_dim
     cfg.validate()
     return cfg
+
+
+def attention_name(args) -> str:
+    if args.multi_latent_attention:
+        return (f"{args.num_attention_heads} heads, multi-latent attention (latents "
+                f"{args.q_lora_rank}/{args.kv_lora_rank}, heads {args.qk_head_dim}+"
+                f"{args.qk_pos_emb_head_dim}, values {args.v_head_dim})")
+    return f"{args.num_attention_heads} heads / {args.num_query_groups} kv"
 
 
 def child(args):
@@ -141,8 +170,8 @@ def main(argv=None):
     step = float(np.median(result["times"]))
     tokens = args.micro_batch_size * args.seq_length
     tflops = flops.flops_per_iteration(cfg, args.seq_length, args.micro_batch_size) / step / 1e12
-    print(f"mfu: Llama-style {layers} layers, hidden {args.hidden_size}, {args.num_attention_heads} "
-          f"heads / {args.num_query_groups} kv, ffn {args.ffn_hidden_size}, vocab {args.vocab_size}, "
+    print(f"mfu: Llama-style {layers} layers, hidden {args.hidden_size}, {attention_name(args)}, "
+          f"ffn {args.ffn_hidden_size}, vocab {args.vocab_size}, "
           f"seq {args.seq_length}, micro batch {args.micro_batch_size}, {cfg.params_dtype}, recompute "
           f"{args.recompute_granularity}: {result['params'] / 1e9:.2f}B parameters")
     print(f"mfu: step {step * 1e3:.1f} ms (median of {len(result['times'])}), "

@@ -42,3 +42,28 @@ def test_mfu_reports_consistent_figures():
     cfg = bench.config(bench.parse_args(["--device", "cpu", *SHAPE]), 2)
     want = flops.flops_per_iteration(cfg, 64, 2) / step / 1e12
     assert tflops == pytest.approx(want, rel=0.001 + rounding)
+
+
+def test_mfu_runs_multi_latent_attention():
+    mla = ["--multi-latent-attention", "--q-lora-rank", "24", "--kv-lora-rank", "16",
+           "--qk-head-dim", "16", "--qk-pos-emb-head-dim", "8", "--v-head-dim", "12"]
+    r = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "mfu.py"),
+                        "--device", "cpu", "--peak-tflops", "0.5", *SHAPE, *mla],
+                       env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert ("4 heads, multi-latent attention (latents 24/16, heads 16+8, values 12)"
+            in r.stdout), r.stdout
+    step_ms, = re.search(r"step ([0-9.]+) ms", r.stdout).groups()
+    tflops, = re.search(r"([0-9.e-]+) TFLOP/s of model FLOPs", r.stdout).groups()
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import mfu as bench
+    from braid import flops
+    cfg = bench.config(bench.parse_args(["--device", "cpu", *SHAPE, *mla]), 2)
+    assert cfg.multi_latent_attention and cfg.q_lora_rank == 24
+    # braid.flops counts MLA's projections: the model FLOPs differ from the Llama stack's.
+    llama = bench.config(bench.parse_args(["--device", "cpu", *SHAPE]), 2)
+    assert flops.flops_per_iteration(cfg, 64, 2) != flops.flops_per_iteration(llama, 64, 2)
+    step = float(step_ms) / 1e3
+    want = flops.flops_per_iteration(cfg, 64, 2) / step / 1e12
+    assert float(tflops) == pytest.approx(want, rel=0.001 + 0.05e-3 / step)
