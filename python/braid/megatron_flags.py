@@ -23,6 +23,8 @@ UNSUPPORTED = {
     "--moe-use-upcycling": "upcycling a dense checkpoint into experts is not implemented",
     "--moe-router-topk-limited-devices": "use --moe-router-num-groups and "
                                          "--moe-router-group-topk (Megatron's replacement)",
+    "--mtp-num-layers": "DeepSeek-V3's multi-token prediction module is not implemented",
+    "--mtp-loss-scaling-factor": "DeepSeek-V3's multi-token prediction module is not implemented",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
@@ -62,6 +64,9 @@ NO_EFFECT = {
     "--moe-router-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--moe-shared-expert-overlap": (False, "it overlaps the shared expert with expert-parallel "
                                            "dispatch; braid's all-to-all does not overlap"),
+    "--overlap-moe-expert-parallel-comm": (False, "it overlaps the expert-parallel all-to-all "
+                                                  "with another microbatch's computation; "
+                                                  "braid's all-to-all does not overlap"),
     "--moe-enable-deepep": (False, "DeepEP's kernels dispatch over expert-parallel ranks; "
                                    "braid's all-to-all moves the same rows"),
     "--moe-deepep-num-sms": (True, "see --moe-enable-deepep"),
