@@ -8,10 +8,11 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
 
 Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
 --recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero
---expert-model-parallel-size fixes that choice; the rest are searched. --num-experts E
-[--moe-router-topk K --moe-ffn-hidden-size F --moe-shared-expert-intermediate-size S
---moe-shared-expert-gate] make every layer a mixture of experts (or --model mixtral-8x7b),
---moe-layer-freq N|LIST only some (the others dense); their expert parallelism is searched too.
+--expert-model-parallel-size --expert-tensor-parallel-size fixes that choice; the rest are
+searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
+--moe-shared-expert-intermediate-size S --moe-shared-expert-gate] make every layer a mixture of
+experts (or --model mixtral-8x7b), --moe-layer-freq N|LIST only some (the others dense); their
+expert parallelism is searched too, and at TP > 1 with SP whole experts (etp 1) beside split ones.
 --multi-latent-attention [--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim
 --v-head-dim --qk-layernorm] is DeepSeek's attention (or --model deepseek-v3).
 The model behind the numbers is in docs/planner.md (python/braid/planner.py).
@@ -134,7 +135,13 @@ def parse_args(argv):
                    help="expert parallelism: EP of the dp x cp ranks split each layer's experts "
                         "and exchange their tokens all-to-all; must divide --num-experts and "
                         "dp x cp (searched for a model with experts, over the divisors of "
-                        "--num-experts that divide dp x cp)")
+                        "--num-experts that divide dp x cp; with --expert-tensor-parallel-size "
+                        "1, tp x dp x cp)")
+    g.add_argument("--expert-tensor-parallel-size", type=_positive_int, metavar="ETP",
+                   help="the TP size (experts split over TP like the dense MLP; a value above 1 "
+                        "fixes --tp to it) or 1: whole experts, each TP rank routing its own "
+                        "sequence-parallel tokens, ep dividing tp x dp x cp (Megatron's MoE "
+                        "parallel folding; searched beside split experts at tp > 1 with SP)")
     g.add_argument("--no-overlap-grad-reduce", action="store_true",
                    help="time braid without --overlap-grad-reduce")
     g.add_argument("--no-overlap-param-gather", action="store_true",
@@ -205,11 +212,30 @@ def parse_args(argv):
     a.model_shape = dataclasses.replace(
         a.model_shape, window_size=size, window_layers=tuple(layers),
         moe_layers=tuple(moe_args.moe_layers(freq, a.model_shape.num_layers)))
-    error = moe_error(a.model_shape, a.expert_model_parallel_size or 1, a.tp or 1, freq,
-                      data_ranks(a))
+    sp, ep = a.sequence_parallel is not False, a.expert_model_parallel_size or 1
+    error = expert_tp_error(a) or moe_error(a.model_shape, ep, a.tp or 1, freq, data_ranks(a),
+                                            a.expert_tensor_parallel_size, sp)
+    if error and a.expert_tensor_parallel_size is None and (a.tp or 1) > 1 and sp and not \
+            moe_error(a.model_shape, ep, a.tp, freq, data_ranks(a), 1):
+        error += (" (with --expert-tensor-parallel-size 1, whole experts, it would split the "
+                  "tp x dp x cp ranks)")
     if error:
         ap.error(error)
     return a
+
+
+def expert_tp_error(a) -> str | None:
+    """What is wrong with --expert-tensor-parallel-size (the TP size or 1), or None; a size above
+    1 without --tp fixes it."""
+    etp = a.expert_tensor_parallel_size
+    if etp is None or etp == 1:
+        return None
+    if a.tp is None:
+        a.tp = etp
+    if etp != a.tp:
+        return (f"--expert-tensor-parallel-size {etp}: braid splits experts over the TP group "
+                f"(--tp {a.tp}) or keeps them whole (1)")
+    return None
 
 
 MLA_FLAGS = ("q_lora_rank", *attention_args.DEFAULTS)
@@ -243,10 +269,10 @@ def data_ranks(a) -> int | None:
     return a.dp * a.cp if a.dp and a.cp else None
 
 
-def moe_error(shape, expert_parallel: int, tp: int, freq=1, data=None):
+def moe_error(shape, expert_parallel: int, tp: int, freq=1, data=None, etp=None, sp=True):
     """pretrain_gpt.py's verdict (moe_args.check, its rules and words) on the planned model's
-    experts, --moe-layer-freq and --expert-model-parallel-size (with `data`, the dp x cp ranks
-    where known), or None."""
+    experts, --moe-layer-freq, --expert-model-parallel-size and --expert-tensor-parallel-size
+    `etp` (with `data`, the dp x cp ranks where known; `sp`, sequence parallelism), or None."""
     return moe_args.check(argparse.Namespace(
         num_experts=shape.num_experts or None,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
@@ -259,7 +285,8 @@ def moe_error(shape, expert_parallel: int, tp: int, freq=1, data=None):
         moe_router_enable_expert_bias=False, moe_router_bias_update_rate=None,
         moe_z_loss_coeff=None, moe_expert_capacity_factor=None, moe_token_drop_policy=None,
         moe_pad_expert_input_to_capacity=False, moe_layer_freq=freq,
-        expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=None,
+        expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=etp,
+        sequence_parallel=sp, micro_batch_size=1, context_parallel_size=1,
         num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp, data)
 
 
@@ -272,7 +299,7 @@ MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                "expert_model_parallel_size")
+                "expert_model_parallel_size", "expert_tensor_parallel_size")
 
 
 def _from_training_arguments(ap, a, training):
@@ -309,6 +336,7 @@ def _from_training_arguments(ap, a, training):
     if not a.search:
         a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp
         a.cp, a.expert_model_parallel_size = t.context_parallel_size, t.expert_model_parallel_size
+        a.expert_tensor_parallel_size = t.expert_tensor_parallel_size or a.tp  # unset: the TP size
         a.micro_batch_size, a.virtual_stages = t.micro_batch_size, t.virtual_stages
         a.recompute = t.recompute_granularity or "none"
         if a.recompute == "full":
@@ -353,6 +381,12 @@ def recompute(r) -> str:
     return f"{r['recompute_method']}{r['recompute_num_layers']}"
 
 
+def experts(r) -> str:
+    """The table's ep column: "8", or "8:etp1" with whole experts (at tp > 1)."""
+    whole = r["expert_tensor_parallel_size"] == 1 and r["tp"] > 1
+    return f"{r['ep']}:etp1" if whole else str(r["ep"])
+
+
 def main(argv=None):
     a = parse_args(argv)
     model = a.model_shape
@@ -364,7 +398,8 @@ def main(argv=None):
                  recompute_method=a.recompute_method,
                  recompute_num_layers=a.recompute_num_layers,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
-                 ep=a.expert_model_parallel_size, overlap_grad_reduce=not a.no_overlap_grad_reduce,
+                 ep=a.expert_model_parallel_size, etp=a.expert_tensor_parallel_size,
+                 overlap_grad_reduce=not a.no_overlap_grad_reduce,
                  overlap_param_gather=not a.no_overlap_param_gather,
                  even_stages=a.even_stages)
     results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
@@ -391,7 +426,7 @@ def main(argv=None):
     print(" ".join(f"{c:>8}" for c in cols + extra))
     for r in results[:a.top]:
         p = r["memory_parts_gb"]
-        row = [r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["micro_batch_size"],
+        row = [r["tp"], r["cp"], r["pp"], r["dp"], experts(r), r["micro_batch_size"],
                r["virtual_stages"],
                stages(r["stage_layers"]), recompute(r), int(r["sequence_parallel"]), int(r["zero"]),
                f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",

@@ -28,8 +28,9 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   T·k/E rows each (uniform routing), the dispatch's bytes and host planning, the backward's
   [T, k] all-reduce; a shared expert as a dense MLP on all T (its gate: a [T, 1] GEMM and
   all-reduce); with expert parallelism (ep) E / ep experts a rank, the all-to-alls not overlapped,
-  the experts' gradients over dp x cp / ep. The dense layers among them (moe_layers) are
-  costed, held and kept as a dense model's, each stage its own.
+  the experts' gradients over dp x cp / ep; whole experts (etp 1: each TP rank its own tokens,
+  ep dividing tp x dp x cp) without the MLP's TP collectives. The dense layers among them
+  (moe_layers) are costed, held and kept as a dense model's, each stage its own.
 * multi-latent attention (braid.planner_mla): its projections, replicated down projections and
   latents, padded values and backward TP all-reduces in place of q/k/v's.
 """
@@ -46,7 +47,7 @@ from braid import flops as _flops
 from braid import planner_mla as _mla
 from braid import planner_moe as _moe
 from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
-                                  ModelShape, parse_bandwidth)
+                                  ModelShape, parse_bandwidth, stage_splits)
 
 GB = 1e9
 
@@ -69,33 +70,6 @@ def stage_ranges(model: ModelShape, lay: Layout):
     the rule when the layers do not split."""
     return _C.stage_layers(model.num_layers, lay.pp, lay.virtual_stages, lay.first_stage_layers,
                            lay.last_stage_layers)
-
-
-def stage_splits(num_layers: int, pp: int, v: int):
-    """The (first, last) stage sizes the search tries for pp stages of v chunks: the even split
-    (None, None) where the layers divide, and uneven ones whose first and last stages are up to
-    2 v layers lighter than the stages between them (or, at pp 2, the last up to 2 v lighter
-    than the first) - room for the embedding and the LM head, and the only way to pipeline a
-    model whose layers do not divide by pp (Llama 3 405B: 126 layers, pp 16 -> 7 | 8 ... | 7)."""
-    if pp == 1:
-        return [(None, None)]
-    out = []
-    if num_layers % pp == 0 and num_layers // pp % v == 0:
-        out.append((None, None))
-    if pp == 2:
-        for last in range(v, num_layers, v):
-            first = num_layers - last
-            if first % v == 0 and 0 < first - last <= 2 * v:
-                out.append((first, last))
-        return out
-    for middle in range(v, num_layers // (pp - 2) + 1, v):  # layers of each stage between
-        rest = num_layers - middle * (pp - 2)
-        for first in range(max(v, middle - 2 * v), middle + 1, v):
-            last = rest - first
-            if max(v, middle - 2 * v) <= last <= middle and last % v == 0 \
-                    and (first, last) != (middle, middle):
-                out.append((first, last))
-    return out
 
 
 # ---- costs ---------------------------------------------------------------------------------
@@ -142,15 +116,15 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
     kv = model.kv_heads * model.head_dim
     sp = t if lay.sequence_parallel else 1
     tokens = lay.micro_batch_size * model.seq_length / lay.cp
-    rec = recompute or lay.recompute
+    rec, whole = recompute or lay.recompute, _moe.whole(model, lay)
     if rec == "full":
         per_token = 2 * h / sp
     elif rec == "selective":
         per_token = 2 * h / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t + 2 * h / sp \
-            + _moe.kept_bytes(model, t, rec, lay.ep)
+            + _moe.kept_bytes(model, t, rec, lay.ep, whole)
     else:
         per_token = (2 * h + 8 + 2 * h) / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t \
-            + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec, lay.ep)
+            + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec, lay.ep, whole)
         if model.qk_layernorm and not model.multi_latent_attention:  # q, k before their norms
             stats = 8 if model.gpt_style else 4                       # and the norms' statistics
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
@@ -215,7 +189,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     h_rep = h / t if lay.sequence_parallel else h
     mla = model.multi_latent_attention  # its projections in place of q/k/v's (planner_mla)
     attention = _mla.gemms(model, T, t) if mla else [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t)]
-    gemms = [*attention, *_moe.mlp_gemms(model, T, t, lay.ep)]
+    gemms = [*attention, *_moe.mlp_gemms(model, T, t, lay.ep, _moe.whole(model, lay))]
     gemm_f = sum(c * _gemm_time(gpu, m, n, k) for c, m, n, k in gemms)
     # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
     attn_exec = 4 * T * model.executed_keys(layer) * q / t
@@ -226,14 +200,16 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     elem_bytes = norm_bytes + 12 * h_rep + rope_bytes + act_bytes
     elem_f = _bytes_time(gpu, elem_bytes * T, 8)
     # TP: two all-reduces (or with SP two all-gathers + two reduce-scatters, the same bytes)
-    # per forward, as many in backward; SP's backward all-gathers the norm outputs again.
+    # per forward, as many in backward; SP's backward all-gathers the norm outputs again. Whole
+    # experts without a shared expert: the attention's alone.
     tp_f = tp_b = 0.0
     if t > 1:
         bw, alpha = _link(cluster, t)
         ar = _ring(T * h * 2, t, bw, alpha, "all_reduce")
         ag = _ring(T * h * 2, t, bw, alpha, "all_gather")
-        tp_f = 2 * ar if not lay.sequence_parallel else 4 * ag
-        tp_b = 2 * ar if not lay.sequence_parallel else 6 * ag
+        sp_f, sp_b = _moe.sp_collectives(model, lay)
+        tp_f = 2 * ar if not lay.sequence_parallel else sp_f * ag
+        tp_b = 2 * ar if not lay.sequence_parallel else sp_b * ag
     # CP: the keys and values of the whole sequence (this rank's kv heads, bf16), gathered over
     # the cp ranks - which stride by tp - twice forward; backward gathers them again and
     # reduce-scatters their gradients (summed in f32).
@@ -284,7 +260,9 @@ def chunk_params(model: ModelShape, lay: Layout):
     the embedding in rank 0's chunk 0, the LM head and final norm in the last rank's last."""
     ranges = stage_ranges(model, lay)
     emb = model.vocab_size * model.hidden_size / lay.tp
-    out = [[model.layers_params(b, e, lay.tp, lay.ep) for b, e in chunks] for chunks in ranges]
+    whole = _moe.whole(model, lay)  # the experts whole (--expert-tensor-parallel-size 1)
+    out = [[model.layers_params(b, e, lay.tp, lay.ep, whole) for b, e in chunks]
+           for chunks in ranges]
     out[0][0] += emb
     head = emb + model.hidden_size
     if model.tied_embeddings and lay.pp == 1:
@@ -366,7 +344,7 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         raise ValueError(f"{model.num_attention_heads} heads do not divide by tp {t}")
     if model.kv_heads % t and t % model.kv_heads:
         raise ValueError(f"{model.kv_heads} KV heads and tp {t}: neither divides the other")
-    widths = [("ffn", model.ffn_hidden_size), *_moe.widths(model), ("vocab", model.vocab_size)]
+    widths = [("ffn", model.ffn_hidden_size), *_moe.widths(model, lay), ("vocab", model.vocab_size)]
     if any(w % t for _, w in widths):
         raise ValueError(" / ".join(f"{name} {w}" for name, w in widths) + f" by tp {t}")
     if _moe.layout_error(model, lay):
@@ -480,7 +458,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     peak = gpu.peak_tflops * 1e12
     out = dict(
         tp=t, pp=p, dp=lay.dp, cp=cp, ep=lay.ep, micro_batch_size=lay.micro_batch_size,
-        virtual_stages=v,
+        virtual_stages=v, expert_tensor_parallel_size=1 if _moe.whole(model, lay) else t,
         first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers,
         stage_layers=[sum(e - b for b, e in chunks) for chunks in ranges],
         recompute=lay.recompute, recompute_method=lay.recompute_method,
@@ -504,7 +482,7 @@ def _scaling(model, cluster, lay, m, result) -> float:
     replica, ...) on one node's worth of data parallelism: dp0 = max(1, gpus_per_node /
     (tp cp pp)) replicas (or whole EP groups), where DP traffic stays on NVLink (or none)."""
     dp0 = max(1, cluster.gpus_per_node // (lay.tp * lay.cp * lay.pp))
-    dp0 = math.lcm(dp0 * lay.cp, lay.ep) // lay.cp  # whole EP groups: the same ep
+    dp0 = _moe.baseline_dp(model, lay, dp0)  # whole EP groups: the same ep
     if dp0 >= lay.dp:
         return 1.0
     small = dataclasses.replace(cluster, num_gpus=lay.tp * lay.cp * lay.pp * dp0)
@@ -559,9 +537,10 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
         splits = _splits_to_try(model, p, v, fixed)
-        for (first, last), e in itertools.product(splits, _moe.ep_choices(model, d * c, fixed)):
+        experts = _moe.expert_choices(model, t, d * c, sp, fixed)  # [(etp, ep)]
+        for (first, last), (w, e) in itertools.product(splits, experts):
             lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last, cp=c,
-                         ep=e)
+                         ep=e, etp=w)
             for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
                 r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
                                         single=len(tps) * len(cps) * len(pps) * len(mbs)
@@ -667,12 +646,13 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
             if n % (t * c * p):
                 continue
             v = fixed.get("virtual_stages", 1)
-            for first, last in _splits_to_try(model, p, v, fixed):
-                ep = max(_moe.ep_choices(model, n // (t * p), fixed))  # the fewest experts
+            for (first, last), (w, ep) in itertools.product(  # the fewest experts a rank
+                    _splits_to_try(model, p, v, fixed),
+                    _moe.fewest_experts(model, t, n // (t * p), fixed)):
                 lay = Layout(t, p, n // (t * c * p), fixed.get("micro_batch_size", 1), v,
                              fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
                              fixed.get("zero", True), first_stage_layers=first,
-                             last_stage_layers=last, cp=c, ep=ep)
+                             last_stage_layers=last, cp=c, ep=ep, etp=w)
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:
@@ -689,7 +669,7 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
     (total, parts), lay = best
     return (f"no layout fits in {cluster.gpu.memory_gb:.0f} GB per {cluster.gpu.name}: the "
             f"smallest, tp {lay.tp}{f' cp {lay.cp}' if lay.cp > 1 else ''} pp {lay.pp} dp "
-            f"{lay.dp}{f' ep {lay.ep}' if lay.ep > 1 else ''} micro batch "
+            f"{lay.dp}{_moe.ep_label(model, lay)} micro batch "
             f"{lay.micro_batch_size} recompute {lay.recompute} ZeRO {lay.zero}, needs "
             f"{total:.1f} GB (params {parts['params']:.1f}, grads {parts['grads']:.1f}, "
             f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "

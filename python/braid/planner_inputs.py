@@ -1,6 +1,7 @@
 """What the planner (braid.planner) is asked about: a model's shape, the GPU types and a
-cluster of them, and a parallel layout. The GPU table's efficiency curves are the planner's
-fitted numbers (docs/planner.md, benchmarks/planner_validation.py --fit).
+cluster of them, and a parallel layout (with the uneven stage splits the search tries). The GPU
+table's efficiency curves are the planner's fitted numbers (docs/planner.md,
+benchmarks/planner_validation.py --fit).
 """
 
 from __future__ import annotations
@@ -170,13 +171,14 @@ class ModelShape:
         the router and the gate whole, the rest split (the norms too, an O(h) approximation)."""
         return sum(w * self._kind_params(tp, x) for x, w in self.mlp_kinds(layer).items())
 
-    def layers_params(self, begin: int, end: int, tp: int = 1, ep: int = 1) -> float:
+    def layers_params(self, begin: int, end: int, tp: int = 1, ep: int = 1,
+                      whole: bool = False) -> float:
         """The parameters of layers [begin, end) (one TP rank's share with tp; with ep, one
-        expert-parallel rank's: E / ep experts of each expert layer)."""
+        expert-parallel rank's: E / ep experts of each expert layer, split over TP or `whole`)."""
         if not self.mixed_mlps:
-            return (end - begin) * self._kind_params(tp, bool(self.num_experts), ep)
+            return (end - begin) * self._kind_params(tp, bool(self.num_experts), ep, whole)
         experts = sum(self.has_experts(layer) for layer in range(begin, end))
-        return experts * self._kind_params(tp, True, ep) + \
+        return experts * self._kind_params(tp, True, ep, whole) + \
             (end - begin - experts) * self._kind_params(tp, False)
 
     def routed_params(self, tp: int = 1) -> float:
@@ -184,15 +186,18 @@ class ModelShape:
         rank's share."""
         return self.num_experts * self.one_mlp_params(self.mlp_hidden_size) / tp
 
-    def experts_params(self, begin: int, end: int, tp: int = 1, ep: int = 1) -> float:
-        """The routed experts' parameters of layers [begin, end) one (TP, EP) rank holds."""
+    def experts_params(self, begin: int, end: int, tp: int = 1, ep: int = 1,
+                       whole: bool = False) -> float:
+        """The routed experts' parameters of layers [begin, end) one (TP, EP) rank holds: its
+        share of each of E / ep experts, or them `whole` (--expert-tensor-parallel-size 1)."""
         layers = sum(map(self.has_experts, range(begin, end))) if self.mixed_mlps else \
             (end - begin if self.num_experts else 0)
-        return layers * self.routed_params(tp) / ep
+        return layers * self.routed_params(1 if whole else tp) / ep
 
-    def _kind_params(self, tp: int, experts: bool, ep: int = 1) -> float:
+    def _kind_params(self, tp: int, experts: bool, ep: int = 1,
+                     whole_experts: bool = False) -> float:
         """An expert layer's (experts) or a dense layer's parameters, one TP (and EP) rank's
-        share."""
+        share; `whole_experts`: the rank's E / ep routed experts whole, not split over TP."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim
         split, whole = _mla.params(self) if self.multi_latent_attention else \
             (h * (q + 2 * kv) + q * h, 0)
@@ -204,7 +209,9 @@ class ModelShape:
             p += (q + 2 * kv) + h                                # attention's biases
         replicated = (self.replicated_params if experts else 0) + whole
         held = (p - replicated) / tp + replicated
-        if experts and ep > 1:  # the other EP ranks' experts
+        if experts and whole_experts:  # E / ep experts whole in place of a TP share of all E
+            held += self.routed_params() / ep - self.routed_params(tp)
+        elif experts and ep > 1:  # the other EP ranks' experts
             held -= self.routed_params(tp) * (ep - 1) / ep
         return held
 
@@ -330,3 +337,35 @@ class Layout:
     # Expert parallelism (--expert-model-parallel-size): each expert layer's experts split over
     # groups of ep consecutive dp x cp ranks (E / ep each), the routed rows exchanged all-to-all.
     ep: int = 1
+    # Expert tensor parallelism (--expert-tensor-parallel-size): 0 or tp, each expert split over
+    # TP like the dense MLP; 1 under TP (needs SP), whole experts - each TP rank routes its own
+    # sequence-parallel tokens, and ep groups any ep consecutive ranks of a stage's tp x dp x cp
+    # (Megatron's MoE parallel folding; planner_moe.whole).
+    etp: int = 0
+
+
+def stage_splits(num_layers: int, pp: int, v: int):
+    """The (first, last) stage sizes the search tries for pp stages of v chunks: the even split
+    (None, None) where the layers divide, and uneven ones whose first and last stages are up to
+    2 v layers lighter than the stages between them (or, at pp 2, the last up to 2 v lighter
+    than the first) - room for the embedding and the LM head, and the only way to pipeline a
+    model whose layers do not divide by pp (Llama 3 405B: 126 layers, pp 16 -> 7 | 8 ... | 7)."""
+    if pp == 1:
+        return [(None, None)]
+    out = []
+    if num_layers % pp == 0 and num_layers // pp % v == 0:
+        out.append((None, None))
+    if pp == 2:
+        for last in range(v, num_layers, v):
+            first = num_layers - last
+            if first % v == 0 and 0 < first - last <= 2 * v:
+                out.append((first, last))
+        return out
+    for middle in range(v, num_layers // (pp - 2) + 1, v):  # layers of each stage between
+        rest = num_layers - middle * (pp - 2)
+        for first in range(max(v, middle - 2 * v), middle + 1, v):
+            last = rest - first
+            if max(v, middle - 2 * v) <= last <= middle and last % v == 0 \
+                    and (first, last) != (middle, middle):
+                out.append((first, last))
+    return out

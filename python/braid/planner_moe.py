@@ -33,6 +33,18 @@ to the experts' before the same all-reduce; with moe_shared_expert_gate scaled p
 sigmoid(x w), w [1, H] replicated over TP: an f32 [T, 1] GEMM forward, and in backward the
 [T, 1] f32 gradient of the gate all-reduced over TP.
 
+Whole experts (--expert-tensor-parallel-size 1 under TP, with SP: Megatron's MoE parallel folding,
+TransformerLayer::mlp_block_forward): each TP rank routes its own T / tp sequence-parallel tokens
+through whole experts of width F - the router GEMM and the dispatch on T / tp tokens, (T / tp)·k
+rows through F-wide GEMMs (the same FLOPs a rank as T·k rows through F / tp), no all-gather of the
+MLP's input nor reduce-scatter of its output (unless a shared expert, still split over TP like a
+dense MLP, needs them: its input gathered, its output zeroed, reduce-scattered and added), no
+[T, k] all-reduce of the probabilities' gradient. An EP group is then any ep consecutive ranks of
+a stage's tp x dp x cp (ep divides them and E), exchanging the rank's own (T / tp)·k rows; the
+expert-data-parallel group has tp x dp x cp / ep ranks; a rank holds E / ep whole experts and keeps
+its rows' activations, all of them its own. The router's weight gradient, summed over TP once a
+step ([E, H] f32), and token dropping's all-gathers of the capacity counts are not costed.
+
 Routing is assumed uniform: each expert gets T·k/E rows of each rank's T tokens, and each EP
 rank sends (ep - 1) / ep of its rows away and receives as many (load imbalance is not modelled:
 a skewed router leaves some experts' GEMMs longer and others' thinner, and the EP rank holding
@@ -47,6 +59,8 @@ DP x CP for each expert layer: not costed, the plan is the same with or without 
 
 from __future__ import annotations
 
+import math
+
 # Assumed (docs/planner.md): the host's part of routing a layer's microbatch, during which the
 # GPU waits - a device-to-host copy and stream sync, three small host-to-device copies - and
 # the counting sort, per (token, choice).
@@ -58,32 +72,68 @@ ROUTING_HOST_S_PER_CHOICE = 2e-9
 EP_PLAN_HOST_S = 15e-6
 
 
+def whole(model, lay) -> bool:
+    """Whether `lay` runs the model's routed experts whole (--expert-tensor-parallel-size 1 under
+    TP): each TP rank routes its own T / tp tokens through whole experts."""
+    return bool(model.num_experts) and lay.etp == 1 and lay.tp > 1
+
+
+def routed_tokens(model, lay, T: float) -> float:
+    """The tokens a rank routes in a microbatch: all T (the MLP's input gathered over TP), or its
+    own T / tp with whole experts."""
+    return T / lay.tp if whole(model, lay) else T
+
+
+def _ep_stride(lay) -> int:
+    """The global ranks from one member of an EP group to the next: tp with the experts split
+    over TP (the group's ranks share a TP coordinate), 1 with whole experts."""
+    return 1 if lay.etp == 1 else lay.tp
+
+
+def sp_collectives(model, lay) -> tuple:
+    """(forward, backward): the all-gathers and reduce-scatters of [T, H] a layer runs over TP
+    under SP - the attention's and the MLP's, 4 (backward 6: the norm output gathered again);
+    with whole experts and no shared expert the attention's alone, 2 (3)."""
+    if whole(model, lay) and not model.moe_shared_expert_intermediate_size:
+        return 2, 3
+    return 4, 6
+
+
+def ep_label(model, lay) -> str:
+    """" ep 8", " ep 8 etp 1" with whole experts, or "" (planner.why_nothing_fits' words)."""
+    return (f" ep {lay.ep}" if lay.ep > 1 else "") + (" etp 1" if whole(model, lay) else "")
+
+
 def rows_per_token(model) -> int:
     """The MLP rows each token becomes: k with experts, else 1."""
     return model.moe_router_topk if model.num_experts else 1
 
 
-def mlp_gemms(model, T: float, t: int, ep: int = 1):
+def mlp_gemms(model, T: float, t: int, ep: int = 1, whole: bool = False):
     """The MLP's forward GEMMs of one TP rank, as (count, m, n, k): fc1 [m, k] x [k, n] and
     fc2; with experts E / ep of each on the average expert's T·k·ep / E rows (uniform routing:
-    its rows of the EP group's ep x T tokens), and the shared expert's on all T."""
+    its rows of the EP group's ep x T tokens) - `whole`, (T / t)·k·ep / E rows of experts F wide,
+    not F / t - and the shared expert's on all T."""
     h, f, s = model.hidden_size, model.mlp_hidden_size, model.moe_shared_expert_intermediate_size
     gated = 2 if model.activation == "swiglu" else 1
     count = model.num_experts // ep if model.num_experts else 1
-    rows = T * rows_per_token(model) / count
-    out = [(count, rows, gated * f / t, h), (count, rows, h, f / t)]
+    rows = (T / t if whole else T) * rows_per_token(model) / count
+    split = 1 if whole else t
+    out = [(count, rows, gated * f / split, h), (count, rows, h, f / split)]
     if model.num_experts and s:
         out += [(1, T, gated * s / t, h), (1, T, h, s / t)]
     return out
 
 
-def replicated_gemms(model, T: float):
+def replicated_gemms(model, T: float, routed: float | None = None):
     """(FLOPs, bytes) of the forward of each GEMM every TP rank computes whole, f32 out: the
-    router [T, H] x [H, E] and the shared expert's gate [T, H] x [H, 1]. They are narrow (E of
-    8 to 128; 1), so they run at HBM speed, not at a GEMM curve's."""
+    router [T, H] x [H, E] (on the `routed` tokens where given: a rank's own with whole experts)
+    and the shared expert's gate [T, H] x [H, 1]. They are narrow (E of 8 to 128; 1), so they run
+    at HBM speed, not at a GEMM curve's."""
     h = model.hidden_size
-    widths = [model.num_experts] + ([1] if model.moe_shared_expert_gate else [])
-    return [(2 * T * h * n, T * (2 * h + 4 * n) + 2 * n * h) for n in widths]
+    rows = [(model.num_experts, T if routed is None else routed)] + \
+        ([(1, T)] if model.moe_shared_expert_gate else [])
+    return [(2 * m * h * n, m * (2 * h + 4 * n) + 2 * n * h) for n, m in rows]
 
 
 def narrow_gemm_s(gpu, flops: float, nbytes: float) -> float:
@@ -147,38 +197,45 @@ def routing_s(model, cluster, lay, T: float):
     TP rank and microbatch: the router and the gate (narrow: at HBM speed), the dispatch's bytes,
     the shared expert's element-wise work, the host's routing plan, the backward's TP
     all-reduces, selective recomputation's second gather - all but expert parallelism's
-    exchange (exchange_s)."""
+    exchange (exchange_s). With whole experts the router, the dispatch, the plan and the gather
+    see the rank's own tokens, and a shared expert's output (its gradient) is zeroed [T, H] and,
+    reduce-scattered, added to the experts' [T / tp, H]."""
     from braid import planner as p  # its cost primitives (planner imports this module)
-    gpu, t = cluster.gpu, lay.tp
+    gpu, t, R = cluster.gpu, lay.tp, routed_tokens(model, lay, T)
     forward = 0.0
-    for flops, nbytes in replicated_gemms(model, T):
+    for flops, nbytes in replicated_gemms(model, T, R):
         forward += narrow_gemm_s(gpu, flops, nbytes)
-    forward += p._bytes_time(gpu, dispatch_bytes(model) * T, DISPATCH_KERNELS)
+    forward += p._bytes_time(gpu, dispatch_bytes(model) * R, DISPATCH_KERNELS)
     backward = 2 * forward + p._bytes_time(gpu, *shared_expert_bytes(model, T, True))
     forward += p._bytes_time(gpu, *shared_expert_bytes(model, T))
-    forward += routing_host_s(model, T)
+    if whole(model, lay) and model.moe_shared_expert_intermediate_size:
+        h = model.hidden_size
+        forward += p._bytes_time(gpu, 2 * h * T + 6 * h * R, 2)
+        backward += p._bytes_time(gpu, 2 * h * T + 6 * h * R, 2)
+    forward += routing_host_s(model, R)
     if t > 1:
         backward += sum(p._ring(n, t, *p._link(cluster, t), "all_reduce")
-                        for n in backward_all_reduces(model, T))
+                        for n in backward_all_reduces(model, T, whole(model, lay)))
     if lay.recompute == "selective":
-        backward += p._bytes_time(gpu, regather_bytes(model) * T, 1)
+        backward += p._bytes_time(gpu, regather_bytes(model) * R, 1)
     return forward, backward
 
 
 def exchange_s(model, cluster, lay, T: float):
     """(forward, backward) seconds of an expert layer's expert-parallel exchange, one TP rank and
     microbatch ((0, 0) without EP): forward the counts' all-gather (E i64 a rank) and the host's
-    plan, then 2 all-to-alls of the N = T·k rows [N, H] bf16, each with its permutation (a gather
-    of the M = N rows, 4H + 4 bytes a row); backward 2 of them, 3 under selective
-    recomputation. None overlaps compute."""
+    plan, then 2 all-to-alls of the N = T·k rows [N, H] bf16 (whole experts: the rank's own
+    (T / tp)·k), each with its permutation (a gather of the M = N rows, 4H + 4 bytes a row);
+    backward 2 of them, 3 under selective recomputation. None overlaps compute."""
     ep, h = lay.ep, model.hidden_size
     if ep == 1 or not model.num_experts:
         return 0.0, 0.0
     from braid import planner as p
-    rows = T * model.moe_router_topk
+    rows = routed_tokens(model, lay, T) * model.moe_router_topk
     move = all_to_all_s(cluster, lay, 2 * h * rows) + \
         p._bytes_time(cluster.gpu, (4 * h + 4) * rows, 1)
-    counts = p._ring(8 * model.num_experts * ep, ep, *p._link(cluster, lay.tp * ep), "all_gather")
+    span = _ep_stride(lay) * ep  # the global ranks the group spans
+    counts = p._ring(8 * model.num_experts * ep, ep, *p._link(cluster, span), "all_gather")
     plan = counts + EP_PLAN_HOST_S + ROUTING_HOST_S_PER_CHOICE * rows
     return plan + 2 * move, (3 if lay.recompute == "selective" else 2) * move
 
@@ -186,12 +243,12 @@ def exchange_s(model, cluster, lay, T: float):
 def all_to_all_s(cluster, lay, nbytes: float) -> float:
     """One all-to-all over an EP group, `nbytes` a rank of which each sends (ep - 1) / ep to its
     peers and receives as much, by the alpha-beta costs of the planner's collectives: in a node
-    (the group's tp·ep consecutive ranks fit) over NVLink, a latency step a peer - the bytes
-    and steps of a ring all-gather of the same buffer. Across nodes the bytes for peers on other
-    nodes go over the network while those for the peers on the node go over NVLink, the slower
-    of the two, at the network's latency a peer."""
+    (the group's tp·ep consecutive ranks fit; ep with whole experts) over NVLink, a latency step
+    a peer - the bytes and steps of a ring all-gather of the same buffer. Across nodes the bytes
+    for peers on other nodes go over the network while those for the peers on the node go over
+    NVLink, the slower of the two, at the network's latency a peer."""
     from braid import planner as p
-    ep, t, node = lay.ep, lay.tp, cluster.gpus_per_node
+    ep, t, node = lay.ep, _ep_stride(lay), cluster.gpus_per_node
     if t * ep <= node:
         return p._ring(nbytes, ep, *p._link(cluster, t * ep), "all_gather")
     here = max(1, node // t)  # the group's ranks on one node, this one included
@@ -212,16 +269,20 @@ def step_exchange_s(costs, ranges, microbatches: int, rerun) -> float:
 
 def chunk_experts(model, lay, ranges) -> list:
     """[rank][chunk]: the routed experts' parameters each model chunk of `ranges` (planner
-    .stage_ranges) holds, one TP rank's share of E / ep experts of each of its expert layers."""
-    return [[model.experts_params(b, e, lay.tp, lay.ep) for b, e in chunks] for chunks in ranges]
+    .stage_ranges) holds, one TP rank's share of E / ep experts of each of its expert layers (or
+    them whole)."""
+    return [[model.experts_params(b, e, lay.tp, lay.ep, whole(model, lay)) for b, e in chunks]
+            for chunks in ranges]
 
 
 def data_groups(lay, params: float, experts: float) -> list:
     """[(parameters, group size)]: what the gradient reduction (and ZeRO) of a rank's `params`,
     `experts` of them its experts', runs over - all over dp x cp; with expert parallelism the
     dense ones over dp x cp and the experts' over the expert-data-parallel group, dp x cp /
-    ep."""
+    ep; with whole experts (any ep) theirs over tp x dp x cp / ep, where a rank holds any."""
     d = lay.dp * lay.cp
+    if lay.etp == 1 and lay.tp > 1:  # whole experts (a dense model holds none: one group)
+        return [(params - experts, d)] + ([(experts, lay.tp * d // lay.ep)] if experts else [])
     if lay.ep == 1:
         return [(params, d)]
     return [(params - experts, d), (experts, d // lay.ep)]
@@ -233,7 +294,7 @@ def data_sync_s(cluster, lay, bytes_each: float, params: float, experts: float,
     parameters at `bytes_each` bytes, `experts` of them experts', which go over their own
     expert-DP group: the gradients' reduction (all_reduce; ZeRO: reduce_scatter) or ZeRO's
     parameter all-gather. Both groups span about the same ranks (the expert-DP one strides by
-    tp·ep): the same links."""
+    tp·ep, by ep over the whole stage with whole experts): the same links."""
     from braid import planner as p
     bw, alpha = p._link(cluster, lay.tp * lay.cp * lay.dp)
     return sum(p._ring(bytes_each * n, g, bw, alpha, kind)
@@ -255,17 +316,59 @@ def ep_choices(model, data_ranks: int, fixed: dict | None = None) -> list:
     return [x for x in range(1, e + 1) if e % x == 0 and data_ranks % x == 0] if e else [1]
 
 
-def widths(model) -> list:
+def expert_choices(model, t: int, data_ranks: int, sp: bool, fixed: dict | None = None) -> list:
+    """[(etp, ep)]: the expert layouts the search tries at tp t: the experts split over TP (etp
+    0, or fixed["etp"] where it is not 1) with each of ep_choices, and for a model with experts
+    at t > 1 with SP whole ones (etp 1) with each ep that divides E and the t x dp x cp ranks;
+    fixed["etp"] 1 keeps those alone (under SP; where SP is fixed off the layout check refuses
+    them)."""
+    fixed = fixed or {}
+    etp = fixed.get("etp")
+    split = [(etp or 0, e) for e in ep_choices(model, data_ranks, fixed)]
+    if not model.num_experts or t == 1 or etp not in (None, 1):
+        return split
+    folded = [(1, e) for e in ep_choices(model, t * data_ranks, fixed)]
+    if etp == 1:
+        return folded if sp or "sequence_parallel" in fixed else []
+    return split + (folded if sp else [])
+
+
+def fewest_experts(model, t: int, data_ranks: int, fixed: dict) -> list:
+    """[(etp, ep)]: of each kind expert_choices tries (split, whole), the largest ep - the fewest
+    experts a rank holds (planner.why_nothing_fits)."""
+    most = {}
+    for w, e in expert_choices(model, t, data_ranks, fixed.get("sequence_parallel", t > 1), fixed):
+        most[w] = max(most.get(w, 0), e)
+    return sorted(most.items())
+
+
+def baseline_dp(model, lay, dp0: int) -> int:
+    """The scaling baseline's data-parallel size: dp0 rounded up to whole EP groups (the same
+    ep), of dp x cp ranks, or of tp x dp x cp with whole experts."""
+    g = lay.cp * (lay.tp if whole(model, lay) else 1)
+    return math.lcm(dp0 * g, lay.ep) // g
+
+
+def widths(model, lay) -> list:
     """[(name, width)]: the hidden sizes of an expert layer's MLPs that TP splits, the experts'
-    and the shared expert's (for planner.check_layout's message)."""
+    (not whole ones) and the shared expert's (for planner.check_layout's message)."""
     s = model.moe_shared_expert_intermediate_size
-    return ([("expert ffn", model.mlp_hidden_size)] if model.num_experts else []) + \
+    split = model.num_experts and not whole(model, lay)
+    return ([("expert ffn", model.mlp_hidden_size)] if split else []) + \
         ([("shared expert", s)] if s else [])
 
 
 def layout_error(model, lay) -> str | None:
-    """What is wrong with the layout's expert parallelism (braid.moe_args.check's words)."""
-    ep, e, data = lay.ep, model.num_experts, lay.dp * lay.cp
+    """What is wrong with the layout's expert parallelism and expert TP (braid.moe_args.check's
+    words)."""
+    ep, e, data, t = lay.ep, model.num_experts, lay.dp * lay.cp, lay.tp
+    if lay.etp not in (0, 1, t):
+        return (f"--expert-tensor-parallel-size {lay.etp}: braid splits experts over the TP "
+                f"group (--tensor-model-parallel-size {t}) or keeps them whole (1)")
+    if whole(model, lay) and not lay.sequence_parallel:
+        return (f"--expert-tensor-parallel-size 1 with --tensor-model-parallel-size {t} needs "
+                "--sequence-parallel: each TP rank routes its own share of the tokens through "
+                "whole experts")
     if ep == 1:
         return None
     if ep < 1 or not e:
@@ -273,19 +376,25 @@ def layout_error(model, lay) -> str | None:
     if e % ep:
         return (f"--expert-model-parallel-size {ep} does not divide --num-experts {e}: each "
                 "expert-parallel rank holds an equal share of the experts")
-    if data % ep:
+    if whole(model, lay) and t * data % ep:
+        return (f"--expert-model-parallel-size {ep} does not divide the {t * data} tensor x data "
+                "x context-parallel ranks: with --expert-tensor-parallel-size 1 expert "
+                f"parallelism splits them into groups of {ep}")
+    if data % ep and not whole(model, lay):
         return (f"--expert-model-parallel-size {ep} does not divide the {data} data-parallel x "
                 f"context-parallel ranks: expert parallelism splits them into groups of {ep}")
     return None
 
 
-def backward_all_reduces(model, T: float) -> list:
+def backward_all_reduces(model, T: float, whole: bool = False) -> list:
     """The bytes of each all-reduce over TP in every backward: the probabilities' gradient
-    [T, k] f32, and the shared expert's gate's [T, 1] f32."""
-    return [4 * T * model.moe_router_topk] + ([4 * T] if model.moe_shared_expert_gate else [])
+    [T, k] f32 (none with `whole` experts: a rank's outputs are whole, so are their dots), and
+    the shared expert's gate's [T, 1] f32."""
+    return ([] if whole else [4 * T * model.moe_router_topk]) + \
+        ([4 * T] if model.moe_shared_expert_gate else [])
 
 
-def kept_bytes(model, t: int, recompute: str, ep: int = 1) -> float:
+def kept_bytes(model, t: int, recompute: str, ep: int = 1, whole: bool = False) -> float:
     """Bytes per token the MLP keeps for its backward (LayerActivations), TP rank t's share.
     Dense: fc1_out [T, F|2F] and act_out [T, F] (none), fc1_out (selective). Experts, on the N =
     T·k rows: none expert_in [N, H], fc1_out [N, F|2F], act_out [N, F], expert_out [N, H], the
@@ -296,7 +405,9 @@ def kept_bytes(model, t: int, recompute: str, ep: int = 1) -> float:
     shared_act_out [T, S] (none), shared_fc1_out (selective); with its gate also shared_out
     [T, H] (the rank's partial output, whole tokens) and the f32 logit [T, 1]. Expert
     parallelism also keeps the dispatch's two i32 orders of the M rows (on average N: 8k bytes).
-    Full keeps only the layer's input (planner.layer_activation_bytes)."""
+    With `whole` experts a rank keeps all of the above but the shared expert's for its own T / t
+    tokens, its rows F wide: fc1_out and act_out as split ones per token, the rest / t. Full
+    keeps only the layer's input (planner.layer_activation_bytes)."""
     if recompute == "full":
         return 0.0
 
@@ -310,6 +421,9 @@ def kept_bytes(model, t: int, recompute: str, ep: int = 1) -> float:
     k, s = model.moe_router_topk, model.moe_shared_expert_intermediate_size
     rows = mlp(model.mlp_hidden_size) + 2 * h + (2 * h if recompute == "none" else 0.0)
     shared = (mlp(s) if s else 0.0) + (2 * h + 4 if model.moe_shared_expert_gate else 0.0)
+    if whole:  # (T / t)·k rows of mlp(F)·t bytes: k·mlp(F) a token; the rows' H-wide ones / t
+        own = k * (rows - mlp(model.mlp_hidden_size)) + 4 * model.num_experts
+        return k * mlp(model.mlp_hidden_size) + (own + (28 if ep > 1 else 20) * k) / t + shared
     return k * rows + 4 * model.num_experts + (28 if ep > 1 else 20) * k + shared
 
 
@@ -329,7 +443,14 @@ def why(model, lay) -> str:
     if not model.num_experts:
         return ""
     share = model.expert_layers * model.routed_params() / model.num_params()
-    more = max(ep_choices(model, lay.dp * lay.cp))
+    data = lay.dp * lay.cp
+    more = max(ep_choices(model, data * (lay.tp if whole(model, lay) else 1)))
     split = (f", and expert parallelism could split them over up to {more} ranks "
              "(--expert-model-parallel-size)" if more > lay.ep else "")
+    folded = max(ep_choices(model, lay.tp * data))  # whole: 1 / folded of them a rank
+    if not whole(model, lay) and folded > lay.tp * max(more, lay.ep):
+        split += (", or with whole experts (--expert-tensor-parallel-size 1) over up to "
+                  f"{folded} ranks" if split else ", and with whole experts (--expert-tensor-"
+                  f"parallel-size 1) expert parallelism could split them over up to {folded} "
+                  "ranks")
     return f"; the {model.num_experts} experts of each layer are {share:.0%} of them{split}"

@@ -147,8 +147,9 @@ def test_ep_is_searched_for_a_model_with_experts_only():
     small = dataclasses.replace(H100, num_gpus=16)
     rows, _ = planner.search(dense, small, 64, {"micro_batch_size": 1, "recompute": "none"})
     assert rows and {r["ep"] for r in rows} == {1}
-    # tp 4, pp 4: 4 DP ranks (cp 1 and 2 fit too): the divisors of 8 that divide dp x cp.
-    some = {"tp": 4, "pp": 4, "micro_batch_size": 1, "virtual_stages": 8, "zero": True}
+    # tp 4, pp 4: 4 DP ranks (cp 1 and 2 fit too): the divisors of 8 that divide dp x cp - the
+    # experts split over TP (etp 4; whole ones, etp 1, are test_whole_experts.py's).
+    some = {"tp": 4, "pp": 4, "micro_batch_size": 1, "virtual_stages": 8, "zero": True, "etp": 4}
     rows, _ = planner.search(MIXTRAL, H100, 256, some)
     assert {r["ep"] for r in rows} == {1, 2, 4}
     assert all(E % r["ep"] == 0 and r["dp"] * r["cp"] % r["ep"] == 0 for r in rows)
