@@ -32,7 +32,8 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   ep dividing tp x dp x cp) without the MLP's TP collectives. The dense layers among them
   (moe_layers) are costed, held and kept as a dense model's, each stage its own.
 * multi-latent attention (braid.planner_mla): its projections, replicated down projections and
-  latents, padded values and backward TP all-reduces in place of q/k/v's.
+  latents, padded values and TP collectives (under SP the latents' in place of the hidden
+  state's) in place of q/k/v's.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
         if model.qk_layernorm and not model.multi_latent_attention:  # q, k before their norms
             stats = 8 if model.gpt_style else 4                       # and the norms' statistics
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
-    per_token += _mla.kept_bytes(model, rec)  # the latents (planner_mla)
+    per_token += _mla.kept_bytes(model, rec, t, lay.sequence_parallel)  # latents (planner_mla)
     return per_token * tokens
 
 
@@ -188,7 +189,9 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     T = lay.micro_batch_size * s / lay.cp  # this rank's tokens
     h_rep = h / t if lay.sequence_parallel else h
     mla = model.multi_latent_attention  # its projections in place of q/k/v's (planner_mla)
-    attention = _mla.gemms(model, T, t) if mla else [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t)]
+    sp = lay.sequence_parallel and t > 1
+    attention = _mla.gemms(model, T, t, sp) if mla else \
+        [(1, T, (q + 2 * kv) / t, h), (1, T, h, q / t)]
     gemms = [*attention, *_moe.mlp_gemms(model, T, t, lay.ep, _moe.whole(model, lay))]
     gemm_f = sum(c * _gemm_time(gpu, m, n, k) for c, m, n, k in gemms)
     # QKᵀ and PV over the keys causal flash attention executes (half the sequence; a window's)
@@ -196,7 +199,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     attn_f = attn_exec / (gpu.peak_tflops * 1e12 * gpu.attn_eff) + KERNEL_LATENCY_S
     act_bytes = _moe.activation_bytes(model, t)
     norm_bytes = 8 * h_rep
-    rope_bytes = _mla.elementwise_bytes(model, t) if mla else 4 * (q + kv) / t
+    rope_bytes = _mla.elementwise_bytes(model, t, sp) if mla else 4 * (q + kv) / t
     elem_bytes = norm_bytes + 12 * h_rep + rope_bytes + act_bytes
     elem_f = _bytes_time(gpu, elem_bytes * T, 8)
     # TP: two all-reduces (or with SP two all-gathers + two reduce-scatters, the same bytes)
@@ -223,7 +226,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     # planner_moe: router, dispatch, host routing; expert parallelism's exchange
     moe_f, moe_b = _moe.routing_s(model, cluster, lay, T) if model.num_experts else (0.0, 0.0)
     ex_f, ex_b = _moe.exchange_s(model, cluster, lay, T)
-    mla_f, mla_b = _mla.extra_s(model, cluster, lay, T)  # narrow GEMM, kernels, TP all-reduces
+    mla_f, mla_b = _mla.extra_s(model, cluster, lay, T)  # narrow GEMM, kernels, TP collectives
     forward = gemm_f + attn_f + elem_f + tp_f + cp_f + moe_f + ex_f + mla_f
     backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b + ex_b + mla_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation

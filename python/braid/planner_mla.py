@@ -1,30 +1,35 @@
 """What multi-latent attention (DeepSeek-V2/V3's; TransformerConfig.multi_latent_attention) does
 in place of ordinary attention's projections, for the planner (braid.planner times it,
 docs/planner.md "Multi-latent attention"): its parameters, its GEMMs' shapes, its element-wise
-bytes, its extra TP collectives and what it keeps for the backward - as braid runs it
+bytes, its TP collectives and what it keeps for the backward - as braid runs it
 (csrc/model/latent_attention.cpp). Per layer, microbatch and TP rank; T is the rank's tokens
-(micro batch x sequence / cp), every one of them under SP too: braid gathers the hidden state
-first, as for every other attention.
+(micro batch x sequence / cp).
 
 With n heads, Lq and Lkv the latent ranks, Dn + Dr = D the query/key head and Dv the value
 head, braid's layer: q_a_proj [Lq, H] and the query latent's norm, q_b_proj [n·D, Lq] (or
 q_proj [n·D, H] without a query latent, Lq = 0); kv_a_proj_with_mqa [Lkv + Dr, H] - run as two
 GEMMs, the latent's Lkv rows and the shared RoPE key's Dr - and the latent's norm; kv_b_proj
 [n·(Dn + Dv), Lkv]; o_proj [H, n·Dv]. Under TP the down projections and the latent norms are
-replicated: every rank runs them on every token, so they do not shrink with TP; the up
-projections and o_proj are split by heads. The keys are assembled per head (Dn channels from
-kv_b_proj, the Dr RoPE channels copied into every head), the values padded with zeros to D, so
-that one attention kernel takes heads of width D: its time is that of D-wide values (the
-planner's attention term with head_dim = D), while the model FLOPs (braid.flops) count Dv.
-Backward: the latents' and the shared RoPE key's gradients are each rank's heads' share, and
-are all-reduced over TP - three all-reduces of T·Lq, T·Lkv and T·Dr bf16 values (two without a
-query latent), not overlapped.
+replicated and the up projections and o_proj split by heads:
+- without SP every rank runs the replicated layers on every token (they do not shrink with TP),
+  and the backward all-reduces the latents' and the shared RoPE key's gradients, each rank's
+  heads' share - three all-reduces of T·Lq, T·Lkv and T·Dr bf16 values (two without a query
+  latent), not overlapped;
+- with SP (megatron-core's MLA under SP) each rank runs them on its own T / t tokens and
+  all-gathers [q latent | kv latent | k_pe], W = Lq + Lkv + Dr bf16 values a token, in place of
+  the hidden state's all-gather (without a query latent q_proj still takes the gathered hidden
+  state, and the latents' gather comes on top); the backward reduce-scatters their gradients in
+  one call in place of the all-gather of the normed input and the reduce-scatter of its
+  gradient (both stay without a query latent). Packing and unpacking the W channels costs a copy
+  each way.
+The keys are assembled per head (Dn channels from kv_b_proj, the Dr RoPE channels copied into
+every head), the values padded with zeros to D, so that one attention kernel takes heads of
+width D: its time is that of D-wide values (the planner's attention term with head_dim = D),
+while the model FLOPs (braid.flops) count Dv.
 
 The latent norms exist with qk_layernorm (braid's and Megatron's meaning of it with MLA; every
-DeepSeek model has them). Megatron's sequence-parallel variant, which runs the down projections
-on each rank's token shard and gathers the latents instead of the hidden state, is not braid's
-and is not modelled. YaRN (--rope-type yarn) changes RoPE's frequencies and two scale factors,
-not the work: it costs what plain RoPE does.
+DeepSeek model has them). YaRN (--rope-type yarn) changes RoPE's frequencies and two scale
+factors, not the work: it costs what plain RoPE does.
 """
 
 from __future__ import annotations
@@ -56,38 +61,48 @@ def params(model) -> tuple:
     return split, whole
 
 
-def gemms(model, T: float, t: int) -> list:
+def gemms(model, T: float, t: int, sp: bool = False) -> list:
     """The attention's forward GEMMs on the efficiency curve, one TP rank, as (count, m, n, k):
     q_a_proj (whole) and q_b_proj (its heads), or q_proj; kv_a_proj_with_mqa's latent rows
-    (whole); kv_b_proj and o_proj (its heads). The shared RoPE key's Dr rows are narrow:
-    rope_key_gemm."""
+    (whole); kv_b_proj and o_proj (its heads). The down projections run on every token, or with
+    SP on the rank's T / t. The shared RoPE key's Dr rows are narrow: rope_key_gemm."""
     h, n, lq, lkv = model.hidden_size, model.num_attention_heads, model.q_lora_rank, \
         model.kv_lora_rank
-    q = [(1, T, lq, h), (1, T, n * model.head_dim / t, lq)] if lq else \
+    down = T / t if sp else T
+    q = [(1, down, lq, h), (1, T, n * model.head_dim / t, lq)] if lq else \
         [(1, T, n * model.head_dim / t, h)]
-    return q + [(1, T, lkv, h), (1, T, n * (model.qk_head_dim + model.v_head_dim) / t, lkv),
+    return q + [(1, down, lkv, h), (1, T, n * (model.qk_head_dim + model.v_head_dim) / t, lkv),
                 (1, T, h, n * model.v_head_dim / t)]
 
 
 def rope_key_gemm(model, T: float) -> tuple:
     """(FLOPs, bytes) of the forward GEMM of kv_a_proj_with_mqa's last Dr rows, the shared RoPE
-    key [T, H] x [H, Dr] (whole on every TP rank): narrow (Dr of 64), so at HBM speed like the
-    MoE router's (planner_moe.narrow_gemm_s)."""
+    key [T, H] x [H, Dr] on the T tokens a rank runs the down projections on: narrow (Dr of 64),
+    so at HBM speed like the MoE router's (planner_moe.narrow_gemm_s)."""
     h, dr = model.hidden_size, model.qk_pos_emb_head_dim
     return 2 * T * h * dr, T * (2 * h + 2 * dr) + 2 * dr * h
 
 
-def elementwise_bytes(model, t: int) -> float:
+def latent_width(model) -> int:
+    """W: the channels a token's latents all-gather carries under SP, q latent, kv latent and
+    the RoPE key part."""
+    return model.q_lora_rank + model.kv_lora_rank + model.qk_pos_emb_head_dim
+
+
+def elementwise_bytes(model, t: int, sp: bool = False) -> float:
     """Bytes per token of the attention's element-wise work in place of ordinary attention's
     RoPE on q and k (4(q + kv)/t), forward: RoPE on the queries' Dr channels (4·n·Dr/t) and on
-    the shared key part (4·Dr); the latent norms' inputs and outputs (4·L each, every token);
-    the keys' assembly - Dn channels copied from kv_b_proj's output, the RoPE part broadcast
-    into every head ((4·Dn + 2·Dr)·n/t + 2·Dr) -, the values' - zeros of D, Dv channels copied
-    (2·D + 4·Dv)·n/t -, and o_proj's input, the Dv channels of each head (4·Dv·n/t)."""
+    the shared key part (4·Dr); the latent norms' inputs and outputs (4·L each, on the tokens
+    the rank runs them on); the keys' assembly - Dn channels copied from kv_b_proj's output, the
+    RoPE part broadcast into every head ((4·Dn + 2·Dr)·n/t + 2·Dr) -, the values' - zeros of D,
+    Dv channels copied (2·D + 4·Dv)·n/t -, and o_proj's input, the Dv channels of each head
+    (4·Dv·n/t); with SP the latents' packing (4·W/t) and unpacking (4·W)."""
     n, dn, dr, dv = model.num_attention_heads, model.qk_head_dim, model.qk_pos_emb_head_dim, \
         model.v_head_dim
     per_head = 4 * dr + (4 * dn + 2 * dr) + (2 * model.head_dim + 4 * dv) + 4 * dv
-    return n * per_head / t + 4 * dr + 2 * dr + 4 * sum(latent_norms(model))
+    norms = 4 * sum(latent_norms(model)) / (t if sp else 1)
+    packing = 4 * latent_width(model) * (1 + 1 / t) if sp else 0
+    return n * per_head / t + 4 * dr + 2 * dr + norms + packing
 
 
 def backward_all_reduces(model, T: float) -> list:
@@ -102,28 +117,44 @@ def extra_s(model, cluster, lay, T: float) -> tuple:
     """(forward, backward) seconds MLA adds to its GEMMs on the curve, its attention and its
     element-wise bytes (elementwise_bytes, in the layer's), one TP rank and microbatch: the
     narrow RoPE-key GEMM (backward twice its forward), the assembly's and the latent norms'
-    kernel launches, and the backward's TP all-reduces. (0, 0) without MLA."""
+    kernel launches, and its TP collectives - without SP the backward's all-reduces; with SP the
+    latents' all-gather and reduce-scatter, less the hidden-state collectives they replace
+    (planner.layer_cost counts those of every attention). (0, 0) without MLA."""
     if not model.multi_latent_attention:
         return 0.0, 0.0
     from braid import planner as p  # its cost primitives (planner imports this module)
     from braid import planner_moe
-    kernels = (ASSEMBLY_KERNELS + len(latent_norms(model))) * p.KERNEL_LATENCY_S
-    forward = planner_moe.narrow_gemm_s(cluster.gpu, *rope_key_gemm(model, T)) + kernels
+    t, sp = lay.tp, lay.sequence_parallel and lay.tp > 1
+    kernels = (ASSEMBLY_KERNELS + len(latent_norms(model)) + (6 if sp else 0)) * p.KERNEL_LATENCY_S
+    forward = planner_moe.narrow_gemm_s(cluster.gpu, *rope_key_gemm(model, T / t if sp else T))
+    forward += kernels
     backward = 2 * forward
-    if lay.tp > 1:
-        backward += sum(p._ring(b, lay.tp, *p._link(cluster, lay.tp), "all_reduce")
+    if t == 1:
+        return forward, backward
+    bw, alpha = p._link(cluster, t)
+    if not sp:
+        backward += sum(p._ring(b, t, bw, alpha, "all_reduce")
                         for b in backward_all_reduces(model, T))
+        return forward, backward
+    latents = 2 * T * latent_width(model)
+    hidden = p._ring(2 * T * model.hidden_size, t, bw, alpha, "all_gather")  # = reduce-scatter's
+    replaced = 1 if model.q_lora_rank else 0  # without a query latent q_proj gathers h itself
+    forward += p._ring(latents, t, bw, alpha, "all_gather") - replaced * hidden
+    backward += p._ring(latents, t, bw, alpha, "reduce_scatter") - 2 * replaced * hidden
     return forward, backward
 
 
-def kept_bytes(model, recompute: str) -> float:
+def kept_bytes(model, recompute: str, t: int = 1, sp: bool = False) -> float:
     """Bytes per token MLA keeps for its backward besides q, k, v, attn_out and lse (which are
     ordinary attention's, n heads of D: the values padded): under none and selective the down
     projections' outputs [T, Lq] and [T, Lkv] and, with the latent norms, their outputs and f32
-    statistics (RMSNorm: rstd) - on every token under TP and SP. Full keeps only the layer's
+    statistics (RMSNorm: rstd) - on every token under TP; with SP the outputs and statistics on
+    the rank's T / t tokens and the gathered latents on every token. Full keeps only the layer's
     input (planner.layer_activation_bytes)."""
     if not model.multi_latent_attention or recompute == "full":
         return 0.0
-    latents = [model.q_lora_rank] if model.q_lora_rank else []
-    latents.append(model.kv_lora_rank)
-    return 2 * sum(latents) + sum(2 * r + 4 for r in latent_norms(model))
+    latents = sum([model.q_lora_rank] if model.q_lora_rank else []) + model.kv_lora_rank
+    norms = latent_norms(model)
+    if sp and t > 1:
+        return 2 * latents / t + 2 * latents + 4 * len(norms) / t
+    return 2 * latents + sum(2 * r + 4 for r in norms)

@@ -91,20 +91,25 @@ def test_per_op_gemms_are_braid_flops_mla_count():
     assert layer.model_flops == flops.forward_flops_per_token(one_layer, 4096) * 4096
 
 
-def test_latents_are_kept_on_every_token_under_tp_and_sp():
+def test_gathered_latents_are_kept_on_every_token_under_sp():
     tokens = 4096
     # per token: the two latents before and after their norms (bf16) and the norms' f32 rstd
     kept = 2 * (1536 + 512) * 2 + 2 * 4
     assert planner_mla.kept_bytes(V3, "none") == planner_mla.kept_bytes(V3, "selective") == kept
     assert planner_mla.kept_bytes(V3, "full") == 0
     assert planner_mla.kept_bytes(LITE, "none") == 2 * 512 * 2 + 4
+    # TP without SP: every rank keeps them all; with SP the norms' inputs and statistics are the
+    # rank's tokens', the gathered latents every token's.
+    assert planner_mla.kept_bytes(V3, "none", 8) == kept
+    assert planner_mla.kept_bytes(V3, "none", 8, True) == 2 * 2048 / 8 + 2 * 2048 + 2 * 4 / 8
     for rec in ("none", "selective", "full"):
         act = {t: planner.layer_activation_bytes(
             V3, planner.Layout(t, 1, 64 // t, 1, recompute=rec, sequence_parallel=t > 1),
             layer=0) for t in (1, 8)}
-        # A dense layer under TP 8 + SP: everything a rank keeps is 1/8 of it but the latents.
-        latents = planner_mla.kept_bytes(V3, rec) * tokens
-        assert 8 * act[8] - act[1] == pytest.approx(7 * latents, rel=1e-12)
+        # A dense layer under TP 8 + SP: everything a rank keeps is 1/8 of it but the gathered
+        # latents.
+        gathered = 0 if rec == "full" else 2 * (1536 + 512) * tokens
+        assert 8 * act[8] - act[1] == pytest.approx(7 * gathered, rel=1e-12)
     # q, k, v and attn_out are n heads of D = 192 (the values padded), lse f32 per head.
     none = planner.layer_activation_bytes(V3, planner.Layout(1, 1, 64, 1), layer=0)
     attention = 4 * 2 * 128 * 192 + 4 * 128
@@ -126,6 +131,29 @@ def test_tp_adds_three_backward_all_reduces_of_the_latents_and_the_rope_key():
         assert eight[1] - one[1] == pytest.approx(rings, rel=1e-12)
     assert planner_mla.extra_s(planner.PRESETS["llama3-8b"], H100, planner.Layout(8, 1, 8, 1),
                                T) == (0.0, 0.0)
+
+
+def test_sp_gathers_the_latents_in_place_of_the_hidden_state():
+    T = 4096
+    bw, alpha = planner._link(H100, 8)
+    hidden = planner._ring(2 * T * 7168, 8, bw, alpha, "all_gather")
+    for shape, width, replaced in ((V3, 1536 + 512 + 64, 1), (LITE, 512 + 64, 0)):
+        plain = planner_mla.extra_s(shape, H100, planner.Layout(8, 1, 8, 1), T)
+        sp = planner_mla.extra_s(shape, H100, planner.Layout(8, 1, 8, 1, sequence_parallel=True),
+                                 T)
+        gather = planner._ring(2 * T * width, 8, bw, alpha, "all_gather")
+        scatter = planner._ring(2 * T * width, 8, bw, alpha, "reduce_scatter")
+        # No all-reduces; the narrow RoPE-key GEMM on T / 8 tokens; 6 packing copies.
+        narrow = planner_mla.extra_s(shape, H100, planner.Layout(1, 1, 64, 1), T / 8)
+        kernels = 6 * planner.KERNEL_LATENCY_S
+        assert sp[0] == pytest.approx(narrow[0] + kernels + gather - replaced * hidden, rel=1e-12)
+        assert sp[1] == pytest.approx(narrow[1] + 2 * kernels + scatter - 2 * replaced * hidden,
+                                      rel=1e-12)
+        if replaced:  # with a query latent the hidden state's collectives go
+            assert sp[0] < plain[0] and sp[1] < plain[1]
+    # The down projections run on the rank's tokens.
+    down = planner_mla.gemms(V3, T, 8, sp=True)
+    assert [down[0], down[2]] == [(1, T / 8, 1536, 7168), (1, T / 8, 512, 7168)]
 
 
 def test_plans_without_mla_are_unchanged():
