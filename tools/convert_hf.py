@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 / Mixtral /
-Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 / DeepSeek-V3 directories to braid checkpoints and back.
+Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 / DeepSeek-V2 / DeepSeek-V3 directories to braid
+checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
                                                   model.safetensors.index.json) -> a braid
@@ -17,8 +18,8 @@ indexes a tp=1 save); braid's loader reshards it to any layout (load it with --f
 
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
 docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs,
-hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3 (its
-multi-latent attention and its routing).
+hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3 and -V2 (their
+multi-latent attention and their routing).
 """
 
 import argparse
@@ -38,12 +39,13 @@ from hf_configs import (LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E
 from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  # noqa: E402
                     hf_moe_config, moe_architecture, moe_config_from_hf, moe_ffn,
                     moe_tensors_to_braid)
-from hf_deepseek import (SIGMOID_MOE_ARCHITECTURES,  # noqa: E402
-                         braid_sigmoid_moe_tensors_to_hf, drop_mtp_layers, expert_bias_specs,
+from hf_deepseek import (DEEPSEEK_MOE_ARCHITECTURES, LATENT_ARCHITECTURES,  # noqa: E402
+                         SIGMOID_MOE_ARCHITECTURES, braid_deepseek_moe_tensors_to_hf,
+                         deepseek_moe_tensors_to_braid, drop_mtp_layers, expert_bias_specs,
                          hf_latent_attention_config, hf_sigmoid_moe_config,
-                         latent_attention_architecture, latent_attention_config_from_hf,
-                         sigmoid_moe_architecture, sigmoid_moe_config_from_hf,
-                         sigmoid_moe_tensors_to_braid, sigmoid_router)
+                         hf_softmax_moe_config, latent_attention_architecture,
+                         latent_attention_config_from_hf, sigmoid_moe_architecture,
+                         sigmoid_moe_config_from_hf, sigmoid_router, softmax_moe_config_from_hf)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -156,10 +158,10 @@ def checkpoint_specs(c):
 def hf_to_braid(hf, arch, c):
     """HF tensors (name -> Tensor) -> braid's names and layout; consumes what it maps."""
     take = hf.pop
-    if arch in MOE_ARCHITECTURES + SIGMOID_MOE_ARCHITECTURES and c.get("num_experts"):
+    if arch in MOE_ARCHITECTURES + DEEPSEEK_MOE_ARCHITECTURES and c.get("num_experts"):
         moe_tensors_to_braid(hf, arch, c)
-    if arch in SIGMOID_MOE_ARCHITECTURES:
-        sigmoid_moe_tensors_to_braid(hf, c)
+    if arch in DEEPSEEK_MOE_ARCHITECTURES:
+        deepseek_moe_tensors_to_braid(hf, c)
     if arch in LLAMA_LIKE:
         out = {}
         for name, _, _ in checkpoint_specs(c):
@@ -231,8 +233,8 @@ def braid_to_hf(t, arch, c):
                         np.zeros(w.shape[0], dtype=w.array.dtype))
         if arch in MOE_ARCHITECTURES:
             braid_moe_tensors_to_hf(out, arch, c)
-        if arch in SIGMOID_MOE_ARCHITECTURES:
-            braid_sigmoid_moe_tensors_to_hf(out, c)
+        if arch in DEEPSEEK_MOE_ARCHITECTURES:
+            braid_deepseek_moe_tensors_to_hf(out, c)
         return out
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],
            "transformer.wpe.weight": t["model.embed_positions.weight"],
@@ -352,7 +354,7 @@ def import_hf(hf_dir, save):
     check(not quant, f"config.json: quantization_config "
           f"({quant.get('quant_method') if isinstance(quant, dict) else quant}) is not supported "
           "(braid's parameters are F32, BF16 or F16: dequantize the weights first)")
-    latent = latent_attention_config_from_hf(hf) if arch == "deepseek_v3" else {}
+    latent = latent_attention_config_from_hf(hf, arch) if arch in LATENT_ARCHITECTURES else {}
     tensors = read_hf_weights(hf_dir)
     drop_mtp_layers(tensors, hf, arch)
     config = braid_config_from_hf(hf, arch, weights_dtype(tensors, hf_dir))
@@ -360,6 +362,8 @@ def import_hf(hf_dir, save):
     config.update(moe_config_from_hf(hf, arch))
     if arch in SIGMOID_MOE_ARCHITECTURES:
         config.update(sigmoid_moe_config_from_hf(hf, arch))
+    if arch == "deepseek_v2":
+        config.update(softmax_moe_config_from_hf(hf))
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
                 "max_position_embeddings"):
         check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
@@ -473,7 +477,7 @@ def export_hf(load, out, iteration=None):
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
     if config.get("multi_latent_attention"):
-        arch = latent_attention_architecture(config)
+        arch = latent_attention_architecture(config, meta.get("hf_config"))
     elif not config.get("num_experts"):
         arch = braid_architecture(config)
     else:
@@ -495,9 +499,9 @@ def export_hf(load, out, iteration=None):
     if extra:
         raise ConvertError(f"{load}: unexpected tensor {sorted(extra)[0]} for this config")
     hf_tensors = braid_to_hf(tensors, arch, config)
-    # transformers keeps dots1's, GLM-4.5's and DeepSeek-V3's routers and biases in f32 in any
-    # dtype
-    kept_f32 = (BIAS_SUFFIX, "mlp.gate.weight") if arch in SIGMOID_MOE_ARCHITECTURES else (
+    # transformers keeps dots1's, GLM-4.5's, DeepSeek-V2's and -V3's routers and biases in f32 in
+    # any dtype
+    kept_f32 = (BIAS_SUFFIX, "mlp.gate.weight") if arch in DEEPSEEK_MOE_ARCHITECTURES else (
         BIAS_SUFFIX,)
     dtypes = {t.dtype for n, t in hf_tensors.items() if not n.endswith(kept_f32)}
     torch_dtype = TORCH_NAMES.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
@@ -506,8 +510,10 @@ def export_hf(load, out, iteration=None):
         hf.update(hf_moe_config(config, arch))
     if arch in SIGMOID_MOE_ARCHITECTURES and config.get("num_experts"):
         hf.update(hf_sigmoid_moe_config(config, arch))
-    if arch == "deepseek_v3":
-        hf.update(hf_latent_attention_config(config, meta.get("hf_config")))
+    if arch == "deepseek_v2" and config.get("num_experts"):
+        hf.update(hf_softmax_moe_config(config))
+    if arch in LATENT_ARCHITECTURES:
+        hf.update(hf_latent_attention_config(config, meta.get("hf_config"), arch))
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), hf_tensors, {"format": "pt"})
     stale = os.path.join(out, "model.safetensors.index.json")

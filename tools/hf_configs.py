@@ -32,21 +32,18 @@ def head_width(c):
 # GLM-4.5 Llama with q, k, v biases, RoPE on half of each head and optional q/k norms, both
 # with DeepSeek-V3's sigmoid-routed experts after first_k_dense_replace dense layers
 # (hf_deepseek.py). DeepSeek-V3 is Llama's norms and MLPs with multi-latent attention and those
-# experts (hf_deepseek.py).
+# experts, DeepSeek-V2 the same attention with experts routed by a softmax (hf_deepseek.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
                  "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
                  "Dots1ForCausalLM": "dots1", "Glm4MoeForCausalLM": "glm4_moe",
-                 "DeepseekV3ForCausalLM": "deepseek_v3"}
+                 "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron", "mixtral",
-              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe", "deepseek_v3")
-# Known architectures braid cannot hold, with why.
-REFUSED = {"DeepseekV2ForCausalLM": "its router (a softmax over the experts, topk_method greedy "
-                                    "or group_limited_greedy) is not mapped to braid's; its "
-                                    "multi-latent attention is DeepSeek-V3's, and "
-                                    "DeepseekV3ForCausalLM imports"}
+              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe", "deepseek_v2", "deepseek_v3")
+# Known architectures braid cannot hold, with why (none at present).
+REFUSED = {}
 # Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
 # zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
 PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5,  # transformers' where it is absent
@@ -80,7 +77,7 @@ NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
 
 # Architectures whose YaRN (rope_type "yarn") imports, their module adding its fields
 # (hf_deepseek.yarn_config_from_hf).
-YARN_ARCHITECTURES = ("deepseek_v3",)
+YARN_ARCHITECTURES = ("deepseek_v2", "deepseek_v3")
 
 
 def rope_parameters_of(hf):
@@ -105,7 +102,7 @@ def rope_of(hf, arch):
         refuse(field if field == "rope_scaling" else "rope_parameters.rope_type",
                hf["rope_scaling"] if field == "rope_scaling" else kind,
                "braid implements plain RoPE and Llama 3.1's scaling (rope_type llama3)"
-               + (", and YaRN for DeepSeek-V3" if kind == "yarn" else ""))
+               + (", and YaRN for DeepSeek-V2 and -V3" if kind == "yarn" else ""))
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
                                                         PARTIAL_ROTARY_DEFAULT.get(arch, 1.0)))
     if arch not in PARTIAL_ROTARY_DEFAULT and factor not in (None, 1, 1.0):
@@ -164,7 +161,8 @@ def hf_rope_parameters(c, arch):
     partial = {"partial_rotary_factor": partial} if partial != 1.0 else {}
     if c.get("rope_yarn_factor"):  # absent in checkpoints before it
         check(arch in YARN_ARCHITECTURES, f"this braid model has YaRN RoPE and exports as {arch}; "
-              "convert_hf.py moves YaRN with DeepSeek-V3 (multi-latent attention) only")
+              "convert_hf.py moves YaRN with DeepSeek-V3 and -V2 (multi-latent attention) "
+              "only")
         return {"rope_type": "yarn", "rope_theta": theta, **partial, **hf_yarn_parameters(c)}
     if not c.get("rope_scaling_factor"):
         return {"rope_type": "default", "rope_theta": theta, **partial}
@@ -407,6 +405,13 @@ SLIDING_KEYS = ("use_sliding_window", "sliding_window", "layer_types", "max_wind
 SIGMOID_MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts_per_tok",
                     "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
                     "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")
+# DeepSeek-V2's: n_group and topk_group only where topk_method is group_limited_greedy (export
+# writes them then; else an import's, which build nothing, come back as they were)
+DEEPSEEK_V2_MOE_KEYS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                        "n_shared_experts", "first_k_dense_replace", "topk_method",
+                        "norm_topk_prob", "routed_scaling_factor")
+LATENT_KEYS = ("head_dim", "attention_bias", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+               "qk_rope_head_dim", "v_head_dim", "qk_head_dim")
 ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may come from the import
     "llama": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias"),
     "mistral": LLAMA_KEYS + ("head_dim", "sliding_window"),
@@ -425,10 +430,9 @@ ARCH_KEYS = {  # the HF fields export sets from braid's config; the rest may com
     "dots1": LLAMA_KEYS + ("head_dim", "attention_bias", "layer_types") + SIGMOID_MOE_KEYS,
     "glm4_moe": LLAMA_KEYS + ("head_dim", "attention_bias", "use_qk_norm", "partial_rotary_factor",
                               "num_nextn_predict_layers", "num_mtp_layers") + SIGMOID_MOE_KEYS,
-    "deepseek_v3": LLAMA_KEYS + ("head_dim", "attention_bias", "q_lora_rank", "kv_lora_rank",
-                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                                 "qk_head_dim", "rope_interleave", "num_nextn_predict_layers",
-                                 "num_mtp_layers") + SIGMOID_MOE_KEYS,
+    "deepseek_v2": LLAMA_KEYS + LATENT_KEYS + ("mlp_bias",) + DEEPSEEK_V2_MOE_KEYS,
+    "deepseek_v3": LLAMA_KEYS + LATENT_KEYS + ("rope_interleave", "num_nextn_predict_layers",
+                                               "num_mtp_layers") + SIGMOID_MOE_KEYS,
     "stablelm": LLAMA_KEYS + ("layer_norm_eps", "use_qkv_bias", "qk_layernorm",
                               "use_parallel_residual", "partial_rotary_factor"),
     "nemotron": LLAMA_KEYS + ("head_dim", "attention_bias", "mlp_bias", "norm_eps",
@@ -466,6 +470,8 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
                    "glm4_moe": {"head_dim": head_dim, "rms_norm_eps": eps,
                                 "partial_rotary_factor": c.get("rotary_percent", 1.0)},
                    # its attention's fields: hf_deepseek.hf_latent_attention_config
+                   "deepseek_v2": {"attention_bias": False, "mlp_bias": False,
+                                   "rms_norm_eps": eps},
                    "deepseek_v3": {"attention_bias": False, "rms_norm_eps": eps},
                    # transformers 4 reads the factor at the top level, 5 in rope_parameters
                    "stablelm": {"layer_norm_eps": eps, "use_qkv_bias": c.get("add_qkv_bias"),

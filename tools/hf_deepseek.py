@@ -1,8 +1,9 @@
 """DeepSeek-V3 (DeepseekV3ForCausalLM: multi-latent attention) and the mixtures of experts that
 route as it does, between Hugging Face and braid (docs/convert_hf.md): dots1 (Dots1ForCausalLM:
 Qwen3's attention) and GLM-4.5 (Glm4MoeForCausalLM: q, k, v biases, RoPE on a part of each head,
-optional q/k norms). hf_configs.py holds their norms and dots1's and GLM-4.5's attention and
-RoPE; hf_moe.py the expert tensors they share with the Qwens.
+optional q/k norms); and DeepSeek-V2 (DeepseekV2ForCausalLM: V3's attention, a softmax router).
+hf_configs.py holds their norms and dots1's and GLM-4.5's attention and RoPE; hf_moe.py the
+expert tensors they share with the Qwens.
 
 DeepSeek-V3's attention is braid's multi_latent_attention (include/braid/model/config.h), with
 HF's names and layouts: self_attn.q_a_proj [Lq, H], q_a_layernorm [Lq], q_b_proj [N (Dn + Dr),
@@ -27,6 +28,15 @@ renormalises for k > 1 and never for k = 1. Every expert layer adds an ungated s
 n_shared_experts x moe_intermediate_size; the first first_k_dense_replace layers have the dense
 MLP of intermediate_size instead.
 
+DeepSeek-V2 (DeepseekV2TopkRouter) is braid's pre-softmax router with a scaling factor and no
+bias: p = softmax(x W^T) over all experts (f32); topk_method greedy takes the top k of p,
+group_limited_greedy the top k among the topk_group best of n_group groups, a group scored by
+its best p; the weights are p at the chosen, never renormalised (transformers 5 ignores
+norm_topk_prob), times routed_scaling_factor. braid (Megatron) scores a group by the sum of its
+best moe_router_topk / group_topk, so groups import only where that is 1. Its attention, norms,
+YaRN, shared experts and dense first layers are DeepSeek-V3's (DeepseekV2Attention turns the
+same interleaved pairs, as complex numbers).
+
 Tensors: braid's names but for the shared expert (HF `mlp.shared_experts.*`, braid
 `mlp.shared_expert.*`); `mlp.gate.e_score_correction_bias` [E] f32 is braid's expert bias
 (GPTModel.expert_biases(), stored in the checkpoint under that name).
@@ -37,12 +47,19 @@ import math
 
 import numpy as np
 
-from hf_configs import (SIGMOID_MOE_KEYS, as_f32, braid_window, check, f32_value, refuse,
-                        rope_parameters_of, yarn_attention_factor, yarn_mscale)
+from hf_configs import (DEEPSEEK_V2_MOE_KEYS, SIGMOID_MOE_KEYS, as_f32, braid_window, check,
+                        f32_value, hf_architecture_or_none, refuse, rope_parameters_of,
+                        yarn_attention_factor, yarn_mscale)
 from hf_moe import expert_layers, moe_ffn
 from safetensors_numpy import Tensor
 
 SIGMOID_MOE_ARCHITECTURES = ("dots1", "glm4_moe", "deepseek_v3")
+# with multi-latent attention
+LATENT_ARCHITECTURES = ("deepseek_v2", "deepseek_v3")
+# with ungated shared experts (mlp.shared_experts.*), first_k_dense_replace, f32 routers
+DEEPSEEK_MOE_ARCHITECTURES = SIGMOID_MOE_ARCHITECTURES + ("deepseek_v2",)
+ATTENTION = {"deepseek_v2": "DeepseekV2Attention", "deepseek_v3": "DeepseekV3Attention"}
+CAUSAL_LM = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 # transformers' defaults, where config.json leaves a field out
 DEFAULTS = {
     "dots1": {"first_k_dense_replace": 0, "norm_topk_prob": False},
@@ -52,6 +69,10 @@ DEFAULTS = {
                     "n_routed_experts": 256, "num_experts_per_tok": 8,
                     "moe_intermediate_size": 2048, "n_group": 8, "topk_group": 4,
                     "routed_scaling_factor": 2.5},
+    # transformers' DeepseekV2Config (num_experts_per_tok: none)
+    "deepseek_v2": {"first_k_dense_replace": 0, "n_shared_experts": 2, "n_routed_experts": 64,
+                    "moe_intermediate_size": 1407, "routed_scaling_factor": 1.0,
+                    "topk_method": "greedy"},
 }
 LATENT_DEFAULTS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                    "qk_rope_head_dim": 64, "v_head_dim": 128}
@@ -84,9 +105,9 @@ def _number(params, field, where, least=0.0):
 
 
 def yarn_config_from_hf(hf):
-    """braid's YaRN fields for a DeepSeek-V3 config.json whose RoPE is rope_type yarn, as
-    transformers' _compute_yarn_parameters and DeepseekV3Attention compute it: the frequencies
-    from factor, beta_fast, beta_slow (32 and 1 where absent or 0) and
+    """braid's YaRN fields for a DeepSeek-V3 or -V2 config.json whose RoPE is rope_type yarn, as
+    transformers' _compute_yarn_parameters and DeepseekV3Attention (DeepseekV2Attention alike)
+    compute it: the frequencies from factor, beta_fast, beta_slow (32 and 1 where absent or 0) and
     original_max_position_embeddings (max_position_embeddings where absent); cos and sin times
     attention_factor, or g(mscale) / g(mscale_all_dim) when both are set, else g(1); the softmax
     scale times g(mscale_all_dim)^2. braid (megatron-core, DeepSeek's own code) multiplies cos
@@ -135,17 +156,23 @@ def yarn_config_from_hf(hf):
             "rope_original_max_position_embeddings": int(original)}
 
 
-def latent_attention_config_from_hf(hf):
-    """braid's attention fields for a DeepSeek-V3 config.json, in place of the Llama ones (a key
-    and value head per query head, the latent norms); ConvertError for what braid's
-    multi-latent attention does not compute as transformers' DeepseekV3Attention does."""
+def latent_attention_config_from_hf(hf, arch="deepseek_v3"):
+    """braid's attention fields for a DeepSeek-V3 or -V2 config.json, in place of the Llama ones
+    (a key and value head per query head, the latent norms); ConvertError for what braid's
+    multi-latent attention does not compute as transformers' DeepseekV3Attention (or
+    DeepseekV2Attention, which always turns interleaved pairs) does."""
     def get(field):
         return hf.get(field, LATENT_DEFAULTS.get(field))
 
+    attention = ATTENTION[arch]
     if hf.get("attention_bias"):
-        refuse("attention_bias", hf["attention_bias"], "DeepseekV3Attention then has biases on "
+        refuse("attention_bias", hf["attention_bias"], f"{attention} then has biases on "
                "q_a_proj, kv_a_proj_with_mqa and o_proj; braid's multi-latent attention has none")
-    if hf.get("rope_interleave", True) is not True:
+    if arch == "deepseek_v2" and hf.get("mlp_bias"):  # (before Llama's attention_bias rule)
+        refuse("mlp_bias", hf["mlp_bias"], "DeepseekV2MLP then has biases on the dense MLPs and "
+               "the shared experts but not on the routed experts; braid's add_bias_linear gives "
+               "every linear layer a bias or none")
+    if arch == "deepseek_v3" and hf.get("rope_interleave", True) is not True:
         refuse("rope_interleave", hf["rope_interleave"], "transformers then turns the two halves "
                "of each head's RoPE channels against each other (rotate_half); braid's "
                "multi-latent attention turns interleaved pairs, as DeepSeek's checkpoints hold "
@@ -153,17 +180,17 @@ def latent_attention_config_from_hf(hf):
     params, field = rope_parameters_of(hf)
     if params["rope_type"] not in ("default", "yarn"):
         refuse(f"{field}.rope_type", params["rope_type"], "braid's multi-latent attention turns "
-               "plain RoPE or YaRN's (DeepSeek-V3's)")
+               "plain RoPE or YaRN's (DeepSeek-V2's and -V3's)")
     yarn = yarn_config_from_hf(hf) if params["rope_type"] == "yarn" else {}
     eps = hf.get("rms_norm_eps", 1e-6)
     if as_f32(eps) != as_f32(LATENT_NORM_EPS):
-        refuse("rms_norm_eps", eps, "DeepseekV3Attention's latent norms (q_a_layernorm, "
+        refuse("rms_norm_eps", eps, f"{attention}'s latent norms (q_a_layernorm, "
                f"kv_a_layernorm) use {LATENT_NORM_EPS} whatever rms_norm_eps says; braid's norms "
                "share one epsilon (norm_eps)")
     heads = hf["num_attention_heads"]
     kv_heads = hf.get("num_key_value_heads") or heads
     if not isinstance(kv_heads, int) or kv_heads < heads:
-        refuse("num_key_value_heads", kv_heads, f"DeepseekV3Attention gives each of the {heads} "
+        refuse("num_key_value_heads", kv_heads, f"{attention} gives each of the {heads} "
                "query heads its own key and value (kv_b_proj), which transformers cannot "
                f"repeat over {kv_heads} groups; braid's multi-latent attention has one per head")
     q_rank = get("q_lora_rank")
@@ -185,6 +212,51 @@ def latent_attention_config_from_hf(hf):
             "add_bias_linear": False, "add_qkv_bias": False, **yarn}
 
 
+def expert_layers_from_hf(hf, arch, get):
+    """The fields of the expert layers of a dots1, GLM-4.5, DeepSeek-V3 or -V2 config.json
+    (`get`: a field, or transformers' default) but the router's: the experts, their top k and
+    width, routed_scaling_factor, the ungated shared expert, the first_k_dense_replace dense
+    layers. None for a DeepSeek-V2 or -V3 whose first_k_dense_replace leaves no layer with
+    experts: a dense model."""
+    layers = hf["num_hidden_layers"]
+    first = get("first_k_dense_replace")
+    check(isinstance(first, int) and first >= 0, "config.json: first_k_dense_replace should be "
+          f"a layer count, is {json.dumps(first)}")
+    if first >= layers and arch in LATENT_ARCHITECTURES:
+        return None  # transformers builds no router: the MoE fields say nothing
+    if first >= layers:
+        refuse("first_k_dense_replace", first, f"no layer of the {layers} has experts; braid's "
+               "MoE models have them on one layer at least")
+    experts = positive(hf.get("n_routed_experts", hf.get("num_local_experts",
+                                                         get("n_routed_experts"))),
+                       "n_routed_experts")
+    topk = get("num_experts_per_tok")
+    check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
+          f"should be in [1, {experts}] (n_routed_experts), is {json.dumps(topk)}")
+    ffn = positive(get("moe_intermediate_size"), "moe_intermediate_size")
+    shared = positive(get("n_shared_experts"), "n_shared_experts")
+    scale = get("routed_scaling_factor")
+    check(isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0,
+          f"config.json: routed_scaling_factor should be a positive number, is "
+          f"{json.dumps(scale)}")
+    return {"num_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": ffn,
+            "moe_router_topk_scaling_factor": as_f32(scale),
+            "moe_shared_expert_intermediate_size": shared * ffn,
+            "moe_shared_expert_gate": False,
+            "moe_layers": [int(i >= first) for i in range(layers)] if first else []}
+
+
+def groups_from_hf(get, experts):
+    """(n_group, topk_group) of a config.json, checked (1 where absent or null)."""
+    groups = get("n_group") or 1
+    group_topk = get("topk_group") or 1
+    check(isinstance(groups, int) and groups >= 1 and experts % groups == 0, "config.json: "
+          f"n_group should divide n_routed_experts {experts}, is {json.dumps(groups)}")
+    check(isinstance(group_topk, int) and 1 <= group_topk <= groups, "config.json: topk_group "
+          f"should be in [1, {groups}] (n_group), is {json.dumps(group_topk)}")
+    return groups, group_topk
+
+
 def sigmoid_moe_config_from_hf(hf, arch):
     """braid's MoE fields for a dots1, GLM-4.5 or DeepSeek-V3 config.json ({} for a DeepSeek-V3
     whose first_k_dense_replace leaves no layer with experts: a dense model); ConvertError for
@@ -195,23 +267,10 @@ def sigmoid_moe_config_from_hf(hf, arch):
     def get(field):
         return hf.get(field, defaults.get(field))
 
-    layers = hf["num_hidden_layers"]
-    first = get("first_k_dense_replace")
-    check(isinstance(first, int) and first >= 0, "config.json: first_k_dense_replace should be "
-          f"a layer count, is {json.dumps(first)}")
-    if first >= layers and arch == "deepseek_v3":
-        return {}  # transformers builds no router: the MoE fields say nothing
-    if first >= layers:
-        refuse("first_k_dense_replace", first, f"no layer of the {layers} has experts; braid's "
-               "MoE models have them on one layer at least")
-    experts = positive(hf.get("n_routed_experts", hf.get("num_local_experts",
-                                                         defaults.get("n_routed_experts"))),
-                       "n_routed_experts")
-    topk = get("num_experts_per_tok")
-    check(isinstance(topk, int) and 1 <= topk <= experts, "config.json: num_experts_per_tok "
-          f"should be in [1, {experts}] (n_routed_experts), is {json.dumps(topk)}")
-    ffn = positive(get("moe_intermediate_size"), "moe_intermediate_size")
-    shared = positive(get("n_shared_experts"), "n_shared_experts")
+    moe = expert_layers_from_hf(hf, arch, get)
+    if moe is None:
+        return {}
+    topk = moe["moe_router_topk"]
     norm = get("norm_topk_prob")
     if topk > 1 and not norm:
         refuse("norm_topk_prob", norm, f"braid's sigmoid router (Megatron's) always divides the "
@@ -220,72 +279,128 @@ def sigmoid_moe_config_from_hf(hf, arch):
     if topk == 1 and norm:
         refuse("norm_topk_prob", norm, "with one expert per token it makes every weight 1; "
                "braid's sigmoid router (Megatron's) weights the expert by its score")
-    groups = get("n_group") or 1
-    group_topk = get("topk_group") or 1
-    check(isinstance(groups, int) and groups >= 1 and experts % groups == 0, "config.json: "
-          f"n_group should divide n_routed_experts {experts}, is {json.dumps(groups)}")
-    check(isinstance(group_topk, int) and 1 <= group_topk <= groups, "config.json: topk_group "
-          f"should be in [1, {groups}] (n_group), is {json.dumps(group_topk)}")
+    groups, group_topk = groups_from_hf(get, moe["num_experts"])
     if groups > 1 and (topk % group_topk or topk // group_topk != 2):
         refuse("n_group", groups, "transformers scores each group by the sum of its 2 best "
                "experts, braid (Megatron) by its best num_experts_per_tok / topk_group; "
                f"here num_experts_per_tok is {topk} and topk_group {group_topk}, so braid holds "
                "this only with num_experts_per_tok = 2 x topk_group")
-    scale = get("routed_scaling_factor")
-    check(isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0,
-          f"config.json: routed_scaling_factor should be a positive number, is "
-          f"{json.dumps(scale)}")
-    return {"num_experts": experts, "moe_router_topk": topk, "moe_ffn_hidden_size": ffn,
-            "moe_router_pre_softmax": False, "moe_router_score_function": "sigmoid",
+    return {**moe, "moe_router_pre_softmax": False, "moe_router_score_function": "sigmoid",
             "moe_router_enable_expert_bias": True,
             "moe_router_num_groups": groups if groups > 1 else 0,
-            "moe_router_group_topk": group_topk if groups > 1 else 0,
-            "moe_router_topk_scaling_factor": as_f32(scale),
-            "moe_shared_expert_intermediate_size": shared * ffn,
-            "moe_shared_expert_gate": False,
-            "moe_layers": [int(i >= first) for i in range(layers)] if first else []}
+            "moe_router_group_topk": group_topk if groups > 1 else 0}
+
+
+V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
+
+
+def softmax_moe_config_from_hf(hf):
+    """braid's MoE fields for a DeepSeek-V2 config.json ({} where first_k_dense_replace leaves no
+    layer with experts: a dense model): its router is braid's pre-softmax one with
+    routed_scaling_factor and no bias; norm_topk_prob is not read (transformers' DeepseekV2 does
+    not either). ConvertError for what braid's router cannot compute exactly."""
+    defaults = DEFAULTS["deepseek_v2"]
+
+    def get(field):
+        return hf.get(field, defaults.get(field))
+
+    moe = expert_layers_from_hf(hf, "deepseek_v2", get)
+    if moe is None:
+        return {}
+    method = get("topk_method")
+    if method not in V2_TOPK_METHODS:
+        refuse("topk_method", method, "transformers' DeepseekV2TopkRouter computes greedy and "
+               "group_limited_greedy" + ("; noaux_tc is DeepSeek-V3's sigmoid router, "
+                                         "DeepseekV3ForCausalLM's" if method == "noaux_tc" else ""))
+    if hf.get("scoring_func", "softmax") != "softmax":
+        refuse("scoring_func", hf["scoring_func"], "DeepSeek-V2 routes by a softmax over the "
+               "experts: transformers' DeepseekV2TopkRouter whatever this says, DeepSeek's own "
+               "code no other")
+    if hf.get("moe_layer_freq", 1) != 1:
+        refuse("moe_layer_freq", hf["moe_layer_freq"], "DeepSeek's own code then has experts on "
+               "every moe_layer_freq-th layer from first_k_dense_replace on, transformers' "
+               "DeepseekV2ForCausalLM on every one")
+    topk, groups, group_topk = moe["moe_router_topk"], 0, 0
+    if method == "group_limited_greedy":
+        check(hf.get("n_group") is not None and hf.get("topk_group") is not None, "config.json: "
+              "topk_method group_limited_greedy needs n_group and topk_group")
+        groups, group_topk = groups_from_hf(get, moe["num_experts"])
+        if group_topk == groups:  # every group chosen: greedy
+            groups = group_topk = 0
+        elif topk != group_topk:
+            refuse("topk_group", group_topk, "with topk_method group_limited_greedy transformers "
+                   f"scores each of the n_group = {groups} groups by its best expert, braid "
+                   "(Megatron) by the sum of its best num_experts_per_tok / topk_group = "
+                   f"{topk} / {group_topk}: the two agree only where num_experts_per_tok = "
+                   "topk_group")
+    return {**moe, "moe_router_pre_softmax": True, "moe_router_score_function": "softmax",
+            "moe_router_enable_expert_bias": False, "moe_router_num_groups": groups,
+            "moe_router_group_topk": group_topk}
 
 
 # ---- braid's config -> config.json ------------------------------------------------------------
 
-def latent_attention_architecture(c):
-    """DeepSeek-V3 for a braid config with multi-latent attention (experts routed by sigmoid
-    scores, as sigmoid_moe_architecture checks, or none: every layer dense); ConvertError with
-    why otherwise."""
-    what = "this braid model has multi-latent attention"
-    kind = (c["normalization"], c["activation"], c["position_embedding"])
-    check(kind == ("rmsnorm", "swiglu", "rope"), what, " and is ", "/".join(kind), " shaped; "
-          "DeepseekV3ForCausalLM is rmsnorm/swiglu/rope")
-    check(c.get("qk_layernorm"), what, " without its latent norms (qk_layernorm); "
-          "DeepseekV3ForCausalLM always norms them (q_a_layernorm, kv_a_layernorm)")
-    check(braid_window(c) is None, what, " and a sliding window; DeepseekV3ForCausalLM has none")
-    check(not c.get("rope_scaling_factor"), what, " and Llama 3.1's RoPE scaling; "
-          "DeepseekV3ForCausalLM turns plain RoPE or YaRN's (rope_type yarn)")
-    check(as_f32(c["norm_eps"]) == as_f32(LATENT_NORM_EPS), what, " and norm_eps ",
-          f32_value(c["norm_eps"]), f"; DeepseekV3ForCausalLM's latent norms use {LATENT_NORM_EPS} "
-          "whatever rms_norm_eps says (train with --norm-epsilon 1e-6)")
+def latent_attention_architecture(c, imported=None):
+    """DeepSeek-V3 or -V2 for a braid config with multi-latent attention: V3 with experts routed
+    by sigmoid scores (as sigmoid_moe_architecture checks), V2 with a softmax router (as
+    softmax_moe_architecture checks), and with none (every layer dense: the same model) V2 where
+    `imported`, the config an import stored, is V2's, else V3; ConvertError with why otherwise."""
     if c.get("num_experts"):
-        check(sigmoid_router(c), what, " and a softmax router; DeepseekV3ForCausalLM routes by "
-              "sigmoid scores with an expert bias (--moe-router-score-function sigmoid)")
-        sigmoid_moe_architecture(c)  # the routing's checks
-    return "deepseek_v3"
+        arch = "deepseek_v3" if sigmoid_router(c) else "deepseek_v2"
+    else:
+        arch = ("deepseek_v2" if hf_architecture_or_none(imported or {}) == "deepseek_v2"
+                else "deepseek_v3")
+    what, name = "this braid model has multi-latent attention", CAUSAL_LM[arch]
+    kind = (c["normalization"], c["activation"], c["position_embedding"])
+    check(kind == ("rmsnorm", "swiglu", "rope"), what, " and is ", "/".join(kind), " shaped; ",
+          name, " is rmsnorm/swiglu/rope")
+    check(c.get("qk_layernorm"), what, " without its latent norms (qk_layernorm); ", name,
+          " always norms them (q_a_layernorm, kv_a_layernorm)")
+    check(braid_window(c) is None, what, " and a sliding window; ", name, " has none")
+    check(not c.get("rope_scaling_factor"), what, " and Llama 3.1's RoPE scaling; ", name,
+          " turns plain RoPE or YaRN's (rope_type yarn)")
+    check(as_f32(c["norm_eps"]) == as_f32(LATENT_NORM_EPS), what, " and norm_eps ",
+          f32_value(c["norm_eps"]), f"; {name}'s latent norms use {LATENT_NORM_EPS} "
+          "whatever rms_norm_eps says (train with --norm-epsilon 1e-6)")
+    if c.get("num_experts"):  # the routing's checks
+        (sigmoid_moe_architecture if arch == "deepseek_v3" else softmax_moe_architecture)(c)
+    return arch
 
 
-def hf_latent_attention_config(c, imported):
-    """The attention fields of DeepSeek-V3's config.json for a braid config with multi-latent
-    attention; for a dense one first_k_dense_replace = num_hidden_layers, with the MoE fields
-    (which then build nothing) of the config an import stored."""
+def hf_latent_attention_config(c, imported, arch="deepseek_v3"):
+    """The attention fields of DeepSeek-V3's or -V2's config.json for a braid config with
+    multi-latent attention; for a dense one first_k_dense_replace = num_hidden_layers, with the
+    MoE fields (which then build nothing) of the config an import stored."""
     dn, dr = c["qk_head_dim"], c["qk_pos_emb_head_dim"]
     hf = {"q_lora_rank": c["q_lora_rank"] or None, "kv_lora_rank": c["kv_lora_rank"],
           "qk_nope_head_dim": dn, "qk_rope_head_dim": dr, "v_head_dim": c["v_head_dim"],
           "qk_head_dim": dn + dr, "head_dim": dr,  # as transformers derives them
-          "num_key_value_heads": c["num_attention_heads"], "rope_interleave": True,
-          "attention_bias": False, "num_nextn_predict_layers": 0}  # no MTP layers exported
+          "num_key_value_heads": c["num_attention_heads"], "attention_bias": False}
+    if arch == "deepseek_v3":  # V2 always turns interleaved pairs, and has no MTP layers
+        hf.update({"rope_interleave": True, "num_nextn_predict_layers": 0})  # none exported
     if not c.get("num_experts"):
-        if (imported or {}).get("model_type") == "deepseek_v3":
-            hf.update({k: imported[k] for k in SIGMOID_MOE_KEYS if k in imported})
+        if (imported or {}).get("model_type") == arch:
+            keys = SIGMOID_MOE_KEYS if arch == "deepseek_v3" else DEEPSEEK_V2_MOE_KEYS
+            hf.update({k: imported[k] for k in keys if k in imported})
         hf["first_k_dense_replace"] = c["num_layers"]
     return hf
+
+
+def check_shared_expert_and_layers(c, what, names):
+    """An ungated shared expert whose width is a multiple of the experts', and the dense layers
+    first (first_k_dense_replace), as `names` (the HF models) need them; ConvertError with why
+    otherwise."""
+    shared, ffn = c.get("moe_shared_expert_intermediate_size", 0), moe_ffn(c)
+    check(shared, what, f" but has no shared expert; {names} always add one (n_shared_experts)")
+    check(not c.get("moe_shared_expert_gate"), what, f" and gates its shared expert; {names} "
+          "add it ungated")
+    check(shared % ffn == 0, what, f" and its shared expert is {shared} wide, not a multiple of "
+          f"the experts' {ffn}; transformers builds n_shared_experts x moe_intermediate_size")
+    layers = expert_layers(c)
+    check(1 in layers, what, " but no layer has experts (moe_layers)")
+    first = layers.index(1)
+    check(layers == [0] * first + [1] * (len(layers) - first), what, " and dense layers after "
+          f"expert ones (moe_layers {layers}); {names} have them first (first_k_dense_replace)")
 
 
 def sigmoid_moe_architecture(c):
@@ -298,19 +413,7 @@ def sigmoid_moe_architecture(c):
           "Dots1ForCausalLM and Glm4MoeForCausalLM are rmsnorm/swiglu/rope")
     check(not c["add_bias_linear"], what, " and has biases on every linear layer; "
           "Glm4MoeForCausalLM has them on q, k and v alone, Dots1ForCausalLM's MLPs have none")
-    shared, ffn = c.get("moe_shared_expert_intermediate_size", 0), moe_ffn(c)
-    check(shared, what, " but has no shared expert; Dots1ForCausalLM and Glm4MoeForCausalLM "
-          "always add one (n_shared_experts)")
-    check(not c.get("moe_shared_expert_gate"), what, " and gates its shared expert; "
-          "Dots1ForCausalLM and Glm4MoeForCausalLM add it ungated")
-    check(shared % ffn == 0, what, f" and its shared expert is {shared} wide, not a multiple of "
-          f"the experts' {ffn}; transformers builds n_shared_experts x moe_intermediate_size")
-    layers = expert_layers(c)
-    check(1 in layers, what, " but no layer has experts (moe_layers)")
-    first = layers.index(1)
-    check(layers == [0] * first + [1] * (len(layers) - first), what, " and dense layers after "
-          f"expert ones (moe_layers {layers}); Dots1ForCausalLM and Glm4MoeForCausalLM have "
-          "them first (first_k_dense_replace)")
+    check_shared_expert_and_layers(c, what, "Dots1ForCausalLM and Glm4MoeForCausalLM")
     groups, topk = c.get("moe_router_num_groups", 0), c["moe_router_topk"]
     group_topk = c.get("moe_router_group_topk", 0)
     check(groups <= 1 or topk == 2 * group_topk, what, f" in {groups} groups, each scored by its "
@@ -324,6 +427,49 @@ def sigmoid_moe_architecture(c):
           "no q/k norms", "; Glm4MoeForCausalLM has no window, Dots1ForCausalLM (q/k norms, "
           "RoPE on whole heads) no biases")
     return "glm4_moe"
+
+
+def v2_groups(c):
+    """(n_group, topk_group) of a braid config's groups where they change the choice (some group
+    left out), else None."""
+    groups, group_topk = c.get("moe_router_num_groups", 0), c.get("moe_router_group_topk", 0)
+    return (groups, group_topk) if 1 < groups and group_topk < groups else None
+
+
+def softmax_moe_architecture(c):
+    """The routing checks of DeepSeek-V2 for a braid config with multi-latent attention and a
+    softmax router: the top k of a softmax over all experts (moe_router_pre_softmax), no biases,
+    an ungated shared expert, the dense layers first, groups scored by their best expert;
+    ConvertError with why otherwise."""
+    what = "this braid model has multi-latent attention and a softmax router"
+    check(c.get("moe_router_pre_softmax"), what, " over the top k logits "
+          "(moe_router_pre_softmax false); DeepseekV2ForCausalLM takes the top k of a softmax "
+          "over all experts (--moe-router-pre-softmax), DeepseekV3ForCausalLM routes by sigmoid "
+          "scores with an expert bias (--moe-router-score-function sigmoid)")
+    check(not c["add_bias_linear"], what, " and biases on every linear layer; "
+          "DeepseekV2ForCausalLM has none")
+    check_shared_expert_and_layers(c, what, "DeepseekV2ForCausalLM")
+    topk, groups = c["moe_router_topk"], v2_groups(c)
+    check(groups is None or groups[1] == topk, what, f" in {groups and groups[0]} groups, each "
+          "scored by the sum of its best moe_router_topk / group_topk = "
+          f"{topk} / {groups and groups[1]}; DeepseekV2ForCausalLM (topk_method "
+          "group_limited_greedy) scores a group by its best expert")
+
+
+def hf_softmax_moe_config(c):
+    """The MoE fields of DeepSeek-V2's config.json for a braid config with a softmax router."""
+    groups = v2_groups(c)
+    hf = {"n_routed_experts": c["num_experts"], "num_experts_per_tok": c["moe_router_topk"],
+          "moe_intermediate_size": moe_ffn(c),
+          "n_shared_experts": c["moe_shared_expert_intermediate_size"] // moe_ffn(c),
+          "first_k_dense_replace": expert_layers(c).index(1),
+          "topk_method": "group_limited_greedy" if groups else "greedy",
+          # transformers ignores it; DeepSeek's own code would renormalise the top k
+          "norm_topk_prob": False,
+          "routed_scaling_factor": f32_value(c.get("moe_router_topk_scaling_factor", 1.0))}
+    if groups:
+        hf.update({"n_group": groups[0], "topk_group": groups[1]})
+    return hf
 
 
 def hf_sigmoid_moe_config(c, arch):
@@ -354,10 +500,10 @@ def expert_bias_specs(c):
             for i, e in enumerate(expert_layers(c)) if e]
 
 
-def sigmoid_moe_tensors_to_braid(hf, c):
-    """In `hf` (name -> Tensor): the shared experts to braid's name, the biases to f32 (exact).
-    The experts: hf_moe.moe_tensors_to_braid."""
-    if not c.get("num_experts"):  # a dense DeepSeek-V3
+def deepseek_moe_tensors_to_braid(hf, c):
+    """In `hf` (name -> Tensor) of a DEEPSEEK_MOE_ARCHITECTURES model: the shared experts to
+    braid's name, the biases to f32 (exact). The experts: hf_moe.moe_tensors_to_braid."""
+    if not c.get("num_experts"):  # a dense DeepSeek-V3 or -V2
         return
     for i in [i for i, e in enumerate(expert_layers(c)) if e]:
         p = f"model.layers.{i}.mlp."
@@ -387,16 +533,17 @@ def drop_mtp_layers(tensors, hf, arch):
     return len(names)
 
 
-def braid_sigmoid_moe_tensors_to_hf(t, c):
-    """braid's tensors -> transformers' names (in place); biases of zero where braid's sigmoid
-    router has none (transformers' always has them)."""
-    if not c.get("num_experts"):  # a dense DeepSeek-V3
+def braid_deepseek_moe_tensors_to_hf(t, c):
+    """braid's tensors -> transformers' names (in place) for a DEEPSEEK_MOE_ARCHITECTURES model;
+    biases of zero where braid's sigmoid router has none (transformers' always has them;
+    DeepSeek-V2's softmax router never)."""
+    if not c.get("num_experts"):  # a dense DeepSeek-V3 or -V2
         return
     for i in [i for i, e in enumerate(expert_layers(c)) if e]:
         p = f"model.layers.{i}.mlp."
         for m in ("gate_proj", "up_proj", "down_proj"):
             t[f"{p}shared_experts.{m}.weight"] = t.pop(f"{p}shared_expert.{m}.weight")
-        if not c.get("moe_router_enable_expert_bias"):
+        if sigmoid_router(c) and not c.get("moe_router_enable_expert_bias"):
             t[f"model.layers.{i}.{BIAS}"] = Tensor("F32", np.zeros(c["num_experts"], "<f4"))
 
 

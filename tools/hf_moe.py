@@ -14,8 +14,8 @@ layer. On disk transformers writes Qwen2-MoE and Qwen3-MoE under braid's names a
 transformers 5 holds the experts of a layer fused in memory (`mlp.experts.gate_up_proj`
 [E, 2F, H], gate rows first, and `mlp.experts.down_proj` [E, H, F]) and converts on load and
 save. Import reads either layout; export writes the per-expert one, which every transformers
-release loads. dots1, GLM-4.5 and DeepSeek-V3 name their experts as the Qwens do; what else
-they have (sigmoid routers, expert biases, ungated shared experts) is hf_deepseek.py's.
+release loads. dots1, GLM-4.5, DeepSeek-V2 and DeepSeek-V3 name their experts as the Qwens do;
+what else they have (their routers, expert biases, ungated shared experts) is hf_deepseek.py's.
 """
 
 import json
@@ -27,9 +27,9 @@ BRAID_EXPERT_NAMES = {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj
 EXPERT_NAMES = {"mixtral": {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"},
                 "qwen2_moe": BRAID_EXPERT_NAMES, "qwen3_moe": BRAID_EXPERT_NAMES,
                 "dots1": BRAID_EXPERT_NAMES, "glm4_moe": BRAID_EXPERT_NAMES,
-                "deepseek_v3": BRAID_EXPERT_NAMES}
+                "deepseek_v2": BRAID_EXPERT_NAMES, "deepseek_v3": BRAID_EXPERT_NAMES}
 MLP_PREFIX = {"mixtral": "block_sparse_moe.", "qwen2_moe": "mlp.", "qwen3_moe": "mlp.",
-              "dots1": "mlp.", "glm4_moe": "mlp.", "deepseek_v3": "mlp."}
+              "dots1": "mlp.", "glm4_moe": "mlp.", "deepseek_v2": "mlp.", "deepseek_v3": "mlp."}
 # transformers' defaults: (experts, top k, the experts' width)
 DEFAULTS = {"mixtral": (8, 2, None), "qwen2_moe": (60, 4, 1408), "qwen3_moe": (128, 8, 768)}
 

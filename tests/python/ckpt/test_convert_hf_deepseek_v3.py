@@ -403,8 +403,9 @@ def test_a_trained_braid_model_exports(tmp_path, fields):
     ({"q_lora_rank": None}, ("the HF weights have no model.layers.0.self_attn.q_proj.weight",)),
     ({"norm_topk_prob": False}, ("norm_topk_prob", "always divides")),
     ({"topk_group": 1}, ("n_group", "num_experts_per_tok is 4 and topk_group 1")),
+    # DeepSeek-V3's weights named DeepSeek-V2: V2's softmax router has no expert bias
     ({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"},
-     ("unsupported architecture DeepseekV2ForCausalLM", "topk_method")),
+     ("unexpected tensor model.layers.1.mlp.gate.e_score_correction_bias", "deepseek_v2")),
 ])
 def test_refuses_what_braid_cannot_hold(tmp_path, changes, words):
     assert_import_refused(deepseek_v3(tmp_path / "hf"), changes, words, tmp_path / "c")
