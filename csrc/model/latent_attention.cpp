@@ -45,6 +45,13 @@ Tensor latent_norm_backward(const TransformerConfig& c, const Tensor& dy, const 
   return dx;
 }
 
+// Columns [first, first + width) of `all` [R, C] as a tensor of their own.
+Tensor columns(const Tensor& all, int64_t first, int64_t width) {
+  Tensor out = Tensor::empty({all.size(0), width}, all.dtype(), all.device());
+  ops::copy_columns(out, 0, all, first, width);
+  return out;
+}
+
 }  // namespace
 
 TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, Tokens tokens,
@@ -77,14 +84,9 @@ TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, T
     ops::copy_columns(mine, lq, p.kv_latent, 0, lkv);
     ops::copy_columns(mine, lq + lkv, k_pe, 0, dr);
     const Tensor all = enter_tp_forward(tp_, mine);
-    auto columns = [&](int64_t first, int64_t width) {
-      Tensor out = Tensor::empty({t, width}, dt, dev);
-      ops::copy_columns(out, 0, all, first, width);
-      return out;
-    };
-    if (lq > 0) p.q_latent = columns(0, lq);
-    p.kv_latent = columns(lq, lkv);
-    k_pe = columns(lq + lkv, dr);
+    if (lq > 0) p.q_latent = columns(all, 0, lq);
+    p.kv_latent = columns(all, lq, lkv);
+    k_pe = columns(all, lq + lkv, dr);
   }
 
   p.q = Tensor::empty({b, s, heads, d}, dt, dev);
@@ -109,7 +111,7 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
                                          LayerActivations& a) const {
   const TransformerConfig& c = config_;
   const bool sharded = tp_.sharded_tokens();
-  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), local = h.size(0);
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count();
   const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
   const int64_t dr = c.qk_pos_emb_head_dim, lq = c.q_lora_rank, lkv = c.kv_lora_rank;
   const DType dt = h.dtype();
@@ -141,14 +143,9 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
     ops::copy_columns(all, lq, d_kv_latent, 0, lkv);
     ops::copy_columns(all, lq + lkv, dk_pe_rows, 0, dr);
     const Tensor mine = exit_tp_forward(tp_, all);
-    auto columns = [&](int64_t first, int64_t width) {
-      Tensor out = Tensor::empty({local, width}, dt, dev);
-      ops::copy_columns(out, 0, mine, first, width);
-      return out;
-    };
-    if (lq > 0) d_q_latent = columns(0, lq);
-    d_kv_latent = columns(lq, lkv);
-    dk_pe_rows = columns(lq + lkv, dr);
+    if (lq > 0) d_q_latent = columns(mine, 0, lq);
+    d_kv_latent = columns(mine, lq, lkv);
+    dk_pe_rows = columns(mine, lq + lkv, dr);
   } else {
     for (const Tensor& g : {d_q_latent, d_kv_latent, dk_pe_rows})
       if (g.defined()) all_reduce_tp(tp_, g);

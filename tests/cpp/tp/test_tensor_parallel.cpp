@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "braid/comm/launch.h"
 #include "braid/engine/adamw.h"
@@ -310,25 +311,28 @@ TEST(TensorParallelExperts, RoutingFollowsRankZero) {
   EXPECT_NEAR(sharded.forward(b.ids, b.targets), want, 1e-5 * std::abs(want));
 }
 
+// The TP collectives of one forward and one backward of `config` on a [2, 8] batch, in order.
+using Call = CountingCommunicator::Call;
+std::pair<std::vector<Call>, std::vector<Call>> tp_calls(const TransformerConfig& config, bool sp) {
+  auto counted = std::make_shared<CountingCommunicator>(comm::init_distributed().world);
+  GPTModel model(config, Device::cpu(), 7, TensorParallel{counted.get(), sp});
+  const Batch data = batch(2, 8, config.vocab_size, 3);
+  counted->calls.clear();
+  model.forward(data.ids, data.targets);
+  const std::vector<Call> forward = counted->calls;
+  counted->calls.clear();
+  model.backward();
+  return {forward, counted->calls};
+}
+
 TEST(TensorParallelCommunication, MatchesTheAnalyticCount) {
-  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
-  if (world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
+  if (comm::init_distributed().world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "sequence parallel" : "tensor parallel");
     TransformerConfig config = gpt2();
     config.num_layers = 3;
-    auto counted = std::make_shared<CountingCommunicator>(world);
-    GPTModel model(config, Device::cpu(), 7, TensorParallel{counted.get(), sp});
-    const int64_t b = 2, s = 8, t = b * s, h = config.hidden_size;
-    const Batch data = batch(b, s, config.vocab_size, 3);
-    counted->calls.clear();
-    model.forward(data.ids, data.targets);
-    const std::vector<CountingCommunicator::Call> forward = counted->calls;
-    counted->calls.clear();
-    model.backward();
-    const std::vector<CountingCommunicator::Call> backward = counted->calls;
-
-    using Call = CountingCommunicator::Call;
+    const auto [forward, backward] = tp_calls(config, sp);
+    const int64_t t = 2 * 8, h = config.hidden_size;
     const size_t act = size_t(t * h) * 4, row = size_t(t) * 4;  // f32 bytes
     const Call ar{"all_reduce", act}, ag{"all_gather", act}, rs{"reduce_scatter", act};
     std::vector<Call> want_fwd{sp ? rs : ar};  // vocab-parallel embedding
@@ -358,8 +362,7 @@ TEST(TensorParallelCommunication, MatchesTheAnalyticCount) {
 // state's 32), in place of the hidden state; its backward reduce-scatters their gradients and
 // needs no other TP collective (megatron-core's MLA under SP).
 TEST(TensorParallelCommunication, LatentAttentionGathersItsLatents) {
-  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
-  if (world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
+  if (comm::init_distributed().world->size() == 1) GTEST_SKIP() << "one rank communicates nothing";
   TransformerConfig config = llama();
   config.num_layers = 2;
   config.num_query_groups = 0;
@@ -370,18 +373,8 @@ TEST(TensorParallelCommunication, LatentAttentionGathersItsLatents) {
   config.qk_pos_emb_head_dim = 4;
   config.v_head_dim = 8;
   config.qk_layernorm = true;
-  auto counted = std::make_shared<CountingCommunicator>(world);
-  GPTModel model(config, Device::cpu(), 7, TensorParallel{counted.get(), true});
-  const int64_t b = 2, s = 8, t = b * s, h = config.hidden_size;
-  const Batch data = batch(b, s, config.vocab_size, 3);
-  counted->calls.clear();
-  model.forward(data.ids, data.targets);
-  const std::vector<CountingCommunicator::Call> forward = counted->calls;
-  counted->calls.clear();
-  model.backward();
-  const std::vector<CountingCommunicator::Call> backward = counted->calls;
-
-  using Call = CountingCommunicator::Call;
+  const auto [forward, backward] = tp_calls(config, true);
+  const int64_t t = 2 * 8, h = config.hidden_size;
   const size_t act = size_t(t * h) * 4, row = size_t(t) * 4;  // f32 bytes
   const size_t latents = size_t(t * (12 + 10 + 4)) * 4;
   const Call ag{"all_gather", act}, rs{"reduce_scatter", act};
