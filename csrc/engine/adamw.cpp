@@ -28,8 +28,11 @@ void AdamWConfig::validate() const {
 AdamW::AdamW(model::GPTModel& model, AdamWConfig config)
     : AdamW({OptimizerChunk{&model, {ElementRange{0, model.layout().num_elements}}}}, config,
             model.tensor_parallel().active() ? model.tensor_parallel().group : nullptr) {
-  BRAID_CHECK(!model.expert_parallel().active(), "AdamW: this model holds only its EP rank's ",
-              "experts; optimize it through a ParallelModel (Trainer), whose norm counts them all");
+  const model::ExpertParallel& ep = model.expert_parallel();
+  BRAID_CHECK(!ep.active() && !(ep.whole_experts && model.tensor_parallel().active()),
+              "AdamW: this model holds only its EP rank's experts, or whole experts of its TP "
+              "rank's tokens; optimize it through a ParallelModel (Trainer), whose norm counts "
+              "them all and whose expert-data-parallel group sums their gradients");
 }
 
 AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Communicator* norm_group)

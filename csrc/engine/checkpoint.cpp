@@ -176,7 +176,7 @@ struct CheckpointSaver::Pending {
   int64_t iteration = 0;
   fs::path dir, final_dir, tmp_dir;
   std::unique_ptr<ckpt::AtomicDirectory> staging;  // rank 0
-  std::unique_ptr<ckpt::SafetensorsWriter> file;   // expert-DP rank 0 of each (tp, pp, ep)
+  std::unique_ptr<ckpt::SafetensorsWriter> file;   // writers (save): experts' and the rest's
   fs::path file_path;
   std::string metadata;  // rank 0
   std::thread thread;    // async: writes the files

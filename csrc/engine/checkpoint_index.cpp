@@ -19,12 +19,11 @@ SavedLayout layout_of(const ParallelModel& model) {
     l.dp = s->grid().dp();
     l.cp = s->grid().cp();
     l.ep = s->grid().ep();
-    l.whole_experts = s->grid().whole_experts();
   } else {
     l.tp = model.chunk(0).tensor_parallel().size();
     l.ep = model.chunk(0).expert_parallel().size();
-    l.whole_experts = model.chunk(0).expert_parallel().whole_experts && l.tp > 1;
   }
+  l.whole_experts = model.chunk(0).expert_parallel().whole_experts && l.tp > 1;
   l.virtual_stages = model.num_chunks();
   l.first_stage_layers = model.parallel().first_stage_layers;
   l.last_stage_layers = model.parallel().last_stage_layers;

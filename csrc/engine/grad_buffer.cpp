@@ -80,8 +80,7 @@ std::vector<Bucket> make_buckets(const model::ParamLayout& layout, int dp_size, 
     for (size_t i : b.params) {
       BRAID_CONFIG_CHECK(is_expert(i) == b.expert, "expert parallelism: ", layout.specs[first].name,
                          " and ", layout.specs[i].name,
-                         " share a gradient bucket, as no multiple of the data-parallel size "
-                         "(dp x cp = ",
+                         " share a gradient bucket, as no multiple of the buckets' shard count (",
                          dp_size, ") separates them in the flat buffer: the layout must align ",
                          "its experts to it (ModelChunk::expert_alignment)");
     }

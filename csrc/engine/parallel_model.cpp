@@ -11,11 +11,17 @@
 namespace braid::engine {
 namespace {
 
+// Whether the model's experts are whole on each rank (expert TP 1 under TP; a dense model has
+// none, and keeps the plain layout whatever --expert-tensor-parallel-size says).
+bool whole_experts(const model::TransformerConfig& config, const comm::RankGrid& grid) {
+  return grid.whole_experts() && config.num_experts > 0;
+}
+
 // What gradient buckets split into: the DP × CP ranks, and when experts have a group of their
 // own, its ranks too (the expert-DP size differs from dp · cp with whole experts).
-int bucket_unit(const comm::RankGrid& grid) {
+int bucket_unit(const model::TransformerConfig& config, const comm::RankGrid& grid) {
   const int dp = grid.dp() * grid.cp();
-  return grid.ep() > 1 || grid.whole_experts() ? std::lcm(dp, grid.expert_dp()) : dp;
+  return grid.ep() > 1 || whole_experts(config, grid) ? std::lcm(dp, grid.expert_dp()) : dp;
 }
 
 // The gradient buckets of chunk `c` of a rank that holds `held` (its experts included) as TP rank
@@ -23,7 +29,7 @@ int bucket_unit(const comm::RankGrid& grid) {
 std::vector<Bucket> chunk_buckets(const model::TransformerConfig& config,
                                   const comm::RankGrid& grid, const ParallelConfig& parallel,
                                   int tp_rank, const model::ModelChunk& held, int c) {
-  const int dp = bucket_unit(grid);
+  const int dp = bucket_unit(config, grid);
   const DDPConfig& ddp = parallel.ddp;
   const model::ParamLayout layout = model::parameter_layout(config, tp_rank, grid.tp(), held);
   // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see
@@ -31,7 +37,7 @@ std::vector<Bucket> chunk_buckets(const model::TransformerConfig& config,
   const bool separate_embedding = ddp.use_distributed_optimizer && grid.pp() > 1 &&
                                   config.tie_embeddings && (held.embedding || held.head);
   return make_buckets(layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0,
-                      separate_embedding, grid.ep() > 1 || grid.whole_experts());
+                      separate_embedding, grid.ep() > 1 || whole_experts(config, grid));
 }
 
 }  // namespace
@@ -69,14 +75,15 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
   const comm::RankGrid& grid = state.grid();
   parallel_.validate(config, grid);
   // Gradients are summed (and the distributed optimizer shards) over DP × CP; experts' over
-  // the expert-DP part of it.
+  // the expert-DP group (part of it, or with whole experts of the stage's TP × DP × CP).
   const int pp = grid.pp(), v = parallel_.virtual_stages, dp = grid.dp() * grid.cp();
   const model::TensorParallel tp{&state.tp(), parallel_.sequence_parallel};
   const model::ContextParallel cp{&state.cp()};
-  const model::ExpertParallel ep{grid.ep() > 1 ? &state.ep() : nullptr, grid.whole_experts()};
+  const model::ExpertParallel ep{grid.ep() > 1 ? &state.ep() : nullptr,
+                                 whole_experts(config, grid)};
   // MPI moves non-blocking collectives only inside MPI calls: a thread polls them, where MPI
   // allows threads (else the reductions progress when finish_grad_sync waits for them).
-  if (std::max(dp, grid.expert_dp()) > 1 && device.is_cpu()) {
+  if ((dp > 1 || (ep.whole_experts && grid.expert_dp() > 1)) && device.is_cpu()) {
     if (comm::MpiCommunicator::thread_multiple()) {
       progress_ = std::make_unique<comm::ProgressThread>();
     } else if (state.rank() == 0) {
@@ -88,7 +95,7 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
     // Under EP: this rank's experts, aligned for buckets that hold them alone.
     model::ModelChunk held =
         ep.holding(pipeline_chunk(layers, state.pp_rank(), c), config.num_experts);
-    if (ep.active() || ep.whole_experts) held.expert_alignment = bucket_unit(grid);
+    if (ep.active() || ep.whole_experts) held.expert_alignment = bucket_unit(config, grid);
     std::vector<Bucket> buckets = chunk_buckets(config, grid, parallel_, state.tp_rank(), held, c);
     owned_.push_back(std::make_unique<model::GPTModel>(config, device, seed, tp, held,
                                                        buffer_elements(buckets), cp, ep));
@@ -101,6 +108,10 @@ ParallelModel::ParallelModel(const model::TransformerConfig& config, Device devi
 }
 
 ParallelModel::ParallelModel(model::GPTModel& model) : chunks_{&model} {
+  const model::ExpertParallel& ep = model.expert_parallel();
+  BRAID_CHECK(!ep.active() && !(ep.whole_experts && model.tensor_parallel().active()),
+              "ParallelModel: a model with expert parallelism or whole experts needs a "
+              "ParallelState, whose expert-data-parallel group sums the experts' gradients");
   const model::ParamLayout& layout = model.layout();
   buffers_.push_back(std::make_unique<GradBuffer>(
       model, nullptr, nullptr, parallel_.ddp,

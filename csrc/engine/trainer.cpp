@@ -17,7 +17,8 @@ namespace {
 // each EP rank other experts.)
 bool norm_over_replicas(const ParallelModel& model) {
   const comm::ParallelState* state = model.state();
-  return state != nullptr && (state->grid().ep() > 1 || state->grid().whole_experts()) &&
+  return state != nullptr &&
+         (state->grid().ep() > 1 || model.chunk(0).expert_parallel().whole_experts) &&
          !model.parallel().ddp.use_distributed_optimizer;
 }
 
@@ -191,6 +192,9 @@ Trainer::Microbatches Trainer::split(const Tensor& ids, const Tensor& targets, i
   // Microbatches, and each one's share of the global batch's tokens.
   Microbatches batch;
   const int64_t rows = ids.size(0) / num_microbatches;
+  const model::GPTModel& m = model_.chunk(0);
+  model::check_sequence_shards(m.config(), rows, m.tensor_parallel(),
+                               m.expert_parallel().whole_experts, m.context_parallel());
   std::vector<int64_t> counts;
   int64_t local = 0;
   for (int m = 0; m < num_microbatches; ++m) {

@@ -153,7 +153,7 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
 
   // dh: the replicated layers' share added once (TP rank 0) when every rank ran them on every
   // token; each rank's own under SP.
-  Tensor dh = Tensor::empty(h.shape(), dt, dev);
+  Tensor dh = lq > 0 || !sharded ? Tensor::empty(h.shape(), dt, dev) : Tensor();
   const bool adds_dh = sharded || tp_.rank() == 0;
   if (lq > 0) {
     const Tensor d_q_in =

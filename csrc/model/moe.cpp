@@ -76,7 +76,7 @@ std::vector<uint8_t> kept_pairs_of_shard(const Tensor& experts, const Tensor& pr
   Tensor all_experts = Tensor::empty({n * tp.size()}, DType::i32, dev);
   Tensor all_probs = Tensor::empty({n * tp.size()}, DType::f32, dev);
   tp.group->all_gather(on(dev, experts.view({n})), all_experts)->wait();
-  tp.group->all_gather(on(dev, host_copy(probs).view({n})), all_probs)->wait();
+  tp.group->all_gather(probs.view({n}), all_probs)->wait();
   const int64_t k = experts.size(1), t_all = n / k * tp.size();
   const std::vector<uint8_t> all =
       kept_pairs(host_copy(all_experts).view({t_all, k}), all_probs.view({t_all, k}), rows,
@@ -96,20 +96,32 @@ LocalRuns local_runs(int64_t t_count, int64_t runs, const TensorParallel& tp, bo
   const int64_t offset = sharded ? t_count * tp.rank() : 0;
   LocalRuns l;
   l.tokens_per_run = total / runs;
-  BRAID_CONFIG_CHECK(t_count % l.tokens_per_run == 0 || l.tokens_per_run % t_count == 0,
-                     "the per-sequence load-balancing loss (seq_aux_loss) with ",
-                     "--expert-tensor-parallel-size 1: each of the ", tp.size(),
-                     " sequence-parallel shards (", t_count,
-                     " tokens) must hold whole sequences "
-                     "or lie within one (",
-                     l.tokens_per_run, " tokens); make the micro-batch ",
-                     "size a multiple of the TP size, or the TP size of it");
+  BRAID_CHECK(t_count > 0 && (t_count % l.tokens_per_run == 0 || l.tokens_per_run % t_count == 0),
+              "route_tokens: a shard of ", t_count, " tokens neither holds whole runs of ",
+              l.tokens_per_run, " nor lies within one (check_sequence_shards)");
   l.first = offset / l.tokens_per_run;
   l.count = std::max<int64_t>(1, t_count / l.tokens_per_run);
   return l;
 }
 
 }  // namespace
+
+void check_sequence_shards(const TransformerConfig& config, int64_t rows, const TensorParallel& tp,
+                           bool tp_shards_tokens, const ContextParallel& cp) {
+  if (!tp_shards_tokens || !tp.active() || config.num_experts == 0 ||
+      config.moe_aux_loss_coeff == 0 ||
+      config.moe_router_load_balancing_type != MoeLoadBalancing::seq_aux_loss)
+    return;
+  const int64_t runs = rows * (cp.active() ? 2 : 1);
+  BRAID_CONFIG_CHECK(runs % tp.size() == 0 || tp.size() % runs == 0,
+                     "the per-sequence load-balancing loss (seq_aux_loss) with "
+                     "--expert-tensor-parallel-size 1: each of the ",
+                     tp.size(), " TP ranks' token shards must hold whole sequences",
+                     cp.active() ? " (context-parallel chunks)" : "", " or lie within one; ",
+                     "--micro-batch-size ", rows, " gives ", runs,
+                     cp.active() ? " chunks" : " sequences", ", which neither divides nor is ",
+                     "divided by --tensor-model-parallel-size ", tp.size());
+}
 
 ops::MoeRouterSpec router_spec(const TransformerConfig& config) {
   ops::MoeRouterSpec spec;

@@ -155,8 +155,9 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
   return dh;
 }
 
-// A replicated linear layer with f32 output (the router, the shared expert's gate) on the whole
-// tokens: every TP rank computes the same weight gradient; its share of dx is added once.
+// A replicated linear layer with f32 output (the router, the shared expert's gate): on the whole
+// tokens every TP rank computes the same weight gradient and its share of dx is added once; on
+// each rank's own tokens (own_tokens) each adds its dx and holds a share of the weight gradient.
 void TransformerLayer::replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy,
                                                   const Tensor& x, const Tensor& weight,
                                                   bool own_tokens) const {
@@ -482,10 +483,10 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
   const Tensor h1 = attention_input(a.input_norm_out);
-  Tensor dh1 = c.multi_latent_attention
-                   ? latent_backward(dq, dk, dv, h1, tokens, a)
-                   : enter_tp_backward(tp_, qkv_backward(dq, dk, dv, h1, tokens, a));
+  Tensor dh1 = c.multi_latent_attention ? latent_backward(dq, dk, dv, h1, tokens, a)
+                                        : qkv_backward(dq, dk, dv, h1, tokens, a);
   release(dq, dk, dv, a.input_norm_out);
+  if (!c.multi_latent_attention) dh1 = enter_tp_backward(tp_, dh1);
   Tensor dx = empty_like(a.input);
   norm_backward(c, dx, g_.input_norm_weight, g_.input_norm_bias, dh1, a.input, w_.input_norm_weight,
                 a.input_norm_stats);

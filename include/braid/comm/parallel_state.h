@@ -66,8 +66,8 @@ struct GridCoords {
 
 class RankGrid {
  public:
-  // ConfigError unless every size is >= 1, tp · cp · pp · dp == world_size, etp is tp or 1 and
-  // ep divides dp · cp (tp · dp · cp with etp 1).
+  // ConfigError unless every size is >= 1, tp · cp · pp · dp == world_size, etp is 0 or tp (split
+  // experts) or 1 and ep divides dp · cp (tp · dp · cp with etp 1).
   RankGrid(int world_size, const ParallelLayout& layout);
 
   int world_size() const { return tp_ * cp_ * pp_ * dp_; }

@@ -36,7 +36,8 @@ namespace braid::model {
 struct ExpertParallel {
   comm::Communicator* group = nullptr;  // the EP group; nullptr: every rank holds every expert
   // Expert TP 1 under TP > 1 with sequence parallelism: the experts are not split over TP, and
-  // each TP rank routes its own tokens through them (the router's gradient is then partial).
+  // each TP rank routes its own tokens through them (the router's gradient is then partial, and
+  // the experts' are summed over the expert-DP group that ParallelModel gives them).
   bool whole_experts = false;
 
   int size() const { return group != nullptr ? group->size() : 1; }

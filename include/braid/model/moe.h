@@ -63,6 +63,13 @@ struct MoeLosses {
   double z = 0;
 };
 
+// ConfigError unless, when each TP rank routes its own tokens (whole experts) under the
+// per-sequence balancing loss, every rank's share of a microbatch of `rows` sequences holds
+// whole sequences (under CP whole chunks: 2·rows of them) or lies within one. Checked before a
+// step (Trainer), on every rank alike, so that route_tokens never meets such a shard.
+void check_sequence_shards(const TransformerConfig& config, int64_t rows, const TensorParallel& tp,
+                           bool tp_shards_tokens, const ContextParallel& cp);
+
 // The router arithmetic `config` asks for (ops.h).
 ops::MoeRouterSpec router_spec(const TransformerConfig& config);
 

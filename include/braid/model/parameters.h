@@ -79,9 +79,9 @@ struct Parameter {
 // embedding group, so they stay equal). The default is the whole model.
 // Under expert parallelism a rank holds the experts [first_expert, end_expert) of every expert
 // layer (its EP rank's share, ExpertParallel::holding), and each layer's run of expert
-// parameters starts and ends at a multiple of expert_alignment elements (the data-parallel
-// size: gradient buckets, which split into that many equal shards, can then keep experts apart
-// from the rest).
+// parameters starts and ends at a multiple of expert_alignment elements (the number of shards
+// gradient buckets split into - dp · cp, or its lcm with the expert-DP size - so that buckets can
+// keep experts apart from the rest).
 struct ModelChunk {
   int first_layer = 0;
   int end_layer = -1;  // -1: through the last layer

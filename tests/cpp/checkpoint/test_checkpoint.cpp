@@ -299,6 +299,10 @@ TEST(CheckpointExpertParallel, WholeExpertsLoadUnderAnyLayout) {
                                            with_ep(2, 1, 1, false, 1, true)});
     check_files(dir, 3, 2, 1, 2, config.num_experts, true);
     check_reshard("moe", config, {2, 1, 1, true}, {with_ep(2, 1, 1, false, 2, true)});
+    // ep 1: both TP ranks hold every expert whole; TP rank 0 writes them.
+    const std::string ep1 = check_reshard("moe", config, with_ep(2, 1, 1, true, 1, true),
+                                          {{1, 1, 1, false}, {2, 1, 1, false}});
+    check_files(ep1, 3, 2, 1, 1, config.num_experts, true);
   } else if (world == 8) {
     // ep 4 over tp 2 × dp 2 per stage, so the dense files of TP rank 1 are EP rank 1's.
     const std::string dir = check_reshard("moe", config, with_ep(2, 2, 2, true, 4, true),

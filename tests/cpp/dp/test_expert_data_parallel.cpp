@@ -322,6 +322,47 @@ TEST(ExpertParallelEqualsOneRank, WholeExpertsEightRanks) {
   check_layout({.tp = 4, .dp = 2, .ep = 4, .etp = 1, .zero = false, .overlap = true});
 }
 
+// Whole experts are refused where their gradients could not be summed (a one-process Trainer
+// over a TP model), and a per-sequence loss whose TP shards would split sequences unevenly is a
+// ConfigError before the step's first collective; a dense model ignores expert TP 1.
+TEST(WholeExperts, RefusedWhereTheyCannotWork) {
+  if (world_size() != 2) GTEST_SKIP() << "runs on 2 ranks";
+  std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
+  GPTModel direct(moe(), Device::cpu(), 7, model::TensorParallel{world.get(), true}, {}, 0, {},
+                  model::ExpertParallel{nullptr, true});
+  EXPECT_THROW(Trainer(direct, trainer_config().optimizer, trainer_config().schedule),
+               braid::Error);
+
+  comm::ParallelState state(world, {.tp = 2, .ep = 2, .etp = 1});
+  ParallelConfig parallel;
+  parallel.sequence_parallel = true;
+  {
+    ParallelModel model(dropping_moe(), Device::cpu(), 7, state, parallel);
+    Trainer trainer(model, trainer_config());
+    const tp_testing::Batch b = global_batch(model.config().vocab_size, 0);
+    try {  // 3 sequences a microbatch: rank 0's 24 tokens end in the middle of the second
+      trainer.train_step(b.ids.narrow(0, 3).clone(), b.targets.narrow(0, 3).clone(), 1);
+      ADD_FAILURE() << "no ConfigError";
+    } catch (const braid::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--micro-batch-size 3 gives 3 sequences"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  TransformerConfig dense = moe();
+  dense.num_experts = 0;
+  dense.moe_layers.clear();
+  dense.moe_shared_expert_intermediate_size = 0;
+  dense.moe_shared_expert_gate = false;
+  dense.moe_aux_loss_coeff = dense.moe_z_loss_coeff = 0;
+  parallel.sequence_parallel = false;  // whole experts would need it
+  comm::ParallelState folded(world, {.tp = 2, .etp = 1});
+  ParallelModel model(dense, Device::cpu(), 7, folded, parallel);
+  EXPECT_FALSE(model.chunk(0).expert_parallel().whole_experts);
+  EXPECT_FALSE(model.chunk(0).chunk().whole_experts);
+  world->barrier()->wait();
+}
+
 // Six ranks: dp·cp does not divide the 64-element parameter alignment, so only the expert
 // alignment (ModelChunk::expert_alignment) gives the buckets a boundary between the kinds.
 TEST(ExpertParallelEqualsOneRank, SixRanks) {
