@@ -334,7 +334,7 @@ def main(argv=None) -> int:
         f"{state.world_size} x {device}: tp={state.tp}"
         + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
         + (f" ep={state.ep}" if state.ep > 1 else "")
-        + (" etp=1" if state.etp == 1 and state.tp > 1 else "")
+        + (" etp=1" if state.etp == 1 and state.tp > 1 and cfg.num_experts else "")
         + (f", {a.virtual_stages} virtual stages" if a.virtual_stages > 1 else "")
         + (", layers per stage " + " | ".join(str(sum(e - b for b, e in chunks))
                                              for chunks in a.stage_layers)
