@@ -5,7 +5,8 @@ weights [out, in]. GPT-2's HF names differ and its Conv1D weights are [in, out] 
 fused in c_attn; `gpt2_to_braid` maps one onto the other. transformers 5 holds the experts of a
 mixture-of-experts layer fused ([E, 2F, H] gate and up, [E, H, F] down); `experts_to_braid`
 splits them into braid's per-expert names. The deepseek_* helpers serve the models with
-DeepSeek-V3's router (DeepseekV3, Dots1, Glm4Moe): its expert biases and its group-limited choice.
+DeepSeek-V3's router (DeepseekV3, Dots1, Glm4Moe): its expert biases and its group-limited choice;
+deepseek_mla_config the tiny multi-latent attention models (DeepseekV2, DeepseekV3).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import transformers
 
 import braid
+from braid.generate import Sampling, generate
 
 
 def eager_model(model_class, hf_cfg, biases=False):
@@ -381,6 +383,68 @@ def compare_logits_loss_and_gradients(model, hf, out, ids, targets, hf_grads, lo
     grad_err = max(assert_close_rel(name, got[name], g.numpy(), grad_rtol)
                    for name, g in want.items())
     return err, grad_err, got
+
+
+def assert_fields_matter(model, hf, changed, vocab, logits_rtol):
+    """braid's `model` computes `hf`'s logits of batch(vocab) within logits_rtol, and `changed`,
+    HF's model of the same weights with other config fields, logits beyond 100 x that: the
+    comparison checks what those fields change."""
+    ids, _ = batch(vocab)
+    with torch.no_grad():
+        want = hf(torch.from_numpy(ids)).logits.numpy()
+        different = changed(torch.from_numpy(ids)).logits.numpy()
+    got = np.from_dlpack(model.logits(ids))
+    assert np.abs(got - want).max() <= logits_rtol * np.abs(want).max()
+    assert np.abs(got - different).max() > 100 * logits_rtol * np.abs(want).max()
+
+
+def assert_greedy_decoding_matches_generate(hf, model, vocab, new_tokens, routing_margin, margin,
+                                            logits_rtol):
+    """braid's decode fills its cache with the prompt, then one token a step: every step's
+    logits are transformers' (over its own cache, within logits_rtol) and the tokens chosen the
+    same, for 3 prompts of 6 tokens (seed 1) and `new_tokens` steps. Every step's top two logits
+    are more than 1e-3 apart and every token's routing (`routing_margin(hf, router_logits)`) more
+    than `margin` from a tie, so that the test is exact; not one token repeated. Returns braid's
+    cache after the last step and the decode logits' largest relative error."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, vocab, size=6).tolist() for _ in range(3)]
+    with torch.no_grad():
+        out = hf.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, eos_token_id=None, pad_token_id=0,
+                          attention_mask=torch.ones(3, 6, dtype=torch.long))
+        full = hf(out, output_router_logits=True)
+        top2 = torch.topk(full.logits[:, 5:-1].double(), 2, dim=-1).values
+        assert (top2[..., 0] - top2[..., 1]).min() > 1e-3
+        assert routing_margin(hf, full.router_logits) > margin
+    want = out[:, 6:].tolist()
+    assert any(len(set(w)) > 3 for w in want)  # not one token repeated
+    assert generate(model, prompts, new_tokens, Sampling(greedy=True)) == want
+
+    cache = model.kv_cache(3, 6 + new_tokens)
+    tokens = out.numpy().astype(np.int32)
+    steps = [np.from_dlpack(model.decode(tokens[:, :6], cache))]
+    for t in range(6, 6 + new_tokens - 1):
+        steps.append(np.from_dlpack(model.decode(tokens[:, t:t + 1], cache)))
+    err = assert_close_rel("decode logits", np.concatenate(steps, axis=1),
+                           full.logits[:, :-1].numpy(), logits_rtol)
+    return cache, err
+
+
+def deepseek_mla_config(config_class, layers, hidden, heads, vocab, positions, q_rank, kv_rank,
+                        nope, rope, v_dim, **fields):
+    """transformers' `config_class` (DeepseekV2Config, DeepseekV3Config) of a tiny model with
+    multi-latent attention: `layers` layers of width `hidden` (the dense MLPs 4 x hidden wide),
+    `heads` heads each with its own key and value, a query latent of q_rank (None: q_proj) and a
+    key/value latent of kv_rank, query and key heads of nope channels then rope turned by RoPE,
+    value heads of v_dim; RMSNorm eps 1e-6, plain RoPE (theta 10000), untied embeddings.
+    `fields`: the router's and any others, over these."""
+    return config_class(**{
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 4 * hidden,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+        "q_lora_rank": q_rank, "kv_lora_rank": kv_rank, "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope, "v_head_dim": v_dim, "max_position_embeddings": positions,
+        "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": False, **fields})
 
 
 # ---- DeepSeek-V3's router (DeepseekV3, Dots1, Glm4Moe) -------------------------------------------

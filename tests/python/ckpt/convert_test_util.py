@@ -1,7 +1,9 @@
 """Shared by the convert_hf.py tests of models with DeepSeek-V3's router
 (test_convert_hf_dots1.py, test_convert_hf_deepseek_v3.py): the router their tiny models have,
 HF's logits with the routing checked clear of ties, a trained braid checkpoint exported with
-such routing, and the checks both families make alike."""
+such routing, and the checks both families make alike; and by the tests of DeepSeek's
+multi-latent attention (test_convert_hf_deepseek_v3.py, test_convert_hf_deepseek_v2.py): their
+tiny models, the import's attention checked, the config keys an export keeps."""
 
 import json
 
@@ -12,9 +14,9 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import braid
-from hf_oracle import deepseek_routers, deepseek_routing_margin
+from hf_oracle import deepseek_mla_config, deepseek_routers, deepseek_routing_margin
 from test_convert_hf import (IDS, assert_fails, assert_same_bits, convert_hf, edit_config,
-                             hf_weights, load_hf, metadata, perturb, run_tool)
+                             hf_weights, imported, load_hf, metadata, perturb, run_tool)
 
 MARGIN = 1e-3  # the least gap between a token's last chosen and first unchosen group or expert
 BIAS = "mlp.gate.e_score_correction_bias"
@@ -30,6 +32,16 @@ BRAID_ROUTER = dict(num_experts=8, moe_router_topk=4, moe_ffn_hidden_size=32,
                     moe_router_group_topk=2, moe_router_topk_scaling_factor=2.5,
                     moe_shared_expert_intermediate_size=32, moe_layers=[0, 1, 1],
                     moe_aux_loss_coeff=0.01)
+# The HF config keys an export of a DeepSeek model with multi-latent attention agrees on with the
+# original (assert_configs_agree), both DeepSeek-V2's and -V3's.
+MLA_CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                   "tie_word_embeddings", "attention_bias", "rope_parameters", "q_lora_rank",
+                   "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                   "qk_head_dim", "head_dim", "n_routed_experts", "num_experts_per_tok",
+                   "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                   "n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor",
+                   "max_position_embeddings", "vocab_size")
 
 
 def save_hf(model, tmp, dtype):
@@ -41,34 +53,72 @@ def save_hf(model, tmp, dtype):
     return tmp
 
 
-def hf_forward(hf, ids):
+def save_deepseek(model_class, tmp, layers, dtype, seed, router, extra):
+    """A `model_class` (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM) of `layers` layers drawn
+    with `seed` and saved by save_pretrained (save_hf): hidden 64, 4 heads, q_lora_rank 24,
+    kv_lora_rank 16, qk_nope_head_dim 16, qk_rope_head_dim 8, v_head_dim 12, the dense MLPs 160
+    wide (deepseek_mla_config); `router`'s config fields, then `extra`'s over them."""
+    torch.manual_seed(seed)
+    config = deepseek_mla_config(model_class.config_class, layers, 64, 4, 97, 64, 24, 16, 16, 8,
+                                 12, intermediate_size=160, **{**router, **extra})
+    return save_hf(model_class(config).eval(), tmp, dtype)
+
+
+def imported_mla(tmp_path, kind, models):
+    """imported's HF directory and checkpoint of the DeepSeek model `kind` of `models`, and the
+    checkpoint's metadata and the HF config.json, checking the import's multi-latent attention:
+    format version 3, the latent norms (qk_layernorm), the ranks and head widths, no biases."""
+    hf_dir, ckpt = imported(tmp_path, kind, models)
+    meta, hf_cfg = metadata(ckpt), json.loads((hf_dir / "config.json").read_text())
+    c = meta["config"]
+    # A version-2 reader would build other parameters (q, k, v): version 3.
+    assert meta["format_version"] == 3
+    assert c["multi_latent_attention"] and c["qk_layernorm"]
+    assert (c["q_lora_rank"], c["kv_lora_rank"], c["qk_head_dim"], c["qk_pos_emb_head_dim"],
+            c["v_head_dim"]) == (hf_cfg["q_lora_rank"] or 0, 16, 16, 8, 12)
+    assert (c["add_bias_linear"], c["add_qkv_bias"]) == (False, False)
+    return hf_dir, ckpt, meta, hf_cfg
+
+
+def without_yarn_type(key, got, want, want_config):
+    """rope_parameters without "type" (the export's rope_scaling also says type: yarn)."""
+    if key == "rope_parameters":
+        got, want = ({k: v for k, v in d.items() if k != "type"} for d in (got, want))
+    return got, want
+
+
+def hf_forward(hf, ids, routing_margin=deepseek_routing_margin):
     """HF's logits and the least gap, over every token and expert layer, between the last group
-    and the last expert chosen and the first left out (transformers' DeepseekV3TopkRouter)."""
+    and the last expert chosen and the first left out: `routing_margin(hf, router_logits)`,
+    transformers' DeepseekV3TopkRouter's by default."""
     with torch.no_grad():
         out = hf(torch.from_numpy(ids), output_router_logits=True)
-    return out.logits.numpy(), deepseek_routing_margin(hf, out.router_logits)
+    return out.logits.numpy(), routing_margin(hf, out.router_logits)
 
 
-def hf_logits(hf, ids):
+def hf_logits(hf, ids, routing_margin=deepseek_routing_margin):
     """HF's logits, checking that no token's group or expert choice is near a tie (braid's
-    router logits agree to ~1e-6, so braid chooses the same experts)."""
-    logits, margin = hf_forward(hf, ids)
+    router logits agree to ~1e-6, so braid chooses the same experts); `routing_margin`: as
+    hf_forward's."""
+    logits, margin = hf_forward(hf, ids, routing_margin)
     assert margin > MARGIN, f"a near tie in the routing ({margin:.1e})"
     return logits
 
 
-def export_with_clear_routing(tmp_path, checkpoint, **fields):
+def export_with_clear_routing(tmp_path, checkpoint, routing_margin=deepseek_routing_margin,
+                              **fields):
     """The first of seeds 3 to 10 whose braid-trained checkpoint, `checkpoint(path, seed,
-    **fields)`, exported, routes IDS in transformers with no near tie: (braid's model, the
-    export's directory, transformers' model of it). What training does to the weights is braid's
-    C++'s; the tests need braid and transformers to choose alike."""
+    **fields)`, exported, routes IDS in transformers with no near tie (`routing_margin`: as
+    hf_forward's): (braid's model, the export's directory, transformers' model of it). What
+    training does to the weights is braid's C++'s; the tests need braid and transformers to
+    choose alike."""
     for seed in range(3, 11):
         model = checkpoint(tmp_path / f"ckpt{seed}", seed, **fields)
         out = tmp_path / f"out{seed}"
         r = run_tool("export", "--load", tmp_path / f"ckpt{seed}", "--hf-dir", out)
         assert r.returncode == 0, r.stderr
         hf = load_hf(out)
-        if hf_forward(hf, IDS)[1] > MARGIN:
+        if hf_forward(hf, IDS, routing_margin)[1] > MARGIN:
             return model, out, hf
     pytest.fail("every seed's routing has a near tie")
 

@@ -26,14 +26,16 @@ import os
 import re
 import sys
 
-import numpy as np
 import pytest
 import torch
 import transformers
 
 import braid
 from braid.generate import config_from_metadata
-from convert_test_util import assert_mixed_bf16_round_trip, assert_resaves_alike, save_hf
+from convert_test_util import (MLA_CONFIG_KEYS, assert_mixed_bf16_round_trip,
+                               assert_resaves_alike, export_with_clear_routing,
+                               hf_logits as clear_hf_logits, imported_mla, save_deepseek,
+                               without_yarn_type)
 from test_convert_hf import (IDS, ROOT, assert_computes_both, assert_configs_agree,
                              assert_import_refused, assert_same_bits, assert_same_logits,
                              braid_model, convert_hf, edit_config, hf_weights, imported,
@@ -44,7 +46,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 from hf_configs import as_f32  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "python", "model"))
-from test_hf_deepseek_v2_oracle import MARGIN, v2_routing_margin  # noqa: E402
+from test_hf_deepseek_v2_oracle import v2_routing_margin  # noqa: E402
 
 # DeepSeek-V2's and -V2-Lite's YaRN, as transformers 5 holds it
 V2_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40, "mscale": 0.707,
@@ -52,6 +54,11 @@ V2_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40, "mscale": 0
            "beta_slow": 1}
 GROUPED = {"topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
            "num_experts_per_tok": 2}
+# The router of the tests' models: 8 experts of 32 after a dense first layer, top 3 (greedy), 2
+# shared experts, routed_scaling_factor 2.5. HF's config fields.
+HF_V2_ROUTER = dict(moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+                    topk_method="greedy", n_group=1, topk_group=1, n_shared_experts=2,
+                    first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=False)
 
 
 def deepseek_v2(tmp, layers=3, dtype=torch.float32, seed=1, **extra):
@@ -60,19 +67,8 @@ def deepseek_v2(tmp, layers=3, dtype=torch.float32, seed=1, **extra):
     first layer dense (intermediate_size 160), then 8 experts of 32, top 3 (greedy), 2 shared
     experts, routed_scaling_factor 2.5. `extra`: more config fields. `seed`: one whose routing
     has no near tie on IDS."""
-    torch.manual_seed(seed)
-    fields = dict(
-        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=64,
-        rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
-        topk_method="greedy", n_group=1, topk_group=1, n_shared_experts=2,
-        first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=False)
-    fields.update(extra)
-    return save_hf(transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(**fields))
-                   .eval(), tmp, dtype)
+    return save_deepseek(transformers.DeepseekV2ForCausalLM, tmp, layers, dtype, seed,
+                         HF_V2_ROUTER, extra)
 
 
 MODELS = {
@@ -88,44 +84,19 @@ MODELS = {
     "yarn": lambda d: deepseek_v2(d, layers=2, q_lora_rank=None, first_k_dense_replace=0,
                                   rope_parameters=V2_YARN),
 }
-CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
-               "tie_word_embeddings", "attention_bias", "mlp_bias", "rope_parameters",
-               "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-               "v_head_dim", "qk_head_dim", "head_dim", "n_routed_experts",
-               "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
-               "first_k_dense_replace", "topk_method", "n_group", "topk_group",
-               "norm_topk_prob", "routed_scaling_factor", "max_position_embeddings",
-               "vocab_size")
-
-
-def without_yarn_type(key, got, want, want_config):
-    """rope_parameters without "type" (the export's rope_scaling also says type: yarn)."""
-    if key == "rope_parameters":
-        got, want = ({k: v for k, v in d.items() if k != "type"} for d in (got, want))
-    return got, want
+CONFIG_KEYS = MLA_CONFIG_KEYS + ("mlp_bias", "topk_method")
 
 
 def hf_logits(hf, ids):
-    """HF's logits, checking that no token's group or expert choice is near a tie (braid's
-    router logits agree to ~1e-6, so braid chooses the same experts)."""
-    with torch.no_grad():
-        out = hf(torch.from_numpy(ids), output_router_logits=True)
-    margin = v2_routing_margin(hf, out.router_logits)
-    assert margin > MARGIN, f"a near tie in the routing ({margin:.1e})"
-    return out.logits.numpy()
+    """HF's logits, checking that no token's group or expert choice is near a tie in DeepSeek-V2's
+    routing (convert_test_util.hf_logits with v2_routing_margin)."""
+    return clear_hf_logits(hf, ids, v2_routing_margin)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
-    hf_dir, ckpt = imported(tmp_path, kind, MODELS)
-    meta, hf_cfg = metadata(ckpt), json.loads((hf_dir / "config.json").read_text())
+    hf_dir, ckpt, meta, hf_cfg = imported_mla(tmp_path, kind, MODELS)
     c = meta["config"]
-    assert meta["format_version"] == 3
-    assert c["multi_latent_attention"] and c["qk_layernorm"]
-    assert (c["q_lora_rank"], c["kv_lora_rank"], c["qk_head_dim"], c["qk_pos_emb_head_dim"],
-            c["v_head_dim"]) == (hf_cfg["q_lora_rank"] or 0, 16, 16, 8, 12)
-    assert (c["add_bias_linear"], c["add_qkv_bias"]) == (False, False)
     if hf_cfg["rope_parameters"]["rope_type"] == "yarn":
         assert (c["rope_yarn_factor"], c["rope_original_max_position_embeddings"]) == (40.0,
                                                                                       4096)
@@ -251,18 +222,8 @@ V2_ROUTER = {"moe_router_score_function": "softmax", "moe_router_pre_softmax": T
 def test_a_trained_braid_model_exports(tmp_path, fields):
     # braid_mla_checkpoint: test_convert_hf_deepseek_v3.py's model, here routed by DeepSeek-V2's
     # router; the first of seeds 3 to 10 whose export routes IDS with no near tie
-    for seed in range(3, 11):
-        model = braid_mla_checkpoint(tmp_path / f"ckpt{seed}", seed, **{**V2_ROUTER, **fields})
-        out = tmp_path / f"out{seed}"
-        r = run_tool("export", "--load", tmp_path / f"ckpt{seed}", "--hf-dir", out)
-        assert r.returncode == 0, r.stderr
-        hf = load_hf(out)
-        with torch.no_grad():
-            routed = hf(torch.from_numpy(IDS), output_router_logits=True)
-        if v2_routing_margin(hf, routed.router_logits) > MARGIN:
-            break
-    else:
-        pytest.fail("every seed's routing has a near tie")
+    model, out, hf = export_with_clear_routing(tmp_path, braid_mla_checkpoint, v2_routing_margin,
+                                               **{**V2_ROUTER, **fields})
     h = hf.config
     assert h.model_type == "deepseek_v2" and not h.norm_topk_prob
     assert (h.q_lora_rank, h.kv_lora_rank) == (fields.get("q_lora_rank", 24) or None, 16)

@@ -35,9 +35,10 @@ import transformers
 
 import braid
 from braid.generate import config_from_metadata
-from convert_test_util import (BIAS, BRAID_ROUTER, HF_ROUTER, assert_mixed_bf16_round_trip,
-                               assert_mtp_layers_dropped, assert_resaves_alike,
-                               export_with_clear_routing, hf_logits, save_hf)
+from convert_test_util import (BIAS, BRAID_ROUTER, HF_ROUTER, MLA_CONFIG_KEYS,
+                               assert_mixed_bf16_round_trip, assert_mtp_layers_dropped,
+                               assert_resaves_alike, export_with_clear_routing, hf_logits,
+                               imported_mla, save_deepseek, without_yarn_type)
 from test_convert_hf import (IDS, LOGITS_RTOL, ROOT, assert_computes_both, assert_configs_agree,
                              assert_exports_exactly, assert_import_refused, assert_same_bits,
                              assert_same_logits, braid_model, convert_hf, hf_weights, imported,
@@ -60,16 +61,8 @@ def deepseek_v3(tmp, layers=3, dtype=torch.float32, seed=3, **extra):
     q_lora_rank 24, kv_lora_rank 16, qk_nope_head_dim 16, qk_rope_head_dim 8, v_head_dim 12; the
     first layer dense (intermediate_size 160), then HF_ROUTER's experts. `extra`: more config
     fields. `seed`: one whose routing has no near tie on IDS."""
-    torch.manual_seed(seed)
-    fields = dict(
-        vocab_size=97, hidden_size=64, intermediate_size=160, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, max_position_embeddings=64,
-        rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **HF_ROUTER)
-    fields.update(extra)
-    return save_hf(transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**fields))
-                   .eval(), tmp, dtype)
+    return save_deepseek(transformers.DeepseekV3ForCausalLM, tmp, layers, dtype, seed, HF_ROUTER,
+                         extra)
 
 
 MODELS = {
@@ -88,36 +81,15 @@ MODELS = {
     # YaRN with cos and sin scaled too; dense
     "yarn-dense": lambda d: deepseek_v3(d, first_k_dense_replace=3, rope_parameters=OTHER_YARN),
 }
-CONFIG_KEYS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
-               "tie_word_embeddings", "attention_bias", "rope_parameters", "rope_interleave",
-               "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-               "v_head_dim", "qk_head_dim", "head_dim", "n_routed_experts",
-               "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
-               "first_k_dense_replace", "n_group", "topk_group", "norm_topk_prob",
-               "routed_scaling_factor", "max_position_embeddings", "vocab_size")
-
-
-def without_yarn_type(key, got, want, want_config):
-    """rope_parameters without "type" (the export's rope_scaling also says type: yarn)."""
-    if key == "rope_parameters":
-        got, want = ({k: v for k, v in d.items() if k != "type"} for d in (got, want))
-    return got, want
+CONFIG_KEYS = MLA_CONFIG_KEYS + ("rope_interleave",)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_round_trip_is_exact_and_logits_match(tmp_path, kind):
-    hf_dir, ckpt = imported(tmp_path, kind, MODELS)
-    meta, hf_cfg = metadata(ckpt), json.loads((hf_dir / "config.json").read_text())
+    hf_dir, ckpt, meta, hf_cfg = imported_mla(tmp_path, kind, MODELS)
     c = meta["config"]
-    # A version-2 reader would build other parameters (q, k, v): version 3.
-    assert meta["format_version"] == 3
-    assert c["multi_latent_attention"] and c["qk_layernorm"]
-    assert (c["q_lora_rank"], c["kv_lora_rank"], c["qk_head_dim"], c["qk_pos_emb_head_dim"],
-            c["v_head_dim"]) == (hf_cfg["q_lora_rank"] or 0, 16, 16, 8, 12)
     # kv_channels: the query/key head width, as braid's C++ saves an MLA model
     assert (c["kv_channels"], c["num_query_groups"], c["rotary_percent"]) == (24, 4, 1.0)
-    assert (c["add_bias_linear"], c["add_qkv_bias"]) == (False, False)
     rope = hf_cfg["rope_parameters"]
     if rope["rope_type"] == "yarn":
         assert (c["rope_yarn_factor"], c["rope_yarn_beta_fast"], c["rope_yarn_beta_slow"],

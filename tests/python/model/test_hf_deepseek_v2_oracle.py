@@ -31,9 +31,10 @@ import torch
 import transformers
 
 import braid
-from braid.generate import Sampling, config_from_metadata, generate
-from hf_oracle import (assert_close_rel, batch, compare_logits_loss_and_gradients,
-                       deepseek_grads, eager_model, moe_routers)
+from braid.generate import config_from_metadata
+from hf_oracle import (assert_fields_matter, assert_greedy_decoding_matches_generate, batch,
+                       compare_logits_loss_and_gradients, deepseek_grads, deepseek_mla_config,
+                       eager_model, moe_routers)
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 _spec = importlib.util.spec_from_file_location(
@@ -70,18 +71,12 @@ KINDS = {
 
 
 def hf_config(**fields):
-    base = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN,
-        moe_intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=HEADS, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK,
-        qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V_DIM,
-        max_position_embeddings=POSITIONS, n_routed_experts=EXPERTS, num_experts_per_tok=TOPK,
-        topk_method="greedy", n_group=1, topk_group=1, n_shared_experts=2,
-        first_k_dense_replace=1, routed_scaling_factor=SCALE, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False)
-    base.update(fields)
-    return transformers.DeepseekV2Config(**base)
+    router = dict(moe_intermediate_size=FFN, n_routed_experts=EXPERTS, num_experts_per_tok=TOPK,
+                  topk_method="greedy", n_group=1, topk_group=1, n_shared_experts=2,
+                  first_k_dense_replace=1, routed_scaling_factor=SCALE)
+    return deepseek_mla_config(transformers.DeepseekV2Config, LAYERS, HIDDEN, HEADS, VOCAB,
+                               POSITIONS, Q_RANK, KV_RANK, NOPE, ROPE, V_DIM,
+                               **{**router, **fields})
 
 
 def random_deepseek_v2(kind, seed=None, **hf_fields):
@@ -232,15 +227,9 @@ def test_transformers_ignores_norm_topk_prob():
 def test_the_compared_fields_matter(tmp_path, kind, other):
     # braid's import computes HF's logits, and HF's model of the same weights with `other` logits
     # far beyond the tolerance: the comparison checks what those fields change.
-    ids, _ = batch(VOCAB)
     hf, changed = random_deepseek_v2(kind), random_deepseek_v2(kind, **other)
     model, _ = imported_model(hf, tmp_path)
-    with torch.no_grad():
-        want = hf(torch.from_numpy(ids)).logits.numpy()
-        different = changed(torch.from_numpy(ids)).logits.numpy()
-    got = np.from_dlpack(model.logits(ids))
-    assert np.abs(got - want).max() <= LOGITS_RTOL * np.abs(want).max()
-    assert np.abs(got - different).max() > 100 * LOGITS_RTOL * np.abs(want).max()
+    assert_fields_matter(model, hf, changed, VOCAB, LOGITS_RTOL)
 
 
 NEW_TOKENS = 20
@@ -251,30 +240,12 @@ DECODE_SEEDS = {"greedy-no-q-latent": 0, "grouped": 3, "yarn": 1}
 @pytest.mark.parametrize("kind", sorted(DECODE_SEEDS))
 def test_greedy_decoding_over_the_kv_cache_matches_generate(tmp_path, kind):
     # braid's decode fills its cache with the prompt, then one token a step: every step's logits
-    # are transformers' (over its own cache) and the tokens chosen the same. Weights drawn wider
-    # than transformers' init (std 0.02): logits of a few units, whose top two are apart.
+    # are transformers' (over its own cache) and the tokens chosen the same; every step's choice
+    # and every token's routing clear, so the test is exact (assert_greedy_decoding_matches_
+    # generate). Weights drawn wider than transformers' init (std 0.02): logits of a few units,
+    # whose top two are apart.
     hf = random_deepseek_v2(kind, seed=DECODE_SEEDS[kind], initializer_range=0.1)
     model, _ = imported_model(hf, tmp_path)
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, VOCAB, size=6).tolist() for _ in range(3)]
-    with torch.no_grad():
-        out = hf.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=NEW_TOKENS,
-                          min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0,
-                          attention_mask=torch.ones(3, 6, dtype=torch.long))
-        full = hf(out, output_router_logits=True)
-        # Every step's choice is clear, and so is every token's routing: the test is exact.
-        top2 = torch.topk(full.logits[:, 5:-1].double(), 2, dim=-1).values
-        assert (top2[..., 0] - top2[..., 1]).min() > 1e-3
-        assert v2_routing_margin(hf, full.router_logits) > MARGIN
-    want = out[:, 6:].tolist()
-    assert any(len(set(w)) > 3 for w in want)  # not one token repeated
-    assert generate(model, prompts, NEW_TOKENS, Sampling(greedy=True)) == want
-
-    cache = model.kv_cache(3, 6 + NEW_TOKENS)
-    tokens = out.numpy().astype(np.int32)
-    steps = [np.from_dlpack(model.decode(tokens[:, :6], cache))]
-    for t in range(6, 6 + NEW_TOKENS - 1):
-        steps.append(np.from_dlpack(model.decode(tokens[:, t:t + 1], cache)))
-    err = assert_close_rel("decode logits", np.concatenate(steps, axis=1),
-                           full.logits[:, :-1].numpy(), LOGITS_RTOL)
+    _, err = assert_greedy_decoding_matches_generate(hf, model, VOCAB, NEW_TOKENS,
+                                                     v2_routing_margin, MARGIN, LOGITS_RTOL)
     print(f"{kind}: decode logits {err:.1e} (max relative error)")

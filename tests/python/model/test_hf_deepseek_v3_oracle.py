@@ -38,10 +38,10 @@ import torch
 import transformers
 
 import braid
-from braid.generate import Sampling, generate
-from hf_oracle import (assert_close_rel, batch, check_deepseek_routing,
-                       compare_logits_loss_and_gradients, deepseek_grads, deepseek_routers,
-                       deepseek_routing_margin, eager_model, load_deepseek_into_braid)
+from hf_oracle import (assert_fields_matter, assert_greedy_decoding_matches_generate, batch,
+                       check_deepseek_routing, compare_logits_loss_and_gradients, deepseek_grads,
+                       deepseek_mla_config, deepseek_routers, deepseek_routing_margin,
+                       eager_model, load_deepseek_into_braid)
 
 LOGITS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -83,18 +83,12 @@ def g(m):  # YaRN's get_mscale at factor 40
 
 
 def hf_config(**fields):
-    base = dict(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN,
-        moe_intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=HEADS, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK,
-        qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE, v_head_dim=V_DIM,
-        max_position_embeddings=POSITIONS, n_routed_experts=EXPERTS, num_experts_per_tok=TOPK,
-        n_group=GROUPS, topk_group=TOPK_GROUP, n_shared_experts=1, first_k_dense_replace=1,
-        norm_topk_prob=True, routed_scaling_factor=SCALE, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=False)
-    base.update(fields)
-    return transformers.DeepseekV3Config(**base)
+    router = dict(moe_intermediate_size=FFN, n_routed_experts=EXPERTS, num_experts_per_tok=TOPK,
+                  n_group=GROUPS, topk_group=TOPK_GROUP, n_shared_experts=1,
+                  first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=SCALE)
+    return deepseek_mla_config(transformers.DeepseekV3Config, LAYERS, HIDDEN, HEADS, VOCAB,
+                               POSITIONS, Q_RANK, KV_RANK, NOPE, ROPE, V_DIM,
+                               **{**router, **fields})
 
 
 def braid_config(hf_cfg):
@@ -192,15 +186,9 @@ def assert_hf_fields_matter(kind, **other):
     """braid's model of `kind` computes HF's logits, and HF's model of the same weights with the
     config fields `other` logits far beyond the tolerance: the comparison checks what they
     change."""
-    ids, _ = batch(VOCAB)
     hf, model = deepseek_v3_pair(kind)
     changed, _ = deepseek_v3_pair(kind, **other)
-    with torch.no_grad():
-        want = hf(torch.from_numpy(ids)).logits.numpy()
-        different = changed(torch.from_numpy(ids)).logits.numpy()
-    got = np.from_dlpack(model.logits(ids))
-    assert np.abs(got - want).max() <= LOGITS_RTOL * np.abs(want).max()
-    assert np.abs(got - different).max() > 100 * LOGITS_RTOL * np.abs(want).max()
+    assert_fields_matter(model, hf, changed, VOCAB, LOGITS_RTOL)
 
 
 @pytest.mark.parametrize("kind", sorted(YARN_PAIRS))
@@ -226,32 +214,14 @@ DECODE_SEEDS = {"q-latent": 0, "no-q-latent": 0, "yarn": 1, "yarn-mscale": 4}
 @pytest.mark.parametrize("kind", sorted(DECODE_SEEDS))
 def test_greedy_decoding_over_the_kv_cache_matches_generate(kind):
     # braid's decode fills its cache with the prompt, then one token a step: every step's logits
-    # are transformers' (over its own cache) and the tokens chosen the same. Weights drawn wider
-    # than transformers' init (std 0.02): logits of a few units, whose top two are apart. With
-    # YaRN the 26 positions outrun yarn-mscale's original context of 8.
+    # are transformers' (over its own cache) and the tokens chosen the same; every step's choice
+    # and every token's routing clear, so the test is exact (assert_greedy_decoding_matches_
+    # generate). Weights drawn wider than transformers' init (std 0.02): logits of a few units,
+    # whose top two are apart. With YaRN the 26 positions outrun yarn-mscale's original context
+    # of 8.
     hf, model = deepseek_v3_pair(kind, seed=DECODE_SEEDS[kind], initializer_range=0.1)
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, VOCAB, size=6).tolist() for _ in range(3)]
-    with torch.no_grad():
-        out = hf.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=NEW_TOKENS,
-                          min_new_tokens=NEW_TOKENS, eos_token_id=None, pad_token_id=0,
-                          attention_mask=torch.ones(3, 6, dtype=torch.long))
-        full = hf(out, output_router_logits=True)
-        # Every step's choice is clear, and so is every token's routing: the test is exact.
-        top2 = torch.topk(full.logits[:, 5:-1].double(), 2, dim=-1).values
-        assert (top2[..., 0] - top2[..., 1]).min() > 1e-3
-        assert deepseek_routing_margin(hf, full.router_logits) > MARGIN
-    want = out[:, 6:].tolist()
-    assert any(len(set(w)) > 3 for w in want)  # not one token repeated
-    got = generate(model, prompts, NEW_TOKENS, Sampling(greedy=True))
-    assert got == want
-
-    cache = model.kv_cache(3, 6 + NEW_TOKENS)
-    tokens = out.numpy().astype(np.int32)
-    steps = [np.from_dlpack(model.decode(tokens[:, :6], cache))]
-    for t in range(6, 6 + NEW_TOKENS - 1):
-        steps.append(np.from_dlpack(model.decode(tokens[:, t:t + 1], cache)))
+    cache, err = assert_greedy_decoding_matches_generate(hf, model, VOCAB, NEW_TOKENS,
+                                                         deepseek_routing_margin, MARGIN,
+                                                         LOGITS_RTOL)
     assert cache.length == 5 + NEW_TOKENS
-    err = assert_close_rel("decode logits", np.concatenate(steps, axis=1),
-                           full.logits[:, :-1].numpy(), LOGITS_RTOL)
     print(f"{kind}: decode logits {err:.1e} (max relative error)")

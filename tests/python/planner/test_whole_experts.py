@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from braid import planner, planner_moe
+from test_expert_parallel import TRAINING as SPLIT_TRAINING
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -205,18 +206,8 @@ def test_plan_cli_takes_and_refuses_expert_tp():
         {(2, 2)}
 
 
-TRAINING = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32",
-            "--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "14336",
-            "--num-experts", "8", "--moe-router-topk", "2", "--swiglu",
-            "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm",
-            "--position-embedding-type", "rope", "--disable-bias-linear", "--seq-length", "4096",
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", "31999",
-            "--data-path", "/not/here", "--micro-batch-size", "4", "--global-batch-size", "256",
-            "--train-iters", "100", "--tensor-model-parallel-size", "4",
-            "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
-            "4", "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-            "--overlap-param-gather", "--recompute-granularity", "selective", "--bf16",
-            "--expert-model-parallel-size", "8"]
+# test_expert_parallel.py's pretrain_gpt.py run of Mixtral 8x7B (TP 4, PP 2, v 4), over EP 8
+TRAINING = [*SPLIT_TRAINING, "--expert-model-parallel-size", "8"]
 
 
 def test_plan_cli_plans_a_runs_own_expert_tp():
