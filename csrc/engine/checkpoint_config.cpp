@@ -25,6 +25,8 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"qk_layernorm", c.qk_layernorm},
       {"zero_centered_gamma", c.zero_centered_gamma},
       {"tie_embeddings", c.tie_embeddings},
+      {"mtp_num_layers", c.mtp_num_layers},
+      {"mtp_loss_scaling_factor", c.mtp_loss_scaling_factor},
       {"rope_theta", c.rope_theta},
       {"rope_scaling_factor", c.rope_scaling_factor},
       {"rope_low_freq_factor", c.rope_low_freq_factor},
@@ -68,6 +70,8 @@ int format_version(const model::TransformerConfig& c) {
       (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
        c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
        c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
+  // A version-3 reader would ignore the MTP depths' tensors and train without them.
+  if (c.mtp_num_layers > 0) return 4;
   // A version-2 reader would ignore YaRN's fields and run the model with plain RoPE.
   if (c.multi_latent_attention || c.rope_yarn_factor > 0) return 3;
   return new_router ? 2 : 1;
@@ -85,6 +89,11 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                        saved.at(key).dump(), " in the checkpoint and ", mine.at(key).dump(),
                        " in this run");
   }
+  // Checkpoints from before MTP have none.
+  const int64_t saved_mtp = saved.value("mtp_num_layers", int64_t(0));
+  BRAID_CONFIG_CHECK(saved_mtp == config.mtp_num_layers, where,
+                     ": a different model - mtp_num_layers (--mtp-num-layers) is ", saved_mtp,
+                     " in the checkpoint and ", config.mtp_num_layers, " in this run");
   // Checkpoints from before kv_channels had hidden_size / num_attention_heads.
   const int64_t saved_head_dim =
       saved.value("kv_channels", saved.at("hidden_size").get<int64_t>() /

@@ -69,7 +69,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
     for (int c = 0; c < saved.virtual_stages; ++c) {
       const model::ModelChunk held = pipeline_chunk(layers, p, c);
       // The expert biases (replicated, f32) in TP rank 0's file.
-      for (int64_t l = held.first_layer; l < held.end_layer; ++l) {
+      for (int64_t l = held.first_layer; l < model::held_layers_end(held, config); ++l) {
         if (!config.moe_router_enable_expert_bias || !config.is_moe_layer(l)) continue;
         json& entry = tensors[model::expert_bias_name(l)];
         entry["shape"] = std::vector<int64_t>{config.num_experts};

@@ -32,10 +32,11 @@ std::vector<Bucket> chunk_buckets(const model::TransformerConfig& config,
   const int dp = bucket_unit(config, grid);
   const DDPConfig& ddp = parallel.ddp;
   const model::ParamLayout layout = model::parameter_layout(config, tp_rank, grid.tp(), held);
-  // Tied embeddings on two stages, sharded by ZeRO: a bucket of their own on both (see
-  // grad_buffer.h), so the embedding group's sum after the reduce-scatter matches rows.
+  // Tied embeddings (or MTP's lookup table) on two stages, sharded by ZeRO: a bucket of their own
+  // on both (see grad_buffer.h), so the embedding group's sum after the reduce-scatter matches
+  // rows.
   const bool separate_embedding = ddp.use_distributed_optimizer && grid.pp() > 1 &&
-                                  config.tie_embeddings && (held.embedding || held.head);
+                                  config.head_uses_embedding() && (held.embedding || held.head);
   return make_buckets(layout, dp, ddp.bucket_elements(dp), ddp.overlap_grad_reduce && c == 0,
                       separate_embedding, grid.ep() > 1 || whole_experts(config, grid));
 }

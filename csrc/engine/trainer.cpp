@@ -228,7 +228,7 @@ void Trainer::moe_losses(int num_microbatches, StepStats& stats) const {
   // Each rank holds its stages' layers for its DP replica's microbatches (its share of their
   // tokens under CP); every TP rank holds the same values, or its tokens' share when it routes
   // its own. Per layer: [balancing, z].
-  const auto layers = size_t(c.num_layers);
+  const auto layers = size_t(c.num_layers + c.mtp_num_layers);
   std::vector<float> sums(2 * layers, 0.0f);
   for (model::GPTModel* chunk : model_.chunks()) {
     for (const auto& [layer, l] : chunk->take_moe_losses()) {
@@ -253,6 +253,25 @@ void Trainer::moe_losses(int num_microbatches, StepStats& stats) const {
   }
   stats.load_balancing_loss /= double(c.num_moe_layers());
   stats.z_loss /= double(c.num_moe_layers());
+}
+
+void Trainer::mtp_losses(StepStats& stats) const {
+  const int64_t depths = model_.config().mtp_num_layers;
+  if (depths == 0) return;
+  // The last stage's TP and CP ranks each hold the whole microbatches' sums: one of them counts.
+  const comm::ParallelState* state = model_.state();
+  const bool counts = state == nullptr || (state->tp_rank() == 0 && state->cp_rank() == 0);
+  std::vector<float> sums(2 * size_t(depths), 0.0f);
+  for (model::GPTModel* chunk : model_.chunks()) {
+    const std::vector<model::GPTModel::MtpLoss> losses = chunk->take_mtp_losses();
+    for (size_t k = 0; k < losses.size() && counts; ++k) {
+      sums[2 * k] += float(losses[k].sum);
+      sums[2 * k + 1] += float(losses[k].count);
+    }
+  }
+  all_reduce_host(state != nullptr ? &state->world() : nullptr, sums, DType::f32);
+  for (size_t k = 0; k < size_t(depths); ++k)
+    stats.mtp_losses.push_back(sums[2 * k + 1] > 0 ? double(sums[2 * k]) / sums[2 * k + 1] : 0.0);
 }
 
 float Trainer::evaluate(const Tensor& ids, const Tensor& targets, int num_microbatches) {
@@ -284,6 +303,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   stats.loss_scale = loss_scale;
   stats.loss = global_loss(local_loss) / loss_scale;
   moe_losses(num_microbatches, stats);
+  mtp_losses(stats);
   if (model_.config().moe_router_enable_expert_bias) {
     comm::Communicator* group = state != nullptr ? &state->dp_cp() : nullptr;
     for (model::GPTModel* chunk : model_.chunks()) chunk->update_expert_bias(group);

@@ -1,5 +1,6 @@
 #include "braid/model/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "braid/core/error.h"
@@ -144,9 +145,7 @@ int64_t TransformerConfig::value_head_dim() const {
 int64_t TransformerConfig::attention_window(int64_t layer) const {
   if (window_size < 0) return -1;
   if (window_layers.empty()) return window_size;
-  BRAID_CHECK(layer >= 0 && layer < int64_t(window_layers.size()), "attention_window: layer ",
-              layer, " is not one of the ", window_layers.size(), " in window_layers");
-  return window_layers[size_t(layer)] != 0 ? window_size : -1;
+  return window_layers[size_t(kind_of_layer(layer))] != 0 ? window_size : -1;
 }
 
 int64_t TransformerConfig::mlp_hidden_size() const {
@@ -156,14 +155,19 @@ int64_t TransformerConfig::mlp_hidden_size() const {
 bool TransformerConfig::is_moe_layer(int64_t layer) const {
   if (num_experts == 0) return false;
   if (moe_layers.empty()) return true;
-  BRAID_CHECK(layer >= 0 && layer < int64_t(moe_layers.size()), "is_moe_layer: layer ", layer,
-              " is not one of the ", moe_layers.size(), " in moe_layers");
-  return moe_layers[size_t(layer)] != 0;
+  return moe_layers[size_t(kind_of_layer(layer))] != 0;
+}
+
+int64_t TransformerConfig::kind_of_layer(int64_t layer) const {
+  BRAID_CHECK(layer >= 0 && layer < num_layers + mtp_num_layers, "layer ", layer,
+              " is not one of the model's ", num_layers, " layers and ", mtp_num_layers,
+              " MTP depths");
+  return std::min(layer, num_layers - 1);
 }
 
 int64_t TransformerConfig::num_moe_layers() const {
   int64_t n = 0;
-  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l);
+  for (int64_t l = 0; l < num_layers + mtp_num_layers; ++l) n += is_moe_layer(l);
   return n;
 }
 
@@ -389,6 +393,15 @@ void TransformerConfig::validate() const {
   BRAID_CONFIG_CHECK(moe_shared_expert_intermediate_size > 0 || !moe_shared_expert_gate,
                      "TransformerConfig.moe_shared_expert_gate needs a shared expert "
                      "(moe_shared_expert_intermediate_size)");
+  BRAID_CONFIG_CHECK(mtp_num_layers >= 0, "TransformerConfig.mtp_num_layers must be >= 0 (0: no ",
+                     "multi-token prediction), got ", mtp_num_layers);
+  BRAID_CONFIG_CHECK(std::isfinite(mtp_loss_scaling_factor) && mtp_loss_scaling_factor >= 0,
+                     "TransformerConfig.mtp_loss_scaling_factor must be finite and >= 0, got ",
+                     mtp_loss_scaling_factor);
+  BRAID_CONFIG_CHECK(mtp_num_layers == 0 || position_embedding != PositionEmbedding::learned,
+                     "multi-token prediction (mtp_num_layers = ", mtp_num_layers,
+                     ") needs rotary positions: with learned absolute positions each depth would ",
+                     "read shifted position ids, which braid does not implement");
   BRAID_CONFIG_CHECK(norm_eps > 0 && std::isfinite(norm_eps),
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);
   BRAID_CONFIG_CHECK(init_std > 0 && std::isfinite(init_std),

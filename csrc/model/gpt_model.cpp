@@ -7,49 +7,13 @@
 #include "braid/kernels/ops.h"
 #include "braid/model/init.h"
 #include "braid/model/linear.h"
+#include "model/gpt_model_internal.h"
 
 namespace braid::model {
 
-struct GPTModel::Microbatch {
-  Tensor ids;         // [B, S] i32 on the model's device (context parallelism: [2B, L])
-  Tensor targets;     // [B, S] i32 on the model's device (context parallelism: [2B, L])
-  Tensor positions;   // [T_region] i32, learned position embeddings only
-  int64_t count = 0;  // non-ignored targets of the whole microbatch
-  uint64_t forward_index = 0;
-  std::vector<LayerActivations> layers;
-  Tensor trunk_out;       // [T_region, H] the last block's output: the final norm's input
-  NormStats final_stats;  // Recompute::none only
-  Tensor final_out;       // Recompute::none only
-  Tensor logits;          // [T, V_local]; becomes dlogits in backward
-  Tensor max, sumexp;     // [T] f32, combined across TP
-};
+using namespace gpt_model_detail;
 
 namespace {
-
-// The Philox seed of dropout masks: distinct from the parameter streams' seed.
-constexpr uint64_t kDropoutSeedSalt = 0xD6E8FEB86659FD93ull;
-
-Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
-
-// The Philox stream of one dropout site of one training forward: the embedding output is
-// site 0; block l's attention and MLP outputs are sites 2l + 1 and 2l + 2.
-uint64_t dropout_stream(uint64_t forward_index, uint64_t site) {
-  return (forward_index << 32) + site;
-}
-
-Tensor filled(const Shape& shape, float value, Device device) {
-  Tensor host = Tensor::empty(shape, DType::f32);
-  float* p = host.data_ptr<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) p[i] = value;
-  return host.to(device);
-}
-
-// `value` summed over `group` (through its device, in f32).
-double sum_over(comm::Communicator& group, double value) {
-  Tensor t = filled({1}, float(value), group.device());
-  group.all_reduce(t)->wait();
-  return t.to(Device::cpu()).item(0);
-}
 
 // Weights of a shard: element j of a row-parallel shard's row r is global element
 // r·in + start + j; other shards are contiguous runs of the global tensor.
@@ -116,7 +80,8 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
   flat_grads_ = Tensor::zeros({elements}, DType::f32, device_);
   params_.reserve(layout_.specs.size());
   const ModelChunk& chunk = layout_.chunk;
-  layer_params_.resize(size_t(chunk.end_layer - chunk.first_layer));
+  const int end = held_layers_end(chunk, config_);
+  layer_params_.resize(size_t(end - chunk.first_layer));
   for (size_t i = 0; i < layout_.specs.size(); ++i) {
     const ParamSpec& spec = layout_.specs[i];
     if (spec.layer >= 0) {
@@ -133,8 +98,8 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
     index_.emplace(spec.name, i);
     init_shard(params_.back().value, spec, shard, config_, seed_);
   }
-  layers_.reserve(size_t(chunk.end_layer - chunk.first_layer));
-  for (int l = chunk.first_layer; l < chunk.end_layer; ++l) {
+  layers_.reserve(size_t(end - chunk.first_layer));
+  for (int l = chunk.first_layer; l < end; ++l) {
     LayerTensors weights = layer_tensors(flat_params_, l);
     MoeStats& stats = moe_stats_.emplace_back();
     if (config_.moe_router_enable_expert_bias && config_.is_moe_layer(l)) {
@@ -145,6 +110,7 @@ void GPTModel::build_parameters(int64_t buffer_elements) {
     layers_.emplace_back(config_, l, tp_, cp_, ep_, std::move(weights),
                          layer_tensors(flat_grads_, l));
   }
+  mtp_losses_.resize(size_t(end - chunk.end_layer));
 }
 
 std::vector<std::pair<int64_t, MoeLosses>> GPTModel::take_moe_losses() {
@@ -286,15 +252,42 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
   return d;
 }
 
+Tensor GPTModel::lookup_tokens(const Tensor& ids) const {
+  const int64_t t = ids.numel();
+  Tensor x = Tensor::empty({t, config_.hidden_size}, config_.params_dtype, device_);
+  ops::embedding_forward(x, ids.view({t}), view_of(flat_params_, "model.embed_tokens.weight"),
+                         vocab_start());
+  return exit_tp_forward(tp_, x);  // vocab-parallel: each rank looked up the ids it owns
+}
+
+void GPTModel::lookup_tokens_backward(const Tensor& dx, const Tensor& ids) {
+  ops::embedding_backward(parameter("model.embed_tokens.weight").grad, exit_tp_backward(tp_, dx),
+                          ids.view({ids.numel()}), vocab_start());
+}
+
+Tensor GPTModel::dropout(const Microbatch& mb, Tensor x, uint64_t site, bool training) const {
+  const DropoutContext drop = dropout_context(mb, 0, training);
+  if (drop.p == 0) return x;
+  Tensor dropped = Tensor::empty(x.shape(), x.dtype(), device_);
+  ops::dropout_forward(dropped, x, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
+                       drop.first_element);
+  return dropped;
+}
+
+Tensor GPTModel::dropout_backward(const Microbatch& mb, Tensor dx, uint64_t site) const {
+  const DropoutContext drop = dropout_context(mb, 0, true);
+  if (drop.p == 0) return dx;
+  Tensor d = Tensor::empty(dx.shape(), dx.dtype(), device_);
+  ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
+                        drop.first_element);
+  return d;
+}
+
 Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
   param_use(embedding_params_);
   const Tokens tokens = tokens_of(mb);
-  const int64_t t = tokens.count(), h = config_.hidden_size, region = region_tokens(mb);
-  const ParamShard& vocab = shard_of("model.embed_tokens.weight");
-  Tensor x = Tensor::empty({t, h}, config_.params_dtype, device_);
-  ops::embedding_forward(x, mb.ids.view({t}), view_of(flat_params_, "model.embed_tokens.weight"),
-                         vocab.start);
-  x = exit_tp_forward(tp_, x);  // vocab-parallel: each rank looked up the ids it owns
+  const int64_t h = config_.hidden_size, region = region_tokens(mb);
+  Tensor x = lookup_tokens(mb.ids);
   const int64_t first_token = tp_.sharded_tokens() ? tp_.rank() * region : 0;
   if (config_.position_embedding == PositionEmbedding::learned) {
     Tensor host = Tensor::empty({region}, DType::i32);
@@ -311,20 +304,13 @@ Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
                            view_of(flat_params_, "model.embed_positions.weight"));
     ops::add(x, x, pos);
   }
-  const DropoutContext drop = dropout_context(mb, 0, training);
-  if (drop.p > 0) {
-    Tensor dropped = Tensor::empty(x.shape(), x.dtype(), device_);
-    ops::dropout_forward(dropped, x, drop.p, drop.seed, dropout_stream(mb.forward_index, 0),
-                         drop.first_element);
-    x = dropped;
-  }
-  return x;
+  return dropout(mb, x, 0, training);
 }
 
 Tensor GPTModel::run_layers(Microbatch& mb, Tensor x, bool training) {
-  if (training) mb.layers.resize(layers_.size());
+  if (training) mb.layers.resize(trunk_layers());
   const size_t group = recompute_group();
-  for (size_t l = 0; l < layers_.size(); ++l) {
+  for (size_t l = 0; l < trunk_layers(); ++l) {
     param_use(layer_params_[l]);
     const bool keep = training && l % group == 0;
     x = layers_[l].forward(x, tokens_of(mb), dropout_context(mb, first_layer_ + int(l), training),
@@ -385,9 +371,9 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
     for (int64_t i = 0; i < b * s; ++i) {
       BRAID_CONFIG_CHECK(t[i] < config_.vocab_size, "GPTModel: target ", t[i], " at position ", i,
                          " is outside the vocabulary [0, ", config_.vocab_size, ")");
-      mb.count += t[i] >= 0;
+      mb.head.count += t[i] >= 0;
     }
-    mb.targets = cp_.active() ? split_sequence(cp_, targets).to(device_) : targets.to(device_);
+    mb.head.targets = cp_.active() ? split_sequence(cp_, targets).to(device_) : targets.to(device_);
   }
   return mb;
 }
@@ -398,28 +384,60 @@ Tensor GPTModel::final_norm(const Tensor& x, NormStats& stats) const {
                       view_of(flat_params_, "model.norm.bias"));
 }
 
-void GPTModel::cross_entropy_partials(Microbatch& mb, Tensor& target_logit) const {
-  const int64_t t = mb.logits.size(0);
-  const Tensor targets = mb.targets.view({t});
-  mb.max = Tensor::empty({t}, DType::f32, device_);
-  mb.sumexp = Tensor::empty({t}, DType::f32, device_);
+void GPTModel::cross_entropy_partials(HeadPass& pass, Tensor& target_logit) const {
+  const int64_t t = pass.logits.size(0);
+  const Tensor targets = pass.targets.view({t});
+  pass.max = Tensor::empty({t}, DType::f32, device_);
+  pass.sumexp = Tensor::empty({t}, DType::f32, device_);
   target_logit = Tensor::empty({t}, DType::f32, device_);
-  if (mb.logits.size(1) > 0) {
-    ops::cross_entropy_partials(mb.max, mb.sumexp, target_logit, mb.logits, targets, vocab_start());
+  if (pass.logits.size(1) > 0) {
+    ops::cross_entropy_partials(pass.max, pass.sumexp, target_logit, pass.logits, targets,
+                                vocab_start());
   } else {  // this rank's vocabulary slice is all padding
-    mb.max = filled({t}, -std::numeric_limits<float>::infinity(), device_);
-    mb.sumexp = filled({t}, 0.0f, device_);
+    pass.max = filled({t}, -std::numeric_limits<float>::infinity(), device_);
+    pass.sumexp = filled({t}, 0.0f, device_);
     target_logit = filled({t}, 0.0f, device_);
   }
   if (!tp_.active()) return;
   // Never gather the logits: reduce the max, re-base each rank's sum on it, sum the sums and
   // the target logit (which one rank holds).
-  Tensor global_max = mb.max.clone();
+  Tensor global_max = pass.max.clone();
   tp_.group->all_reduce(global_max, comm::ReduceOp::max)->wait();
-  ops::cross_entropy_rescale(mb.sumexp, mb.max, global_max);
-  mb.max = global_max;
-  tp_.group->all_reduce(mb.sumexp)->wait();
+  ops::cross_entropy_rescale(pass.sumexp, pass.max, global_max);
+  pass.max = global_max;
+  tp_.group->all_reduce(pass.sumexp)->wait();
   tp_.group->all_reduce(target_logit)->wait();
+}
+
+double GPTModel::head_forward(HeadPass& pass, const Tensor& hf) {
+  const int64_t tokens = pass.targets.numel();
+  const Tensor hf_full = enter_tp_forward(tp_, hf);
+  const Tensor& w = output_weight();
+  pass.logits = Tensor::empty({tokens, w.size(0)}, config_.params_dtype, device_);
+  if (w.size(0) > 0)
+    linear_forward(pass.logits, hf_full.view({tokens, config_.hidden_size}), w, {});
+  Tensor target_logit;
+  cross_entropy_partials(pass, target_logit);
+  Tensor losses = Tensor::empty({tokens}, DType::f32, device_);
+  ops::cross_entropy_loss(losses, pass.max, pass.sumexp, target_logit, pass.targets.view({tokens}));
+  const Tensor host_losses = host_copy(losses);
+  double sum = 0;
+  for (int64_t i = 0; i < tokens; ++i) sum += host_losses.data_ptr<float>()[i];
+  return sum;
+}
+
+Tensor GPTModel::head_backward(HeadPass& pass, const Tensor& hf, float dloss) {
+  const int64_t t = pass.targets.numel();
+  if (pass.logits.size(1) > 0) {
+    ops::cross_entropy_backward(pass.logits, pass.logits, pass.targets.view({t}), pass.max,
+                                pass.sumexp, filled({t}, dloss, device_), vocab_start());
+  }
+  const Tensor hf_full = enter_tp_forward(tp_, hf);
+  Tensor dhf = Tensor::zeros({t, config_.hidden_size}, config_.params_dtype, device_);
+  if (pass.logits.size(1) > 0)
+    linear_backward(dhf, output_grad(), {}, pass.logits, hf_full, output_weight());
+  pass.logits = Tensor();
+  return enter_tp_backward(tp_, dhf);
 }
 
 float GPTModel::forward(const Tensor& ids, const Tensor& targets, int microbatch) {
@@ -443,7 +461,9 @@ Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const T
   BRAID_CHECK(targets.defined() || !chunk().head, "GPTModel::forward: targets are required");
   auto mb = std::make_unique<Microbatch>(prepare(ids, chunk().head ? targets : Tensor()));
   mb->forward_index = training ? forward_count_++ : forward_count_;
-  const int64_t tokens = mb->ids.numel(), h = config_.hidden_size;
+  const int64_t h = config_.hidden_size;
+  const bool mtp = training && chunk().head && config_.mtp_num_layers > 0;
+  if (mtp) mtp_prepare(*mb, ids, targets);
 
   Tensor x;
   if (chunk().embedding) {
@@ -463,25 +483,16 @@ Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const T
   }
   NormStats stats;
   Tensor hf = final_norm(x, stats);
-  const Tensor hf_full = enter_tp_forward(tp_, hf);
-  const Tensor& w = output_weight();
-  mb->logits = Tensor::empty({tokens, w.size(0)}, config_.params_dtype, device_);
-  if (w.size(0) > 0) linear_forward(mb->logits, hf_full.view({tokens, h}), w, {});
-  Tensor target_logit;
-  cross_entropy_partials(*mb, target_logit);
-  Tensor losses = Tensor::empty({tokens}, DType::f32, device_);
-  ops::cross_entropy_loss(losses, mb->max, mb->sumexp, target_logit, mb->targets.view({tokens}));
-  const Tensor host_losses = host_copy(losses);
-  double sum = 0;
-  for (int64_t i = 0; i < tokens; ++i) sum += host_losses.data_ptr<float>()[i];
+  double sum = head_forward(mb->head, hf);
   if (cp_.active()) sum = sum_over(*cp_.group, sum);  // the other chunks' losses
+  if (mtp) mtp_forward(*mb, hf);
 
   mb->trunk_out = x;
-  if (config_.recompute == Recompute::none) {
+  if (config_.recompute == Recompute::none || mtp) {  // MTP keeps hf as its first depth's input
     mb->final_stats = stats;
     mb->final_out = hf;
   }
-  const int64_t count = mb->count;
+  const int64_t count = mb->head.count;
   if (training) activations_.emplace(microbatch, std::move(mb));
   if (loss != nullptr) *loss = count > 0 ? float(sum / double(count)) : 0.0f;
   return Tensor();
@@ -493,25 +504,16 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
               " has no activations (no forward, or its backward already ran)");
   Microbatch& mb = *it->second;
   const Tokens tokens = tokens_of(mb);
-  const int64_t t = tokens.count(), h = config_.hidden_size;
-  const int64_t vocab_offset = vocab_start();
+  const int64_t h = config_.hidden_size;
 
   Tensor dx;
-  if (chunk().head) {  // cross-entropy, LM head, final norm
-    const float dloss = mb.count > 0 ? grad_scale / float(mb.count) : 0.0f;
-    const Tensor dloss_t = filled({t}, dloss, device_);
-    if (mb.logits.size(1) > 0) {
-      ops::cross_entropy_backward(mb.logits, mb.logits, mb.targets.view({t}), mb.max, mb.sumexp,
-                                  dloss_t, vocab_offset);
-    }
+  if (chunk().head) {  // the MTP depths, cross-entropy, LM head, final norm
+    const Tensor dh0 = mb.mtp.empty() ? Tensor() : mtp_backward(mb, microbatch, grad_scale);
     NormStats stats = mb.final_stats;
     Tensor hf = mb.final_out.defined() ? mb.final_out : final_norm(mb.trunk_out, stats);
-    const Tensor hf_full = enter_tp_forward(tp_, hf);
-    Tensor dhf = Tensor::zeros({t, h}, config_.params_dtype, device_);
-    if (mb.logits.size(1) > 0)
-      linear_backward(dhf, output_grad(), {}, mb.logits, hf_full, output_weight());
-    dhf = enter_tp_backward(tp_, dhf);
-    mb.logits = Tensor();
+    Tensor dhf =
+        head_backward(mb.head, hf, mb.head.count > 0 ? grad_scale / float(mb.head.count) : 0.0f);
+    if (dh0.defined()) ops::add(dhf, dhf, dh0);
     mb.final_out = Tensor();
     hf = Tensor();
     dx = Tensor::empty(mb.trunk_out.shape(), config_.params_dtype, device_);
@@ -532,7 +534,7 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
   // Blocks, last to first; a uniform recompute group of several blocks reruns its forward
   // first, all of it kept, and its blocks then go back as Recompute::none.
   const size_t group = recompute_group();
-  for (size_t end = layers_.size(); end > 0;) {
+  for (size_t end = trunk_layers(); end > 0;) {
     const size_t begin = (end - 1) / group * group;
     if (group > 1) rerun_group(mb, begin, end);
     for (size_t l = end; l-- > begin;) {
@@ -549,35 +551,28 @@ Tensor GPTModel::backward_stage(const Tensor& dout, int microbatch, float grad_s
   }
 
   // Embeddings.
-  const DropoutContext drop = dropout_context(mb, 0, true);
-  if (drop.p > 0) {
-    Tensor d = Tensor::empty(dx.shape(), dx.dtype(), device_);
-    ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, 0),
-                          drop.first_element);
-    dx = d;
-  }
+  dx = dropout_backward(mb, dx, 0);
   if (config_.position_embedding == PositionEmbedding::learned)
     ops::embedding_backward(parameter("model.embed_positions.weight").grad, dx, mb.positions);
-  const Tensor dx_full = exit_tp_backward(tp_, dx);
-  ops::embedding_backward(parameter("model.embed_tokens.weight").grad, dx_full, mb.ids.view({t}),
-                          vocab_offset);
+  lookup_tokens_backward(dx, mb.ids);
   activations_.erase(it);
   grads_done(microbatch, embedding_params_);
   return Tensor();
 }
 
 void GPTModel::finalize_grads() {
-  // Tied embeddings under pipeline parallelism: the first stage's lookup table and the last
-  // stage's output weight are two copies of one parameter; their gradients are summed.
-  const bool holds_copy = (chunk().embedding || chunk().head) && config_.tie_embeddings;
+  // Tied embeddings or MTP under pipeline parallelism: the first stage's lookup table and the
+  // last stage's output weight or MTP lookup table are two copies of one parameter; their
+  // gradients are summed.
+  const bool holds_copy = (chunk().embedding || chunk().head) && config_.head_uses_embedding();
   if (embedding_group_ != nullptr && embedding_group_->size() > 1 && holds_copy)
     embedding_group_->all_reduce(parameter("model.embed_tokens.weight").grad)->wait();
   for (Parameter& p : params_) {
     // Gradients that are this rank's share: q_norm and k_norm (used on its heads only), a router
     // it runs on its own tokens (whole experts), and under SP the replicated layers used on its
     // tokens only - norms (MLA's latent norms too), MLA's down projections and position
-    // embeddings. (Row-parallel biases take their gradient from the gathered output gradient,
-    // complete on every rank.)
+    // embeddings, and MTP's eh_proj. (Row-parallel biases take their gradient from the gathered
+    // output gradient, complete on every rank.)
     const std::string& name = p.spec.name;
     const bool partial =
         name.find("self_attn.q_norm.") != std::string::npos ||
@@ -585,7 +580,7 @@ void GPTModel::finalize_grads() {
         (ep_.whole_experts && name.ends_with(".mlp.gate.weight")) ||
         (p.spec.tp_dim < 0 && tp_.sharded_tokens() &&
          (name.find("norm.") != std::string::npos || name.find("_a_proj") != std::string::npos ||
-          name == "model.embed_positions.weight"));
+          name.ends_with(".eh_proj.weight") || name == "model.embed_positions.weight"));
     if (partial) all_reduce_tp(tp_, p.grad);
     if (kv_group_ != nullptr && p.shard.replicas > 1 && p.spec.tp_dim == 0) {
       kv_group_->all_reduce(p.grad)->wait();  // each rank saw its own query heads' share
@@ -647,7 +642,7 @@ KVCache GPTModel::kv_cache(int64_t batch, int64_t capacity) const {
                      " must be positive, the capacity at most max_position_embeddings ",
                      max_positions);
   const LayerShape n = LayerShape::of(config_, tp_.size());
-  return KVCache(int(layers_.size()), batch, capacity, n.kv_heads, n.head_dim, config_.params_dtype,
+  return KVCache(int(trunk_layers()), batch, capacity, n.kv_heads, n.head_dim, config_.params_dtype,
                  device_);
 }
 
@@ -659,10 +654,10 @@ Tensor GPTModel::decode(const Tensor& ids, KVCache& cache, bool last_only) {
                      "GPTModel::decode: ids must be [B, n] i32, got ",
                      ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());
   const int64_t b = ids.size(0), s = ids.size(1), offset = cache.length();
-  BRAID_CONFIG_CHECK(cache.layers() == int(layers_.size()) && cache.batch() == b &&
+  BRAID_CONFIG_CHECK(cache.layers() == int(trunk_layers()) && cache.batch() == b &&
                          (cache.layers() == 0 || cache.keys(0).device() == device_),
                      "GPTModel::decode: the cache holds ", cache.batch(), " sequences of ",
-                     cache.layers(), " layers; ids are ", ids.shape(), " for ", layers_.size(),
+                     cache.layers(), " layers; ids are ", ids.shape(), " for ", trunk_layers(),
                      " layers on ", device_.str(), " (make it with this model's kv_cache)");
   BRAID_CONFIG_CHECK(offset + s <= config_.max_position_embeddings,
                      "GPTModel::decode: positions up to ", offset + s,
@@ -674,7 +669,7 @@ Tensor GPTModel::decode(const Tensor& ids, KVCache& cache, bool last_only) {
   Microbatch mb = prepare(ids, Tensor());
   Tensor x = embed(mb, false, offset);
   const Tokens tokens{b, s};
-  for (size_t l = 0; l < layers_.size(); ++l) {
+  for (size_t l = 0; l < trunk_layers(); ++l) {
     param_use(layer_params_[l]);
     x = layers_[l].forward_cached(x, tokens, cache, int(l));
   }

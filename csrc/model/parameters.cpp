@@ -198,7 +198,23 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, const ModelChunk& c
     b.group({p + "mlp.shared_expert_gate.weight", Shape{1, h}, -1, layer, true});
 }
 
+// MTP depth `layer` - num_layers + 1 (HF DeepSeek-V3's names): enorm, hnorm, eh_proj ([H, 2H],
+// replicated over TP: under SP each rank projects its own tokens), the layer, shared_head.norm.
+void add_mtp_depth(LayoutBuilder& b, const TransformerConfig& c, const ModelChunk& chunk,
+                   int layer) {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  add_norm(b, c, p + "enorm", layer);
+  add_norm(b, c, p + "hnorm", layer);
+  b.group({p + "eh_proj.weight", Shape{c.hidden_size, 2 * c.hidden_size}, -1, layer, true});
+  add_layer(b, c, chunk, layer);
+  add_norm(b, c, p + "shared_head.norm", layer);
+}
+
 }  // namespace
+
+int held_layers_end(const ModelChunk& chunk, const TransformerConfig& config) {
+  return chunk.end_layer + (chunk.head ? int(config.mtp_num_layers) : 0);
+}
 
 Shape ParamShard::valid_shape() const {
   std::vector<int64_t> dims(shape.begin(), shape.end());
@@ -212,7 +228,7 @@ void check_tensor_parallel(const TransformerConfig& c, int tp) {
   BRAID_CONFIG_CHECK(c.num_attention_heads % tp == 0, "tensor parallelism: num_attention_heads (",
                      c.num_attention_heads, ") is not divisible by --tensor-model-parallel-size (",
                      tp, ")");
-  if (c.num_moe_layers() < c.num_layers) {
+  if (c.num_moe_layers() < c.num_layers + c.mtp_num_layers) {
     BRAID_CONFIG_CHECK(c.ffn_hidden_size % tp == 0, "tensor parallelism: ffn_hidden_size (",
                        c.ffn_hidden_size, ") is not divisible by --tensor-model-parallel-size (",
                        tp, ")");
@@ -258,13 +274,15 @@ ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int t
       config.num_experts, " experts");
   LayoutBuilder b(layout, config);
   const int64_t h = config.hidden_size;
-  if (c.embedding || (c.head && config.tie_embeddings))
+  if (c.embedding || (c.head && config.head_uses_embedding()))
     b.group({"model.embed_tokens.weight", Shape{config.vocab_size, h}, 0, -1, false});
   if (c.embedding && config.position_embedding == PositionEmbedding::learned)
     b.group(
         {"model.embed_positions.weight", Shape{config.max_position_embeddings, h}, -1, -1, false});
   for (int layer = c.first_layer; layer < c.end_layer; ++layer) add_layer(b, config, c, layer);
   if (c.head) {
+    for (int layer = c.end_layer; layer < held_layers_end(c, config); ++layer)
+      add_mtp_depth(b, config, c, layer);
     add_norm(b, config, "model.norm", -1);
     if (!config.tie_embeddings)
       b.group({"lm_head.weight", Shape{config.vocab_size, h}, 0, -1, true});

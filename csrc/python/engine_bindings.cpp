@@ -151,6 +151,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("z_loss", &StepStats::z_loss)
       .def_readonly("layer_load_balancing_loss", &StepStats::layer_load_balancing_loss)
       .def_readonly("layer_z_loss", &StepStats::layer_z_loss)
+      .def_readonly("mtp_losses", &StepStats::mtp_losses)
       .def_readonly("compute_seconds", &StepStats::compute_seconds)
       .def_readonly("pipeline_wait_seconds", &StepStats::pipeline_wait_seconds)
       .def_readonly("tp_wait_seconds", &StepStats::tp_wait_seconds)

@@ -96,6 +96,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("moe_layers", &TransformerConfig::moe_layers)
       .def_readwrite("zero_centered_gamma", &TransformerConfig::zero_centered_gamma)
       .def_readwrite("tie_embeddings", &TransformerConfig::tie_embeddings)
+      .def_readwrite("mtp_num_layers", &TransformerConfig::mtp_num_layers)
+      .def_readwrite("mtp_loss_scaling_factor", &TransformerConfig::mtp_loss_scaling_factor)
       .def_readwrite("init_std", &TransformerConfig::init_std)
       .def_readwrite("hidden_dropout", &TransformerConfig::hidden_dropout)
       .def_readwrite("attention_dropout", &TransformerConfig::attention_dropout)
@@ -178,6 +180,17 @@ void bind_model(py::module_& m) {
           "Mixture of experts: (load-balancing loss, z-loss), each without its coefficient, "
           "summed over the layers and the microbatches whose backward ran since the last call "
           "(0 for a loss whose coefficient is 0); resets them.")
+      .def(
+          "take_mtp_losses",
+          [](GPTModel& g) {
+            py::list out;
+            for (const GPTModel::MtpLoss& l : g.take_mtp_losses())
+              out.append(py::make_tuple(l.sum, l.count));
+            return out;
+          },
+          "Multi-token prediction: per depth, (sum of its cross-entropies, count of its "
+          "non-ignored shifted targets) over the training forwards since the last call; resets "
+          "them.")
       .def(
           "expert_biases",
           [](GPTModel& g) {

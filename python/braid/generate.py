@@ -34,6 +34,7 @@ _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
                 "kv_channels", "ffn_hidden_size", "vocab_size", "max_position_embeddings",
                 "normalization", "activation", "position_embedding", "add_bias_linear",
                 "add_qkv_bias", "qk_layernorm", "zero_centered_gamma", "tie_embeddings",
+                "mtp_num_layers",
                 "rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
                 "rope_high_freq_factor", "rope_original_max_position_embeddings",
                 "rope_yarn_factor", "rope_yarn_beta_fast", "rope_yarn_beta_slow",

@@ -41,7 +41,7 @@ namespace braid::engine {
 // compute differently (MoE routers other than Mixtral's softmax: sigmoid scores, expert biases,
 // groups, a scaling factor, a capacity), version 3 one with multi-latent attention or YaRN RoPE;
 // every other checkpoint is written as version 1.
-constexpr int kCheckpointFormatVersion = 3;
+constexpr int kCheckpointFormatVersion = 4;
 
 struct SaveOptions {
   bool save_optim = true;  // not --no-save-optim

@@ -57,9 +57,13 @@ struct StepStats {
   // seq_load_balancing_loss), with moe_z_loss_coeff > 0 the z-loss (Megatron's z_loss).
   double load_balancing_loss = 0;
   double z_loss = 0;
-  // The same per layer (num_layers entries, 0 on dense layers; Megatron's
-  // --moe-per-layer-logging): each layer's mean over the global batch's microbatches.
+  // The same per layer (num_layers + mtp_num_layers entries - the MTP depths' layers last -, 0
+  // on dense layers; Megatron's --moe-per-layer-logging): each layer's mean over the global
+  // batch's microbatches.
   std::vector<double> layer_load_balancing_loss, layer_z_loss;
+  // Multi-token prediction: per depth, the mean cross-entropy over the global batch's
+  // non-ignored shifted targets (Megatron's "mtp_1 loss", ...); empty without MTP.
+  std::vector<double> mtp_losses;
 
   // Where this rank's step time went, from the spans of the trace given to set_trace (all 0
   // without one). The waits are the time this rank's thread was blocked on communication,
@@ -133,6 +137,7 @@ class Trainer {
   // Fills StepStats' router losses of the step whose microbatches just ran (collective over the
   // job when the model has either loss).
   void moe_losses(int num_microbatches, StepStats& stats) const;
+  void mtp_losses(StepStats& stats) const;
 
   std::unique_ptr<ParallelModel> owned_;  // the one-process constructor's wrapper
   ParallelModel& model_;

@@ -162,6 +162,19 @@ struct TransformerConfig {
   DType params_dtype = DType::f32;
   // The vocabulary is padded to a multiple of this × tensor-parallel size (Megatron's rule).
   int64_t make_vocab_size_divisible_by = 128;
+  // Multi-token prediction (DeepSeek-V3's; Megatron's --mtp-num-layers and
+  // --mtp-loss-scaling-factor, megatron-core's MultiTokenPredictionBlock): mtp_num_layers depths
+  // after the model's last layer, on its last pipeline stage. Depth k (1-based) reads the ids
+  // and targets shifted left by k (the last k positions get id 0 and no target) and
+  // h_0 = the final norm's output: h_k = shared_head.norm(layer(eh_proj([enorm(embed(ids_k)) |
+  // hnorm(h_{k-1})]))), one transformer layer of the last layer's kind, as layer
+  // num_layers + k - 1 (HF DeepSeek-V3's names: model.layers.{i}.enorm, .hnorm, .eh_proj,
+  // .shared_head.norm), and its loss is the shared output head's cross-entropy on the targets
+  // shifted by k. Training adds mtp_loss_scaling_factor / mtp_num_layers × each depth's summed
+  // cross-entropy over the main loss's token count (Megatron's per-token loss); evaluation,
+  // logits() and decode() run the main head alone. 0: none. Not with learned positions.
+  int64_t mtp_num_layers = 0;
+  float mtp_loss_scaling_factor = 0.1f;
   Recompute recompute = Recompute::none;
   RecomputeMethod recompute_method = RecomputeMethod::uniform;  // with Recompute::full
   int64_t recompute_num_layers = 1;                             // >= 1
@@ -188,9 +201,16 @@ struct TransformerConfig {
   int64_t attention_window(int64_t layer) const;
   // The hidden size of each expert: moe_ffn_hidden_size, or ffn_hidden_size.
   int64_t mlp_hidden_size() const;
-  // Whether layer `layer` (0-based) has experts; num_moe_layers() counts them.
+  // Whether layer `layer` (0-based; num_layers + k - 1 is MTP depth k's, of the last layer's
+  // kind) has experts; num_moe_layers() counts them, MTP's included.
   bool is_moe_layer(int64_t layer) const;
   int64_t num_moe_layers() const;
+  // The layer's index among the main layers whose kind (experts, window) it has: MTP depths
+  // take the last layer's.
+  int64_t kind_of_layer(int64_t layer) const;
+  // Whether the last pipeline stage holds its own embed_tokens: tied to the output weight, or
+  // read by the MTP depths.
+  bool head_uses_embedding() const { return tie_embeddings || mtp_num_layers > 0; }
   int64_t padded_vocab_size(int tp_size = 1) const;
 
   // "gpt2-tiny", "llama-tiny", "gpt2-124m", "llama3-8b"; ConfigError listing the valid names.

@@ -34,6 +34,11 @@
 // chunks' losses). Every parameter gradient is then this rank's chunks' share: the caller sums
 // the gradients over the group (the engine's DP×CP reduction does). logits() and decode() need
 // the whole sequence and refuse it.
+//
+// Multi-token prediction (config.h, megatron-core's MultiTokenPredictionBlock): the last chunk
+// holds the MTP depths after its layers and its own copy of embed_tokens (summed over the
+// embedding group like tied embeddings). Training forwards run them after the main head
+// (take_mtp_losses reports their losses); backward adds their gradient to the final norm's output.
 
 #include <cstdint>
 #include <functional>
@@ -141,6 +146,7 @@ class GPTModel {
   //   grads_done(microbatch, params) after backward_stage(microbatch) has added its last
   //                                 contribution to them (each parameter once per call: a tied
   //                                 embedding that both ends use is reported with the embeddings).
+  // An MTP depth is a piece of its own (its norms, eh_proj and layer), after the head.
   using ParamUseHook = std::function<void(std::span<const size_t> params)>;
   using GradsDoneHook = std::function<void(int microbatch, std::span<const size_t> params)>;
   void set_param_use_hook(ParamUseHook hook) { param_use_ = std::move(hook); }
@@ -158,6 +164,15 @@ class GPTModel {
   // layer this chunk holds, by global layer index, summed over the microbatches whose backward
   // ran since the last call (this rank's tokens' share under context parallelism); resets them.
   std::vector<std::pair<int64_t, MoeLosses>> take_moe_losses();
+  // Multi-token prediction (config.h): per depth, the sum of its cross-entropies over the
+  // non-ignored shifted targets and their count, summed over the training forwards of this
+  // chunk (the last stage) since the last call; the whole microbatches' under TP and CP. Empty
+  // without MTP depths; resets them.
+  struct MtpLoss {
+    double sum = 0;
+    int64_t count = 0;
+  };
+  std::vector<MtpLoss> take_mtp_losses();
   // Auxiliary-loss-free balancing (moe_router_enable_expert_bias): the bias [E] f32 (on the
   // device, zeros at first) of each expert layer this chunk holds, in layer order, named as HF
   // names DeepSeek-V3's: model.layers.{i}.mlp.gate.e_score_correction_bias. Not parameters:
@@ -180,7 +195,10 @@ class GPTModel {
   }
 
  private:
-  struct Microbatch;  // what one forward keeps for its backward (gpt_model.cpp)
+  // What one forward keeps for its backward (model/gpt_model_internal.h).
+  struct HeadPass;
+  struct MtpDepth;
+  struct Microbatch;
 
   void build_parameters(int64_t buffer_elements);
   void param_use(const std::vector<size_t>& params) const {
@@ -201,7 +219,30 @@ class GPTModel {
   Tokens tokens_of(const Microbatch& mb) const;
   int64_t region_tokens(const Microbatch& mb) const;  // tokens a residual-stream region holds
   // The vocab-parallel cross-entropy's partials, combined across TP.
-  void cross_entropy_partials(Microbatch& mb, Tensor& target_logit) const;
+  void cross_entropy_partials(HeadPass& pass, Tensor& target_logit) const;
+  // The output head and cross-entropy on a final norm's output hf [T_region, H]: keeps the
+  // logits and statistics in `pass` and returns the sum of the losses of this rank's tokens
+  // (all of them under TP; this rank's chunks under CP).
+  double head_forward(HeadPass& pass, const Tensor& hf);
+  // Its backward for dloss per non-ignored target: adds to the output weight's gradient, frees
+  // the logits and returns d(hf) [T_region, H].
+  Tensor head_backward(HeadPass& pass, const Tensor& hf, float dloss);
+  // The vocab-parallel lookup of ids [B, S] (their region's rows [T_region, H]), and its backward
+  // into embed_tokens' gradient.
+  Tensor lookup_tokens(const Tensor& ids) const;
+  void lookup_tokens_backward(const Tensor& dx, const Tensor& ids);
+  // Hidden dropout on the residual stream at dropout site `site` (none when not training), and
+  // its backward.
+  Tensor dropout(const Microbatch& mb, Tensor x, uint64_t site, bool training) const;
+  Tensor dropout_backward(const Microbatch& mb, Tensor dx, uint64_t site) const;
+  // Multi-token prediction (multi_token_prediction.cpp), on the last stage of a training
+  // forward: the shifted ids and targets of each depth, the depths' forward from the final
+  // norm's output h0, and their backward, which returns d(h0).
+  void mtp_prepare(Microbatch& mb, const Tensor& ids, const Tensor& targets) const;
+  void mtp_forward(Microbatch& mb, const Tensor& h0);
+  Tensor mtp_backward(Microbatch& mb, int microbatch, float grad_scale);
+  // The main layers this chunk holds (layers_ holds the MTP depths' after them).
+  size_t trunk_layers() const { return size_t(layout_.chunk.end_layer - first_layer_); }
   DropoutContext dropout_context(const Microbatch& mb, int layer, bool training) const;
   // [T_region, H]; learned positions start at position_offset (decode: the cache's length).
   Tensor embed(Microbatch& mb, bool training, int64_t position_offset = 0);
@@ -242,6 +283,7 @@ class GPTModel {
   uint64_t forward_count_ = 0;       // numbers the dropout streams of each training forward
   std::vector<MoeStats> moe_stats_;  // per held layer
   std::vector<std::pair<std::string, Tensor>> expert_biases_;
+  std::vector<MtpLoss> mtp_losses_;  // per MTP depth, since take_mtp_losses
 };
 
 }  // namespace braid::model

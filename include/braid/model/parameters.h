@@ -17,6 +17,9 @@
 //     the shared expert's under mlp.shared_expert. and its gate mlp.shared_expert_gate.weight
 //     ([1, H], replicated) when the config has them,
 //   model.norm.{weight,bias}, lm_head.weight (absent when embeddings are tied).
+// Multi-token prediction depths (config.h) come after the last layer, as layers num_layers + k - 1:
+//   enorm.{weight,bias}, hnorm.{weight,bias}, eh_proj.weight ([H, 2H], replicated over TP), the
+//   layer's parameters as above, shared_head.norm.{weight,bias}.
 // Biases exist when add_bias_linear (q, k and v also with add_qkv_bias); q_norm and k_norm
 // (weight [head_dim], replicated over TP) with qk_layernorm; norm biases with layernorm; gate_proj
 // with swiglu.
@@ -74,9 +77,10 @@ struct Parameter {
 
 // The part of the model one pipeline chunk holds: layers [first_layer, end_layer), the
 // embeddings when it is the first chunk, the final norm and the LM head when it is the last.
-// With tied embeddings the last chunk holds its own copy of embed_tokens as the output weight
-// (initialised alike; GPTModel::finalize_grads sums the two copies' gradients over the
-// embedding group, so they stay equal). The default is the whole model.
+// The last chunk also holds the MTP depths (layers [end_layer, held_layers_end)). With tied
+// embeddings or MTP the last chunk holds its own copy of embed_tokens, the output weight or the
+// depths' lookup table (initialised alike; GPTModel::finalize_grads sums the two copies'
+// gradients over the embedding group, so they stay equal). The default is the whole model.
 // Under expert parallelism a rank holds the experts [first_expert, end_expert) of every expert
 // layer (its EP rank's share, ExpertParallel::holding), and each layer's run of expert
 // parameters starts and ends at a multiple of expert_alignment elements (the number of shards
@@ -94,6 +98,9 @@ struct ModelChunk {
   // whole (ParamShard: the whole shape, replicas 1) instead of their TP shards.
   bool whole_experts = false;
 };
+
+// One past the last layer `chunk` holds: end_layer, and on the last chunk past the MTP depths.
+int held_layers_end(const ModelChunk& chunk, const TransformerConfig& config);
 
 // Where each parameter sits in the flat buffer of one TP rank.
 struct ParamLayout {

@@ -82,6 +82,15 @@ TransformerConfig latent_selective() {
   return c;
 }
 
+// Two multi-token prediction depths, the second's layer windowed like the last (a window that
+// spans chunks); each depth reads ids and targets shifted across chunk and rank boundaries.
+TransformerConfig mtp_window_full() {
+  TransformerConfig c = sliding_window();
+  c.mtp_num_layers = 2;
+  c.mtp_loss_scaling_factor = 0.5f;
+  return c;
+}
+
 TransformerConfig gpt2_selective() {
   TransformerConfig c = gpt2();
   c.recompute = Recompute::selective;
@@ -106,7 +115,9 @@ const Case kCases[] = {{"gpt2", gpt2, 1, false},
                        {"tp2_gpt2", gpt2, 2, false},
                        {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true},
                        {"latent_selective", latent_selective, 1, false},
-                       {"tp2_latent_selective_sp", latent_selective, 2, true}};
+                       {"tp2_latent_selective_sp", latent_selective, 2, true},
+                       {"mtp_window_full", mtp_window_full, 1, false},
+                       {"tp2_mtp_window_full_sp", mtp_window_full, 2, true}};
 
 class ContextParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 
@@ -149,6 +160,14 @@ TEST_P(ContextParallelEqualsOneRank, LossAndGradients) {
   sharded.finalize_grads();
   state.cp().all_reduce(const_cast<Tensor&>(sharded.flat_grads()))->wait();
   EXPECT_NEAR(loss_cp, loss_ref, 1e-5 * std::abs(loss_ref));
+  const auto mtp_ref = reference.take_mtp_losses(), mtp_cp = sharded.take_mtp_losses();
+  ASSERT_EQ(mtp_cp.size(), size_t(config.mtp_num_layers));
+  ASSERT_EQ(mtp_ref.size(), mtp_cp.size());
+  for (size_t k = 0; k < mtp_ref.size(); ++k) {
+    EXPECT_EQ(mtp_cp[k].count, mtp_ref[k].count) << "MTP depth " << k + 1;
+    EXPECT_NEAR(mtp_cp[k].sum, mtp_ref[k].sum, 1e-5 * std::abs(mtp_ref[k].sum))
+        << "MTP depth " << k + 1;
+  }
   const auto& specs = reference.layout().specs;
   for (size_t i = 0; i < specs.size(); ++i) {
     const int64_t n = specs[i].shape.numel();

@@ -44,6 +44,16 @@ inline model::TransformerConfig gpt2(float dropout = 0.0f) {
   return c;
 }
 
+// llama() with two multi-token prediction depths: the last stage holds its own embed_tokens
+// (untied: the depths' lookup table) and, with `tied`, reads it as the output weight too.
+inline model::TransformerConfig llama_mtp(bool tied = false, float dropout = 0.0f) {
+  model::TransformerConfig c = llama(dropout);
+  c.mtp_num_layers = 2;
+  c.mtp_loss_scaling_factor = 0.3f;
+  c.tie_embeddings = tied;
+  return c;
+}
+
 // AdamW with weight decay and a clip that engages (the global norm must be right too), a
 // warmup-cosine schedule over `decay_iters`.
 inline engine::TrainerConfig trainer_config(int64_t decay_iters) {

@@ -4,6 +4,8 @@
 // overlapped with the backward or not, sequence parallelism, interleaved and uneven pipelines
 // where the layout has them. Rows of the global batch carry different numbers of ignored targets,
 // so only the mean over the global batch's tokens (not a mean of microbatch means) matches.
+// Models with multi-token prediction depths (the last stage's own embed_tokens copy, summed
+// with the first stage's) match too, their depths' losses included.
 
 #include <gtest/gtest.h>
 
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,15 @@ constexpr int64_t kGlobalRows = 16;
 using parallel_testing::gpt2;
 using parallel_testing::kSeq;
 using parallel_testing::llama;
+using parallel_testing::llama_mtp;
+
+TransformerConfig model_named(const std::string& name) {
+  if (name == "llama") return llama();
+  if (name == "gpt2") return gpt2();
+  if (name == "mtp") return llama_mtp();
+  if (name == "mtp_tied_dropout") return llama_mtp(true, 0.1f);
+  throw std::invalid_argument("no test model " + name);
+}
 
 TrainerConfig trainer_config() { return parallel_testing::trainer_config(kSteps); }
 
@@ -47,6 +59,7 @@ tp_testing::Batch global_batch(int64_t vocab, int step) {
 
 struct Run {
   std::vector<float> losses;
+  std::vector<std::vector<double>> mtp_losses;  // per step, per depth
   float eval_loss = 0;        // Trainer::evaluate on the validation batch after the steps
   std::vector<float> params;  // the whole model's flat buffer after the steps
   float params_norm = 0;      // Trainer's optimizer().params_norm() after the steps
@@ -70,7 +83,10 @@ const Run& reference(const std::string& name, const TransformerConfig& config) {
   Run run;
   for (int s = 0; s < kSteps; ++s) {
     const tp_testing::Batch b = global_batch(config.vocab_size, s);
-    run.losses.push_back(trainer.train_step(b.ids, b.targets, int(kGlobalRows)).loss);
+    const StepStats stats = trainer.train_step(b.ids, b.targets, int(kGlobalRows));
+    run.losses.push_back(stats.loss);
+    run.mtp_losses.push_back(stats.mtp_losses);
+    EXPECT_EQ(stats.mtp_losses.size(), size_t(config.mtp_num_layers));
   }
   const tp_testing::Batch valid = global_batch(config.vocab_size, kValidStep);
   run.eval_loss = trainer.evaluate(valid.ids, valid.targets, 4);  // other microbatches: same mean
@@ -102,7 +118,7 @@ struct Layout {
 
 void check_layout(const std::string& name, const Layout& l) {
   SCOPED_TRACE(name + " " + l.str());
-  const TransformerConfig config = name == "llama" ? llama() : gpt2();
+  const TransformerConfig config = model_named(name);
   const Run& want = reference(name, config);
   std::shared_ptr<comm::MpiCommunicator> world = comm::init_distributed().world;
   comm::ParallelState state(world, {.tp = l.tp, .pp = l.pp, .dp = l.dp});
@@ -143,6 +159,12 @@ void check_layout(const std::string& name, const Layout& l) {
     }
     EXPECT_NEAR(stats.loss, want.losses[size_t(s)], 2e-5 * std::abs(want.losses[size_t(s)]))
         << "step " << s + 1;
+    ASSERT_EQ(stats.mtp_losses.size(), want.mtp_losses[size_t(s)].size());
+    for (size_t k = 0; k < stats.mtp_losses.size(); ++k) {
+      const double w = want.mtp_losses[size_t(s)][k];
+      EXPECT_NEAR(stats.mtp_losses[k], w, 2e-5 * std::abs(w))
+          << "step " << s + 1 << " depth " << k + 1;
+    }
   }
   // Validation: forwards only (the forward-only pipeline schedule under pp > 1), the same loss
   // as one process, twice alike; no counter or dropout state moves (the parameters are
@@ -194,6 +216,7 @@ TEST(DataParallelEqualsOneRank, ZeroAndOverlapOnAndOff) {
     for (bool overlap : {false, true}) {
       check_layout("llama", {.tp = 1, .pp = 1, .dp = dp, .zero = zero, .overlap = overlap});
       check_layout("gpt2", {.tp = 1, .pp = 1, .dp = dp, .zero = zero, .overlap = overlap});
+      check_layout("mtp", {.tp = 1, .pp = 1, .dp = dp, .zero = zero, .overlap = overlap});
     }
 }
 
@@ -204,6 +227,22 @@ TEST(DataParallelEqualsOneRank, WithTensorAndPipelineParallelism) {
     check_layout(
         "llama",
         {.tp = 2, .pp = 1, .dp = 2, .zero = zero, .overlap = zero, .sequence_parallel = true});
+  }
+}
+
+// Multi-token prediction depths on the last stage: its embed_tokens copy (the depths' lookup
+// table, untied; also the output weight, tied) summed with the first stage's, sharded by ZeRO
+// in a bucket of its own; eh_proj and the depths' norms summed over TP under SP; dropout
+// streams of their own.
+TEST(DataParallelEqualsOneRank, MultiTokenPrediction) {
+  if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  check_layout("mtp", {.tp = 1, .pp = 2, .dp = 2, .zero = true, .overlap = true});
+  check_layout("mtp", {.tp = 2, .pp = 1, .dp = 2, .zero = true, .overlap = true});
+  // Dropout masks follow each rank's forwards, which data parallelism splits: one DP rank here.
+  for (const char* name : {"mtp", "mtp_tied_dropout"}) {
+    check_layout(name, {.tp = 2, .pp = 2, .dp = 1, .sequence_parallel = true});
+    check_layout(name, {.tp = 1, .pp = 4, .dp = 1, .virtual_stages = 2});
+    check_layout(name, {.tp = 4, .pp = 1, .dp = 1, .sequence_parallel = true});
   }
 }
 

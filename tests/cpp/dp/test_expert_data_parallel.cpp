@@ -82,7 +82,15 @@ TransformerConfig dropping_moe() {
   return c;
 }
 
+// An MTP depth after the last layer: an expert layer of its own, with its expert bias.
+TransformerConfig mtp_moe() {
+  TransformerConfig c = biased_moe();
+  c.mtp_num_layers = 1;
+  return c;
+}
+
 TransformerConfig config_named(const std::string& name) {
+  if (name == "mtp") return mtp_moe();
   if (name == "dropping") return dropping_moe();
   if (name == "sequence") return sequence_moe();
   return name == "biased" ? biased_moe() : moe();
@@ -111,6 +119,7 @@ std::vector<float> floats(const Tensor& t) {
 struct Run {
   std::vector<float> losses, grad_norms;
   std::vector<double> balancing_losses, z_losses;  // the router losses the step reports
+  std::vector<std::vector<double>> mtp_losses;     // per step, per MTP depth
   std::vector<float> params;                       // the whole model's flat buffer after the steps
   float params_norm = 0;
 };
@@ -132,6 +141,7 @@ const Run& reference(const std::string& name) {
     run.grad_norms.push_back(stats.grad_norm);
     run.balancing_losses.push_back(stats.load_balancing_loss);
     run.z_losses.push_back(stats.z_loss);
+    run.mtp_losses.push_back(stats.mtp_losses);
     // The clip engages: the norm decides the step.
     EXPECT_GT(stats.grad_norm, t.optimizer.clip_grad) << "step " << s + 1;
   }
@@ -233,6 +243,11 @@ void check_layout(const std::string& name, const Layout& l) {
         << "step " << s + 1;
     EXPECT_NEAR(stats.z_loss, want.z_losses[size_t(s)], 1e-5 * want.z_losses[size_t(s)])
         << "step " << s + 1;
+    ASSERT_EQ(stats.mtp_losses.size(), want.mtp_losses[size_t(s)].size());
+    for (size_t k = 0; k < stats.mtp_losses.size(); ++k) {
+      const double w = want.mtp_losses[size_t(s)][k];
+      EXPECT_NEAR(stats.mtp_losses[k], w, 2e-5 * w) << "step " << s + 1 << " MTP depth " << k + 1;
+    }
   }
   EXPECT_NEAR(trainer.optimizer().params_norm(), want.params_norm, 1e-5 * want.params_norm);
   GPTModel whole(config, Device::cpu(), 1);
@@ -314,6 +329,16 @@ TEST(ExpertParallelEqualsOneRank, WholeExpertsFourRanks) {
     check_layout({.tp = 2, .cp = 2, .ep = 4, .etp = 1, .zero = zero, .overlap = zero});
     check_layout({.tp = 4, .ep = 2, .etp = 1, .zero = zero, .overlap = true});
   }
+}
+
+// An MTP depth whose layer has experts (and an expert bias): on the last stage, its experts
+// spread over the EP ranks like the others', split over TP or whole.
+TEST(ExpertParallelEqualsOneRank, MultiTokenPredictionFourRanks) {
+  if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  check_layout("mtp", {.pp = 2, .dp = 2, .ep = 2, .zero = true, .overlap = true});
+  check_layout("mtp", {.tp = 2, .dp = 2, .ep = 2, .zero = false, .overlap = true});
+  check_layout("mtp", {.tp = 2, .dp = 2, .ep = 4, .etp = 1, .zero = true, .overlap = true});
+  check_layout("mtp", {.dp = 2, .cp = 2, .ep = 4, .zero = true, .overlap = false});
 }
 
 TEST(ExpertParallelEqualsOneRank, WholeExpertsEightRanks) {
