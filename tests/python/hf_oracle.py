@@ -7,6 +7,8 @@ mixture-of-experts layer fused ([E, 2F, H] gate and up, [E, H, F] down); `expert
 splits them into braid's per-expert names. The deepseek_* helpers serve the models with
 DeepSeek-V3's router (DeepseekV3, Dots1, Glm4Moe): its expert biases and its group-limited choice;
 deepseek_mla_config the tiny multi-latent attention models (DeepseekV2, DeepseekV3).
+`add_mtp_depths` gives an HF model DeepSeek-V3's multi-token prediction depths as its last
+layers, under braid's (and HF DeepSeek-V3's checkpoint) names.
 """
 
 from __future__ import annotations
@@ -57,16 +59,22 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
 
 
 def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
-               tie=False, llama3_rope=False, zero_centered_gamma=False):
+               tie=False, llama3_rope=False, zero_centered_gamma=False, mtp=0, **fields):
     """LlamaForCausalLM and braid's copy of it; with zero_centered_gamma braid's norm weights
-    hold HF's minus one (Megatron's --apply-layernorm-1p), the same model."""
+    hold HF's minus one (Megatron's --apply-layernorm-1p), the same model. With `mtp` depths of
+    multi-token prediction: HF's model has them as its last layers (add_mtp_depths), braid's
+    mtp_num_layers. `fields`: more braid config (mtp_loss_scaling_factor, ...)."""
     torch.manual_seed(seed)
     rope = {"rope_parameters": LLAMA3_ROPE} if llama3_rope else {"rope_theta": 10000.0}
     hf_cfg = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=positions,
-        rms_norm_eps=1e-5, tie_word_embeddings=tie, attention_bias=False, mlp_bias=False, **rope)
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
+        num_hidden_layers=layers + mtp, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=positions, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+        attention_bias=False, mlp_bias=False, **rope)
     hf = eager_model(transformers.LlamaForCausalLM, hf_cfg)
+    if mtp:
+        add_mtp_depths(hf, layers)
+        fields["mtp_num_layers"] = mtp
     scaling = {"rope_scaling_factor": LLAMA3_ROPE["factor"],
                "rope_low_freq_factor": LLAMA3_ROPE["low_freq_factor"],
                "rope_high_freq_factor": LLAMA3_ROPE["high_freq_factor"],
@@ -74,13 +82,37 @@ def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, posi
                    LLAMA3_ROPE["original_max_position_embeddings"]} if llama3_rope else {}
     model = braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions,
                              norm_eps=1e-5, tie_embeddings=tie,
-                             zero_centered_gamma=zero_centered_gamma, **scaling)
+                             zero_centered_gamma=zero_centered_gamma, **scaling, **fields)
     if zero_centered_gamma:
         for name, p in model.parameters().items():
             if name.endswith("norm.weight"):
                 w = np.from_dlpack(p).copy()
                 p.copy_(np.ascontiguousarray(w - 1.0, dtype=np.float32))
     return hf, model
+
+
+def add_mtp_depths(hf, layers):
+    """Turns the decoder layers of `hf` past its first `layers` into DeepSeek-V3's multi-token
+    prediction depths, as HF's DeepSeek-V3 checkpoint holds its one (layer 61): each keeps its
+    decoder layer (its class's, built with its own index) and gains enorm and hnorm (RMSNorm),
+    eh_proj (Linear [H, 2H], no bias) and shared_head.norm (RMSNorm), with braid's names
+    (model.layers.{i}.enorm.weight, ...); the norm weights off 1, as eager_model's. The model's
+    forward then runs the first `layers` alone (it runs config.num_hidden_layers of them)."""
+    cfg = hf.config
+    assert len(hf.model.layers) > layers
+    cfg.num_hidden_layers = layers
+    h, eps = cfg.hidden_size, cfg.rms_norm_eps
+    for layer in hf.model.layers[layers:]:
+        layer.enorm = torch.nn.RMSNorm(h, eps=eps)
+        layer.hnorm = torch.nn.RMSNorm(h, eps=eps)
+        layer.eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+        layer.shared_head = torch.nn.Module()
+        layer.shared_head.norm = torch.nn.RMSNorm(h, eps=eps)
+        with torch.no_grad():
+            layer.eh_proj.weight.normal_(0.0, cfg.initializer_range)
+            for norm in (layer.enorm, layer.hnorm, layer.shared_head.norm):
+                norm.weight.add_(0.1 * torch.randn_like(norm.weight))
+    return hf
 
 
 def braid_llama_like(hf, layers, hidden, heads, kv_heads, ffn, vocab, positions, **fields):

@@ -81,6 +81,14 @@ TEST(TransformerConfig, InvalidFieldsAreNamed) {
   expect_rejected([](auto& c) { c.hidden_dropout = 1.0f; }, "hidden_dropout");
   expect_rejected([](auto& c) { c.attention_dropout = 0.1f; }, "attention_dropout");
   expect_rejected([](auto& c) { c.params_dtype = DType::i32; }, "params_dtype");
+  expect_rejected([](auto& c) { c.mtp_num_layers = -1; }, "mtp_num_layers", "llama-tiny");
+  expect_rejected(
+      [](auto& c) {
+        c.mtp_num_layers = 1;
+        c.mtp_loss_scaling_factor = -0.1f;
+      },
+      "mtp_loss_scaling_factor", "llama-tiny");
+  expect_rejected([](auto& c) { c.mtp_num_layers = 1; }, "learned absolute positions");  // gpt2
   expect_rejected([](auto& c) { c.rope_theta = 0; }, "rope_theta", "llama-tiny");
   expect_rejected([](auto& c) { c.rope_scaling_factor = -8; }, "rope_scaling_factor", "llama-tiny");
   expect_rejected(

@@ -199,6 +199,54 @@ TEST(ParameterSpecs, LatentAttentionHasDeepSeekV3sNamesAndShapes) {
   EXPECT_FALSE(lite.contains(a + "q_b_proj.weight"));
 }
 
+// Multi-token prediction depths follow the last layer with DeepSeek-V3's MTP names (its layer 61
+// for 61 layers), of the last layer's kind; the last pipeline chunk holds them and its own
+// embed_tokens, untied.
+TEST(ParameterSpecs, MultiTokenPredictionDepthsFollowTheLastLayer) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");  // 2 layers, untied, RMSNorm
+  c.num_experts = 4;
+  c.moe_layers = {0, 1};
+  c.mtp_num_layers = 2;
+  const auto specs = parameter_specs(c);
+  std::vector<std::string> names;
+  for (const ParamSpec& s : specs) names.push_back(s.name);
+  const auto at = [&](const std::string& name) {
+    return std::find(names.begin(), names.end(), name) - names.begin();
+  };
+  for (int layer : {2, 3}) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    const auto& s = by_name(specs);
+    ASSERT_TRUE(s.contains(p + "eh_proj.weight")) << layer;
+    EXPECT_EQ(s.at(p + "eh_proj.weight").shape, (Shape{c.hidden_size, 2 * c.hidden_size}));
+    EXPECT_EQ(s.at(p + "eh_proj.weight").tp_dim, -1);
+    EXPECT_EQ(s.at(p + "eh_proj.weight").layer, layer);
+    EXPECT_TRUE(s.contains(p + "mlp.experts.3.down_proj.weight")) << "the last layer's kind";
+    EXPECT_LT(at(p + "enorm.weight"), at(p + "hnorm.weight"));
+    EXPECT_LT(at(p + "hnorm.weight"), at(p + "eh_proj.weight"));
+    EXPECT_LT(at(p + "eh_proj.weight"), at(p + "input_layernorm.weight"));
+    EXPECT_LT(at(p + "mlp.gate.weight"), at(p + "shared_head.norm.weight"));
+  }
+  EXPECT_LT(at("model.layers.1.mlp.gate.weight"), at("model.layers.2.enorm.weight"));
+  EXPECT_LT(at("model.layers.3.shared_head.norm.weight"), at("model.norm.weight"));
+  EXPECT_TRUE(c.is_moe_layer(3));
+  EXPECT_EQ(c.num_moe_layers(), 3);
+  c.moe_layers = {1, 0};
+  EXPECT_FALSE(c.is_moe_layer(2));
+  EXPECT_EQ(c.num_moe_layers(), 1);
+
+  const ParamLayout first = parameter_layout(
+      c, 0, 1, {.first_layer = 0, .end_layer = 1, .embedding = true, .head = false});
+  const ParamLayout last = parameter_layout(
+      c, 0, 1, {.first_layer = 1, .end_layer = 2, .embedding = false, .head = true});
+  const auto first_names = by_name(first.specs), last_names = by_name(last.specs);
+  EXPECT_FALSE(first_names.contains("model.layers.2.eh_proj.weight"));
+  EXPECT_TRUE(last_names.contains("model.layers.3.eh_proj.weight"));
+  EXPECT_TRUE(last_names.contains("model.embed_tokens.weight"));
+  EXPECT_TRUE(last_names.contains("lm_head.weight"));
+  EXPECT_EQ(held_layers_end(first.chunk, c), 1);
+  EXPECT_EQ(held_layers_end(last.chunk, c), 4);
+}
+
 TEST(ParameterSpecs, InvalidConfigIsRejected) {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_query_groups = 3;

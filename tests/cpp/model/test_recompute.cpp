@@ -162,6 +162,20 @@ TEST(Recompute, LlamaPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
+// Two MTP depths whose layers follow the policy (an expert layer, as the last): their norms,
+// projection and dropout masks rerun alike.
+TEST(Recompute, MultiTokenPredictionPoliciesAgreeAndSaveMemory) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.num_layers = 3;
+  c.mtp_num_layers = 2;
+  c.hidden_dropout = 0.1f;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_aux_loss_coeff = 0.01f;
+  c.moe_layers = {0, 0, 1};
+  check_policies(c);
+}
+
 TEST(Recompute, QkNormPoliciesAgreeAndSaveMemory) {
   TransformerConfig c = TransformerConfig::preset("llama-tiny");
   c.num_layers = 4;
