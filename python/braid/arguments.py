@@ -23,6 +23,11 @@ from braid import attention_args, checkpoint_args, moe_args, schedule_args, wind
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
+# Megatron's --mtp-loss-scaling-factor default. The argument defaults to None so that one
+# given without --mtp-num-layers is refused.
+MTP_LOSS_SCALING_FACTOR = 0.1
+
+
 class ArgumentError(ValueError):
     """A bad or unsupported argument: the message names it and the rule."""
 
@@ -112,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "list, one 0 (full) or 1 (window) per layer, e.g. \"[1,1,1,0]*3\"")
     attention_args.add_arguments(g, pos_int, pos_float, nonneg_float)
     moe_args.add_arguments(g, pos_int, nonneg_float, pos_float)
+    g.add_argument("--mtp-num-layers", type=int, default=None,
+                   help="DeepSeek-V3's multi-token prediction: this many extra layers on the "
+                        "last pipeline stage, the k-th predicting the token k + 1 ahead through "
+                        "the shared embedding and output head (default: none)")
+    g.add_argument("--mtp-loss-scaling-factor", type=nonneg_float, default=None,
+                   help="with --mtp-num-layers: the weight of the mean of the MTP layers' losses "
+                        f"in the training loss (default {MTP_LOSS_SCALING_FACTOR:g})")
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
@@ -402,6 +414,23 @@ def _check_data_files(flag: str, data_path: list[str] | None):
                "pair tools/preprocess_data.py writes)")
 
 
+def _check_mtp(a: argparse.Namespace):
+    """Multi-token prediction's flags: at least one layer, RoPE (TransformerConfig refuses MTP
+    with learned absolute positions; here it is refused naming the flags) and a finite loss
+    weight."""
+    n, factor = a.mtp_num_layers, a.mtp_loss_scaling_factor
+    if n is None:
+        _check(factor is None, "--mtp-loss-scaling-factor needs --mtp-num-layers")
+        return
+    _check(n >= 1, f"--mtp-num-layers must be >= 1, got {n} (omit it for no multi-token "
+           "prediction)")
+    _check(a.position_embedding_type == "rope",
+           f"--mtp-num-layers with --position-embedding-type {a.position_embedding_type} is not "
+           "implemented: multi-token prediction needs --position-embedding-type rope")
+    _check(factor is None or math.isfinite(factor),
+           f"--mtp-loss-scaling-factor must be finite, got {factor}")
+
+
 def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     tp, pp, cp = (a.tensor_model_parallel_size, a.pipeline_model_parallel_size,
                   a.context_parallel_size)
@@ -441,6 +470,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            "give one")
     moe_error = moe_args.check(a, tp, a.dp * cp)
     _check(moe_error is None, moe_error)
+    _check_mtp(a)
     _check(a.attention_dropout == 0.0,
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")

@@ -1,8 +1,9 @@
 """A checkpoint's model config (metadata.json, docs/checkpoints.md) against pretrain_gpt.py's
 arguments: Megatron's --use-checkpoint-args takes the model arguments from it, and a run whose
 numerics differ from it is told so. The model is what the parameters compute with, the router's
-choice included; the training objective's knobs (the load-balancing and z-loss coefficients,
-the expert-bias update rate) stay the command line's."""
+choice included, and its multi-token prediction layers; the training objective's knobs (the
+load-balancing and z-loss coefficients, the expert-bias update rate, the MTP loss's scaling
+factor) stay the command line's."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ FROM_CHECKPOINT = {
                                                        v or None)],
     "moe_shared_expert_gate": lambda v: [("moe_shared_expert_gate", v)],
     "moe_layers": lambda v: [("moe_layer_freq", list(v) or 1)],
+    "mtp_num_layers": lambda v: [("mtp_num_layers", v or None)],
 }
 
 
@@ -81,7 +83,7 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "moe_router_score_function": "softmax", "moe_router_num_groups": 0,
                "moe_router_group_topk": 0, "moe_router_topk_scaling_factor": 1.0,
                "moe_router_enable_expert_bias": False, "moe_expert_capacity_factor": 0.0,
-               "moe_token_drop_policy": "probs",
+               "moe_token_drop_policy": "probs", "mtp_num_layers": 0,
                "multi_latent_attention": False, "q_lora_rank": 0, "kv_lora_rank": 32,
                "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,

@@ -23,8 +23,6 @@ UNSUPPORTED = {
     "--moe-use-upcycling": "upcycling a dense checkpoint into experts is not implemented",
     "--moe-router-topk-limited-devices": "use --moe-router-num-groups and "
                                          "--moe-router-group-topk (Megatron's replacement)",
-    "--mtp-num-layers": "DeepSeek-V3's multi-token prediction module is not implemented",
-    "--mtp-loss-scaling-factor": "DeepSeek-V3's multi-token prediction module is not implemented",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",

@@ -8,8 +8,9 @@ Data (braid.training_data): the embedded addition problems by default, ``--mock-
 tokens), ``--data-path`` (Megatron .bin/.idx with ``--split``), or each split's own datasets
 (``--train-data-path``, ``--valid-data-path``, ``--test-data-path``). Every ``--log-interval``
 iterations rank 0 prints Megatron's line (iteration, consumed samples, ms per iteration,
-learning rate, batch, loss, loss scale, grad norm, skipped and nan iterations) plus tokens/s,
-model TFLOP/s per device, MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the
+learning rate, batch, loss, the router losses and each multi-token prediction layer's loss,
+loss scale, grad norm, skipped and nan iterations) plus tokens/s, model TFLOP/s per device,
+MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the
 cost so far (of the whole run, over its jobs) and projected; on a terminal a progress bar with
 the ETA stays below the lines. Every ``--eval-interval`` iterations and at the end it prints
 the validation loss, and at the end the test loss where the data has a test split.
@@ -33,7 +34,7 @@ import numpy as np
 
 import braid
 from braid import attention_args, flops, moe_args
-from braid.arguments import ArgumentError, parse_args
+from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.megatron_flags import no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
@@ -93,6 +94,10 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.window_size = a.window_size
     cfg.window_layers = a.window_layers
     moe_args.configure(cfg, a)
+    if a.mtp_num_layers:  # DeepSeek-V3's multi-token prediction (none: the config's 0)
+        cfg.mtp_num_layers = a.mtp_num_layers
+        cfg.mtp_loss_scaling_factor = (MTP_LOSS_SCALING_FACTOR if a.mtp_loss_scaling_factor
+                                       is None else a.mtp_loss_scaling_factor)
     cfg.zero_centered_gamma = a.apply_layernorm_1p
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
     cfg.init_std = a.init_method_std
@@ -314,9 +319,14 @@ def main(argv=None) -> int:
     # key load_balancing_loss: Megatron's seq_load_balancing_loss).
     balancing = cfg.num_experts > 0 and cfg.moe_aux_loss_coeff > 0
     z_loss = cfg.num_experts > 0 and cfg.moe_z_loss_coeff > 0
-    logged_moe_layers = [layer for layer in range(cfg.num_layers)
-                         if a.moe_per_layer_logging and cfg.num_experts > 0
-                         and (not cfg.moe_layers or cfg.moe_layers[layer])]
+    # Multi-token prediction: each depth's loss (Megatron's "mtp_1 loss", ...). An MTP layer is
+    # of the model's last layer's kind, and its router losses follow the model's layers' (index
+    # num_layers + k - 1, as Megatron counts them).
+    mtp = a.mtp_num_layers or 0
+    expert_layers = [bool(e) for e in cfg.moe_layers] or [True] * cfg.num_layers
+    expert_layers += expert_layers[-1:] * mtp
+    logged_moe_layers = [layer for layer, experts in enumerate(expert_layers)
+                         if a.moe_per_layer_logging and cfg.num_experts > 0 and experts]
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
     trace = braid.Trace(rank, device) if timers is not None or profiling else None
@@ -330,7 +340,9 @@ def main(argv=None) -> int:
         + (f", a sliding window of {cfg.window_size} on {windowed} layers"
            if cfg.window_size >= 0 else "")
         + (f", {cfg.num_experts} experts of {cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size} "
-           f"with top-{cfg.moe_router_topk} routing" if cfg.num_experts else "") + ") on "
+           f"with top-{cfg.moe_router_topk} routing" if cfg.num_experts else "")
+        + (f", {mtp} multi-token prediction layer{'s' if mtp > 1 else ''} (loss scaling "
+           f"factor {cfg.mtp_loss_scaling_factor:g})" if mtp else "") + ") on "
         f"{state.world_size} x {device}: tp={state.tp}"
         + (f" cp={state.cp}" if state.cp > 1 else "") + f" pp={state.pp} dp={state.dp}"
         + (f" ep={state.ep}" if state.ep > 1 else "")
@@ -497,6 +509,7 @@ def main(argv=None) -> int:
                 f"{batch.global_batch_size} at iteration {it}")
         batch_size = batch.global_batch_size
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
+        mtp_losses = stats.mtp_losses if mtp else []  # each depth's mean cross-entropy
         if timers is not None:
             timers.add(stats)
         if it == profile_end - 1:
@@ -527,6 +540,8 @@ def main(argv=None) -> int:
                 values["load_balancing_loss"] = stats.load_balancing_loss
             if z_loss:
                 values["z_loss"] = stats.z_loss
+            for depth, loss in enumerate(mtp_losses, 1):
+                values[f"mtp_{depth} loss"] = loss
             for layer in logged_moe_layers:  # --moe-per-layer-logging, Megatron's names
                 if balancing:
                     values[f"moe/load_balancing_loss_layer_{layer}"] = \
@@ -556,6 +571,8 @@ def main(argv=None) -> int:
                     + (f"load_balancing_loss: {stats.load_balancing_loss:.6E} | "
                        if balancing else "")
                     + (f"z_loss: {stats.z_loss:.6E} | " if z_loss else "")
+                    + "".join(f"mtp_{depth} loss: {loss:.6E} | "
+                              for depth, loss in enumerate(mtp_losses, 1))
                     + f"loss scale: "
                     f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
                     + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")
