@@ -27,6 +27,7 @@ SavedLayout layout_of(const ParallelModel& model) {
   l.virtual_stages = model.num_chunks();
   l.first_stage_layers = model.parallel().first_stage_layers;
   l.last_stage_layers = model.parallel().last_stage_layers;
+  l.model_chunk_layers = model.parallel().model_chunk_layers;
   l.distributed_optimizer = model.parallel().ddp.use_distributed_optimizer;
   return l;
 }
@@ -63,8 +64,9 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
   const model::TransformerConfig& config = model.config();
   json tensors = json::object();
   const bool bf16 = config.params_dtype != DType::f32;
-  const auto layers = stage_layers(int(config.num_layers), saved.pp, saved.virtual_stages,
-                                   saved.first_stage_layers, saved.last_stage_layers);
+  const auto layers =
+      stage_layers(int(config.num_layers), saved.pp, saved.virtual_stages, saved.first_stage_layers,
+                   saved.last_stage_layers, saved.model_chunk_layers);
   for (int p = 0; p < saved.pp; ++p) {
     for (int c = 0; c < saved.virtual_stages; ++c) {
       const model::ModelChunk held = pipeline_chunk(layers, p, c);
@@ -122,6 +124,8 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
     saved_layout["decoder_first_pipeline_num_layers"] = *saved.first_stage_layers;
   if (saved.last_stage_layers)
     saved_layout["decoder_last_pipeline_num_layers"] = *saved.last_stage_layers;
+  if (!saved.model_chunk_layers.empty())
+    saved_layout["model_chunk_layers"] = saved.model_chunk_layers;
   const LossScaler::State scaler = trainer.loss_scaler().state();
   const LRSchedule& lr = trainer.schedule();
   json meta{{"format", "braid-checkpoint"},

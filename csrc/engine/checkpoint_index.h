@@ -19,6 +19,7 @@ struct SavedLayout {
   int tp = 1, pp = 1, dp = 1, cp = 1, ep = 1, virtual_stages = 1;
   bool whole_experts = false;  // expert TP 1 under TP > 1
   std::optional<int> first_stage_layers, last_stage_layers;
+  std::vector<int> model_chunk_layers;
   bool distributed_optimizer = false;
 };
 

@@ -59,7 +59,8 @@ void ParallelConfig::validate(const model::TransformerConfig& config,
 }
 
 std::vector<std::vector<LayerRange>> ParallelConfig::layers(int num_layers, int pp) const {
-  return stage_layers(num_layers, pp, virtual_stages, first_stage_layers, last_stage_layers);
+  return stage_layers(num_layers, pp, virtual_stages, first_stage_layers, last_stage_layers,
+                      model_chunk_layers);
 }
 
 model::ModelChunk pipeline_chunk(const std::vector<std::vector<LayerRange>>& layers, int pp_rank,

@@ -348,15 +348,58 @@ std::string format_rank(const Schedule& schedule, int rank, bool with_exchanges)
 
 // ---- layer split ----------------------------------------------------------------------------
 
+namespace {
+
+// The layers of model chunk k = c · pp + r, chunk by chunk in model-chunk order.
+std::vector<std::vector<LayerRange>> ranges_of(int pp, int v, const std::vector<int>& counts) {
+  std::vector<std::vector<LayerRange>> out(size_t(pp),
+                                           std::vector<LayerRange>(size_t(v), LayerRange{}));
+  int next = 0;
+  for (int k = 0; k < pp * v; ++k) {
+    out[size_t(k % pp)][size_t(k / pp)] = {next, next + counts[size_t(k)]};
+    next += counts[size_t(k)];
+  }
+  return out;
+}
+
+std::vector<std::vector<LayerRange>> explicit_stage_layers(int num_layers, int pp, int v,
+                                                           bool first_or_last,
+                                                           const std::vector<int>& counts) {
+  BRAID_CONFIG_CHECK(!first_or_last,
+                     "a pipeline layout of every stage's layers (--pipeline-model-parallel-layout, "
+                     "--account-for-embedding/loss-in-pipeline-split) excludes "
+                     "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers");
+  BRAID_CONFIG_CHECK(int(counts.size()) == pp * v, "the pipeline layout has ", counts.size(),
+                     " stages; --pipeline-model-parallel-size (", pp,
+                     ") × virtual stages per rank (", v, ") is ", pp * v);
+  int total = 0;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const bool end = k == 0 || k + 1 == counts.size();
+    BRAID_CONFIG_CHECK(counts[k] >= (end ? 0 : 1), "pipeline layout: stage ", k, " holds ",
+                       counts[k], " layers; every stage but the first (the embeddings) and the ",
+                       "last (the loss) needs at least one");
+    total += counts[k];
+  }
+  BRAID_CONFIG_CHECK(total == num_layers, "the pipeline layout places ", total,
+                     " layers; --num-layers is ", num_layers);
+  return ranges_of(pp, v, counts);
+}
+
+}  // namespace
+
 std::vector<std::vector<LayerRange>> stage_layers(int num_layers, int pp, int virtual_stages,
                                                   std::optional<int> first_stage_layers,
-                                                  std::optional<int> last_stage_layers) {
+                                                  std::optional<int> last_stage_layers,
+                                                  const std::vector<int>& model_chunk_layers) {
   const int v = virtual_stages;
   BRAID_CONFIG_CHECK(pp >= 1, "--pipeline-model-parallel-size must be >= 1, got ", pp);
   BRAID_CONFIG_CHECK(v >= 1, "--num-virtual-stages-per-pipeline-rank must be >= 1, got ", v);
   BRAID_CONFIG_CHECK(num_layers >= 1, "--num-layers must be >= 1, got ", num_layers);
   BRAID_CONFIG_CHECK(v == 1 || pp > 1, "--num-virtual-stages-per-pipeline-rank (", v,
                      ") > 1 needs --pipeline-model-parallel-size > 1, got ", pp);
+  if (!model_chunk_layers.empty())
+    return explicit_stage_layers(num_layers, pp, v, first_stage_layers || last_stage_layers,
+                                 model_chunk_layers);
   const bool uneven = first_stage_layers.has_value() || last_stage_layers.has_value();
   BRAID_CONFIG_CHECK(!uneven || pp > 1,
                      "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers "
@@ -420,17 +463,9 @@ std::vector<std::vector<LayerRange>> stage_layers(int num_layers, int pp, int vi
                        ")");
   }
 
-  // Model chunk k = c * pp + r follows model chunk k - 1.
-  std::vector<std::vector<LayerRange>> out(pp, std::vector<LayerRange>(v));
-  int next = 0;
-  for (int c = 0; c < v; ++c) {
-    for (int r = 0; r < pp; ++r) {
-      const int n = rank_layers[r] / v;
-      out[r][c] = {next, next + n};
-      next += n;
-    }
-  }
-  return out;
+  std::vector<int> counts(size_t(pp * v));
+  for (int k = 0; k < pp * v; ++k) counts[size_t(k)] = rank_layers[size_t(k % pp)] / v;
+  return ranges_of(pp, v, counts);
 }
 
 }  // namespace braid::engine

@@ -167,23 +167,28 @@ void bind_parallel(py::module_& m) {
       .def_readwrite("overlap_param_gather", &DDPConfig::overlap_param_gather);
 
   py::class_<ParallelConfig>(m, "ParallelConfig")
-      .def(
-          py::init([](bool sequence_parallel, int virtual_stages, const DDPConfig& ddp,
-                      std::optional<int> first_stage_layers, std::optional<int> last_stage_layers) {
-            return ParallelConfig{sequence_parallel, virtual_stages, ddp, first_stage_layers,
-                                  last_stage_layers};
-          }),
-          py::arg("sequence_parallel") = false, py::arg("virtual_stages") = 1,
-          py::arg("ddp") = DDPConfig{}, py::arg("first_stage_layers") = py::none(),
-          py::arg("last_stage_layers") = py::none(),
-          "virtual_stages: model chunks per pipeline rank (interleaved 1F1B when > 1); "
-          "first_stage_layers / last_stage_layers: uneven pipeline stages (Megatron's "
-          "--decoder-first/last-pipeline-num-layers), the other ranks split the rest evenly.")
+      .def(py::init([](bool sequence_parallel, int virtual_stages, const DDPConfig& ddp,
+                       std::optional<int> first_stage_layers, std::optional<int> last_stage_layers,
+                       std::vector<int> model_chunk_layers) {
+             return ParallelConfig{
+                 sequence_parallel,  virtual_stages,    ddp,
+                 first_stage_layers, last_stage_layers, std::move(model_chunk_layers)};
+           }),
+           py::arg("sequence_parallel") = false, py::arg("virtual_stages") = 1,
+           py::arg("ddp") = DDPConfig{}, py::arg("first_stage_layers") = py::none(),
+           py::arg("last_stage_layers") = py::none(),
+           py::arg("model_chunk_layers") = std::vector<int>{},
+           "virtual_stages: model chunks per pipeline rank (interleaved 1F1B when > 1); "
+           "first_stage_layers / last_stage_layers: uneven pipeline stages (Megatron's "
+           "--decoder-first/last-pipeline-num-layers), the other ranks split the rest evenly; "
+           "model_chunk_layers: every model chunk's layers instead (a pipeline layout, in "
+           "model-chunk order).")
       .def_readwrite("sequence_parallel", &ParallelConfig::sequence_parallel)
       .def_readwrite("virtual_stages", &ParallelConfig::virtual_stages)
       .def_readwrite("ddp", &ParallelConfig::ddp)
       .def_readwrite("first_stage_layers", &ParallelConfig::first_stage_layers)
-      .def_readwrite("last_stage_layers", &ParallelConfig::last_stage_layers);
+      .def_readwrite("last_stage_layers", &ParallelConfig::last_stage_layers)
+      .def_readwrite("model_chunk_layers", &ParallelConfig::model_chunk_layers);
 
   py::class_<ParallelModel>(m, "ParallelModel",
                             "This rank's share of a GPT model under a (tp, pp, dp) layout: its "

@@ -87,9 +87,10 @@ void bind_schedule(py::module_& m) {
   m.def(
       "stage_layers",
       [](int num_layers, int pp, int virtual_stages, std::optional<int> first,
-         std::optional<int> last) {
+         std::optional<int> last, const std::vector<int>& model_chunk_layers) {
         std::vector<std::vector<std::pair<int, int>>> out;
-        for (const auto& rank : stage_layers(num_layers, pp, virtual_stages, first, last)) {
+        for (const auto& rank :
+             stage_layers(num_layers, pp, virtual_stages, first, last, model_chunk_layers)) {
           auto& row = out.emplace_back();
           for (const LayerRange& r : rank) row.emplace_back(r.begin, r.end);
         }
@@ -97,7 +98,9 @@ void bind_schedule(py::module_& m) {
       },
       py::arg("num_layers"), py::arg("pp"), py::arg("virtual_stages") = 1,
       py::arg("first_stage_layers") = py::none(), py::arg("last_stage_layers") = py::none(),
-      "result[rank][chunk] = (begin, end): the layers of model chunk chunk * pp + rank.");
+      py::arg("model_chunk_layers") = std::vector<int>{},
+      "result[rank][chunk] = (begin, end): the layers of model chunk chunk * pp + rank; "
+      "model_chunk_layers: every model chunk's count (a pipeline layout).");
 
   py::class_<SimulationResult>(m, "SimulationResult")
       .def_readonly("error", &SimulationResult::error)

@@ -32,6 +32,10 @@ struct ParallelConfig {
   // every rank holds num_layers / pp. Lightening the last stage offsets its LM head and loss.
   std::optional<int> first_stage_layers = std::nullopt;
   std::optional<int> last_stage_layers = std::nullopt;
+  // Every model chunk's layers (stage_layers' model_chunk_layers): Megatron's
+  // --pipeline-model-parallel-layout, --account-for-embedding/loss-in-pipeline-split. Empty: the
+  // rule above.
+  std::vector<int> model_chunk_layers = {};
 
   // ConfigError (same on every rank, before any communication) unless the model splits over
   // the layout: the TP rules (check_tensor_parallel), the layers over pp × virtual_stages

@@ -103,11 +103,16 @@ struct LayerRange {
 // first/last overrides every chunk gets num_layers / (pp v); with
 // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers the first / last
 // rank holds that many (split evenly over its v chunks) and the remaining layers are split
-// evenly over the other ranks. Model chunk k covers the layers right after model chunk k - 1.
-// ConfigError naming the Megatron arguments when the layers do not divide.
+// evenly over the other ranks. model_chunk_layers, when not empty, gives every model chunk's
+// count instead (pp · v entries in model-chunk order, summing to num_layers; Megatron's
+// --pipeline-model-parallel-layout and --account-for-embedding/loss-in-pipeline-split): the
+// first chunk (the embeddings) and the last (the head) may hold none, the others at least one.
+// Model chunk k covers the layers right after model chunk k - 1. ConfigError naming the Megatron
+// arguments when the layers do not divide.
 std::vector<std::vector<LayerRange>> stage_layers(int num_layers, int pp, int virtual_stages,
                                                   std::optional<int> first_stage_layers = {},
-                                                  std::optional<int> last_stage_layers = {});
+                                                  std::optional<int> last_stage_layers = {},
+                                                  const std::vector<int>& model_chunk_layers = {});
 
 // ---- simulation -----------------------------------------------------------------------------
 

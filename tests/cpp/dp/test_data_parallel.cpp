@@ -106,13 +106,23 @@ struct Layout {
   bool sequence_parallel = false;
   std::optional<int> first_stage_layers = std::nullopt;  // uneven pipeline stages
   std::optional<int> last_stage_layers = std::nullopt;
-  std::vector<int> rank_layers = {};  // the layers each pipeline rank must hold, when given
+  std::vector<int> model_chunk_layers = {};  // a pipeline layout
+  std::vector<int> rank_layers = {};         // the layers each pipeline rank must hold, when given
   std::string str() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
            " v " + std::to_string(virtual_stages) + (zero ? " zero" : "") +
            (overlap ? " overlap" : "") + (sequence_parallel ? " sp" : "") +
            (first_stage_layers ? " first " + std::to_string(*first_stage_layers) : "") +
-           (last_stage_layers ? " last " + std::to_string(*last_stage_layers) : "");
+           (last_stage_layers ? " last " + std::to_string(*last_stage_layers) : "") +
+           (model_chunk_layers.empty() ? "" : " layout " + layout_str());
+  }
+  std::string layout_str() const {
+    std::string s;
+    for (int n : model_chunk_layers) {
+      if (!s.empty()) s.push_back('|');
+      s.append(std::to_string(n));
+    }
+    return s;
   }
 };
 
@@ -127,6 +137,7 @@ void check_layout(const std::string& name, const Layout& l) {
   parallel.virtual_stages = l.virtual_stages;
   parallel.first_stage_layers = l.first_stage_layers;
   parallel.last_stage_layers = l.last_stage_layers;
+  parallel.model_chunk_layers = l.model_chunk_layers;
   parallel.ddp.use_distributed_optimizer = l.zero;
   parallel.ddp.overlap_grad_reduce = l.overlap;
   parallel.ddp.overlap_param_gather = l.zero && l.overlap;
@@ -273,6 +284,39 @@ TEST(DataParallelEqualsOneRank, UnevenPipelineStages) {
                         .sequence_parallel = true,
                         .first_stage_layers = 2,
                         .rank_layers = {2, 6}});
+}
+
+// Pipeline layouts (Megatron's --pipeline-model-parallel-layout, and its
+// --account-for-embedding/loss-in-pipeline-split): every model chunk's layers given, the
+// first chunk with the embeddings alone and the last with the head alone included.
+TEST(DataParallelEqualsOneRank, PipelineLayouts) {
+  if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
+  // "E|tt|ttt|tttL": a middle stage heavier than its neighbours.
+  check_layout(
+      "gpt2",
+      {.tp = 1, .pp = 4, .dp = 1, .model_chunk_layers = {0, 2, 3, 3}, .rank_layers = {0, 2, 3, 3}});
+  // pp 2 x v 2 x dp 2, ZeRO: "Ettt|t|tt|ttL".
+  check_layout("llama", {.tp = 1,
+                         .pp = 2,
+                         .dp = 2,
+                         .virtual_stages = 2,
+                         .zero = true,
+                         .overlap = true,
+                         .model_chunk_layers = {3, 1, 2, 2},
+                         .rank_layers = {5, 3}});
+  // "E|tttt|tttt|mmL": the MTP depths alone with the head in the last chunk.
+  check_layout("mtp", {.tp = 1,
+                       .pp = 2,
+                       .dp = 2,
+                       .virtual_stages = 2,
+                       .model_chunk_layers = {0, 4, 4, 0},
+                       .rank_layers = {4, 4}});
+  check_layout("mtp", {.tp = 2,
+                       .pp = 2,
+                       .dp = 1,
+                       .sequence_parallel = true,
+                       .model_chunk_layers = {1, 7},
+                       .rank_layers = {1, 7}});
 }
 
 // The matrix on 8 ranks, where the heads allow (8 heads, 4 kv groups: every tp <= 8).

@@ -444,6 +444,20 @@ TEST(StageLayers, UnevenFirstAndLast) {
   EXPECT_EQ(s[0][1], (LayerRange{10, 12}));
 }
 
+TEST(StageLayers, ExplicitModelChunks) {
+  // A pipeline layout, model chunk by model chunk: "E|ttt|tt|t|tt|ttL" at pp 3, v 2 - rank 0
+  // holds chunks 0 and 3, its first with the embeddings alone.
+  const auto s = stage_layers(11, 3, 2, std::nullopt, std::nullopt, {0, 3, 2, 1, 2, 3});
+  EXPECT_EQ(sizes(s), (std::vector<int>{0, 3, 2, 1, 2, 3}));
+  expect_contiguous(s, 11);
+  EXPECT_EQ(s[0][0], (LayerRange{0, 0}));
+  EXPECT_EQ(s[0][1], (LayerRange{5, 6}));
+  EXPECT_EQ(s[2][1], (LayerRange{8, 11}));
+  // The head's chunk may hold no layer either.
+  EXPECT_EQ(sizes(stage_layers(4, 2, 1, std::nullopt, std::nullopt, {4, 0})),
+            (std::vector<int>{4, 0}));
+}
+
 void expect_config_error(auto&& fn, const std::string& needle) {
   try {
     fn();
@@ -454,6 +468,27 @@ void expect_config_error(auto&& fn, const std::string& needle) {
 }
 
 TEST(StageLayers, BadLayouts) {
+  expect_config_error(
+      [] {
+        stage_layers(8, 2, 1, std::nullopt, std::nullopt, {4, 3});
+      },
+      "the pipeline layout places 7 layers; --num-layers is 8");
+  expect_config_error(
+      [] {
+        stage_layers(8, 2, 2, std::nullopt, std::nullopt, {4, 4});
+      },
+      "the pipeline layout has 2 stages; --pipeline-model-parallel-size (2) × "
+      "virtual stages per rank (2) is 4");
+  expect_config_error(
+      [] {
+        stage_layers(8, 2, 2, std::nullopt, std::nullopt, {4, 0, 4, 0});
+      },
+      "stage 1 holds 0 layers");
+  expect_config_error(
+      [] {
+        stage_layers(8, 2, 1, 4, std::nullopt, {4, 4});
+      },
+      "excludes --decoder-first-pipeline-num-layers");
   expect_config_error([] { stage_layers(10, 4, 1); },
                       "--num-layers (10) must be divisible by --pipeline-model-parallel-size (4)");
   expect_config_error([] { stage_layers(12, 4, 2); },
