@@ -19,7 +19,8 @@ import math
 import os
 import re
 
-from braid import attention_args, checkpoint_args, moe_args, schedule_args, window_args
+from braid import (attention_args, checkpoint_args, moe_args, pipeline_args, schedule_args,
+                   window_args)
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -225,13 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context-parallel-size", type=pos_int, default=1,
                    help="ranks that split each sequence (2 chunks each, balanced for causal "
                         "attention); they read the same samples")
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=pos_int, default=None)
-    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=pos_int, default=None)
-    g.add_argument("--decoder-first-pipeline-num-layers", type=pos_int, default=None,
-                   help="layers of the first pipeline stage (uneven stages; the other stages "
-                        "split the rest evenly)")
-    g.add_argument("--decoder-last-pipeline-num-layers", type=pos_int, default=None,
-                   help="layers of the last pipeline stage, which also runs the LM head and loss")
+    pipeline_args.add_arguments(g, pos_int)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
     g.add_argument("--overlap-grad-reduce", action="store_true")
@@ -624,30 +619,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     schedule_args.validate(a, _check)
 
     # Pipeline.
-    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
-    uneven = first is not None or last is not None
-    _check(uneven or a.num_layers % pp == 0,
-           f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {pp} "
-           "(uneven stages: --decoder-first-pipeline-num-layers / "
-           "--decoder-last-pipeline-num-layers)")
-    a.virtual_stages = 1
-    if a.num_layers_per_virtual_pipeline_stage and a.num_virtual_stages_per_pipeline_rank:
-        raise ArgumentError("give --num-layers-per-virtual-pipeline-stage or "
-                            "--num-virtual-stages-per-pipeline-rank, not both")
-    if a.num_layers_per_virtual_pipeline_stage:
-        _check(not uneven, "--num-layers-per-virtual-pipeline-stage assumes stages of equal size; "
-               "with --decoder-first/last-pipeline-num-layers give "
-               "--num-virtual-stages-per-pipeline-rank")
-        per_rank = a.num_layers // pp
-        _check(per_rank % a.num_layers_per_virtual_pipeline_stage == 0,
-               f"--num-layers-per-virtual-pipeline-stage {a.num_layers_per_virtual_pipeline_stage}"
-               f" does not divide the {per_rank} layers of each pipeline rank")
-        a.virtual_stages = per_rank // a.num_layers_per_virtual_pipeline_stage
-    elif a.num_virtual_stages_per_pipeline_rank:
-        a.virtual_stages = a.num_virtual_stages_per_pipeline_rank
-        _check(uneven or (a.num_layers // pp) % a.virtual_stages == 0,
-               f"--num-virtual-stages-per-pipeline-rank {a.virtual_stages} does not divide the "
-               f"{a.num_layers // pp} layers of each pipeline rank")
+    pipeline_args.validate(a, _check, pp)
     if a.virtual_stages > 1:
         _check(pp > 1, "virtual pipeline stages need --pipeline-model-parallel-size > 1")
         _check(a.num_microbatches % pp == 0,
@@ -664,11 +636,13 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                        f"interleaved schedule needs a "
                        f"multiple of --pipeline-model-parallel-size {pp} at every step")
         _check(a.pipeline_schedule == "1f1b", "virtual pipeline stages need --pipeline-schedule 1f1b")
-    a.stage_layers = None  # [pp rank][chunk] = (first layer, end), when uneven
-    if uneven:  # braid's own rule (engine::stage_layers) and its messages
-        from braid import _C
+    a.stage_layers = None  # [pp rank][chunk] = (first layer, end), when not even
+    first, last = a.decoder_first_pipeline_num_layers, a.decoder_last_pipeline_num_layers
+    if first is not None or last is not None or a.model_chunk_layers:
+        from braid import _C  # braid's own rule (engine::stage_layers) and its messages
         try:
-            a.stage_layers = _C.stage_layers(a.num_layers, pp, a.virtual_stages, first, last)
+            a.stage_layers = _C.stage_layers(a.num_layers, pp, a.virtual_stages, first, last,
+                                             a.model_chunk_layers)
         except ValueError as e:
             raise ArgumentError(_without_source(e)) from None
     _check(not a.overlap_param_gather or a.use_distributed_optimizer,

@@ -313,7 +313,8 @@ def main(argv=None) -> int:
     model = braid.ParallelModel(cfg, device, a.seed, state, braid.ParallelConfig(
         sequence_parallel=a.sequence_parallel, virtual_stages=a.virtual_stages, ddp=ddp,
         first_stage_layers=a.decoder_first_pipeline_num_layers,
-        last_stage_layers=a.decoder_last_pipeline_num_layers))
+        last_stage_layers=a.decoder_last_pipeline_num_layers,
+        model_chunk_layers=a.model_chunk_layers))
     trainer = braid.Trainer(model, trainer_config(a))
     # The router losses Megatron logs, each without its coefficient (seq_aux_loss's under the
     # key load_balancing_loss: Megatron's seq_load_balancing_loss).

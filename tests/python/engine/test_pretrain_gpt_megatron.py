@@ -194,6 +194,27 @@ def test_uneven_pipeline_stages_train_like_one_process(one_process, tmp_path):
     assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
 
 
+@pytest.mark.parametrize("ranks, layout, split", [
+    # Megatron's layout string: the first stage the embedding alone, the second all 4 layers
+    # and the loss; pp 2 x dp 2 with ZeRO and overlapped reductions.
+    (4, ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "E|t*4L",
+         "--use-distributed-optimizer", "--overlap-grad-reduce"], "0 | 4"),
+    # Interleaved: v 2 from the layout's 4 stages; rank 0 holds chunks "E" and "t", rank 1
+    # "ttt" and "L" (the loss alone).
+    (2, ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout",
+         "E|t*3|t,|L"], "1 | 3"),
+    # The embedding and the loss counted as layers: (4 + 2) / 3 = 2 a stage, 1 | 2 | 1.
+    (3, ["--pipeline-model-parallel-size", "3", "--account-for-embedding-in-pipeline-split",
+         "--account-for-loss-in-pipeline-split"], "1 | 2 | 1"),
+])
+def test_pipeline_layouts_train_like_one_process(ranks, layout, split, one_process, tmp_path):
+    tb = str(tmp_path / "tb")
+    r = run(ranks, [*MODEL, *layout, "--train-iters", "20", "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"layers per stage {split}" in r.stdout, r.stdout
+    assert_trains_alike(jsonl(os.path.join(tb, "metrics.jsonl")), one_process)
+
+
 @pytest.mark.parametrize("ranks, layout, method", [
     (2, ["--pipeline-model-parallel-size", "2"], ["uniform", "2"]),
     (4, LAYOUT_3D, ["block", "1"]),
