@@ -14,7 +14,9 @@ searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
 experts (or --model mixtral-8x7b), --moe-layer-freq N|LIST only some (the others dense); their
 expert parallelism is searched too, and at TP > 1 with SP whole experts (etp 1) beside split ones.
 --multi-latent-attention [--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim
---v-head-dim --qk-layernorm] is DeepSeek's attention (or --model deepseek-v3).
+--v-head-dim --qk-layernorm] is DeepSeek's attention (or --model deepseek-v3), --mtp-num-layers D
+its multi-token prediction: D more layers (of the last one's kind) with their logits and loss on
+the last pipeline stage.
 The model behind the numbers is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
@@ -82,6 +84,10 @@ def parse_args(argv):
                        ("v-head-dim", "each value head's width")):
         g.add_argument(f"--{flag}", type=_positive_int,
                        help=f"with --multi-latent-attention: {what}")
+    g.add_argument("--mtp-num-layers", type=_positive_int, metavar="D",
+                   help="DeepSeek-V3's multi-token prediction: D depths on the last pipeline "
+                        "stage, each a layer of the last layer's kind, eh_proj and its own logits "
+                        "and loss (default: none)")
     g.add_argument("--window-size", type=window_args.window_size,
                    help="sliding-window attention W,0 as pretrain_gpt.py takes it")
     g.add_argument("--window-attn-skip-freq", type=window_args.skip_freq,
@@ -185,7 +191,7 @@ def parse_args(argv):
             moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size
             or m.moe_shared_expert_intermediate_size,
             moe_shared_expert_gate=a.moe_shared_expert_gate or m.moe_shared_expert_gate,
-            moe_layers=m.moe_layers)
+            moe_layers=m.moe_layers, mtp_num_layers=a.mtp_num_layers or m.mtp_num_layers)
     elif all(x is not None for x in shape):
         a.model_shape = planner.ModelShape(
             a.num_layers, a.hidden_size, a.num_attention_heads,
@@ -195,7 +201,7 @@ def parse_args(argv):
             moe_router_topk=a.moe_router_topk or 2,
             moe_ffn_hidden_size=a.moe_ffn_hidden_size or 0,
             moe_shared_expert_intermediate_size=a.moe_shared_expert_intermediate_size or 0,
-            moe_shared_expert_gate=a.moe_shared_expert_gate)
+            moe_shared_expert_gate=a.moe_shared_expert_gate, mtp_num_layers=a.mtp_num_layers or 0)
     else:
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
@@ -295,7 +301,7 @@ MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num
                "window_size", "window_attn_skip_freq", "num_experts", "moe_router_topk",
                "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
                "moe_shared_expert_gate", "moe_layer_freq", "qk_layernorm",
-               "multi_latent_attention", *MLA_FLAGS)
+               "multi_latent_attention", "mtp_num_layers", *MLA_FLAGS)
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -324,6 +330,7 @@ def _from_training_arguments(ap, a, training):
         t.window_size, tuple(t.window_layers), t.num_experts or 0, t.moe_router_topk,
         t.moe_ffn_hidden_size or 0, t.moe_shared_expert_intermediate_size or 0,
         t.moe_shared_expert_gate, tuple(moe_args.moe_layers(t.moe_layer_freq, t.num_layers)),
+        mtp_num_layers=getattr(t, "mtp_num_layers", None) or 0,
         **({} if not t.multi_latent_attention else dict(
             multi_latent_attention=True, q_lora_rank=t.q_lora_rank or 0,
             **{f: getattr(t, f) for f in attention_args.DEFAULTS})))

@@ -30,6 +30,16 @@ multi_latent_attention branch) but for two things braid counts as it counts ever
 causal halving of the attention (Megatron halves it), and no elementwise terms (Megatron adds
 Lq + Lkv per token for the two latent norms).
 
+Multi-token prediction (mtp_num_layers D > 0, DeepSeek-V3's; each depth on every token) counts,
+per depth, what it runs besides the main model: one transformer layer of the last layer's kind
+(its attention window, its MLP dense or experts, as the layers above count), eh_proj [2h -> h]
+2·2h·h, and its logits through the shared LM head 2·h·V (V as the main head's). These are
+Megatron-LM's terms (training.py, num_floating_point_operations: mtp_num_layers more layers of
+the last layer's kind, 2·(2·h·h) for eh_proj and the logits counted D + 1 times) but for what
+braid leaves out of every model: the causal halving, and the elementwise 2·3h per token Megatron
+adds for the depth's three norms (enorm, hnorm, the final one). Its embedding lookup has no
+FLOPs.
+
 MFU = achieved model FLOP/s per device / the device's dense bf16 peak (A100 312 TFLOP/s,
 H100/H200 989). On the CPU the peak is measured: one core's f32 GEMM rate (numpy's BLAS, one
 thread) times the cores this rank has, cached per machine in ~/.cache/braid/cpu_peak.json.
@@ -56,6 +66,16 @@ def attended_keys(cfg, seq_length: int) -> float:
     return (cfg.num_layers - windowed) * seq_length + windowed * min(seq_length, window + 1)
 
 
+def last_layer_keys(cfg, seq_length: int) -> float:
+    """The keys each query of `cfg`'s last layer is counted against (a multi-token prediction
+    depth's, which is of the last layer's kind): seq_length, or min(seq_length, window_size + 1)
+    where that layer is windowed."""
+    window, layers = getattr(cfg, "window_size", -1), list(getattr(cfg, "window_layers", ()))
+    if window < 0 or (layers and not layers[-1]):
+        return seq_length
+    return min(seq_length, window + 1)
+
+
 def attention_flops(cfg) -> tuple[int, int]:
     """Forward FLOPs of one token in one layer's attention: (its projections, its scores and
     weighted values per key it attends to)."""
@@ -76,13 +96,14 @@ def attention_flops(cfg) -> tuple[int, int]:
 
 def forward_flops_per_token(cfg, seq_length: int) -> float:
     """Model FLOPs of one token's forward pass through `cfg` (a TransformerConfig) with
-    sequences of `seq_length`: the linear layers, attention scores and context, the LM head."""
+    sequences of `seq_length`: the linear layers, attention scores and context, the LM head,
+    and the multi-token prediction depths (the module docstring)."""
     h = cfg.hidden_size
     mlp_matrices = 3 if cfg.activation == "swiglu" else 2
     per_layer, per_key = attention_flops(cfg)
     dense_mlp = 2 * mlp_matrices * h * cfg.ffn_hidden_size
     experts = getattr(cfg, "num_experts", 0) or 0
-    moe_layers = 0
+    moe_layers, pattern = 0, ()
     if experts:  # the k routed experts' MLPs and the router (the module docstring)
         ffn = getattr(cfg, "moe_ffn_hidden_size", 0) or cfg.ffn_hidden_size
         moe_mlp = 2 * mlp_matrices * h * ffn * cfg.moe_router_topk + 2 * h * experts
@@ -94,7 +115,16 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     attention = per_key * attended_keys(cfg, seq_length)
     mlps = moe_layers * moe_mlp + (cfg.num_layers - moe_layers) * dense_mlp if experts else \
         cfg.num_layers * dense_mlp
-    return cfg.num_layers * per_layer + mlps + attention + 2 * h * cfg.vocab_size
+    main = cfg.num_layers * per_layer + mlps + attention + 2 * h * cfg.vocab_size
+    depths = getattr(cfg, "mtp_num_layers", 0) or 0
+    if not depths:
+        return main
+    # Each depth: a layer of the last layer's kind, eh_proj [2h -> h], its logits.
+    last_moe = bool(experts) and (not pattern or bool(pattern[-1]))
+    last_mlp = moe_mlp if last_moe else dense_mlp
+    depth = per_layer + last_mlp + per_key * last_layer_keys(cfg, seq_length) + \
+        2 * 2 * h * h + 2 * h * cfg.vocab_size
+    return main + depths * depth
 
 
 def flops_per_iteration(cfg, seq_length: int, global_batch_size: int) -> float:

@@ -34,6 +34,8 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
 * multi-latent attention (braid.planner_mla): its projections, replicated down projections and
   latents, padded values and TP collectives (under SP the latents' in place of the hidden
   state's) in place of q/k/v's.
+* multi-token prediction (braid.planner_mtp): each depth's layer, eh_proj, logits and loss on the
+  last model chunk, its parameters (and the embedding's copy) and activations there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from braid import _C
 from braid import flops as _flops
 from braid import planner_mla as _mla
 from braid import planner_moe as _moe
+from braid import planner_mtp as _mtp
 from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
                                   ModelShape, parse_bandwidth, stage_splits)
 
@@ -236,7 +239,7 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
         model, num_layers=1, window_layers=(), window_size=model.window_size
         if model.windowed(layer) else -1)
     model_flops = _flops.forward_flops_per_token(
-        dataclasses.replace(one, vocab_size=0), s) / layers * T / t
+        dataclasses.replace(one, vocab_size=0, mtp_num_layers=0), s) / layers * T / t
     return LayerCost(forward, backward, model_flops, ex_f, ex_b)
 
 
@@ -270,7 +273,7 @@ def chunk_params(model: ModelShape, lay: Layout):
     head = emb + model.hidden_size
     if model.tied_embeddings and lay.pp == 1:
         head -= emb
-    out[lay.pp - 1][lay.virtual_stages - 1] += head
+    out[lay.pp - 1][lay.virtual_stages - 1] += head + _mtp.params(model, lay)
     return out
 
 
@@ -311,6 +314,8 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
     experts = [sum(x) for x in _moe.chunk_experts(model, lay, ranges)]
     for r, (p, n) in enumerate(zip(stage_params(model, lay), in_flight(lay, microbatches))):
         acts = [chunk(b if model.mixed_mlps else 0, e - b) for b, e in ranges[r]]
+        if r == lay.pp - 1:  # the multi-token prediction depths on the last chunk
+            acts[-1] = _mtp.kept(model, lay, acts[-1])
         kept = [k for k, _ in acts]  # chunks that keep different amounts: walk the schedule
         act = kept[0] * n if len(set(kept)) == 1 else peak_kept(
             _C.make_interleaved_1f1b(lay.pp, microbatches, lay.virtual_stages), r, kept)
@@ -391,6 +396,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     by_kind = {k: layer_cost(model, cluster, lay, kinds.index(k)) for k in set(kinds)}
     costs = [by_kind[k] for k in kinds]
     hf, hb = head_cost(model, cluster, lay)
+    mtp = _mtp.cost(model, cluster, lay, costs[-1], (hf, hb))  # after the head (planner_mtp)
     ranges = stage_ranges(model, lay)
 
     def rerun(b, e):
@@ -399,8 +405,8 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     fwd = [[sum(costs[l].forward for l in range(b, e)) for b, e in rank] for rank in ranges]
     bwd = [[sum(costs[l].backward for l in range(b, e)) +
             sum(costs[l].forward for l in rerun(b, e)) for b, e in rank] for rank in ranges]
-    fwd[p - 1][v - 1] += hf   # the last model chunk: LM head and loss
-    bwd[p - 1][v - 1] += hb
+    fwd[p - 1][v - 1] += hf + mtp.forward  # the last model chunk: LM head and loss
+    bwd[p - 1][v - 1] += hb + mtp.backward
     T = lay.micro_batch_size * model.seq_length / cp
     p2p_bytes = T * model.hidden_size * 2 / (t if lay.sequence_parallel else 1)
     bw, alpha = _link(cluster, t * cp * d * p)
@@ -439,6 +445,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
             start = max(free, begin + first * (end - begin))
             free = max(start + reduce_s, end + first * reduce_s)
         ends.append(max(sim.finish[r], free))
+    ends[-1] += mtp.grad_sync  # eh_proj's gradient summed over TP
     shard = max(map(functools.partial(_moe.sharded, lay), params, held))
     opt = _bytes_time(gpu, OPTIMIZER_BYTES_PER_PARAM * shard, 4)
     gather = 0.0
@@ -449,14 +456,14 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
             bucket = max(40e6, 1e6 * d) / max(max(params), 1.0)
             gather = max(gather - sum(fwd[0]), gather * min(1.0, bucket))
     emb_sync = 0.0
-    if model.tied_embeddings and p > 1:
+    if (model.tied_embeddings or _mtp.depths(model)) and p > 1:  # the last stage's copy
         nbw, nalpha = _link(cluster, cluster.num_gpus)
         emb_sync = _ring(4 * model.vocab_size * model.hidden_size / t, 2, nbw, nalpha,
                          "all_reduce")
     step = max(ends) + opt + gather + emb_sync + 2 * NET_ALPHA_S * math.log2(max(2, d * p * t))
     model_flops = _flops.flops_per_iteration(model, model.seq_length, global_batch)
     rerun_flops = sum(costs[l].model_flops for rank in ranges for b, e in rank
-                      for l in rerun(b, e))
+                      for l in rerun(b, e)) + mtp.rerun_flops
     hw_flops = model_flops + rerun_flops * t * m * d  # d: dp x cp
     peak = gpu.peak_tflops * 1e12
     out = dict(
@@ -474,7 +481,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
         memory_gb_per_gpu=total_mem, memory_parts_gb=parts,
         bubble_fraction=sim.bubble_fraction, pipeline_s=sim.makespan,
         exposed_dp_s=max(ends) - max(sim.finish), optimizer_s=opt + gather + emb_sync,
-        expert_exchange_s=_moe.step_exchange_s(costs, ranges, m, rerun),
+        expert_exchange_s=_moe.step_exchange_s(costs, ranges, m, rerun, mtp.exchange),
     )
     out["scaling_efficiency"] = _scaling(model, cluster, lay, m, out) if baseline else 1.0
     return out

@@ -10,6 +10,7 @@ import dataclasses
 import re
 
 from braid import planner_mla as _mla
+from braid import planner_mtp as _mtp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,8 +58,14 @@ class ModelShape:
     qk_head_dim: int = 128
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
+    # Multi-token prediction as TransformerConfig has it (DeepSeek-V3's; braid.planner_mtp):
+    # this many depths after the last layer, on the last pipeline stage, each a layer of the
+    # last layer's kind with eh_proj [H, 2H] and three norms, and its own logits. 0: none.
+    mtp_num_layers: int = 0
 
     def __post_init__(self):
+        if self.mtp_num_layers < 0:
+            raise ValueError(f"mtp_num_layers {self.mtp_num_layers}: 0 (none) or more depths")
         if self.multi_latent_attention and self.kv_heads != self.num_attention_heads:
             raise ValueError(f"multi-latent attention: kv heads {self.kv_heads} must be the "
                              f"{self.num_attention_heads} heads (every head has its own key "
@@ -216,9 +223,12 @@ class ModelShape:
         return held
 
     def num_params(self) -> float:
+        """The model's parameters (not the final norm), each once: the multi-token prediction
+        depths' too, which share the embedding and the LM head."""
         emb = self.vocab_size * self.hidden_size
         return self.layers_params(0, self.num_layers) + \
-            emb * (1 if self.tied_embeddings else 2)
+            emb * (1 if self.tied_embeddings else 2) + \
+            self.mtp_num_layers * _mtp.depth_params(self)
 
 
 PRESETS = {

@@ -61,6 +61,8 @@ from __future__ import annotations
 
 import math
 
+from braid import planner_mtp as _mtp
+
 # Assumed (docs/planner.md): the host's part of routing a layer's microbatch, during which the
 # GPU waits - a device-to-host copy and stream sync, three small host-to-device copies - and
 # the counting sort, per (token, choice).
@@ -257,22 +259,27 @@ def all_to_all_s(cluster, lay, nbytes: float) -> float:
     return max(nvlink, net) + (ep - 1) * p.NET_ALPHA_S
 
 
-def step_exchange_s(costs, ranges, microbatches: int, rerun) -> float:
+def step_exchange_s(costs, ranges, microbatches: int, rerun, last: float = 0.0) -> float:
     """The seconds of a step the busiest pipeline rank spends in expert parallelism's exchanges
     (part of its forwards and backwards, not overlapped): each of its layers' (planner.LayerCost
     `costs`, `ranges` its chunks' layers) for every microbatch, the forward's again in the layers
-    full recomputation reruns (`rerun(begin, end)`)."""
-    return microbatches * max(sum((1 + (l in rerun(b, e))) * costs[l].exchange_forward +
-                                  costs[l].exchange_backward
-                                  for b, e in rank for l in range(b, e)) for rank in ranges)
+    full recomputation reruns (`rerun(begin, end)`); the last rank's `last` a microbatch besides
+    (its multi-token prediction depths', planner_mtp)."""
+    per_rank = [sum((1 + (l in rerun(b, e))) * costs[l].exchange_forward +
+                    costs[l].exchange_backward for b, e in rank for l in range(b, e))
+                for rank in ranges]
+    per_rank[-1] += last
+    return microbatches * max(per_rank)
 
 
 def chunk_experts(model, lay, ranges) -> list:
     """[rank][chunk]: the routed experts' parameters each model chunk of `ranges` (planner
     .stage_ranges) holds, one TP rank's share of E / ep experts of each of its expert layers (or
-    them whole)."""
-    return [[model.experts_params(b, e, lay.tp, lay.ep, whole(model, lay)) for b, e in chunks]
-            for chunks in ranges]
+    them whole); the last rank's last chunk those of the multi-token prediction depths too."""
+    out = [[model.experts_params(b, e, lay.tp, lay.ep, whole(model, lay)) for b, e in chunks]
+           for chunks in ranges]
+    out[-1][-1] += _mtp.experts(model, lay)
+    return out
 
 
 def data_groups(lay, params: float, experts: float) -> list:
