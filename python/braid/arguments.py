@@ -134,6 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "a --tokenizer-type)")
     g.add_argument("--make-vocab-size-divisible-by", type=pos_int, default=128)
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    g.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES,
+                   help="with --recompute-granularity selective, megatron-core's parts to "
+                        "recompute: braid's selective recomputes core_attn, layernorm and "
+                        "moe_act together (any subset of them is that)"),
     g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
                    help="with --recompute-granularity full: uniform - each model chunk's layers "
                         "in groups of --recompute-num-layers, only a group's input kept; "
@@ -409,6 +413,13 @@ def _check_data_files(flag: str, data_path: list[str] | None):
                "pair tools/preprocess_data.py writes)")
 
 
+# megatron-core's selective recomputation modules, and those braid's selective policy
+# recomputes (all of them at once: TransformerConfig's Recompute::selective).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                     "shared_experts")
+SELECTIVE_MODULES = {"core_attn", "moe_act", "layernorm"}
+
+
 def _check_mtp(a: argparse.Namespace):
     """Multi-token prediction's flags: at least one layer, RoPE (TransformerConfig refuses MTP
     with learned absolute positions; here it is refused naming the flags) and a finite loss
@@ -420,8 +431,8 @@ def _check_mtp(a: argparse.Namespace):
     _check(n >= 1, f"--mtp-num-layers must be >= 1, got {n} (omit it for no multi-token "
            "prediction)")
     _check(a.position_embedding_type == "rope",
-           f"--mtp-num-layers with --position-embedding-type {a.position_embedding_type} is not "
-           "implemented: multi-token prediction needs --position-embedding-type rope")
+           f"--mtp-num-layers needs --position-embedding-type rope, got "
+           f"{a.position_embedding_type} (braid's MTP depths do not shift learned positions)")
     _check(factor is None or math.isfinite(factor),
            f"--mtp-loss-scaling-factor must be finite, got {factor}")
 
@@ -466,10 +477,21 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     moe_error = moe_args.check(a, tp, a.dp * cp)
     _check(moe_error is None, moe_error)
     _check_mtp(a)
+    _check(not a.no_position_embedding or a.position_embedding_type == "rope",
+           "--no-position-embedding with --position-embedding-type "
+           f"{a.position_embedding_type}: a model without positions (NoPE) is not one of "
+           "braid's; with --position-embedding-type rope it changes nothing")
     _check(a.attention_dropout == 0.0,
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")
     _check(a.hidden_dropout < 1.0, f"--hidden-dropout must be < 1, got {a.hidden_dropout}")
+    _check(a.recompute_modules is None or a.recompute_granularity == "selective",
+           "--recompute-modules needs --recompute-granularity selective")
+    other = sorted(set(a.recompute_modules or ()) - SELECTIVE_MODULES)
+    _check(not other, f"--recompute-modules {' '.join(other)}: braid's selective recomputation "
+           "reruns flash attention's core, both norms and the MLP activation (core_attn, "
+           "layernorm, moe_act) and keeps the rest; recompute whole layers with "
+           "--recompute-granularity full")
     _check(a.recompute_method is None or a.recompute_granularity == "full",
            f"--recompute-method {a.recompute_method} needs --recompute-granularity full "
            "(selective recomputation works inside every layer)")

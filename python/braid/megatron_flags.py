@@ -91,6 +91,11 @@ NO_EFFECT = {
                                                  "gradients into the f32 buffer"),
     "--cross-entropy-loss-fusion": (False, "braid's vocab-parallel cross-entropy is one kernel "
                                            "chain already"),
+    "--cross-entropy-fusion-impl": (True, "braid's vocab-parallel cross-entropy is one kernel "
+                                          "chain already"),
+    "--no-position-embedding": (False, "Megatron's older switch-off of learned absolute "
+                                       "positions: braid's positions are "
+                                       "--position-embedding-type's"),
     # Megatron divides QK^T by the layer number and has the softmax multiply it back: the same
     # attention, its scores kept in float16's range.
     "--apply-query-key-layer-scaling": (False, "it rescales the attention scores only to keep "

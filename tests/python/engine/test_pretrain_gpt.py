@@ -362,6 +362,12 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--num-layers", "6", "--pipeline-model-parallel-size", "2",
       "--account-for-loss-in-pipeline-split", "--pipeline-model-parallel-layout", "Ettt|tttL"],
      "no --account-for-embedding/loss-in-pipeline-split"),
+    (["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
+      "mla_up_proj"], "--recompute-modules mla_up_proj: braid's selective recomputation"),
+    (["--recompute-modules", "core_attn"],
+     "--recompute-modules needs --recompute-granularity selective"),
+    (["--no-position-embedding"], "--no-position-embedding with --position-embedding-type "
+     "learned_absolute: a model without positions (NoPE)"),
     (["--attention-dropout", "0.1"], "--attention-dropout must be 0"),
     (["--window-attn-skip-freq", "2"], "--window-attn-skip-freq needs --window-size"),
     (["--mock-data", "--seq-length", "32"], "--mock-data needs --vocab-size"),

@@ -235,7 +235,7 @@ def test_mtp_with_experts_and_expert_parallelism(tmp_path):
     (1, [*MTP, "--mtp-loss-scaling-factor", "-1"],
      "argument --mtp-loss-scaling-factor: must be >= 0, got -1"),
     (2, [*MTP, "--position-embedding-type", "learned_absolute"],
-     "--mtp-num-layers with --position-embedding-type learned_absolute is not implemented"),
+     "--mtp-num-layers needs --position-embedding-type rope, got learned_absolute"),
 ])
 def test_bad_mtp_flags_are_refused(ranks, args, message):
     r = run(ranks, [*MODEL, *args, "--train-iters", "1"], timeout=60)
