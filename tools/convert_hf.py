@@ -16,6 +16,10 @@ shards. An import writes the tp=1, pp=1 layout (one file holding every tensor, i
 indexes a tp=1 save); braid's loader reshards it to any layout (load it with --finetune or
 --no-load-optim). An export assembles every tensor from the shards the index lists.
 
+GLM-4.5's and DeepSeek-V3's multi-token-prediction layers (model.layers.{L}.*, after the last)
+import as braid's MTP depths (mtp_num_layers) where the weights hold them, and braid's depths
+export as those layers; --no-mtp, on either command, leaves them out.
+
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
 docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs,
 hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3 and -V2 (their
@@ -40,12 +44,14 @@ from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  
                     hf_moe_config, moe_architecture, moe_config_from_hf, moe_ffn,
                     moe_tensors_to_braid)
 from hf_deepseek import (DEEPSEEK_MOE_ARCHITECTURES, LATENT_ARCHITECTURES,  # noqa: E402
-                         SIGMOID_MOE_ARCHITECTURES, braid_deepseek_moe_tensors_to_hf,
-                         deepseek_moe_tensors_to_braid, drop_mtp_layers, expert_bias_specs,
-                         hf_latent_attention_config, hf_sigmoid_moe_config,
+                         MTP_ARCHITECTURES, SIGMOID_MOE_ARCHITECTURES,
+                         braid_deepseek_moe_tensors_to_hf, braid_mtp_copies_to_hf,
+                         check_mtp_export, deepseek_moe_tensors_to_braid, expert_bias_specs,
+                         hf_latent_attention_config, hf_mtp_count, hf_sigmoid_moe_config,
                          hf_softmax_moe_config, latent_attention_architecture,
-                         latent_attention_config_from_hf, sigmoid_moe_architecture,
-                         sigmoid_moe_config_from_hf, sigmoid_router, softmax_moe_config_from_hf)
+                         latent_attention_config_from_hf, mtp_config_from_hf,
+                         sigmoid_moe_architecture, sigmoid_moe_config_from_hf, sigmoid_router,
+                         softmax_moe_config_from_hf, take_mtp_layers, without_mtp)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -117,22 +123,20 @@ def braid_specs(c):
                       0))
         specs.append((p + "o_proj.weight", [h, heads * c["v_head_dim"]], 1))
 
-    experts = expert_layers(c) if c.get("num_experts") else [0] * c["num_layers"]
-    for i in range(c["num_layers"]):
-        p = f"model.layers.{i}."
+    def layer(p, has_experts):
         norm(p + "input_layernorm")
         if c.get("multi_latent_attention"):  # absent in checkpoints before it
             latent_attention(p + "self_attn.")
             norm(p + "post_attention_layernorm")
-            mlp_or_experts(p, experts[i])
-            continue
-        specs += [(p + "self_attn.q_proj.weight", [q_out, h], 0),
-                  (p + "self_attn.k_proj.weight", [kv_out, h], 0),
-                  (p + "self_attn.v_proj.weight", [kv_out, h], 0)]
+            mlp_or_experts(p, has_experts)
+            return
+        specs.extend([(p + "self_attn.q_proj.weight", [q_out, h], 0),
+                      (p + "self_attn.k_proj.weight", [kv_out, h], 0),
+                      (p + "self_attn.v_proj.weight", [kv_out, h], 0)])
         if qkv_bias:
-            specs += [(p + "self_attn.q_proj.bias", [q_out], 0),
-                      (p + "self_attn.k_proj.bias", [kv_out], 0),
-                      (p + "self_attn.v_proj.bias", [kv_out], 0)]
+            specs.extend([(p + "self_attn.q_proj.bias", [q_out], 0),
+                          (p + "self_attn.k_proj.bias", [kv_out], 0),
+                          (p + "self_attn.v_proj.bias", [kv_out], 0)])
         if c.get("qk_layernorm"):
             norm(p + "self_attn.q_norm", head_dim)
             norm(p + "self_attn.k_norm", head_dim)
@@ -140,7 +144,21 @@ def braid_specs(c):
         if bias:
             specs.append((p + "self_attn.o_proj.bias", [h], -1))
         norm(p + "post_attention_layernorm")
-        mlp_or_experts(p, experts[i])
+        mlp_or_experts(p, has_experts)
+
+    layers = c["num_layers"]
+    experts = expert_layers(c) if c.get("num_experts") else [0] * layers
+    for i in range(layers):
+        layer(f"model.layers.{i}.", experts[i])
+    # multi-token prediction (parameters.cpp add_mtp_depth): depth k is layer L + k - 1, of the
+    # last layer's kind; absent in checkpoints before it
+    for i in range(layers, layers + c.get("mtp_num_layers", 0)):
+        p = f"model.layers.{i}."
+        norm(p + "enorm")
+        norm(p + "hnorm")
+        specs.append((p + "eh_proj.weight", [h, 2 * h], -1))
+        layer(p, experts[-1])
+        norm(p + "shared_head.norm")
     norm("model.norm")
     if not c["tie_embeddings"]:
         specs.append(("lm_head.weight", [c["vocab_size"], h], 0))
@@ -235,6 +253,8 @@ def braid_to_hf(t, arch, c):
             braid_moe_tensors_to_hf(out, arch, c)
         if arch in DEEPSEEK_MOE_ARCHITECTURES:
             braid_deepseek_moe_tensors_to_hf(out, c)
+        if arch in MTP_ARCHITECTURES:
+            braid_mtp_copies_to_hf(out, c)
         return out
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],
            "transformer.wpe.weight": t["model.embed_positions.weight"],
@@ -349,7 +369,9 @@ def checkpoint_metadata(config, specs, hf):
             "hf_config": hf}
 
 
-def import_hf(hf_dir, save):
+def import_hf(hf_dir, save, mtp=True):
+    """`mtp`: import GLM-4.5's and DeepSeek-V3's multi-token-prediction layers, where the weights
+    hold them, as braid's MTP depths (else leave them out)."""
     hf = read_hf_config(hf_dir)
     arch = hf_architecture(hf)
     quant = hf.get("quantization_config")
@@ -358,7 +380,7 @@ def import_hf(hf_dir, save):
           "(braid's parameters are F32, BF16 or F16: dequantize the weights first)")
     latent = latent_attention_config_from_hf(hf, arch) if arch in LATENT_ARCHITECTURES else {}
     tensors = read_hf_weights(hf_dir)
-    drop_mtp_layers(tensors, hf, arch)
+    depths = take_mtp_layers(tensors, hf, arch, keep=mtp)
     config = braid_config_from_hf(hf, arch, weights_dtype(tensors, hf_dir))
     config.update(latent)
     config.update(moe_config_from_hf(hf, arch))
@@ -366,6 +388,7 @@ def import_hf(hf_dir, save):
         config.update(sigmoid_moe_config_from_hf(hf, arch))
     if arch == "deepseek_v2":
         config.update(softmax_moe_config_from_hf(hf))
+    config.update(mtp_config_from_hf(hf, config, depths))
     for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
                 "max_position_embeddings"):
         check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
@@ -475,9 +498,12 @@ def plus(t, delta):
     return t.like(((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16))
 
 
-def export_hf(load, out, iteration=None):
+def export_hf(load, out, iteration=None, mtp=True):
+    """`mtp`: export braid's multi-token-prediction depths (else leave them out)."""
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
+    if not mtp:
+        tensors, config = without_mtp(tensors, config)
     if config.get("multi_latent_attention"):
         arch = latent_attention_architecture(config, meta.get("hf_config"))
     elif not config.get("num_experts"):
@@ -492,6 +518,7 @@ def export_hf(load, out, iteration=None):
     if arch == "llama" and not config["add_bias_linear"] and \
             hf_architecture_or_none(meta.get("hf_config") or {}) == "mistral":
         arch = "mistral"  # an imported Mistral goes back as one
+    check_mtp_export(config, arch)
     specs = checkpoint_specs(config)
     for name, shape, _ in specs:
         check(name in tensors, f"{load}: the checkpoint has no {name}")
@@ -527,6 +554,23 @@ def export_hf(load, out, iteration=None):
 
 # ---- command line ----------------------------------------------------------------------------
 
+def mtp_depths(c):
+    depths = c.get("mtp_num_layers", 0)
+    return f" and {depths} MTP depth{'s' if depths > 1 else ''}" if depths else ""
+
+
+def note_mtp_layers_absent(hf_dir, arch, c):
+    """After an import that kept MTP layers where the weights hold them: says on stderr where
+    config.json counts some but the weights held none (transformers' save_pretrained writes
+    none), so the model has no multi-token prediction."""
+    count = hf_mtp_count(read_hf_config(hf_dir)) if arch in MTP_ARCHITECTURES else 0
+    if count and not c.get("mtp_num_layers"):
+        print(f"convert_hf.py import: note: config.json says num_nextn_predict_layers {count} "
+              f"but the weights hold no model.layers.{c['num_layers']}.* (transformers' "
+              "save_pretrained writes none): imported without multi-token prediction "
+              "(mtp_num_layers 0)", file=sys.stderr)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -535,21 +579,29 @@ def main(argv=None):
     p = sub.add_parser("import", help="HF directory -> braid checkpoint")
     p.add_argument("--hf-dir", required=True, help="config.json + model.safetensors[.index.json]")
     p.add_argument("--save", required=True, help="checkpoint directory to create")
+    p.add_argument("--no-mtp", dest="mtp", action="store_false",
+                   help="leave out GLM-4.5's and DeepSeek-V3's multi-token-prediction layers "
+                   "(default: import them as braid's MTP depths where the weights hold them)")
     p = sub.add_parser("export", help="braid checkpoint -> HF directory")
     p.add_argument("--load", required=True, help="checkpoint directory (any layout)")
     p.add_argument("--hf-dir", required=True, help="output directory")
     p.add_argument("--ckpt-step", type=int, default=None,
                    help="iteration to export (default: the tracker file's)")
+    p.add_argument("--no-mtp", dest="mtp", action="store_false",
+                   help="leave out the multi-token-prediction depths (mtp_num_layers): "
+                   "num_nextn_predict_layers 0")
     args = parser.parse_args(argv)
     try:
         if args.command == "import":
-            where, arch, c = import_hf(args.hf_dir, args.save)
-            print(f"imported {arch} ({c['num_layers']} layers, hidden {c['hidden_size']}, "
-                  f"{c['params_dtype']}) into {where}")
+            where, arch, c = import_hf(args.hf_dir, args.save, args.mtp)
+            if args.mtp:
+                note_mtp_layers_absent(args.hf_dir, arch, c)
+            print(f"imported {arch} ({c['num_layers']} layers{mtp_depths(c)}, hidden "
+                  f"{c['hidden_size']}, {c['params_dtype']}) into {where}")
         else:
-            arch, c = export_hf(args.load, args.hf_dir, args.ckpt_step)
-            print(f"exported {arch} ({c['num_layers']} layers, hidden {c['hidden_size']}) "
-                  f"to {args.hf_dir}")
+            arch, c = export_hf(args.load, args.hf_dir, args.ckpt_step, args.mtp)
+            print(f"exported {arch} ({c['num_layers']} layers{mtp_depths(c)}, hidden "
+                  f"{c['hidden_size']}) to {args.hf_dir}")
     except (ConvertError, SafetensorsError) as e:
         print(f"convert_hf.py {args.command}: error: {e}", file=sys.stderr)
         return 1

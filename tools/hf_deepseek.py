@@ -40,6 +40,12 @@ same interleaved pairs, as complex numbers).
 Tensors: braid's names but for the shared expert (HF `mlp.shared_experts.*`, braid
 `mlp.shared_expert.*`); `mlp.gate.e_score_correction_bias` [E] f32 is braid's expert bias
 (GPTModel.expert_biases(), stored in the checkpoint under that name).
+
+GLM-4.5's and DeepSeek-V3's checkpoints hold num_nextn_predict_layers multi-token-prediction
+layers after the last, L: layer L + k - 1 is braid's MTP depth k (mtp_num_layers) under the same
+names (enorm, hnorm, eh_proj [H, 2H], a layer with experts as the last, shared_head.norm), but
+for its copies of embed_tokens and lm_head (embed_tokens, shared_head.head), which braid's depths
+share with the model: import checks and drops them, export writes them.
 """
 
 import json
@@ -377,7 +383,8 @@ def hf_latent_attention_config(c, imported, arch="deepseek_v3"):
           "qk_head_dim": dn + dr, "head_dim": dr,  # as transformers derives them
           "num_key_value_heads": c["num_attention_heads"], "attention_bias": False}
     if arch == "deepseek_v3":  # V2 always turns interleaved pairs, and has no MTP layers
-        hf.update({"rope_interleave": True, "num_nextn_predict_layers": 0})  # none exported
+        hf.update({"rope_interleave": True,
+                   "num_nextn_predict_layers": c.get("mtp_num_layers", 0)})
     if not c.get("num_experts"):
         if (imported or {}).get("model_type") == arch:
             keys = SIGMOID_MOE_KEYS if arch == "deepseek_v3" else DEEPSEEK_V2_MOE_KEYS
@@ -405,8 +412,9 @@ def check_shared_expert_and_layers(c, what, names):
 
 def sigmoid_moe_architecture(c):
     """dots1 or GLM-4.5 for a braid config with a sigmoid router: dots1 with q/k norms, no
-    biases and RoPE on whole heads (any window pattern), else GLM-4.5 (q, k, v biases or none,
-    q/k norms or none, any rotary_percent, no window); ConvertError with why otherwise."""
+    biases and RoPE on whole heads (any window pattern) but for a model with multi-token
+    prediction and no window, else GLM-4.5 (q, k, v biases or none, q/k norms or none, any
+    rotary_percent, no window); ConvertError with why otherwise."""
     what = "this braid model routes by sigmoid scores"
     kind = (c["normalization"], c["activation"], c["position_embedding"])
     check(kind == ("rmsnorm", "swiglu", "rope"), what, " and is ", "/".join(kind), " shaped; "
@@ -419,8 +427,9 @@ def sigmoid_moe_architecture(c):
     check(groups <= 1 or topk == 2 * group_topk, what, f" in {groups} groups, each scored by its "
           f"best moe_router_topk / group_topk = {topk} / {group_topk}; transformers scores a "
           "group by its best 2")
-    if c.get("qk_layernorm") and not c.get("add_qkv_bias") and c.get("rotary_percent", 1.0) == 1:
-        return "dots1"
+    if c.get("qk_layernorm") and not c.get("add_qkv_bias") and c.get("rotary_percent", 1.0) == 1 \
+            and not (c.get("mtp_num_layers") and braid_window(c) is None):
+        return "dots1"  # (with MTP depths GLM-4.5, which has MTP layers, where it can)
     check(braid_window(c) is None, what, " and has a sliding window but ",
           "q, k, v biases" if c.get("add_qkv_bias") else
           "RoPE on a part of each head" if c.get("rotary_percent", 1.0) != 1 else
@@ -483,9 +492,10 @@ def hf_sigmoid_moe_config(c, arch):
           "n_group": groups or 1, "topk_group": c.get("moe_router_group_topk", 0) if groups else 1,
           "norm_topk_prob": topk > 1,
           "routed_scaling_factor": f32_value(c.get("moe_router_topk_scaling_factor", 1.0))}
-    if arch == "glm4_moe":  # no multi-token-prediction layers in the export
+    if arch == "glm4_moe":
         hf.update({"use_qk_norm": bool(c.get("qk_layernorm")),
-                   "attention_bias": bool(c.get("add_qkv_bias")), "num_nextn_predict_layers": 0})
+                   "attention_bias": bool(c.get("add_qkv_bias")),
+                   "num_nextn_predict_layers": c.get("mtp_num_layers", 0)})
     return hf
 
 
@@ -494,18 +504,25 @@ def hf_sigmoid_moe_config(c, arch):
 def expert_bias_specs(c):
     """[(name, shape, split_dim)] of the expert biases a braid config has (replicated, f32,
     not among the parameters)."""
-    if not c.get("num_experts") or not c.get("moe_router_enable_expert_bias"):
+    if not c.get("moe_router_enable_expert_bias"):
         return []
-    return [(f"model.layers.{i}.{BIAS}", [c["num_experts"]], -1)
-            for i, e in enumerate(expert_layers(c)) if e]
+    return [(f"model.layers.{i}.{BIAS}", [c["num_experts"]], -1) for i in layers_with_experts(c)]
+
+
+def layers_with_experts(c):
+    """The layers of a braid config that have experts (moe_layers), then its multi-token-
+    prediction depths (layers num_layers + k - 1) where its last layer has them: braid builds
+    each depth as its last layer (TransformerConfig::kind_of_layer)."""
+    if not c.get("num_experts"):
+        return []
+    kinds = expert_layers(c)
+    return [i for i, e in enumerate(kinds + kinds[-1:] * c.get("mtp_num_layers", 0)) if e]
 
 
 def deepseek_moe_tensors_to_braid(hf, c):
     """In `hf` (name -> Tensor) of a DEEPSEEK_MOE_ARCHITECTURES model: the shared experts to
     braid's name, the biases to f32 (exact). The experts: hf_moe.moe_tensors_to_braid."""
-    if not c.get("num_experts"):  # a dense DeepSeek-V3 or -V2
-        return
-    for i in [i for i, e in enumerate(expert_layers(c)) if e]:
+    for i in layers_with_experts(c):  # (none in a dense DeepSeek-V3 or -V2)
         p = f"model.layers.{i}.mlp."
         for m in ("gate_proj", "up_proj", "down_proj"):
             name = f"{p}shared_experts.{m}.weight"
@@ -518,28 +535,11 @@ def deepseek_moe_tensors_to_braid(hf, c):
             hf[f"model.layers.{i}.{BIAS}"] = as_f32_tensor(bias)
 
 
-def drop_mtp_layers(tensors, hf, arch):
-    """Removes from `tensors` GLM-4.5's and DeepSeek-V3's multi-token-prediction layers: the
-    num_nextn_predict_layers layers after the last (model.layers.{L}.*, ...), which
-    transformers' causal LM does not load either. Returns how many tensors it dropped."""
-    if arch not in ("glm4_moe", "deepseek_v3"):
-        return 0
-    count = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 1)) or 0
-    first = hf["num_hidden_layers"]
-    prefixes = tuple(f"model.layers.{j}." for j in range(first, first + count))
-    names = [n for n in tensors if n.startswith(prefixes)] if prefixes else []
-    for name in names:
-        del tensors[name]
-    return len(names)
-
-
 def braid_deepseek_moe_tensors_to_hf(t, c):
     """braid's tensors -> transformers' names (in place) for a DEEPSEEK_MOE_ARCHITECTURES model;
     biases of zero where braid's sigmoid router has none (transformers' always has them;
     DeepSeek-V2's softmax router never)."""
-    if not c.get("num_experts"):  # a dense DeepSeek-V3 or -V2
-        return
-    for i in [i for i, e in enumerate(expert_layers(c)) if e]:
+    for i in layers_with_experts(c):  # (none in a dense DeepSeek-V3 or -V2)
         p = f"model.layers.{i}.mlp."
         for m in ("gate_proj", "up_proj", "down_proj"):
             t[f"{p}shared_experts.{m}.weight"] = t.pop(f"{p}shared_expert.{m}.weight")
@@ -552,3 +552,105 @@ def as_f32_tensor(t):
     if t.dtype == "BF16":
         return Tensor("F32", (t.array.astype(np.uint32) << 16).view("<f4"))
     return Tensor("F32", np.ascontiguousarray(t.array, dtype="<f4"))
+
+
+# ---- multi-token prediction (DeepSeek-V3's and GLM-4.5's MTP layers) --------------------------
+
+MTP_ARCHITECTURES = ("glm4_moe", "deepseek_v3")
+# What each MTP layer of DeepSeek's and GLM's checkpoints holds besides braid's depth: copies of
+# the model's embedding and output head, which braid's depths share.
+MTP_COPIES = ("embed_tokens.weight", "shared_head.head.weight")
+
+
+def hf_mtp_count(hf):
+    """num_nextn_predict_layers of a GLM-4.5 or DeepSeek-V3 config.json (transformers 5 reads
+    num_mtp_layers alike): 1 where both are absent, as transformers defaults it; 0 for null."""
+    count = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers", 1)) or 0
+    check(isinstance(count, int) and count >= 0, "config.json: num_nextn_predict_layers should "
+          f"be a layer count, is {json.dumps(count)}")
+    return count
+
+
+def same_bits(a, b):
+    """Whether two Tensors hold the same dtype, shape and bytes."""
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(
+        np.ascontiguousarray(a.array).reshape(-1).view(np.uint8),
+        np.ascontiguousarray(b.array).reshape(-1).view(np.uint8))
+
+
+def take_mtp_layers(tensors, hf, arch, keep=True):
+    """The multi-token-prediction layers of a GLM-4.5 or DeepSeek-V3 checkpoint in `tensors`:
+    the num_nextn_predict_layers layers after the last (model.layers.{L}.*, ...), which
+    transformers' causal LM does not load and its save_pretrained does not write. Where `keep`
+    and `tensors` hold them, removes each layer's copies of the embedding and the output head
+    (MTP_COPIES), checked bit for bit against the model's, and leaves the rest, braid's depths;
+    else removes them all. Returns how many depths it left: braid's mtp_num_layers."""
+    if arch not in MTP_ARCHITECTURES:
+        return 0
+    first, count = hf["num_hidden_layers"], hf_mtp_count(hf)
+    held = {j: [n for n in tensors if n.startswith(f"model.layers.{j}.")]
+            for j in range(first, first + count)}
+    if not keep or not any(held.values()):
+        for name in [n for names in held.values() for n in names]:
+            del tensors[name]
+        return 0
+    head = ("model.embed_tokens.weight" if hf.get("tie_word_embeddings", False) else
+            "lm_head.weight")
+    for j, names in held.items():
+        check(names, f"config.json: num_nextn_predict_layers is {count} but the weights hold "
+              f"model.layers.{first}.* and no model.layers.{j}.*; import with --no-mtp to leave "
+              "the multi-token-prediction layers out")
+        for copy, of in zip(MTP_COPIES, ("model.embed_tokens.weight", head)):
+            name = f"model.layers.{j}.{copy}"
+            if name in tensors and of in tensors:  # (a missing `of` is refused with the model's)
+                check(same_bits(tensors[name], tensors[of]), f"{name} differs from {of}; "
+                      "braid's multi-token-prediction depths share the model's embedding and "
+                      "output head: import with --no-mtp to leave the MTP layers out")
+            tensors.pop(name, None)
+    return count
+
+
+def mtp_config_from_hf(hf, config, depths):
+    """braid's MTP fields for `depths` (take_mtp_layers) MTP layers of a config.json whose braid
+    config is `config`; ConvertError where braid's depths would differ from them."""
+    if not depths:
+        return {}
+    if not config.get("num_experts"):  # a DeepSeek-V3 of dense layers (GLM-4.5: refused before)
+        refuse("first_k_dense_replace", hf.get("first_k_dense_replace"), "every layer is dense "
+               "but the multi-token-prediction layers have experts, as transformers, vLLM and "
+               "DeepSeek's code build them; braid builds each MTP depth as the last layer: "
+               "import with --no-mtp to leave them out")
+    return {"mtp_num_layers": depths}
+
+
+def check_mtp_export(c, arch):
+    """ConvertError where `arch` cannot hold a braid config's MTP depths (mtp_num_layers) as
+    braid computes them."""
+    depths = c.get("mtp_num_layers", 0)
+    if not depths:
+        return
+    what = (f"this braid model has {depths} multi-token-prediction "
+            f"depth{'s' if depths > 1 else ''} (mtp_num_layers)")
+    check(arch in MTP_ARCHITECTURES, what, f" and exports as {arch}, which has none (DeepSeek-V3 "
+          "and GLM-4.5 do): export with --no-mtp to leave them out")
+    check(c.get("num_experts"), what, " and no experts; DeepSeek-V3's readers (transformers, "
+          "vLLM, DeepSeek's code) build its MTP layers with experts, braid as the last layer: "
+          "export with --no-mtp to leave them out")
+
+
+def without_mtp(tensors, c):
+    """(`tensors` less the MTP depths' (model.layers.{num_layers + k - 1}.*), `c` with
+    mtp_num_layers 0): the model without multi-token prediction."""
+    first, depths = c["num_layers"], c.get("mtp_num_layers", 0)
+    prefixes = tuple(f"model.layers.{j}." for j in range(first, first + depths))
+    return ({n: t for n, t in tensors.items() if not prefixes or not n.startswith(prefixes)},
+            dict(c, mtp_num_layers=0))
+
+
+def braid_mtp_copies_to_hf(t, c):
+    """Adds to `t` (HF names) the copies of the embedding and the output head each MTP layer of
+    DeepSeek's and GLM's checkpoints carries (MTP_COPIES), as they hold them."""
+    head = t["model.embed_tokens.weight" if c["tie_embeddings"] else "lm_head.weight"]
+    for j in range(c["num_layers"], c["num_layers"] + c.get("mtp_num_layers", 0)):
+        t[f"model.layers.{j}.{MTP_COPIES[0]}"] = t["model.embed_tokens.weight"]
+        t[f"model.layers.{j}.{MTP_COPIES[1]}"] = head

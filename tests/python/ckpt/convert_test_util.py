@@ -164,14 +164,15 @@ def assert_resaves_alike(model, ckpt, dst):
 def assert_mtp_layers_dropped(tmp_path, hf_dir, ckpt, names):
     """hf_dir (of 3 layers, imported as `ckpt`) with a multi-token-prediction layer after its
     last (model.layers.3.`names`, and num_nextn_predict_layers 1 in its config, as the hub
-    checkpoints hold them; transformers does not load them) imports to the same tensors and
-    exports num_nextn_predict_layers 0; with that count 0 the extra tensors are refused."""
+    checkpoints hold them; transformers does not load them) imports with --no-mtp to the same
+    tensors and exports num_nextn_predict_layers 0; without --no-mtp the layer, not a whole
+    depth, is refused, and so are the extra tensors with that count 0."""
     state = load_file(str(hf_dir / "model.safetensors"))
     for name in names:
         state[f"model.layers.3.{name}"] = torch.ones(4, 4)
     save_file(state, str(hf_dir / "model.safetensors"), metadata={"format": "pt"})
     assert json.loads((hf_dir / "config.json").read_text())["num_nextn_predict_layers"] == 1
-    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt2")
+    r = run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt2", "--no-mtp")
     assert r.returncode == 0, r.stderr
     _, want = convert_hf.read_checkpoint(str(ckpt))
     _, got = convert_hf.read_checkpoint(str(tmp_path / "ckpt2"))
@@ -180,6 +181,8 @@ def assert_mtp_layers_dropped(tmp_path, hf_dir, ckpt, names):
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "out" / "config.json").read_text())[
         "num_nextn_predict_layers"] == 0
-    edit_config(hf_dir, num_nextn_predict_layers=0)
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt3"),
+                 "model.layers.3.")
+    edit_config(hf_dir, num_nextn_predict_layers=0)
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt4"),
                  "unexpected tensor model.layers.3.")

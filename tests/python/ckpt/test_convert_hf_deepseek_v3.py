@@ -15,7 +15,8 @@ them, imported into braid and exported back.
   exports exactly; tools/generate.py decodes the import as transformers' generate does
 - a checkpoint braid trained itself exports as DeepSeek-V3, and transformers computes its logits;
   with YaRN too, an attention_factor written where transformers' own rule would differ
-- the multi-token-prediction layers are dropped; num_key_value_heads above the head count
+- the multi-token-prediction layers are dropped with --no-mtp (test_convert_hf_mtp.py: moved
+  as braid's MTP depths); num_key_value_heads above the head count
   (transformers' default of 128 on a small model) imports
 - what braid's multi-latent attention or router cannot compute as transformers' does is refused
   with one line
@@ -230,7 +231,7 @@ def test_generate_tool_decodes_an_import_as_transformers_does(tmp_path, rope):
 def test_mtp_layers_are_dropped(tmp_path):
     # DeepSeek-V3's checkpoints hold num_nextn_predict_layers multi-token-prediction layers
     # after the last (model.layers.61.*: eh_proj, enorm, hnorm, shared_head, a whole layer),
-    # which transformers' causal LM does not load: import drops them too.
+    # which transformers' causal LM does not load: import --no-mtp drops them too.
     hf_dir, ckpt = imported(tmp_path, "deepseek_v3", MODELS)
     assert_mtp_layers_dropped(tmp_path, hf_dir, ckpt, (
         "eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm.weight",

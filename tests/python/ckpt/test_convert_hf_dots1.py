@@ -183,7 +183,8 @@ def test_export_of_a_checkpoint_braid_saved_at_tp2_pp2(tmp_path, kind):
 
 def test_glm_multi_token_prediction_layers_are_dropped(tmp_path):
     # GLM-4.5's checkpoints hold num_nextn_predict_layers layers after the last (model.layers.46
-    # of GLM-4.5-Air), which transformers does not load: import drops them too.
+    # of GLM-4.5-Air), which transformers' causal LM does not load: import --no-mtp drops them
+    # (test_convert_hf_mtp.py imports them as braid's MTP depths).
     hf_dir, ckpt = imported(tmp_path, "glm4_moe", MODELS)
     assert_mtp_layers_dropped(tmp_path, hf_dir, ckpt, (
         "eh_proj.weight", "enorm.weight", "self_attn.q_proj.weight",
