@@ -393,6 +393,9 @@ void TransformerConfig::validate() const {
   BRAID_CONFIG_CHECK(moe_shared_expert_intermediate_size > 0 || !moe_shared_expert_gate,
                      "TransformerConfig.moe_shared_expert_gate needs a shared expert "
                      "(moe_shared_expert_intermediate_size)");
+  BRAID_CONFIG_CHECK(!recompute_mla_up_proj || multi_latent_attention,
+                     "TransformerConfig.recompute_mla_up_proj (--recompute-modules mla_up_proj) ",
+                     "needs multi-latent attention");
   BRAID_CONFIG_CHECK(mtp_num_layers >= 0, "TransformerConfig.mtp_num_layers must be >= 0 (0: no ",
                      "multi-token prediction), got ", mtp_num_layers);
   BRAID_CONFIG_CHECK(std::isfinite(mtp_loss_scaling_factor) && mtp_loss_scaling_factor >= 0,

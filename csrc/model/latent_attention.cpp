@@ -58,10 +58,8 @@ TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, T
                                                               int64_t position_offset) const {
   const TransformerConfig& c = config_;
   const bool sharded = tp_.sharded_tokens();  // h is this rank's tokens
-  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count(), local = h.size(0);
-  const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
-  const int64_t dr = c.qk_pos_emb_head_dim, dv = c.v_head_dim, lq = c.q_lora_rank;
-  const int64_t lkv = c.kv_lora_rank;
+  const int64_t b = tokens.batch, s = tokens.seq, local = h.size(0);
+  const int64_t dr = c.qk_pos_emb_head_dim, lq = c.q_lora_rank, lkv = c.kv_lora_rank;
   const DType dt = h.dtype();
   const Device dev = h.device();
   Projection p;
@@ -89,21 +87,36 @@ TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, T
     k_pe = columns(all, lq + lkv, dr);
   }
 
+  rotate(k_pe.view({b, s, 1, dr}), position_offset, false);
+  p.k_pe = k_pe;
+  latent_up(p, lq > 0 ? p.q_latent : enter_tp_forward(tp_, h), tokens, position_offset);
+  return p;
+}
+
+void TransformerLayer::latent_up(Projection& p, const Tensor& q_in, Tokens tokens,
+                                 int64_t position_offset) const {
+  const TransformerConfig& c = config_;
+  const int64_t b = tokens.batch, s = tokens.seq, t = tokens.count();
+  const int64_t heads = shape_.q_heads, d = shape_.head_dim, dn = c.qk_head_dim;
+  const int64_t dv = c.v_head_dim;
+  const DType dt = q_in.dtype();
+  const Device dev = q_in.device();
   p.q = Tensor::empty({b, s, heads, d}, dt, dev);
-  linear_forward(p.q.view({t, heads * d}), lq > 0 ? p.q_latent : enter_tp_forward(tp_, h),
-                 w_.q_weight, {});
+  linear_forward(p.q.view({t, heads * d}), q_in, w_.q_weight, {});
   rotate(p.q, position_offset, false, dn);
   if (c.softmax_scale_factor() != 1.0f) ops::scale(p.q, p.q, c.softmax_scale_factor());
-  rotate(k_pe.view({b, s, 1, dr}), position_offset, false);
 
   Tensor kv = Tensor::empty({t * heads, dn + dv}, dt, dev);
   linear_forward(kv.view({t, heads * (dn + dv)}), p.kv_latent, w_.kv_b_weight, {});
   p.k = Tensor::empty({b, s, heads, d}, dt, dev);
   ops::copy_columns(p.k.view({t * heads, d}), 0, kv, 0, dn);
-  ops::broadcast_heads(p.k.view({t, heads, d}), dn, k_pe);
+  ops::broadcast_heads(p.k.view({t, heads, d}), dn, p.k_pe);
   p.v = Tensor::zeros({b, s, heads, d}, dt, dev);
   ops::copy_columns(p.v.view({t * heads, d}), 0, kv, dn, dv);
-  return p;
+}
+
+bool TransformerLayer::recomputes_up_projections(Recompute policy) const {
+  return policy == Recompute::selective && config_.recompute_mla_up_proj;
 }
 
 Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tensor& dv,
@@ -176,7 +189,7 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
                   w_.kv_a_weight.narrow(0, lkv), true);
   linear_backward(adds_dh ? dh : Tensor(), g_.kv_a_weight.narrow(lkv, dr), {}, dk_pe_rows, h,
                   w_.kv_a_weight.narrow(lkv, dr), true);
-  release(a.q_latent_in, a.q_latent, a.kv_latent_in, a.kv_latent);
+  release(a.q_latent_in, a.q_latent, a.kv_latent_in, a.kv_latent, a.k_pe);
   a.q_latent_stats = a.kv_latent_stats = NormStats{};
   if (!sharded) all_reduce_tp(tp_, dh);  // the ranks' partial sums (without TP: nothing)
   return dh;

@@ -339,12 +339,14 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
     saved->input = x;
     if (policy != Recompute::full) {
       // Selective with per-head q/k norms keeps the projections; the backward norms and
-      // rotates them again.
-      if (policy == Recompute::none || !per_head_qk_norms(c)) {
+      // rotates them again. Selective with recompute_mla_up_proj keeps the latents and k_pe.
+      const bool up = recomputes_up_projections(policy);
+      if ((policy == Recompute::none || !per_head_qk_norms(c)) && !up) {
         saved->q = q;
         saved->k = k;
       }
-      saved->v = v;
+      if (!up) saved->v = v;
+      if (up) saved->k_pe = qkv.k_pe;
       saved->q_raw = qkv.q_raw;
       saved->k_raw = qkv.k_raw;
       saved->q_latent_in = qkv.q_latent_in;
@@ -439,6 +441,17 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
     saved.post_norm_out =
         norm_forward(c, saved.post_norm_stats, saved.mid, w_.post_norm_weight, w_.post_norm_bias);
     saved.act_out = mlp_activation(saved.fc1_out);
+    if (recomputes_up_projections(policy)) {  // every token's q, k, v from the kept latents
+      Projection p;
+      p.kv_latent = saved.kv_latent;
+      p.k_pe = saved.k_pe;
+      latent_up(p,
+                c.q_lora_rank > 0 ? saved.q_latent : enter_tp_forward(tp_, saved.input_norm_out),
+                tokens, 0);
+      saved.q = p.q;
+      saved.k = p.k;
+      saved.v = p.v;
+    }
     if (per_head_qk_norms(c)) {
       Projection p;
       p.q_raw = saved.q_raw;

@@ -117,6 +117,7 @@ void bind_model(py::module_& m) {
                     &TransformerConfig::moe_router_load_balancing_type);
   def_enum_property(cfg, "moe_token_drop_policy", &TransformerConfig::moe_token_drop_policy);
   cfg.def_readwrite("recompute_num_layers", &TransformerConfig::recompute_num_layers);
+  cfg.def_readwrite("recompute_mla_up_proj", &TransformerConfig::recompute_mla_up_proj);
 
   py::class_<KVCache>(m, "KVCache",
                       "Keys and values of the positions a model has seen, per layer (inference). "

@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES,
                    help="with --recompute-granularity selective, megatron-core's parts to "
                         "recompute: braid's selective recomputes core_attn, layernorm and "
-                        "moe_act together (any subset of them is that)"),
+                        "moe_act together (any subset of them is that); mla_up_proj adds "
+                        "multi-latent attention's up projections and RoPE"),
     g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
                    help="with --recompute-granularity full: uniform - each model chunk's layers "
                         "in groups of --recompute-num-layers, only a group's input kept; "
@@ -414,7 +415,8 @@ def _check_data_files(flag: str, data_path: list[str] | None):
 
 
 # megatron-core's selective recomputation modules, and those braid's selective policy
-# recomputes (all of them at once: TransformerConfig's Recompute::selective).
+# recomputes (all of them at once: TransformerConfig's Recompute::selective; mla_up_proj is
+# TransformerConfig.recompute_mla_up_proj on top).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                      "shared_experts")
 SELECTIVE_MODULES = {"core_attn", "moe_act", "layernorm"}
@@ -487,11 +489,13 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(a.hidden_dropout < 1.0, f"--hidden-dropout must be < 1, got {a.hidden_dropout}")
     _check(a.recompute_modules is None or a.recompute_granularity == "selective",
            "--recompute-modules needs --recompute-granularity selective")
-    other = sorted(set(a.recompute_modules or ()) - SELECTIVE_MODULES)
+    _check("mla_up_proj" not in (a.recompute_modules or ()) or a.multi_latent_attention,
+           "--recompute-modules mla_up_proj needs --multi-latent-attention")
+    other = sorted(set(a.recompute_modules or ()) - SELECTIVE_MODULES - {"mla_up_proj"})
     _check(not other, f"--recompute-modules {' '.join(other)}: braid's selective recomputation "
            "reruns flash attention's core, both norms and the MLP activation (core_attn, "
-           "layernorm, moe_act) and keeps the rest; recompute whole layers with "
-           "--recompute-granularity full")
+           "layernorm, moe_act; and mla_up_proj if asked) and keeps the rest; recompute whole "
+           "layers with --recompute-granularity full")
     _check(a.recompute_method is None or a.recompute_granularity == "full",
            f"--recompute-method {a.recompute_method} needs --recompute-granularity full "
            "(selective recomputation works inside every layer)")

@@ -106,6 +106,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.params_dtype = "bf16" if a.bf16 else "f32"
     cfg.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by
     cfg.recompute = a.recompute_granularity or "none"
+    cfg.recompute_mla_up_proj = "mla_up_proj" in (a.recompute_modules or ())
     cfg.recompute_method = a.recompute_method or "uniform"
     cfg.recompute_num_layers = a.recompute_num_layers or 1
     cfg.validate()

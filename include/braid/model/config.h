@@ -178,6 +178,10 @@ struct TransformerConfig {
   Recompute recompute = Recompute::none;
   RecomputeMethod recompute_method = RecomputeMethod::uniform;  // with Recompute::full
   int64_t recompute_num_layers = 1;                             // >= 1
+  // With Recompute::selective and multi-latent attention, also recompute the up projections and
+  // RoPE (megatron-core's --recompute-modules mla_up_proj): the layer keeps the latents and the
+  // rotated k_pe instead of every head's q, k and v, and the backward projects them again.
+  bool recompute_mla_up_proj = false;
 
   void validate() const;
   // The width of each query and key head (and of the value heads but with MLA): kv_channels,

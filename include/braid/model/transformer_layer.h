@@ -109,6 +109,9 @@ struct LayerActivations {
   // (and attn_out) are D wide, the value heads padded with zeros.
   Tensor q_latent_in, q_latent, kv_latent_in, kv_latent;
   NormStats q_latent_stats, kv_latent_stats;
+  // With recompute_mla_up_proj under selective: every token's rotated RoPE key part [T, Dr], kept
+  // in place of q, k and v, which the backward projects again.
+  Tensor k_pe;
   Tensor attn_out;  // [B, S, Hq, D]
   Tensor lse;       // [B, Hq, S] f32
   Tensor mid;       // input + attention branch: the residual input of the MLP
@@ -186,6 +189,7 @@ class TransformerLayer {
     NormStats q_stats, k_stats;
     Tensor q_latent_in, q_latent, kv_latent_in, kv_latent;
     NormStats q_latent_stats, kv_latent_stats;
+    Tensor k_pe;  // multi-latent attention: every token's rotated RoPE key part [T, Dr]
   };
   Projection project(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   // What the projections take of the normed input h1 (this rank's region): every token, gathered
@@ -193,6 +197,11 @@ class TransformerLayer {
   Tensor attention_input(const Tensor& h1) const;
   Projection project_qkv(const Tensor& h, Tokens tokens, int64_t position_offset) const;
   Projection project_latent(const Tensor& h, Tokens tokens, int64_t position_offset) const;
+  // Multi-latent attention's up projections and RoPE: p.q, p.k, p.v from q_in (the query
+  // latent, or without one every token's h), p.kv_latent and the rotated p.k_pe.
+  void latent_up(Projection& p, const Tensor& q_in, Tokens tokens, int64_t position_offset) const;
+  // Whether this layer's `policy` keeps the latents but not q, k and v (recompute_mla_up_proj).
+  bool recomputes_up_projections(Recompute policy) const;
   // The projections' backward: dq, dk, dv (of the rotated q and k) -> this rank's partial dh
   // [T, H] of their input h (every token under TP); adds the weight gradients. latent_backward's
   // h and dh are attention_input's (under SP this rank's tokens), its dh complete.

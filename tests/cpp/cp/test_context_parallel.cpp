@@ -82,6 +82,15 @@ TransformerConfig latent_selective() {
   return c;
 }
 
+// Selective with the up projections recomputed (--recompute-modules mla_up_proj), without a
+// query latent: q_proj reruns on the gathered input (under SP an all-gather in the backward).
+TransformerConfig latent_up_selective() {
+  TransformerConfig c = latent_selective();
+  c.q_lora_rank = 0;
+  c.recompute_mla_up_proj = true;
+  return c;
+}
+
 // Two multi-token prediction depths, the second's layer windowed like the last (a window that
 // spans chunks); each depth reads ids and targets shifted across chunk and rank boundaries.
 TransformerConfig mtp_window_full() {
@@ -116,6 +125,8 @@ const Case kCases[] = {{"gpt2", gpt2, 1, false},
                        {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true},
                        {"latent_selective", latent_selective, 1, false},
                        {"tp2_latent_selective_sp", latent_selective, 2, true},
+                       {"latent_up_selective", latent_up_selective, 1, false},
+                       {"tp2_latent_up_selective_sp", latent_up_selective, 2, true},
                        {"mtp_window_full", mtp_window_full, 1, false},
                        {"tp2_mtp_window_full_sp", mtp_window_full, 2, true}};
 

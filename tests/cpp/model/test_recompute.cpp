@@ -206,6 +206,40 @@ TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
   check_policies(c);
 }
 
+// megatron-core's --recompute-modules mla_up_proj on top of selective: q, k and v (every head,
+// the values padded to D) are projected again from the kept latents and the rotated k_pe, with
+// and without a query latent and with YaRN's q scale; gradients bit-identical to none's, and the
+// forward keeps exactly those three tensors less per layer (k_pe, [T, Dr], more).
+void check_up_projection_recompute(int64_t q_lora_rank) {
+  SCOPED_TRACE("q_lora_rank " + std::to_string(q_lora_rank));
+  TransformerConfig c = latent_attention();
+  c.q_lora_rank = q_lora_rank;
+  c.qk_layernorm = true;
+  c.rope_yarn_factor = 40;
+  c.rope_original_max_position_embeddings = 4096;
+  const Batch batch = make_batch(4, 32, c.vocab_size, 7);
+  const Run none = run_policy(c, Recompute::none, batch);
+  const Run selective = run_policy(c, Recompute::selective, batch);
+  c.recompute_mla_up_proj = true;
+  const Run up = run_policy(c, Recompute::selective, batch);
+  EXPECT_EQ(up.leaked_bytes, 0);
+  EXPECT_EQ(up.loss, none.loss);
+  EXPECT_EQ(0, std::memcmp(up.grads.data(), none.grads.data(), none.grads.nbytes()))
+      << "recomputing the up projections changed the gradients";
+  const int64_t t = 4 * 32, bytes = int64_t(dtype_size(c.params_dtype));
+  const int64_t qkv = 3 * t * c.num_attention_heads * c.head_dim() * bytes;
+  const int64_t k_pe = t * c.qk_pos_emb_head_dim * bytes;
+  EXPECT_EQ(selective.kept_bytes - up.kept_bytes, c.num_layers * (qkv - k_pe));
+}
+
+TEST(Recompute, LatentUpProjectionsRecomputedUnderSelective) {
+  check_up_projection_recompute(32);
+  check_up_projection_recompute(0);
+  TransformerConfig dense = TransformerConfig::preset("llama-tiny");
+  dense.recompute_mla_up_proj = true;
+  EXPECT_THROW(dense.validate(), ConfigError);
+}
+
 TEST(Recompute, YarnLatentAttentionPoliciesAgree) {
   // YaRN's softmax factor on q (and on dq) and its cos and sin factor: full recompute projects
   // and scales q again, selective keeps the scaled q.

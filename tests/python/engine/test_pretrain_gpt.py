@@ -363,7 +363,9 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
       "--account-for-loss-in-pipeline-split", "--pipeline-model-parallel-layout", "Ettt|tttL"],
      "no --account-for-embedding/loss-in-pipeline-split"),
     (["--recompute-granularity", "selective", "--recompute-modules", "core_attn",
-      "mla_up_proj"], "--recompute-modules mla_up_proj: braid's selective recomputation"),
+      "mla_up_proj"], "--recompute-modules mla_up_proj needs --multi-latent-attention"),
+    (["--recompute-granularity", "selective", "--recompute-modules", "mlp", "moe"],
+     "--recompute-modules mlp moe: braid's selective recomputation"),
     (["--recompute-modules", "core_attn"],
      "--recompute-modules needs --recompute-granularity selective"),
     (["--no-position-embedding"], "--no-position-embedding with --position-embedding-type "

@@ -36,10 +36,12 @@ def test_latent_attention_layouts_train_like_one_process_and_resume(tmp_path):
                    "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
                    "--sequence-parallel", "--use-distributed-optimizer",
                    "--overlap-grad-reduce", "--expert-model-parallel-size", "2"]),
-        # tp 2 x cp 2 with selective recomputation: the shared RoPE key turned per chunk.
+        # tp 2 x cp 2 with selective recomputation: the shared RoPE key turned per chunk; the
+        # up projections recomputed too (DeepSeek-V3's Megatron recipe's modules).
         ("tp2_cp2", 4, ["--exit-interval", "10", "--tensor-model-parallel-size", "2",
                         "--sequence-parallel", "--context-parallel-size", "2",
-                        "--recompute-granularity", "selective"]),
+                        "--recompute-granularity", "selective", "--recompute-modules",
+                        "mla_up_proj", "moe_act", "layernorm"]),
         # The 3D checkpoint continues in one process, the one-process one under tp 4.
         ("3d_to_one", 1, ["--load", three_d_ckpt]),
         ("one_to_tp4", 4, ["--load", one_ckpt, "--ckpt-step", "10",
