@@ -19,8 +19,8 @@ import math
 import os
 import re
 
-from braid import (attention_args, checkpoint_args, moe_args, pipeline_args, schedule_args,
-                   window_args)
+from braid import (attention_args, checkpoint_args, moe_args, pipeline_args, recompute_args,
+                   schedule_args, window_args)
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -133,19 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tokenizer's vocabulary (with --data-path / --mock-data: this, or "
                         "a --tokenizer-type)")
     g.add_argument("--make-vocab-size-divisible-by", type=pos_int, default=128)
-    g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
-    g.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES,
-                   help="with --recompute-granularity selective, megatron-core's parts to "
-                        "recompute: braid's selective recomputes core_attn, layernorm and "
-                        "moe_act together (any subset of them is that); mla_up_proj adds "
-                        "multi-latent attention's up projections and RoPE"),
-    g.add_argument("--recompute-method", default=None, choices=["uniform", "block"],
-                   help="with --recompute-granularity full: uniform - each model chunk's layers "
-                        "in groups of --recompute-num-layers, only a group's input kept; "
-                        "block - the first --recompute-num-layers layers of each chunk only "
-                        "(default: uniform, groups of 1)")
-    g.add_argument("--recompute-num-layers", type=pos_int, default=None,
-                   help="layers per uniform group, or recomputed per chunk by block (default 1)")
+    recompute_args.add_arguments(g, pos_int)
 
     g = p.add_argument_group("tokenizer (sizes the vocabulary; the data is tokenized already)")
     g.add_argument("--tokenizer-type", default=None,
@@ -414,14 +402,6 @@ def _check_data_files(flag: str, data_path: list[str] | None):
                "pair tools/preprocess_data.py writes)")
 
 
-# megatron-core's selective recomputation modules, and those braid's selective policy
-# recomputes (all of them at once: TransformerConfig's Recompute::selective; mla_up_proj is
-# TransformerConfig.recompute_mla_up_proj on top).
-RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
-                     "shared_experts")
-SELECTIVE_MODULES = {"core_attn", "moe_act", "layernorm"}
-
-
 def _check_mtp(a: argparse.Namespace):
     """Multi-token prediction's flags: at least one layer, RoPE (TransformerConfig refuses MTP
     with learned absolute positions; here it is refused naming the flags) and a finite loss
@@ -487,20 +467,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")
     _check(a.hidden_dropout < 1.0, f"--hidden-dropout must be < 1, got {a.hidden_dropout}")
-    _check(a.recompute_modules is None or a.recompute_granularity == "selective",
-           "--recompute-modules needs --recompute-granularity selective")
-    _check("mla_up_proj" not in (a.recompute_modules or ()) or a.multi_latent_attention,
-           "--recompute-modules mla_up_proj needs --multi-latent-attention")
-    other = sorted(set(a.recompute_modules or ()) - SELECTIVE_MODULES - {"mla_up_proj"})
-    _check(not other, f"--recompute-modules {' '.join(other)}: braid's selective recomputation "
-           "reruns flash attention's core, both norms and the MLP activation (core_attn, "
-           "layernorm, moe_act; and mla_up_proj if asked) and keeps the rest; recompute whole "
-           "layers with --recompute-granularity full")
-    _check(a.recompute_method is None or a.recompute_granularity == "full",
-           f"--recompute-method {a.recompute_method} needs --recompute-granularity full "
-           "(selective recomputation works inside every layer)")
-    _check(a.recompute_num_layers is None or a.recompute_method is not None,
-           "--recompute-num-layers needs --recompute-method uniform or block")
+    recompute_args.validate(a, _check)
     _check(a.adam_beta1 < 1.0 and a.adam_beta2 < 1.0,
            f"--adam-beta1 and --adam-beta2 must be < 1, got {a.adam_beta1}, {a.adam_beta2}")
 
