@@ -148,6 +148,7 @@ Tensor GPTModel::mtp_backward(Microbatch& mb, int microbatch, float grad_scale) 
     norm_backward(config_, dhidden, parameter(p + "hnorm.weight").grad,
                   view_of(flat_grads_, p + "hnorm.bias"), dhn, d.hidden,
                   view_of(flat_params_, p + "hnorm.weight"), d.hnorm_stats);
+    d = MtpDepth{};  // its lookup, input and statistics, freed before the next depth's backward
     grads_done(microbatch, layer_params_[l]);
   }
   mb.mtp.clear();

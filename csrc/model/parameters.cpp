@@ -265,6 +265,10 @@ ParamLayout parameter_layout(const TransformerConfig& config, int tp_rank, int t
       0 <= c.first_layer && c.first_layer <= c.end_layer && c.end_layer <= config.num_layers,
       "model chunk: layers [", c.first_layer, ", ", c.end_layer, ") are not within the model's ",
       config.num_layers, " layers");
+  BRAID_CONFIG_CHECK(!c.head || config.mtp_num_layers == 0 || c.end_layer == config.num_layers,
+                     "model chunk: the head's chunk holds the MTP depths after the model's last ",
+                     "layer, so it must end there (layer ", config.num_layers, "), not at ",
+                     c.end_layer);
   if (layout.chunk.end_expert < 0) layout.chunk.end_expert = int(config.num_experts);
   BRAID_CHECK(c.expert_alignment >= 1, "model chunk: expert_alignment must be at least 1, got ",
               c.expert_alignment);

@@ -445,8 +445,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
       Projection p;
       p.kv_latent = saved.kv_latent;
       p.k_pe = saved.k_pe;
-      latent_up(p,
-                c.q_lora_rank > 0 ? saved.q_latent : enter_tp_forward(tp_, saved.input_norm_out),
+      latent_up(p, c.q_lora_rank > 0 ? saved.q_latent : enter_tp_forward(tp_, saved.input_norm_out),
                 tokens, 0);
       saved.q = p.q;
       saved.k = p.k;

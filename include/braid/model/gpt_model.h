@@ -10,7 +10,10 @@
 // are recomputed, and in groups of how many (Megatron's --recompute-method). Across blocks the
 // model keeps, per microbatch: the ids and targets on the device, the logits [B*S, V]
 // (overwritten by their gradient in backward) and the cross-entropy statistics, and - with
-// Recompute::none only - the final norm's output and statistics.
+// Recompute::none, or with MTP depths - the final norm's output and statistics; each MTP depth
+// keeps its shifted ids and targets, lookup, [T, 2H] projection input, layer activations (its
+// layer follows config.recompute), layer output, output, logits and statistics
+// (docs/memory.md).
 //
 // Precision: parameters and activations have params_dtype (f32; bf16 on CUDA), norm
 // statistics, attention log-sum-exp and cross-entropy partials are f32, and every gradient

@@ -245,6 +245,8 @@ TEST(ParameterSpecs, MultiTokenPredictionDepthsFollowTheLastLayer) {
   EXPECT_TRUE(last_names.contains("lm_head.weight"));
   EXPECT_EQ(held_layers_end(first.chunk, c), 1);
   EXPECT_EQ(held_layers_end(last.chunk, c), 4);
+  // The depths follow the model's last layer: a head's chunk ending before it is refused.
+  EXPECT_THROW(parameter_layout(c, 0, 1, {.first_layer = 0, .end_layer = 1}), ConfigError);
 }
 
 TEST(ParameterSpecs, InvalidConfigIsRejected) {
