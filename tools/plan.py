@@ -7,6 +7,7 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
         --gpu-hour-price 2.5 [--tp 8 --pp 4 ...] [--json] [--top 10]
 
 Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
+--pipeline-model-parallel-layout (with --pp) --account-for-embedding/loss-in-pipeline-split
 --recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero
 --expert-model-parallel-size --expert-tensor-parallel-size fixes that choice; the rest are
 searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
@@ -37,7 +38,9 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "python"))
 
-from braid import attention_args, moe_args, planner, window_args  # noqa: E402
+from braid import (attention_args, moe_args, pipeline_args, planner,  # noqa: E402
+                   planner_split, window_args)
+from braid.arguments import without_source  # noqa: E402
 from braid.arguments import parse_args as parse_training_args  # noqa: E402
 
 
@@ -129,6 +132,14 @@ def parse_args(argv):
                    help="uneven stages: the first stage's layers (searched otherwise)")
     g.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
                    help="uneven stages: the last stage's layers (searched otherwise)")
+    g.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
+                   help=pipeline_args.LAYOUT_HELP + "; needs --pp, and fixes the virtual stages")
+    g.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                   help="split the layers with the embedding counted as one (the first model "
+                        "chunk one layer lighter), pp and v searched where it divides")
+    g.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                   help="split the layers with the LM head and loss counted as one (the last "
+                        "model chunk one layer lighter)")
     g.add_argument("--recompute", choices=["none", "selective", "full"])
     g.add_argument("--recompute-method", choices=["uniform", "block"],
                    help="with --recompute full (searched otherwise: uniform 1, and block with "
@@ -162,6 +173,7 @@ def parse_args(argv):
     a = ap.parse_args(argv[:argv.index("--")] if training is not None else argv)
     a.rampup = None  # a run's --rampup-batch-size phase (training arguments only)
     a.even_stages = None  # True: the training arguments' pipeline split, even
+    a.model_chunk_layers = None  # every model chunk's layers: a pipeline layout's
     if (a.recompute_method or a.recompute_num_layers is not None) and a.recompute != "full":
         ap.error("--recompute-method / --recompute-num-layers need --recompute full")
     if a.recompute_num_layers is not None and a.recompute_num_layers < 1:
@@ -227,7 +239,52 @@ def parse_args(argv):
                   "tp x dp x cp ranks)")
     if error:
         ap.error(error)
+    pipeline_split(ap, a)
     return a
+
+
+def pipeline_split(ap, a):
+    """--pipeline-model-parallel-layout (with --pp) -> a.model_chunk_layers and a.virtual_stages,
+    refused as pretrain_gpt.py refuses it (pipeline_args, engine::stage_layers);
+    --account-for-embedding/loss-in-pipeline-split checked against the other split flags and,
+    with --pp, the layers (the search splits each pp x v that way, planner_split)."""
+    layout = a.pipeline_model_parallel_layout
+    accounted = a.account_for_embedding_in_pipeline_split or a.account_for_loss_in_pipeline_split
+    if layout is None and not accounted:
+        return
+    if layout is not None and a.pp is None:
+        ap.error("--pipeline-model-parallel-layout needs --pp (its stages are pp x virtual "
+                 "stages)")
+    if a.pp is None:  # pipeline_args' exclusion; the split is checked per pp in the search
+        if a.decoder_first_pipeline_num_layers is not None or \
+                a.decoder_last_pipeline_num_layers is not None:
+            ap.error("--account-for-embedding/loss-in-pipeline-split excludes "
+                     "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers")
+        return
+    model = a.model_shape
+    t = argparse.Namespace(
+        num_layers=model.num_layers, mtp_num_layers=model.mtp_num_layers,
+        num_layers_per_virtual_pipeline_stage=None,
+        num_virtual_stages_per_pipeline_rank=None if layout else a.virtual_stages,
+        decoder_first_pipeline_num_layers=a.decoder_first_pipeline_num_layers,
+        decoder_last_pipeline_num_layers=a.decoder_last_pipeline_num_layers,
+        account_for_embedding_in_pipeline_split=a.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=a.account_for_loss_in_pipeline_split,
+        pipeline_model_parallel_layout=layout)
+    pipeline_args.validate(t, lambda ok, message: ok or ap.error(message), a.pp)
+    if layout is None:
+        return  # v 1 (or the given v) divides: the search tries every v that does
+    if a.virtual_stages not in (None, t.virtual_stages):
+        ap.error(f"--virtual-stages {a.virtual_stages}: the layout's {a.pp * t.virtual_stages} "
+                 f"stages over --pp {a.pp} are {t.virtual_stages} virtual stages")
+    if t.virtual_stages > 1 and a.pp == 1:
+        ap.error("virtual pipeline stages need --pipeline-model-parallel-size > 1")
+    try:
+        planner_split.chunk_layers(model.num_layers, a.pp, t.virtual_stages,
+                                   chunks=t.model_chunk_layers)
+    except ValueError as e:
+        ap.error(without_source(e))
+    a.virtual_stages, a.model_chunk_layers = t.virtual_stages, tuple(t.model_chunk_layers)
 
 
 def expert_tp_error(a) -> str | None:
@@ -305,7 +362,9 @@ MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-                "expert_model_parallel_size", "expert_tensor_parallel_size")
+                "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
+                "account_for_loss_in_pipeline_split", "expert_model_parallel_size",
+                "expert_tensor_parallel_size")
 
 
 def _from_training_arguments(ap, a, training):
@@ -355,6 +414,7 @@ def _from_training_arguments(ap, a, training):
         a.decoder_first_pipeline_num_layers = t.decoder_first_pipeline_num_layers
         a.decoder_last_pipeline_num_layers = t.decoder_last_pipeline_num_layers
         a.even_stages = t.stage_layers is None  # the run's split, not a search of splits
+        a.model_chunk_layers = tuple(t.model_chunk_layers)  # a layout's or the accounted split
     return a
 
 
@@ -371,8 +431,17 @@ def rampup_phases(batches, end: int) -> list[tuple[int, int]]:
     return sorted(steps.items())
 
 
-def stages(layers: list[int]) -> str:
-    """Layers per pipeline stage, short: "even", "5|3", "7|8..|7" (first, the middle, last)."""
+def stages(layers: list[int], chunks: list[int] | None = None) -> str:
+    """Layers per pipeline stage, short: "even", "5|3", "7|8..|7" (first, the middle, last); with
+    every model chunk's (a layout's, the accounted split's) those, runs counted: "0|4*6|3"."""
+    if chunks:
+        runs = []
+        for n in chunks:
+            if runs and runs[-1][0] == n:
+                runs[-1][1] += 1
+            else:
+                runs.append([n, 1])
+        return "|".join(f"{n}*{k}" if k > 1 else str(n) for n, k in runs)
     if len(set(layers)) == 1:
         return "even"
     if len(layers) == 2:
@@ -401,7 +470,11 @@ def main(argv=None):
     fixed = dict(tp=a.tp, pp=a.pp, cp=a.cp, dp=a.dp, micro_batch_size=a.micro_batch_size,
                  virtual_stages=a.virtual_stages,
                  first_stage_layers=a.decoder_first_pipeline_num_layers,
-                 last_stage_layers=a.decoder_last_pipeline_num_layers, recompute=a.recompute,
+                 last_stage_layers=a.decoder_last_pipeline_num_layers,
+                 model_chunk_layers=a.model_chunk_layers or None,
+                 account_for_embedding=a.account_for_embedding_in_pipeline_split or None,
+                 account_for_loss=a.account_for_loss_in_pipeline_split or None,
+                 recompute=a.recompute,
                  recompute_method=a.recompute_method,
                  recompute_num_layers=a.recompute_num_layers,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
@@ -435,7 +508,8 @@ def main(argv=None):
         p = r["memory_parts_gb"]
         row = [r["tp"], r["cp"], r["pp"], r["dp"], experts(r), r["micro_batch_size"],
                r["virtual_stages"],
-               stages(r["stage_layers"]), recompute(r), int(r["sequence_parallel"]), int(r["zero"]),
+               stages(r["stage_layers"], r.get("model_chunk_layers")), recompute(r),
+               int(r["sequence_parallel"]), int(r["zero"]),
                f"{r['step_time_s']:.3f}", f"{r['tokens_per_s']:.4g}", f"{r['mfu']:.3f}",
                f"{r['hfu']:.3f}", f"{r['memory_gb_per_gpu']:.1f}",
                f"{p['params']:.0f}/{p['grads']:.0f}/{p['optimizer']:.0f}/{p['activations']:.0f}",

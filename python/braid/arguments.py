@@ -33,7 +33,7 @@ class ArgumentError(ValueError):
     """A bad or unsupported argument: the message names it and the rule."""
 
 
-def _without_source(error: ValueError) -> str:
+def without_source(error: ValueError) -> str:
     """A braid ConfigError's message without the C++ source location it ends with."""
     return re.sub(r" \[[^\]]+:\d+\]$", "", str(error))
 
@@ -595,7 +595,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
         a.batch_layout = _C.BatchLayout(a.micro_batch_size, a.global_batch_size, dp_size=a.dp,
                                         rampup_batch_size=a.rampup_batch_size)
     except ValueError as e:
-        raise ArgumentError(_without_source(e).replace(
+        raise ArgumentError(without_source(e).replace(
             "micro_batch_size x dp_size", "--micro-batch-size x data-parallel size")) from None
     if a.train_samples:
         first_batch = a.batch_layout.global_batch_size_at(0)
@@ -637,7 +637,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
             a.stage_layers = _C.stage_layers(a.num_layers, pp, a.virtual_stages, first, last,
                                              a.model_chunk_layers)
         except ValueError as e:
-            raise ArgumentError(_without_source(e)) from None
+            raise ArgumentError(without_source(e)) from None
     _check(not a.overlap_param_gather or a.use_distributed_optimizer,
            "--overlap-param-gather needs --use-distributed-optimizer")
 

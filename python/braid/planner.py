@@ -50,6 +50,7 @@ from braid import flops as _flops
 from braid import planner_mla as _mla
 from braid import planner_moe as _moe
 from braid import planner_mtp as _mtp
+from braid import planner_split as _split
 from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
                                   ModelShape, parse_bandwidth, stage_splits)
 
@@ -70,10 +71,10 @@ OPTIMIZER_BYTES_PER_PARAM = 34  # AdamW: grads, master, m, v read; master, m, v,
 
 
 def stage_ranges(model: ModelShape, lay: Layout):
-    """[rank][chunk] layer ranges, braid's own split (engine::stage_layers); ValueError naming
-    the rule when the layers do not split."""
+    """[rank][chunk] layer ranges, braid's own split (engine::stage_layers; a layout's model
+    chunks, planner_split); ValueError naming the rule when the layers do not split."""
     return _C.stage_layers(model.num_layers, lay.pp, lay.virtual_stages, lay.first_stage_layers,
-                           lay.last_stage_layers)
+                           lay.last_stage_layers, list(lay.model_chunk_layers))
 
 
 # ---- costs ---------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def chunk_activation_bytes(model: ModelShape, lay: Layout, layers: int, first: i
         return held(inp, range(k)) + held(every, range(k, layers)), \
             max((every[kinds[i]] for i in range(k)), default=0.0)
     groups = [range(b, min(b + n, layers)) for b in range(0, layers, n)]
-    return held(inp, [g[0] for g in groups]), max(held(every, g) for g in groups)
+    return held(inp, [g[0] for g in groups]), max((held(every, g) for g in groups), default=0.0)
 
 
 def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
@@ -471,6 +472,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
         virtual_stages=v, expert_tensor_parallel_size=1 if _moe.whole(model, lay) else t,
         first_stage_layers=lay.first_stage_layers, last_stage_layers=lay.last_stage_layers,
         stage_layers=[sum(e - b for b, e in chunks) for chunks in ranges],
+        **({"model_chunk_layers": list(lay.model_chunk_layers)} if lay.model_chunk_layers else {}),
         recompute=lay.recompute, recompute_method=lay.recompute_method,
         recompute_num_layers=lay.recompute_num_layers,
         sequence_parallel=lay.sequence_parallel, zero=lay.zero,
@@ -546,11 +548,11 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
             continue
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
-        splits = _splits_to_try(model, p, v, fixed)
+        splits, why = _split.splits(model, p, v, fixed)  # [(first, last, model chunk layers)]
         experts = _moe.expert_choices(model, t, d * c, sp, fixed)  # [(etp, ep)]
-        for (first, last), (w, e) in itertools.product(splits, experts):
+        for (first, last, chunks), (w, e) in itertools.product(splits, experts):
             lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last, cp=c,
-                         ep=e, etp=w)
+                         ep=e, etp=w, model_chunk_layers=chunks)
             for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
                 r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
                                         single=len(tps) * len(cps) * len(pps) * len(mbs)
@@ -560,21 +562,9 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
                                        _rampup_cost(model, cluster, lay, rampup))
                     results.append(r)
         if not splits and len(tps) * len(cps) * len(pps) * len(mbs) * len(vs) == 1:
-            why = (f"{model.num_layers} layers do not split over pp {p} x v {v}, evenly or "
-                   "with lighter first/last stages")
             rejected[why] = rejected.get(why, 0) + 1
     results.sort(key=lambda r: -r["tokens_per_s"])
     return results, rejected
-
-
-def _splits_to_try(model, p, v, fixed):
-    """The (first, last) stage sizes to try: those fixed, the even split alone with
-    fixed["even_stages"], else stage_splits'."""
-    if "first_stage_layers" in fixed or "last_stage_layers" in fixed:
-        return [(fixed.get("first_stage_layers"), fixed.get("last_stage_layers"))]
-    if fixed.get("even_stages"):
-        return [(None, None)]
-    return stage_splits(model.num_layers, p, v)
 
 
 def _recompute_choices(model, cluster, lay, global_batch, fixed):
@@ -656,13 +646,14 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
             if n % (t * c * p):
                 continue
             v = fixed.get("virtual_stages", 1)
-            for (first, last), (w, ep) in itertools.product(  # the fewest experts a rank
-                    _splits_to_try(model, p, v, fixed),
+            for (first, last, chunks), (w, ep) in itertools.product(  # fewest experts a rank
+                    _split.splits(model, p, v, fixed)[0],
                     _moe.fewest_experts(model, t, n // (t * p), fixed)):
                 lay = Layout(t, p, n // (t * c * p), fixed.get("micro_batch_size", 1), v,
                              fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
                              fixed.get("zero", True), first_stage_layers=first,
-                             last_stage_layers=last, cp=c, ep=ep, etp=w)
+                             last_stage_layers=last, cp=c, ep=ep, etp=w,
+                             model_chunk_layers=chunks)
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:

@@ -352,6 +352,11 @@ class Layout:
     # sequence-parallel tokens, and ep groups any ep consecutive ranks of a stage's tp x dp x cp
     # (Megatron's MoE parallel folding; planner_moe.whole).
     etp: int = 0
+    # Every model chunk's layers, pp x virtual_stages in model-chunk order (chunk c of rank r is
+    # model chunk c pp + r; the first and the last may hold none): a --pipeline-model-parallel-
+    # layout's or the --account-for-embedding/loss-in-pipeline-split split (planner_split).
+    # Empty: the split above.
+    model_chunk_layers: tuple = ()
 
 
 def stage_splits(num_layers: int, pp: int, v: int):
