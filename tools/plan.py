@@ -8,9 +8,9 @@ GPU, scaling efficiency, days and cost for every parallel layout that fits, best
 
 Any of --tp --pp --dp --micro-batch-size --virtual-stages --decoder-first/last-pipeline-num-layers
 --pipeline-model-parallel-layout (with --pp) --account-for-embedding/loss-in-pipeline-split
---recompute [--recompute-method --recompute-num-layers] --sequence-parallel --zero
---expert-model-parallel-size --expert-tensor-parallel-size fixes that choice; the rest are
-searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
+--recompute [--recompute-method --recompute-num-layers | --recompute-modules mla_up_proj]
+--sequence-parallel --zero --expert-model-parallel-size --expert-tensor-parallel-size fixes that
+choice; the rest are searched. --num-experts E [--moe-router-topk K --moe-ffn-hidden-size F
 --moe-shared-expert-intermediate-size S --moe-shared-expert-gate] make every layer a mixture of
 experts (or --model mixtral-8x7b), --moe-layer-freq N|LIST only some (the others dense); their
 expert parallelism is searched too, and at TP > 1 with SP whole experts (etp 1) beside split ones.
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "python"))
 
 from braid import (attention_args, moe_args, pipeline_args, planner,  # noqa: E402
-                   planner_split, window_args)
+                   planner_split, recompute_args, window_args)
 from braid.arguments import without_source  # noqa: E402
 from braid.arguments import parse_args as parse_training_args  # noqa: E402
 
@@ -145,6 +145,12 @@ def parse_args(argv):
                    help="with --recompute full (searched otherwise: uniform 1, and block with "
                         "the fewest layers that fit)")
     g.add_argument("--recompute-num-layers", type=int, metavar="N")
+    g.add_argument("--recompute-modules", nargs="+", choices=recompute_args.RECOMPUTE_MODULES,
+                   metavar="MODULE",
+                   help="with --recompute selective, as pretrain_gpt.py takes it: mla_up_proj "
+                        "recomputes multi-latent attention's up projections too (searched "
+                        "beside plain selective otherwise); core_attn, layernorm, moe_act are "
+                        "braid's selective")
     g.add_argument("--sequence-parallel", type=_bool, metavar="true|false")
     g.add_argument("--zero", type=_bool, metavar="true|false",
                    help="ZeRO-1 (--use-distributed-optimizer)")
@@ -174,6 +180,7 @@ def parse_args(argv):
     a.rampup = None  # a run's --rampup-batch-size phase (training arguments only)
     a.even_stages = None  # True: the training arguments' pipeline split, even
     a.model_chunk_layers = None  # every model chunk's layers: a pipeline layout's
+    a.recompute_mla_up_proj = None  # True: --recompute-modules mla_up_proj (None: searched)
     if (a.recompute_method or a.recompute_num_layers is not None) and a.recompute != "full":
         ap.error("--recompute-method / --recompute-num-layers need --recompute full")
     if a.recompute_num_layers is not None and a.recompute_num_layers < 1:
@@ -218,6 +225,7 @@ def parse_args(argv):
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
     a.model_shape = latent_attention(ap, a, a.model_shape, planner.PRESETS.get(a.model))
+    recompute_modules(ap, a)
     if a.window_attn_skip_freq is not None and (a.window_size is None or a.window_size < 0):
         ap.error("--window-attn-skip-freq needs --window-size")
     try:
@@ -325,6 +333,18 @@ def latent_attention(ap, a, shape, preset=None):
         ap.error(str(e))
 
 
+def recompute_modules(ap, a):
+    """--recompute-modules refused as pretrain_gpt.py refuses it (recompute_args, with --recompute
+    for --recompute-granularity); mla_up_proj -> a.recompute_mla_up_proj."""
+    t = argparse.Namespace(
+        recompute_modules=a.recompute_modules, recompute_method=None, recompute_num_layers=None,
+        recompute_granularity=None if a.recompute == "none" else a.recompute,
+        multi_latent_attention=a.model_shape.multi_latent_attention)
+    recompute_args.validate(t, lambda ok, message: ok or ap.error(
+        message.replace("--recompute-granularity", "--recompute")))
+    a.recompute_mla_up_proj = "mla_up_proj" in (a.recompute_modules or ()) or None
+
+
 def data_ranks(a) -> int | None:
     """dp x cp where the fixed layout flags say it (tp x pp x dp x cp = the GPUs), else None."""
     if a.tp and a.pp and a.num_gpus % (a.tp * a.pp) == 0:
@@ -360,7 +380,8 @@ MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num
                "moe_shared_expert_gate", "moe_layer_freq", "qk_layernorm",
                "multi_latent_attention", "mtp_num_layers", *MLA_FLAGS)
 LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "recompute",
-                "recompute_method", "recompute_num_layers", "sequence_parallel", "zero",
+                "recompute_method", "recompute_num_layers", "recompute_modules",
+                "sequence_parallel", "zero",
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                 "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split", "expert_model_parallel_size",
@@ -408,6 +429,7 @@ def _from_training_arguments(ap, a, training):
         if a.recompute == "full":
             a.recompute_method = t.recompute_method or "uniform"
             a.recompute_num_layers = t.recompute_num_layers or 1
+        a.recompute_mla_up_proj = "mla_up_proj" in (t.recompute_modules or ()) or None
         a.sequence_parallel, a.zero = t.sequence_parallel, t.use_distributed_optimizer
         a.no_overlap_grad_reduce = not t.overlap_grad_reduce
         a.no_overlap_param_gather = not t.overlap_param_gather
@@ -450,7 +472,10 @@ def stages(layers: list[int], chunks: list[int] | None = None) -> str:
 
 
 def recompute(r) -> str:
-    """none, selective, full (uniform groups of 1), uniform3, block2 (full, N layers)."""
+    """none, selective, selective+up (MLA's up projections too), full (uniform groups of 1),
+    uniform3, block2 (full, N layers)."""
+    if r.get("recompute_mla_up_proj"):
+        return "selective+up"
     if r["recompute"] != "full" or (r["recompute_method"], r["recompute_num_layers"]) == \
             ("uniform", 1):
         return r["recompute"]
@@ -477,6 +502,7 @@ def main(argv=None):
                  recompute=a.recompute,
                  recompute_method=a.recompute_method,
                  recompute_num_layers=a.recompute_num_layers,
+                 recompute_mla_up_proj=a.recompute_mla_up_proj,
                  sequence_parallel=a.sequence_parallel, zero=a.zero,
                  ep=a.expert_model_parallel_size, etp=a.expert_tensor_parallel_size,
                  overlap_grad_reduce=not a.no_overlap_grad_reduce,

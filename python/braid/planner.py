@@ -33,7 +33,7 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
   (moe_layers) are costed, held and kept as a dense model's, each stage its own.
 * multi-latent attention (braid.planner_mla): its projections, replicated down projections and
   latents, padded values and TP collectives (under SP the latents' in place of the hidden
-  state's) in place of q/k/v's.
+  state's) in place of q/k/v's; selective recomputation of its up projections (mla_up_proj).
 * multi-token prediction (braid.planner_mtp): each depth's layer, eh_proj, logits and loss on the
   last model chunk, its parameters (and the embedding's copy) and activations there.
 """
@@ -133,7 +133,8 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
         if model.qk_layernorm and not model.multi_latent_attention:  # q, k before their norms
             stats = 8 if model.gpt_style else 4                       # and the norms' statistics
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
-    per_token += _mla.kept_bytes(model, rec, t, lay.sequence_parallel)  # latents (planner_mla)
+    per_token += _mla.kept_bytes(model, rec, t, lay.sequence_parallel,  # latents (planner_mla)
+                                 lay.recompute_mla_up_proj)
     return per_token * tokens
 
 
@@ -144,6 +145,7 @@ class LayerCost:
     model_flops: float    # forward model FLOPs of this rank (braid.flops' count)
     exchange_forward: float = 0.0   # of forward: expert parallelism's exchange (planner_moe)
     exchange_backward: float = 0.0  # of backward
+    rerun_flops: float = 0.0        # forward FLOPs selective reruns (MLA's up projections; HFU)
 
 
 def recomputed_layers(lay: Layout, layers: int) -> int:
@@ -235,13 +237,15 @@ def layer_cost(model: ModelShape, cluster: Cluster, lay: Layout,
     backward = 2 * gemm_f + 2.5 * attn_f + 2 * elem_f + tp_b + cp_b + moe_b + ex_b + mla_b
     if lay.recompute == "selective":  # braid's: the two norm outputs and the activation
         backward += _bytes_time(gpu, (norm_bytes + act_bytes) * T, 3)
+    backward += _mla.up_recompute_s(model, cluster, lay, T)  # mla_up_proj: q, k, v again
     layers = model.num_layers if layer is None else 1
     one = model if layer is None else dataclasses.replace(  # this layer alone
         model, num_layers=1, window_layers=(), window_size=model.window_size
         if model.windowed(layer) else -1)
     model_flops = _flops.forward_flops_per_token(
         dataclasses.replace(one, vocab_size=0, mtp_num_layers=0), s) / layers * T / t
-    return LayerCost(forward, backward, model_flops, ex_f, ex_b)
+    return LayerCost(forward, backward, model_flops, ex_f, ex_b,
+                     _mla.up_recompute_flops(model, lay, T))
 
 
 def head_cost(model: ModelShape, cluster: Cluster, lay: Layout):
@@ -375,6 +379,8 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
     if lay.recompute != "full" and (lay.recompute_method, lay.recompute_num_layers) != \
             ("uniform", 1):
         raise ValueError(f"recompute method {lay.recompute_method} needs recompute full")
+    if _mla.layout_error(model, lay):
+        raise ValueError(_mla.layout_error(model, lay))
     return m
 
 
@@ -464,7 +470,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     step = max(ends) + opt + gather + emb_sync + 2 * NET_ALPHA_S * math.log2(max(2, d * p * t))
     model_flops = _flops.flops_per_iteration(model, model.seq_length, global_batch)
     rerun_flops = sum(costs[l].model_flops for rank in ranges for b, e in rank
-                      for l in rerun(b, e)) + mtp.rerun_flops
+                      for l in rerun(b, e)) + mtp.rerun_flops + sum(c.rerun_flops for c in costs)
     hw_flops = model_flops + rerun_flops * t * m * d  # d: dp x cp
     peak = gpu.peak_tflops * 1e12
     out = dict(
@@ -475,6 +481,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
         **({"model_chunk_layers": list(lay.model_chunk_layers)} if lay.model_chunk_layers else {}),
         recompute=lay.recompute, recompute_method=lay.recompute_method,
         recompute_num_layers=lay.recompute_num_layers,
+        **({"recompute_mla_up_proj": True} if lay.recompute_mla_up_proj else {}),
         sequence_parallel=lay.sequence_parallel, zero=lay.zero,
         microbatches=m, step_time_s=step, tokens_per_s=global_batch * model.seq_length / step,
         mfu=model_flops / (step * cluster.num_gpus * peak),
@@ -568,9 +575,12 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
 
 
 def _recompute_choices(model, cluster, lay, global_batch, fixed):
-    """The layout under the recompute methods the search tries: the fixed one; else, for full
+    """The layout under the recompute methods the search tries: selective with and without
+    MLA's up projections (planner_mla.selective_choices); the fixed one; else, for full
     recomputation, uniform groups of one layer and - when it fits - block with the fewest
     recomputed layers per chunk that fit (the fastest full recomputation that fits)."""
+    if lay.recompute == "selective":
+        return _mla.selective_choices(model, lay, fixed)
     if lay.recompute != "full":
         return [lay]
     if "recompute_method" in fixed or "recompute_num_layers" in fixed:
@@ -653,7 +663,8 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
                              fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
                              fixed.get("zero", True), first_stage_layers=first,
                              last_stage_layers=last, cp=c, ep=ep, etp=w,
-                             model_chunk_layers=chunks)
+                             model_chunk_layers=chunks,
+                             recompute_mla_up_proj=fixed.get("recompute_mla_up_proj", False))
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:
@@ -671,7 +682,8 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
     return (f"no layout fits in {cluster.gpu.memory_gb:.0f} GB per {cluster.gpu.name}: the "
             f"smallest, tp {lay.tp}{f' cp {lay.cp}' if lay.cp > 1 else ''} pp {lay.pp} dp "
             f"{lay.dp}{_moe.ep_label(model, lay)} micro batch "
-            f"{lay.micro_batch_size} recompute {lay.recompute} ZeRO {lay.zero}, needs "
+            f"{lay.micro_batch_size} recompute {lay.recompute}"
+            f"{'+up' if lay.recompute_mla_up_proj else ''} ZeRO {lay.zero}, needs "
             f"{total:.1f} GB (params {parts['params']:.1f}, grads {parts['grads']:.1f}, "
             f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "
             f"reserved {parts['reserved']:.1f}); {model.num_params() / 1e9:.1f}B parameters "

@@ -357,6 +357,10 @@ class Layout:
     # layout's or the --account-for-embedding/loss-in-pipeline-split split (planner_split).
     # Empty: the split above.
     model_chunk_layers: tuple = ()
+    # With selective and multi-latent attention, megatron-core's --recompute-modules mla_up_proj
+    # (TransformerConfig.recompute_mla_up_proj): the latents and the rotated k_pe kept in place
+    # of q, k and v, which the backward projects again (planner_mla.up_recompute_s).
+    recompute_mla_up_proj: bool = False
 
 
 def stage_splits(num_layers: int, pp: int, v: int):

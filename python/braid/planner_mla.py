@@ -30,9 +30,20 @@ while the model FLOPs (braid.flops) count Dv.
 The latent norms exist with qk_layernorm (braid's and Megatron's meaning of it with MLA; every
 DeepSeek model has them). YaRN (--rope-type yarn) changes RoPE's frequencies and two scale
 factors, not the work: it costs what plain RoPE does.
+
+Selective recomputation with megatron-core's --recompute-modules mla_up_proj (Layout's
+recompute_mla_up_proj; TransformerConfig's, csrc/model/transformer_layer.cpp) keeps the gathered
+latents, which selective keeps anyway, and the rotated k_pe [T, Dr] in place of q, k and v
+([T, n/t, D] each): the backward runs q_b_proj (q_proj on the gathered input without a query
+latent: under SP an all-gather more) and kv_b_proj again, RoPE on the queries and the keys' and
+values' assembly. HFU counts the GEMMs' FLOPs, MFU does not. The search tries it beside plain
+selective for MLA models; a fixed recompute is plain unless it is asked for, as in
+pretrain_gpt.py.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 # Element-wise kernels MLA adds to ordinary attention's (whose two RoPE kernels it keeps, on the
 # queries' RoPE channels and the shared key part): the keys' assembly (a copy, a broadcast),
@@ -69,10 +80,18 @@ def gemms(model, T: float, t: int, sp: bool = False) -> list:
     h, n, lq, lkv = model.hidden_size, model.num_attention_heads, model.q_lora_rank, \
         model.kv_lora_rank
     down = T / t if sp else T
-    q = [(1, down, lq, h), (1, T, n * model.head_dim / t, lq)] if lq else \
-        [(1, T, n * model.head_dim / t, h)]
-    return q + [(1, down, lkv, h), (1, T, n * (model.qk_head_dim + model.v_head_dim) / t, lkv),
-                (1, T, h, n * model.v_head_dim / t)]
+    up_q, up_kv = up_gemms(model, T, t)
+    q = [(1, down, lq, h), up_q] if lq else [up_q]
+    return q + [(1, down, lkv, h), up_kv, (1, T, h, n * model.v_head_dim / t)]
+
+
+def up_gemms(model, T: float, t: int) -> list:
+    """The up projections' forward GEMMs, one TP rank, as (count, m, n, k), on every token (the
+    gathered latents under SP): q_b_proj [T, Lq] x [Lq, n·D / t] (q_proj, k = H, without a query
+    latent) and kv_b_proj [T, Lkv] x [Lkv, n·(Dn + Dv) / t]."""
+    n = model.num_attention_heads
+    return [(1, T, n * model.head_dim / t, model.q_lora_rank or model.hidden_size),
+            (1, T, n * (model.qk_head_dim + model.v_head_dim) / t, model.kv_lora_rank)]
 
 
 def rope_key_gemm(model, T: float) -> tuple:
@@ -144,17 +163,92 @@ def extra_s(model, cluster, lay, T: float) -> tuple:
     return forward, backward
 
 
-def kept_bytes(model, recompute: str, t: int = 1, sp: bool = False) -> float:
+def kept_bytes(model, recompute: str, t: int = 1, sp: bool = False, up: bool = False) -> float:
     """Bytes per token MLA keeps for its backward besides q, k, v, attn_out and lse (which are
     ordinary attention's, n heads of D: the values padded): under none and selective the down
     projections' outputs [T, Lq] and [T, Lkv] and, with the latent norms, their outputs and f32
     statistics (RMSNorm: rstd) - on every token under TP; with SP the outputs and statistics on
     the rank's T / t tokens and the gathered latents on every token. Full keeps only the layer's
-    input (planner.layer_activation_bytes)."""
+    input (planner.layer_activation_bytes). `up` (selective with mla_up_proj): the rotated k_pe
+    more and q, k and v less (up_saved_bytes)."""
     if not model.multi_latent_attention or recompute == "full":
         return 0.0
     latents = sum([model.q_lora_rank] if model.q_lora_rank else []) + model.kv_lora_rank
     norms = latent_norms(model)
     if sp and t > 1:
-        return 2 * latents / t + 2 * latents + 4 * len(norms) / t
-    return 2 * latents + sum(2 * r + 4 for r in norms)
+        kept = 2 * latents / t + 2 * latents + 4 * len(norms) / t
+    else:
+        kept = 2 * latents + sum(2 * r + 4 for r in norms)
+    return kept - up_saved_bytes(model, t) if up and recompute == "selective" else kept
+
+
+# ---- selective recomputation of the up projections (--recompute-modules mla_up_proj) ---------
+
+# Its element-wise kernels: RoPE on the queries, the keys' assembly (a copy, a broadcast), the
+# values' (zeros, a copy). The shared key part is kept rotated.
+UP_KERNELS = 5
+
+
+def recomputes_up(model, lay) -> bool:
+    """Whether `lay`'s backward projects q, k and v again (selective with mla_up_proj)."""
+    return model.multi_latent_attention and lay.recompute == "selective" and \
+        lay.recompute_mla_up_proj
+
+
+def layout_error(model, lay) -> str | None:
+    """Why `lay`'s recompute_mla_up_proj does not go with the model or the policy, or None."""
+    if not lay.recompute_mla_up_proj:
+        return None
+    if not model.multi_latent_attention:
+        return "--recompute-modules mla_up_proj needs --multi-latent-attention"
+    if lay.recompute != "selective":
+        return f"--recompute-modules mla_up_proj needs recompute selective, not {lay.recompute}"
+    return None
+
+
+def up_saved_bytes(model, t: int = 1) -> float:
+    """Bytes per token mla_up_proj keeps less: q, k and v, n/t heads of D (bf16) each, against
+    the rotated k_pe [T, Dr] of every token (the latents are kept anyway)."""
+    return 3 * 2 * model.num_attention_heads * model.head_dim / t - 2 * model.qk_pos_emb_head_dim
+
+
+def up_bytes(model, t: int) -> float:
+    """Bytes per token of the rerun's element-wise work (as elementwise_bytes counts them): RoPE
+    on the queries' Dr channels (4·n·Dr/t), the keys' assembly ((4·Dn + 2·Dr)·n/t + 2·Dr) and
+    the values' ((2·D + 4·Dv)·n/t)."""
+    n, dn, dr, dv = model.num_attention_heads, model.qk_head_dim, model.qk_pos_emb_head_dim, \
+        model.v_head_dim
+    return n * (4 * dr + 4 * dn + 2 * dr + 2 * model.head_dim + 4 * dv) / t + 2 * dr
+
+
+def up_recompute_s(model, cluster, lay, T: float) -> float:
+    """Seconds the rerun adds to a layer's backward, one TP rank and microbatch (0 unless
+    recomputes_up): the up projections' forward GEMMs (up_gemms), their element-wise work
+    (up_bytes) and, without a query latent under SP, the all-gather of the normed input that
+    q_proj takes."""
+    if not recomputes_up(model, lay):
+        return 0.0
+    from braid import planner as p  # its cost primitives (planner imports this module)
+    gpu, t = cluster.gpu, lay.tp
+    seconds = sum(c * p._gemm_time(gpu, m, n, k) for c, m, n, k in up_gemms(model, T, t))
+    seconds += p._bytes_time(gpu, up_bytes(model, t) * T, UP_KERNELS)
+    if lay.sequence_parallel and t > 1 and not model.q_lora_rank:
+        seconds += p._ring(2 * T * model.hidden_size, t, *p._link(cluster, t), "all_gather")
+    return seconds
+
+
+def up_recompute_flops(model, lay, T: float) -> float:
+    """The FLOPs the rerun repeats, one TP rank and microbatch (HFU counts them, MFU not):
+    2·T·(Lq·n·D + Lkv·n·(Dn + Dv)) / t (H for Lq without a query latent)."""
+    if not recomputes_up(model, lay):
+        return 0.0
+    return sum(2 * c * m * n * k for c, m, n, k in up_gemms(model, T, lay.tp))
+
+
+def selective_choices(model, lay, fixed: dict) -> list:
+    """`lay` (selective) as the search tries it: for an MLA model with and without mla_up_proj,
+    unless fixed; a fixed recompute without recompute_mla_up_proj is without it (as
+    pretrain_gpt.py's --recompute-granularity selective alone)."""
+    up = fixed.get("recompute_mla_up_proj", False if "recompute" in fixed else None)
+    ups = [up] if up is not None else [False, True] if model.multi_latent_attention else [False]
+    return [dataclasses.replace(lay, recompute_mla_up_proj=u) for u in ups]

@@ -75,9 +75,9 @@ def experts(model, lay) -> float:
 @dataclasses.dataclass
 class DepthsCost:
     """The depths of one microbatch on the last rank: seconds of forward and backward (full
-    recomputation's rerun included), the forward model FLOPs the rerun repeats (HFU), the seconds
-    of expert parallelism's exchange among them; and per step, the seconds of summing eh_proj's
-    gradient over TP."""
+    recomputation's rerun included), the forward FLOPs reruns repeat (HFU: full's, or MLA's up
+    projections under selective), the seconds of expert parallelism's exchange among them; and
+    per step, the seconds of summing eh_proj's gradient over TP."""
     forward: float = 0.0
     backward: float = 0.0
     rerun_flops: float = 0.0
@@ -115,7 +115,7 @@ def cost(model, cluster, lay, layer, head) -> DepthsCost:
         grad_sync = d * p._ring(4 * 2 * h * h, t, *p._link(cluster, t), "all_reduce")
     return DepthsCost(
         forward=d * forward, backward=d * (backward + (layer.forward if rerun else 0.0)),
-        rerun_flops=d * layer.model_flops if rerun else 0.0,
+        rerun_flops=d * (layer.model_flops if rerun else layer.rerun_flops),  # selective's too
         exchange=d * ((2 if rerun else 1) * layer.exchange_forward + layer.exchange_backward),
         grad_sync=grad_sync)
 

@@ -1,7 +1,9 @@
 """Multi-latent attention in the planner (braid.planner_mla; braid.planner, planner_inputs) and
-tools/plan.py, and the deepseek-v3 / deepseek-v2-lite presets."""
+tools/plan.py, the deepseek-v3 / deepseek-v2-lite presets, and selective recomputation of its up
+projections (--recompute-modules mla_up_proj)."""
 
 import dataclasses
+import json
 import os
 import sys
 
@@ -20,6 +22,20 @@ LITE = planner.PRESETS["deepseek-v2-lite"]
 H100 = planner.Cluster(planner.GPUS["h100-80g"], 8, 64, 450e9, 50e9)
 CLUSTER = ["--gpu", "h100-80g", "--num-gpus", "16", "--nvlink-bw", "450GB/s", "--net-bw",
            "400Gb/s"]
+# DeepSeek-V2-Lite as plan.py's flags, and as a pretrain_gpt.py run's arguments (NullTokenizer's
+# vocabulary is one larger than --vocab-size)
+LITE_FLAGS = ["--num-layers", "27", "--hidden-size", "2048", "--num-attention-heads", "16",
+              "--ffn-hidden-size", "10944", "--vocab-size", "102400", "--seq-length", "4096",
+              "--num-experts", "64", "--moe-router-topk", "6", "--moe-ffn-hidden-size", "1408",
+              "--moe-shared-expert-intermediate-size", "2816", "--moe-layer-freq", "[0]+[1]*26"]
+LITE_TRAINING = [
+    *LITE_FLAGS[:LITE_FLAGS.index("--vocab-size") + 1], "102399",
+    *LITE_FLAGS[LITE_FLAGS.index("--vocab-size") + 2:], "--swiglu",
+    "--untie-embeddings-and-output-weights", "--normalization", "RMSNorm",
+    "--position-embedding-type", "rope", "--disable-bias-linear", "--max-position-embeddings",
+    "4096", "--tokenizer-type", "NullTokenizer", "--data-path", "data/x", "--micro-batch-size",
+    "1", "--global-batch-size", "64", "--train-iters", "10", "--multi-latent-attention",
+    "--rope-type", "rope", "--kv-lora-rank", "512", "--qk-layernorm", "--bf16"]
 
 
 def _braid_config(shape):
@@ -201,22 +217,11 @@ def test_plan_cli_presets_flags_and_training_arguments_agree(capsys):
     a = plan.parse_args([*CLUSTER, "--model", "deepseek-v2-lite", "--q-lora-rank", "768",
                          "--global-batch", "64"])
     assert a.model_shape == dataclasses.replace(LITE, q_lora_rank=768)
-    flags = ["--num-layers", "27", "--hidden-size", "2048", "--num-attention-heads", "16",
-             "--ffn-hidden-size", "10944", "--vocab-size", "102400", "--seq-length", "4096",
-             "--num-experts", "64", "--moe-router-topk", "6", "--moe-ffn-hidden-size", "1408",
-             "--moe-shared-expert-intermediate-size", "2816", "--moe-layer-freq", "[0]+[1]*26"]
+    flags = LITE_FLAGS
     a = plan.parse_args([*CLUSTER, *flags, "--multi-latent-attention", "--kv-lora-rank", "512",
                          "--qk-layernorm", "--global-batch", "64"])
     assert a.model_shape == LITE
-    training = ["--swiglu", "--untie-embeddings-and-output-weights", "--normalization",
-                "RMSNorm", "--position-embedding-type", "rope", "--disable-bias-linear",
-                "--max-position-embeddings", "4096", "--tokenizer-type", "NullTokenizer",
-                "--data-path", "data/x", "--micro-batch-size", "1", "--global-batch-size", "64",
-                "--train-iters", "10", "--multi-latent-attention", "--rope-type", "rope",
-                "--kv-lora-rank", "512", "--qk-layernorm", "--bf16"]
-    vocab = flags.index("--vocab-size") + 1  # NullTokenizer's vocabulary is one larger
-    a = plan.parse_args([*CLUSTER, "--", *flags[:vocab], "102399", *flags[vocab + 1:],
-                         *training])
+    a = plan.parse_args([*CLUSTER, "--", *LITE_TRAINING])
     assert a.model_shape == LITE
     for bad, says in ((["--q-lora-rank", "64"], "--q-lora-rank needs --multi-latent-attention"),
                       (["--multi-latent-attention", "--num-query-groups", "4"], "kv heads 4"),
@@ -225,3 +230,193 @@ def test_plan_cli_presets_flags_and_training_arguments_agree(capsys):
         with pytest.raises(SystemExit):
             plan.parse_args([*CLUSTER, *flags, *bad, "--global-batch", "64"])
         assert says in capsys.readouterr().err
+
+
+# ---- selective recomputation of the up projections (--recompute-modules mla_up_proj) -------
+
+H100_2048 = planner.Cluster(planner.GPUS["h100-80g"], 8, 2048, 450e9, 400e9 / 8)
+H100_16 = dataclasses.replace(H100, num_gpus=16)
+
+
+def _up(lay):
+    return dataclasses.replace(lay, recompute_mla_up_proj=True)
+
+
+def test_mla_up_proj_keeps_k_pe_in_place_of_q_k_and_v():
+    # tests/cpp/model/test_recompute.cpp's bytes: 3·T·(n/t)·D·2 less a layer, the rotated k_pe
+    # T·Dr·2 more (every token's: gathered under SP), dense and expert layers alike.
+    T = 2 * 4096
+    for shape in (V3, LITE):
+        n, d, dr = shape.num_attention_heads, shape.head_dim, shape.qk_pos_emb_head_dim
+        for t, sp in ((1, False), (2, False), (2, True), (8, True)):
+            lay = planner.Layout(t, 1, 64 // t, 2, recompute="selective", sequence_parallel=sp)
+            for layer in (0, 5):
+                plain = planner.layer_activation_bytes(shape, lay, layer=layer)
+                up = planner.layer_activation_bytes(shape, _up(lay), layer=layer)
+                assert plain - up == pytest.approx(3 * T * (n // t) * d * 2 - T * dr * 2,
+                                                   rel=1e-12)
+    # DeepSeek-V3: 73,728 values a token and layer less, for k_pe's 64 (docs/memory.md)
+    assert planner_mla.up_saved_bytes(V3) == 2 * (3 * 128 * 192 - 64)
+    # PP 1: every layer's drop once, in the rank's activations
+    lay = planner.Layout(2, 1, 8, 1, 1, "selective", True, True, ep=8)
+    parts = [planner.memory(LITE, H100_16, x, 4)[1]["activations"] for x in (lay, _up(lay))]
+    assert (parts[0] - parts[1]) * planner.GB == pytest.approx(27 * 4096 * (3 * 2 * 8 * 192 - 128),
+                                                               rel=1e-12)
+
+
+def test_mla_up_proj_needs_mla_and_selective():
+    llama = planner.PRESETS["llama2-70b"]
+    with pytest.raises(ValueError, match="mla_up_proj needs --multi-latent-attention"):
+        planner.check_layout(llama, H100, _up(planner.Layout(8, 4, 2, 1, 2, "selective")), 64)
+    for rec in ("none", "full"):
+        with pytest.raises(ValueError, match=f"needs recompute selective, not {rec}"):
+            planner.check_layout(LITE, H100, _up(planner.Layout(2, 1, 32, 1, recompute=rec,
+                                                                ep=8)), 64)
+    # Under none and full the flag's bytes and seconds are not counted (were it let through).
+    for rec in ("none", "full"):
+        lay = planner.Layout(2, 1, 32, 1, recompute=rec, sequence_parallel=True)
+        assert planner.layer_activation_bytes(V3, _up(lay), layer=5) == \
+            planner.layer_activation_bytes(V3, lay, layer=5)
+        assert planner.layer_cost(V3, H100, _up(lay), 5) == planner.layer_cost(V3, H100, lay, 5)
+
+
+def test_mla_up_proj_reruns_the_up_projections_in_the_backward():
+    T, gpu = 4096, H100.gpu
+    for shape, t, sp in ((V3, 1, False), (V3, 2, True), (LITE, 2, False), (LITE, 2, True)):
+        lay = planner.Layout(t, 1, 64 // t, 1, recompute="selective", sequence_parallel=sp)
+        plain, up = (planner.layer_cost(shape, H100, x, 5) for x in (lay, _up(lay)))
+        n, q_in = shape.num_attention_heads // t, shape.q_lora_rank or shape.hidden_size
+        # q_b_proj (or q_proj on the normed input) and kv_b_proj forward, on every token
+        gemms = planner._gemm_time(gpu, T, n * 192, q_in) + \
+            planner._gemm_time(gpu, T, n * 256, 512)
+        # RoPE on the queries' 64 channels, the keys' assembly, the values' (zeros and copy)
+        nbytes = n * (4 * 64 + (4 * 128 + 2 * 64) + (2 * 192 + 4 * 128)) + 2 * 64
+        seconds = gemms + planner._bytes_time(gpu, nbytes * T, 5)
+        if sp and not shape.q_lora_rank:  # q_proj's input gathered again
+            seconds += planner._ring(2 * T * 2048, t, *planner._link(H100, t), "all_gather")
+        assert (up.forward, up.model_flops) == (plain.forward, plain.model_flops)
+        assert up.backward - plain.backward == pytest.approx(seconds, rel=1e-12)
+        assert up.rerun_flops == 2 * T * n * (192 * q_in + 256 * 512)
+        assert plain.rerun_flops == 0.0
+    # Without a query latent under SP the all-gather is the difference from no SP at t 2.
+    no_sp, sp = (planner_mla.up_recompute_s(LITE, H100, _up(planner.Layout(
+        2, 1, 32, 1, recompute="selective", sequence_parallel=x)), T) for x in (False, True))
+    assert sp - no_sp == pytest.approx(
+        planner._ring(2 * T * 2048, 2, *planner._link(H100, 2), "all_gather"), rel=1e-12)
+
+
+def test_hfu_counts_the_rerun_and_mfu_does_not():
+    lay = planner.Layout(2, 1, 8, 1, 1, "selective", True, True, ep=8)
+    for depths in (0, 1):  # an MTP depth's layer reruns them too
+        shape = dataclasses.replace(LITE, mtp_num_layers=depths)
+        plain, up = (planner.predict(shape, H100_16, x, 32) for x in (lay, _up(lay)))
+        assert up["step_time_s"] > plain["step_time_s"]
+        assert up["memory_gb_per_gpu"] < plain["memory_gb_per_gpu"]
+        peak = H100.gpu.peak_tflops * 1e12 * 16
+        model = [r["mfu"] * r["step_time_s"] * peak for r in (plain, up)]
+        assert model[1] == pytest.approx(model[0], rel=1e-12)
+        assert plain["hfu"] == plain["mfu"]
+        rerun = (up["hfu"] - up["mfu"]) * up["step_time_s"] * peak
+        per_token = 2 * 16 * (192 * 2048 + 256 * 512)  # q_proj, kv_b_proj: every head
+        assert rerun == pytest.approx((27 + depths) * 32 * 4096 * per_token, rel=1e-9)
+
+
+def test_search_picks_mla_up_proj_where_selective_does_not_fit():
+    # docs/planner.md's DeepSeek-V3 run at TP 2, PP 16 (3 | 4 ... | 2), EP 16 whole experts:
+    # selective needs 80.8 GB on the second rank (4 layers, 15 microbatches in flight), 18.1 GB
+    # less with the up projections recomputed, which is then the fastest that fits.
+    fixed = dict(tp=2, pp=16, micro_batch_size=1, virtual_stages=1, sequence_parallel=True,
+                 zero=True, ep=16, etp=1, first_stage_layers=3, last_stage_layers=2)
+    rows, _ = planner.search(V3, H100_2048, 4096, fixed)
+    best = rows[0]
+    assert best.get("recompute_mla_up_proj") and best["recompute"] == "selective"
+    assert not any(r["recompute"] in ("none", "selective") and not r.get("recompute_mla_up_proj")
+                   for r in rows)
+    lay = planner.Layout(2, 16, 64, 1, 1, "selective", True, True, first_stage_layers=3,
+                         last_stage_layers=2, ep=16, etp=1)
+    plain = planner.memory(V3, H100_2048, lay, 64)[0]
+    assert plain > 80 >= best["memory_gb_per_gpu"]
+    drop = 4 * 15 * 4096 * (3 * 2 * 64 * 192 - 2 * 64) / planner.GB
+    assert plain - best["memory_gb_per_gpu"] == pytest.approx(drop, rel=1e-12)
+    assert all(r["step_time_s"] > best["step_time_s"] for r in rows[1:])  # full, block
+    # A fixed selective is plain, as pretrain_gpt.py's: nothing fits; asked for, the best.
+    assert planner.search(V3, H100_2048, 4096, dict(fixed, recompute="selective"))[0] == []
+    asked, _ = planner.search(V3, H100_2048, 4096, dict(fixed, recompute="selective",
+                                                         recompute_mla_up_proj=True))
+    assert asked == [best]
+    # Where both fit (2 | 4 ... | 3: 77.3 GB) plain selective is faster, and first.
+    rows, _ = planner.search(V3, H100_2048, 4096, dict(fixed, first_stage_layers=2,
+                                                       last_stage_layers=3))
+    assert [r.get("recompute_mla_up_proj", False) for r in rows[:2]] == [False, True]
+    assert rows[0]["recompute"] == rows[1]["recompute"] == "selective"
+    assert rows[0]["memory_gb_per_gpu"] > rows[1]["memory_gb_per_gpu"]
+
+
+def test_search_adds_mla_up_proj_rows_only_for_mla_and_keeps_the_others():
+    fixed = dict(tp=2, pp=1, micro_batch_size=1, virtual_stages=1)
+    both, _ = planner.search(LITE, H100_16, 32, fixed)
+    plain, _ = planner.search(LITE, H100_16, 32, dict(fixed, recompute_mla_up_proj=False))
+    up = [r for r in both if r.get("recompute_mla_up_proj")]
+    assert up and all(r["recompute"] == "selective" for r in up)
+    assert [r for r in both if not r.get("recompute_mla_up_proj")] == plain
+    llama = planner.PRESETS["llama2-70b"]
+    rows, _ = planner.search(llama, H100, 64, dict(tp=8, pp=4, micro_batch_size=1))
+    assert rows and {r["recompute"] for r in rows} >= {"selective"}
+    assert not any("recompute_mla_up_proj" in r for r in rows)
+
+
+def test_plan_cli_takes_recompute_modules_mla_up_proj(capsys):
+    v3 = [*CLUSTER, "--model", "deepseek-v3", "--global-batch", "64"]
+    a = plan.parse_args([*v3, "--recompute", "selective", "--recompute-modules", "mla_up_proj"])
+    assert a.recompute_mla_up_proj is True
+    for given in ([], ["--recompute", "selective"],
+                  ["--recompute", "selective", "--recompute-modules", "core_attn", "layernorm"]):
+        assert plan.parse_args([*v3, *given]).recompute_mla_up_proj is None
+    for bad, says in (
+            (["--recompute-modules", "mla_up_proj"],
+             "--recompute-modules needs --recompute selective"),
+            (["--recompute", "full", "--recompute-modules", "mla_up_proj"],
+             "--recompute-modules needs --recompute selective"),
+            (["--recompute", "selective", "--recompute-modules", "mlp"],
+             "--recompute-modules mlp: braid's selective recomputation"),
+            (["--model", "llama3-8b", "--recompute", "selective", "--recompute-modules",
+              "mla_up_proj"], "--recompute-modules mla_up_proj needs --multi-latent-attention")):
+        with pytest.raises(SystemExit):
+            plan.parse_args([*v3, *bad])
+        assert says in capsys.readouterr().err
+    assert plan.recompute(dict(recompute="selective", recompute_mla_up_proj=True)) == \
+        "selective+up"
+    fixed = ["--model", "deepseek-v2-lite", "--global-batch", "32", "--tp", "2", "--pp", "1",
+             "--micro-batch-size", "1", "--virtual-stages", "1", "--sequence-parallel", "true",
+             "--zero", "true", "--expert-model-parallel-size", "8", "--expert-tensor-parallel-size",
+             "2", "--recompute", "selective"]
+    assert plan.main([*CLUSTER, *fixed, "--recompute-modules", "mla_up_proj"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert len(rows) == 1 and rows[0].split()[8] == "selective+up"
+    assert plan.main([*CLUSTER, *fixed]) == 0
+    assert capsys.readouterr().out.splitlines()[2].split()[8] == "selective"
+    # nothing fits: the smallest layout is said with it
+    assert plan.main([*v3, "--tp", "8", "--pp", "2", "--recompute", "selective",
+                      "--recompute-modules", "mla_up_proj"]) == 1
+    assert "recompute selective+up ZeRO" in capsys.readouterr().err
+
+
+def test_plan_cli_reads_recompute_modules_from_the_training_arguments(capsys):
+    run = [*LITE_TRAINING, "--tensor-model-parallel-size", "2", "--sequence-parallel",
+           "--expert-model-parallel-size", "8", "--recompute-granularity", "selective"]
+    out = {}
+    for up in (False, True):
+        modules = ["--recompute-modules", "mla_up_proj"] if up else []
+        a = plan.parse_args([*CLUSTER, "--", *run, *modules])
+        assert a.recompute_mla_up_proj is (True if up else None)
+        assert plan.main([*CLUSTER, "--json", "--", *run, *modules]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        assert len(rows) == 1 and rows[0].get("recompute_mla_up_proj", False) is up
+        out[up] = rows[0]
+    drop = 27 * 4096 * (3 * 2 * 8 * 192 - 128) / planner.GB  # pp 1: one microbatch kept
+    acts = [out[x]["memory_parts_gb"]["activations"] for x in (False, True)]
+    assert acts[0] - acts[1] == pytest.approx(drop, rel=1e-12)
+    assert out[True]["step_time_s"] > out[False]["step_time_s"]
+    with pytest.raises(SystemExit):  # the layout after -- is the run's own
+        plan.parse_args([*CLUSTER, "--recompute-modules", "mla_up_proj", "--", *run])
+    assert "with training arguments after --" in capsys.readouterr().err
