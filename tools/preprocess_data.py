@@ -13,6 +13,7 @@ import gzip
 import json
 import multiprocessing
 import os
+import re
 import sys
 import time
 
@@ -20,8 +21,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from braid.vocab import BYTE_LEVEL_EOD, BYTE_LEVEL_VOCAB_SIZE, EOS_CANDIDATES, \
-    eos_from_config  # noqa: E402  (pretrain_gpt.py finds the same end-of-document token)
+# pretrain_gpt.py reads the same vocabularies and finds the same end-of-document tokens.
+from braid import tokenizer_args  # noqa: E402
+from braid.vocab import BYTE_LEVEL_EOD, BYTE_LEVEL_VOCAB_SIZE, EOS_CANDIDATES, SENTENCEPIECE, \
+    TIKTOKEN_PATTERNS, VocabError, eos_from_config, library, sentencepiece_model, \
+    tiktoken_vocabulary  # noqa: E402
 
 EXIT_SKIPPED = 3
 
@@ -99,6 +103,7 @@ class HuggingFaceTokenizer:
         if name and self.eod is None:
             raise SystemExit(
                 f"preprocess_data: error: end-of-document token {name!r} is not in {path}")
+        self.eod_missing = f"none of {', '.join(EOS_CANDIDATES)}; name it with --eod-token"
 
     def encode_batch(self, texts):
         try:
@@ -115,13 +120,118 @@ class HuggingFaceTokenizer:
             return RecordError(f"the tokenizer rejects the text: {e}")
 
 
+def surrogate_error(text):
+    """A RecordError for a text no UTF-8 encoder takes, else None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return RecordError(f"the text holds an unpaired surrogate at character {e.start}")
+    return None
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece .model as megatron-core encodes with it for SentencePieceTokenizer,
+    GPTSentencePieceTokenizer and Llama2Tokenizer alike: its ids, no BOS or EOS. In legacy mode
+    the special tokens are cut out of the text whole (the earliest first; at one place, the
+    first given), the pieces between them encoded, and a lone word-boundary piece right after a
+    special token dropped (megatron-core's rule for chat templates; not after the last one)."""
+
+    def __init__(self, model):
+        self.processor = model.processor
+        self.special = model.special
+        self.vocab_size = model.size
+        self.eod = model.eod
+        self.eod_missing = f"looked for {model.eod_looked_for}"
+        self.separator = self.processor.piece_to_id("\u2581")
+
+    def encode_batch(self, texts):
+        if self.special:
+            return [self.encode_one(t) for t in texts]
+        try:
+            return [np.asarray(ids, dtype=np.int64) for ids in self.processor.encode(texts)]
+        except Exception:  # one text spoils the batch: encode one by one to find it
+            return [self.encode_one(t) for t in texts]
+
+    def encode_one(self, text):
+        error = surrogate_error(text)
+        if error:
+            return error
+        try:
+            return np.asarray(self.ids(text), dtype=np.int64)
+        except Exception as e:
+            return RecordError(f"the tokenizer rejects the text: {e}")
+
+    def ids(self, text):
+        if not self.special:
+            return self.processor.encode(text)
+        ids, start, after_special = [], 0, False
+        while True:
+            found = None  # (where, token)
+            for token in self.special:
+                where = text.find(token, start)
+                if where >= 0 and (found is None or where < found[0]):
+                    found = (where, token)
+            if found is None:
+                return ids + self.processor.encode(text[start:])
+            where, token = found
+            pieces = self.processor.encode(text[start:where])
+            if after_special and pieces and pieces[0] == self.separator:
+                pieces = pieces[1:]
+            ids += pieces
+            ids.append(self.special[token])
+            start, after_special = where + len(token), True
+
+
+class TikTokenizer:
+    """Megatron's TikTokenizer JSON vocabulary as megatron-core encodes with it: tiktoken's byte
+    pair merging over the --tiktoken-pattern split, the file's tokens shifted past the special
+    ones; the special tokens are recognised in the text (their ids, not their characters')."""
+
+    def __init__(self, vocabulary, pattern):
+        tiktoken = library("tiktoken", "TikTokenizer")
+        self.encoding = tiktoken.Encoding(name="megatron-tiktoken", pat_str=pattern,
+                                          mergeable_ranks=vocabulary.ranks,
+                                          special_tokens=vocabulary.special)
+        self.vocab_size = vocabulary.size
+        self.eod = vocabulary.eod
+        # tiktoken takes the allowed special tokens anew on every call (50 times the cost of
+        # the encoding with 1000 of them): only texts that hold one go that way.
+        self.special = frozenset(vocabulary.special)
+        self.find_special = re.compile("|".join(map(re.escape, vocabulary.special)))
+
+    def encode_batch(self, texts):
+        return [self.encode_one(t) for t in texts]
+
+    def encode_one(self, text):
+        try:  # tiktoken replaces an unpaired surrogate by U+FFFD, as it does in Megatron
+            if self.find_special.search(text):
+                ids = self.encoding.encode(text, allowed_special=self.special)
+            else:
+                ids = self.encoding.encode_ordinary(text)
+            return np.asarray(ids, dtype=np.int64)
+        except Exception as e:
+            return RecordError(f"the tokenizer rejects the text: {e}")
+
+
 def build_tokenizer(args):
     if args.tokenizer_type == "ByteLevel":
         return ByteLevelTokenizer()
     if not args.tokenizer_model:
-        raise SystemExit("preprocess_data: error: HuggingFaceTokenizer needs --tokenizer-model")
-    return HuggingFaceTokenizer(args.tokenizer_model, args.eod_token,
-                                args.tokenizer_hf_include_special_tokens)
+        raise SystemExit(f"preprocess_data: error: {args.tokenizer_type} needs --tokenizer-model")
+    if args.tokenizer_type == "HuggingFaceTokenizer":
+        return HuggingFaceTokenizer(args.tokenizer_model, args.eod_token,
+                                    args.tokenizer_hf_include_special_tokens)
+    try:
+        if args.tokenizer_type in SENTENCEPIECE:
+            return SentencePieceTokenizer(sentencepiece_model(
+                args.tokenizer_type, args.tokenizer_model, args.tokenizer_sentencepiece_legacy,
+                tokenizer_args.special_tokens(args)))
+        vocabulary = tiktoken_vocabulary(args.tokenizer_model, args.vocab_size,
+                                         args.tiktoken_num_special_tokens,
+                                         tokenizer_args.special_tokens(args))
+        return TikTokenizer(vocabulary, TIKTOKEN_PATTERNS[args.tiktoken_pattern or "v2"])
+    except VocabError as e:
+        raise SystemExit(f"preprocess_data: error: {e}") from None
 
 
 # ---- workers -------------------------------------------------------------------------------
@@ -345,11 +455,20 @@ def get_args(argv=None):
                        help="not supported (Megatron splits with NLTK); give lists of strings")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True,
-                       choices=["ByteLevel", "HuggingFaceTokenizer"],
+                       choices=["ByteLevel", "HuggingFaceTokenizer", *SENTENCEPIECE,
+                                "TikTokenizer"],
                        help="ByteLevel: a token per UTF-8 byte, end of document 256; "
-                            "HuggingFaceTokenizer: a local tokenizer.json (--tokenizer-model)")
+                            "HuggingFaceTokenizer: a local tokenizer.json; "
+                            f"{tokenizer_args.SENTENCEPIECE_TYPES}: a SentencePiece .model "
+                            "(megatron-core encodes all three alike: no BOS), end of document "
+                            "its eos piece; TikTokenizer: Megatron's .json vocabulary, end of "
+                            "document </s>")
     group.add_argument("--tokenizer-model", metavar="PATH",
-                       help="tokenizer.json, or a folder holding it")
+                       help="tokenizer.json or a folder holding it; a .model; a .json")
+    group.add_argument("--vocab-size", type=int, metavar="N",
+                       help="TikTokenizer: its vocabulary, special tokens included (default "
+                            "2^17, megatron-core's)")
+    tokenizer_args.add_options(group)
     group.add_argument("--eod-token", metavar="TOKEN",
                        help="the end-of-document token of a HuggingFace tokenizer (default: "
                             "eos_token of tokenizer_config.json beside it, else the first of "
@@ -385,6 +504,18 @@ def get_args(argv=None):
         parser.error("--chunk-bytes must be at least 1")
     if len(set(args.json_keys)) != len(args.json_keys):
         parser.error("--json-keys has a key twice")
+    error = tokenizer_args.option_error(args)
+    if error:
+        parser.error(error)
+    hugging_face = args.tokenizer_type == "HuggingFaceTokenizer"
+    for flag, given, wanted in (
+            ("--tokenizer-model", args.tokenizer_model, args.tokenizer_type != "ByteLevel"),
+            ("--vocab-size", args.vocab_size, args.tokenizer_type == "TikTokenizer"),
+            ("--eod-token", args.eod_token, hugging_face),
+            ("--tokenizer-hf-include-special-tokens", args.tokenizer_hf_include_special_tokens
+             or None, hugging_face)):
+        if given is not None and not wanted:
+            parser.error(f"{flag} is not read by --tokenizer-type {args.tokenizer_type}")
     return args
 
 
@@ -418,8 +549,7 @@ def main(argv=None):
     tokenizer = build_tokenizer(args)
     if args.append_eod and tokenizer.eod is None:
         raise SystemExit("preprocess_data: error: --append-eod: the tokenizer has no "
-                         f"end-of-document token among {', '.join(EOS_CANDIDATES)}; name it with "
-                         "--eod-token")
+                         f"end-of-document token ({tokenizer.eod_missing})")
 
     from braid.data import IndexedDatasetWriter, smallest_token_type
 

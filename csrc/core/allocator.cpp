@@ -67,15 +67,14 @@ class HostAllocator final : public Allocator {
     return {cur, peak_.load(), cur + cached_bytes_};
   }
   void reset_peak() override { peak_.store(current_.load()); }
-
- private:
-  void release_cached() {
+  void release_cached() override {
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& [size, ptr] : cached_) std::free(ptr);
     cached_.clear();
     cached_bytes_ = 0;
   }
 
+ private:
   static constexpr size_t kMinCachedBytes = size_t(1) << 20;
   static constexpr int64_t kMaxCachedBytes = int64_t(2) << 30;
 
@@ -111,6 +110,7 @@ Allocator& allocator_for(Device device) {
 
 MemoryStats memory_stats(Device device) { return allocator_for(device).stats(); }
 void reset_peak_memory(Device device) { allocator_for(device).reset_peak(); }
+void empty_cache(Device device) { allocator_for(device).release_cached(); }
 
 int cuda_device_count() {
 #ifdef BRAID_WITH_CUDA

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 
 namespace braid::engine {
 namespace {
@@ -49,7 +50,8 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
   Tensor master = f32_params ? Tensor() : Tensor::empty({total}, DType::f32, device_);
   state_bytes_ = (f32_params ? 2 : 3) * total * int64_t(sizeof(float));
 
-  int64_t at = 0;  // where the next segment starts in the compact state
+  int64_t at = 0;               // where the next segment starts in the compact state
+  std::vector<bool> decoupled;  // groups_[i] is the embedding's or output layer's
   for (size_t c = 0; c < chunks_.size(); ++c) {
     model::GPTModel& m = *chunks_[c].model;
     const model::ParamLayout& layout = m.layout();
@@ -82,6 +84,7 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
             seg.exp_avg.slice(local, {n}), seg.exp_avg_sq.slice(local, {n}),
             weight_decay_of(p.spec), f32_params ? Tensor() : flat.slice(begin, {n})});
         decays_.push_back(decays(p.spec));
+        decoupled.push_back(model::is_embedding_or_output(p.spec));
         if (!is_tied_copy(m, p.spec)) {
           const int copies = p.shard.replicas * (p.spec.expert >= 0 ? chunks_[c].expert_copies
                                                                     : chunks_[c].dense_copies);
@@ -93,6 +96,20 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
       at += r.size();
     }
   }
+  // The embedding's and output layer's groups last, so that each learning rate steps one span.
+  std::vector<size_t> order(groups_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto it =
+      std::stable_partition(order.begin(), order.end(), [&](size_t i) { return !decoupled[i]; });
+  decoupled_begin_ = size_t(it - order.begin());
+  std::vector<ops::AdamWGroup> groups;
+  std::vector<bool> decays;
+  for (size_t i : order) {
+    groups.push_back(std::move(groups_[i]));
+    decays.push_back(decays_[i]);
+  }
+  groups_ = std::move(groups);
+  decays_ = std::move(decays);
 }
 
 const AdamW::Segment& AdamW::only_segment() const {
@@ -138,8 +155,11 @@ float AdamW::global_norm(const std::map<int, std::vector<Tensor>>& by_copies) co
   return float(std::sqrt(total.item(0)));
 }
 
-void AdamW::step_with(float lr, float grad_scale) {
-  BRAID_CHECK(std::isfinite(lr) && lr >= 0, "AdamW: learning rate must be >= 0, got ", lr);
+void AdamW::step_with(float lr, float grad_scale, std::optional<float> decoupled_lr) {
+  const float vocab_lr = decoupled_lr.value_or(lr);
+  for (float value : {lr, vocab_lr})
+    BRAID_CHECK(std::isfinite(value) && value >= 0, "AdamW: learning rate must be >= 0, got ",
+                value);
   ops::AdamWHyper hyper;
   hyper.lr = lr;
   hyper.beta1 = config_.beta1;
@@ -147,7 +167,14 @@ void AdamW::step_with(float lr, float grad_scale) {
   hyper.eps = config_.eps;
   hyper.step = step_ + 1;
   hyper.grad_scale = grad_scale;
-  ops::adamw_step(groups_, hyper);
+  const std::span<const ops::AdamWGroup> all(groups_);
+  if (vocab_lr == lr) {
+    ops::adamw_step(all, hyper);
+  } else {
+    ops::adamw_step(all.first(decoupled_begin_), hyper);
+    hyper.lr = vocab_lr;
+    ops::adamw_step(all.subspan(decoupled_begin_), hyper);
+  }
   ++step_;
 }
 

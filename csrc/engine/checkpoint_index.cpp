@@ -156,6 +156,20 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
             {"device_seconds", loop.device_seconds},
             {"optimizer", options.save_optim},
             {"tensors", tensors}};
+  // The weight decay's schedule (Megatron saves it with the learning rate's): constant is
+  // --weight-decay throughout.
+  const std::optional<WeightDecaySchedule>& wd = trainer.config().weight_decay_schedule;
+  const float decay = trainer.config().optimizer.weight_decay;
+  meta["lr_schedule"]["weight_decay"] =
+      wd ? json{{"start", wd->start},
+                {"end", wd->end},
+                {"incr_iters", wd->incr_iters},
+                {"style", to_string(wd->style)}}
+         : json{{"start", decay}, {"end", decay}, {"style", "constant"}};
+  if (lr.decoupled_lr) {
+    meta["lr_schedule"]["decoupled_lr"] = *lr.decoupled_lr;
+    meta["lr_schedule"]["decoupled_min_lr"] = lr.decoupled_min_lr.value_or(lr.min_lr);
+  }
   if (options.save_rng) {
     meta["rng"] = {{"seed", model.chunk(0).seed()},
                    {"dropout_forwards", model.chunk(0).dropout_forwards()}};

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "braid/core/error.h"
+#include "braid/kernels/ops.h"
 
 namespace braid::engine {
 namespace {
@@ -125,6 +126,7 @@ GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp,
   for (size_t b = 0; b < buckets_.size(); ++b)
     for (size_t p : buckets_[b].params) buckets_of_param_[p].push_back(b);
   reduce_work_.resize(buckets_.size());
+  bf16_grads_.resize(buckets_.size());
   gather_work_.resize(buckets_.size());
   params_pending_.assign(buckets_.size(), 0);
   if (!communicates()) return;
@@ -180,14 +182,22 @@ void GradBuffer::post_reduce(size_t b, bool during_backward) {
   const Bucket& bucket = buckets_[b];
   comm::Communicator* g = group(bucket);
   if (g == nullptr) return;  // an expert bucket whose experts no other rank holds
-  const Tensor& grads = model_.flat_grads();
-  const Tensor whole = grads.slice(bucket.range.begin, {bucket.range.size()});
+  Tensor grads = model_.flat_grads();
+  Tensor whole = grads.slice(bucket.range.begin, {bucket.range.size()});
   const int64_t posted = now_ns();
   stream_wait(model_.device(), comm_stream(), Stream{});
+  int64_t offset = 0;  // of the bucket in `grads`
+  if (config_.grad_reduce_in_bf16) {
+    if (!bf16_grads_[b].defined())
+      bf16_grads_[b] = Tensor::empty({bucket.range.size()}, DType::bf16, model_.device());
+    ops::cast(bf16_grads_[b], whole, comm_stream());
+    grads = whole = bf16_grads_[b];
+    offset = bucket.range.begin;
+  }
   comm::WorkPtr work;
   if (sharded()) {
     const ElementRange s = bucket.shard(g->rank(), g->size());
-    work = g->reduce_scatter(whole, grads.slice(s.begin, {s.size()}), comm::ReduceOp::sum,
+    work = g->reduce_scatter(whole, grads.slice(s.begin - offset, {s.size()}), comm::ReduceOp::sum,
                              comm_stream());
   } else {
     work = g->all_reduce(whole, comm::ReduceOp::sum, comm_stream());
@@ -195,6 +205,14 @@ void GradBuffer::post_reduce(size_t b, bool during_backward) {
   if (progress_ != nullptr) progress_->watch(work, g->timeout());
   spans_.push_back(Span{int(b), posted, 0, during_backward});
   reduce_work_[b] = std::move(work);
+}
+
+void GradBuffer::widen_reduced(size_t b) {
+  const Bucket& bucket = buckets_[b];
+  const ElementRange s =
+      sharded() ? bucket.shard(group_rank(bucket), group_size(bucket)) : bucket.range;
+  ops::cast(model_.flat_grads().slice(s.begin, {s.size()}),
+            bf16_grads_[b].slice(s.begin - bucket.range.begin, {s.size()}));
 }
 
 void GradBuffer::wait(comm::WorkPtr& work) {
@@ -214,6 +232,7 @@ void GradBuffer::finish_grad_sync() {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     if (reduce_work_[b] == nullptr) continue;
     wait(reduce_work_[b]);
+    if (config_.grad_reduce_in_bf16) widen_reduced(b);
     for (Span& s : spans_)
       if (s.bucket == int(b)) s.done_ns = now_ns();
   }

@@ -114,6 +114,17 @@ void LRSchedule::validate() const {
                        ") must exceed warmup_iters (", warmup_iters, ") for ", to_string(style),
                        " decay");
   }
+  BRAID_CONFIG_CHECK(!decoupled_min_lr || decoupled_lr,
+                     "LRSchedule.decoupled_min_lr needs decoupled_lr");
+  if (decoupled_lr) {
+    const float floor = decoupled_min_lr.value_or(min_lr);
+    BRAID_CONFIG_CHECK(std::isfinite(*decoupled_lr) && *decoupled_lr >= 0,
+                       "LRSchedule.decoupled_lr must be >= 0, got ", *decoupled_lr);
+    BRAID_CONFIG_CHECK(std::isfinite(floor) && floor >= 0 && floor <= *decoupled_lr,
+                       "LRSchedule's decoupled floor (decoupled_min_lr, else min_lr) must be in "
+                       "[0, decoupled_lr = ",
+                       *decoupled_lr, "], got ", floor);
+  }
   if (style == LRDecayStyle::wsd) {
     BRAID_CONFIG_CHECK(
         std::isfinite(wsd_decay_iters) && wsd_decay_iters > 0 && wsd_decay_iters <= decay_iters,
@@ -122,17 +133,22 @@ void LRSchedule::validate() const {
   }
 }
 
-float LRSchedule::lr_at(double iteration) const {
+float LRSchedule::decoupled_lr_at(double iteration) const {
+  if (!decoupled_lr) return lr_at(iteration);
+  return lr_between(iteration, *decoupled_lr, decoupled_min_lr.value_or(min_lr));
+}
+
+float LRSchedule::lr_between(double iteration, float peak, float floor) const {
   BRAID_CHECK(iteration >= 0, "LRSchedule::lr_at: negative iteration ", iteration);
   const double it = iteration;
   if (warmup_iters > 0 && it <= warmup_iters)
-    return float(double(warmup_init) + (double(lr) - warmup_init) * it / warmup_iters);
-  if (style == LRDecayStyle::constant) return lr;
-  if (it > decay_iters) return min_lr;
+    return float(double(warmup_init) + (double(peak) - warmup_init) * it / warmup_iters);
+  if (style == LRDecayStyle::constant) return peak;
+  if (it > decay_iters) return floor;
   if (style == LRDecayStyle::inverse_square_root) {
     const double one = iterations_per_sample;  // Megatron's max(steps, 1), steps in samples
-    const double value = lr * std::sqrt(std::max(warmup_iters, one) / std::max(it, one));
-    return float(std::max(double(min_lr), value));
+    const double value = peak * std::sqrt(std::max(warmup_iters, one) / std::max(it, one));
+    return float(std::max(double(floor), value));
   }
   const double ratio = (it - warmup_iters) / (decay_iters - warmup_iters);
   double coeff = 0;
@@ -170,7 +186,7 @@ float LRSchedule::lr_at(double iteration) const {
     case LRDecayStyle::inverse_square_root:
       break;  // returned above
   }
-  return float(double(min_lr) + coeff * (double(lr) - double(min_lr)));
+  return float(double(floor) + coeff * (double(peak) - double(floor)));
 }
 
 }  // namespace braid::engine

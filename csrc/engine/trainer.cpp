@@ -312,6 +312,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).
   stats.lr = config_.schedule.lr_at(schedule_iterations());
+  stats.decoupled_lr = config_.schedule.decoupled_lr_at(schedule_iterations());
   if (config_.weight_decay_schedule)
     optimizer_->set_weight_decay(
         config_.weight_decay_schedule->weight_decay_at(schedule_iterations()));
@@ -332,7 +333,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     if (config_.optimizer.clip_grad > 0)
       coeff = std::min(1.0f, config_.optimizer.clip_grad / (stats.grad_norm + 1e-6f));
     Trace::Scope span(trace_, "optimizer", "compute");
-    optimizer_->step_with(stats.lr, coeff / loss_scale);
+    optimizer_->step_with(stats.lr, coeff / loss_scale, stats.decoupled_lr);
     model_.start_param_gather();
     update_samples_ += ids.size(0) * (state != nullptr ? state->grid().dp() : 1);
   }

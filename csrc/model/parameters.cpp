@@ -59,11 +59,11 @@ class LayoutBuilder {
     if (spec.tp_dim < 0 || tp_ == 1) {
       s.shape = spec.shape;
       s.replicas = spec.tp_dim < 0 ? tp_ : 1;
-      if (is_vocab(spec)) pad_vocab(s, spec);
+      if (is_embedding_or_output(spec)) pad_vocab(s, spec);
       return s;
     }
     const int64_t global = spec.shape[spec.tp_dim];
-    if (is_vocab(spec)) return pad_vocab(s, spec);
+    if (is_embedding_or_output(spec)) return pad_vocab(s, spec);
     if (is_kv(spec) && tp_ > config_.kv_heads()) {  // each rank holds its query heads' kv head
       const int64_t d = config_.head_dim();
       const int sharing = tp_ / int(config_.kv_heads());
@@ -86,9 +86,6 @@ class LayoutBuilder {
     return s;
   }
 
-  static bool is_vocab(const ParamSpec& spec) {
-    return spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight";
-  }
   static bool is_kv(const ParamSpec& spec) {
     return spec.name.find("self_attn.k_proj.") != std::string::npos ||
            spec.name.find("self_attn.v_proj.") != std::string::npos;
@@ -301,6 +298,10 @@ std::vector<ParamSpec> parameter_specs(const TransformerConfig& config) {
 
 int64_t count_parameters(const TransformerConfig& config) {
   return parameter_layout(config).num_parameters;
+}
+
+bool is_embedding_or_output(const ParamSpec& spec) {
+  return spec.name == "model.embed_tokens.weight" || spec.name == "lm_head.weight";
 }
 
 bool is_embedding(const ParamSpec& spec) {

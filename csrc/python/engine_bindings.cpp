@@ -59,7 +59,8 @@ void bind_engine(py::module_& m) {
   py::class_<LRSchedule>(m, "LRSchedule")
       .def(py::init([](float lr, float min_lr, double warmup_iters, double decay_iters,
                        const std::string& style, float warmup_init, double wsd_decay_iters,
-                       const std::string& wsd_style, double iterations_per_sample) {
+                       const std::string& wsd_style, double iterations_per_sample,
+                       std::optional<float> decoupled_lr, std::optional<float> decoupled_min_lr) {
              LRSchedule s;
              s.lr = lr;
              s.min_lr = min_lr;
@@ -70,17 +71,22 @@ void bind_engine(py::module_& m) {
              s.wsd_decay_iters = wsd_decay_iters;
              s.wsd_style = wsd_decay_style_from_string(wsd_style);
              s.iterations_per_sample = iterations_per_sample;
+             s.decoupled_lr = decoupled_lr;
+             s.decoupled_min_lr = decoupled_min_lr;
              s.validate();
              return s;
            }),
            py::arg("lr"), py::arg("min_lr") = 0.0f, py::arg("warmup_iters") = 0,
            py::arg("decay_iters") = 0, py::arg("style") = "cosine", py::arg("warmup_init") = 0.0f,
            py::arg("wsd_decay_iters") = 0, py::arg("wsd_style") = "exponential",
-           py::arg("iterations_per_sample") = 1.0,
+           py::arg("iterations_per_sample") = 1.0, py::arg("decoupled_lr") = py::none(),
+           py::arg("decoupled_min_lr") = py::none(),
            "Megatron's schedule (engine/lr_schedule.h): style constant, linear, cosine, "
            "inverse-square-root or WSD (wsd_style exponential, linear, cosine, minus_sqrt over "
-           "the last wsd_decay_iters); warmup from warmup_init; iterations may be fractional.")
-      .def("lr_at", &LRSchedule::lr_at, py::arg("iteration"));
+           "the last wsd_decay_iters); warmup from warmup_init; iterations may be fractional. "
+           "decoupled_lr / decoupled_min_lr: the embedding's and output layer's peak and floor.")
+      .def("lr_at", &LRSchedule::lr_at, py::arg("iteration"))
+      .def("decoupled_lr_at", &LRSchedule::decoupled_lr_at, py::arg("iteration"));
 
   py::class_<LossScaleConfig>(m, "LossScaleConfig",
                               "Megatron's loss scaling: none (0), constant, or dynamic.")
@@ -141,6 +147,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("loss", &StepStats::loss)
       .def_readonly("grad_norm", &StepStats::grad_norm)
       .def_readonly("lr", &StepStats::lr)
+      .def_readonly("decoupled_lr", &StepStats::decoupled_lr)
       .def_readonly("loss_scale", &StepStats::loss_scale)
       .def_readonly("skipped", &StepStats::skipped)
       .def_readonly("tokens", &StepStats::tokens)

@@ -71,6 +71,10 @@ void bind_core(py::module_& m) {
       "reset_peak_memory",
       [](const std::string& device) { reset_peak_memory(device_from_name(device)); },
       py::arg("device") = "cpu");
+  m.def(
+      "empty_cache", [](const std::string& device) { empty_cache(device_from_name(device)); },
+      py::arg("device") = "cpu",
+      "Gives the device allocator's cached free blocks back (torch.cuda.empty_cache()).");
   m.def("set_log_level",
         [](const std::string& name) { log::set_level(log::level_from_name(name)); });
 }

@@ -147,24 +147,29 @@ void bind_parallel(py::module_& m) {
           "gives the same number of values).");
 
   py::class_<DDPConfig>(m, "DDPConfig", "Data-parallel gradient buffers (Megatron's DDP options).")
-      .def(py::init([](int64_t bucket_size, bool overlap_grad_reduce,
-                       bool use_distributed_optimizer, bool overlap_param_gather) {
-             DDPConfig c;
-             c.bucket_size = bucket_size;
-             c.overlap_grad_reduce = overlap_grad_reduce;
-             c.use_distributed_optimizer = use_distributed_optimizer;
-             c.overlap_param_gather = overlap_param_gather;
-             c.validate();
-             return c;
-           }),
-           py::arg("bucket_size") = 0, py::arg("overlap_grad_reduce") = false,
-           py::arg("use_distributed_optimizer") = false, py::arg("overlap_param_gather") = false,
-           "bucket_size in elements (0: Megatron's default); use_distributed_optimizer: ZeRO-1; "
-           "overlap_param_gather needs it.")
+      .def(
+          py::init([](int64_t bucket_size, bool overlap_grad_reduce, bool use_distributed_optimizer,
+                      bool overlap_param_gather, bool grad_reduce_in_bf16) {
+            DDPConfig c;
+            c.bucket_size = bucket_size;
+            c.overlap_grad_reduce = overlap_grad_reduce;
+            c.use_distributed_optimizer = use_distributed_optimizer;
+            c.overlap_param_gather = overlap_param_gather;
+            c.grad_reduce_in_bf16 = grad_reduce_in_bf16;
+            c.validate();
+            return c;
+          }),
+          py::arg("bucket_size") = 0, py::arg("overlap_grad_reduce") = false,
+          py::arg("use_distributed_optimizer") = false, py::arg("overlap_param_gather") = false,
+          py::arg("grad_reduce_in_bf16") = false,
+          "bucket_size in elements (0: Megatron's default); use_distributed_optimizer: ZeRO-1; "
+          "overlap_param_gather needs it; grad_reduce_in_bf16: reduce bf16 copies of the "
+          "buckets.")
       .def_readwrite("bucket_size", &DDPConfig::bucket_size)
       .def_readwrite("overlap_grad_reduce", &DDPConfig::overlap_grad_reduce)
       .def_readwrite("use_distributed_optimizer", &DDPConfig::use_distributed_optimizer)
-      .def_readwrite("overlap_param_gather", &DDPConfig::overlap_param_gather);
+      .def_readwrite("overlap_param_gather", &DDPConfig::overlap_param_gather)
+      .def_readwrite("grad_reduce_in_bf16", &DDPConfig::grad_reduce_in_bf16);
 
   py::class_<ParallelConfig>(m, "ParallelConfig")
       .def(py::init([](bool sequence_parallel, int virtual_stages, const DDPConfig& ddp,

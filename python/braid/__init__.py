@@ -59,6 +59,7 @@ from braid._C import (  # noqa: F401
     cuda_available,
     cuda_device_count,
     cuda_device_name,
+    empty_cache,
     from_dlpack,
     iteration_directory,
     latest_iteration,

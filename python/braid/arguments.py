@@ -136,12 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     recompute_args.add_arguments(g, pos_int)
 
     g = p.add_argument_group("tokenizer (sizes the vocabulary; the data is tokenized already)")
-    g.add_argument("--tokenizer-type", default=None,
-                   help="GPT2BPETokenizer, HuggingFaceTokenizer, ByteLevel or NullTokenizer")
-    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer's vocab.json")
-    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer's merges.txt")
-    g.add_argument("--tokenizer-model", default=None,
-                   help="HuggingFaceTokenizer: a tokenizer.json or the folder holding it")
+    from braid import tokenizer_args
+    tokenizer_args.add_arguments(g)
 
     g = p.add_argument_group("training")
     g.add_argument("--micro-batch-size", type=pos_int, default=16)
@@ -165,41 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="save and exit on SIGTERM (braid does this whenever --save is given)")
 
-    g = p.add_argument_group("optimizer and learning rate (AdamW)")
-    g.add_argument("--optimizer", default="adam", choices=["adam"],
-                   help="AdamW with decoupled weight decay (Megatron's adam); no SGD")
-    g.add_argument("--lr", type=pos_float, default=1e-3)
-    g.add_argument("--min-lr", type=nonneg_float, default=0.0)
-    g.add_argument("--lr-decay-style", default="cosine",
-                   choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    g.add_argument("--lr-wsd-decay-style", default="exponential",
-                   choices=["exponential", "linear", "cosine", "minus_sqrt"],
-                   help="WSD: the shape of the final annealing")
-    g.add_argument("--lr-wsd-decay-iters", type=pos_int, default=None,
-                   help="WSD: the annealing's length, the last iterations before the decay's end")
-    g.add_argument("--lr-wsd-decay-samples", type=pos_int, default=None,
-                   help="WSD with --train-samples: the annealing's length in samples")
-    g.add_argument("--lr-warmup-init", type=nonneg_float, default=0.0,
-                   help="the learning rate the warmup starts from")
-    g.add_argument("--lr-decay-iters", type=pos_int, default=None, help="default --train-iters")
-    g.add_argument("--lr-warmup-iters", type=nonneg_int, default=0)
-    g.add_argument("--lr-warmup-fraction", type=nonneg_float, default=None)
-    g.add_argument("--lr-decay-samples", type=pos_int, default=None,
-                   help="with --train-samples: decay over this many samples (default "
-                        "--train-samples)")
-    g.add_argument("--lr-warmup-samples", type=nonneg_int, default=0,
-                   help="with --train-samples: warm up over this many samples")
-    g.add_argument("--weight-decay", type=nonneg_float, default=0.01)
-    g.add_argument("--weight-decay-incr-style", default="constant",
-                   choices=["constant", "linear", "cosine"],
-                   help="linear / cosine: from --start-weight-decay to --end-weight-decay over "
-                        "the training iterations (constant: --weight-decay)")
-    g.add_argument("--start-weight-decay", type=nonneg_float, default=None)
-    g.add_argument("--end-weight-decay", type=nonneg_float, default=None)
-    g.add_argument("--adam-beta1", type=nonneg_float, default=0.9)
-    g.add_argument("--adam-beta2", type=nonneg_float, default=0.999)
-    g.add_argument("--adam-eps", type=pos_float, default=1e-8)
-    g.add_argument("--clip-grad", type=nonneg_float, default=1.0, help="0: no clipping")
+    schedule_args.add_arguments(p, pos_float, nonneg_float, pos_int, nonneg_int)
 
     g = p.add_argument_group("mixed precision")
     g.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (CUDA)")
@@ -225,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overlap-grad-reduce", action="store_true")
     g.add_argument("--overlap-param-gather", action="store_true")
     g.add_argument("--ddp-bucket-size", type=pos_int, default=None)
+    g.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="reduce the gradients over data parallelism as bf16 (half the bytes; "
+                        "accumulated in f32, rounded once per step)")
     g.add_argument("--distributed-timeout-minutes", type=pos_float, default=10.0)
 
     g = p.add_argument_group("data")
@@ -285,6 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "other). 0: off (no tracing)")
     g.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"],
                    help="timers across ranks: the max, the min and max, or every rank's")
+    g.add_argument("--log-memory-to-tensorboard", action="store_true",
+                   help="write rank 0's device memory as metrics: mem-allocated-bytes, "
+                        "mem-max-allocated-bytes (the step's peak), mem-reserved-bytes (held by "
+                        "braid's caching allocator)")
+    g.add_argument("--empty-unused-memory-level", type=int, default=0, choices=[0, 1, 2],
+                   help="1 or 2: give the caching allocator's free blocks back to the device "
+                        "after every training step and evaluation (Megatron's "
+                        "torch.cuda.empty_cache(); braid's step is one call, so both levels "
+                        "release after it)")
     g.add_argument("--log-timers-to-tensorboard", action="store_true",
                    help="write the timers as metrics: <name>-time (max over ranks, ms) and "
                         "<name>-time-mean")
@@ -346,7 +320,26 @@ def parse_args(argv: list[str] | None, world_size: int,
     args.checkpoint_vocab = False  # True: --use-checkpoint-args set --vocab-size
     args.checkpoint_args = _checkpoint_model_args(args) if args.use_checkpoint_args else []
     validate(args, world_size, check_files)
+    if check_files and args.use_checkpoint_opt_param_scheduler:
+        saved = _saved_schedule(args)
+        if saved is not None:
+            args.checkpoint_args += schedule_args.take_checkpoints(args, saved, _check)
     return args
+
+
+def _saved_schedule(a: argparse.Namespace) -> dict | None:
+    """The lr_schedule of the checkpoint this run continues with its optimizer (None when it
+    loads none, or restarts the optimizer: --finetune, --no-load-optim, a checkpoint saved
+    without it)."""
+    _check(a.load is not None, "--use-checkpoint-opt_param-scheduler needs --load DIR")
+    import braid
+    if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
+        return None
+    try:
+        meta = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None else a.ckpt_step)
+    except ValueError:
+        return None  # the load itself reports what is wrong with the checkpoint
+    return meta.get("lr_schedule") if schedule_args.continues_optimizer(a, meta) else None
 
 
 def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
@@ -483,47 +476,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     for flag in ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path"):
         if check_files:
             _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))
-    if a.tokenizer_type is None:
-        for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
-                            ("--tokenizer-model", a.tokenizer_model),
-                            ("--eod-mask-loss", a.eod_mask_loss or None)):
-            _check(value is None, f"{flag} needs --tokenizer-type"
-                   + (" (it names the end-of-document token)" if flag == "--eod-mask-loss"
-                      else ""))
-    else:
-        _check(not a.addition_data, f"--tokenizer-type {a.tokenizer_type}: the embedded "
-               "addition data has its own byte vocabulary; a tokenizer is for --data-path or "
-               "--mock-data")
-        from braid.vocab import VocabError, read
-        # --use-checkpoint-args set the model's (padded, for converted HF models) vocabulary:
-        # the tokenizer then names the EOD and must fit in it. NullTokenizer's N + 1 is saved.
-        from_checkpoint = a.checkpoint_vocab
-        null = a.vocab_size - 1 if from_checkpoint and a.tokenizer_type == "NullTokenizer" \
-            else a.vocab_size
-        files = [f for f in (a.vocab_file, a.merge_file, a.tokenizer_model) if f]
-        if not check_files and a.vocab_size and not all(os.path.exists(f) for f in files):
-            size, a.eod = a.vocab_size, None  # planning elsewhere: --vocab-size stands for it
-        else:
-            try:
-                vocab = read(a.tokenizer_type, vocab_file=a.vocab_file,
-                             merge_file=a.merge_file, tokenizer_model=a.tokenizer_model,
-                             null_vocab_size=null)
-            except VocabError as e:
-                raise ArgumentError(str(e) + ("" if check_files else
-                                              " (planning where it is not: give --vocab-size)")
-                                    ) from None
-            size, a.eod = vocab.size, vocab.eod
-            _check(not a.eod_mask_loss or a.eod is not None,
-                   f"--eod-mask-loss: --tokenizer-type {a.tokenizer_type} has no end-of-document "
-                   f"token (looked for {vocab.eod_looked_for})")
-        if from_checkpoint:
-            _check(size <= a.vocab_size, f"--tokenizer-type {a.tokenizer_type}: its {size} "
-                   f"tokens do not fit the checkpoint's vocabulary of {a.vocab_size}")
-            size = a.vocab_size
-        _check(a.vocab_size in (None, size) or a.tokenizer_type == "NullTokenizer",
-               f"--vocab-size {a.vocab_size} disagrees with --tokenizer-type "
-               f"{a.tokenizer_type}, whose vocabulary has {size} tokens (drop --vocab-size)")
-        a.vocab_size = size
+    from braid import tokenizer_args
+    tokenizer_args.validate(a, _check, check_files)
     if a.addition_data:
         from braid import addition
         _check(a.seq_length in (None, addition.SEQ_LENGTH),
@@ -610,6 +564,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     a.train_data_samples = a.train_samples or a.train_iters * a.global_batch_size
     a.train_end_samples = a.batch_layout.samples_after(a.train_iters)
     schedule_args.validate(a, _check)
+    schedule_args.check_optimizer(a, _check)
 
     # Pipeline.
     pipeline_args.validate(a, _check, pp)
@@ -657,8 +612,11 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                         ("--no-save-optim", a.no_save_optim), ("--no-save-rng", a.no_save_rng),
                         ("--exit-signal-handler", a.exit_signal_handler)):
         _check(not value or a.save, f"{flag} needs --save DIR")
-    for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng),
-                        ("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint),
+    # Megatron's Mixtral script passes these without --load: they ask for nothing to be loaded.
+    for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng)):
+        if value and not a.load:
+            a.checkpoint_args.append(f"braid: {flag} has no effect without --load")
+    for flag, value in (("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint),
                         ("--finetune", a.finetune), ("--ckpt-step", a.ckpt_step is not None)):
         _check(not value or a.load, f"{flag} needs --load DIR")
     # Profiling.

@@ -13,6 +13,10 @@ import argparse
 UNSUPPORTED = {
     "--fp16": "braid has no float16 kernels; use --bf16 (CUDA) or the default float32",
     "--fp8-format": "braid has no FP8 kernels",
+    "--fp8-recipe": "braid has no FP8 kernels",
+    "--fp8-amax-history-len": "braid has no FP8 kernels",
+    "--fp8-amax-compute-algo": "braid has no FP8 kernels",
+    "--fp8-param-gather": "braid has no FP8 kernels",
     "--moe-input-jitter-eps": "the router's input jitter is not implemented",
     "--moe-layer-recompute": "braid recomputes whole layers or their cheap parts: "
                              "--recompute-granularity selective keeps the routing and the "
@@ -26,6 +30,8 @@ UNSUPPORTED = {
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
+    "--wandb-exp-name": "see --wandb-project",
+    "--wandb-save-dir": "see --wandb-project",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
 }
@@ -93,6 +99,22 @@ NO_EFFECT = {
                                            "chain already"),
     "--cross-entropy-fusion-impl": (True, "braid's vocab-parallel cross-entropy is one kernel "
                                           "chain already"),
+    "--no-create-attention-mask-in-dataloader": (False, "braid's data loader never builds "
+                                                        "attention masks: its attention "
+                                                        "kernels apply the causal mask"),
+    "--no-mmap-bin-files": (False, "braid always maps the .bin files read-only; Megatron's "
+                                   "option reads each sample with file reads instead, for "
+                                   "file systems where mapping is slow"),
+    "--tp-comm-overlap": (False, "it overlaps Transformer Engine's tensor-parallel "
+                                 "communication with its GEMMs; braid's tensor-parallel "
+                                 "collectives do not overlap"),
+    "--use-precision-aware-optimizer": (False, "with f32 gradients, master weights and "
+                                               "moments (braid's, and --main-grads-dtype's, "
+                                               "--exp-avg-dtype's ... defaults) it changes only "
+                                               "which kernel casts them"),
+    "--ckpt-format": (True, "braid writes its own checkpoints, safetensors shards that load "
+                            "under any layout (docs/checkpoints.md); tools/convert_megatron.py "
+                            "converts them to and from Megatron's torch_dist"),
     "--no-position-embedding": (False, "Megatron's older switch-off of learned absolute "
                                        "positions: braid's positions are "
                                        "--position-embedding-type's"),

@@ -33,7 +33,7 @@ import time
 import numpy as np
 
 import braid
-from braid import attention_args, flops, moe_args
+from braid import attention_args, flops, moe_args, schedule_args, tokenizer_args
 from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.megatron_flags import no_effect_given
@@ -121,7 +121,8 @@ def trainer_config(a) -> braid.TrainerConfig:
                                 warmup_init=a.lr_warmup_init,
                                 wsd_decay_iters=a.lr_wsd_decay_iters or 0,
                                 wsd_style=a.lr_wsd_decay_style,
-                                iterations_per_sample=1.0 / a.global_batch_size)
+                                iterations_per_sample=1.0 / a.global_batch_size,
+                                decoupled_lr=a.decoupled_lr, decoupled_min_lr=a.decoupled_min_lr)
     scaling = braid.LossScaleConfig(
         loss_scale=a.loss_scale or 0.0, dynamic=a.dynamic_loss_scale,
         initial_loss_scale=a.initial_loss_scale, min_loss_scale=a.min_loss_scale,
@@ -298,7 +299,8 @@ def main(argv=None) -> int:
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
-    for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a):
+    for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
+            tokenizer_args.notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
@@ -310,7 +312,8 @@ def main(argv=None) -> int:
     ddp = braid.DDPConfig(bucket_size=a.ddp_bucket_size or 0,
                           overlap_grad_reduce=a.overlap_grad_reduce,
                           use_distributed_optimizer=a.use_distributed_optimizer,
-                          overlap_param_gather=a.overlap_param_gather)
+                          overlap_param_gather=a.overlap_param_gather,
+                          grad_reduce_in_bf16=a.grad_reduce_in_bf16)
     model = braid.ParallelModel(cfg, device, a.seed, state, braid.ParallelConfig(
         sequence_parallel=a.sequence_parallel, virtual_stages=a.virtual_stages, ddp=ddp,
         first_stage_layers=a.decoder_first_pipeline_num_layers,
@@ -371,6 +374,10 @@ def main(argv=None) -> int:
             except ValueError as e:  # every rank reads the same metadata: all fail alike
                 return error_exit(str(e))
             meta = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None else a.ckpt_step)
+            if schedule_args.continues_optimizer(a, meta):
+                problem = schedule_args.differences(a, meta.get("lr_schedule"))
+                if problem is not None:  # found alike on every rank, before any step
+                    return error_exit(problem)
             for line in numerics_warnings(meta.get("config", {}), cfg):
                 log(line)
             if not a.finetune:
@@ -439,6 +446,8 @@ def main(argv=None) -> int:
             batch = data.test.next() if test else data.next_valid()
             losses.append(trainer.evaluate(batch.tokens, data.targets(batch),
                                            batch.num_microbatches))
+        if a.empty_unused_memory_level >= 1:
+            braid.empty_cache(device)
         loss = float(np.mean(losses))
         ppl = math.exp(min(loss, 20.0))
         bar.clear()
@@ -511,6 +520,8 @@ def main(argv=None) -> int:
                 f"{batch.global_batch_size} at iteration {it}")
         batch_size = batch.global_batch_size
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
+        if a.empty_unused_memory_level >= 1:
+            braid.empty_cache(device)
         mtp_losses = stats.mtp_losses if mtp else []  # each depth's mean cross-entropy
         if timers is not None:
             timers.add(stats)
@@ -533,6 +544,8 @@ def main(argv=None) -> int:
         if meter is not None and recorded:
             tokens_per_s, tflops, mfu = meter.rates(stats.seconds, batch_size)
             values = {"lm loss": stats.loss, "learning-rate": stats.lr,
+                      **({"decoupled-learning-rate": stats.decoupled_lr}
+                         if a.decoupled_lr is not None else {}),
                       "grad-norm": stats.grad_norm, "loss-scale": stats.loss_scale,
                       "batch-size": batch_size, "iteration-time": stats.seconds,
                       "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
@@ -552,6 +565,11 @@ def main(argv=None) -> int:
                     values[f"moe/z_loss_layer_{layer}"] = stats.layer_z_loss[layer]
             if params_norm is not None:
                 values["params-norm"] = params_norm
+            if a.log_memory_to_tensorboard:  # Megatron's tags, in bytes
+                memory = braid.memory_stats(device)
+                values.update({"mem-allocated-bytes": memory["current_bytes"],
+                               "mem-max-allocated-bytes": stats.peak_memory_bytes,
+                               "mem-reserved-bytes": memory["reserved_bytes"]})
             cost = meter.cost(time.time(), train_start, done_samples, job_samples,
                               earlier_device_seconds)
             if cost is not None:
@@ -568,7 +586,10 @@ def main(argv=None) -> int:
                 bar.clear()
                 log(f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
                     f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
-                    f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | global batch "
+                    f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | "
+                    + (f"decoupled learning rate: {stats.decoupled_lr:.6E} | "
+                       if a.decoupled_lr is not None else "")
+                    + f"global batch "
                     f"size: {batch_size:5d} | lm loss: {stats.loss:.6E} | "
                     + (f"load_balancing_loss: {stats.load_balancing_loss:.6E} | "
                        if balancing else "")

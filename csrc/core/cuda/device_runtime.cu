@@ -79,6 +79,15 @@ class CudaCachingAllocator final : public Allocator {
     stats_.peak_bytes = stats_.current_bytes;
   }
 
+  void release_cached() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int previous;
+    CUDA_CHECK(cudaGetDevice(&previous));
+    CUDA_CHECK(cudaSetDevice(device_));
+    release_cached_locked();
+    cudaSetDevice(previous);
+  }
+
  private:
   static size_t round_size(size_t n) {
     constexpr size_t kSmall = 512, kLarge = size_t(2) << 20;

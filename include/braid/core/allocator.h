@@ -23,6 +23,9 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
+  // Gives the free blocks it keeps for reuse back to the system (reserved_bytes drops to
+  // current_bytes, or by what it cached).
+  virtual void release_cached() = 0;
 };
 
 // The process-wide allocator for a device: 64-byte-aligned host memory on the CPU, a
@@ -31,6 +34,9 @@ Allocator& allocator_for(Device device);
 
 MemoryStats memory_stats(Device device);
 void reset_peak_memory(Device device);
+// The device allocator's Allocator::release_cached (torch.cuda.empty_cache(); Megatron's
+// --empty-unused-memory-level). On CUDA it synchronizes the device first.
+void empty_cache(Device device);
 
 // True when braid was built with CUDA and at least one device is visible.
 bool cuda_available();

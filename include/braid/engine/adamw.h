@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include "braid/core/tensor.h"
@@ -72,8 +73,10 @@ class AdamW {
   float clip_and_step(float lr);
   float clip_and_step() { return clip_and_step(config_.lr); }
   // One AdamW step on gradients multiplied by `grad_scale` (clipping and loss unscaling,
-  // decided by the caller).
-  void step_with(float lr, float grad_scale);
+  // decided by the caller). The embedding's and output layer's parameters
+  // (model::is_embedding_or_output) take `decoupled_lr` when given (--decoupled-lr), `lr`
+  // otherwise.
+  void step_with(float lr, float grad_scale, std::optional<float> decoupled_lr = std::nullopt);
 
   // The weight decay of the parameters that decay (not norms and biases; embeddings with
   // decay_embeddings) from the next step on: a weight-decay schedule's value.
@@ -110,8 +113,11 @@ class AdamW {
   int64_t step_ = 0;
   int64_t state_bytes_ = 0;
   std::vector<Segment> segments_;
-  std::vector<ops::AdamWGroup> groups_;  // one per (parameter, owned range)
-  std::vector<bool> decays_;             // groups_[i] takes the weight decay
+  // One per (parameter, owned range); the embedding's and output layer's from
+  // decoupled_begin_ on.
+  std::vector<ops::AdamWGroup> groups_;
+  std::vector<bool> decays_;  // groups_[i] takes the weight decay
+  size_t decoupled_begin_ = 0;
   bool decays(const model::ParamSpec& spec) const;
   // The global norm of `by_copies` (a shard that k ranks of the norm group hold - TP replicas
   // times data copies - adds 1/k of its squares).

@@ -30,6 +30,12 @@
 // the ranks holding the same experts - instead of the DP group; its sum is again the whole
 // batch's gradient. Bucket boundaries stay multiples of dp, which the expert-DP size divides.
 //
+// --grad-reduce-in-bf16. Each bucket is rounded to bf16 into a staging buffer of its own
+// (half the bucket's bytes, kept from step to step), reduced as bf16 - half the bytes on the
+// wire - and widened back into the f32 buffer (the shard of it with ZeRO). Megatron keeps the
+// whole gradient buffer in bf16 instead, accumulating the microbatches in bf16 too; braid
+// accumulates in f32 and rounds once per step, before the reduction.
+//
 // ZeRO-1. After the optimizer has updated this rank's shards, start_param_gather()
 // all-gathers every bucket's parameters. With --overlap-param-gather the gathers run during
 // the next forward: before a piece of the model reads its parameters
@@ -51,6 +57,7 @@ struct DDPConfig {
   bool overlap_grad_reduce = false;        // --overlap-grad-reduce
   bool use_distributed_optimizer = false;  // --use-distributed-optimizer (ZeRO-1)
   bool overlap_param_gather = false;       // --overlap-param-gather (needs ZeRO)
+  bool grad_reduce_in_bf16 = false;        // --grad-reduce-in-bf16: reduce bf16 copies
 
   void validate() const;  // ConfigError naming the flag
   // The bucket size the rule above gives for `dp` ranks (bucket_size when set).
@@ -153,6 +160,9 @@ class GradBuffer {
   std::vector<int> backwards_seen_;
   std::vector<int> params_pending_;
   std::vector<comm::WorkPtr> reduce_work_;  // per bucket, while in flight
+  std::vector<Tensor> bf16_grads_;          // per bucket with --grad-reduce-in-bf16
+  // Widens bucket b's reduced bf16 gradients (its shard with ZeRO) into the f32 buffer.
+  void widen_reduced(size_t b);
   std::vector<comm::WorkPtr> gather_work_;  // per bucket, while in flight
   std::vector<Span> spans_;
 };

@@ -19,8 +19,13 @@
 // full one (Trainer). warmup_iters and decay_iters may be fractional: a
 // sample-based schedule (--lr-warmup-samples, --lr-decay-samples) over global batches that do
 // not divide it is Megatron's samples / global batch, exactly.
+//
+// Megatron's decoupled learning rate (--decoupled-lr, --decoupled-min-lr): the embedding's and
+// the output layer's own peak and floor on the same warmup and decay (its
+// is_embedding_or_output_parameter group; the warmup still starts from warmup_init).
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace braid::engine {
@@ -45,9 +50,17 @@ struct LRSchedule {
   double wsd_decay_iters = 0;  // WSD: the annealing's length, in (0, decay_iters - warmup_iters]
   WSDDecayStyle wsd_style = WSDDecayStyle::exponential;
   double iterations_per_sample = 1.0;  // 1 / global batch (inverse-square-root's clamp)
+  // The embedding's and output layer's peak and floor; none: lr, and min_lr.
+  std::optional<float> decoupled_lr, decoupled_min_lr;
 
   void validate() const;  // ConfigError naming the field
-  float lr_at(double iteration) const;
+  float lr_at(double iteration) const { return lr_between(iteration, lr, min_lr); }
+  // The embedding's and output layer's: lr_at's with the decoupled peak and floor (lr_at's own
+  // without a decoupled_lr).
+  float decoupled_lr_at(double iteration) const;
+
+ private:
+  float lr_between(double iteration, float peak, float floor) const;
 };
 
 // Megatron's weight-decay schedule (OptimizerParamScheduler.get_wd, --start-weight-decay,

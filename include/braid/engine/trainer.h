@@ -42,9 +42,10 @@ struct TrainerConfig {
 };
 
 struct StepStats {
-  float loss = 0;       // mean over the global batch's non-ignored targets
-  float grad_norm = 0;  // global gradient norm before clipping (unscaled)
-  float lr = 0;         // learning rate of this step
+  float loss = 0;          // mean over the global batch's non-ignored targets
+  float grad_norm = 0;     // global gradient norm before clipping (unscaled)
+  float lr = 0;            // learning rate of this step
+  float decoupled_lr = 0;  // the embedding's and output layer's (LRSchedule::decoupled_lr_at)
   float loss_scale = 1;
   bool skipped = false;  // non-finite loss or gradients: no update
   int64_t tokens = 0;    // non-ignored targets of the global batch

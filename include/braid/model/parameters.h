@@ -129,5 +129,8 @@ void check_tensor_parallel(const TransformerConfig& config, int tp_size);
 // model.embed_tokens.weight and model.embed_positions.weight: excluded from weight decay
 // unless the optimizer is asked to decay embeddings.
 bool is_embedding(const ParamSpec& spec);
+// The vocabulary matrices, model.embed_tokens.weight (every copy) and lm_head.weight: Megatron's
+// is_embedding_or_output_parameter (vocab-parallel; --decoupled-lr's parameters).
+bool is_embedding_or_output(const ParamSpec& spec);
 
 }  // namespace braid::model

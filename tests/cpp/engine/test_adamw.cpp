@@ -33,6 +33,11 @@ struct Reference {
   // Returns the global norm before clipping.
   double step_with(const std::vector<std::vector<float>>& grads, const AdamWConfig& c,
                    const std::vector<double>& decay, double lr) {
+    return step_with(grads, c, decay, std::vector<double>(params.size(), lr));
+  }
+  // With parameter p's learning rate lrs[p].
+  double step_with(const std::vector<std::vector<float>>& grads, const AdamWConfig& c,
+                   const std::vector<double>& decay, const std::vector<double>& lrs) {
     double sq = 0;
     for (const auto& g : grads)
       for (float x : g) sq += double(x) * x;
@@ -45,7 +50,7 @@ struct Reference {
     const double bc2 = 1 - std::pow(double(c.beta2), double(step));
     for (size_t p = 0; p < params.size(); ++p) {
       for (size_t i = 0; i < params[p].size(); ++i) {
-        const double g = double(grads[p][i]) * scale;
+        const double g = double(grads[p][i]) * scale, lr = lrs[p];
         double& w = params[p][i];
         w -= lr * decay[p] * w;
         m[p][i] = c.beta1 * m[p][i] + (1 - c.beta1) * g;
@@ -115,6 +120,53 @@ TEST(AdamW, ClipThresholdAboveTheNormChangesNothing) {
   AdamWConfig c;
   c.clip_grad = 1e6f;
   check_against_reference(c, 0.5f, false);
+}
+
+// Megatron's --decoupled-lr: the word embedding and the output layer (every copy of them) step
+// with their own rate, everything else - position embeddings included - with the main one.
+TEST(AdamW, DecoupledRateStepsTheEmbeddingAndOutputLayerOnly) {
+  for (bool tied : {true, false}) {
+    model::TransformerConfig config = small_gpt2();
+    config.tie_embeddings = tied;
+    GPTModel model(config, testing::default_test_device(), 3);
+    Reference ref(model);
+    AdamWConfig c;
+    c.weight_decay = 0.1f;
+    c.decay_embeddings = true;
+    c.clip_grad = 0.0f;  // step_with takes the gradients' scale as given
+    AdamW opt(model, c);
+    std::vector<double> decay;
+    int vocab = 0;
+    for (const Parameter& p : model.parameters()) decay.push_back(opt.weight_decay_of(p.spec));
+    for (int round = 0; round < 3; ++round) {
+      const float lr = 1e-2f / float(round + 1), decoupled = round == 1 ? 0.0f : 4e-2f;
+      std::vector<double> lrs;
+      for (const Parameter& p : model.parameters()) {
+        const bool embedding_or_output =
+            p.spec.name == "model.embed_tokens.weight" || p.spec.name == "lm_head.weight";
+        lrs.push_back(embedding_or_output ? decoupled : lr);
+        vocab += round == 0 && embedding_or_output;
+      }
+      const auto grads = set_gradients(model, round, 0.5f);
+      ref.step_with(grads, c, decay, lrs);
+      opt.step_with(lr, 1.0f, decoupled);
+      compare(model, ref, 2e-6);
+    }
+    EXPECT_EQ(vocab, tied ? 1 : 2);
+  }
+}
+
+TEST(AdamW, DecoupledRateEqualToTheMainOneChangesNothing) {
+  GPTModel a(small_llama(), testing::default_test_device(), 3);
+  GPTModel b(small_llama(), testing::default_test_device(), 3);
+  AdamW plain(a, AdamWConfig{}), decoupled(b, AdamWConfig{});
+  for (int round = 0; round < 2; ++round) {
+    set_gradients(a, round, 0.5f);
+    set_gradients(b, round, 0.5f);
+    plain.clip_and_step(3e-3f);
+    decoupled.step_with(3e-3f, std::min(1.0f, 1.0f / (decoupled.grad_norm() + 1e-6f)), 3e-3f);
+  }
+  EXPECT_EQ(host_floats(a.flat_params()), host_floats(b.flat_params()));
 }
 
 TEST(AdamW, DecayGoesToLinearWeightsOnlyUnlessEmbeddingsAreAsked) {

@@ -120,6 +120,43 @@ TEST(LRSchedule, InvalidFieldsAreNamed) {
   expect_rejected(s, "warmup_init");
 }
 
+// Megatron's --decoupled-lr / --decoupled-min-lr: the embedding's and output layer's own peak
+// and floor on the same warmup (from warmup_init) and decay; without decoupled_min_lr the floor
+// is min_lr, without decoupled_lr the rate is lr_at's.
+TEST(LRSchedule, DecoupledPeakAndFloorOnTheSameShape) {
+  for (LRDecayStyle style : {LRDecayStyle::linear, LRDecayStyle::cosine,
+                             LRDecayStyle::inverse_square_root, LRDecayStyle::constant}) {
+    LRSchedule s = schedule(style);
+    for (double i : {0.0, 3.0, 10.0, 25.5, 60.0, 110.0, 200.0})
+      EXPECT_EQ(s.decoupled_lr_at(i), s.lr_at(i)) << to_string(style) << " " << i;
+    s.warmup_init = 1e-5f;
+    s.decoupled_lr = 2e-3f;
+    s.decoupled_min_lr = 1e-4f;
+    LRSchedule same = s;  // the decoupled group is the main schedule with its peak and floor
+    same.lr = 2e-3f;
+    same.min_lr = 1e-4f;
+    for (double i : {0.0, 3.0, 10.0, 25.5, 60.0, 110.0, 200.0})
+      EXPECT_EQ(s.decoupled_lr_at(i), same.lr_at(i)) << to_string(style) << " " << i;
+    EXPECT_FLOAT_EQ(s.decoupled_lr_at(5), 1e-5f + (2e-3f - 1e-5f) * 0.5f);
+    s.decoupled_min_lr.reset();
+    same.min_lr = 6e-5f;
+    EXPECT_EQ(s.decoupled_lr_at(200), style == LRDecayStyle::constant ? 2e-3f : 6e-5f);
+    EXPECT_EQ(s.decoupled_lr_at(60), same.lr_at(60)) << to_string(style);
+  }
+}
+
+TEST(LRSchedule, DecoupledFieldsAreChecked) {
+  LRSchedule s = schedule(LRDecayStyle::cosine);
+  s.decoupled_min_lr = 1e-4f;  // without decoupled_lr
+  EXPECT_THROW(s.validate(), ConfigError);
+  s.decoupled_lr = 5e-5f;  // below its floor
+  EXPECT_THROW(s.validate(), ConfigError);
+  s.decoupled_min_lr.reset();  // the floor is then min_lr = 6e-5
+  EXPECT_THROW(s.validate(), ConfigError);
+  s.decoupled_lr = 1e-3f;  // above lr is allowed (Megatron's usual use)
+  EXPECT_NO_THROW(s.validate());
+}
+
 // Megatron's --lr-warmup-init: the warmup starts there instead of 0.
 TEST(LRSchedule, WarmupFromInit) {
   LRSchedule s = schedule(LRDecayStyle::cosine);

@@ -69,12 +69,12 @@ def test_end_of_document_tokens(trained, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
     with pytest.raises(VocabError, match="no end-of-document token"):
         eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp_path))
-    assert eod_id("NullTokenizer", null_vocab_size=300) == 300
+    assert eod_id("NullTokenizer", vocab_size_arg=300) == 300
     assert eod_id("ByteLevel") == 256
 
 
 def test_null_and_byte_level():
-    assert vocab_size("NullTokenizer", null_vocab_size=300) == 301  # Megatron's EOD is 300
+    assert vocab_size("NullTokenizer", vocab_size_arg=300) == 301  # Megatron's EOD is 300
     assert vocab_size("ByteLevel") == 257
 
 
@@ -93,7 +93,8 @@ def test_null_and_byte_level():
     (dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="TOKENIZER",
           vocab_file="VOCAB"), "--vocab-file is not read by --tokenizer-type HuggingFaceTokenizer"),
     (dict(tokenizer_type="NullTokenizer"), "NullTokenizer needs --vocab-size"),
-    (dict(tokenizer_type="Llama2Tokenizer"), "give --tokenizer-type NullTokenizer --vocab-size N"),
+    (dict(tokenizer_type="BertWordPieceCase"),
+     "give --tokenizer-type NullTokenizer --vocab-size N"),
     (dict(tokenizer_type="Whatever"), "--tokenizer-type Whatever: unknown"),
 ])
 def test_bad_arguments_name_what_is_wrong(kwargs, message, trained, tmp_path):

@@ -396,7 +396,7 @@ def test_docs_list_every_argument():
     from braid.arguments import UNSUPPORTED, build_parser
 
     with open(os.path.join(REPO, "docs", "arguments.md"), encoding="utf-8") as f:
-        documented = set(re.findall(r"^\| `(--[a-z0-9-]+)` \|", f.read(), re.MULTILINE))
+        documented = set(re.findall(r"^\| `(--[a-z0-9_-]+)` \|", f.read(), re.MULTILINE))
     flags = {a.option_strings[0] for a in build_parser()._actions
              if a.option_strings and a.dest != "help"}
     assert flags - documented == set(), "arguments missing from docs/arguments.md"

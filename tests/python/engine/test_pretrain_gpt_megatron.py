@@ -43,7 +43,8 @@ def test_exit_cost_stops_the_run_and_counts_over_its_jobs(tmp_path):
         not in again.stdout.split("loaded iteration")[-1], again.stdout
     assert braid.latest_iteration(ckpt) == int(stop.group(1))
     more = int(stop.group(1)) + 2
-    last = run(1, [*budget, "--train-iters", str(more), "--exit-cost", "1e9", "--load", ckpt])
+    last = run(1, [*budget, "--train-iters", str(more), "--exit-cost", "1e9", "--load", ckpt,
+                   "--override-opt_param-scheduler"])  # its decay now ends at `more`
     assert last.returncode == 0, last.stdout + last.stderr
     assert "device-hours of the run's earlier jobs" in last.stdout, last.stdout
     assert braid.latest_iteration(ckpt) == more
@@ -145,7 +146,8 @@ def test_use_checkpoint_args_keeps_the_checkpoints_vocabulary(tmp_path):
             "NullTokenizer", "--vocab-size", "300", "--eval-iters", "0"]
     r = run(1, [*null, "--train-iters", "4", "--save", ckpt])
     assert r.returncode == 0, r.stdout + r.stderr
-    r = run(1, [*null, "--train-iters", "6", "--load", ckpt, "--use-checkpoint-args"])
+    r = run(1, [*null, "--train-iters", "6", "--load", ckpt, "--override-opt_param-scheduler",
+                "--use-checkpoint-args"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: loaded iteration 4" in r.stdout
     assert re.search(r"^  vocab_size \.+ 301$", r.stdout, re.M), r.stdout
@@ -304,11 +306,13 @@ def test_checkpoints_from_before_kv_channels_load(tmp_path):
     assert meta["config"].pop("kv_channels") == 16
     meta_path.write_text(json.dumps(meta))
     for extra in ([], ["--use-checkpoint-args"]):
-        r = run(1, [*MODEL, *extra, "--load", str(ckpt), "--train-iters", "5", "--eval-iters",
+        r = run(1, [*MODEL, *extra, "--load", str(ckpt), "--override-opt_param-scheduler",
+                    "--train-iters", "5", "--eval-iters",
                     "0"])
         assert r.returncode == 0, r.stdout + r.stderr
         assert "iteration        5/" in r.stdout, r.stdout
-    r = run(1, [*MODEL, "--kv-channels", "32", "--load", str(ckpt), "--train-iters", "5"])
+    r = run(1, [*MODEL, "--kv-channels", "32", "--load", str(ckpt),
+                "--override-opt_param-scheduler", "--train-iters", "5"])
     assert r.returncode == 2 and "a different model - kv_channels (the head width) is 16 in the " \
         "checkpoint and 32 in this run" in r.stderr, r.stdout + r.stderr
 
@@ -327,14 +331,16 @@ def test_rope_scaling_is_part_of_the_model(tmp_path):
     c = braid.checkpoint_metadata(ckpt)["config"]
     assert (c["rope_scaling_factor"], c["rope_low_freq_factor"], c["rope_high_freq_factor"],
             c["rope_original_max_position_embeddings"]) == (32.0, 1.0, 4.0, 8192)
-    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "5",
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt,
+                "--override-opt_param-scheduler", "--train-iters", "5",
                 "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --use-rope-scaling True from the checkpoint" in r.stdout, r.stdout
     assert "braid: --rope-scaling-factor 32.0 from the checkpoint" in r.stdout, r.stdout
     # Loaded without it, the run goes on (a context extension may change RoPE on purpose) and
     # says what differs.
-    r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "6", "--eval-iters", "0"])
+    r = run(1, [*MODEL, "--load", ckpt, "--override-opt_param-scheduler", "--train-iters", "6",
+                "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: warning: the checkpoint's model has rope_scaling_factor 32.0, this run's 0.0 " \
         "(--use-rope-scaling --rope-scaling-factor)" in r.stdout, r.stdout
@@ -370,12 +376,14 @@ def test_sliding_window_trains_like_one_process_and_is_part_of_the_model(one_pro
         (runs["one"], windowless)
     c = braid.checkpoint_metadata(ckpt)["config"]
     assert (c["window_size"], c["window_layers"]) == (7, [1, 0, 1, 0])
-    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt,
+                "--override-opt_param-scheduler", "--train-iters", "11",
                 "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --window-size 7 from the checkpoint" in r.stdout, r.stdout
     assert "braid: --window-attn-skip-freq [1, 0, 1, 0] from the checkpoint" in r.stdout
-    r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    r = run(1, [*MODEL, "--load", ckpt, "--override-opt_param-scheduler", "--train-iters", "11",
+                "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: warning: the checkpoint's model has window_size 7, this run's -1 " \
         "(--window-size)" in r.stdout, r.stdout

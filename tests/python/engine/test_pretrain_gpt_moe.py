@@ -51,12 +51,14 @@ def test_experts_train_like_one_process_and_resume_in_another_layout(tmp_path):
                                                               [1, 1, 0, 1])
     assert_generate_decodes_greedily(ckpt, c)
     # --use-checkpoint-args takes the experts back; a dense run cannot load the checkpoint.
-    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt,
+                "--override-opt_param-scheduler", "--train-iters", "11",
                 "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --num-experts 4 from the checkpoint" in r.stdout, r.stdout
     assert "braid: --moe-shared-expert-gate True from the checkpoint" in r.stdout, r.stdout
-    r = run(1, [*MODEL, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    r = run(1, [*MODEL, "--load", ckpt, "--override-opt_param-scheduler", "--train-iters", "11",
+                "--eval-iters", "0"])
     assert r.returncode != 0
     assert "num_experts is 4 in the checkpoint and 0 in this run" in r.stdout + r.stderr
 

@@ -105,7 +105,8 @@ def test_deepseek_router_trains_like_one_process_and_resumes_in_another_layout(t
 
     # --use-checkpoint-args takes the router back (not its losses' coefficients); another
     # scaling factor loads with a warning; a model without the expert biases is another model.
-    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt, "--train-iters", "11",
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt,
+                "--override-opt_param-scheduler", "--train-iters", "11",
                 "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     for line in ("--moe-router-score-function sigmoid", "--moe-router-enable-expert-bias True",
@@ -115,13 +116,15 @@ def test_deepseek_router_trains_like_one_process_and_resumes_in_another_layout(t
     assert "| z_loss: " not in r.stdout and "| load_balancing_loss: " not in r.stdout, r.stdout
     scaled = [*ROUTER[:ROUTER.index("--moe-router-topk-scaling-factor") + 1], "1.5",
               *ROUTER[ROUTER.index("--moe-router-topk-scaling-factor") + 2:]]
-    r = run(1, [*MODEL, *scaled, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    r = run(1, [*MODEL, *scaled, "--load", ckpt, "--override-opt_param-scheduler",
+                "--train-iters", "11", "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert ("the checkpoint's model has moe_router_topk_scaling_factor 2.5, this run's 1.5 "
             "(--moe-router-topk-scaling-factor)") in r.stdout, r.stdout
     unbiased = [f for f in ROUTER[:ROUTER.index("--moe-router-bias-update-rate")]
                 if f != "--moe-router-enable-expert-bias"]
-    r = run(1, [*MODEL, *unbiased, "--load", ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    r = run(1, [*MODEL, *unbiased, "--load", ckpt, "--override-opt_param-scheduler",
+                "--train-iters", "11", "--eval-iters", "0"])
     assert r.returncode != 0
     assert "a different model - moe_router_enable_expert_bias" in r.stdout + r.stderr, r.stderr
 
@@ -213,7 +216,8 @@ def test_token_dropping_trains_like_one_process(tmp_path):
                                                                                    "position")
     factor = DROPPING.index("--moe-expert-capacity-factor") + 1
     other = [*DROPPING[:factor], "1.2", *DROPPING[factor + 1:]]
-    r = run(1, [*MODEL, *other, "--load", ckpt, "--train-iters", "9", "--eval-iters", "0"])
+    r = run(1, [*MODEL, *other, "--load", ckpt, "--override-opt_param-scheduler",
+                "--train-iters", "9", "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     warning = [line for line in r.stdout.splitlines()
                if "the checkpoint's model has moe_expert_capacity_factor 0.5, this run's 1.2"

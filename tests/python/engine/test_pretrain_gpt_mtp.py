@@ -111,7 +111,8 @@ def test_mtp_layouts_train_like_one_process_and_resume(tmp_path):
     assert not any(n.startswith("model.layers.5.") for n in tensors), sorted(tensors)
     assert_generate_decodes_greedily(pp_ckpt, meta["config"])
     # A model without the MTP layer is another model.
-    r = run(1, [*MODEL, "--load", pp_ckpt, "--train-iters", "11", "--eval-iters", "0"])
+    r = run(1, [*MODEL, "--load", pp_ckpt, "--override-opt_param-scheduler", "--train-iters",
+                "11", "--eval-iters", "0"])
     assert r.returncode != 0
     assert ("mtp_num_layers (--mtp-num-layers) is 1 in the checkpoint and 0 in this run"
             in r.stdout + r.stderr), r.stdout + r.stderr

@@ -1,0 +1,168 @@
+"""Megatron-LM's own example launch scripts run under pretrain_gpt.py: the argument lists of
+examples/mixtral/train_mixtral_8x7b_distributed.sh (verbatim: it is tiny already) and of
+examples/llama/train_llama3_8b_h100_fp8.sh (its bf16 path, the model shrunk to fit a CPU test),
+launched with mpirun instead of torchrun. Then the two flags of the Llama 3 script that change
+what braid does: --grad-reduce-in-bf16 (the data-parallel reductions move bf16, the result
+within bf16's rounding of one process's) and --empty-unused-memory-level (the caching
+allocator gives its free blocks back, seen through --log-memory-to-tensorboard)."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from pretrain_job import MODEL, jsonl, losses, run
+
+pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
+
+
+def mixtral_args(tokenizer_model: str) -> list[str]:
+    """train_mixtral_8x7b_distributed.sh's arrays, as its torchrun line passes them (the
+    commented-out lines left out, as bash does)."""
+    model = ["--use-mcore-models", "--disable-bias-linear", "--seq-length", "256",
+             "--max-position-embeddings", "2048", "--num-layers", "2", "--hidden-size", "256",
+             "--ffn-hidden-size", "896", "--num-attention-heads", "2", "--init-method-std",
+             "0.01", "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--normalization",
+             "RMSNorm", "--position-embedding-type", "rope", "--swiglu",
+             "--untie-embeddings-and-output-weights", "--group-query-attention",
+             "--num-query-groups", "2", "--no-masked-softmax-fusion", "--no-position-embedding",
+             "--rotary-base", "1000000"]
+    moe = ["--num-experts", "2", "--moe-router-topk", "2", "--moe-router-load-balancing-type",
+           "aux_loss", "--moe-aux-loss-coeff", "1e-2", "--moe-token-dispatcher-type", "alltoall",
+           "--overlap-param-gather", "--overlap-grad-reduce"]
+    data = ["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", tokenizer_model,
+            "--mock-data", "--split", "99990,8,2"]
+    training = ["--micro-batch-size", "1", "--global-batch-size", "4", "--lr", "1e-4",
+                "--train-iters", "7", "--min-lr", "1.0e-5", "--weight-decay", "0.1",
+                "--clip-grad", "1.0"]
+    parallel = ["--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",
+                "--expert-model-parallel-size", "2", "--use-distributed-optimizer",
+                "--sequence-parallel"]
+    logging = ["--eval-iters", "10", "--no-load-optim", "--no-load-rng"]
+    return [*model, *moe, *data, *training, *parallel, *logging]
+
+
+def test_megatrons_mixtral_script_runs_unchanged(tmp_path):
+    spm = pytest.importorskip("sentencepiece")
+    words = ["mixture", "of", "experts", "routes", "each", "token", "to", "two", "of", "eight"]
+    rng = np.random.default_rng(0)
+    text = [" ".join(rng.choice(words, size=8)) for _ in range(200)]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text), vocab_size=60,
+                                   model_prefix=str(tmp_path / "tokenizer"), minloglevel=2,
+                                   hard_vocab_limit=False)
+    r = run(2, ["--device", "cpu", *mixtral_args(str(tmp_path / "tokenizer.model"))],
+            timeout=300)  # GPUS_PER_NODE=2: two ranks, as the script starts
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 experts of 896 with top-2 routing" in r.stdout and "ep=2" in r.stdout, r.stdout
+    assert "iteration        7/       7" in r.stdout, r.stdout
+    assert "braid: --no-position-embedding has no effect" in r.stdout, r.stdout
+
+
+def llama3_8b_args(checkpoint: str, tensorboard: str, cache: str) -> list[str]:
+    """train_llama3_8b_h100_fp8.sh's arrays with DTYPE other than fp8 and MOCK data, in its
+    order. Shrunk: 32 layers of 4096 (ffn 14336, 32 heads, 8 groups of 128) to 2 of 64 (224, 4,
+    2 of 16), seq 8192 to 64, vocabulary 128256 to 512, the samples and global batch 128 to 8,
+    eval 32 iterations every 100 to 2 every 4. Left out: --bf16 (CPU ranks; braid's bf16 is
+    CUDA's) and --profile's steps (kept: --profile, at steps 4 to 6)."""
+    model = ["--use-mcore-models", "--num-layers", "2", "--hidden-size", "64",
+             "--ffn-hidden-size", "224", "--num-attention-heads", "4", "--group-query-attention",
+             "--num-query-groups", "2", "--kv-channels", "16", "--seq-length", "64",
+             "--max-position-embeddings", "64", "--position-embedding-type", "rope",
+             "--rotary-base", "1000000", "--rotary-percent", "1.0", "--attention-dropout", "0.0",
+             "--hidden-dropout", "0.0", "--swiglu", "--init-method-std", "0.0134",
+             "--attention-backend", "fused", "--apply-layernorm-1p",
+             "--untie-embeddings-and-output-weights", "--disable-bias-linear"]
+    training = ["--micro-batch-size", "1", "--global-batch-size", "8", "--train-samples", "96",
+                "--lr-decay-samples", "88", "--lr-warmup-samples", "16", "--lr", "0.00015",
+                "--min-lr", "0.00001", "--decoupled-lr", "5.0e-4", "--decoupled-min-lr",
+                "4.5e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0", "--weight-decay",
+                "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--grad-reduce-in-bf16",
+                "--cross-entropy-loss-fusion", "--calculate-per-token-loss", "--manual-gc",
+                "--empty-unused-memory-level", "1", "--exit-duration-in-mins", "235"]
+    parallel = ["--tensor-model-parallel-size", "1", "--context-parallel-size", "1",
+                "--sequence-parallel"]
+    ddp = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    data = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
+            "--data-cache-path", cache, "--tiktoken-pattern", "v2", "--split", "99,1,0",
+            "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files", "--num-workers",
+            "1"]
+    logging = ["--log-interval", "1", "--eval-iters", "2", "--eval-interval", "4",
+               "--save-interval", "1000", "--log-throughput", "--profile",
+               "--profile-step-start", "4", "--profile-step-end", "6", "--ckpt-format",
+               "torch_dist", "--distributed-timeout-minutes", "60", "--save", checkpoint,
+               "--load", checkpoint, "--tensorboard-dir", tensorboard]
+    return [*model, *training, *parallel, *ddp, *data, *logging]
+
+
+def test_megatrons_llama3_8b_script_runs_and_resumes(tmp_path):
+    ckpt, tb, cache = (str(tmp_path / name) for name in ("ckpt", "tb", "cache"))
+    args = ["--device", "cpu", *llama3_8b_args(ckpt, tb, cache)]
+    first = run(4, [*args, "--exit-interval", "6"])  # stopped half way, as a budget would
+    assert first.returncode == 0, first.stdout + first.stderr
+    for flag in ("--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files",
+                 "--tiktoken-pattern v2", "--attention-backend fused", "--ckpt-format torch_dist"):
+        assert f"braid: {flag} has no effect" in first.stdout, (flag, first.stdout)
+    assert "decoupled learning rate: " in first.stdout, first.stdout
+    assert os.path.exists(os.path.join(tb, "traces", "rank0.json"))
+    # The same script again: it loads the checkpoint (the same schedule) and finishes.
+    second = run(4, args)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "braid: loaded iteration 6" in second.stdout, second.stdout
+    assert "iteration       12/      12" in second.stdout, second.stdout
+
+
+def bf16_reduce_run(tmp_path, name: str, ranks: int, layout: list[str]):
+    """(loss, gradient norm) of each of 20 steps."""
+    tb = str(tmp_path / name)
+    r = run(ranks, [*MODEL, "--train-iters", "20", "--tensorboard-dir", tb, *layout])
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = jsonl(os.path.join(tb, "metrics.jsonl"))
+    norms = {rec["step"]: rec["grad-norm"] for rec in records if "grad-norm" in rec}
+    return {step: (loss, norms[step]) for step, loss in losses(records).items()}
+
+
+def test_grad_reduce_in_bf16_stays_within_bf16_of_one_process(tmp_path):
+    one = bf16_reduce_run(tmp_path, "one", 1, [])
+    # One DP rank reduces nothing: bit for bit the f32 run.
+    assert bf16_reduce_run(tmp_path, "one_bf16", 1, ["--grad-reduce-in-bf16"]) == one
+    zero = ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    for name, ranks, layout in (("dp4_zero", 4, zero), ("tp2_dp2", 4,
+                                                        ["--tensor-model-parallel-size", "2"])):
+        f32 = bf16_reduce_run(tmp_path, name, ranks, layout)
+        bf16 = bf16_reduce_run(tmp_path, name + "_bf16", ranks, [*layout, "--grad-reduce-in-bf16"])
+        steps = range(1, 21)
+        np.testing.assert_allclose([f32[i] for i in steps], [one[i] for i in steps], rtol=2e-4)
+        assert bf16 != f32, name  # the reductions did round
+        # The first step's gradients are the same batch's: summed in bf16 (8 bits of mantissa,
+        # each element within 2^-9) their norm is one process's within 0.3%. A rank left with
+        # its own share (no reduction, or another rank's shard) would be off by a factor.
+        assert bf16[1][0] == pytest.approx(one[1][0], rel=1e-5)
+        assert bf16[1][1] == pytest.approx(one[1][1], rel=3e-3), name
+        # Gradients that close steer Adam's normalised steps alike: the losses stay within a
+        # few tenths of a percent, the norms within a few percent.
+        for part, rtol in ((0, 5e-3), (1, 5e-2)):
+            np.testing.assert_allclose([bf16[i][part] for i in steps],
+                                       [one[i][part] for i in steps], rtol=rtol, err_msg=name)
+
+
+def test_empty_unused_memory_gives_the_cached_blocks_back(tmp_path):
+    # Logits of 8 x 64 tokens over 8192 entries are 16 MiB: blocks the host allocator caches.
+    big = [*MODEL, "--vocab-size", "8192", "--seq-length", "64", "--micro-batch-size", "8",
+           "--train-iters", "4", "--eval-iters", "0", "--log-memory-to-tensorboard"]
+    records = {}
+    for level in ("0", "1"):
+        tb = str(tmp_path / level)
+        r = run(1, [*big, "--tensorboard-dir", tb, "--empty-unused-memory-level", level])
+        assert r.returncode == 0, r.stdout + r.stderr
+        records[level] = jsonl(os.path.join(tb, "metrics.jsonl"))
+    for level, recs in records.items():
+        assert [rec["step"] for rec in recs] == [1, 2, 3, 4]
+        for rec in recs:
+            allocated, reserved = rec["mem-allocated-bytes"], rec["mem-reserved-bytes"]
+            assert 0 < allocated < rec["mem-max-allocated-bytes"], rec
+            if level == "0":  # the step's freed logits stay cached
+                assert reserved >= allocated + 16 * 2**20, rec
+            else:
+                assert reserved == allocated, rec
+    assert losses(records["0"]) == losses(records["1"])
