@@ -414,22 +414,29 @@ def import_hf(hf_dir, save, mtp=True):
         check(got == shape, f"{name}: the weights hold {got}, config.json makes it {shape}")
     check(set(braid_tensors) == {s[0] for s in specs}, "internal: mapped tensors differ from specs")
 
+    iter_dir = write_checkpoint(save, braid_tensors, checkpoint_metadata(config, specs, hf))
+    return iter_dir, arch, config
+
+
+def write_checkpoint(save, tensors, meta):
+    """Writes braid's tp=1, pp=1 checkpoint of `tensors` (name -> Tensor) and `meta` (its
+    metadata.json) at meta["iteration"] into the new checkpoint directory `save`; returns the
+    iteration's directory. Refuses a directory that already holds a checkpoint."""
     if os.path.exists(os.path.join(save, TRACKER)):
         raise ConvertError(f"{save} already holds a checkpoint; import into a new directory")
-    iter_dir = os.path.join(save, "iter_0000000")
+    iter_dir = os.path.join(save, f"iter_{meta['iteration']:07d}")
     tmp_dir = iter_dir + ".tmp"
     os.makedirs(save, exist_ok=True)
     shutil.rmtree(tmp_dir, ignore_errors=True)
     os.makedirs(tmp_dir)
-    write_safetensors(os.path.join(tmp_dir, SHARD_FILE), braid_tensors)
-    meta = checkpoint_metadata(config, specs, hf)
+    write_safetensors(os.path.join(tmp_dir, SHARD_FILE), tensors)
     # As braid writes it (nlohmann::json: sorted keys), so the two look alike.
     write_text(os.path.join(tmp_dir, METADATA), json.dumps(meta, indent=1, sort_keys=True) + "\n")
     if os.path.exists(iter_dir):
         shutil.rmtree(iter_dir)
     os.replace(tmp_dir, iter_dir)
-    write_text(os.path.join(save, TRACKER), "0\n")
-    return iter_dir, arch, config
+    write_text(os.path.join(save, TRACKER), f"{meta['iteration']}\n")
+    return iter_dir
 
 
 # ---- export ----------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ expert parallelism is searched too, and at TP > 1 with SP whole experts (etp 1) 
 --multi-latent-attention [--q-lora-rank --kv-lora-rank --qk-head-dim --qk-pos-emb-head-dim
 --v-head-dim --qk-layernorm] is DeepSeek's attention (or --model deepseek-v3), --mtp-num-layers D
 its multi-token prediction: D more layers (of the last one's kind) with their logits and loss on
-the last pipeline stage.
+the last pipeline stage. --grad-reduce-in-bf16 (never searched) times the data-parallel gradient
+reductions in bf16, with their bf16 staging copy in memory.
 The model behind the numbers is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
@@ -169,6 +170,10 @@ def parse_args(argv):
                    help="time braid without --overlap-grad-reduce")
     g.add_argument("--no-overlap-param-gather", action="store_true",
                    help="time braid's ZeRO without --overlap-param-gather")
+    g.add_argument("--grad-reduce-in-bf16", action="store_true",
+                   help="time braid with --grad-reduce-in-bf16: the data-parallel gradient "
+                        "reductions move bf16 (half the bytes) from a bf16 staging copy of the "
+                        "gradients (2 bytes each, counted in grads); never searched")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--top", type=int, default=10, help="rows of the table (--json: all)")
     ap.add_argument("--search", action="store_true",
@@ -385,7 +390,7 @@ LAYOUT_FLAGS = ("tp", "pp", "cp", "dp", "micro_batch_size", "virtual_stages", "r
                 "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                 "pipeline_model_parallel_layout", "account_for_embedding_in_pipeline_split",
                 "account_for_loss_in_pipeline_split", "expert_model_parallel_size",
-                "expert_tensor_parallel_size")
+                "expert_tensor_parallel_size", "grad_reduce_in_bf16")
 
 
 def _from_training_arguments(ap, a, training):
@@ -420,6 +425,7 @@ def _from_training_arguments(ap, a, training):
     a.train_tokens = a.train_tokens or t.train_end_samples * t.seq_length
     a.rampup = None if a.search else rampup_phases(t.batch_layout, t.train_end_samples)
     a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
+    a.grad_reduce_in_bf16 = t.grad_reduce_in_bf16  # numerics, not layout: --search keeps it
     if not a.search:
         a.tp, a.pp, a.dp = t.tensor_model_parallel_size, t.pipeline_model_parallel_size, t.dp
         a.cp, a.expert_model_parallel_size = t.context_parallel_size, t.expert_model_parallel_size
@@ -507,6 +513,7 @@ def main(argv=None):
                  ep=a.expert_model_parallel_size, etp=a.expert_tensor_parallel_size,
                  overlap_grad_reduce=not a.no_overlap_grad_reduce,
                  overlap_param_gather=not a.no_overlap_param_gather,
+                 grad_reduce_in_bf16=a.grad_reduce_in_bf16 or None,
                  even_stages=a.even_stages)
     results, rejected = planner.search(model, cluster, a.global_batch, fixed, a.train_tokens,
                                        a.gpu_hour_price, a.rampup)
@@ -524,7 +531,8 @@ def main(argv=None):
         return 0
     print(f"{model.num_params() / 1e9:.1f}B parameters on {a.num_gpus} x {a.gpu} "
           f"({a.gpus_per_node}/node), global batch {a.global_batch} x {model.seq_length}; "
-          f"{len(results)} layouts fit")
+          f"{len(results)} layouts fit" + ("; gradients reduced in bf16" if a.grad_reduce_in_bf16
+                                           else ""))
     cols = ("tp cp pp dp ep mbs v stages recompute sp zero step_s tok/s mfu hfu mem_GB "
             "(par/grad/opt/act) scaling").split()
     extra = (["days"] if a.train_tokens else []) + (["cost"] if a.gpu_hour_price and

@@ -138,6 +138,27 @@ float AdamW::grad_norm() const { return global_norm(grads_by_copies_); }
 
 float AdamW::params_norm() const { return global_norm(params_by_copies_); }
 
+int64_t AdamW::num_zeros_in_grads() const {
+  // A shard that k ranks of the norm group hold counts 1/k on each, as in the norm. The
+  // fractions travel as fixed point (2^-20 units) in an i64 sum; the total is whole.
+  constexpr int kUnitBits = 20;
+  int64_t units = 0;
+  for (const auto& [copies, tensors] : grads_by_copies_) {
+    Tensor count = Tensor::empty({1}, DType::i64, device_);
+    ops::count_zeros(count, tensors);
+    const int64_t zeros = count.to(Device::cpu()).data_ptr<int64_t>()[0];
+    units += std::llround(std::ldexp(double(zeros), kUnitBits) / copies);
+  }
+  Tensor total = Tensor::empty({1}, DType::i64);
+  total.data_ptr<int64_t>()[0] = units;
+  if (norm_group_ != nullptr && norm_group_->size() > 1) {
+    if (norm_group_->device().is_cuda()) total = total.to(norm_group_->device());
+    norm_group_->all_reduce(total)->wait();
+  }
+  units = total.to(Device::cpu()).data_ptr<int64_t>()[0];
+  return (units + (int64_t(1) << (kUnitBits - 1))) >> kUnitBits;
+}
+
 float AdamW::global_norm(const std::map<int, std::vector<Tensor>>& by_copies) const {
   // Every parameter counts once: a shard that k ranks of the norm group hold adds 1/k of its
   // squares on each.

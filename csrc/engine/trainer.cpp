@@ -309,6 +309,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     for (model::GPTModel* chunk : model_.chunks()) chunk->update_expert_bias(group);
   }
   stats.grad_norm = optimizer_->grad_norm() / loss_scale;
+  if (config_.log_num_zeros_in_grad) stats.num_zeros_in_grads = optimizer_->num_zeros_in_grads();
   // The schedule counts updates (skipped steps take none), not the optimizer's own step count,
   // which restarts with its state (--no-load-optim).
   stats.lr = config_.schedule.lr_at(schedule_iterations());

@@ -627,10 +627,14 @@ void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Str
   BRAID_DISPATCH(work.front().master.device(), adamw_step, work, hyper, stream);
 }
 
-void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) {
-  const char* op = "sum_of_squares";
+namespace {
+
+// sum_of_squares' and count_zeros' checks: `out` one element of `dtype`, float tensors on its
+// device.
+Device check_tensor_statistic(const char* op, const Tensor& out, DType dtype,
+                              std::span<const Tensor> tensors) {
   Device device = device_of(op, {{"out", out}});
-  check_dtype(op, "out", out, DType::f32);
+  check_dtype(op, "out", out, dtype);
   BRAID_CHECK(out.numel() == 1, op, ": out must hold one element, got ", describe(out));
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
@@ -640,7 +644,19 @@ void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) 
     BRAID_CHECK(is_floating(t.dtype()), op, ": tensor ", i, " is ", describe(t),
                 " (f32, bf16 or f16)");
   }
+  return device;
+}
+
+}  // namespace
+
+void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream) {
+  Device device = check_tensor_statistic("sum_of_squares", out, DType::f32, tensors);
   BRAID_DISPATCH(device, sum_of_squares, out, tensors, stream);
+}
+
+void count_zeros(Tensor out, std::span<const Tensor> tensors, Stream stream) {
+  Device device = check_tensor_statistic("count_zeros", out, DType::i64, tensors);
+  BRAID_DISPATCH(device, count_zeros, out, tensors, stream);
 }
 
 }  // namespace braid::ops

@@ -127,17 +127,19 @@ void bind_engine(py::module_& m) {
       .def(py::init([](const AdamWConfig& optimizer, const LRSchedule& schedule,
                        const LossScaleConfig& loss_scale, const std::string& pipeline_schedule,
                        std::optional<WeightDecaySchedule> weight_decay_schedule,
-                       int64_t global_batch_size) {
-             return TrainerConfig{optimizer,  schedule,          weight_decay_schedule,
-                                  loss_scale, pipeline_schedule, global_batch_size};
+                       int64_t global_batch_size, bool log_num_zeros_in_grad) {
+             return TrainerConfig{
+                 optimizer,         schedule,          weight_decay_schedule, loss_scale,
+                 pipeline_schedule, global_batch_size, log_num_zeros_in_grad};
            }),
            py::arg("optimizer"), py::arg("schedule"), py::arg("loss_scale") = LossScaleConfig{},
            py::arg("pipeline_schedule") = "1f1b", py::arg("weight_decay_schedule") = py::none(),
-           py::arg("global_batch_size") = 0,
+           py::arg("global_batch_size") = 0, py::arg("log_num_zeros_in_grad") = false,
            "pipeline_schedule: \"1f1b\" (interleaved with virtual stages) or \"gpipe\", when pp > "
            "1. weight_decay_schedule: each step's weight decay (None: the optimizer's). "
            "global_batch_size: the schedules' iteration in samples, so that smaller (ramped-up) "
-           "batches advance them less, as in Megatron (0: one iteration per update).")
+           "batches advance them less, as in Megatron (0: one iteration per update). "
+           "log_num_zeros_in_grad: StepStats.num_zeros_in_grads every step.")
       .def_readwrite("optimizer", &TrainerConfig::optimizer)
       .def_readwrite("schedule", &TrainerConfig::schedule)
       .def_readwrite("loss_scale", &TrainerConfig::loss_scale)
@@ -148,6 +150,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("grad_norm", &StepStats::grad_norm)
       .def_readonly("lr", &StepStats::lr)
       .def_readonly("decoupled_lr", &StepStats::decoupled_lr)
+      .def_readonly("num_zeros_in_grads", &StepStats::num_zeros_in_grads)
       .def_readonly("loss_scale", &StepStats::loss_scale)
       .def_readonly("skipped", &StepStats::skipped)
       .def_readonly("tokens", &StepStats::tokens)

@@ -19,6 +19,8 @@ The model (docs/planner.md has the derivation, the assumed and the fitted number
 * memory: braid's accounting: bf16 parameters, f32 gradient buffer, f32 master + two f32
   Adam moments (sharded by dp under ZeRO-1), activations per layer as docs/memory.md
   (LayerActivations) times the (chunk, microbatch) pairs the schedule keeps in flight.
+* --grad-reduce-in-bf16 (Layout.grad_reduce_in_bf16): the DP reduction moves bf16, and each
+  rank keeps a bf16 staging copy of the gradients it reduces (counted in "grads").
 * context parallelism (cp > 1): every rank computes and keeps its 1/cp of each sequence's
   tokens (balanced chunks: its queries see half the keys on average, as without CP); per
   layer it all-gathers the keys and values over the CP group (2 forward; backward 2 more and 2
@@ -327,7 +329,8 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
         act += max(t for _, t in acts)
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
-        parts = {"params": 2 * p / GB, "grads": 4 * p / GB,
+        grads = 4 * p + 2 * _moe.grad_reduce_buffer(lay, p, experts[r])  # f32; bf16 staging
+        parts = {"params": 2 * p / GB, "grads": grads / GB,
                  "optimizer": 12 * _moe.sharded(lay, p, experts[r]) / GB,
                  "activations": act / GB, "reserved": MEMORY_RESERVED_GB}
         total = sum(parts.values())
@@ -422,8 +425,8 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     sim = _C.simulate(schedule, forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
     if not sim.ok:
         raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
-    # DP: each model chunk's f32 gradient buffer is reduced (ZeRO: reduce-scattered) over dp
-    # (x cp: the gradients' group, `d` below; the experts' over dp x cp / ep: planner_moe).
+    # DP: each model chunk's gradients, f32 (bf16: --grad-reduce-in-bf16), are reduced (ZeRO:
+    # reduce-scattered) over dp (x cp, `d` below; the experts' over dp x cp / ep: planner_moe).
     # With overlap_grad_reduce, as braid does: a chunk's buckets are posted while its last
     # microbatch's backward completes them (the first once a bucket's share of that backward
     # has run, the last at its end), the chunks one after another on the rank's DP channel in
@@ -433,7 +436,6 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     d *= cp
     per_chunk, experts = chunk_params(model, lay), _moe.chunk_experts(model, lay, ranges)
     params, held = [sum(c) for c in per_chunk], [sum(x) for x in experts]
-    kind = "reduce_scatter" if lay.zero else "all_reduce"
     bucket = max(40e6, 1e6 * d)  # braid's (and Megatron's) default DDP bucket, in elements
     began, ended = sim.last_backward_start, sim.last_backward_end
     ends = []
@@ -442,12 +444,12 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
             ends.append(sim.finish[r])
             continue
         if not lay.overlap_grad_reduce:
-            ends.append(sim.finish[r] + _moe.data_sync_s(cluster, lay, 4, params[r], held[r], kind))
+            ends.append(sim.finish[r] + _moe.grad_sync_s(cluster, lay, params[r], held[r]))
             continue
         free = 0.0
         for c in sorted(range(v), key=lambda c: ended[r][c]):
             begin, end = began[r][c], ended[r][c]
-            reduce_s = _moe.data_sync_s(cluster, lay, 4, per_chunk[r][c], experts[r][c], kind)
+            reduce_s = _moe.grad_sync_s(cluster, lay, per_chunk[r][c], experts[r][c])
             first = min(1.0, bucket / max(per_chunk[r][c], 1.0))  # the first bucket's share
             start = max(free, begin + first * (end - begin))
             free = max(start + reduce_s, end + first * reduce_s)
@@ -482,6 +484,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
         recompute=lay.recompute, recompute_method=lay.recompute_method,
         recompute_num_layers=lay.recompute_num_layers,
         **({"recompute_mla_up_proj": True} if lay.recompute_mla_up_proj else {}),
+        **({"grad_reduce_in_bf16": True} if lay.grad_reduce_in_bf16 else {}),
         sequence_parallel=lay.sequence_parallel, zero=lay.zero,
         microbatches=m, step_time_s=step, tokens_per_s=global_batch * model.seq_length / step,
         mfu=model_flops / (step * cluster.num_gpus * peak),
@@ -548,6 +551,7 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
     zeros = [fixed["zero"]] if "zero" in fixed else [True, False]
     overlap = fixed.get("overlap_grad_reduce", True)
     overlap_gather = fixed.get("overlap_param_gather", True)
+    bf16_reduce = fixed.get("grad_reduce_in_bf16", False)  # a numerics choice: never searched
     results, rejected = [], {}
     for t, c, p, b, v, rec, sp, z in itertools.product(tps, cps, pps, mbs, vs, recs, sps, zeros):
         d = max(1, n // (t * c * p))  # check_layout rejects t c p d != n
@@ -559,7 +563,7 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
         experts = _moe.expert_choices(model, t, d * c, sp, fixed)  # [(etp, ep)]
         for (first, last, chunks), (w, e) in itertools.product(splits, experts):
             lay = Layout(t, p, d, b, v, rec, sp, z, overlap, overlap_gather, first, last, cp=c,
-                         ep=e, etp=w, model_chunk_layers=chunks)
+                         ep=e, etp=w, model_chunk_layers=chunks, grad_reduce_in_bf16=bf16_reduce)
             for lay in _recompute_choices(model, cluster, lay, global_batch, fixed):
                 r = _predict_if_it_fits(model, cluster, lay, global_batch, rejected,
                                         single=len(tps) * len(cps) * len(pps) * len(mbs)
@@ -664,7 +668,8 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
                              fixed.get("zero", True), first_stage_layers=first,
                              last_stage_layers=last, cp=c, ep=ep, etp=w,
                              model_chunk_layers=chunks,
-                             recompute_mla_up_proj=fixed.get("recompute_mla_up_proj", False))
+                             recompute_mla_up_proj=fixed.get("recompute_mla_up_proj", False),
+                             grad_reduce_in_bf16=fixed.get("grad_reduce_in_bf16", False))
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:

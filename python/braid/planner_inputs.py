@@ -361,6 +361,15 @@ class Layout:
     # (TransformerConfig.recompute_mla_up_proj): the latents and the rotated k_pe kept in place
     # of q, k and v, which the backward projects again (planner_mla.up_recompute_s).
     recompute_mla_up_proj: bool = False
+    # --grad-reduce-in-bf16 (a numerics choice, never searched): each gradient bucket reduced
+    # over data parallelism is rounded into a bf16 staging buffer of its own (kept), reduced as
+    # bf16 - half the bytes on the wire - and widened back into the f32 buffer (grad_buffer.h).
+    grad_reduce_in_bf16: bool = False
+
+    @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per gradient element the data-parallel reduction moves."""
+        return 2 if self.grad_reduce_in_bf16 else 4
 
 
 def stage_splits(num_layers: int, pp: int, v: int):

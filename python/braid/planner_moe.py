@@ -308,10 +308,27 @@ def data_sync_s(cluster, lay, bytes_each: float, params: float, experts: float,
                for n, g in data_groups(lay, params, experts))
 
 
+def grad_sync_s(cluster, lay, params: float, experts: float) -> float:
+    """Seconds of the gradients' data-parallel reduction of `params` (`experts` of them
+    experts'): all-reduced, with ZeRO reduce-scattered; f32, or bf16 with --grad-reduce-in-bf16
+    (Layout.grad_reduce_bytes)."""
+    kind = "reduce_scatter" if lay.zero else "all_reduce"
+    return data_sync_s(cluster, lay, lay.grad_reduce_bytes, params, experts, kind)
+
+
 def sharded(lay, params: float, experts: float) -> float:
     """The parameters whose f32 master weights and Adam moments a rank holds and updates: all of
     its `params` without ZeRO, else its shard of each data group's."""
     return sum(n / g for n, g in data_groups(lay, params, experts)) if lay.zero else params
+
+
+def grad_reduce_buffer(lay, params: float, experts: float) -> float:
+    """Elements of --grad-reduce-in-bf16's bf16 staging buffers on a rank: one element per
+    gradient of every bucket that has a group of more than one rank to reduce over (none
+    without the flag)."""
+    if not lay.grad_reduce_in_bf16:
+        return 0.0
+    return sum(n for n, g in data_groups(lay, params, experts) if g > 1)
 
 
 def ep_choices(model, data_ranks: int, fixed: dict | None = None) -> list:

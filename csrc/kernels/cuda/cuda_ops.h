@@ -76,5 +76,6 @@ void cross_entropy_backward(Tensor dlogits, const Tensor& logits, const Tensor& 
                             int64_t vocab_offset, Stream stream);
 void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Stream stream);
 void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream);
+void count_zeros(Tensor out, std::span<const Tensor> tensors, Stream stream);
 
 }  // namespace braid::ops::cuda

@@ -67,6 +67,9 @@ class AdamW {
   // The same global L2 norm of the parameters, from the f32 master weights (Megatron's
   // --log-params-norm). Collective over the norm group, like grad_norm.
   float params_norm() const;
+  // How many gradient elements are zero, every parameter element counted once as in
+  // grad_norm (Megatron's --log-num-zeros-in-grad). Collective over the norm group.
+  int64_t num_zeros_in_grads() const;
   // Computes the global norm, scales the gradients by clip_grad / (norm + 1e-6) when that is
   // below 1 (Megatron), and takes one AdamW step with `lr`. Returns the norm before clipping.
   // A non-finite norm throws Error and leaves parameters and state untouched.

@@ -39,6 +39,9 @@ struct TrainerConfig {
   // b / global_batch_size iterations - one for a full batch, less for a ramped-up one
   // (--rampup-batch-size). 0: every update counts one iteration.
   int64_t global_batch_size = 0;
+  // Megatron's --log-num-zeros-in-grad: StepStats::num_zeros_in_grads every step (one count
+  // over the gradients and one collective more).
+  bool log_num_zeros_in_grad = false;
 };
 
 struct StepStats {
@@ -46,6 +49,8 @@ struct StepStats {
   float grad_norm = 0;     // global gradient norm before clipping (unscaled)
   float lr = 0;            // learning rate of this step
   float decoupled_lr = 0;  // the embedding's and output layer's (LRSchedule::decoupled_lr_at)
+  // Zero gradient elements (AdamW::num_zeros_in_grads) with log_num_zeros_in_grad, else -1.
+  int64_t num_zeros_in_grads = -1;
   float loss_scale = 1;
   bool skipped = false;  // non-finite loss or gradients: no update
   int64_t tokens = 0;    // non-ignored targets of the global batch

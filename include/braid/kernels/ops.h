@@ -332,5 +332,8 @@ void adamw_step(std::span<const AdamWGroup> groups, const AdamWHyper& hyper, Str
 // out [1] f32 = sum of squares of every element of every tensor (f32/bf16/f16 inputs,
 // f32 accumulation; double on the CPU). Take sqrt after any cross-rank reduction.
 void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream = {});
+// out [1] i64 = how many elements of all the tensors are zero (f32/bf16/f16 inputs; -0 counts;
+// Megatron's --log-num-zeros-in-grad).
+void count_zeros(Tensor out, std::span<const Tensor> tensors, Stream stream = {});
 
 }  // namespace braid::ops

@@ -169,6 +169,29 @@ TEST(AdamW, DecoupledRateEqualToTheMainOneChangesNothing) {
   EXPECT_EQ(host_floats(a.flat_params()), host_floats(b.flat_params()));
 }
 
+// --log-num-zeros-in-grad: the zero gradient elements of every parameter, once each.
+TEST(AdamW, CountsTheZeroGradientElements) {
+  GPTModel model(small_llama(), testing::default_test_device(), 3);
+  AdamW opt(model, AdamWConfig{});
+  auto count = [&] {
+    int64_t zeros = 0;
+    for (const Parameter& p : model.parameters())
+      for (float x : host_floats(p.grad)) zeros += x == 0.0f;
+    return zeros;
+  };
+  set_gradients(model, 0, 0.5f);
+  const int64_t random = count();
+  EXPECT_EQ(opt.num_zeros_in_grads(), random);
+  Parameter& p = model.parameter("model.layers.1.mlp.up_proj.weight");
+  p.grad.copy_from(Tensor::zeros(p.grad.shape(), DType::f32, p.grad.device()));
+  EXPECT_GE(count(), random + p.grad.numel() - 2);  // random values are rarely exactly 0
+  EXPECT_EQ(opt.num_zeros_in_grads(), count());
+  model.zero_grad();  // every element of every parameter, never the padding between them
+  int64_t elements = 0;
+  for (const Parameter& q : model.parameters()) elements += q.grad.numel();
+  EXPECT_EQ(opt.num_zeros_in_grads(), elements);
+}
+
 TEST(AdamW, DecayGoesToLinearWeightsOnlyUnlessEmbeddingsAreAsked) {
   GPTModel model(small_llama(), testing::default_test_device(), 3);
   AdamWConfig c;

@@ -1,5 +1,6 @@
 // adamw_step against a hand-written double reference of torch.optim.AdamW over several steps
-// (two weight-decay groups, gradient scaling, 16-bit model copies); sum_of_squares.
+// (two weight-decay groups, gradient scaling, 16-bit model copies); sum_of_squares and
+// count_zeros.
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -105,6 +106,32 @@ TEST_P(Optimizer, SumOfSquaresOverSeveralTensors) {
   EXPECT_NEAR(values(out)[0], want, want * 1e-6);
   ops::sum_of_squares(out, std::span<const Tensor>());
   EXPECT_EQ(values(out)[0], 0.0);
+}
+
+// Megatron's --log-num-zeros-in-grad: every zero (+0 and -0) of f32, bf16 and f16 tensors,
+// across chunk boundaries, counted exactly.
+TEST_P(Optimizer, CountZerosOverSeveralTensors) {
+  std::vector<Tensor> tensors;
+  int64_t want = 0;
+  const std::vector<DType> dtypes = {DType::f32, DType::bf16, DType::f16, DType::f32};
+  const std::vector<int64_t> sizes = {1000, 333, 70000, 1};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    Tensor host = random_tensor({sizes[k]}, 40 + k, 3.0f);
+    float* x = host.data_ptr<float>();
+    for (int64_t i = 0; i < sizes[k]; ++i)  // zeros at an irregular stride, some negative
+      if ((i * 7 + int64_t(k)) % 13 < 3) x[i] = (i % 2 ? -0.0f : 0.0f);
+    Tensor t = upload(host, device(), dtypes[k]);
+    for (double v : values(t)) want += v == 0.0;
+    tensors.push_back(t);
+  }
+  ASSERT_GT(want, 10000);
+  tensors.push_back(zeros_f32({0}));  // an empty tensor adds nothing
+  Tensor out = Tensor::empty({1}, DType::i64, device());
+  auto counted = [&] { return out.to(Device::cpu()).data_ptr<int64_t>()[0]; };
+  ops::count_zeros(out, tensors);
+  EXPECT_EQ(counted(), want);
+  ops::count_zeros(out, std::span<const Tensor>());
+  EXPECT_EQ(counted(), 0);
 }
 
 BRAID_KERNEL_TEST_SUITE(Optimizer);

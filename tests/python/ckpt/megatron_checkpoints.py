@@ -1,0 +1,391 @@
+"""megatron-core (0.16.1) on the CPU for test_convert_megatron.py: tiny GPTModels (the local
+layer spec, f32) built from Megatron-LM-style args, their logits by megatron-core's own forward,
+and checkpoints saved as Megatron-LM saves them (torch_dist, iter_NNNNNNN folders, a tracker,
+common.pt holding args, iteration, checkpoint_version).
+
+Run as a script (in a subprocess: megatron-core sets process-wide state):
+  python megatron_checkpoints.py save OUT        one process: the models, their saves, logits
+  python -m torch.distributed.run --nproc-per-node 2 megatron_checkpoints.py ranks OUT JOBS
+                                                 two ranks (gloo): the llama save loaded and
+                                                 saved again at TP 2 and at PP 2 (with TP 2
+                                                 logits); each braid export in JOBS loaded at
+                                                 TP 1 (x DP 2) and TP 2 (logits) and at PP 2
+                                                 (saved again)
+
+megatron-core 0.16.1 assumes CUDA in a few places that do not compute anything; on the CPU
+(cpu_stand_ins) the device is the CPU (.cuda() included), CUDA's synchronize does nothing, the
+model-parallel CUDA RNG tracker's fork (dropout, 0 here) does nothing, the torch_dist writer's
+process-memory probe (psutil, only logged) reads 0, and the MoE router's GEMM finds no Transformer
+Engine GEMM (megatron-core 0.16.1 names it without defining it when TE is absent). The tensors,
+the files and the forward are megatron-core's.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import sys
+
+import numpy as np
+
+IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
+ITERATION = 120
+CONSUMED = 120 * 32
+VOCAB, PADDED_VOCAB = 97, 128
+
+# Megatron-LM's args after validate_args, for the fields the model reads (and a few others a real
+# save holds, an enum and a dtype among them). Per model: what differs.
+BASE_ARGS = dict(
+    num_layers=2, hidden_size=64, ffn_hidden_size=160, num_attention_heads=4, kv_channels=16,
+    group_query_attention=False, num_query_groups=1, max_position_embeddings=64, seq_length=16,
+    position_embedding_type="rope", add_position_embedding=True,
+    use_rotary_position_embeddings=False, rotary_base=10000, rotary_percent=1.0,
+    rotary_interleaved=False, use_rope_scaling=False, rope_scaling_factor=8.0,
+    normalization="RMSNorm", norm_epsilon=1e-5, apply_layernorm_1p=False, swiglu=False,
+    squared_relu=False, bias_gelu_fusion=True, bias_swiglu_fusion=True, add_bias_linear=False,
+    add_qkv_bias=False, qk_layernorm=False, untie_embeddings_and_output_weights=False,
+    window_size=None, window_attn_skip_freq=None, num_experts=None,
+    multi_latent_attention=False, mtp_num_layers=None, vocab_size=VOCAB,
+    padded_vocab_size=PADDED_VOCAB, make_vocab_size_divisible_by=128,
+    tokenizer_type="HuggingFaceTokenizer", tensor_model_parallel_size=1,
+    pipeline_model_parallel_size=1, ckpt_format="torch_dist", consumed_train_samples=CONSUMED,
+    consumed_valid_samples=0, micro_batch_size=2, global_batch_size=32, lr=3e-4, seed=1234,
+    hidden_dropout=0.0, attention_dropout=0.0, moe_router_topk=2, moe_ffn_hidden_size=None,
+    moe_router_pre_softmax=False, moe_router_score_function="softmax",
+    moe_router_enable_expert_bias=False, moe_router_num_groups=None, moe_router_group_topk=None,
+    moe_router_topk_scaling_factor=None, moe_expert_capacity_factor=None,
+    moe_token_drop_policy="probs", moe_shared_expert_intermediate_size=None,
+    moe_shared_expert_gate=False, moe_layer_freq=1, moe_router_load_balancing_type="aux_loss",
+    moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather", moe_grouped_gemm=False)
+MODELS = {
+    # Llama: RMSNorm, SwiGLU, RoPE, 2 query groups, untied
+    "llama": dict(swiglu=True, group_query_attention=True, num_query_groups=2, rotary_base=500000,
+                  untie_embeddings_and_output_weights=True),
+    # Qwen-like: one query group, tied, q/k norms, q/k/v biases, Llama 3.1's RoPE scaling
+    "qwen-tied": dict(swiglu=True, group_query_attention=True, num_query_groups=1,
+                      qk_layernorm=True, add_qkv_bias=True, use_rope_scaling=True),
+    # GPT: LayerNorm, GELU (megatron-core's fused bias-GELU), learned positions, biases, tied
+    "gpt": dict(normalization="LayerNorm", position_embedding_type="learned_absolute",
+                add_bias_linear=True, add_qkv_bias=True),
+    # Nemotron-like: LayerNorm weights saved as gamma - 1 (--apply-layernorm-1p), squared ReLU,
+    # RoPE on half of each head, biases, 2 query groups, untied
+    "nemotron-1p": dict(normalization="LayerNorm", squared_relu=True, rotary_percent=0.5,
+                        add_bias_linear=True, add_qkv_bias=True, group_query_attention=True,
+                        num_query_groups=2, untie_embeddings_and_output_weights=True,
+                        apply_layernorm_1p=True),
+    # Mixtral-like: 4 experts on every layer (stacked names), top 2 of a softmax over the top 2
+    "mixtral": dict(swiglu=True, group_query_attention=True, num_query_groups=2,
+                    untie_embeddings_and_output_weights=True, num_experts=4,
+                    moe_ffn_hidden_size=32),
+    # DeepSeek-V3-like: a dense first layer (per-layer names), then 4 experts routed by sigmoid
+    # scores with a bias, scaled by 2.5, beside a gated shared expert
+    "moe-shared": dict(swiglu=True, untie_embeddings_and_output_weights=True, num_experts=4,
+                       moe_ffn_hidden_size=32, moe_router_score_function="sigmoid",
+                       moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5,
+                       moe_shared_expert_intermediate_size=48, moe_shared_expert_gate=True,
+                       moe_layer_freq=[0, 1]),
+}
+MOE_FIELDS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
+              "moe_router_score_function", "moe_router_enable_expert_bias",
+              "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
+              "moe_expert_capacity_factor", "moe_token_drop_policy",
+              "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layer_freq")
+NORM_SUFFIXES = ("layer_norm_weight", "layernorm.weight")  # every norm's weight
+
+
+def megatron_args(kind, **changes):
+    from megatron.core.transformer.enums import AttnBackend
+    import torch
+    return argparse.Namespace(**{**BASE_ARGS, **MODELS[kind], **{
+        "attention_backend": AttnBackend.auto, "params_dtype": torch.float32, **changes}})
+
+
+def cpu_stand_ins():
+    import torch
+    import megatron.core.dist_checkpointing.strategies.filesystem_async as filesystem_async
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    from megatron.core import tensor_parallel
+    torch.cuda.current_device = lambda: "cpu"
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # tied embeddings across stages
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    filesystem_async._process_memory = lambda: 0
+    moe_utils.te_general_gemm = None  # the router's GEMM refers to it without Transformer Engine
+    tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+
+
+def moe_config(a):
+    """TransformerConfig's MoE fields for Megatron-LM's args (none without experts)."""
+    if not a.num_experts:
+        return {}
+    fields = {name: getattr(a, name) for name in MOE_FIELDS if getattr(a, name, None) is not None}
+    return dict(fields, num_moe_experts=a.num_experts, moe_aux_loss_coeff=0.0,
+                moe_token_dispatcher_type="allgather")  # the dispatcher that runs on the CPU
+
+
+def build(a):
+    """A GPTModel of Megatron-LM's args `a` for this rank's TP/PP position, as Megatron-LM's
+    core_transformer_config_from_args would configure it (the local layer spec, f32, CPU)."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state
+    from megatron.core.activations import squared_relu
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec,
+                                                          get_gpt_layer_local_spec)
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    activation = F.silu if a.swiglu else squared_relu if a.squared_relu else F.gelu
+    config = TransformerConfig(
+        num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
+        num_attention_heads=a.num_attention_heads, kv_channels=a.kv_channels,
+        num_query_groups=a.num_query_groups if a.group_query_attention else None,
+        normalization=a.normalization, layernorm_epsilon=a.norm_epsilon,
+        gated_linear_unit=a.swiglu, activation_func=activation,
+        bias_activation_fusion=a.bias_gelu_fusion and not (a.swiglu or a.squared_relu),
+        add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
+        qk_layernorm=a.qk_layernorm, hidden_dropout=0.0, attention_dropout=0.0,
+        use_cpu_initialization=True, params_dtype=torch.float32,
+        tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        pipeline_dtype=torch.float32, **moe_config(a))
+    if a.num_experts:  # megatron-core's MoE layers (SequentialMLP) where moe_layer_freq says
+        spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                          normalization=a.normalization)
+    else:
+        spec = get_gpt_layer_local_spec(normalization=a.normalization,
+                                        qk_layernorm=a.qk_layernorm)
+    return GPTModel(
+        config, spec, vocab_size=a.padded_vocab_size, max_sequence_length=a.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(), parallel_output=False,
+        share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
+        position_embedding_type=a.position_embedding_type, rotary_percent=a.rotary_percent,
+        rotary_base=a.rotary_base, rope_scaling=a.use_rope_scaling,
+        rope_scaling_factor=a.rope_scaling_factor).eval()
+
+
+def randomize(model, seed):
+    """Weights that make every tensor matter: norms near 1, biases and matrices random."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            norm = name.endswith(NORM_SUFFIXES)
+            p.copy_(1.0 + 0.1 * noise if norm else 0.1 * noise)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+
+
+def logits(model):
+    import torch
+    ids = torch.from_numpy(IDS)
+    positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
+    mask = torch.triu(torch.ones(1, 1, ids.shape[1], ids.shape[1]), diagonal=1).bool()
+    with torch.no_grad():
+        return model(ids, positions, attention_mask=mask).numpy()
+
+
+def save_megatron_lm(model, a, out, content_metadata=None, edit=None):
+    """Saves `model` as Megatron-LM's save_checkpoint does with --ckpt-format torch_dist (model,
+    RNG and rerun state, args, iteration; no optimizer) into out/iter_NNNNNNN and the tracker
+    file.
+    `edit(sharded_state_dict)` changes the model's sharded tensors first."""
+    import torch
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+    sharded = model.sharded_state_dict(metadata=dict(content_metadata or {}))
+    if edit:
+        edit(sharded)
+    tp, pp = (parallel_state.get_tensor_model_parallel_world_size(),
+              parallel_state.get_pipeline_model_parallel_world_size())
+    rng = {"random_rng_state": random.getstate(), "torch_rng_state": torch.get_rng_state()}
+    state = {"args": a, "checkpoint_version": 3.0, "iteration": ITERATION, "model": sharded,
+             "num_floating_point_operations_so_far": 0,
+             "rerun_state_machine": {"mode": "disabled", "sharded": ShardedObject(
+                 "rerun_state_machine_state", {"rerun_requested": False},
+                 (torch.distributed.get_world_size(),), (torch.distributed.get_rank(),))},
+             "rng_state": ShardedObject(
+                 "rng_state", [rng], (pp, tp), (parallel_state.get_pipeline_model_parallel_rank(),
+                                                parallel_state.get_tensor_model_parallel_rank()),
+                 replica_id=parallel_state.get_data_parallel_rank())}
+    folder = os.path.join(out, f"iter_{ITERATION:07d}")
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(folder)
+    torch.distributed.barrier()
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True,
+                **(content_metadata or {})}
+    # a synchronous save writes with one worker (Megatron-LM sets dist_ckpt_workers to 1)
+    strategy = TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
+    dist_checkpointing.save(state, folder, strategy, content_metadata=metadata)
+    if torch.distributed.get_rank() == 0:
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(ITERATION))
+    torch.distributed.barrier()
+
+
+def load_into(model, folder):
+    from megatron.core import dist_checkpointing
+    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, folder)
+    model.load_state_dict(state["model"], strict=True)  # as Megatron-LM's load_checkpoint
+
+
+# ---- edits of a sharded state dict (the variants' saves) -------------------------------------
+
+def unfused_norm_names(sharded):
+    """The per-module norm names (input_layernorm, pre_mlp_layernorm) in place of the fused ones
+    megatron-core's checkpoints use under both specs; a Transformer Engine spec's empty
+    core_attention _extra_state per layer; and an optimizer tensor, named as megatron-core's
+    reshardable optimizer state is (optimizer.state.<state>.<parameter>)."""
+    import torch
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    renames = {"self_attention.linear_qkv.layer_norm_": "input_layernorm.",
+               "mlp.linear_fc1.layer_norm_": "pre_mlp_layernorm."}
+    layers = len({k.split(".")[2] for k in sharded if k.startswith("decoder.layers.")})
+    for value in sharded.values():
+        for old, new in renames.items():
+            if hasattr(value, "key") and old in value.key:
+                value.key = value.key.replace(old, new)
+    sharded["optimizer"] = ShardedTensor.from_rank_offsets(
+        "optimizer.state.exp_avg.decoder.final_layernorm.weight", torch.zeros(64), replica_id=0)
+    for i in range(layers):
+        sharded[f"te.{i}"] = ShardedObject(
+            "decoder.layers.self_attention.core_attention._extra_state", None, (layers,), (i,),
+            replica_id=0)
+
+
+def fp8_extra_state(sharded):
+    """Transformer Engine's FP8 scaling state (a pickled dict as a byte tensor) in the first
+    layer's core attention, the second's empty (as TE saves it without FP8)."""
+    import torch
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    states = (torch.arange(40, dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
+    for i, state in enumerate(states):
+        sharded[f"fp8.{i}"] = ShardedObject(
+            "decoder.layers.self_attention.core_attention._extra_state", state, (2,), (i,),
+            replica_id=0)
+
+
+def moe_router(sharded):
+    """A tensor no dense model has: a mixture of experts' router, stacked over the layers."""
+    import torch
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    for i in range(2):
+        sharded[f"router.{i}"] = ShardedTensor.from_rank_offsets(
+            "decoder.layers.mlp.router.weight", torch.ones(4, 64), (0, i, 2), replica_id=0,
+            prepend_axis_num=1)
+
+
+def one_minus(model):
+    """Norm weights as --apply-layernorm-1p keeps them: gamma - 1."""
+    import torch
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(NORM_SUFFIXES):
+                p.sub_(1.0)
+
+
+# ---- the jobs --------------------------------------------------------------------------------
+
+def init(tp=1, pp=1):
+    import torch
+    from megatron.core import parallel_state
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 2000))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        torch.distributed.init_process_group("gloo")
+        cpu_stand_ins()
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(tp, pp)
+
+
+def save_job(out):
+    """Every model saved at TP 1 with its logits; the llama with the variants' edits; the
+    refused variants."""
+    import torch
+    init()
+    for seed, kind in enumerate(MODELS):
+        a = megatron_args(kind)
+        model = build(megatron_args(kind, apply_layernorm_1p=False))  # megatron-core's norms
+        randomize(model, seed)
+        np.save(os.path.join(out, f"{kind}.logits.npy"), logits(model))
+        if a.apply_layernorm_1p:
+            one_minus(model)
+        save_megatron_lm(model, a, os.path.join(out, kind))
+        if kind == "llama":
+            save_megatron_lm(model, a, os.path.join(out, "llama-unfused-names"),
+                             edit=unfused_norm_names)
+            save_megatron_lm(model, a, os.path.join(out, "llama-singleton"),
+                             content_metadata={"singleton_local_shards": True})
+            save_megatron_lm(model, a, os.path.join(out, "llama-fp8"), edit=fp8_extra_state)
+            save_megatron_lm(model, a, os.path.join(out, "llama-router"), edit=moe_router)
+            save_megatron_lm(model, megatron_args(kind, num_experts=4),
+                             os.path.join(out, "llama-moe-args"))
+            save_megatron_lm(model.bfloat16(), megatron_args(kind, bf16=True,
+                                                             params_dtype=torch.bfloat16),
+                             os.path.join(out, "llama-bf16"))
+        if kind == "moe-shared":
+            save_megatron_lm(model, a, os.path.join(out, "moe-shared-singleton"),
+                             content_metadata={"singleton_local_shards": True})
+        if kind == "gpt":
+            save_megatron_lm(model, megatron_args(kind, bias_gelu_fusion=False),
+                             os.path.join(out, "gpt-erf"))
+
+
+def common_args(folder):
+    """The args of a common.pt, read as Megatron-LM reads them: weights only, with the classes
+    megatron-core registers as safe when imported."""
+    import torch
+    return torch.load(os.path.join(folder, "common.pt"), weights_only=True)["args"]
+
+
+def ranks_job(out, jobs):
+    """Two ranks: the llama save at TP 2 (logits) and PP 2; each export of `jobs` loaded."""
+    import torch
+    a = megatron_args("llama")
+    for tp, pp in ((2, 1), (1, 2)):
+        init(tp, pp)
+        model = build(a)
+        load_into(model, os.path.join(out, "llama", f"iter_{ITERATION:07d}"))
+        if pp == 1:
+            result = logits(model)
+            if torch.distributed.get_rank() == 0:
+                np.save(os.path.join(out, f"llama-tp{tp}.logits.npy"), result)
+        save_megatron_lm(model, a, os.path.join(out, f"llama-tp{tp}-pp{pp}"))
+    for export in jobs:
+        with open(os.path.join(export, "latest_checkpointed_iteration.txt")) as f:
+            folder = os.path.join(export, f"iter_{int(f.read()):07d}")
+        a = common_args(folder)
+        for tp, pp in ((1, 1), (2, 1), (1, 2)):
+            init(tp, pp)
+            model = build(a)
+            load_into(model, folder)
+            if pp == 1:
+                result = logits(model)
+                if torch.distributed.get_rank() == 0:
+                    np.save(f"{export}.tp{tp}.logits.npy", result)
+            else:
+                save_megatron_lm(model, a, f"{export}-pp2")
+
+
+def main():
+    import warnings
+    warnings.filterwarnings("ignore")
+    command, out = sys.argv[1], sys.argv[2]
+    if command == "save":
+        save_job(out)
+    else:
+        import torch
+        torch.distributed.init_process_group("gloo")
+        cpu_stand_ins()
+        ranks_job(out, json.loads(sys.argv[3]))
+    import torch
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

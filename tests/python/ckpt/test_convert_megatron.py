@@ -1,0 +1,453 @@
+"""tools/convert_megatron.py against megatron-core 0.16.1 (megatron_checkpoints.py runs it on the
+CPU in subprocesses: gloo, one process, then two ranks).
+
+- import: tiny GPTModels (Llama: RMSNorm, SwiGLU, RoPE, 2 query groups, untied; Qwen-like: one
+  query group, tied, q/k norms, q/k/v biases, Llama 3.1's RoPE scaling; GPT: LayerNorm, GELU,
+  learned positions, biases, tied; Nemotron-like: LayerNorm saved as gamma - 1, squared ReLU,
+  half-rotary RoPE, biases; Mixtral-like: experts on every layer; DeepSeek-V3-like: a dense layer,
+  then experts routed by biased sigmoid scores beside a gated shared expert) saved as Megatron-LM
+  saves them: braid's own loader loads the import and computes megatron-core's logits; the
+  per-module norm names, the per-layer names of singleton_local_shards, a bf16 save and saves at
+  TP 2 and at PP 2 import to the same bits; the iteration and consumed samples carry over (braid
+  resumes there with --no-load-optim --no-load-rng)
+- export: checkpoints braid trained and saved (also laid out at TP 2 x PP 2) load into
+  megatron-core GPTModels with dist_checkpointing.load under TP 1, TP 2 and PP 2 (Megatron-LM's
+  own way: common.pt read with weights_only), whose logits are braid's; import(export(x)) and
+  export(import(x)) are bit-exact
+- refusals: one line naming what, where and what was expected, exit code 1
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import braid
+from braid.generate import config_from_metadata, load_model
+from megatron_checkpoints import CONSUMED, IDS, ITERATION, MODELS, PADDED_VOCAB, VOCAB
+from sharded_saves import reshard
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOL = os.path.join(HERE, "..", "..", "..", "tools", "convert_megatron.py")
+HELPER = os.path.join(HERE, "megatron_checkpoints.py")
+LOGITS_RTOL = 1e-5
+ITER = f"iter_{ITERATION:07d}"
+
+_spec = importlib.util.spec_from_file_location("convert_megatron", TOOL)
+convert_megatron = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(convert_megatron)
+convert_hf = sys.modules["convert_hf"]  # the tool's sibling, as the tool imported it
+torch_dist = sys.modules["megatron_torch_dist"]
+
+# braid models of the export tests (trained one step by braid, saved by braid's C++).
+BRAID_MODELS = {
+    "llama": dict(normalization="rmsnorm", activation="swiglu", position_embedding="rope",
+                  num_query_groups=2, add_bias_linear=False, tie_embeddings=False,
+                  rope_theta=500000.0),
+    "gpt": dict(normalization="layernorm", activation="gelu", position_embedding="learned",
+                num_query_groups=4, add_bias_linear=True, tie_embeddings=True),
+    # a dense first layer, then 4 experts (top 2 of sigmoid scores with a bias the step moved,
+    # scaled by 2.5) beside a gated shared expert
+    "moe": dict(normalization="rmsnorm", activation="swiglu", position_embedding="rope",
+                num_query_groups=2, add_bias_linear=False, tie_embeddings=False, num_experts=4,
+                moe_router_topk=2, moe_ffn_hidden_size=32, moe_router_score_function="sigmoid",
+                moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.02,
+                moe_router_topk_scaling_factor=2.5, moe_shared_expert_intermediate_size=48,
+                moe_shared_expert_gate=True, moe_layers=[0, 1]),
+}
+BRAID_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, kv_channels=16,
+                   ffn_hidden_size=160, vocab_size=VOCAB, max_position_embeddings=64,
+                   norm_eps=1e-5)
+
+
+def tool(*args):
+    """convert_megatron.py's main in this process: (exit code, stderr)."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = convert_megatron.main([str(a) for a in args])
+    return code, err.getvalue()
+
+
+def assert_refused(args, *phrases):
+    code, err = tool(*args)
+    assert code == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"convert_megatron.py {args[0]}: error: "), err
+    for phrase in phrases:
+        assert phrase in err, (phrase, err)
+
+
+def imported(megatron, name, save, *flags):
+    code, err = tool("import", "--megatron-dir", megatron / name, "--save", save, *flags)
+    assert code == 0, err
+    return save
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def helper(*args, ranks=1):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    launch = [sys.executable] if ranks == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+        str(ranks)]
+    r = subprocess.run([*launch, HELPER, *map(str, args)], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+
+
+def relative_error(got, want):
+    return np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+
+
+def braid_logits(ckpt):
+    """braid's logits of IDS from the checkpoint, loaded by braid's C++ (load_parameters)."""
+    model, _ = load_model(str(ckpt))
+    return np.from_dlpack(model.logits(IDS))
+
+
+def model_tensors(ckpt):
+    return convert_hf.read_checkpoint(str(ckpt))[1]
+
+
+def assert_same_tensors(got, want):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(got[name].array, want[name].array, err_msg=name)
+
+
+def metadata(ckpt):
+    with open(os.path.join(ckpt, ITER, "metadata.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def megatron(tmp_path_factory):
+    """megatron-core's saves (Megatron-LM's layout) and logits of MODELS and the variants."""
+    out = tmp_path_factory.mktemp("megatron")
+    helper("save", out)
+    return out
+
+
+def braid_checkpoint(path, kind):
+    """A braid model of BRAID_MODELS[kind] trained one step on IDS and saved by braid (with its
+    optimizer state): the model."""
+    cfg = config_from_metadata({**BRAID_SHAPE, **BRAID_MODELS[kind]})
+    for key, value in BRAID_MODELS[kind].items():  # (fields a metadata config does not hold)
+        if key.startswith("moe_router_bias"):
+            setattr(cfg, key, value)
+    model = braid.GPTModel(cfg, device="cpu", seed=3)
+    rng = np.random.default_rng(3)
+    for name, p in model.parameters().items():  # routers wide: no token near a routing tie
+        if name.endswith("mlp.gate.weight"):
+            p.copy_(rng.normal(0.0, 0.5, size=tuple(p.shape)).astype(np.float32))
+    trainer = braid.Trainer(model, braid.AdamWConfig(), braid.LRSchedule(lr=1e-3,
+                                                                         style="constant"))
+    trainer.train_step(IDS, IDS)
+    braid.save_checkpoint(str(path), trainer, consumed_samples=48)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(megatron, tmp_path_factory):
+    """braid checkpoints (and a TP 2 x PP 2 relayout of the llama), their logits, their exports;
+    then two ranks load the exports into megatron-core (and save the llama at TP 2 and PP 2)."""
+    out = tmp_path_factory.mktemp("exported")
+    runs = {}
+    for kind in BRAID_MODELS:
+        model = braid_checkpoint(out / f"{kind}-braid", kind)
+        runs[kind] = dict(braid=out / f"{kind}-braid", logits=np.from_dlpack(model.logits(IDS)),
+                          megatron=out / kind)
+        code, err = tool("export", "--load", out / f"{kind}-braid", "--megatron-dir", out / kind)
+        assert code == 0, err
+    # the llama's tensors as braid's tp = 2, pp = 2 save lays them out (with optimizer state)
+    meta, tensors = convert_hf.read_checkpoint(str(out / "llama-braid"))
+    specs = convert_hf.checkpoint_specs(meta["config"])
+    convert_hf.write_checkpoint(str(out / "llama-tp1"), tensors,
+                                convert_hf.checkpoint_metadata(meta["config"], specs, None))
+    reshard(out / "llama-tp1", out / "llama-tp2-pp2", tp=2, pp=2)
+    helper("ranks", megatron, json.dumps([str(r["megatron"]) for r in runs.values()]), ranks=2)
+    return runs
+
+
+# ---- import ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_import_computes_megatrons_logits(megatron, tmp_path, kind):
+    ckpt = imported(megatron, kind, tmp_path / "ckpt")
+    want = np.load(megatron / f"{kind}.logits.npy")
+    got = braid_logits(ckpt)
+    assert got.shape == want.shape == (3, 16, PADDED_VOCAB)  # the padded vocabulary is kept
+    err = relative_error(got, want)
+    print(f"{kind}: braid vs megatron-core logits, max relative difference {err:.1e}")
+    assert err <= LOGITS_RTOL
+    c = metadata(ckpt)["config"]
+    assert c["vocab_size"] == PADDED_VOCAB
+    assert c["zero_centered_gamma"] == (kind == "nemotron-1p")
+    assert c["tie_embeddings"] == (kind in ("gpt", "qwen-tied"))
+
+
+def test_imported_metadata_carries_the_iteration(megatron, tmp_path):
+    ckpt = imported(megatron, "llama", tmp_path / "ckpt")
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == f"{ITERATION}\n"
+    meta = metadata(ckpt)
+    assert meta["format"] == "braid-checkpoint" and meta["optimizer"] is False
+    assert meta["iteration"] == meta["trainer"]["iteration"] == ITERATION
+    assert meta["consumed_samples"] == meta["trainer"]["update_samples"] == CONSUMED
+    assert meta["layout"]["tensor_model_parallel_size"] == 1
+    assert meta["megatron_args"]["tokenizer_type"] == "HuggingFaceTokenizer"
+    assert "hf_config" not in meta
+    c = meta["config"]
+    assert (c["normalization"], c["activation"], c["position_embedding"]) == (
+        "rmsnorm", "swiglu", "rope")
+    assert (c["num_query_groups"], c["kv_channels"], c["rope_theta"]) == (2, 16, 500000.0)
+    # braid resumes at Megatron's iteration with --no-load-optim --no-load-rng, ...
+    cfg = config_from_metadata(c)
+    trainer = braid.Trainer(braid.GPTModel(cfg, device="cpu", seed=5), braid.AdamWConfig(),
+                            braid.LRSchedule(lr=1e-3, style="constant"))
+    assert braid.load_checkpoint(str(ckpt), trainer, load_optim=False,
+                                 load_rng=False) == CONSUMED
+    assert trainer.iteration == ITERATION
+    # ... from iteration 0 with --finetune, and says what is missing otherwise
+    trainer = braid.Trainer(braid.GPTModel(cfg, device="cpu", seed=5), braid.AdamWConfig(),
+                            braid.LRSchedule(lr=1e-3, style="constant"))
+    assert braid.load_checkpoint(str(ckpt), trainer, finetune=True) == 0
+    assert trainer.iteration == 0
+    with pytest.raises(ValueError, match="saved without optimizer state"):
+        braid.load_checkpoint(str(ckpt), trainer)
+    with pytest.raises(ValueError, match="without RNG state at iteration 120"):
+        braid.load_checkpoint(str(ckpt), trainer, load_optim=False)
+
+
+@pytest.mark.parametrize("variant, base", [("llama-unfused-names", "llama"),
+                                           ("llama-singleton", "llama"),
+                                           ("moe-shared-singleton", "moe-shared")])
+def test_import_reads_every_naming(megatron, tmp_path, variant, base):
+    """The per-module norm names (input_layernorm, pre_mlp_layernorm) with a Transformer Engine
+    spec's core_attention extra state and an optimizer tensor, and megatron-core's per-layer
+    (and per-expert) names with SwiGLU's fc1 as weight_w / weight_v (singleton_local_shards):
+    the same model."""
+    want = model_tensors(imported(megatron, base, tmp_path / base))
+    code, err = tool("import", "--megatron-dir", megatron / variant, "--save", tmp_path / "ckpt")
+    assert code == 0, err
+    assert ("optimizer tensors not carried" in err) == (variant == "llama-unfused-names")
+    assert_same_tensors(model_tensors(tmp_path / "ckpt"), want)
+
+
+def test_bf16_import_and_round_trip_are_exact(megatron, tmp_path):
+    """A bf16 save imports as bf16, each tensor the f32 one rounded by torch; export and import
+    again give the same bits."""
+    import torch
+    f32 = model_tensors(imported(megatron, "llama", tmp_path / "f32"))
+    ckpt = imported(megatron, "llama-bf16", tmp_path / "bf16")
+    assert metadata(ckpt)["config"]["params_dtype"] == "bf16"
+    got = model_tensors(ckpt)
+    assert sorted(got) == sorted(f32)
+    for name, t in got.items():
+        want = torch.from_numpy(np.ascontiguousarray(f32[name].array)).bfloat16()
+        assert t.dtype == "BF16"
+        np.testing.assert_array_equal(t.array, want.view(torch.int16).numpy().view(np.uint16))
+    code, err = tool("export", "--load", ckpt, "--megatron-dir", tmp_path / "out")
+    assert code == 0, err
+    assert_same_tensors(model_tensors(imported(tmp_path, "out", tmp_path / "back")), got)
+
+
+def test_import_is_layout_free(megatron, exported, tmp_path):
+    """The llama loaded by megatron-core at TP 2 and at PP 2 (two ranks) and saved there imports
+    to the same bits; megatron-core's logits at TP 2 are its logits at TP 1."""
+    want = model_tensors(imported(megatron, "llama", tmp_path / "llama"))
+    for layout in ("llama-tp2-pp1", "llama-tp1-pp2"):
+        assert_same_tensors(model_tensors(imported(megatron, layout, tmp_path / layout)), want)
+    tp1, tp2 = (np.load(megatron / f"llama{s}.logits.npy") for s in ("", "-tp2"))
+    assert relative_error(tp2, tp1) <= LOGITS_RTOL
+
+
+def test_export_of_an_import_is_megatrons_save(megatron, tmp_path):
+    """export(import(x)) holds x's model tensors bit for bit (Megatron's stacked names) and
+    x's _extra_state objects; common.pt gives back Megatron's arguments."""
+    imported(megatron, "qwen-tied", tmp_path / "ckpt")
+    code, err = tool("export", "--load", tmp_path / "ckpt", "--megatron-dir", tmp_path / "out")
+    assert code == 0, err
+    got, objects, _ = torch_dist.read_torch_dist(str(tmp_path / "out" / ITER))
+    want, want_objects, _ = torch_dist.read_torch_dist(str(megatron / "qwen-tied" / ITER),
+                                                       convert_megatron.model_tensor)
+    assert_same_tensors(got, want)
+    assert {k for k in want_objects if "_extra_state" in k} <= set(objects)
+    common = torch_dist.read_common(str(tmp_path / "out" / ITER))
+    assert common["iteration"] == ITERATION and common["checkpoint_version"] == 3.0
+    args = common["args"]
+    assert args.consumed_train_samples == CONSUMED and args.tokenizer_type == "HuggingFaceTokenizer"
+    assert (args.qk_layernorm, args.use_rope_scaling, args.num_query_groups) == (True, True, 1)
+    assert (tmp_path / "out" / "latest_checkpointed_iteration.txt").read_text() == str(ITERATION)
+
+
+def test_export_of_an_imported_mixture_of_experts(megatron, tmp_path):
+    """The same with experts on the second layer only (megatron-core's per-layer names), and the
+    pre-MLP norm of that layer also under Transformer Engine's name."""
+    imported(megatron, "moe-shared", tmp_path / "ckpt")
+    code, err = tool("export", "--load", tmp_path / "ckpt", "--megatron-dir", tmp_path / "out")
+    assert code == 0, err
+    got, objects, _ = torch_dist.read_torch_dist(str(tmp_path / "out" / ITER))
+    want, want_objects, _ = torch_dist.read_torch_dist(str(megatron / "moe-shared" / ITER),
+                                                       convert_megatron.model_tensor)
+    te_norm = got.pop("decoder.layers.1.pre_mlp_layernorm.weight")
+    np.testing.assert_array_equal(te_norm.array,
+                                  got["decoder.layers.1.mlp.linear_fc1.layer_norm_weight"].array)
+    assert_same_tensors(got, want)
+    assert {k for k in want_objects if "_extra_state" in k} <= set(objects)
+    args = torch_dist.read_common(str(tmp_path / "out" / ITER))["args"]
+    assert (args.num_experts, args.moe_layer_freq, args.moe_router_score_function) == (
+        4, [0, 1], "sigmoid")
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", sorted(BRAID_MODELS))
+def test_export_loads_into_megatron_core(exported, kind):
+    """megatron-core's dist_checkpointing.load puts the export into GPTModels at TP 1 and TP 2,
+    which compute braid's logits (the vocabulary padded to 128 with zero rows: logits 0)."""
+    run = exported[kind]
+    for tp in (1, 2):
+        got = np.load(f"{run['megatron']}.tp{tp}.logits.npy")
+        assert np.all(got[..., VOCAB:] == 0)
+        err = relative_error(got[..., :VOCAB], run["logits"])
+        print(f"{kind} export at TP {tp}: megatron-core vs braid logits, max relative "
+              f"difference {err:.1e}")
+        assert err <= LOGITS_RTOL
+
+
+@pytest.mark.parametrize("kind", sorted(BRAID_MODELS))
+def test_export_round_trips(exported, tmp_path, kind):
+    """import(export(x)) is x bit for bit, and so is what megatron-core loaded at PP 2 and saved
+    again (but for the vocabulary rows its model pads with zeros)."""
+    run = exported[kind]
+    want = model_tensors(run["braid"])
+    back = imported(run["megatron"].parent, kind, tmp_path / "back")
+    assert_same_tensors(model_tensors(back), want)
+    braid_meta, back_meta = (json.loads(next(p.glob("iter_*/metadata.json")).read_text())
+                             for p in (run["braid"], back))
+    assert back_meta["iteration"] == braid_meta["iteration"] == 1
+    assert back_meta["consumed_samples"] == 48
+    shared = back_meta["config"].keys() & braid_meta["config"].keys()
+    assert len(shared) >= 25
+    assert {k: back_meta["config"][k] for k in shared} == {k: braid_meta["config"][k]
+                                                          for k in shared}
+    resaved = model_tensors(imported(run["megatron"].parent, f"{kind}-pp2", tmp_path / "pp2"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in want:
+            assert not resaved[name].array[VOCAB:].any()
+            resaved[name] = resaved[name].like(resaved[name].array[:VOCAB])
+    assert_same_tensors(resaved, want)
+
+
+def test_export_assembles_any_layout(exported, tmp_path):
+    """A checkpoint laid out as braid saves at TP 2 x PP 2 (optimizer state beside) exports the
+    model tensors of the one-process save."""
+    out = exported["llama"]["braid"].parent
+    code, err = tool("export", "--load", out / "llama-tp2-pp2", "--megatron-dir", tmp_path / "m")
+    assert code == 0, err
+    got, _, _ = torch_dist.read_torch_dist(str(tmp_path / "m" / "iter_0000005"))
+    want, _, _ = torch_dist.read_torch_dist(str(exported["llama"]["megatron"] / "iter_0000001"))
+    assert_same_tensors(got, want)
+
+
+def edited_copy(ckpt, dst, **config):
+    """A copy of the braid checkpoint `ckpt` at `dst` with fields of its config changed."""
+    shutil.copytree(ckpt, dst)
+    meta_path = next(dst.glob("iter_*/metadata.json"))
+    meta = json.loads(meta_path.read_text())
+    meta["config"].update(config)
+    meta_path.write_text(json.dumps(meta))
+    return dst
+
+
+def test_windows_round_trip(exported, tmp_path):
+    """A sliding window on some layers goes out as Megatron's window_size (W, 0) and
+    window_attn_skip_freq and comes back (megatron-core builds its window mask on CUDA only, so
+    no logits here)."""
+    ckpt = edited_copy(exported["llama"]["braid"], tmp_path / "ckpt", window_size=3,
+                       window_layers=[1, 0])
+    code, err = tool("export", "--load", ckpt, "--megatron-dir", tmp_path / "out")
+    assert code == 0, err
+    args = torch_dist.read_common(str(tmp_path / "out" / "iter_0000001"))["args"]
+    assert (args.window_size, args.window_attn_skip_freq) == ((3, 0), [1, 0])
+    c = json.loads(next(imported(tmp_path, "out", tmp_path / "back").glob(
+        "iter_*/metadata.json")).read_text())["config"]
+    assert (c["window_size"], c["window_layers"]) == (3, [1, 0])
+
+
+# ---- refusals --------------------------------------------------------------------------------
+
+def test_refuses_what_it_does_not_read(megatron, exported, tmp_path):
+    assert_refused(["import", "--megatron-dir", tmp_path / "nowhere", "--save", tmp_path / "a"],
+                   "nowhere: no such directory")
+    legacy = tmp_path / "legacy"
+    (legacy / "iter_0000005" / "mp_rank_00").mkdir(parents=True)
+    (legacy / "iter_0000005" / "mp_rank_00" / "model_optim_rng.pt").write_bytes(b"")
+    (legacy / "latest_checkpointed_iteration.txt").write_text("5")
+    assert_refused(["import", "--megatron-dir", legacy, "--save", tmp_path / "b"],
+                   "iter_0000005: a Megatron-LM checkpoint in the legacy torch format",
+                   "--ckpt-convert-format torch_dist")
+    dcp = tmp_path / "dcp" / "iter_0000005"
+    dcp.mkdir(parents=True)
+    (dcp / ".metadata").write_bytes(b"")
+    (dcp.parent / "latest_checkpointed_iteration.txt").write_text("5")
+    assert_refused(["import", "--megatron-dir", dcp.parent, "--save", tmp_path / "c"],
+                   "without megatron-core's metadata.json", "torch_dcp")
+    assert_refused(["import", "--megatron-dir", exported["gpt"]["braid"], "--save",
+                    tmp_path / "d"], "a braid checkpoint; convert it with export")
+    assert_refused(["import", "--megatron-dir", megatron / "llama", "--save", tmp_path / "e",
+                    "--ckpt-step", "7"], "iter_0000007 does not exist")
+    imported(megatron, "llama", tmp_path / "f")
+    assert_refused(["import", "--megatron-dir", megatron / "llama", "--save", tmp_path / "f"],
+                   "already holds a checkpoint")
+
+
+def test_refuses_what_it_does_not_map(megatron, tmp_path):
+    assert_refused(["import", "--megatron-dir", megatron / "llama-router", "--save",
+                    tmp_path / "a"], "unexpected tensor decoder.layers.mlp.router.weight (layer 0)",
+                   "not part of a GPT model with these args")
+    assert_refused(["import", "--megatron-dir", megatron / "llama-moe-args", "--save",
+                    tmp_path / "b"], "no decoder.layers.mlp.router.weight (layer 0)")
+    assert_refused(["import", "--megatron-dir", megatron / "gpt-erf", "--save", tmp_path / "c"],
+                   "exact (erf) GELU", "--allow-tanh-gelu")
+    imported(megatron, "gpt-erf", tmp_path / "c", "--allow-tanh-gelu")
+    assert_refused(["import", "--megatron-dir", megatron / "llama-fp8", "--save", tmp_path / "d"],
+                   "core_attention._extra_state/shard_0_2 holds Transformer Engine state (FP8",
+                   "--drop-fp8-state")
+    dropped = imported(megatron, "llama-fp8", tmp_path / "d", "--drop-fp8-state")
+    assert_same_tensors(model_tensors(dropped),
+                        model_tensors(imported(megatron, "llama", tmp_path / "e")))
+
+
+def test_export_refuses_models_megatron_does_not_compute(exported, tmp_path):
+    for n, (edit, phrase) in enumerate((
+            (dict(add_bias_linear=False), "GELU (tanh form) without biases"),
+            (dict(multi_latent_attention=True), "multi-latent attention"))):
+        ckpt = edited_copy(exported["gpt"]["braid"], tmp_path / f"ckpt{n}", **edit)
+        assert_refused(["export", "--load", ckpt, "--megatron-dir", tmp_path / "out"], phrase)
+    assert_refused(["export", "--load", exported["gpt"]["braid"], "--megatron-dir",
+                    exported["gpt"]["megatron"]], "already holds a checkpoint")
+
+
+def test_command_line_exit_codes(megatron, tmp_path):
+    r = subprocess.run([sys.executable, TOOL, "import", "--megatron-dir", megatron / "gpt-erf",
+                        "--save", tmp_path / "ckpt"], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith("convert_megatron.py import: error: ")
+    r = subprocess.run([sys.executable, TOOL, "import", "--megatron-dir", megatron / "gpt",
+                        "--save", tmp_path / "ckpt"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"imported a 2-layer model (hidden 64, f32) into {tmp_path}")

@@ -1,0 +1,420 @@
+"""Megatron-LM's model arguments and megatron-core GPTModel tensor names <-> braid's checkpoint
+config and tensor names (docs/convert_megatron.md has the table). GPT / Llama-style models:
+grouped-query attention, tied or untied embeddings, RMSNorm or LayerNorm (also zero-centred,
+--apply-layernorm-1p), SwiGLU, GELU or squared ReLU, biases, q/k norms, RoPE (also partial,
+Llama 3.1's scaling) or learned positions, sliding windows, and mixtures of experts
+(megatron_mlp.py: the MLPs and experts). Anything else is refused."""
+
+import argparse
+import re
+
+import numpy as np
+
+from hf_configs import NO_ROPE_SCALING, ConvertError, as_f32, check, f32_value, head_width
+from megatron_mlp import (EXPERTS, ROUTER, SHARED, arg, braid_moe_layer, join_fc1,
+                          megatron_moe_args, moe_config_from_args, moe_extra_state_modules,
+                          moe_tensors_to_braid, take_mlp)
+from safetensors_numpy import Tensor
+
+EMBED = "embedding.word_embeddings.weight"
+POSITIONS = "embedding.position_embeddings.weight"
+FINAL_NORM = "decoder.final_layernorm."
+OUTPUT = "output_layer.weight"
+LAYERS = "decoder.layers."
+# Per layer: braid's name (after model.layers.{i}.) -> megatron-core's (after decoder.layers.),
+# the first the one export writes: the names megatron-core's checkpoints use under both the local
+# and Transformer Engine layer specs (the local spec maps its input_layernorm and
+# pre_mlp_layernorm to TE's fused names); the others are read too.
+LAYER_NAMES = {
+    "input_layernorm.weight": ("self_attention.linear_qkv.layer_norm_weight",
+                               "input_layernorm.weight"),
+    "input_layernorm.bias": ("self_attention.linear_qkv.layer_norm_bias", "input_layernorm.bias"),
+    "post_attention_layernorm.weight": ("mlp.linear_fc1.layer_norm_weight",
+                                        "pre_mlp_layernorm.weight"),
+    "post_attention_layernorm.bias": ("mlp.linear_fc1.layer_norm_bias", "pre_mlp_layernorm.bias"),
+    "self_attn.q_norm.weight": ("self_attention.q_layernorm.weight",),
+    "self_attn.q_norm.bias": ("self_attention.q_layernorm.bias",),
+    "self_attn.k_norm.weight": ("self_attention.k_layernorm.weight",),
+    "self_attn.k_norm.bias": ("self_attention.k_layernorm.bias",),
+    "self_attn.o_proj.weight": ("self_attention.linear_proj.weight",),
+    "self_attn.o_proj.bias": ("self_attention.linear_proj.bias",),
+}
+QKV = "self_attention.linear_qkv."  # per query group: its query heads, then its key, its value
+FC1 = "mlp.linear_fc1."  # with SwiGLU the gate's rows, then the up projection's (megatron_mlp)
+FC2 = "mlp.linear_fc2."
+# The modules of a layer that have an _extra_state (Transformer Engine's FP8 scaling state) under
+# the local or the Transformer Engine spec; export writes an empty one for each.
+ATTENTION_EXTRA_STATE = ("self_attention.linear_qkv", "self_attention.linear_proj",
+                         "self_attention.core_attention")
+MLP_EXTRA_STATE = ("mlp.linear_fc1", "mlp.linear_fc2")
+
+
+# ---- Megatron-LM's arguments <-> braid's config ----------------------------------------------
+
+# Arguments whose models this tool does not map: (name, refused when, what it is).
+REFUSED_ARGS = (
+    ("multi_latent_attention", bool, "multi-latent attention (MLA)"),
+    ("mtp_num_layers", bool, "multi-token prediction layers"),
+    ("rotary_interleaved", bool, "RoPE on interleaved pairs; braid's turns the two halves of "
+                                 "each head (rotate-half), as megatron-core does by default"),
+    ("rotary_seq_len_interpolation_factor", lambda v: v not in (None, 1, 1.0),
+     "RoPE position interpolation"),
+    ("no_rope_freq", bool, "layers without RoPE"),
+    ("qk_l2_norm", bool, "L2-normalised queries and keys"),
+    ("quick_geglu", bool, "a quick-GELU GLU"),
+    ("softmax_type", lambda v: v not in (None, "vanilla"), "an attention softmax other than "
+                                                            "the usual one"),
+    ("hybrid_override_pattern", bool, "a hybrid (Mamba) model"),
+    ("hybrid_layer_pattern", bool, "a hybrid (Mamba) model"),
+    ("heterogeneous_layers_config_path", bool, "layers of different shapes"),
+    ("heterogeneous_layers_config_encoded_json", bool, "layers of different shapes"),
+    ("experimental_attention_variant", bool, "an experimental attention variant"),
+)
+
+
+def refuse_arg(name, value, why, where):
+    raise ConvertError(f"{where}: args.{name} = {value!r} is not supported ({why})")
+
+
+def activation_of(args, allow_tanh_gelu, where):
+    if arg(args, "swiglu", False):
+        return "swiglu"
+    if arg(args, "squared_relu", False):
+        return "squared_relu"
+    # megatron-core's MLP computes GELU's tanh form (braid's) in its fused bias-GELU, which
+    # Megatron-LM uses with biases unless --no-bias-gelu-fusion; otherwise torch's exact GELU.
+    fused = (arg(args, "bias_gelu_fusion", False) and arg(args, "add_bias_linear", True)
+             and not arg(args, "use_te_activation_func", False))
+    if not fused and not allow_tanh_gelu:
+        raise ConvertError(
+            f"{where}: the MLPs compute the exact (erf) GELU (args.bias_gelu_fusion "
+            f"{arg(args, 'bias_gelu_fusion', False)}, add_bias_linear "
+            f"{arg(args, 'add_bias_linear', True)}); braid's GELU is the tanh approximation, "
+            "which megatron-core uses only in its fused bias-GELU. The two differ by up to about "
+            "5e-4 per activation: pass --allow-tanh-gelu to import the model anyway")
+    return "gelu"
+
+
+def window_of(args, layers, where):
+    """braid's window_size and window_layers from Megatron's window_size (W, 0) and
+    window_attn_skip_freq (N: layers N, 2N, ... attend to everything; or a 0/1 list)."""
+    window = arg(args, "window_size")
+    if window is None or tuple(window)[0] in (-1, None):
+        return {"window_size": -1, "window_layers": []}
+    left, right = tuple(window)
+    if right not in (0, -1):
+        refuse_arg("window_size", window, "a window over later keys; braid's is causal", where)
+    skip = arg(args, "window_attn_skip_freq")
+    if skip is None:
+        pattern = []
+    elif isinstance(skip, int):
+        pattern = [int((i + 1) % skip != 0) for i in range(layers)]
+    else:
+        pattern = [int(v) for v in skip]
+        check(len(pattern) == layers, f"{where}: args.window_attn_skip_freq has {len(pattern)} "
+              f"entries for {layers} layers")
+    return {"window_size": int(left), "window_layers": pattern}
+
+
+def braid_config_from_args(args, vocab_rows, dtype, where, allow_tanh_gelu=False):
+    """braid's config for Megatron-LM's saved `args`, the embedding's (padded) rows and the
+    weights' dtype (braid's name)."""
+    if not isinstance(args, argparse.Namespace):
+        raise ConvertError(f"{where}: args is a {type(args).__name__}, not Megatron-LM's "
+                           "argparse.Namespace")
+    for name, refused, why in REFUSED_ARGS:
+        if refused(getattr(args, name, None)):
+            refuse_arg(name, getattr(args, name), why, where)
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                 "max_position_embeddings"):
+        value = getattr(args, name, None)
+        check(isinstance(value, int) and value > 0, f"{where}: args.{name} should be a positive "
+              f"integer, is {value!r}")
+    h, heads, layers = args.hidden_size, args.num_attention_heads, args.num_layers
+    position = arg(args, "position_embedding_type", "learned_absolute")
+    if arg(args, "use_rotary_position_embeddings", False):
+        position = "rope"
+    if position not in ("learned_absolute", "rope"):
+        refuse_arg("position_embedding_type", position, "braid has learned positions and RoPE",
+                   where)
+    if position == "learned_absolute" and not arg(args, "add_position_embedding", True):
+        refuse_arg("add_position_embedding", False, "a model without positions", where)
+    normalization = arg(args, "normalization", "LayerNorm")
+    if normalization not in ("LayerNorm", "RMSNorm"):
+        refuse_arg("normalization", normalization, "braid has LayerNorm and RMSNorm", where)
+    rope = dict(NO_ROPE_SCALING, rotary_percent=float(arg(args, "rotary_percent", 1.0)))
+    if arg(args, "use_rope_scaling", False):  # megatron-core's Llama 3.1 scaling constants
+        rope.update(rope_scaling_factor=as_f32(arg(args, "rope_scaling_factor", 8.0)),
+                    rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
+                    rope_original_max_position_embeddings=8192)
+    bias = bool(arg(args, "add_bias_linear", True))
+    return {**window_of(args, layers, where), **moe_config_from_args(args, where),
+            "num_layers": layers, "hidden_size": h,
+            "num_attention_heads": heads,
+            "num_query_groups": args.num_query_groups if arg(args, "group_query_attention", False)
+            else heads,
+            "kv_channels": arg(args, "kv_channels", h // heads),
+            "ffn_hidden_size": args.ffn_hidden_size, "vocab_size": vocab_rows,
+            "max_position_embeddings": args.max_position_embeddings,
+            "normalization": normalization.lower(),
+            "activation": activation_of(args, allow_tanh_gelu, where),
+            "position_embedding": "rope" if position == "rope" else "learned",
+            "add_bias_linear": bias, "add_qkv_bias": bool(arg(args, "add_qkv_bias")) and not bias,
+            "qk_layernorm": bool(arg(args, "qk_layernorm", False)),
+            "zero_centered_gamma": bool(arg(args, "apply_layernorm_1p", False)),
+            "tie_embeddings": not arg(args, "untie_embeddings_and_output_weights", False),
+            "rope_theta": as_f32(arg(args, "rotary_base", 10000)), **rope,
+            "norm_eps": as_f32(arg(args, "norm_epsilon", 1e-5)), "params_dtype": dtype}
+
+
+def plain_args(args):
+    """The JSON values of Megatron-LM's args (kept in braid's metadata as megatron_args, for an
+    export to give back what braid does not keep: tokenizer, sequence length, ...)."""
+    def plain(v):
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return True
+        return isinstance(v, (list, tuple)) and all(plain(x) for x in v)
+    return {k: list(v) if isinstance(v, tuple) else v
+            for k, v in sorted(vars(args).items()) if plain(v)}
+
+
+def round_up(n, multiple):
+    return -(-n // multiple) * multiple
+
+
+def megatron_args_from_braid(c, consumed_samples, imported):
+    """Megatron-LM's args for a braid config: the model's arguments, a tp=1 pp=1 layout, no
+    optimizer or RNG state saved; over `imported` (an import's megatron_args, or {})."""
+    for key, what in (("multi_latent_attention", "multi-latent attention"),
+                      ("mtp_num_layers", "multi-token prediction depths"),
+                      ("rope_yarn_factor", "YaRN RoPE")):
+        check(not c.get(key), f"this braid model has {what} ({key}); convert_megatron.py does "
+              "not map it")
+    if c.get("rope_scaling_factor"):
+        fixed = (c["rope_low_freq_factor"], c["rope_high_freq_factor"],
+                 c["rope_original_max_position_embeddings"])
+        check(fixed == (1.0, 4.0, 8192), f"this braid model scales RoPE with low/high frequency "
+              f"factors and original context {fixed}; megatron-core's --use-rope-scaling has "
+              "(1.0, 4.0, 8192)")
+    check(c["activation"] != "gelu" or c["add_bias_linear"],
+          "this braid model has GELU (tanh form) without biases; megatron-core computes the tanh "
+          "form only in its fused bias-GELU (with biases) and the exact GELU otherwise")
+    heads, groups = c["num_attention_heads"], c["num_query_groups"]
+    theta = f32_value(c["rope_theta"])
+    window = c.get("window_size", -1)
+    divisor = imported.get("make_vocab_size_divisible_by", 128)
+    dtype = {"bf16": "bfloat16", "f16": "float16"}.get(c["params_dtype"], "float32")
+    model = {
+        "num_layers": c["num_layers"], "hidden_size": c["hidden_size"],
+        "ffn_hidden_size": c["ffn_hidden_size"], "num_attention_heads": heads,
+        "group_query_attention": groups != heads, "num_query_groups": groups,
+        "kv_channels": head_width(c), "max_position_embeddings": c["max_position_embeddings"],
+        "position_embedding_type": "rope" if c["position_embedding"] == "rope"
+        else "learned_absolute",
+        "add_position_embedding": c["position_embedding"] == "learned",
+        "use_rotary_position_embeddings": c["position_embedding"] == "rope",
+        "rotary_base": int(theta) if theta == int(theta) else theta,
+        "rotary_percent": c.get("rotary_percent", 1.0), "rotary_interleaved": False,
+        "use_rope_scaling": bool(c.get("rope_scaling_factor")),
+        "rope_scaling_factor": f32_value(c.get("rope_scaling_factor") or 8.0),
+        "normalization": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[c["normalization"]],
+        "norm_epsilon": f32_value(c["norm_eps"]),
+        "apply_layernorm_1p": bool(c.get("zero_centered_gamma")),
+        "swiglu": c["activation"] == "swiglu", "squared_relu": c["activation"] == "squared_relu",
+        "add_bias_linear": c["add_bias_linear"],
+        "add_qkv_bias": c["add_bias_linear"] or bool(c.get("add_qkv_bias")),
+        "qk_layernorm": bool(c.get("qk_layernorm")),
+        "untie_embeddings_and_output_weights": not c["tie_embeddings"],
+        "window_size": (window, 0) if window >= 0 else None,
+        "window_attn_skip_freq": list(c.get("window_layers") or []) or None,
+        "vocab_size": imported.get("vocab_size", c["vocab_size"]),
+        "padded_vocab_size": round_up(c["vocab_size"], divisor),
+        "make_vocab_size_divisible_by": divisor, "params_dtype": dtype,
+        "bf16": dtype == "bfloat16", "fp16": dtype == "float16",
+        "num_experts": None, "multi_latent_attention": False, "mtp_num_layers": None,
+        **(megatron_moe_args(c) if c.get("num_experts") else {}),
+        "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+        "virtual_pipeline_model_parallel_size": None, "expert_model_parallel_size": 1,
+        "context_parallel_size": 1, "world_size": 1, "data_parallel_size": 1,
+        "ckpt_format": "torch_dist", "use_dist_ckpt": True, "no_save_optim": True,
+        "no_save_rng": True, "consumed_train_samples": consumed_samples,
+        "skipped_train_samples": 0,
+        # Megatron-LM's default, off without biases: with GELU, the tanh form (braid's)
+        "bias_gelu_fusion": c["add_bias_linear"]}
+    return {**imported, **model}
+
+
+# ---- tensors ---------------------------------------------------------------------------------
+
+def split_layers(megatron, layers):
+    """Takes every decoder.layers.* tensor out of `megatron`: {(layer, name): Tensor}, from
+    megatron-core's stacked tensors (the layer as a first axis) or per-layer names
+    (decoder.layers.{i}.name)."""
+    out = {}
+    for key in [k for k in megatron if k.startswith(LAYERS)]:
+        t, rest = megatron.pop(key), key[len(LAYERS):]
+        per_layer = re.match(r"(\d+)\.(.+)$", rest)
+        if per_layer:
+            out[(int(per_layer.group(1)), per_layer.group(2))] = t
+            continue
+        check(t.array.ndim >= 1 and t.shape[0] == layers, f"{key} is {t.shape}: its first axis "
+              f"should be the {layers} layers (args.num_layers)")
+        for i in range(layers):
+            out[(i, rest)] = t.like(t.array[i])
+    return out
+
+
+def split_qkv(t, c, name):
+    """megatron-core's fused [groups x (q heads, k, v) x head_dim, ...] -> q, k, v."""
+    groups, d = c["num_query_groups"], head_width(c)
+    per_group = c["num_attention_heads"] // groups
+    rows = groups * (per_group + 2) * d
+    check(t.shape[0] == rows, f"{name} has {t.shape[0]} rows; {groups} query groups of "
+          f"{per_group} query heads, a key and a value of {d} make {rows}")
+    x = t.array.reshape(groups, per_group + 2, d, *t.shape[1:])
+    rest = t.shape[1:]
+    return (t.like(x[:, :per_group].reshape(-1, *rest)),
+            t.like(x[:, per_group].reshape(-1, *rest)),
+            t.like(x[:, per_group + 1].reshape(-1, *rest)))
+
+
+def merge_qkv(q, k, v, c):
+    groups, d = c["num_query_groups"], head_width(c)
+    rest = q.shape[1:]
+    x = np.concatenate([q.array.reshape(groups, -1, d, *rest), k.array.reshape(groups, 1, d, *rest),
+                        v.array.reshape(groups, 1, d, *rest)], axis=1)
+    return q.like(x.reshape(-1, *rest))
+
+
+def megatron_to_braid(megatron, c):
+    """megatron-core's tensors (name -> Tensor) -> braid's names; takes what it maps out of
+    `megatron` (what is left is unexpected)."""
+    layers = split_layers(megatron, c["num_layers"])
+    out = {"model.embed_tokens.weight": megatron.pop(EMBED)} if EMBED in megatron else {}
+    if POSITIONS in megatron:
+        out["model.embed_positions.weight"] = megatron.pop(POSITIONS)
+    for kind in ("weight", "bias"):
+        if FINAL_NORM + kind in megatron:
+            out["model.norm." + kind] = megatron.pop(FINAL_NORM + kind)
+    if OUTPUT in megatron:
+        out["lm_head.weight"] = megatron.pop(OUTPUT)
+    if c.get("num_experts"):
+        moe_tensors_to_braid(layers, c, out)
+    for i in range(c["num_layers"]):
+        p = f"model.layers.{i}."
+        for braid_name, names in LAYER_NAMES.items():
+            found = [layers.pop((i, n)) for n in names if (i, n) in layers]
+            if len(found) > 1 and not (found[0].dtype == found[1].dtype and
+                                       np.array_equal(found[0].array, found[1].array)):
+                raise ConvertError(f"decoder.layers: layer {i} has {' and '.join(names)}, "
+                                   "which differ (one norm under two names)")
+            if found:
+                out[p + braid_name] = found[0]
+        for kind in ("weight", "bias"):
+            if (i, QKV + kind) in layers:
+                qkv = split_qkv(layers.pop((i, QKV + kind)), c, f"layer {i}'s {QKV}{kind}")
+                for proj, t in zip(("q_proj", "k_proj", "v_proj"), qkv):
+                    out[f"{p}self_attn.{proj}.{kind}"] = t
+        take_mlp(layers, i, "mlp.", p + "mlp.", c, c["ffn_hidden_size"], out)
+    for (i, name) in layers:  # left: unexpected, named as in the checkpoint
+        megatron[f"{LAYERS}{name} (layer {i})"] = layers[(i, name)]
+    return out
+
+
+def megatron_names_of(braid_name):
+    """Where an import looks for a braid tensor, for messages."""
+    m = re.match(r"model\.layers\.(\d+)\.(.+)$", braid_name)
+    if not m:
+        return {"model.embed_tokens.weight": EMBED, "model.embed_positions.weight": POSITIONS,
+                "model.norm.weight": FINAL_NORM + "weight", "model.norm.bias": FINAL_NORM + "bias",
+                "lm_head.weight": OUTPUT}.get(braid_name, braid_name)
+    name, kind = m.group(2), m.group(2).rsplit(".", 1)[-1]
+    if name in LAYER_NAMES:
+        names = LAYER_NAMES[name]
+    elif ".q_proj." in name or ".k_proj." in name or ".v_proj." in name:
+        names = (QKV + kind,)
+    elif name.startswith("mlp.gate."):
+        names = (ROUTER + ("expert_bias" if "bias" in name else "weight"),)
+    elif name.startswith(("mlp.experts.", "mlp.shared_expert")):
+        prefix = EXPERTS if name.startswith("mlp.experts.") else SHARED
+        names = (prefix + ("linear_fc2." if "down_proj" in name else "linear_fc1.") + kind,)
+    else:
+        names = ((FC2 if "down_proj" in name else FC1) + kind,)
+    return " or ".join(LAYERS + n for n in names) + f" (layer {m.group(1)})"
+
+
+def per_layer_names(c):
+    """Whether megatron-core names each layer's tensors (decoder.layers.{i}.*) rather than
+    stacking them: where its layers differ (experts on some, --moe-layer-freq other than 1)."""
+    return bool(c.get("num_experts") and c.get("moe_layers"))
+
+
+def braid_layer(t, c, i):
+    """Layer i's tensors under megatron-core's names (the first of LAYER_NAMES' names)."""
+    p = f"model.layers.{i}."
+    layer = {names[0]: t[p + name] for name, names in LAYER_NAMES.items() if p + name in t}
+    for kind in ("weight", "bias"):
+        if p + "self_attn.q_proj." + kind in t:
+            layer[QKV + kind] = merge_qkv(*(t[f"{p}self_attn.{x}.{kind}"]
+                                            for x in ("q_proj", "k_proj", "v_proj")), c)
+        if p + "mlp.up_proj." + kind in t:
+            layer[FC1 + kind] = join_fc1(t.get(p + "mlp.gate_proj." + kind),
+                                         t[p + "mlp.up_proj." + kind])
+            layer[FC2 + kind] = t[p + "mlp.down_proj." + kind]
+    if p + "mlp.gate.weight" in t:
+        layer.update(braid_moe_layer(t, c, i))
+        # The pre-MLP norm of a layer with experts: the local spec's name (above), and Transformer
+        # Engine's spec's, whose MoE layers keep a separate norm module.
+        for kind in ("weight", "bias"):
+            if p + "post_attention_layernorm." + kind in t:
+                layer["pre_mlp_layernorm." + kind] = t[p + "post_attention_layernorm." + kind]
+    return layer
+
+
+def braid_to_megatron(t, c):
+    """braid's tensors -> (megatron-core's names and tensors, the names whose first axis is the
+    layers): the inverse of megatron_to_braid."""
+    out = {EMBED: t["model.embed_tokens.weight"]}
+    if c["position_embedding"] == "learned":
+        out[POSITIONS] = t["model.embed_positions.weight"]
+    layers = [braid_layer(t, c, i) for i in range(c["num_layers"])]
+    stacked = []
+    if per_layer_names(c):
+        for i, layer in enumerate(layers):
+            out.update({f"{LAYERS}{i}.{name}": x for name, x in layer.items()})
+    else:
+        for name in layers[0]:
+            parts = [layer[name] for layer in layers]
+            check(len({x.dtype for x in parts}) == 1, f"the layers' {name} differ in dtype")
+            out[LAYERS + name] = Tensor(parts[0].dtype, np.stack([x.array for x in parts]))
+            stacked.append(LAYERS + name)
+    for kind in ("weight", "bias"):
+        if "model.norm." + kind in t:
+            out[FINAL_NORM + kind] = t["model.norm." + kind]
+    if not c["tie_embeddings"]:
+        out[OUTPUT] = t["lm_head.weight"]
+    return out, stacked
+
+
+def extra_state_keys(c):
+    """The _extra_state objects (megatron-core's ShardedObject unique keys) an export writes,
+    each empty: per layer its modules', an expert's per expert."""
+    layers, experts = c["num_layers"], c.get("num_experts") or 0
+    moe = (c.get("moe_layers") or [1] * layers) if experts else [0] * layers
+    norms = ("self_attention.q_layernorm", "self_attention.k_layernorm") if c.get(
+        "qk_layernorm") else ()
+    keys = []
+    for i in range(layers):
+        modules = [(m, False) for m in ATTENTION_EXTRA_STATE + norms] + (
+            moe_extra_state_modules(c) if moe[i] else [(m, False) for m in MLP_EXTRA_STATE])
+        for module, per_expert in modules:
+            if per_layer_names(c):
+                key, offset, shape = f"{LAYERS}{i}.{module}", [], []
+            else:
+                key, offset, shape = LAYERS + module, [i], [layers]
+            for j in range(experts if per_expert else 1):
+                o, n = (offset + [j], shape + [experts]) if per_expert else (offset, shape)
+                o, n = o or [0], n or [1]
+                keys.append(f"{key}._extra_state/shard_{'.'.join(map(str, o))}_"
+                            f"{'.'.join(map(str, n))}")
+    return keys + [f"{FINAL_NORM}_extra_state/shard_0_1"]
