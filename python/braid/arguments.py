@@ -19,8 +19,8 @@ import math
 import os
 import re
 
-from braid import (attention_args, checkpoint_args, moe_args, pipeline_args, recompute_args,
-                   schedule_args, window_args)
+from braid import (attention_args, checkpoint_args, checkpoint_flags, moe_args, pipeline_args,
+                   recompute_args, schedule_args, window_args)
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
 
 
@@ -86,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default --seq-length")
     g.add_argument("--position-embedding-type", default="learned_absolute",
                    choices=["learned_absolute", "rope"])
+    g.add_argument("--use-rotary-position-embeddings", dest="position_embedding_type",
+                   action="store_const", const="rope",
+                   help="Megatron's older spelling of --position-embedding-type rope")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=pos_int, default=None,
+                   help="Megatron's linear position interpolation: 1 only (no interpolation)")
     g.add_argument("--rotary-base", type=pos_float, default=10000.0)
     g.add_argument("--rotary-percent", type=pos_float, default=1.0,
                    help="the fraction of each head RoPE turns, its leading channels "
@@ -213,27 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no training: evaluate the validation and test splits (of the --load "
                         "checkpoint, or the initial model) and exit")
 
-    g = p.add_argument_group("checkpointing")
-    g.add_argument("--save", default=None, metavar="DIR")
-    g.add_argument("--load", default=None, metavar="DIR")
-    g.add_argument("--use-checkpoint-args", action="store_true",
-                   help="take the model's shape from the --load checkpoint (--ckpt-step or the "
-                        "latest) instead of the command line")
-    g.add_argument("--exit-on-missing-checkpoint", action="store_true",
-                   help="with --load: stop (exit 1) when it holds no checkpoint, instead of "
-                        "training from scratch")
-    g.add_argument("--save-interval", type=pos_int, default=None)
-    g.add_argument("--no-load-optim", action="store_true")
-    g.add_argument("--no-load-rng", action="store_true")
-    g.add_argument("--no-save-optim", action="store_true",
-                   help="save the parameters without the optimizer state (a third of the size "
-                        "with f32 parameters, a seventh with bf16; load it with --no-load-optim "
-                        "or --finetune)")
-    g.add_argument("--no-save-rng", action="store_true",
-                   help="save without the dropout RNG state")
-    g.add_argument("--finetune", action="store_true")
-    g.add_argument("--async-save", action="store_true")
-    g.add_argument("--ckpt-step", type=nonneg_int, default=None)
+    checkpoint_flags.add_arguments(p, pos_int, nonneg_int)
 
     g = p.add_argument_group("logging")
     g.add_argument("--log-interval", type=pos_int, default=100)
@@ -250,10 +235,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "other). 0: off (no tracing)")
     g.add_argument("--timing-log-option", default="minmax", choices=["max", "minmax", "all"],
                    help="timers across ranks: the max, the min and max, or every rank's")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="count the zero gradient elements every step (each element once over "
+                        "all ranks): num zeros in the log line, num-zeros in the metrics")
     g.add_argument("--log-memory-to-tensorboard", action="store_true",
                    help="write rank 0's device memory as metrics: mem-allocated-bytes, "
                         "mem-max-allocated-bytes (the step's peak), mem-reserved-bytes (held by "
                         "braid's caching allocator)")
+    g.add_argument("--log-world-size-to-tensorboard", action="store_true",
+                   help="write the job's number of processes as a metric: world-size")
     g.add_argument("--empty-unused-memory-level", type=int, default=0, choices=[0, 1, 2],
                    help="1 or 2: give the caching allocator's free blocks back to the device "
                         "after every training step and evaluation (Megatron's "
@@ -506,6 +496,10 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(not a.use_rope_scaling or a.position_embedding_type == "rope",
            "--use-rope-scaling needs --position-embedding-type rope")
     _check(a.rotary_percent <= 1.0, f"--rotary-percent must be in (0, 1], got {a.rotary_percent}")
+    _check(a.rotary_seq_len_interpolation_factor in (None, 1),
+           f"--rotary-seq-len-interpolation-factor {a.rotary_seq_len_interpolation_factor}: "
+           "braid's RoPE does not interpolate positions linearly; for longer contexts it has "
+           "Llama 3.1's (--use-rope-scaling) and YaRN's scaling")
     _check(a.rotary_percent == 1.0 or a.position_embedding_type == "rope",
            "--rotary-percent needs --position-embedding-type rope")
     rotary_dim = int(a.kv_channels * a.rotary_percent)  # Megatron's and HF's rounding
@@ -608,17 +602,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     # Checkpoints.
     _check(a.exit_cost is None or a.gpu_hour_price is not None,
            "--exit-cost needs --gpu-hour-price (the price of one device-hour)")
-    for flag, value in (("--save-interval", a.save_interval), ("--async-save", a.async_save),
-                        ("--no-save-optim", a.no_save_optim), ("--no-save-rng", a.no_save_rng),
-                        ("--exit-signal-handler", a.exit_signal_handler)):
-        _check(not value or a.save, f"{flag} needs --save DIR")
-    # Megatron's Mixtral script passes these without --load: they ask for nothing to be loaded.
-    for flag, value in (("--no-load-optim", a.no_load_optim), ("--no-load-rng", a.no_load_rng)):
-        if value and not a.load:
-            a.checkpoint_args.append(f"braid: {flag} has no effect without --load")
-    for flag, value in (("--exit-on-missing-checkpoint", a.exit_on_missing_checkpoint),
-                        ("--finetune", a.finetune), ("--ckpt-step", a.ckpt_step is not None)):
-        _check(not value or a.load, f"{flag} needs --load DIR")
+    checkpoint_flags.validate(a, _check)
     # Profiling.
     if a.profile:
         _check(a.tensorboard_dir is not None,

@@ -27,11 +27,27 @@ UNSUPPORTED = {
     "--moe-use-upcycling": "upcycling a dense checkpoint into experts is not implemented",
     "--moe-router-topk-limited-devices": "use --moe-router-num-groups and "
                                          "--moe-router-group-topk (Megatron's replacement)",
+    "--fp8-margin": "braid has no FP8 kernels",
+    "--first-last-layers-bf16": "braid has no FP8 kernels (this keeps some layers out of FP8)",
+    "--moe-router-padding-for-fp8": "braid has no FP8 kernels",
+    "--fp4-format": "braid has no FP4 kernels",
+    "--fp4-recipe": "braid has no FP4 kernels",
+    "--fp16-lm-cross-entropy": "braid has no float16 kernels",
+    "--sgd-momentum": "braid's optimizer is AdamW (--optimizer adam); no SGD",
+    "--use-megatron-fsdp": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
+                           "(--use-distributed-optimizer)",
+    "--cpu-offloading-num-layers": "braid keeps activations on the device; "
+                                   "--recompute-granularity trades compute for memory instead",
+    "--reset-position-ids": "braid's positions run over the whole sequence; restarting them at "
+                            "each document is not supported",
+    "--reset-attention-mask": "braid's attention is causal over the whole sequence; masking "
+                              "across documents is not supported",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
     "--wandb-exp-name": "see --wandb-project",
     "--wandb-save-dir": "see --wandb-project",
+    "--wandb-entity": "see --wandb-project",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
 }
@@ -87,8 +103,18 @@ NO_EFFECT = {
     "--num-workers": (True, "braid's data loader prefetches on a thread of its own"),
     "--manual-gc": (False, "braid's step runs in C++; Python's garbage collector is not in it"),
     "--manual-gc-interval": (True, "see --manual-gc"),
+    "--log-validation-ppl-to-tensorboard": (False, "braid always writes the perplexity with "
+                                                   "the loss: lm loss validation ppl (and lm "
+                                                   "loss test ppl)"),
+    "--log-batch-size-to-tensorboard": (False, "removed from Megatron, which now writes "
+                                               "batch-size always; braid always writes it too"),
+    "--tensorboard-queue-size": (True, "braid's metrics writer queues nothing: every record is "
+                                       "written and flushed to the event file as it is made"),
     "--no-masked-softmax-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-bias-gelu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
+    "--no-bias-gelu-fusion": (False, "a kernel fusion choice for braid; with a GELU model "
+                                     "it changes Megatron's GELU to the exact (erf) form "
+                                     "(a warning says so)"),
+    "--openai-gelu": (False, "braid's GELU is always the tanh form, which this asks for"),
     "--no-bias-swiglu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--no-bias-dropout-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--no-rope-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
@@ -115,6 +141,32 @@ NO_EFFECT = {
     "--ckpt-format": (True, "braid writes its own checkpoints, safetensors shards that load "
                             "under any layout (docs/checkpoints.md); tools/convert_megatron.py "
                             "converts them to and from Megatron's torch_dist"),
+    "--te-rng-tracker": (False, "Transformer Engine's RNG tracker: braid's dropout streams "
+                                "are its own, seeded per rank"),
+    "--no-check-for-nan-in-loss-and-grad": (False, "Megatron's check stops the run at a "
+                                                   "non-finite loss or gradient norm; braid "
+                                                   "never stops there: it skips the step (no "
+                                                   "update) and logs it"),
+    "--ddp-average-in-collective": (False, "it divides by the DP size inside the reduction "
+                                           "instead of after it; braid weights each "
+                                           "microbatch's loss by its share of the global "
+                                           "batch, so its reductions sum"),
+    "--disable-gloo-process-groups": (False, "braid creates no Gloo groups (MPI on the CPU, "
+                                             "NCCL on GPUs)"),
+    "--num-dataset-builder-threads": (True, "Megatron's threads for its dataset index "
+                                            "builders; braid builds its indices on its own "
+                                            "(docs/data.md)"),
+    "--auto-detect-ckpt-format": (False, "braid loads its own checkpoint format; "
+                                         "tools/convert_megatron.py converts Megatron's"),
+    "--dist-ckpt-strictness": (True, "braid's loader matches every tensor of the model "
+                                     "against the checkpoint's index and refuses any "
+                                     "mismatch"),
+    "--no-async-tensor-model-parallel-allreduce": (False, "deprecated in Megatron, which "
+                                                          "ignores it"),
+    "--no-query-key-layer-scaling": (False, "removed from Megatron; braid never scales the "
+                                            "attention scores by the layer number"),
+    "--data-impl": (True, "removed from Megatron, whose .bin files are always mapped; braid "
+                          "maps them too"),
     "--no-position-embedding": (False, "Megatron's older switch-off of learned absolute "
                                        "positions: braid's positions are "
                                        "--position-embedding-type's"),
@@ -137,3 +189,17 @@ def no_effect_given(a: argparse.Namespace) -> list[str]:
             given = f"{flag} {value}" if takes_value else flag
             lines.append(f"braid: {given} has no effect: {why}")
     return lines
+
+
+def gelu_warning(a: argparse.Namespace) -> list[str]:
+    """A warning where Megatron would compute the GELU in its exact (erf) form: megatron-core
+    uses the tanh form only in its fused bias-GELU (a GELU model with biases, without
+    --no-bias-gelu-fusion; Megatron-LM turns the fusion off without biases) or with
+    --openai-gelu. braid's GELU is always the tanh form."""
+    gelu = not (a.swiglu or a.squared_relu)
+    if not gelu or a.openai_gelu or not (a.no_bias_gelu_fusion or a.disable_bias_linear):
+        return []
+    why = "--no-bias-gelu-fusion" if a.no_bias_gelu_fusion else "--disable-bias-linear"
+    return [f"braid: warning: with {why} Megatron computes the GELU exactly (erf); braid's GELU "
+            "is the tanh form (Megatron's fused bias-GELU, --openai-gelu), up to 4.7e-4 apart "
+            "- the runs train alike but not to the bit"]

@@ -36,7 +36,8 @@ import braid
 from braid import attention_args, flops, moe_args, schedule_args, tokenizer_args
 from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
-from braid.megatron_flags import no_effect_given
+from braid.checkpoint_flags import Retention
+from braid.megatron_flags import gelu_warning, no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
 from braid.metrics import MetricsWriter
 
@@ -134,7 +135,8 @@ def trainer_config(a) -> braid.TrainerConfig:
     return braid.TrainerConfig(optimizer, schedule, loss_scale=scaling,
                                pipeline_schedule=a.pipeline_schedule,
                                weight_decay_schedule=decay,
-                               global_batch_size=a.global_batch_size)
+                               global_batch_size=a.global_batch_size,
+                               log_num_zeros_in_grad=a.log_num_zeros_in_grad)
 
 
 # ---- what the log line says ---------------------------------------------------------------------
@@ -300,7 +302,7 @@ def main(argv=None) -> int:
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
     for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
-            tokenizer_args.notes(a):
+            tokenizer_args.notes(a) + gelu_warning(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
@@ -409,6 +411,8 @@ def main(argv=None) -> int:
     metrics = MetricsWriter(a.tensorboard_dir, a.metrics_jsonl,
                             enabled=rank == 0 and bool(a.tensorboard_dir or a.metrics_jsonl))
     saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
+    # --save-retain-interval: rank 0 deletes after each commit, never during a save.
+    retention = Retention(a.save, a.save_retain_interval, log, enabled=rank == 0)
     saved = trainer.iteration if a.load and a.save == a.load else -1
     exits = None
     duration = a.exit_duration_in_mins
@@ -436,6 +440,14 @@ def main(argv=None) -> int:
             saver.save(trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
                        save_rng=not a.no_save_rng, device_seconds=device_seconds())
             saved = iteration
+            retention.committed(saver.last_committed)  # this save, or (async) the one before
+
+    def finish_saves():
+        """Commits the save in flight and waits for retention's deletions (before exiting)."""
+        if saver is not None:
+            saver.wait(trainer)
+            retention.committed(saver.last_committed)
+            retention.close()
 
     def evaluate(iteration, test=False):
         """--eval-iters batches of the validation split (or, at the end, of the test split)."""
@@ -565,11 +577,15 @@ def main(argv=None) -> int:
                     values[f"moe/z_loss_layer_{layer}"] = stats.layer_z_loss[layer]
             if params_norm is not None:
                 values["params-norm"] = params_norm
+            if a.log_num_zeros_in_grad:
+                values["num-zeros"] = stats.num_zeros_in_grads
             if a.log_memory_to_tensorboard:  # Megatron's tags, in bytes
                 memory = braid.memory_stats(device)
                 values.update({"mem-allocated-bytes": memory["current_bytes"],
                                "mem-max-allocated-bytes": stats.peak_memory_bytes,
                                "mem-reserved-bytes": memory["reserved_bytes"]})
+            if a.log_world_size_to_tensorboard:  # Megatron's tag
+                values["world-size"] = state.world_size
             cost = meter.cost(time.time(), train_start, done_samples, job_samples,
                               earlier_device_seconds)
             if cost is not None:
@@ -598,6 +614,8 @@ def main(argv=None) -> int:
                               for depth, loss in enumerate(mtp_losses, 1))
                     + f"loss scale: "
                     f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
+                    + (f"num zeros: {stats.num_zeros_in_grads:.1f} | "
+                       if a.log_num_zeros_in_grad else "")
                     + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")
                     + f"number of "
                     f"skipped iterations: {skipped:3d} | number of nan iterations: {nans:3d} | "
@@ -611,8 +629,8 @@ def main(argv=None) -> int:
                         metrics.scalars(it, Timers.metrics(per_rank))
             interval_start, interval_iters, interval_samples, skipped, nans = now, 0, 0, 0, 0
         bar.show(it, train_start, done_samples, job_samples)
-        if saver is not None and a.async_save:
-            saver.poll(trainer)  # commits a finished background save (collective)
+        if saver is not None and a.async_save and saver.poll(trainer):  # collective
+            retention.committed(saver.last_committed)  # a background save just committed
         if a.eval_iters and it % a.eval_interval == 0 and it != a.train_iters:
             evaluate(it)
         if a.save_interval and it % a.save_interval == 0:
@@ -623,8 +641,7 @@ def main(argv=None) -> int:
         if reason:
             profile_done(it)
             save(it)
-            if saver is not None:
-                saver.wait(trainer)
+            finish_saves()
             bar.clear()
             where = f"; checkpoint saved to {a.save}" if saver is not None else ""
             log(f"braid: exiting at iteration {it} ({reason}){where}")
@@ -638,7 +655,7 @@ def main(argv=None) -> int:
             log(f"braid: no test evaluation: {data.no_test}")
     if saver is not None:
         save(trainer.iteration)
-        saver.wait(trainer)
+        finish_saves()
     metrics.close()
     if meter is not None:
         seconds = time.time() - start

@@ -166,3 +166,90 @@ def test_empty_unused_memory_gives_the_cached_blocks_back(tmp_path):
             else:
                 assert reserved == allocated, rec
     assert losses(records["0"]) == losses(records["1"])
+
+
+def test_flags_of_public_launch_scripts_parse_as_megatron_reads_them():
+    # Flags an audit of public Megatron launch scripts found: the deprecated spelling of RoPE,
+    # Qwen's no-op interpolation factor, implementation and bookkeeping flags braid notes as
+    # changing nothing, and ones refused with the reason.
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
+    from braid.arguments import ArgumentError, parse_args
+    from braid.megatron_flags import no_effect_given
+
+    base = ["--vocab-size", "300", "--mock-data", "--seq-length", "32", "--num-layers", "2",
+            "--hidden-size", "64", "--num-attention-heads", "4"]
+    a = parse_args([*base, "--use-rotary-position-embeddings",
+                    "--rotary-seq-len-interpolation-factor", "1"], 1)
+    assert a.position_embedding_type == "rope"
+    assert parse_args(base, 1).position_embedding_type == "learned_absolute"
+    with pytest.raises(ArgumentError, match="--rotary-seq-len-interpolation-factor 2: braid's "
+                       "RoPE does not interpolate positions linearly"):
+        parse_args([*base, "--use-rotary-position-embeddings",
+                    "--rotary-seq-len-interpolation-factor", "2"], 1)
+    noted = ["--te-rng-tracker", "--no-check-for-nan-in-loss-and-grad",
+             "--ddp-average-in-collective", "--disable-gloo-process-groups",
+             "--num-dataset-builder-threads", "4", "--auto-detect-ckpt-format",
+             "--dist-ckpt-strictness", "log_all", "--no-async-tensor-model-parallel-allreduce",
+             "--no-query-key-layer-scaling", "--data-impl", "mmap"]
+    notes = no_effect_given(parse_args([*base, *noted], 1))
+    assert [n.split(" has no effect")[0] for n in notes] == [
+        "braid: --te-rng-tracker", "braid: --no-check-for-nan-in-loss-and-grad",
+        "braid: --ddp-average-in-collective", "braid: --disable-gloo-process-groups",
+        "braid: --num-dataset-builder-threads 4", "braid: --auto-detect-ckpt-format",
+        "braid: --dist-ckpt-strictness log_all",
+        "braid: --no-async-tensor-model-parallel-allreduce",
+        "braid: --no-query-key-layer-scaling", "braid: --data-impl mmap"]
+    for flag, why in (("--reset-attention-mask", "masking across documents is not supported"),
+                      ("--sgd-momentum", "no SGD"), ("--fp8-margin", "no FP8 kernels"),
+                      ("--use-megatron-fsdp", "ZeRO-1")):
+        with pytest.raises(ArgumentError, match=f"{flag} is not supported by braid: .*{why}"):
+            parse_args([*base, flag], 1)
+
+
+def test_num_zeros_in_grad_counts_each_element_once_under_any_layout(tmp_path):
+    # Megatron's --log-num-zeros-in-grad. The (untied) embedding rows of tokens a batch lacks
+    # have zero gradients: thousands of elements a step here. Every layout counts each element
+    # once - TP replicas of norms, DP copies, ZeRO shards - so the counts equal one process's
+    # step for step.
+
+    def zeros(name, ranks, layout):
+        tb = str(tmp_path / name)
+        r = run(ranks, [*MODEL, "--train-iters", "10", "--eval-iters", "0", "--tensorboard-dir",
+                        tb, "--log-num-zeros-in-grad", *layout])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "| num zeros: " in r.stdout, r.stdout
+        return {rec["step"]: rec["num-zeros"] for rec in jsonl(os.path.join(tb, "metrics.jsonl"))}
+
+    one = zeros("one", 1, [])
+    assert sorted(one) == list(range(1, 11)) and all(v >= 64 for v in one.values()), one
+    assert all(v % 64 == 0 for v in one.values()), one  # whole embedding rows of hidden 64
+    for name, layout in (("tp2_pp2_zero", ["--tensor-model-parallel-size", "2",
+                                           "--pipeline-model-parallel-size", "2",
+                                           "--sequence-parallel", "--use-distributed-optimizer"]),
+                         ("dp4_zero", ["--use-distributed-optimizer", "--overlap-grad-reduce"]),
+                         ("tp4", ["--tensor-model-parallel-size", "4"])):
+        assert zeros(name, 4, layout) == one, name
+
+
+def test_gelu_that_megatron_computes_exactly_is_warned_about():
+    # megatron-core's GELU is the tanh form only in its fused bias-GELU; braid's always is.
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
+    from braid.arguments import parse_args
+    from braid.megatron_flags import gelu_warning
+
+    base = ["--vocab-size", "300", "--mock-data", "--seq-length", "32", "--num-layers", "2",
+            "--hidden-size", "64", "--num-attention-heads", "4"]
+    for flags, warned in (([], None), (["--openai-gelu"], None),
+                          (["--no-bias-gelu-fusion"], "--no-bias-gelu-fusion"),
+                          (["--disable-bias-linear"], "--disable-bias-linear"),
+                          (["--disable-bias-linear", "--openai-gelu"], None),
+                          (["--disable-bias-linear", "--swiglu"], None),
+                          (["--no-bias-gelu-fusion", "--squared-relu"], None)):
+        lines = gelu_warning(parse_args([*base, *flags], 1))
+        if warned is None:
+            assert lines == [], flags
+        else:
+            assert lines and lines[0].startswith(f"braid: warning: with {warned} Megatron "
+                                                 "computes the GELU exactly (erf)"), lines

@@ -410,12 +410,18 @@ def test_megatron_tokenizer_flags_size_the_vocabulary(tmp_path):
 
 
 def test_megatron_implementation_flags_change_nothing(one_process, tmp_path):
-    # What a Megatron launch script passes to pick kernels and backends: accepted, each named
-    # in the log with why it changes nothing, and the run trains exactly as without them.
+    # What a Megatron launch script passes to pick kernels and backends, or to ask for metrics
+    # braid always writes: accepted, each named in the log with why it changes nothing, and the
+    # run trains exactly as without them. (--log-world-size-to-tensorboard adds its metric.)
     flags = ["--use-mcore-models", "--transformer-impl", "transformer_engine", "--use-flash-attn",
              "--attention-backend", "auto", "--no-gradient-accumulation-fusion",
              "--distributed-backend", "nccl", "--calculate-per-token-loss", "--num-workers", "2",
-             "--apply-query-key-layer-scaling", "--cp-comm-type", "p2p", "a2a"]
+             "--apply-query-key-layer-scaling", "--cp-comm-type", "p2p", "a2a",
+             "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files",
+             "--tp-comm-overlap", "--use-precision-aware-optimizer", "--exp-avg-dtype", "fp32",
+             "--ckpt-format", "torch_dist", "--log-validation-ppl-to-tensorboard",
+             "--log-batch-size-to-tensorboard", "--tensorboard-queue-size", "5",
+             "--log-world-size-to-tensorboard"]
     tb = str(tmp_path / "tb")
     r = run(1, [*MODEL, *flags, "--train-iters", "20", "--tensorboard-dir", tb])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -425,9 +431,24 @@ def test_megatron_implementation_flags_change_nothing(one_process, tmp_path):
                      "--cp-comm-type p2p a2a",  # Megatron's: one value, or one per layer
                      "--calculate-per-token-loss",
                      "--distributed-backend nccl", "--num-workers 2",
-                     "--no-gradient-accumulation-fusion", "--apply-query-key-layer-scaling"], \
+                     "--log-validation-ppl-to-tensorboard", "--log-batch-size-to-tensorboard",
+                     "--tensorboard-queue-size 5", "--no-gradient-accumulation-fusion",
+                     "--no-create-attention-mask-in-dataloader", "--no-mmap-bin-files",
+                     "--tp-comm-overlap", "--use-precision-aware-optimizer",
+                     "--ckpt-format torch_dist", "--apply-query-key-layer-scaling"], \
         r.stdout
-    assert losses(jsonl(os.path.join(tb, "metrics.jsonl"))) == losses(one_process)
+    records = jsonl(os.path.join(tb, "metrics.jsonl"))
+    assert losses(records) == losses(one_process)
+    # What those metric flags ask for is there: Megatron's tags, every recorded step.
+    assert {r["step"]: r["batch-size"] for r in records if "batch-size" in r} == \
+        {step: 16 for step in range(1, 21)}
+    assert {r["step"]: r["world-size"] for r in records if "world-size" in r} == \
+        {step: 1 for step in range(1, 21)}
+    ppl = {r["step"]: r["lm loss validation ppl"] for r in records
+           if "lm loss validation ppl" in r}
+    assert ppl.keys() == validation(records).keys() == {10, 20}
+    for step, value in ppl.items():
+        assert value == pytest.approx(math.exp(validation(records)[step]), rel=1e-12)
 
 
 def test_each_splits_own_data_path_and_the_test_evaluation(tmp_path):
