@@ -142,7 +142,7 @@ def weights_dtype(tensors, where):
     return FLOAT_DTYPES[dtypes.pop()] if len(dtypes) == 1 else "f32"
 
 
-def import_megatron(megatron_dir, save, step=None, allow_tanh_gelu=False, drop_fp8_state=False):
+def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     """Returns (the braid iteration directory, the config, the names of the tensors not carried)."""
     require_torch()
     folder = megatron_iteration_dir(megatron_dir, step)
@@ -155,8 +155,7 @@ def import_megatron(megatron_dir, save, step=None, allow_tanh_gelu=False, drop_f
     check_extra_states(objects, drop_fp8_state, folder)
     check(EMBED in tensors, f"{folder}: no {EMBED} (not a GPT model's checkpoint?)")
     config = braid_config_from_args(args, tensors[EMBED].shape[0],
-                                    weights_dtype(tensors, folder), f"{folder}/common.pt",
-                                    allow_tanh_gelu)
+                                    weights_dtype(tensors, folder), f"{folder}/common.pt")
     left = dict(tensors)  # megatron_to_braid takes what it maps
     braid_tensors = megatron_to_braid(left, config)
     if "lm_head.weight" in braid_tensors and config["tie_embeddings"]:
@@ -239,9 +238,6 @@ def main(argv=None):
     p.add_argument("--save", required=True, help="braid checkpoint directory to create")
     p.add_argument("--ckpt-step", type=int, default=None,
                    help="iteration to import (default: the tracker file's)")
-    p.add_argument("--allow-tanh-gelu", action="store_true",
-                   help="import a model whose MLPs compute the exact (erf) GELU although braid's "
-                   "is the tanh approximation")
     p.add_argument("--drop-fp8-state", action="store_true",
                    help="import the weights of a run that used FP8, leaving out Transformer "
                    "Engine's FP8 scaling state")
@@ -254,7 +250,7 @@ def main(argv=None):
     try:
         if args.command == "import":
             where, c, left_out = import_megatron(args.megatron_dir, args.save, args.ckpt_step,
-                                                 args.allow_tanh_gelu, args.drop_fp8_state)
+                                                 args.drop_fp8_state)
             if left_out:
                 print(f"convert_megatron.py import: note: {len(left_out)} optimizer tensors not "
                       f"carried (e.g. {left_out[0]}): braid starts its optimizer afresh",

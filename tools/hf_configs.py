@@ -225,8 +225,9 @@ def braid_config_from_hf(hf, arch, dtype):
                 "norm_eps": as_f32(hf.get(eps_key, eps_default)),
                 "params_dtype": dtype}
     act = hf.get("activation_function", "gelu_new")
-    if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        refuse("activation_function", act, "braid's GELU is the tanh approximation (gelu_new)")
+    if act not in ("gelu_new", "gelu_pytorch_tanh", "gelu"):
+        refuse("activation_function", act, "braid's GELU is the tanh form (gelu_new, "
+               "gelu_pytorch_tanh) or the exact one (gelu)")
     if not hf.get("scale_attn_weights", True):
         refuse("scale_attn_weights", False, "braid scales attention by 1/sqrt(head_dim)")
     if hf.get("scale_attn_by_inverse_layer_idx", False):
@@ -236,7 +237,8 @@ def braid_config_from_hf(hf, arch, dtype):
             "num_query_groups": hf["n_head"], "kv_channels": h // max(hf["n_head"], 1),
             "ffn_hidden_size": hf.get("n_inner") or 4 * h,
             "vocab_size": hf["vocab_size"], "max_position_embeddings": hf["n_positions"],
-            "normalization": "layernorm", "activation": "gelu", "position_embedding": "learned",
+            "normalization": "layernorm", "position_embedding": "learned",
+            "activation": "gelu_exact" if act == "gelu" else "gelu",
             "add_bias_linear": True, "add_qkv_bias": False, "qk_layernorm": False,
             "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
             "rope_theta": 10000.0, **NO_ROPE_SCALING,
@@ -377,7 +379,7 @@ def braid_architecture(c):
         check(not c["add_bias_linear"], "this braid model has a sliding window and biases on "
               "every linear layer; MistralForCausalLM and Qwen2ForCausalLM have neither")
         return "mistral" if all(window[1]) else "qwen2"
-    if kind == ("layernorm", "gelu", "learned"):
+    if kind in (("layernorm", "gelu", "learned"), ("layernorm", "gelu_exact", "learned")):
         check(not c.get("qk_layernorm"), "this braid model is GPT-2 shaped but has qk_layernorm; "
               "GPT2LMHeadModel has no query/key norms")
         check(c["add_bias_linear"], "this braid model is GPT-2 shaped but add_bias_linear is false; "
@@ -494,7 +496,8 @@ def hf_config_from_braid(c, arch, torch_dtype, imported):
               "n_embd": c["hidden_size"], "n_inner": c["ffn_hidden_size"],
               "n_layer": c["num_layers"], "n_head": c["num_attention_heads"],
               "vocab_size": c["vocab_size"], "n_positions": c["max_position_embeddings"],
-              "layer_norm_epsilon": f32_value(c["norm_eps"]), "activation_function": "gelu_new",
+              "layer_norm_epsilon": f32_value(c["norm_eps"]),
+              "activation_function": "gelu" if c["activation"] == "gelu_exact" else "gelu_new",
               "tie_word_embeddings": c["tie_embeddings"], "scale_attn_weights": True,
               "scale_attn_by_inverse_layer_idx": False}
     hf["torch_dtype"] = torch_dtype

@@ -76,23 +76,17 @@ def refuse_arg(name, value, why, where):
     raise ConvertError(f"{where}: args.{name} = {value!r} is not supported ({why})")
 
 
-def activation_of(args, allow_tanh_gelu, where):
+def activation_of(args):
     if arg(args, "swiglu", False):
         return "swiglu"
     if arg(args, "squared_relu", False):
         return "squared_relu"
-    # megatron-core's MLP computes GELU's tanh form (braid's) in its fused bias-GELU, which
-    # Megatron-LM uses with biases unless --no-bias-gelu-fusion; otherwise torch's exact GELU.
+    # megatron-core's MLP computes GELU's tanh form (braid's gelu) in its fused bias-GELU, which
+    # Megatron-LM uses with biases unless --no-bias-gelu-fusion, or with --openai-gelu;
+    # otherwise torch's exact GELU (braid's gelu_exact).
     fused = (arg(args, "bias_gelu_fusion", False) and arg(args, "add_bias_linear", True)
              and not arg(args, "use_te_activation_func", False))
-    if not fused and not allow_tanh_gelu:
-        raise ConvertError(
-            f"{where}: the MLPs compute the exact (erf) GELU (args.bias_gelu_fusion "
-            f"{arg(args, 'bias_gelu_fusion', False)}, add_bias_linear "
-            f"{arg(args, 'add_bias_linear', True)}); braid's GELU is the tanh approximation, "
-            "which megatron-core uses only in its fused bias-GELU. The two differ by up to about "
-            "5e-4 per activation: pass --allow-tanh-gelu to import the model anyway")
-    return "gelu"
+    return "gelu" if fused or arg(args, "openai_gelu", False) else "gelu_exact"
 
 
 def window_of(args, layers, where):
@@ -116,7 +110,7 @@ def window_of(args, layers, where):
     return {"window_size": int(left), "window_layers": pattern}
 
 
-def braid_config_from_args(args, vocab_rows, dtype, where, allow_tanh_gelu=False):
+def braid_config_from_args(args, vocab_rows, dtype, where):
     """braid's config for Megatron-LM's saved `args`, the embedding's (padded) rows and the
     weights' dtype (braid's name)."""
     if not isinstance(args, argparse.Namespace):
@@ -157,7 +151,7 @@ def braid_config_from_args(args, vocab_rows, dtype, where, allow_tanh_gelu=False
             "ffn_hidden_size": args.ffn_hidden_size, "vocab_size": vocab_rows,
             "max_position_embeddings": args.max_position_embeddings,
             "normalization": normalization.lower(),
-            "activation": activation_of(args, allow_tanh_gelu, where),
+            "activation": activation_of(args),
             "position_embedding": "rope" if position == "rope" else "learned",
             "add_bias_linear": bias, "add_qkv_bias": bool(arg(args, "add_qkv_bias")) and not bias,
             "qk_layernorm": bool(arg(args, "qk_layernorm", False)),
@@ -196,9 +190,6 @@ def megatron_args_from_braid(c, consumed_samples, imported):
         check(fixed == (1.0, 4.0, 8192), f"this braid model scales RoPE with low/high frequency "
               f"factors and original context {fixed}; megatron-core's --use-rope-scaling has "
               "(1.0, 4.0, 8192)")
-    check(c["activation"] != "gelu" or c["add_bias_linear"],
-          "this braid model has GELU (tanh form) without biases; megatron-core computes the tanh "
-          "form only in its fused bias-GELU (with biases) and the exact GELU otherwise")
     heads, groups = c["num_attention_heads"], c["num_query_groups"]
     theta = f32_value(c["rope_theta"])
     window = c.get("window_size", -1)
@@ -239,8 +230,10 @@ def megatron_args_from_braid(c, consumed_samples, imported):
         "ckpt_format": "torch_dist", "use_dist_ckpt": True, "no_save_optim": True,
         "no_save_rng": True, "consumed_train_samples": consumed_samples,
         "skipped_train_samples": 0,
-        # Megatron-LM's default, off without biases: with GELU, the tanh form (braid's)
-        "bias_gelu_fusion": c["add_bias_linear"]}
+        # GELU's form by Megatron-LM's rule (activation_of): the tanh form (braid's gelu) in the
+        # fused bias-GELU, which needs biases, else by --openai-gelu; the exact form unfused.
+        "bias_gelu_fusion": c["add_bias_linear"] and c["activation"] != "gelu_exact",
+        "openai_gelu": c["activation"] == "gelu" and not c["add_bias_linear"]}
     return {**imported, **model}
 
 

@@ -41,6 +41,8 @@ const char* to_string(Activation value) {
       return "swiglu";
     case Activation::squared_relu:
       return "squared_relu";
+    case Activation::gelu_exact:
+      return "gelu_exact";
   }
   return "?";
 }
@@ -107,7 +109,7 @@ void from_string(std::string_view name, Normalization& out) {
 
 void from_string(std::string_view name, Activation& out) {
   static constexpr Activation kAll[] = {Activation::gelu, Activation::swiglu,
-                                        Activation::squared_relu};
+                                        Activation::squared_relu, Activation::gelu_exact};
   enum_from_string(name, "activation", kAll, out);
 }
 

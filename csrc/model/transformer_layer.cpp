@@ -94,6 +94,9 @@ Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
     case Activation::gelu:
       ops::gelu_forward(act, fc1_out);
       break;
+    case Activation::gelu_exact:
+      ops::gelu_exact_forward(act, fc1_out);
+      break;
   }
   return act;
 }
@@ -109,6 +112,9 @@ void TransformerLayer::mlp_activation_backward(Tensor d_fc1, const Tensor& d_act
       break;
     case Activation::gelu:
       ops::gelu_backward(d_fc1, d_act, fc1_out);
+      break;
+    case Activation::gelu_exact:
+      ops::gelu_exact_backward(d_fc1, d_act, fc1_out);
       break;
   }
 }

@@ -106,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every norm's weight holds gamma - 1 and starts at zero; the norm "
                         "scales by 1 + weight")
     g.add_argument("--swiglu", action="store_true")
+    g.add_argument("--openai-gelu", action="store_true",
+                   help="GELU's tanh form, whatever the fusion (otherwise Megatron's rule: the "
+                        "tanh form in the fused bias-GELU, the exact erf form without biases or "
+                        "with --no-bias-gelu-fusion)")
+    g.add_argument("--no-bias-gelu-fusion", action="store_true",
+                   help="Megatron's unfused GELU: the exact (erf) form (no effect with --swiglu "
+                        "or --squared-relu)")
     g.add_argument("--squared-relu", action="store_true",
                    help="relu(x)^2 in an ungated MLP (Nemotron-4) instead of GELU")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")

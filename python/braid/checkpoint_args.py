@@ -150,7 +150,16 @@ def model_args(config: dict) -> list[tuple[str, object]]:
             out.append((key, None))
         else:
             out += convert(config[key])
-    return out + _rope_args(config)
+    return out + _gelu_args(config) + _rope_args(config)
+
+
+def _gelu_args(config: dict) -> list[tuple[str, object]]:
+    """GELU's form by Megatron's flags where its rule would not give the checkpoint's: the tanh
+    form ("gelu") without biases needs --openai-gelu, the exact one with biases
+    --no-bias-gelu-fusion."""
+    biases = config["add_bias_linear"]
+    return [("openai_gelu", config["activation"] == "gelu" and not biases),
+            ("no_bias_gelu_fusion", config["activation"] == "gelu_exact" and biases)]
 
 
 # Numerics a run may change on purpose (a longer context's RoPE base, say): loading under other

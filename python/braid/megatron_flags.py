@@ -111,10 +111,7 @@ NO_EFFECT = {
     "--tensorboard-queue-size": (True, "braid's metrics writer queues nothing: every record is "
                                        "written and flushed to the event file as it is made"),
     "--no-masked-softmax-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
-    "--no-bias-gelu-fusion": (False, "a kernel fusion choice for braid; with a GELU model "
-                                     "it changes Megatron's GELU to the exact (erf) form "
-                                     "(a warning says so)"),
-    "--openai-gelu": (False, "braid's GELU is always the tanh form, which this asks for"),
+
     "--no-bias-swiglu-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--no-bias-dropout-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
     "--no-rope-fusion": (False, "a kernel fusion choice; braid has its own kernels"),
@@ -191,15 +188,13 @@ def no_effect_given(a: argparse.Namespace) -> list[str]:
     return lines
 
 
-def gelu_warning(a: argparse.Namespace) -> list[str]:
-    """A warning where Megatron would compute the GELU in its exact (erf) form: megatron-core
-    uses the tanh form only in its fused bias-GELU (a GELU model with biases, without
-    --no-bias-gelu-fusion; Megatron-LM turns the fusion off without biases) or with
-    --openai-gelu. braid's GELU is always the tanh form."""
-    gelu = not (a.swiglu or a.squared_relu)
-    if not gelu or a.openai_gelu or not (a.no_bias_gelu_fusion or a.disable_bias_linear):
-        return []
-    why = "--no-bias-gelu-fusion" if a.no_bias_gelu_fusion else "--disable-bias-linear"
-    return [f"braid: warning: with {why} Megatron computes the GELU exactly (erf); braid's GELU "
-            "is the tanh form (Megatron's fused bias-GELU, --openai-gelu), up to 4.7e-4 apart "
-            "- the runs train alike but not to the bit"]
+
+def activation(a: argparse.Namespace) -> str:
+    """The MLP's activation as Megatron computes it: --swiglu, --squared-relu, else GELU - its
+    tanh form in megatron-core's fused bias-GELU (with biases and without --no-bias-gelu-fusion;
+    Megatron-LM turns the fusion off without biases) or with --openai-gelu, the exact (erf)
+    form otherwise."""
+    if a.swiglu or a.squared_relu:
+        return "swiglu" if a.swiglu else "squared_relu"
+    fused = not a.no_bias_gelu_fusion and not a.disable_bias_linear
+    return "gelu" if a.openai_gelu or fused else "gelu_exact"

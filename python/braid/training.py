@@ -37,7 +37,7 @@ from braid import attention_args, flops, moe_args, schedule_args, tokenizer_args
 from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.checkpoint_flags import Retention
-from braid.megatron_flags import gelu_warning, no_effect_given
+from braid.megatron_flags import activation, no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
 from braid.metrics import MetricsWriter
 
@@ -78,7 +78,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.max_position_embeddings = a.max_position_embeddings
     cfg.normalization = MEGATRON_NORMALIZATION[a.normalization]
     cfg.norm_eps = a.norm_epsilon
-    cfg.activation = "swiglu" if a.swiglu else "squared_relu" if a.squared_relu else "gelu"
+    cfg.activation = activation(a)
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
     cfg.rotary_percent = a.rotary_percent
@@ -302,7 +302,7 @@ def main(argv=None) -> int:
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
     for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
-            tokenizer_args.notes(a) + gelu_warning(a):
+            tokenizer_args.notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)

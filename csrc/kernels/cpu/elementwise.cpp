@@ -1,4 +1,4 @@
-// Elementwise ops on the CPU: add, scale, cast, gelu (tanh approximation), squared relu,
+// Elementwise ops on the CPU: add, scale, cast, gelu (tanh approximation and exact), squared relu,
 // swiglu.
 #include <cmath>
 #include <cstring>
@@ -93,6 +93,23 @@ BRAID_CPU_MULTIVERSION void gelu_backward_kernel(float* dx, const float* dout, c
   }
 }
 
+// gelu_exact(x) = x Phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)); d/dx = Phi(x) + x phi(x),
+// phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+void gelu_exact_forward_kernel(float* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+}
+
+void gelu_exact_backward_kernel(float* dx, const float* dout, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+    dx[i] = dout[i] * (cdf + v * kInvSqrt2Pi * std::exp(-0.5f * v * v));
+  }
+}
+
 // ---- swiglu ----
 // Row of x: [gate (f) | up (f)]; out = silu(gate) * up, silu(g) = g * sigmoid(g).
 
@@ -182,6 +199,23 @@ void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
   const float* px = x.data_ptr<float>();
   parallel_for(dx.numel(), kGrain / 8, [&](int64_t i0, int64_t i1) {
     gelu_backward_kernel(d + i0, g + i0, px + i0, i1 - i0);
+  });
+}
+
+void gelu_exact_forward(Tensor out, const Tensor& x, Stream) {
+  float* o = out.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(out.numel(), kGrain / 8, [&](int64_t i0, int64_t i1) {
+    gelu_exact_forward_kernel(o + i0, px + i0, i1 - i0);
+  });
+}
+
+void gelu_exact_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
+  float* d = dx.data_ptr<float>();
+  const float* g = dout.data_ptr<float>();
+  const float* px = x.data_ptr<float>();
+  parallel_for(dx.numel(), kGrain / 8, [&](int64_t i0, int64_t i1) {
+    gelu_exact_backward_kernel(d + i0, g + i0, px + i0, i1 - i0);
   });
 }
 

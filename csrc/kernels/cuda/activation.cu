@@ -1,4 +1,5 @@
-// gelu (tanh form, HF "gelu_new"), squared relu and swiglu, forward and backward.
+// gelu (tanh form, HF "gelu_new"), the exact gelu (erf), squared relu and swiglu, forward
+// and backward.
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -28,6 +29,22 @@ struct GeluBackwardOp {  // (dout, x)
     float t = tanhf(u);
     float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCoeff * x2);
     return dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du);
+  }
+};
+
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+struct GeluExactForwardOp {
+  __device__ float operator()(float x, int64_t) const {
+    return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+  }
+};
+
+struct GeluExactBackwardOp {  // (dout, x)
+  __device__ float operator()(float dout, float x, int64_t) const {
+    const float cdf = 0.5f * (1.0f + erff(x * kInvSqrt2));
+    return dout * (cdf + x * kInvSqrt2Pi * expf(-0.5f * x * x));
   }
 };
 
@@ -130,6 +147,14 @@ void gelu_forward(Tensor out, const Tensor& x, Stream stream) {
 
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
   activation_backward<GeluBackwardOp>(dx, dout, x, stream, "gelu_backward");
+}
+
+void gelu_exact_forward(Tensor out, const Tensor& x, Stream stream) {
+  activation_forward<GeluExactForwardOp>(out, x, stream, "gelu_exact_forward");
+}
+
+void gelu_exact_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+  activation_backward<GeluExactBackwardOp>(dx, dout, x, stream, "gelu_exact_backward");
 }
 
 void squared_relu_forward(Tensor out, const Tensor& x, Stream stream) {

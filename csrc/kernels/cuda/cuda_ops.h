@@ -13,6 +13,8 @@ void scale(Tensor out, const Tensor& x, float alpha, float beta, Stream stream);
 void cast(Tensor out, const Tensor& x, Stream stream);
 void gelu_forward(Tensor out, const Tensor& x, Stream stream);
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
+void gelu_exact_forward(Tensor out, const Tensor& x, Stream stream);
+void gelu_exact_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void squared_relu_forward(Tensor out, const Tensor& x, Stream stream);
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void sigmoid_forward(Tensor out, const Tensor& x, Stream stream);

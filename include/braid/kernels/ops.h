@@ -63,6 +63,11 @@ void cast(Tensor out, const Tensor& x, Stream stream = {});
 void gelu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void gelu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
 
+// The exact gelu, x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)) (torch's F.gelu, megatron-core's
+// unfused GELU, HF "gelu"); dx = dout (Phi(x) + x phi(x)).
+void gelu_exact_forward(Tensor out, const Tensor& x, Stream stream = {});
+void gelu_exact_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
+
 // out = relu(x)^2 (Megatron's --squared-relu, HF's "relu2"); dx = dout * 2 relu(x).
 void squared_relu_forward(Tensor out, const Tensor& x, Stream stream = {});
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});

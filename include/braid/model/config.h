@@ -13,9 +13,10 @@
 namespace braid::model {
 
 enum class Normalization { layernorm, rmsnorm };
-// gelu: GPT-2's (tanh form); swiglu: silu(gate) * up (Llama); squared_relu: relu(x)^2
-// (Nemotron-4, Megatron's --squared-relu), ungated like gelu.
-enum class Activation { gelu, swiglu, squared_relu };
+// gelu: GPT-2's (tanh form; Megatron's fused bias-GELU, --openai-gelu); gelu_exact: x Phi(x)
+// with erf (megatron-core's unfused GELU, torch's F.gelu, HF "gelu"); swiglu: silu(gate) * up
+// (Llama); squared_relu: relu(x)^2 (Nemotron-4, Megatron's --squared-relu), ungated like gelu.
+enum class Activation { gelu, swiglu, squared_relu, gelu_exact };
 enum class PositionEmbedding { learned, rope };
 // How a router scores experts from its logits (Megatron's --moe-router-score-function).
 enum class MoeScoreFunction { softmax, sigmoid };

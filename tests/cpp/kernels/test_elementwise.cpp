@@ -1,4 +1,4 @@
-// add, scale, cast, gelu (tanh approximation), squared relu, swiglu.
+// add, scale, cast, gelu (tanh approximation and exact), squared relu, swiglu.
 #include <algorithm>
 
 #include "kernel_test_util.h"
@@ -103,6 +103,26 @@ TEST_P(Elementwise, GeluBackwardMatchesFiniteDifferences) {
   g.step = 1e-2;
   g.f32_tol = {2e-3, 2e-3};
   check_gradients(GetParam(), g);
+}
+
+// torch's F.gelu: x Phi(x) with erf, and its gradient; up to 4.7e-4 from the tanh form.
+TEST_P(Elementwise, GeluExactIsTheErfForm) {
+  Tensor x = random_tensor({7, 45}, 3, 5.0f), dout = random_tensor({7, 45}, 8, 1.0f);
+  Tensor out = empty({7, 45}), dx = empty({7, 45});
+  ops::gelu_exact_forward(out, up(x));
+  ops::gelu_exact_backward(dx, up(dout), up(x));
+  std::vector<double> want, want_dx, tanh_form;
+  const std::vector<double> xs = values(seen(x)), gs = values(seen(dout));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i], cdf = 0.5 * (1.0 + std::erf(v / std::sqrt(2.0)));
+    want.push_back(v * cdf);
+    want_dx.push_back(gs[i] * (cdf + v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI)));
+    tanh_form.push_back(gelu_ref(v));
+  }
+  EXPECT_TRUE(all_close(out, want, tol({1e-6, 1e-5})));
+  EXPECT_TRUE(all_close(dx, want_dx, tol({1e-6, 1e-5})));
+  EXPECT_FALSE(all_close(out, tanh_form, tol({1e-6, 1e-5})));  // a different function
+  EXPECT_TRUE(all_close(out, tanh_form, tol({5e-4, 0})));
 }
 
 TEST_P(Elementwise, SquaredReluAndItsGradient) {

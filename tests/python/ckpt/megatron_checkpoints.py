@@ -68,6 +68,9 @@ MODELS = {
     # GPT: LayerNorm, GELU (megatron-core's fused bias-GELU), learned positions, biases, tied
     "gpt": dict(normalization="LayerNorm", position_embedding_type="learned_absolute",
                 add_bias_linear=True, add_qkv_bias=True),
+    # GPT with the exact (erf) GELU: megatron-core's unfused GELU (--no-bias-gelu-fusion)
+    "gpt-erf": dict(normalization="LayerNorm", position_embedding_type="learned_absolute",
+                    add_bias_linear=True, add_qkv_bias=True, bias_gelu_fusion=False),
     # Nemotron-like: LayerNorm weights saved as gamma - 1 (--apply-layernorm-1p), squared ReLU,
     # RoPE on half of each head, biases, 2 query groups, untied
     "nemotron-1p": dict(normalization="LayerNorm", squared_relu=True, rotary_percent=0.5,
@@ -134,14 +137,19 @@ def build(a):
     from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec,
                                                           get_gpt_layer_local_spec)
     from megatron.core.transformer.transformer_config import TransformerConfig
-    activation = F.silu if a.swiglu else squared_relu if a.squared_relu else F.gelu
+    from megatron.core.transformer.utils import openai_gelu
+    # Megatron-LM's: --openai-gelu's tanh form, else F.gelu (the fused bias-GELU, when on, being
+    # its tanh form)
+    gelu = openai_gelu if getattr(a, "openai_gelu", False) else F.gelu
+    activation = F.silu if a.swiglu else squared_relu if a.squared_relu else gelu
     config = TransformerConfig(
         num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
         num_attention_heads=a.num_attention_heads, kv_channels=a.kv_channels,
         num_query_groups=a.num_query_groups if a.group_query_attention else None,
         normalization=a.normalization, layernorm_epsilon=a.norm_epsilon,
         gated_linear_unit=a.swiglu, activation_func=activation,
-        bias_activation_fusion=a.bias_gelu_fusion and not (a.swiglu or a.squared_relu),
+        bias_activation_fusion=(a.bias_gelu_fusion and a.add_bias_linear
+                                and not (a.swiglu or a.squared_relu)),
         add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
         qk_layernorm=a.qk_layernorm, hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, params_dtype=torch.float32,
@@ -331,9 +339,6 @@ def save_job(out):
         if kind == "moe-shared":
             save_megatron_lm(model, a, os.path.join(out, "moe-shared-singleton"),
                              content_metadata={"singleton_local_shards": True})
-        if kind == "gpt":
-            save_megatron_lm(model, megatron_args(kind, bias_gelu_fusion=False),
-                             os.path.join(out, "gpt-erf"))
 
 
 def common_args(folder):

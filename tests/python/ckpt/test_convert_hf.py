@@ -65,10 +65,10 @@ def llama(tmp, kv_heads=2, tie=False, dtype=torch.float32, **extra):
     return tmp
 
 
-def gpt2(tmp, shard=False, tie=True):
+def gpt2(tmp, shard=False, tie=True, activation="gelu_new"):
     torch.manual_seed(1)
     cfg = transformers.GPT2Config(vocab_size=97, n_positions=32, n_embd=64, n_layer=2, n_head=4,
-                                  layer_norm_epsilon=1e-5, activation_function="gelu_new",
+                                  layer_norm_epsilon=1e-5, activation_function=activation,
                                   tie_word_embeddings=tie)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     perturb(model)
@@ -159,6 +159,8 @@ MODELS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
     "gpt2-tied-sharded": lambda d: gpt2(d, shard=True),
     "gpt2-untied": lambda d: gpt2(d, tie=False),
+    # The exact GELU (torch's F.gelu, HF's "gelu"): braid's gelu_exact.
+    "gpt2-exact-gelu": lambda d: gpt2(d, activation="gelu"),
     "qwen2-tied": lambda d: qwen2(d, tie=True),
     "qwen3-untied": qwen3,
     "qwen3-wide-heads": lambda d: qwen3(d, head_dim=32),

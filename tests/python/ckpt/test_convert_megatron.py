@@ -54,6 +54,14 @@ BRAID_MODELS = {
                   rope_theta=500000.0),
     "gpt": dict(normalization="layernorm", activation="gelu", position_embedding="learned",
                 num_query_groups=4, add_bias_linear=True, tie_embeddings=True),
+    # GELU's two forms where Megatron-LM's rule needs a flag: the exact one with biases
+    # (bias_gelu_fusion off), the tanh one without (openai_gelu)
+    "gpt-erf": dict(normalization="layernorm", activation="gelu_exact",
+                    position_embedding="learned", num_query_groups=4, add_bias_linear=True,
+                    tie_embeddings=True),
+    "gpt-tanh-no-bias": dict(normalization="layernorm", activation="gelu",
+                             position_embedding="learned", num_query_groups=4,
+                             add_bias_linear=False, tie_embeddings=True),
     # a dense first layer, then 4 experts (top 2 of sigmoid scores with a bias the step moved,
     # scaled by 2.5) beside a gated shared expert
     "moe": dict(normalization="rmsnorm", activation="swiglu", position_embedding="rope",
@@ -197,7 +205,9 @@ def test_import_computes_megatrons_logits(megatron, tmp_path, kind):
     c = metadata(ckpt)["config"]
     assert c["vocab_size"] == PADDED_VOCAB
     assert c["zero_centered_gamma"] == (kind == "nemotron-1p")
-    assert c["tie_embeddings"] == (kind in ("gpt", "qwen-tied"))
+    assert c["tie_embeddings"] == (kind in ("gpt", "gpt-erf", "qwen-tied"))
+    if kind.startswith("gpt"):  # the fused bias-GELU's tanh form, the unfused exact one
+        assert c["activation"] == {"gpt": "gelu", "gpt-erf": "gelu_exact"}[kind]
 
 
 def test_imported_metadata_carries_the_iteration(megatron, tmp_path):
@@ -422,9 +432,6 @@ def test_refuses_what_it_does_not_map(megatron, tmp_path):
                    "not part of a GPT model with these args")
     assert_refused(["import", "--megatron-dir", megatron / "llama-moe-args", "--save",
                     tmp_path / "b"], "no decoder.layers.mlp.router.weight (layer 0)")
-    assert_refused(["import", "--megatron-dir", megatron / "gpt-erf", "--save", tmp_path / "c"],
-                   "exact (erf) GELU", "--allow-tanh-gelu")
-    imported(megatron, "gpt-erf", tmp_path / "c", "--allow-tanh-gelu")
     assert_refused(["import", "--megatron-dir", megatron / "llama-fp8", "--save", tmp_path / "d"],
                    "core_attention._extra_state/shard_0_2 holds Transformer Engine state (FP8",
                    "--drop-fp8-state")
@@ -435,8 +442,7 @@ def test_refuses_what_it_does_not_map(megatron, tmp_path):
 
 def test_export_refuses_models_megatron_does_not_compute(exported, tmp_path):
     for n, (edit, phrase) in enumerate((
-            (dict(add_bias_linear=False), "GELU (tanh form) without biases"),
-            (dict(multi_latent_attention=True), "multi-latent attention"))):
+            (dict(multi_latent_attention=True), "multi-latent attention"),)):
         ckpt = edited_copy(exported["gpt"]["braid"], tmp_path / f"ckpt{n}", **edit)
         assert_refused(["export", "--load", ckpt, "--megatron-dir", tmp_path / "out"], phrase)
     assert_refused(["export", "--load", exported["gpt"]["braid"], "--megatron-dir",
@@ -444,8 +450,9 @@ def test_export_refuses_models_megatron_does_not_compute(exported, tmp_path):
 
 
 def test_command_line_exit_codes(megatron, tmp_path):
-    r = subprocess.run([sys.executable, TOOL, "import", "--megatron-dir", megatron / "gpt-erf",
-                        "--save", tmp_path / "ckpt"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, TOOL, "import", "--megatron-dir",
+                        megatron / "llama-router", "--save", tmp_path / "ckpt"],
+                       capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("convert_megatron.py import: error: ")
     r = subprocess.run([sys.executable, TOOL, "import", "--megatron-dir", megatron / "gpt",
                         "--save", tmp_path / "ckpt"], capture_output=True, text=True)

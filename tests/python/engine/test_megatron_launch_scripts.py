@@ -232,24 +232,71 @@ def test_num_zeros_in_grad_counts_each_element_once_under_any_layout(tmp_path):
         assert zeros(name, 4, layout) == one, name
 
 
-def test_gelu_that_megatron_computes_exactly_is_warned_about():
-    # megatron-core's GELU is the tanh form only in its fused bias-GELU; braid's always is.
+def test_gelu_takes_megatrons_form():
+    # megatron-core's GELU is the tanh form only in its fused bias-GELU (biases, no
+    # --no-bias-gelu-fusion) or with --openai-gelu; the exact (erf) form otherwise.
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
     from braid.arguments import parse_args
-    from braid.megatron_flags import gelu_warning
+    from braid.checkpoint_args import model_args
+    from braid.megatron_flags import activation
 
     base = ["--vocab-size", "300", "--mock-data", "--seq-length", "32", "--num-layers", "2",
             "--hidden-size", "64", "--num-attention-heads", "4"]
-    for flags, warned in (([], None), (["--openai-gelu"], None),
-                          (["--no-bias-gelu-fusion"], "--no-bias-gelu-fusion"),
-                          (["--disable-bias-linear"], "--disable-bias-linear"),
-                          (["--disable-bias-linear", "--openai-gelu"], None),
-                          (["--disable-bias-linear", "--swiglu"], None),
-                          (["--no-bias-gelu-fusion", "--squared-relu"], None)):
-        lines = gelu_warning(parse_args([*base, *flags], 1))
-        if warned is None:
-            assert lines == [], flags
-        else:
-            assert lines and lines[0].startswith(f"braid: warning: with {warned} Megatron "
-                                                 "computes the GELU exactly (erf)"), lines
+    for flags, want in (([], "gelu"), (["--openai-gelu"], "gelu"),
+                        (["--no-bias-gelu-fusion"], "gelu_exact"),
+                        (["--disable-bias-linear"], "gelu_exact"),
+                        (["--disable-bias-linear", "--openai-gelu"], "gelu"),
+                        (["--disable-bias-linear", "--swiglu"], "swiglu"),
+                        (["--no-bias-gelu-fusion", "--squared-relu"], "squared_relu")):
+        a = parse_args([*base, *flags], 1)
+        assert activation(a) == want, flags
+        # --use-checkpoint-args gives the same form back from a checkpoint's config.
+        config = {"activation": want, "add_bias_linear": "--disable-bias-linear" not in flags}
+        b = parse_args(base, 1)
+        for dest, value in model_args_of(config, model_args):
+            setattr(b, dest, value)
+        assert activation(b) == want, flags
+
+
+def model_args_of(config, model_args):
+    """The GELU and bias arguments model_args gives for a config holding just those."""
+    full = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 4,
+            "ffn_hidden_size": 256, "vocab_size": 300, "max_position_embeddings": 32,
+            "normalization": "layernorm", "position_embedding": "learned", "add_qkv_bias": False,
+            "qk_layernorm": False, "tie_embeddings": True, "rope_theta": 10000.0,
+            "rotary_percent": 1.0, "rope_scaling_factor": 0.0, "norm_eps": 1e-5, **config}
+    keep = {"swiglu", "squared_relu", "openai_gelu", "no_bias_gelu_fusion",
+            "disable_bias_linear"}
+    return [(dest, value) for dest, value in model_args(full) if dest in keep]
+
+
+def test_exact_gelu_trains_alike_under_any_layout_and_is_saved(tmp_path):
+    # A GELU model without biases: Megatron-LM computes the exact (erf) GELU (its fusion is off
+    # without biases). tp 2 x pp 2 trains like one process; the checkpoint says gelu_exact;
+    # --openai-gelu (the tanh form) trains differently.
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
+    import braid
+
+    gelu = [x for x in MODEL if x != "--swiglu"]
+    assert len(gelu) == len(MODEL) - 1 and "--disable-bias-linear" in gelu
+
+    def train(name, ranks, extra):
+        tb = str(tmp_path / name)
+        r = run(ranks, [*gelu, "--train-iters", "10", "--eval-iters", "0", "--tensorboard-dir",
+                        tb, "--save", str(tmp_path / name / "ckpt"), *extra])
+        assert r.returncode == 0, r.stdout + r.stderr
+        return losses(jsonl(os.path.join(tb, "metrics.jsonl")))
+
+    one = train("one", 1, [])
+    assert braid.checkpoint_metadata(str(tmp_path / "one" / "ckpt"))["config"]["activation"] \
+        == "gelu_exact"
+    layout = train("tp2_pp2", 4, ["--tensor-model-parallel-size", "2",
+                                  "--pipeline-model-parallel-size", "2", "--sequence-parallel"])
+    np.testing.assert_allclose([layout[i] for i in range(1, 11)],
+                               [one[i] for i in range(1, 11)], rtol=2e-4)
+    tanh = train("tanh", 1, ["--openai-gelu"])
+    assert braid.checkpoint_metadata(str(tmp_path / "tanh" / "ckpt"))["config"]["activation"] \
+        == "gelu"
+    assert tanh[1] == pytest.approx(one[1], rel=1e-3) and tanh != one
