@@ -103,13 +103,13 @@ AdamW::AdamW(std::vector<OptimizerChunk> chunks, AdamWConfig config, comm::Commu
       std::stable_partition(order.begin(), order.end(), [&](size_t i) { return !decoupled[i]; });
   decoupled_begin_ = size_t(it - order.begin());
   std::vector<ops::AdamWGroup> groups;
-  std::vector<bool> decays;
+  std::vector<bool> decay_flags;
   for (size_t i : order) {
     groups.push_back(std::move(groups_[i]));
-    decays.push_back(decays_[i]);
+    decay_flags.push_back(decays_[i]);
   }
   groups_ = std::move(groups);
-  decays_ = std::move(decays);
+  decays_ = std::move(decay_flags);
 }
 
 const AdamW::Segment& AdamW::only_segment() const {

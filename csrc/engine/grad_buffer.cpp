@@ -127,6 +127,9 @@ GradBuffer::GradBuffer(model::GPTModel& model, comm::Communicator* dp,
     for (size_t p : buckets_[b].params) buckets_of_param_[p].push_back(b);
   reduce_work_.resize(buckets_.size());
   bf16_grads_.resize(buckets_.size());
+  for (size_t b = 0; b < buckets_.size() && config_.grad_reduce_in_bf16; ++b)
+    if (group(buckets_[b]) != nullptr)  // allocated now, not at the first backward's peak
+      bf16_grads_[b] = Tensor::empty({buckets_[b].range.size()}, DType::bf16, model_.device());
   gather_work_.resize(buckets_.size());
   params_pending_.assign(buckets_.size(), 0);
   if (!communicates()) return;
@@ -188,8 +191,6 @@ void GradBuffer::post_reduce(size_t b, bool during_backward) {
   stream_wait(model_.device(), comm_stream(), Stream{});
   int64_t offset = 0;  // of the bucket in `grads`
   if (config_.grad_reduce_in_bf16) {
-    if (!bf16_grads_[b].defined())
-      bf16_grads_[b] = Tensor::empty({bucket.range.size()}, DType::bf16, model_.device());
     ops::cast(bf16_grads_[b], whole, comm_stream());
     grads = whole = bf16_grads_[b];
     offset = bucket.range.begin;

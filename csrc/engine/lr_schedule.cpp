@@ -139,7 +139,7 @@ float LRSchedule::decoupled_lr_at(double iteration) const {
 }
 
 float LRSchedule::lr_between(double iteration, float peak, float floor) const {
-  BRAID_CHECK(iteration >= 0, "LRSchedule::lr_at: negative iteration ", iteration);
+  BRAID_CHECK(iteration >= 0, "LRSchedule: negative iteration ", iteration);
   const double it = iteration;
   if (warmup_iters > 0 && it <= warmup_iters)
     return float(double(warmup_init) + (double(peak) - warmup_init) * it / warmup_iters);

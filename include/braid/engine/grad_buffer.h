@@ -31,10 +31,11 @@
 // batch's gradient. Bucket boundaries stay multiples of dp, which the expert-DP size divides.
 //
 // --grad-reduce-in-bf16. Each bucket is rounded to bf16 into a staging buffer of its own
-// (half the bucket's bytes, kept from step to step), reduced as bf16 - half the bytes on the
-// wire - and widened back into the f32 buffer (the shard of it with ZeRO). Megatron keeps the
-// whole gradient buffer in bf16 instead, accumulating the microbatches in bf16 too; braid
-// accumulates in f32 and rounds once per step, before the reduction.
+// (half the bucket's bytes, kept from step to step), reduced as bf16 - through NCCL half the
+// bytes on the wire, each step of its ring rounding to bf16; through MPI (CPU) widened to f32,
+// summed and rounded once - and widened back into the f32 buffer (the shard of it with ZeRO).
+// Megatron keeps the whole gradient buffer in bf16 instead, accumulating the microbatches in
+// bf16 too; braid accumulates in f32 and rounds once per step, before the reduction.
 //
 // ZeRO-1. After the optimizer has updated this rank's shards, start_param_gather()
 // all-gathers every bucket's parameters. With --overlap-param-gather the gathers run during

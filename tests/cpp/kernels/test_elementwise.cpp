@@ -121,8 +121,10 @@ TEST_P(Elementwise, GeluExactIsTheErfForm) {
   }
   EXPECT_TRUE(all_close(out, want, tol({1e-6, 1e-5})));
   EXPECT_TRUE(all_close(dx, want_dx, tol({1e-6, 1e-5})));
-  EXPECT_FALSE(all_close(out, tanh_form, tol({1e-6, 1e-5})));  // a different function
-  EXPECT_TRUE(all_close(out, tanh_form, tol({5e-4, 0})));
+  if (is_f32()) {  // 16-bit outputs round by more than the two forms differ
+    EXPECT_FALSE(all_close(out, tanh_form, {1e-6, 1e-5}));  // a different function
+    EXPECT_TRUE(all_close(out, tanh_form, {5e-4, 0}));
+  }
 }
 
 TEST_P(Elementwise, SquaredReluAndItsGradient) {

@@ -134,14 +134,15 @@ def test_grad_reduce_in_bf16_stays_within_bf16_of_one_process(tmp_path):
         steps = range(1, 21)
         np.testing.assert_allclose([f32[i] for i in steps], [one[i] for i in steps], rtol=2e-4)
         assert bf16 != f32, name  # the reductions did round
-        # The first step's gradients are the same batch's: summed in bf16 (8 bits of mantissa,
-        # each element within 2^-9) their norm is one process's within 0.3%. A rank left with
-        # its own share (no reduction, or another rank's shard) would be off by a factor.
+        # The first step's gradients are the same batch's: each element summed in bf16 is
+        # within 2^-9 of the f32 sum, and those roundings average out in the norm (measured:
+        # 3e-6 and 6e-6). A rank left with its own share (no reduction, or another rank's
+        # shard) would be off by a factor.
         assert bf16[1][0] == pytest.approx(one[1][0], rel=1e-5)
-        assert bf16[1][1] == pytest.approx(one[1][1], rel=3e-3), name
-        # Gradients that close steer Adam's normalised steps alike: the losses stay within a
-        # few tenths of a percent, the norms within a few percent.
-        for part, rtol in ((0, 5e-3), (1, 5e-2)):
+        assert bf16[1][1] == pytest.approx(one[1][1], rel=1e-4), name
+        # Gradients that close steer Adam's normalised steps alike over 20 steps (measured:
+        # losses within 1.6e-5, norms within 0.2%).
+        for part, rtol in ((0, 1e-3), (1, 2e-2)):
             np.testing.assert_allclose([bf16[i][part] for i in steps],
                                        [one[i][part] for i in steps], rtol=rtol, err_msg=name)
 
