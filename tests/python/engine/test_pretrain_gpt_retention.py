@@ -25,7 +25,7 @@ TRAIN = [*MODEL, "--eval-iters", "0"]
 
 
 def iterations(ckpt) -> list[int]:
-    """The iterations of the iter_XXXXXXX directories in `ckpt`, sorted."""
+    """The iterations of the iter_<7 digits> directories in `ckpt`, sorted."""
     return sorted(int(n[5:]) for n in os.listdir(ckpt) if re.fullmatch(r"iter_\d+", n))
 
 
