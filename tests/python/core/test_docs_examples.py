@@ -48,6 +48,13 @@ SKIP = {
     ("docs/convert_hf.md", "convert_hf.py import"): (
         "needs a Hugging Face model directory (./Llama-tiny) and transformers",
         "tests/python/ckpt/test_convert_hf.py"),
+    ("docs/convert_megatron.md", "convert_megatron.py import"): (
+        "needs a Megatron-LM checkpoint directory (./megatron_ckpt) and PyTorch",
+        "tests/python/ckpt/test_convert_megatron.py (megatron-core's own saves and loads)"),
+    ("docs/data.md", "--tokenizer-model tokenizer.model"): (
+        "placeholder corpus and SentencePiece model",
+        "tests/python/data/test_sentencepiece_tiktoken.py, "
+        "tests/python/engine/test_megatron_launch_scripts.py"),
     ("docs/demo.md", "mpirun -np 8 --oversubscribe python -m braid.demo \\\n"): (
         "the full 3D demo, 2000 steps on 8 ranks (~6 min)",
         "tests/python/engine/test_parallel_demo.py"),
