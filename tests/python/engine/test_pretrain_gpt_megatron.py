@@ -259,7 +259,8 @@ TP2_PP2 = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size"
     # Nemotron-4's MLP: squared ReLU, ungated (in place of MODEL's --swiglu).
     (["--squared-relu"], 4, TP2_PP2, {"activation": "squared_relu"},
      ("mlp.up_proj.weight", [256, 64]), "mlp.gate_proj.weight",
-     'activation is "squared_relu" in the checkpoint and "gelu" in this run'),
+     # (without biases Megatron's GELU is the exact one)
+     'activation is "squared_relu" in the checkpoint and "gelu_exact" in this run'),
 ])
 def test_qwen_attention_flags_train_like_one_process_and_are_part_of_the_model(
         flags, ranks, layout, config, present, absent, refusal, tmp_path):
