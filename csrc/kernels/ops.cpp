@@ -270,8 +270,24 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 // ---------------------------------------------------------------- positions and embeddings
 
 namespace {
+// An optional i32 [B, S] per-token tensor (rope's positions, attention's key_start: S >= `seq`
+// when `at_least`) on `device`.
+void check_token_table(const char* op, const char* name, const Tensor& t, Device device,
+                       int64_t batch, int64_t seq, bool at_least) {
+  if (!t.defined()) return;
+  check_dtype(op, name, t, DType::i32);
+  BRAID_CHECK(t.device() == device, op, ": ", name, " is on ", t.device().str(), ", the op on ",
+              device.str());
+  BRAID_CHECK(
+      t.dim() == 2 && t.size(0) == batch && (at_least ? t.size(1) >= seq : t.size(1) == seq), op,
+      ": ", name, " ", describe(t), " must be [", batch, ", ", at_least ? ">= " : "", seq, "]");
+}
+
 void check_rope(const char* op, Device device, const char* out_name, const Tensor& out,
-                const char* in_name, const Tensor& in, const RotaryFrequencies& rotary) {
+                const char* in_name, const Tensor& in, const RotaryFrequencies& rotary,
+                int64_t position_offset, const Tensor& positions) {
+  BRAID_CHECK(position_offset >= 0, op, ": position_offset = ", position_offset,
+              " must not be negative");
   check_activation(op, device, in_name, in);
   check_like(op, out_name, out, in_name, in);
   rotary.validate();
@@ -283,33 +299,30 @@ void check_rope(const char* op, Device device, const char* out_name, const Tenso
               " exceeds the head's ", d, " channels (", in_name, " ", describe(in), ")");
   BRAID_CHECK(r % 2 == 0, op, ": the ", r, " channels that turn (head dim ", d, " - first_channel ",
               first, ") must be even (", in_name, " ", describe(in), ")");
+  check_token_table(op, "positions", positions, device, in.size(0), in.size(1), false);
 }
 }  // namespace
 
 void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
-                  int64_t position_offset, Stream stream) {
+                  int64_t position_offset, const Tensor& positions, Stream stream) {
   const char* op = "rope_forward";
   Device device = device_of(op, {{"out", out}, {"x", x}});
-  check_rope(op, device, "out", out, "x", x, rotary);
-  BRAID_CHECK(position_offset >= 0, op, ": position_offset = ", position_offset,
-              " must not be negative");
+  check_rope(op, device, "out", out, "x", x, rotary, position_offset, positions);
   if (x.numel() == 0) return;
   const std::vector<float> inv_freq = rotary.inv_freq(x.size(3));
   BRAID_DISPATCH(device, rope_forward, out, x, inv_freq, rotary.first_channel, rotary.interleaved,
-                 position_offset, rotary.attention_factor, stream);
+                 position_offset, positions, rotary.attention_factor, stream);
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,
-                   int64_t position_offset, Stream stream) {
+                   int64_t position_offset, const Tensor& positions, Stream stream) {
   const char* op = "rope_backward";
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}});
-  check_rope(op, device, "dx", dx, "dout", dout, rotary);
-  BRAID_CHECK(position_offset >= 0, op, ": position_offset = ", position_offset,
-              " must not be negative");
+  check_rope(op, device, "dx", dx, "dout", dout, rotary, position_offset, positions);
   if (dout.numel() == 0) return;
   const std::vector<float> inv_freq = rotary.inv_freq(dout.size(3));
   BRAID_DISPATCH(device, rope_backward, dx, dout, inv_freq, rotary.first_channel,
-                 rotary.interleaved, position_offset, rotary.attention_factor, stream);
+                 rotary.interleaved, position_offset, positions, rotary.attention_factor, stream);
 }
 
 namespace {
@@ -418,7 +431,7 @@ int64_t effective_window(int64_t window, int64_t keys) { return window >= keys -
 
 // q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk, Hq % Hkv == 0; lse [B, Hq, Sq] f32.
 void check_attention(const char* op, Device device, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const Tensor& lse, int64_t window) {
+                     const Tensor& v, const Tensor& lse, int64_t window, const Tensor& key_start) {
   check_window(op, window);
   check_activation(op, device, "q", q);
   check_same_dtype(op, "k", k, "q", q);
@@ -435,23 +448,24 @@ void check_attention(const char* op, Device device, const Tensor& q, const Tenso
               k.shape(), ")");
   check_dtype(op, "lse", lse, DType::f32);
   check_shape(op, "lse", lse, Shape{q.size(0), q.size(2), q.size(1)});
+  check_token_table(op, "key_start", key_start, device, q.size(0), k.size(1), true);
 }
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, Stream stream) {
+                       int64_t window, const Tensor& key_start, Stream stream) {
   const char* op = "attention_forward";
   Device device = device_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
-  check_attention(op, device, q, k, v, lse, window);
+  check_attention(op, device, q, k, v, lse, window, key_start);
   check_like(op, "out", out, "q", q);
   if (out.numel() == 0 && lse.numel() == 0) return;
   BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, effective_window(window, k.size(1)),
-                 stream);
+                 key_start, stream);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, Stream stream) {
+                        int64_t window, const Tensor& key_start, Stream stream) {
   const char* op = "attention_backward";
   Device device = device_of(op, {{"dq", dq},
                                  {"dk", dk},
@@ -462,7 +476,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                                  {"v", v},
                                  {"out", out},
                                  {"lse", lse}});
-  check_attention(op, device, q, k, v, lse, window);
+  check_attention(op, device, q, k, v, lse, window, key_start);
   for (const auto& [name, t] :
        {std::pair<const char*, const Tensor&>{"dq", dq}, {"dout", dout}, {"out", out}}) {
     check_like(op, name, t, "q", q);
@@ -472,7 +486,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
   BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse,
-                 effective_window(window, k.size(1)), stream);
+                 effective_window(window, k.size(1)), key_start, stream);
 }
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,

@@ -81,43 +81,51 @@ namespace {
 
 // The pieces of one local chunk of one sequence: its queries (and what has their shape) as
 // [1, L, ...], its log-sum-exp [1, Hq, L], and the keys its queries see [1, P, ...]: those
-// from the first the chunk's first query's window reaches to the chunk's end. The queries are
+// from the first the chunk's first query's window reaches to the chunk's end (from 0 with
+// document masking, whose key_start holds positions of the whole sequence). The queries are
 // the last L of those P positions, as ops::attention_forward aligns them.
 struct ChunkView {
-  int64_t row, first_key, end_key;  // row of the local [2B, L] region; keys [first, end)
+  int64_t row, sequence, first_key, end_key;  // row of the local [2B, L] region; keys [first, end)
   Tensor rows(const Tensor& t) const { return positions(t, row, 0, t.size(1)); }
   Tensor lse(const Tensor& t) const {
     return t.slice(row * t.size(1) * t.size(2), {1, t.size(1), t.size(2)});
   }
-  Tensor keys(const Tensor& t, int64_t sequence) const {
+  Tensor keys(const Tensor& t) const {
     return positions(t, sequence, first_key, end_key - first_key);
+  }
+  // The sequence's row [1, S] of key_start [B, S] (undefined when it is).
+  Tensor key_start(const Tensor& t) const {
+    return t.defined() ? t.slice(sequence * t.size(1), {1, t.size(1)}) : Tensor();
   }
 };
 
 template <typename F>
-void for_each_local_chunk(const ContextParallel& cp, const Tensor& q, int64_t window, F&& f) {
+void for_each_local_chunk(const ContextParallel& cp, const Tensor& q, int64_t window,
+                          const Tensor& key_start, F&& f) {
   const int64_t b = q.size(0) / 2, len = q.size(1);
   for (int j = 0; j < 2; ++j) {
     const int64_t start = cp.chunk(j) * len;
-    const int64_t first = window < 0 ? 0 : std::max<int64_t>(0, start - window);
-    for (int64_t i = 0; i < b; ++i) f(ChunkView{j * b + i, first, start + len}, i);
+    const int64_t first =
+        window < 0 || key_start.defined() ? 0 : std::max<int64_t>(0, start - window);
+    for (int64_t i = 0; i < b; ++i) f(ChunkView{j * b + i, i, first, start + len});
   }
 }
 
 }  // namespace
 
 void context_attention_forward(const ContextParallel& cp, Tensor out, Tensor lse, const Tensor& q,
-                               const Tensor& k, const Tensor& v, int64_t window) {
-  for_each_local_chunk(cp, q, window, [&](const ChunkView& c, int64_t sequence) {
-    ops::attention_forward(c.rows(out), c.lse(lse), c.rows(q), c.keys(k, sequence),
-                           c.keys(v, sequence), window);
+                               const Tensor& k, const Tensor& v, int64_t window,
+                               const Tensor& key_start) {
+  for_each_local_chunk(cp, q, window, key_start, [&](const ChunkView& c) {
+    ops::attention_forward(c.rows(out), c.lse(lse), c.rows(q), c.keys(k), c.keys(v), window,
+                           c.key_start(key_start));
   });
 }
 
 void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk, Tensor dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                int64_t window) {
+                                int64_t window, const Tensor& key_start) {
   dk.zero_();
   dv.zero_();
   // Adds a chunk's share (the activation dtype) into the f32 sum.
@@ -129,14 +137,14 @@ void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk,
     }
     ops::add(sum, sum, part_f32);
   };
-  for_each_local_chunk(cp, q, window, [&](const ChunkView& c, int64_t sequence) {
-    const Tensor k_seen = c.keys(k, sequence), v_seen = c.keys(v, sequence);
+  for_each_local_chunk(cp, q, window, key_start, [&](const ChunkView& c) {
+    const Tensor k_seen = c.keys(k), v_seen = c.keys(v);
     Tensor dk_part = Tensor::empty(k_seen.shape(), k.dtype(), k.device());
     Tensor dv_part = Tensor::empty(v_seen.shape(), v.dtype(), v.device());
     ops::attention_backward(c.rows(dq), dk_part, dv_part, c.rows(dout), c.rows(q), k_seen, v_seen,
-                            c.rows(out), c.lse(lse), window);
-    accumulate(c.keys(dk, sequence), dk_part);
-    accumulate(c.keys(dv, sequence), dv_part);
+                            c.rows(out), c.lse(lse), window, c.key_start(key_start));
+    accumulate(c.keys(dk), dk_part);
+    accumulate(c.keys(dv), dv_part);
   });
 }
 

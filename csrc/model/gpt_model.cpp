@@ -229,7 +229,21 @@ int64_t GPTModel::vocab_start() const {
   return 0;
 }
 
-Tokens GPTModel::tokens_of(const Microbatch& mb) const { return {mb.ids.size(0), mb.ids.size(1)}; }
+Tokens GPTModel::tokens_of(const Microbatch& mb) const {
+  return {mb.ids.size(0), mb.ids.size(1), mb.key_start, mb.doc_positions};
+}
+
+void GPTModel::set_document_masking(int32_t eod, bool reset_attention_mask,
+                                    bool reset_position_ids) {
+  BRAID_CONFIG_CHECK(
+      !(reset_attention_mask || reset_position_ids) || (eod >= 0 && eod < config_.vocab_size),
+      "document masking (--reset-attention-mask, --reset-position-ids): the "
+      "end-of-document token ",
+      eod, " is not in the vocabulary [0, ", config_.vocab_size, ")");
+  eod_ = eod;
+  reset_attention_mask_ = reset_attention_mask;
+  reset_position_ids_ = reset_position_ids;
+}
 
 int64_t GPTModel::region_tokens(const Microbatch& mb) const {
   return tokens_of(mb).count() / (tp_.sharded_tokens() ? tp_.size() : 1);
@@ -292,9 +306,11 @@ Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
   if (config_.position_embedding == PositionEmbedding::learned) {
     Tensor host = Tensor::empty({region}, DType::i32);
     int32_t* p = host.data_ptr<int32_t>();
+    const Tensor own = tokens.positions.defined() ? host_copy(tokens.positions) : Tensor();
     for (int64_t i = 0; i < region; ++i) {
       const int64_t token = first_token + i;
-      p[i] = int32_t(position_offset + (cp_.active()
+      p[i] = int32_t(position_offset + (own.defined() ? own.data_ptr<int32_t>()[token]
+                                        : cp_.active()
                                             ? cp_.position(token, tokens.batch / 2, tokens.seq)
                                             : token % tokens.seq));
     }
@@ -339,7 +355,8 @@ void GPTModel::rerun_group(Microbatch& mb, size_t begin, size_t end) const {
   }
 }
 
-GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets) const {
+GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets,
+                                       bool documents) const {
   BRAID_CONFIG_CHECK(ids.defined() && ids.dim() == 2 && ids.dtype() == DType::i32,
                      "GPTModel: ids must be [B, S] i32, got ",
                      ids.defined() ? dtype_name(ids.dtype()) : "", ids.shape());
@@ -362,6 +379,25 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets)
   Microbatch mb;
   // Copies, not views: the caller may refill its buffers before backward reads them.
   mb.ids = cp_.active() ? split_sequence(cp_, ids).to(device_) : ids.to(device_);
+  if (documents && (reset_attention_mask_ || reset_position_ids_)) {
+    // Megatron's _get_ltor_masks_and_position_ids: the token after each eod starts a document.
+    Tensor key_start = Tensor::empty({b, s}, DType::i32),
+           positions = Tensor::empty({b, s}, DType::i32);
+    int32_t* start_of = key_start.data_ptr<int32_t>();
+    int32_t* position = positions.data_ptr<int32_t>();
+    for (int64_t r = 0; r < b; ++r) {
+      int32_t start = 0;
+      for (int64_t i = 0; i < s; ++i) {
+        start_of[r * s + i] = start;
+        position[r * s + i] = int32_t(i) - start;
+        if (id[r * s + i] == eod_) start = int32_t(i + 1);
+      }
+    }
+    if (reset_attention_mask_) mb.key_start = key_start.to(device_);
+    if (reset_position_ids_) {
+      mb.doc_positions = (cp_.active() ? split_sequence(cp_, positions) : positions).to(device_);
+    }
+  }
   if (targets.defined()) {
     BRAID_CONFIG_CHECK(targets.dtype() == DType::i32 && targets.shape() == ids.shape(),
                        "GPTModel: targets must be i32 ", ids.shape(), " like ids, got ",
@@ -666,9 +702,9 @@ Tensor GPTModel::decode(const Tensor& ids, KVCache& cache, bool last_only) {
   BRAID_CONFIG_CHECK(offset + s <= cache.capacity(), "GPTModel::decode: ", offset,
                      " positions in the cache + ", s, " new exceed its capacity ",
                      cache.capacity());
-  Microbatch mb = prepare(ids, Tensor());
+  Microbatch mb = prepare(ids, Tensor(), false);
   Tensor x = embed(mb, false, offset);
-  const Tokens tokens{b, s};
+  const Tokens tokens = tokens_of(mb);  // no document masking over a KV cache
   for (size_t l = 0; l < trunk_layers(); ++l) {
     param_use(layer_params_[l]);
     x = layers_[l].forward_cached(x, tokens, cache, int(l));

@@ -35,6 +35,9 @@ struct GPTModel::MtpDepth {
 struct GPTModel::Microbatch {
   Tensor ids;        // [B, S] i32 on the model's device (context parallelism: [2B, L])
   Tensor positions;  // [T_region] i32, learned position embeddings only
+  // Document masking (Tokens' fields, GPTModel::set_document_masking): [B, S] i32, and each
+  // token's position in its document [B, S] i32 (context parallelism: [2B, L]).
+  Tensor key_start, doc_positions;
   uint64_t forward_index = 0;
   std::vector<LayerActivations> layers;
   Tensor trunk_out;           // [T_region, H] the last block's output: the final norm's input

@@ -87,7 +87,7 @@ TransformerLayer::Projection TransformerLayer::project_latent(const Tensor& h, T
     k_pe = columns(all, lq + lkv, dr);
   }
 
-  rotate(k_pe.view({b, s, 1, dr}), position_offset, false);
+  rotate(k_pe.view({b, s, 1, dr}), tokens, position_offset, false);
   p.k_pe = k_pe;
   latent_up(p, lq > 0 ? p.q_latent : enter_tp_forward(tp_, h), tokens, position_offset);
   return p;
@@ -103,7 +103,7 @@ void TransformerLayer::latent_up(Projection& p, const Tensor& q_in, Tokens token
   const Device dev = q_in.device();
   p.q = Tensor::empty({b, s, heads, d}, dt, dev);
   linear_forward(p.q.view({t, heads * d}), q_in, w_.q_weight, {});
-  rotate(p.q, position_offset, false, dn);
+  rotate(p.q, tokens, position_offset, false, dn);
   if (c.softmax_scale_factor() != 1.0f) ops::scale(p.q, p.q, c.softmax_scale_factor());
 
   Tensor kv = Tensor::empty({t * heads, dn + dv}, dt, dev);
@@ -130,11 +130,11 @@ Tensor TransformerLayer::latent_backward(Tensor dq, const Tensor& dk, const Tens
   const DType dt = h.dtype();
   const Device dev = h.device();
   if (c.softmax_scale_factor() != 1.0f) ops::scale(dq, dq, c.softmax_scale_factor());
-  rotate(dq, 0, true, dn);
+  rotate(dq, tokens, 0, true, dn);
   // The keys' RoPE part is every head's: its gradient is the sum over the heads, turned back.
   Tensor dk_pe = Tensor::empty({b, s, 1, dr}, dt, dev);
   ops::sum_heads(dk_pe.view({t, dr}), dk.view({t, heads, d}), dn);
-  rotate(dk_pe, 0, true);
+  rotate(dk_pe, tokens, 0, true);
   Tensor dkv = Tensor::empty({t * heads, dn + c.v_head_dim}, dt, dev);
   ops::copy_columns(dkv, 0, dk.view({t * heads, d}), 0, dn);
   ops::copy_columns(dkv, dn, dv.view({t * heads, d}), 0, c.v_head_dim);

@@ -227,42 +227,47 @@ void TransformerLayer::finish_qk(Projection& p, Tokens tokens, int64_t position_
               .view({b, s, n.kv_heads, d});
   }
   if (c.position_embedding == PositionEmbedding::rope) {
-    rotate(p.q, position_offset, false);
-    rotate(p.k, position_offset, false);
+    rotate(p.q, tokens, position_offset, false);
+    rotate(p.k, tokens, position_offset, false);
   }
 }
 
-void TransformerLayer::rotate(Tensor x, int64_t position_offset, bool inverse,
+void TransformerLayer::rotate(Tensor x, const Tokens& tokens, int64_t position_offset, bool inverse,
                               int64_t first_channel) const {
   const ops::RotaryFrequencies freqs = rotary(config_, first_channel);
-  auto apply = [&](const Tensor& t, int64_t offset) {
+  auto apply = [&](const Tensor& t, int64_t offset, const Tensor& positions = {}) {
     if (inverse) {
-      ops::rope_backward(t, t, freqs, offset);
+      ops::rope_backward(t, t, freqs, offset, positions);
     } else {
-      ops::rope_forward(t, t, freqs, offset);
+      ops::rope_forward(t, t, freqs, offset, positions);
     }
   };
+  if (tokens.positions.defined()) return apply(x, position_offset, tokens.positions);
   if (!cp_.active()) return apply(x, position_offset);
   const int64_t batch = x.size(0) / 2, length = x.size(1);
   for (int j = 0; j < 2; ++j) apply(x.narrow(j * batch, batch), cp_.chunk(j) * length);
 }
 
 void TransformerLayer::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
-                                         const Tensor& v) const {
-  if (!cp_.active()) return ops::attention_forward(out, lse, q, k, v, window_);
+                                         const Tensor& v, const Tokens& tokens) const {
+  if (!cp_.active()) return ops::attention_forward(out, lse, q, k, v, window_, tokens.key_start);
   context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v),
-                            window_);
+                            window_, tokens.key_start);
 }
 
 void TransformerLayer::attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                                           const Tensor& q, const Tensor& k, const Tensor& v,
-                                          const Tensor& out, const Tensor& lse) const {
-  if (!cp_.active()) return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window_);
+                                          const Tensor& out, const Tensor& lse,
+                                          const Tokens& tokens) const {
+  if (!cp_.active()) {
+    return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window_, tokens.key_start);
+  }
   // The keys and values are gathered again rather than kept: cp times their local size.
   const Tensor k_all = gather_sequence(cp_, k), v_all = gather_sequence(cp_, v);
   Tensor dk_all = Tensor::empty(k_all.shape(), DType::f32, k_all.device());
   Tensor dv_all = Tensor::empty(v_all.shape(), DType::f32, v_all.device());
-  context_attention_backward(cp_, dq, dk_all, dv_all, dout, q, k_all, v_all, out, lse, window_);
+  context_attention_backward(cp_, dq, dk_all, dv_all, dout, q, k_all, v_all, out, lse, window_,
+                             tokens.key_start);
   // Summed over the group in f32, rounded to the activation dtype once.
   auto to_local = [&](const Tensor& all, const Tensor& like) {
     const Tensor summed = scatter_sequence(cp_, all);
@@ -281,8 +286,8 @@ Tensor TransformerLayer::qkv_backward(Tensor dq, Tensor dk, const Tensor& dv, co
   const LayerShape& n = shape_;
   const int64_t t = tokens.count(), d = n.head_dim;
   if (c.position_embedding == PositionEmbedding::rope) {
-    rotate(dq, 0, true);
-    rotate(dk, 0, true);
+    rotate(dq, tokens, 0, true);
+    rotate(dk, tokens, 0, true);
   }
   if (c.qk_layernorm) {  // dq, dk of the normed heads -> of the projections
     Tensor dq_raw = empty_like(a.q_raw), dk_raw = empty_like(a.k_raw);
@@ -323,7 +328,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
-  attention_forward(attn, lse, q, k, v);
+  attention_forward(attn, lse, q, k, v, tokens);
 
   Tensor a = Tensor::empty({t, c.hidden_size}, dt, dev);
   linear_forward(a, o_input(attn), w_.o_weight, row_bias(w_.o_bias));
@@ -497,7 +502,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   Tensor d_attn = o_input_grad(d_o_in, tokens);
   release(d_o_in);
   Tensor dq = empty_like(a.q), dk = empty_like(a.k), dv = empty_like(a.v);
-  attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse);
+  attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse, tokens);
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
   const Tensor h1 = attention_input(a.input_norm_out);

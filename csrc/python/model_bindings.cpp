@@ -168,6 +168,10 @@ void bind_model(py::module_& m) {
           },
           py::arg("ids"), "Logits [B, S, V] (f32, CPU) without keeping activations.")
       .def("zero_grad", &GPTModel::zero_grad)
+      .def("set_document_masking", &GPTModel::set_document_masking, py::arg("eod"),
+           py::arg("reset_attention_mask"), py::arg("reset_position_ids"),
+           "Megatron's --reset-attention-mask / --reset-position-ids: documents end at each "
+           "`eod` token; attention stays within a document, positions restart at each.")
       .def(
           "take_moe_losses",
           [](GPTModel& g) {

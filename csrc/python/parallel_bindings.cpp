@@ -225,6 +225,15 @@ void bind_parallel(py::module_& m) {
           },
           "Parameters held by this rank (its TP shard of its stages).")
       .def(
+          "set_document_masking",
+          [](ParallelModel& p, int32_t eod, bool reset_attention_mask, bool reset_position_ids) {
+            for (model::GPTModel* c : p.chunks()) {
+              c->set_document_masking(eod, reset_attention_mask, reset_position_ids);
+            }
+          },
+          py::arg("eod"), py::arg("reset_attention_mask"), py::arg("reset_position_ids"),
+          "GPTModel.set_document_masking on every chunk this rank holds.")
+      .def(
           "gather_into",
           [](ParallelModel& p, model::GPTModel& whole) {
             py::gil_scoped_release release;

@@ -216,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eod-mask-loss", action="store_true",
                    help="no loss where the input token is the tokenizer's end of document (the "
                         "prediction of the next document's first token)")
+    g.add_argument("--reset-attention-mask", action="store_true",
+                   help="document masking: a token attends only to its own document's tokens "
+                        "(a document ends with the tokenizer's end-of-document token)")
+    g.add_argument("--reset-position-ids", action="store_true",
+                   help="positions (rope, learned) restart at each document's first token")
     g.add_argument("--data-cache-path", default=None)
 
     g = p.add_argument_group("validation")

@@ -38,10 +38,6 @@ UNSUPPORTED = {
                            "(--use-distributed-optimizer)",
     "--cpu-offloading-num-layers": "braid keeps activations on the device; "
                                    "--recompute-granularity trades compute for memory instead",
-    "--reset-position-ids": "braid's positions run over the whole sequence; restarting them at "
-                            "each document is not supported",
-    "--reset-attention-mask": "braid's attention is causal over the whole sequence; masking "
-                              "across documents is not supported",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
     "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",

@@ -110,13 +110,16 @@ def validate(a: argparse.Namespace, check: Callable[[bool, str], None], check_fi
     a.eod to its end-of-document token (None: it has none)."""
     error = option_error(a, pattern_alone=True)
     check(error is None, error)
+    eod_flags = [flag for flag, given in (("--eod-mask-loss", a.eod_mask_loss),
+                                          ("--reset-attention-mask", a.reset_attention_mask),
+                                          ("--reset-position-ids", a.reset_position_ids))
+                 if given]
     if a.tokenizer_type is None:
         for flag, value in (("--vocab-file", a.vocab_file), ("--merge-file", a.merge_file),
-                            ("--tokenizer-model", a.tokenizer_model),
-                            ("--eod-mask-loss", a.eod_mask_loss or None)):
-            check(value is None, f"{flag} needs --tokenizer-type"
-                  + (" (it names the end-of-document token)" if flag == "--eod-mask-loss"
-                     else ""))
+                            ("--tokenizer-model", a.tokenizer_model)):
+            check(value is None, f"{flag} needs --tokenizer-type")
+        for flag in eod_flags:
+            check(False, f"{flag} needs --tokenizer-type (it names the end-of-document token)")
         return
     check(not a.addition_data, f"--tokenizer-type {a.tokenizer_type}: the embedded addition "
           "data has its own byte vocabulary; a tokenizer is for --data-path or --mock-data")
@@ -140,9 +143,9 @@ def validate(a: argparse.Namespace, check: Callable[[bool, str], None], check_fi
                               " (planning where it is not: give --vocab-size)")
         check(vocab is not None, error)
         size, a.eod = vocab.size, vocab.eod
-        check(not a.eod_mask_loss or a.eod is not None,
-              f"--eod-mask-loss: --tokenizer-type {a.tokenizer_type} has no end-of-document "
-              f"token (looked for {vocab.eod_looked_for})")
+        for flag in eod_flags:
+            check(a.eod is not None, f"{flag}: --tokenizer-type {a.tokenizer_type} has no "
+                  f"end-of-document token (looked for {vocab.eod_looked_for})")
     if from_checkpoint:
         check(size <= a.vocab_size, f"--tokenizer-type {a.tokenizer_type}: its {size} tokens "
               f"do not fit the checkpoint's vocabulary of {a.vocab_size}")

@@ -321,6 +321,8 @@ def main(argv=None) -> int:
         first_stage_layers=a.decoder_first_pipeline_num_layers,
         last_stage_layers=a.decoder_last_pipeline_num_layers,
         model_chunk_layers=a.model_chunk_layers))
+    if a.reset_attention_mask or a.reset_position_ids:
+        model.set_document_masking(a.eod, a.reset_attention_mask, a.reset_position_ids)
     trainer = braid.Trainer(model, trainer_config(a))
     # The router losses Megatron logs, each without its coefficient (seq_aux_loss's under the
     # key load_balancing_loss: Megatron's seq_load_balancing_loss).

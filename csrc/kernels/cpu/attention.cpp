@@ -3,7 +3,8 @@
 // fewer queries than keys the queries are the last positions (query row i sits at position
 // Sk - Sq + i), as flash-attention aligns them. With a sliding window a block of rows computes
 // only the columns from its first row's first key (rounded down to a 16-column chunk) on, so
-// the work is O(S x window), not O(S^2).
+// the work is O(S x window), not O(S^2); so does document masking (key_start), whose first keys
+// never decrease along the rows either.
 //
 // Work is split over (batch, head) pairs, one OpenMP loop per call. Within a pair, query rows
 // are processed in blocks of four so that each pass over the keys (held transposed, [D][S],
@@ -22,17 +23,25 @@ constexpr int64_t kLanes = 16;  // column chunk of the register-blocked loops (o
 
 int64_t round_up(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
 
-// Shapes of one call: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk; window -1 or >= 0.
+// Shapes of one call: q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk; window -1 or >= 0;
+// key_start nullptr or [B][key_ld] (ops::attention_forward's).
 struct Dims {
   int64_t b, sq, sk, hq, hkv, d, window;
+  const int32_t* key_start = nullptr;
+  int64_t key_ld = 0;
   int64_t offset() const { return sk - sq; }  // the position of query row 0
-  // The first key query row i sees (its last is offset() + i).
-  int64_t first_key(int64_t i) const {
-    return window < 0 ? 0 : std::max<int64_t>(0, offset() + i - window);
+  // The first key query row i of sequence `batch` sees (its last is offset() + i). Rows past
+  // the queries (a block's padding) take the last query's.
+  int64_t first_key(int64_t batch, int64_t i) const {
+    const int64_t p = offset() + std::min(i, sq - 1);
+    const int64_t first = window < 0 ? 0 : std::max<int64_t>(0, p - window);
+    return key_start == nullptr ? first : std::max<int64_t>(first, key_start[batch * key_ld + p]);
   }
   // The first column a block of rows from i0 computes: a multiple of kLanes, so that the
   // register-blocked loops stay aligned to the buffers' chunks.
-  int64_t block_start(int64_t i0) const { return first_key(i0) / kLanes * kLanes; }
+  int64_t block_start(int64_t batch, int64_t i0) const {
+    return first_key(batch, i0) / kLanes * kLanes;
+  }
   int64_t ld() const { return round_up(sk); }   // row length of [.][Sk] buffers
   int64_t dpad() const { return round_up(d); }  // row length of [.][D] buffers
   int64_t q_at(int64_t batch, int64_t row, int64_t head) const {
@@ -213,7 +222,7 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
   load_head(nullptr, w.vp.data(), v + m.kv_at(batch, 0, kvh), m);
   for (int64_t i0 = 0; i0 < sq; i0 += kRows) {
     const int64_t n = std::min(m.sk, m.offset() + i0 + kRows);  // keys the block's last row sees
-    const int64_t lo = m.block_start(i0);                       // columns [lo, n) are computed
+    const int64_t lo = m.block_start(batch, i0);                // columns [lo, n) are computed
     load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
     rows_times_transposed(w.p.data() + lo, w.xq.data(), dpad, w.kt.data() + lo, ld, n - lo, d,
                           1.0f);
@@ -222,7 +231,7 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
       float* p = w.p.data() + r * ld;
       // row i sees keys [first_key(i), offset + i]
       const int64_t seen = std::min(m.offset() + i0 + r + 1, n);
-      const int64_t first = std::min(m.first_key(i0 + r), seen);
+      const int64_t first = std::min(m.first_key(batch, i0 + r), seen);
       float mx = max_of(p + first, seen - first);
       float sum = exp_shifted(p + first, seen - first, mx);
       std::fill(p + lo, p + first, 0.0f);
@@ -250,7 +259,7 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
   for (int64_t head = kvh * group; head < (kvh + 1) * group; ++head) {
     for (int64_t i0 = 0; i0 < sq; i0 += kRows) {
       const int64_t n = std::min(m.sk, m.offset() + i0 + kRows);
-      const int64_t lo = m.block_start(i0), cols = n - lo;  // columns [lo, n) are computed
+      const int64_t lo = m.block_start(batch, i0), cols = n - lo;  // columns [lo, n) computed
       load_block(w.xq.data(), q + m.q_at(batch, i0, head), i0, m, scale);
       load_block(w.xdo.data(), dout + m.q_at(batch, i0, head), i0, m, 1.0f);
       float* p_lo = w.p.data() + lo;
@@ -262,7 +271,7 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
         float* ds = w.dp.data() + r * ld;
         // row i sees keys [first, seen); a row past the queries sees none
         const int64_t i = i0 + r, seen = i < sq ? m.offset() + i + 1 : lo;
-        const int64_t first = i < sq ? m.first_key(i) : lo;
+        const int64_t first = i < sq ? m.first_key(batch, i) : lo;
         if (i < sq) {
           exp_shifted(p + first, seen - first, lse[(batch * m.hq + head) * sq + i]);
           float delta = dot(w.xdo.data() + r * dpad, out + m.q_at(batch, i, head), d);
@@ -294,15 +303,20 @@ int64_t heads_per_thread(const Dims& m) {
   return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.sq * keys * m.d));
 }
 
-Dims dims_of(const Tensor& q, const Tensor& k, int64_t window) {
-  return {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), window};
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start) {
+  Dims m{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), window};
+  if (key_start.defined()) {
+    m.key_start = key_start.data_ptr<int32_t>();
+    m.key_ld = key_start.size(1);
+  }
+  return m;
 }
 
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, Stream) {
-  const Dims m = dims_of(q, k, window);
+                       int64_t window, const Tensor& key_start, Stream) {
+  const Dims m = dims_of(q, k, window, key_start);
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
   const float* pq = q.data_ptr<float>();
@@ -316,8 +330,8 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, Stream) {
-  const Dims m = dims_of(q, k, window);
+                        int64_t window, const Tensor& key_start, Stream) {
+  const Dims m = dims_of(q, k, window, key_start);
   float* pdq = dq.data_ptr<float>();
   float* pdk = dk.data_ptr<float>();
   float* pdv = dv.data_ptr<float>();

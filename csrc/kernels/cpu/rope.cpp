@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "braid/core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/loops.h"
 
@@ -41,13 +42,14 @@ BRAID_CPU_MULTIVERSION void rotate_pairs(float* out, const float* x, const float
   }
 }
 
-// Table [S, 2 * half]. Follows HF's float32 arithmetic: angle = float(pos) * inv_freq in f32;
-// cos and sin of that f32 angle, correctly rounded, times attention_factor in f32 (exact at 1).
-std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
+// Table [P, 2 * half] of positions position_offset .. position_offset + P - 1. Follows HF's
+// float32 arithmetic: angle = float(pos) * inv_freq in f32; cos and sin of that f32 angle,
+// correctly rounded, times attention_factor in f32 (exact at 1).
+std::vector<float> cos_sin_table(int64_t p_len, std::span<const float> inv_freq,
                                  int64_t position_offset, float attention_factor) {
   const auto half = int64_t(inv_freq.size());
-  std::vector<float> table(static_cast<size_t>(s_len * 2 * half));
-  for (int64_t s = 0; s < s_len; ++s) {
+  std::vector<float> table(static_cast<size_t>(p_len * 2 * half));
+  for (int64_t s = 0; s < p_len; ++s) {
     for (int64_t i = 0; i < half; ++i) {
       float angle = float(position_offset + s) * inv_freq[size_t(i)];
       table[size_t(s * 2 * half + i)] = float(std::cos(double(angle))) * attention_factor;
@@ -58,17 +60,31 @@ std::vector<float> cos_sin_table(int64_t s_len, std::span<const float> inv_freq,
 }
 
 void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t first,
-          bool interleaved, int64_t position_offset, float attention_factor, float sign) {
+          bool interleaved, int64_t position_offset, const Tensor& positions,
+          float attention_factor, float sign) {
   const int64_t b = x.size(0), s_len = x.size(1), h = x.size(2), d = x.size(3);
   const auto half = int64_t(inv_freq.size());
   const int64_t end = first + 2 * half;  // channels [first, end) turn
-  std::vector<float> table = cos_sin_table(s_len, inv_freq, position_offset, attention_factor);
+  // Row r's position (past position_offset): its own with `positions`, else r's place in its
+  // sequence.
+  const int32_t* own = positions.defined() ? positions.data_ptr<int32_t>() : nullptr;
+  int64_t p_len = s_len;
+  if (own != nullptr) {
+    p_len = 0;
+    for (int64_t r = 0; r < b * s_len; ++r) {
+      BRAID_CHECK(own[r] >= 0, "rope: positions[", r / s_len, "][", r % s_len, "] = ", own[r],
+                  " must not be negative");
+      p_len = std::max<int64_t>(p_len, int64_t(own[r]) + 1);
+    }
+  }
+  std::vector<float> table = cos_sin_table(p_len, inv_freq, position_offset, attention_factor);
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
   parallel_for(b * s_len, std::max<int64_t>(1, 8192 / std::max<int64_t>(h * d, 1)),
                [&](int64_t r0, int64_t r1) {
                  for (int64_t r = r0; r < r1; ++r) {
-                   const float* cs = table.data() + (r % s_len) * 2 * half;
+                   const int64_t position = own != nullptr ? own[r] : r % s_len;
+                   const float* cs = table.data() + position * 2 * half;
                    for (int64_t head = 0; head < h; ++head) {
                      int64_t at = (r * h + head) * d;
                      if (interleaved) {
@@ -89,15 +105,17 @@ void rope(Tensor out, const Tensor& x, std::span<const float> inv_freq, int64_t 
 
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
                   int64_t first_channel, bool interleaved, int64_t position_offset,
-                  float attention_factor, Stream) {
-  rope(out, x, inv_freq, first_channel, interleaved, position_offset, attention_factor, 1.0f);
+                  const Tensor& positions, float attention_factor, Stream) {
+  rope(out, x, inv_freq, first_channel, interleaved, position_offset, positions, attention_factor,
+       1.0f);
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
                    int64_t first_channel, bool interleaved, int64_t position_offset,
-                   float attention_factor, Stream) {
+                   const Tensor& positions, float attention_factor, Stream) {
   // The rotation is orthogonal: its transpose turns by the opposite angle (the factor stays).
-  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, attention_factor, -1.0f);
+  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, positions, attention_factor,
+       -1.0f);
 }
 
 }  // namespace braid::ops::cpu

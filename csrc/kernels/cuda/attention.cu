@@ -1,9 +1,9 @@
-// Causal grouped-query attention, with or without a sliding window. bf16/f16 go to cuDNN's SDPA
-// (attention_cudnn.cu) when it supports the configuration; f32, fewer queries than keys
-// (context parallelism's chunks: query row i sits at position Sk - Sq + i), and anything cuDNN
-// declines run the flash-attention style kernels below: correctness first, f32 arithmetic
-// throughout. With a window each block visits only the key (or query) tiles its rows' windows
-// reach.
+// Causal grouped-query attention, with or without a sliding window or document masking
+// (key_start). bf16/f16 go to cuDNN's SDPA (attention_cudnn.cu) when it supports the
+// configuration; f32, fewer queries than keys (context parallelism's chunks: query row i sits at
+// position Sk - Sq + i), document masking and anything cuDNN declines run the flash-attention
+// style kernels below: correctness first, f32 arithmetic throughout. With a window each block
+// visits only the key (or query) tiles its rows' windows reach.
 //
 // Forward: a block owns 16 query rows (4 warps x 4 rows) of one (batch, head) and streams the
 // causally visible keys through shared memory 32 at a time (one key per lane), keeping an
@@ -34,24 +34,46 @@ constexpr int kBlockRows = kWarps * kRowsPerWarp;  // query (or key) rows a bloc
 constexpr int kTile = 32;                          // keys (or queries) streamed: one per lane
 constexpr int kMaxHeadDim = 256;
 
-// q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk: query row i sits at position offset + i
-// and sees keys first_key(i) .. offset + i (window -1: from 0).
+// q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk: query row i of sequence b sits at position
+// offset + i and sees keys first_key(b, i) .. offset + i (window -1 and no key_start: from 0).
+// key_start: nullptr or [B][key_ld], non-decreasing along each row (ops::attention_forward's).
 struct Dims {
   int64_t b, sq, sk, hq, hkv, window;
   int d;
   float scale;
+  const int32_t* key_start;
+  int64_t key_ld;
   __host__ __device__ int64_t offset() const { return sk - sq; }
-  __device__ int64_t first_key(int64_t i) const {
-    return window < 0 || offset() + i < window ? 0 : offset() + i - window;
+  __device__ int64_t first_key(int64_t batch, int64_t i) const {
+    const int64_t p = offset() + i;
+    const int64_t first = window < 0 || p < window ? 0 : p - window;
+    if (key_start == nullptr) return first;
+    const int64_t doc = key_start[batch * key_ld + p];
+    return doc > first ? doc : first;
   }
-  __device__ bool sees(int64_t i, int64_t j) const {
-    return j <= offset() + i && j >= first_key(i);
+  __device__ bool sees(int64_t batch, int64_t i, int64_t j) const {
+    return j <= offset() + i && j >= first_key(batch, i);
   }
-  // Past the last query row that sees some key before key_end.
-  __device__ int64_t query_end(int64_t key_end) const {
-    if (window < 0) return sq;
-    const int64_t end = key_end + window - offset();
-    return end < sq ? end : sq;
+  // Past the last query row of sequence `batch` that sees some key before key_end: within the
+  // window, and (key_start) before the first position whose document starts at or after
+  // key_end (found by bisection: key_start never decreases along a row).
+  __device__ int64_t query_end(int64_t batch, int64_t key_end) const {
+    int64_t end = sq;
+    if (window >= 0 && key_end + window - offset() < end) end = key_end + window - offset();
+    if (key_start != nullptr) {
+      const int32_t* row = key_start + batch * key_ld;
+      int64_t lo = key_end < sk ? key_end : sk, hi = sk;  // positions before key_end see it
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (row[mid] < key_end) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      if (lo - offset() < end) end = lo - offset();
+    }
+    return end;
   }
 };
 
@@ -116,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t last = m.offset() + row0 + kBlockRows;  // past the block's last visible key
   const int64_t kv_end = last < m.sk ? last : m.sk;
-  for (int64_t j0 = m.first_key(row0); j0 < kv_end; j0 += kTile) {
+  for (int64_t j0 = m.first_key(b, row0); j0 < kv_end; j0 += kTile) {
     __syncthreads();  // the previous tile is consumed
     load_rows(k_s, d + 1, k, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
     load_rows(v_s, d, v, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
@@ -126,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int r = warp * kRowsPerWarp + rr;
       const int64_t i = row0 + r;
-      const bool visible = i < m.sq && m.sees(i, j);
+      const bool visible = i < m.sq && m.sees(b, i, j);
       const float s = visible ? dot(q_s + r * d, k_s + lane * (d + 1), d) : -INFINITY;
       const float m_new = fmaxf(mx[rr], warp_max(s));
       if (m_new == -INFINITY) continue;  // warp-uniform: no visible key yet
@@ -202,7 +224,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   const int64_t last = m.offset() + row0 + kBlockRows;
   const int64_t kv_end = last < m.sk ? last : m.sk;
-  for (int64_t j0 = m.first_key(row0); j0 < kv_end; j0 += kTile) {
+  for (int64_t j0 = m.first_key(b, row0); j0 < kv_end; j0 += kTile) {
     __syncthreads();
     load_rows(k_s, d + 1, k, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
     load_rows(v_s, d + 1, v, m, m.sk, b, j0, kTile, kvh, m.hkv, 1.0f);
@@ -213,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
       const int r = warp * kRowsPerWarp + rr;
       const int64_t i = row0 + r;
       if (i >= m.sq) continue;  // warp-uniform
-      const bool visible = m.sees(i, j);
+      const bool visible = m.sees(b, i, j);
       float ds = 0.0f;
       if (visible) {
         const float p = expf(dot(q_s + r * d, k_s + lane * (d + 1), d) - row_lse[rr]);
@@ -259,9 +281,9 @@ __global__ void __launch_bounds__(kThreads)
   load_rows(k_s, d, k, m, m.sk, b, key0, kBlockRows, kvh, m.hkv, 1.0f);
   load_rows(v_s, d, v, m, m.sk, b, key0, kBlockRows, kvh, m.hkv, 1.0f);
   // The queries that see the block's keys: from the one at position key0 (row key0 - offset)
-  // to the last whose window reaches key0 + kBlockRows - 1.
+  // to the last whose window (and document) reaches key0 + kBlockRows - 1.
   const int64_t first_query = key0 > m.offset() ? key0 - m.offset() : 0;
-  const int64_t query_end = m.query_end(key0 + kBlockRows);
+  const int64_t query_end = m.query_end(b, key0 + kBlockRows);
 
   float dk_acc[kRowsPerWarp][kChunks], dv_acc[kRowsPerWarp][kChunks];
 #pragma unroll
@@ -287,7 +309,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t j = key0 + r;
         if (j >= m.sk) continue;  // warp-uniform
         float p = 0.0f, ds = 0.0f;
-        if (i < m.sq && m.sees(i, j)) {
+        if (i < m.sq && m.sees(b, i, j)) {
           p = expf(dot(q_s + lane * (d + 1), k_s + r * d, d) - lse_s[lane]);
           const float dp = dot(do_s + lane * (d + 1), v_s + r * d, d);
           ds = p * (dp - delta_s[lane]);
@@ -314,9 +336,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-Dims dims_of(const Tensor& q, const Tensor& k, int64_t window) {
-  return {q.size(0), q.size(1), k.size(1),      q.size(2),
-          k.size(2), window,    int(q.size(3)), 1.0f / std::sqrt(float(q.size(3)))};
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start) {
+  return {q.size(0),
+          q.size(1),
+          k.size(1),
+          q.size(2),
+          k.size(2),
+          window,
+          int(q.size(3)),
+          1.0f / std::sqrt(float(q.size(3))),
+          key_start.defined() ? key_start.data_ptr<int32_t>() : nullptr,
+          key_start.defined() ? key_start.size(1) : 0};
 }
 
 // Calls f(std::integral_constant<int, kChunks>) with the smallest kChunks covering d.
@@ -353,13 +383,14 @@ void check_dims(const Dims& m, const char* op) {
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, Stream stream) {
+                       int64_t window, const Tensor& key_start, Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  if (q.size(1) == k.size(1) && detail::cudnn_attention_forward(out, lse, q, k, v, window, s)) {
+  if (q.size(1) == k.size(1) && !key_start.defined() &&
+      detail::cudnn_attention_forward(out, lse, q, k, v, window, s)) {
     return;
   }
-  const Dims m = dims_of(q, k, window);
+  const Dims m = dims_of(q, k, window, key_start);
   check_dims(m, "attention_forward");
   const int device = q.device().index;
   const dim3 grid(unsigned(m.b * m.hq), unsigned(detail::ceil_div(m.sq, kBlockRows)));
@@ -379,14 +410,14 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, Stream stream) {
+                        int64_t window, const Tensor& key_start, Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  if (q.size(1) == k.size(1) &&
+  if (q.size(1) == k.size(1) && !key_start.defined() &&
       detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window, s)) {
     return;
   }
-  const Dims m = dims_of(q, k, window);
+  const Dims m = dims_of(q, k, window, key_start);
   check_dims(m, "attention_backward");
   const int device = q.device().index;
   float* delta = static_cast<float*>(

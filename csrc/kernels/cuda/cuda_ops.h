@@ -38,10 +38,10 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
                       const Tensor& weight, const Tensor& rstd, Stream stream);
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
                   int64_t first_channel, bool interleaved, int64_t position_offset,
-                  float attention_factor, Stream stream);
+                  const Tensor& positions, float attention_factor, Stream stream);
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
                    int64_t first_channel, bool interleaved, int64_t position_offset,
-                   float attention_factor, Stream stream);
+                   const Tensor& positions, float attention_factor, Stream stream);
 void copy_columns(Tensor dst, int64_t dst_column, const Tensor& src, int64_t src_column,
                   int64_t width, Stream stream);
 void broadcast_heads(Tensor out, int64_t column, const Tensor& x, Stream stream);
@@ -51,10 +51,10 @@ void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight, int6
 void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_offset,
                         Stream stream);
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, Stream stream);
+                       int64_t window, const Tensor& key_start, Stream stream);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, Stream stream);
+                        int64_t window, const Tensor& key_start, Stream stream);
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, int64_t length, int64_t window, Stream stream);
 void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, Tensor lse,

@@ -23,27 +23,34 @@ using detail::to_float;
 
 constexpr int kRopeThreads = 256;
 
-// One block per (position s, batch stride): the block's cos/sin table for position s sits in
-// shared memory; threads cover (head, i) pairs, the y dimension of the grid covers batches.
+// One block per (row s, batch stride): the block's cos/sin table for row s's position sits in
+// shared memory; threads cover (head, i) pairs, the y dimension of the grid covers batches. The
+// position is position_offset + s, or with `positions` (i32 [B, S]) position_offset +
+// positions[b][s]: then the table is refilled for each batch row.
 // Pair i of a head is channels (first + i, first + i + half), or (first + 2i, first + 2i + 1)
 // when interleaved. sign = 1 rotates by +angle (forward), -1 by -angle (backward); cos and sin
 // are scaled by `factor`. out may alias x.
 template <typename T>
 __global__ void rope_kernel(T* out, const T* x, const float* __restrict__ inv_freq, int64_t b_len,
                             int64_t s_len, int64_t h_len, int64_t d, int64_t half, int64_t first,
-                            bool interleaved, int64_t position_offset, float factor, float sign) {
+                            bool interleaved, int64_t position_offset,
+                            const int32_t* __restrict__ positions, float factor, float sign) {
   extern __shared__ float table[];  // cos [half], then sin [half]
   const int64_t s = blockIdx.x;
-  const float pos = float(position_offset + s);
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float angle = pos * inv_freq[i];
-    table[i] = float(cos(double(angle))) * factor;
-    table[half + i] = sign * (float(sin(double(angle))) * factor);
-  }
-  __syncthreads();
   const int64_t pairs = h_len * half;
   const int64_t partner = interleaved ? 1 : half;  // channel distance within a pair
   for (int64_t b = blockIdx.y; b < b_len; b += gridDim.y) {
+    if (positions != nullptr || b == blockIdx.y) {  // block-uniform
+      const float pos =
+          float(position_offset + (positions != nullptr ? positions[b * s_len + s] : s));
+      __syncthreads();  // the previous row is done with the table
+      for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+        const float angle = pos * inv_freq[i];
+        table[i] = float(cos(double(angle))) * factor;
+        table[half + i] = sign * (float(sin(double(angle))) * factor);
+      }
+      __syncthreads();
+    }
     const int64_t base = (b * s_len + s) * h_len * d;
     for (int64_t t = threadIdx.x; t < pairs; t += blockDim.x) {
       const int64_t head = t / half, i = t % half;
@@ -87,8 +94,8 @@ const float* inv_freq_table(Device device, cudaStream_t stream, std::span<const 
 }
 
 void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_host, int64_t first,
-          bool interleaved, int64_t position_offset, float factor, float sign, Stream stream,
-          const char* op) {
+          bool interleaved, int64_t position_offset, const Tensor& positions, float factor,
+          float sign, Stream stream, const char* op) {
   detail::DeviceGuard guard(x.device());
   const int64_t b = x.size(0), s = x.size(1), h = x.size(2), d = x.size(3);
   const auto half = int64_t(inv_freq_host.size());
@@ -103,7 +110,8 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
     using T = typename decltype(tag)::type;
     rope_kernel<T><<<grid, kRopeThreads, smem, cs>>>(
         static_cast<T*>(out.data()), static_cast<const T*>(x.data()), inv_freq, b, s, h, d, half,
-        first, interleaved, position_offset, factor, sign);
+        first, interleaved, position_offset,
+        positions.defined() ? positions.data_ptr<int32_t>() : nullptr, factor, sign);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -112,17 +120,17 @@ void rope(const Tensor& out, const Tensor& x, std::span<const float> inv_freq_ho
 
 void rope_forward(Tensor out, const Tensor& x, std::span<const float> inv_freq,
                   int64_t first_channel, bool interleaved, int64_t position_offset,
-                  float attention_factor, Stream stream) {
-  rope(out, x, inv_freq, first_channel, interleaved, position_offset, attention_factor, 1.0f,
-       stream, "rope_forward");
+                  const Tensor& positions, float attention_factor, Stream stream) {
+  rope(out, x, inv_freq, first_channel, interleaved, position_offset, positions, attention_factor,
+       1.0f, stream, "rope_forward");
 }
 
 void rope_backward(Tensor dx, const Tensor& dout, std::span<const float> inv_freq,
                    int64_t first_channel, bool interleaved, int64_t position_offset,
-                   float attention_factor, Stream stream) {
+                   const Tensor& positions, float attention_factor, Stream stream) {
   // The rotation is orthogonal: its transpose turns by the opposite angle (the factor stays).
-  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, attention_factor, -1.0f,
-       stream, "rope_backward");
+  rope(dx, dout, inv_freq, first_channel, interleaved, position_offset, positions, attention_factor,
+       -1.0f, stream, "rope_backward");
 }
 
 }  // namespace braid::ops::cuda

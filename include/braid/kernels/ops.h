@@ -157,7 +157,9 @@ struct RotaryFrequencies {
 
 // Rotary embedding on channels [F, F + R) of each head, F = RotaryFrequencies::first_channel,
 // R = rotated_channels(D) (all D by default).
-// x, out [B, S, H, D], R even; position of row s is position_offset + s; angle =
+// x, out [B, S, H, D], R even; the position of row (b, s) is position_offset + s, or with
+// `positions` (i32 [B, S] on x's device: each token's own, e.g. restarted at each document by
+// Megatron's --reset-position-ids) position_offset + positions[b][s], >= 0; angle =
 // float(position) * inv_freq[i] in f32 (RotaryFrequencies). Each pair (a, b) of channels turns:
 // out[a] = x[a] cos - x[b] sin, out[b] = x[b] cos + x[a] sin (i < R/2; cos and sin in f32 times
 // attention_factor), with
@@ -168,9 +170,9 @@ struct RotaryFrequencies {
 // out[j] = x[j] for the channels outside [F, F + R). out may alias x (and dx dout). Backward
 // rotates by the opposite angle (times attention_factor: the transpose).
 void rope_forward(Tensor out, const Tensor& x, const RotaryFrequencies& rotary,
-                  int64_t position_offset = 0, Stream stream = {});
+                  int64_t position_offset = 0, const Tensor& positions = {}, Stream stream = {});
 void rope_backward(Tensor dx, const Tensor& dout, const RotaryFrequencies& rotary,
-                   int64_t position_offset = 0, Stream stream = {});
+                   int64_t position_offset = 0, const Tensor& positions = {}, Stream stream = {});
 
 // out[..., C] = weight[ids[...] - vocab_offset]; weight [V_local, C]; ids i32. Ids outside
 // [vocab_offset, vocab_offset + V_local) give zero rows (vocab-parallel embedding: another
@@ -205,13 +207,16 @@ void sum_heads(Tensor dx, const Tensor& dout, int64_t column, Stream stream = {}
 // (Sq = Sk: the usual causal mask; context parallelism's chunks of a longer sequence:
 // Sq < Sk). `window` >= 0 is sliding-window attention: keys p - window .. p only (itself and
 // the window keys before it: flash-attention's and Megatron's window_size (window, 0));
-// -1: no window. Backward overwrites dq [B, Sq, Hq, D] and dk, dv [B, Sk, Hkv, D] (q's dtype);
-// `out` and `lse` are the forward's, `window` the forward's.
+// -1: no window. `key_start` (document masking: Megatron's --reset-attention-mask), when
+// defined, is i32 [B, L] with L >= Sk on q's device: the query at position p sees no key before
+// key_start[b][p] (its document's first position); it must be non-decreasing along each row with
+// key_start[b][p] <= p. Backward overwrites dq [B, Sq, Hq, D] and dk, dv [B, Sk, Hkv, D] (q's
+// dtype); `out` and `lse` are the forward's, `window` and `key_start` the forward's.
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window = -1, Stream stream = {});
+                       int64_t window = -1, const Tensor& key_start = {}, Stream stream = {});
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window = -1, Stream stream = {});
+                        int64_t window = -1, const Tensor& key_start = {}, Stream stream = {});
 
 // Inference over a KV cache (no backward): q [B, Sq, Hq, D] holds the queries of positions
 // length - Sq .. length - 1; k_cache, v_cache [B, C, Hkv, D] the keys and values of positions

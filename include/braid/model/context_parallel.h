@@ -54,16 +54,18 @@ Tensor scatter_sequence(const ContextParallel& cp, const Tensor& full);
 
 // Causal attention of the local queries q [2B, L, Hq, D] over the whole sequences' keys and
 // values k, v [B, S, Hkv, D] (gather_sequence): each local chunk against the keys up to its end,
-// from the first its window reaches (ops::attention_forward's window; -1: from the start).
-// out [2B, L, Hq, D]; lse [2B, Hq, L] f32.
+// from the first its window reaches (ops::attention_forward's window; -1: from the start), and
+// with key_start (i32 [B, S], document masking: ops::attention_forward's, over the whole
+// sequences) from the query's document's first. out [2B, L, Hq, D]; lse [2B, Hq, L] f32.
 void context_attention_forward(const ContextParallel& cp, Tensor out, Tensor lse, const Tensor& q,
-                               const Tensor& k, const Tensor& v, int64_t window);
+                               const Tensor& k, const Tensor& v, int64_t window,
+                               const Tensor& key_start = {});
 // dq [2B, L, Hq, D]; dk, dv [B, S, Hkv, D] f32: this rank's queries' share of the key and
 // value gradients, summed in f32 (scatter_sequence sums the ranks' shares, in f32 too, so a
 // key's gradient is rounded to the activation dtype once, as without CP).
 void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk, Tensor dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                int64_t window);
+                                int64_t window, const Tensor& key_start = {});
 
 }  // namespace braid::model

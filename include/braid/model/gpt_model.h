@@ -122,6 +122,13 @@ class GPTModel {
   // The first and last stages of this model's pipeline (tied embeddings): finalize_grads sums
   // the embed_tokens gradients over it. nullptr (the default) or one rank: nothing to sum.
   void set_embedding_group(comm::Communicator* group) { embedding_group_ = group; }
+  // Document masking (Megatron's --reset-attention-mask and --reset-position-ids): a document
+  // runs up to and including each `eod` token of a sequence. With reset_attention_mask a token
+  // attends to its own document's tokens only; with reset_position_ids its position (rope,
+  // learned position embeddings) counts from its document's first token. Applies to forward,
+  // forward_stage and logits, not to decode (a KV cache's prompt is one document). Off by
+  // default; ConfigError unless eod is a token of the vocabulary when either flag is set.
+  void set_document_masking(int32_t eod, bool reset_attention_mask, bool reset_position_ids);
   // Completes the gradients of this step's microbatches across TP (see above); a no-op on
   // one rank. Call once after the last backward, before clipping and the optimizer.
   void finalize_grads();
@@ -211,7 +218,9 @@ class GPTModel {
     if (grads_done_) grads_done_(microbatch, params);
   }
   // Checks ids (and targets, when defined) and puts them on the device.
-  Microbatch prepare(const Tensor& ids, const Tensor& targets) const;
+  // The microbatch of ids and targets on the model's device; with its documents'
+  // Tokens::key_start and positions when set_document_masking asks and `documents` is true.
+  Microbatch prepare(const Tensor& ids, const Tensor& targets, bool documents = true) const;
   Tensor final_norm(const Tensor& x, NormStats& stats) const;
   LayerTensors layer_tensors(const Tensor& flat, int layer) const;
   Tensor view_of(const Tensor& flat, const std::string& name) const;
@@ -270,6 +279,8 @@ class GPTModel {
   ExpertParallel ep_;
   std::shared_ptr<comm::Communicator> kv_group_;  // TP ranks that share a replicated kv head
   comm::Communicator* embedding_group_ = nullptr;
+  int32_t eod_ = -1;  // set_document_masking's
+  bool reset_attention_mask_ = false, reset_position_ids_ = false;
   int first_layer_ = 0;
   ParamLayout layout_;
   Tensor flat_params_;

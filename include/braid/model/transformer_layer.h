@@ -67,17 +67,24 @@ struct LayerShape {
   static LayerShape of(const TransformerConfig& config, int tp_size);
 };
 
-// The tokens of one microbatch: [batch, seq]; a region of the residual stream holds all
-// batch·seq of them, or (sequence parallelism) this rank's 1/tp. With context parallelism
-// they are this rank's chunks: [2B, S / (2 cp)] (context_parallel.h).
 // What a mixture-of-experts layer reports from its backwards (TransformerLayer::backward).
 struct MoeStats {
   MoeLosses losses;
   std::vector<int64_t> tokens_per_expert;  // [E] when counted (expert bias), else empty
 };
 
+// The tokens of one microbatch: [batch, seq]; a region of the residual stream holds all
+// batch·seq of them, or (sequence parallelism) this rank's 1/tp. With context parallelism
+// they are this rank's chunks: [2B, S / (2 cp)] (context_parallel.h).
+// With document masking (GPTModel::set_document_masking) on the model's device, else undefined:
+//   key_start  i32 [B, S] of the whole sequences (under context parallelism B = batch / 2 and
+//              S = 2·cp·seq): each position's document's first position, where its attention
+//              starts (ops::attention_forward's key_start; --reset-attention-mask);
+//   positions  i32 [batch, seq]: each of these tokens' position within its document (rope's
+//              positions; --reset-position-ids).
 struct Tokens {
   int64_t batch = 0, seq = 0;
+  Tensor key_start, positions;
   int64_t count() const { return batch * seq; }
 };
 
@@ -216,16 +223,19 @@ class TransformerLayer {
   // q and k of the projection: normed per head from q_raw and k_raw (qk_layernorm), rotated.
   void finish_qk(Projection& p, Tokens tokens, int64_t position_offset) const;
   // RoPE (inverse: its backward) in place on x [B, S, H, D] whose row 0 sits at
-  // position_offset; with context parallelism on each of this rank's two chunks at its place.
-  // Under MLA the heads' channels from first_channel on turn (their RoPE part, interleaved).
-  void rotate(Tensor x, int64_t position_offset, bool inverse, int64_t first_channel = 0) const;
-  // Causal attention (in window_) over this rank's tokens; with context parallelism over the
-  // whole sequences' keys and values, gathered from the CP group.
-  void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
-                         const Tensor& v) const;
+  // position_offset; with context parallelism on each of this rank's two chunks at its place;
+  // with tokens.positions at each token's own. Under MLA the heads' channels from
+  // first_channel on turn (their RoPE part, interleaved).
+  void rotate(Tensor x, const Tokens& tokens, int64_t position_offset, bool inverse,
+              int64_t first_channel = 0) const;
+  // Causal attention (in window_, within tokens.key_start's documents) over this rank's tokens;
+  // with context parallelism over the whole sequences' keys and values, gathered from the CP
+  // group.
+  void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tokens& tokens) const;
   void attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                          const Tensor& k, const Tensor& v, const Tensor& out,
-                          const Tensor& lse) const;
+                          const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tokens& tokens) const;
   Tensor mlp_activation(const Tensor& fc1_out) const;
   void mlp_activation_backward(Tensor d_fc1, const Tensor& d_act, const Tensor& fc1_out) const;
   // One MLP `w` on rows x [n, H]: writes fc1 (allocated by the caller) and y [n, H] (this rank's

@@ -201,7 +201,7 @@ def test_flags_of_public_launch_scripts_parse_as_megatron_reads_them():
         "braid: --dist-ckpt-strictness log_all",
         "braid: --no-async-tensor-model-parallel-allreduce",
         "braid: --no-query-key-layer-scaling", "braid: --data-impl mmap"]
-    for flag, why in (("--reset-attention-mask", "masking across documents is not supported"),
+    for flag, why in (("--moe-router-force-load-balancing", "routes by the router's scores"),
                       ("--sgd-momentum", "no SGD"), ("--fp8-margin", "no FP8 kernels"),
                       ("--use-megatron-fsdp", "ZeRO-1")):
         with pytest.raises(ArgumentError, match=f"{flag} is not supported by braid: .*{why}"):
