@@ -176,7 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     schedule_args.add_arguments(p, pos_float, nonneg_float, pos_int, nonneg_int)
 
     g = p.add_argument_group("mixed precision")
-    g.add_argument("--bf16", action="store_true", help="bf16 parameters and activations (CUDA)")
+    g.add_argument("--bf16", action="store_true",
+                   help="bf16 parameters and activations on CUDA devices (the CPU computes in "
+                        "float32; the log says so)")
     g.add_argument("--loss-scale", type=pos_float, default=None,
                    help="a constant loss scale; default: none for bf16/f32 (Megatron's)")
     g.add_argument("--initial-loss-scale", type=pos_float, default=2.0**32,
@@ -606,8 +608,6 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     if a.device is None:
         import braid
         a.device = "cuda" if braid.cuda_available() else "cpu"
-    _check(not a.bf16 or a.device == "cuda",
-           "--bf16 needs a CUDA device (braid's CPU kernels compute in float32)")
     _check(a.loss_scale is None or not a.dynamic_loss_scale,
            "give --loss-scale (constant) or --dynamic-loss-scale, not both")
 

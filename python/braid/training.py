@@ -104,7 +104,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.init_std = a.init_method_std
     cfg.hidden_dropout = a.hidden_dropout
     cfg.attention_dropout = a.attention_dropout
-    cfg.params_dtype = "bf16" if a.bf16 else "f32"
+    cfg.params_dtype = "bf16" if a.bf16 and a.device == "cuda" else "f32"
     cfg.make_vocab_size_divisible_by = a.make_vocab_size_divisible_by
     cfg.recompute = a.recompute_granularity or "none"
     cfg.recompute_mla_up_proj = "mla_up_proj" in (a.recompute_modules or ())
@@ -266,6 +266,15 @@ class ProgressBar:
             self.shown = False
 
 
+def precision_notes(a) -> list[str]:
+    """--bf16 on the CPU runs in float32, so that a GPU job's script debugs unchanged there."""
+    if not a.bf16 or a.device != "cpu":
+        return []
+    return ["braid: --bf16 on the CPU: braid's CPU kernels compute in float32, so this run's "
+            "parameters and activations are float32 (bf16 on a CUDA device); its checkpoints "
+            "resume under --bf16 on GPUs, and theirs here"]
+
+
 def _hms(seconds):
     if not math.isfinite(seconds):
         return "?"
@@ -302,7 +311,7 @@ def main(argv=None) -> int:
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
     for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
-            tokenizer_args.notes(a):
+            tokenizer_args.notes(a) + precision_notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)

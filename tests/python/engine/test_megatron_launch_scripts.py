@@ -63,8 +63,8 @@ def llama3_8b_args(checkpoint: str, tensorboard: str, cache: str) -> list[str]:
     """train_llama3_8b_h100_fp8.sh's arrays with DTYPE other than fp8 and MOCK data, in its
     order. Shrunk: 32 layers of 4096 (ffn 14336, 32 heads, 8 groups of 128) to 2 of 64 (224, 4,
     2 of 16), seq 8192 to 64, vocabulary 128256 to 512, the samples and global batch 128 to 8,
-    eval 32 iterations every 100 to 2 every 4. Left out: --bf16 (CPU ranks; braid's bf16 is
-    CUDA's) and --profile's steps (kept: --profile, at steps 4 to 6)."""
+    eval 32 iterations every 100 to 2 every 4; --profile's steps to 4 to 6. --bf16 stays (the
+    CPU ranks run it in float32)."""
     model = ["--use-mcore-models", "--num-layers", "2", "--hidden-size", "64",
              "--ffn-hidden-size", "224", "--num-attention-heads", "4", "--group-query-attention",
              "--num-query-groups", "2", "--kv-channels", "16", "--seq-length", "64",
@@ -92,7 +92,8 @@ def llama3_8b_args(checkpoint: str, tensorboard: str, cache: str) -> list[str]:
                "--profile-step-start", "4", "--profile-step-end", "6", "--ckpt-format",
                "torch_dist", "--distributed-timeout-minutes", "60", "--save", checkpoint,
                "--load", checkpoint, "--tensorboard-dir", tensorboard]
-    return [*model, *training, *parallel, *ddp, *data, *logging]
+    dtype = ["--bf16"]
+    return [*model, *training, *dtype, *parallel, *ddp, *data, *logging]
 
 
 def test_megatrons_llama3_8b_script_runs_and_resumes(tmp_path):
@@ -104,6 +105,7 @@ def test_megatrons_llama3_8b_script_runs_and_resumes(tmp_path):
                  "--tiktoken-pattern v2", "--attention-backend fused", "--ckpt-format torch_dist"):
         assert f"braid: {flag} has no effect" in first.stdout, (flag, first.stdout)
     assert "decoupled learning rate: " in first.stdout, first.stdout
+    assert "braid: --bf16 on the CPU: braid's CPU kernels compute in float32" in first.stdout
     assert os.path.exists(os.path.join(tb, "traces", "rank0.json"))
     # The same script again: it loads the checkpoint (the same schedule) and finishes.
     second = run(4, args)
