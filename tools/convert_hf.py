@@ -59,9 +59,9 @@ BIAS_SUFFIX = "e_score_correction_bias"
 
 FORMAT = "braid-checkpoint"
 # The newest format read; 2 marks a model with MoE router features version-1 readers do not know,
-# 3 one with multi-latent attention or YaRN (checkpoint.h), each written only for such a model
-# (format_version).
-FORMAT_VERSION = 4
+# 3 one with multi-latent attention or YaRN, 4 one with multi-token prediction, 5 one with linear
+# RoPE interpolation (checkpoint.h), each written only for such a model (format_version).
+FORMAT_VERSION = 5
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
 SHARD_FILE = "mp_rank_00_000.safetensors"
@@ -337,6 +337,8 @@ def weights_dtype(tensors, hf_dir):
 
 def format_version(config) -> int:
     """braid's format_version (csrc/engine/checkpoint_config.cpp) for a model config."""
+    if config.get("rope_linear_factor", 0.0) > 0:
+        return 5
     if config.get("mtp_num_layers", 0) > 0:
         return 4
     if config.get("multi_latent_attention") or config.get("rope_yarn_factor", 0.0) > 0:

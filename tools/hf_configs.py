@@ -72,7 +72,8 @@ def refuse(field, value, why):
 NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
                    "rope_high_freq_factor": 4.0, "rope_original_max_position_embeddings": 8192,
                    "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
-                   "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0, "rotary_percent": 1.0}
+                   "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0, "rotary_percent": 1.0,
+                   "rope_linear_factor": 0.0}
 
 
 # Architectures whose YaRN (rope_type "yarn") imports, their module adding its fields
@@ -93,15 +94,18 @@ def rope_parameters_of(hf):
 
 
 def rope_of(hf, arch):
-    """braid's RoPE fields from either config style (rope_parameters_of): plain RoPE or Llama
-    3.1's scaling (rope_type "llama3"), and for YARN_ARCHITECTURES YaRN's frequencies' theta
-    and partial factor (the rest: their module); refuses any other variant."""
+    """braid's RoPE fields from either config style (rope_parameters_of): plain RoPE, linear
+    position interpolation (rope_type "linear") or Llama 3.1's scaling (rope_type "llama3"), and
+    for YARN_ARCHITECTURES YaRN's frequencies' theta and partial factor (the rest: their
+    module); refuses any other variant."""
     params, field = rope_parameters_of(hf)
     kind = params["rope_type"]
-    if kind not in ("default", "llama3") and not (kind == "yarn" and arch in YARN_ARCHITECTURES):
+    if kind not in ("default", "linear", "llama3") and \
+            not (kind == "yarn" and arch in YARN_ARCHITECTURES):
         refuse(field if field == "rope_scaling" else "rope_parameters.rope_type",
                hf["rope_scaling"] if field == "rope_scaling" else kind,
-               "braid implements plain RoPE and Llama 3.1's scaling (rope_type llama3)"
+               "braid implements plain RoPE, linear interpolation (rope_type linear) and Llama "
+               "3.1's scaling (rope_type llama3)"
                + (", and YaRN for DeepSeek-V2 and -V3" if kind == "yarn" else ""))
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
                                                         PARTIAL_ROTARY_DEFAULT.get(arch, 1.0)))
@@ -111,6 +115,11 @@ def rope_of(hf, arch):
     theta = params.get("rope_theta", hf.get("rope_theta", THETA_DEFAULT.get(arch, 10000.0)))
     out = {"rope_theta": as_f32(theta),
            **NO_ROPE_SCALING, "rotary_percent": float(factor or 1.0)}
+    if kind == "linear":
+        check("factor" in params, "config.json: rope_type linear without factor")
+        check(params["factor"] > 0, f"config.json: rope_type linear with factor "
+              f"{params['factor']} (it must be positive)")
+        out["rope_linear_factor"] = as_f32(params["factor"])
     if kind == "llama3":
         for key in ("factor", "low_freq_factor", "high_freq_factor",
                     "original_max_position_embeddings"):
@@ -164,6 +173,9 @@ def hf_rope_parameters(c, arch):
               "convert_hf.py moves YaRN with DeepSeek-V3 and -V2 (multi-latent attention) "
               "only")
         return {"rope_type": "yarn", "rope_theta": theta, **partial, **hf_yarn_parameters(c)}
+    if c.get("rope_linear_factor"):  # absent in checkpoints before it
+        return {"rope_type": "linear", "rope_theta": theta, **partial,
+                "factor": f32_value(c["rope_linear_factor"])}
     if not c.get("rope_scaling_factor"):
         return {"rope_type": "default", "rope_theta": theta, **partial}
     return {"rope_type": "llama3", "rope_theta": theta, **partial,

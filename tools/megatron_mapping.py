@@ -57,8 +57,6 @@ REFUSED_ARGS = (
     ("mtp_num_layers", bool, "multi-token prediction layers"),
     ("rotary_interleaved", bool, "RoPE on interleaved pairs; braid's turns the two halves of "
                                  "each head (rotate-half), as megatron-core does by default"),
-    ("rotary_seq_len_interpolation_factor", lambda v: v not in (None, 1, 1.0),
-     "RoPE position interpolation"),
     ("no_rope_freq", bool, "layers without RoPE"),
     ("qk_l2_norm", bool, "L2-normalised queries and keys"),
     ("quick_geglu", bool, "a quick-GELU GLU"),
@@ -141,6 +139,9 @@ def braid_config_from_args(args, vocab_rows, dtype, where):
         rope.update(rope_scaling_factor=as_f32(arg(args, "rope_scaling_factor", 8.0)),
                     rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
                     rope_original_max_position_embeddings=8192)
+    interpolation = arg(args, "rotary_seq_len_interpolation_factor", None)
+    if interpolation not in (None, 1, 1.0):  # megatron-core's positions / factor
+        rope.update(rope_linear_factor=as_f32(interpolation))
     bias = bool(arg(args, "add_bias_linear", True))
     return {**window_of(args, layers, where), **moe_config_from_args(args, where),
             "num_layers": layers, "hidden_size": h,
@@ -176,6 +177,18 @@ def round_up(n, multiple):
     return -(-n // multiple) * multiple
 
 
+def interpolation_factor(c):
+    """--rotary-seq-len-interpolation-factor of a braid config (None: none); Megatron-LM's
+    argument is an integer."""
+    factor = c.get("rope_linear_factor") or 0.0  # absent in checkpoints before it
+    if not factor:
+        return None
+    check(factor == int(factor), f"this braid model interpolates RoPE's positions by "
+          f"{f32_value(factor)}; Megatron-LM's --rotary-seq-len-interpolation-factor is an "
+          "integer")
+    return int(factor)
+
+
 def megatron_args_from_braid(c, consumed_samples, imported):
     """Megatron-LM's args for a braid config: the model's arguments, a tp=1 pp=1 layout, no
     optimizer or RNG state saved; over `imported` (an import's megatron_args, or {})."""
@@ -207,6 +220,7 @@ def megatron_args_from_braid(c, consumed_samples, imported):
         "rotary_base": int(theta) if theta == int(theta) else theta,
         "rotary_percent": c.get("rotary_percent", 1.0), "rotary_interleaved": False,
         "use_rope_scaling": bool(c.get("rope_scaling_factor")),
+        "rotary_seq_len_interpolation_factor": interpolation_factor(c),
         "rope_scaling_factor": f32_value(c.get("rope_scaling_factor") or 8.0),
         "normalization": {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[c["normalization"]],
         "norm_epsilon": f32_value(c["norm_eps"]),

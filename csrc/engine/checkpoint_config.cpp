@@ -37,6 +37,7 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rope_yarn_beta_slow", c.rope_yarn_beta_slow},
       {"rope_yarn_mscale", c.rope_yarn_mscale},
       {"rope_yarn_mscale_all_dim", c.rope_yarn_mscale_all_dim},
+      {"rope_linear_factor", c.rope_linear_factor},
       {"rotary_percent", c.rotary_percent},
       {"window_size", c.window_size},
       {"window_layers", c.window_layers},
@@ -70,6 +71,8 @@ int format_version(const model::TransformerConfig& c) {
       (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
        c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
        c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
+  // A version-4 reader would ignore the linear interpolation and turn RoPE by whole positions.
+  if (c.rope_linear_factor > 0) return 5;
   // A version-3 reader would ignore the MTP depths' tensors and train without them.
   if (c.mtp_num_layers > 0) return 4;
   // A version-2 reader would ignore YaRN's fields and run the model with plain RoPE.

@@ -17,8 +17,11 @@ void RotaryFrequencies::validate() const {
   BRAID_CHECK(first_channel >= 0, "rope: first_channel = ", first_channel, " must not be negative");
   BRAID_CHECK(attention_factor > 0.0f && std::isfinite(attention_factor),
               "rope: attention_factor = ", attention_factor, " must be positive and finite");
-  BRAID_CHECK(llama3_factor == 0.0f || yarn_factor == 0.0f, "rope: the llama3 factor (",
-              llama3_factor, ") and the YaRN factor (", yarn_factor, ") exclude each other");
+  BRAID_CHECK((llama3_factor != 0.0f) + (yarn_factor != 0.0f) + (linear_factor != 0.0f) <= 1,
+              "rope: the llama3 factor (", llama3_factor, "), the YaRN factor (", yarn_factor,
+              ") and the linear factor (", linear_factor, ") exclude each other");
+  BRAID_CHECK(linear_factor >= 0.0f && std::isfinite(linear_factor), "rope: the linear factor ",
+              linear_factor, " must be positive and finite (0: no interpolation)");
   if (yarn_factor != 0.0f) {  // HF's _validate_yarn_rope_parameters, as errors
     BRAID_CHECK(yarn_factor >= 1.0f && std::isfinite(yarn_factor), "rope: the YaRN factor ",
                 yarn_factor, " must be >= 1 and finite (0: no YaRN)");
@@ -92,6 +95,9 @@ std::vector<float> RotaryFrequencies::inv_freq(int64_t head_dim) const {
     out[size_t(i)] = f;
   }
   if (yarn_factor > 0.0f) apply_yarn(out, *this, dim);
+  if (linear_factor > 0.0f) {  // HF's _compute_linear_scaling_rope_parameters: inv_freq / factor
+    for (float& f : out) f /= linear_factor;
+  }
   return out;
 }
 

@@ -303,12 +303,23 @@ void TransformerConfig::validate() const {
                        "got ",
                        rope_original_max_position_embeddings);
     if (rope_yarn_factor != 0) validate_yarn(*this);
+    BRAID_CONFIG_CHECK(rope_linear_factor >= 0 && std::isfinite(rope_linear_factor),
+                       "TransformerConfig.rope_linear_factor must be positive and finite (0: no "
+                       "interpolation), got ",
+                       rope_linear_factor);
+    BRAID_CONFIG_CHECK(
+        rope_linear_factor == 0 || (rope_scaling_factor == 0 && rope_yarn_factor == 0),
+        "TransformerConfig.rope_linear_factor (", rope_linear_factor,
+        ") excludes Llama 3.1's rope_scaling_factor (", rope_scaling_factor,
+        ") and rope_yarn_factor (", rope_yarn_factor, ")");
   } else {
     BRAID_CONFIG_CHECK(rope_scaling_factor == 0,
                        "TransformerConfig.rope_scaling_factor needs "
                        "position_embedding = rope");
     BRAID_CONFIG_CHECK(rope_yarn_factor == 0,
                        "TransformerConfig.rope_yarn_factor needs position_embedding = rope");
+    BRAID_CONFIG_CHECK(rope_linear_factor == 0,
+                       "TransformerConfig.rope_linear_factor needs position_embedding = rope");
     BRAID_CONFIG_CHECK(rotary_percent == 1.0,
                        "TransformerConfig.rotary_percent needs position_embedding = rope");
   }

@@ -306,7 +306,7 @@ Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {
   if (config_.position_embedding == PositionEmbedding::learned) {
     Tensor host = Tensor::empty({region}, DType::i32);
     int32_t* p = host.data_ptr<int32_t>();
-    const Tensor own = tokens.positions.defined() ? host_copy(tokens.positions) : Tensor();
+    const Tensor& own = mb.doc_positions_host;  // --reset-position-ids, else undefined
     for (int64_t i = 0; i < region; ++i) {
       const int64_t token = first_token + i;
       p[i] = int32_t(position_offset + (own.defined() ? own.data_ptr<int32_t>()[token]
@@ -385,17 +385,22 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets,
            positions = Tensor::empty({b, s}, DType::i32);
     int32_t* start_of = key_start.data_ptr<int32_t>();
     int32_t* position = positions.data_ptr<int32_t>();
+    bool split = false;  // whether a document starts past position 0 anywhere
     for (int64_t r = 0; r < b; ++r) {
       int32_t start = 0;
       for (int64_t i = 0; i < s; ++i) {
         start_of[r * s + i] = start;
         position[r * s + i] = int32_t(i) - start;
+        split = split || start > 0;
         if (id[r * s + i] == eod_) start = int32_t(i + 1);
       }
     }
-    if (reset_attention_mask_) mb.key_start = key_start.to(device_);
-    if (reset_position_ids_) {
-      mb.doc_positions = (cp_.active() ? split_sequence(cp_, positions) : positions).to(device_);
+    // Without a split the microbatch is the causal model's (and its attention stays on cuDNN's
+    // kernels on a GPU): every rank decides alike from the same ids.
+    if (split && reset_attention_mask_) mb.key_start = key_start.to(device_);
+    if (split && reset_position_ids_) {
+      mb.doc_positions_host = cp_.active() ? split_sequence(cp_, positions) : positions;
+      mb.doc_positions = mb.doc_positions_host.to(device_);
     }
   }
   if (targets.defined()) {

@@ -36,8 +36,10 @@ struct GPTModel::Microbatch {
   Tensor ids;        // [B, S] i32 on the model's device (context parallelism: [2B, L])
   Tensor positions;  // [T_region] i32, learned position embeddings only
   // Document masking (Tokens' fields, GPTModel::set_document_masking): [B, S] i32, and each
-  // token's position in its document [B, S] i32 (context parallelism: [2B, L]).
-  Tensor key_start, doc_positions;
+  // token's position in its document [B, S] i32 (context parallelism: [2B, L]) on the device and
+  // on the host (learned position embeddings read it there). Undefined when the microbatch's
+  // sequences hold one document each.
+  Tensor key_start, doc_positions, doc_positions_host;
   uint64_t forward_index = 0;
   std::vector<LayerActivations> layers;
   Tensor trunk_out;           // [T_region, H] the last block's output: the final norm's input

@@ -18,6 +18,7 @@ ops::RotaryFrequencies rotary(const TransformerConfig& c, int64_t first_channel)
           .rotary_dim = c.rotary_dim(),
           .first_channel = first_channel,
           .interleaved = c.multi_latent_attention,
+          .linear_factor = c.rope_linear_factor,
           .yarn_factor = c.rope_yarn_factor,
           .yarn_beta_fast = c.rope_yarn_beta_fast,
           .yarn_beta_slow = c.rope_yarn_beta_slow,

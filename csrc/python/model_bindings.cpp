@@ -55,6 +55,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("rope_original_max_position_embeddings",
                      &TransformerConfig::rope_original_max_position_embeddings)
       .def_readwrite("rope_yarn_factor", &TransformerConfig::rope_yarn_factor)
+      .def_readwrite("rope_linear_factor", &TransformerConfig::rope_linear_factor)
       .def_readwrite("rope_yarn_beta_fast", &TransformerConfig::rope_yarn_beta_fast)
       .def_readwrite("rope_yarn_beta_slow", &TransformerConfig::rope_yarn_beta_slow)
       .def_readwrite("rope_yarn_mscale", &TransformerConfig::rope_yarn_mscale)

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    action="store_const", const="rope",
                    help="Megatron's older spelling of --position-embedding-type rope")
     g.add_argument("--rotary-seq-len-interpolation-factor", type=pos_int, default=None,
-                   help="Megatron's linear position interpolation: 1 only (no interpolation)")
+                   help="linear position interpolation: RoPE turns position p as p / factor "
+                        "(1: none)")
     g.add_argument("--rotary-base", type=pos_float, default=10000.0)
     g.add_argument("--rotary-percent", type=pos_float, default=1.0,
                    help="the fraction of each head RoPE turns, its leading channels "
@@ -510,10 +511,12 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(not a.use_rope_scaling or a.position_embedding_type == "rope",
            "--use-rope-scaling needs --position-embedding-type rope")
     _check(a.rotary_percent <= 1.0, f"--rotary-percent must be in (0, 1], got {a.rotary_percent}")
-    _check(a.rotary_seq_len_interpolation_factor in (None, 1),
-           f"--rotary-seq-len-interpolation-factor {a.rotary_seq_len_interpolation_factor}: "
-           "braid's RoPE does not interpolate positions linearly; for longer contexts it has "
-           "Llama 3.1's (--use-rope-scaling) and YaRN's scaling")
+    interpolation = a.rotary_seq_len_interpolation_factor or 1
+    _check(interpolation == 1 or a.position_embedding_type == "rope",
+           "--rotary-seq-len-interpolation-factor needs --position-embedding-type rope")
+    _check(interpolation == 1 or not a.use_rope_scaling,
+           "--rotary-seq-len-interpolation-factor and --use-rope-scaling exclude each other (one "
+           "way of stretching RoPE's positions at a time)")
     _check(a.rotary_percent == 1.0 or a.position_embedding_type == "rope",
            "--rotary-percent needs --position-embedding-type rope")
     rotary_dim = int(a.kv_channels * a.rotary_percent)  # Megatron's and HF's rounding

@@ -197,8 +197,8 @@ def configure(cfg, a):
 
 
 def describe(cfg) -> str:
-    """The startup line's words for a model with multi-latent attention or YaRN ("" with
-    neither)."""
+    """The startup line's words for a model with multi-latent attention, YaRN or linear RoPE
+    interpolation ("" with none)."""
     words = ""
     if getattr(cfg, "multi_latent_attention", False):
         q = f"q_lora_rank {cfg.q_lora_rank}" if cfg.q_lora_rank else "no query latent"
@@ -211,4 +211,6 @@ def describe(cfg) -> str:
                   f"{cfg.rope_original_max_position_embeddings} positions, mscale "
                   f"{cfg.rope_yarn_mscale:g}, mscale_all_dim {cfg.rope_yarn_mscale_all_dim:g}"
                   + (f", beta {betas[0]:g} / {betas[1]:g}" if betas != (32.0, 1.0) else "") + ")")
+    if getattr(cfg, "rope_linear_factor", 0.0) > 0:
+        words += f", RoPE positions interpolated by 1/{cfg.rope_linear_factor:g}"
     return words

@@ -43,6 +43,7 @@ FROM_CHECKPOINT = {
     "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
                                       ("rope_scaling_factor", v if v > 0 else None)],
     # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
+    "rope_linear_factor": lambda v: [("rotary_seq_len_interpolation_factor", _interpolation(v))],
     "rope_low_freq_factor": lambda v: _megatron_rope_constant("rope_low_freq_factor", v),
     "rope_high_freq_factor": lambda v: _megatron_rope_constant("rope_high_freq_factor", v),
     "norm_eps": lambda v: [("norm_epsilon", v)],
@@ -88,7 +89,7 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
                "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0,
-               **MEGATRON_ROPE_SCALING}
+               "rope_linear_factor": 0.0, **MEGATRON_ROPE_SCALING}
 
 # Arguments only a model with multi-latent attention has: none (not given) for the others.
 LATENT_ATTENTION_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
@@ -101,6 +102,17 @@ def _megatron_rope_constant(key, value, fixed=MEGATRON_ROPE_SCALING,
         raise ValueError(f"the checkpoint's {key} is {_f32(value)}; Megatron's {flags} fixes it "
                          f"at {_f32(fixed[key])}")
     return []
+
+
+def _interpolation(factor):
+    """--rotary-seq-len-interpolation-factor of a linear factor (0: none); Megatron's flag is
+    an integer."""
+    if factor == 0:
+        return None
+    if factor != int(factor):
+        raise ValueError(f"the checkpoint's rope_linear_factor is {_f32(factor)}; Megatron's "
+                         "--rotary-seq-len-interpolation-factor is an integer")
+    return int(factor)
 
 
 def _f32(value):
@@ -174,6 +186,7 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "rope_yarn_beta_slow": "--rope-type yarn",
             "rope_yarn_mscale": "--rope-type yarn --mscale",
             "rope_yarn_mscale_all_dim": "--rope-type yarn --mscale-all-dim",
+            "rope_linear_factor": "--rotary-seq-len-interpolation-factor",
             "norm_eps": "--norm-epsilon",
             "window_size": "--window-size",
             "window_layers": "--window-attn-skip-freq",

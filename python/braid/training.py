@@ -88,6 +88,8 @@ def model_config(a) -> braid.TransformerConfig:
         cfg.rope_high_freq_factor = MEGATRON_ROPE_SCALING["rope_high_freq_factor"]
         cfg.rope_original_max_position_embeddings = \
             MEGATRON_ROPE_SCALING["rope_original_max_position_embeddings"]
+    if (a.rotary_seq_len_interpolation_factor or 1) != 1:  # Megatron's: positions / factor
+        cfg.rope_linear_factor = a.rotary_seq_len_interpolation_factor
     cfg.add_bias_linear = not a.disable_bias_linear
     cfg.add_qkv_bias = a.add_qkv_bias
     cfg.qk_layernorm = a.qk_layernorm
@@ -267,12 +269,19 @@ class ProgressBar:
 
 
 def precision_notes(a) -> list[str]:
-    """--bf16 on the CPU runs in float32, so that a GPU job's script debugs unchanged there."""
-    if not a.bf16 or a.device != "cpu":
-        return []
-    return ["braid: --bf16 on the CPU: braid's CPU kernels compute in float32, so this run's "
-            "parameters and activations are float32 (bf16 on a CUDA device); its checkpoints "
-            "resume under --bf16 on GPUs, and theirs here"]
+    """--bf16 on the CPU runs in float32, so that a GPU job's script debugs unchanged there;
+    --reset-position-ids turns rope, which megatron-core's ignores."""
+    notes = []
+    if a.bf16 and a.device == "cpu":
+        notes.append("braid: --bf16 on the CPU: braid's CPU kernels compute in float32, so this "
+                     "run's parameters and activations are float32 (bf16 on a CUDA device); its "
+                     "checkpoints resume under --bf16 on GPUs, and theirs here")
+    if a.reset_position_ids and not a.reset_attention_mask and \
+            a.position_embedding_type == "rope":
+        notes.append("braid: --reset-position-ids turns rope by each token's position in its "
+                     "document; megatron-core's rope ignores position ids, so Megatron-LM trains "
+                     "this model with positions running over the whole sequence (docs/data.md)")
+    return notes
 
 
 def _hms(seconds):

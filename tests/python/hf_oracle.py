@@ -59,13 +59,19 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
 
 
 def llama_pair(layers=2, hidden=64, heads=4, kv_heads=2, ffn=160, vocab=97, positions=64, seed=0,
-               tie=False, llama3_rope=False, zero_centered_gamma=False, mtp=0, **fields):
+               tie=False, llama3_rope=False, linear_rope=0.0, zero_centered_gamma=False, mtp=0,
+               **fields):
     """LlamaForCausalLM and braid's copy of it; with zero_centered_gamma braid's norm weights
     hold HF's minus one (Megatron's --apply-layernorm-1p), the same model. With `mtp` depths of
     multi-token prediction: HF's model has them as its last layers (add_mtp_depths), braid's
-    mtp_num_layers. `fields`: more braid config (mtp_loss_scaling_factor, ...)."""
+    mtp_num_layers. linear_rope > 0: linear position interpolation by that factor (rope_type
+    linear). `fields`: more braid config (mtp_loss_scaling_factor, ...)."""
     torch.manual_seed(seed)
     rope = {"rope_parameters": LLAMA3_ROPE} if llama3_rope else {"rope_theta": 10000.0}
+    if linear_rope:
+        rope = {"rope_parameters": {"rope_type": "linear", "factor": linear_rope,
+                                    "rope_theta": 10000.0}}
+        fields["rope_linear_factor"] = linear_rope
     hf_cfg = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn,
         num_hidden_layers=layers + mtp, num_attention_heads=heads, num_key_value_heads=kv_heads,

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "braid/core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/loops.h"
 
@@ -308,6 +309,16 @@ Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key
   if (key_start.defined()) {
     m.key_start = key_start.data_ptr<int32_t>();
     m.key_ld = key_start.size(1);
+    // The blocks take their first row's first key as the smallest, and every row needs a key.
+    for (int64_t b = 0; b < m.b; ++b) {
+      const int32_t* row = m.key_start + b * m.key_ld;
+      for (int64_t p = 0; p < m.sk; ++p) {
+        const int32_t previous = p == 0 ? 0 : row[p - 1];
+        BRAID_CHECK(previous <= row[p] && row[p] <= p, "attention: key_start[", b, "][", p,
+                    "] = ", row[p], " must be at most ", p, " and at least the position before's (",
+                    previous, ")");
+      }
+    }
   }
   return m;
 }

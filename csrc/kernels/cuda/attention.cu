@@ -2,8 +2,8 @@
 // (key_start). bf16/f16 go to cuDNN's SDPA (attention_cudnn.cu) when it supports the
 // configuration; f32, fewer queries than keys (context parallelism's chunks: query row i sits at
 // position Sk - Sq + i), document masking and anything cuDNN declines run the flash-attention
-// style kernels below: correctness first, f32 arithmetic throughout. With a window each block
-// visits only the key (or query) tiles its rows' windows reach.
+// style kernels below: correctness first, f32 arithmetic throughout. With a window or documents
+// each block visits only the key (or query) tiles its rows' windows and documents reach.
 //
 // Forward: a block owns 16 query rows (4 warps x 4 rows) of one (batch, head) and streams the
 // causally visible keys through shared memory 32 at a time (one key per lane), keeping an
@@ -36,7 +36,9 @@ constexpr int kMaxHeadDim = 256;
 
 // q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk: query row i of sequence b sits at position
 // offset + i and sees keys first_key(b, i) .. offset + i (window -1 and no key_start: from 0).
-// key_start: nullptr or [B][key_ld], non-decreasing along each row (ops::attention_forward's).
+// key_start: nullptr or [B][key_ld], non-decreasing along each row with key_start[p] <= p
+// (ops::attention_forward's): so a block's first row has its smallest first key, and every row
+// sees at least its own key.
 struct Dims {
   int64_t b, sq, sk, hq, hkv, window;
   int d;

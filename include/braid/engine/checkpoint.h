@@ -40,9 +40,9 @@ namespace braid::engine {
 // The newest format this braid reads. Version 2 marks a model that version-1 readers would
 // compute differently (MoE routers other than Mixtral's softmax: sigmoid scores, expert biases,
 // groups, a scaling factor, a capacity), version 3 one with multi-latent attention or YaRN RoPE,
-// version 4 one with multi-token prediction depths; every other checkpoint is written as
-// version 1.
-constexpr int kCheckpointFormatVersion = 4;
+// version 4 one with multi-token prediction depths, version 5 one with linear RoPE
+// interpolation; every other checkpoint is written as version 1.
+constexpr int kCheckpointFormatVersion = 5;
 
 struct SaveOptions {
   bool save_optim = true;  // not --no-save-optim

@@ -123,7 +123,10 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 // low = max(floor(d(beta_fast)), 0) keep their frequency, those from high =
 // min(ceil(d(beta_slow)), R - 1) on divide it by s, and between the two
 // ramp = (i - low) / (high - low) blends them: inv_freq / s * ramp + inv_freq * (1 - ramp).
-// At most one of the two scalings.
+// With linear_factor = s > 0, linear position interpolation (Chen et al. 2023; HF rope_type
+// "linear", Megatron's --rotary-seq-len-interpolation-factor): every inv_freq / s, as HF
+// computes it (position p turns as p / s would).
+// At most one of the three scalings.
 struct RotaryFrequencies {
   float theta = 10000.0f;
   float llama3_factor = 0.0f;  // 0: no scaling
@@ -141,7 +144,8 @@ struct RotaryFrequencies {
   // GPT-J's interleaved pairs (channel 2i with 2i + 1), as DeepSeek-V2/V3 and megatron-core's
   // multi-latent attention compute them.
   bool interleaved = false;
-  float yarn_factor = 0.0f;  // 0: no YaRN
+  float linear_factor = 0.0f;  // 0: no interpolation
+  float yarn_factor = 0.0f;    // 0: no YaRN
   float yarn_beta_fast = 32.0f;
   float yarn_beta_slow = 1.0f;
   // cos and sin are multiplied by it (YaRN's attention factor, HF's attention_scaling,

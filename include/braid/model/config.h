@@ -68,6 +68,10 @@ struct TransformerConfig {
   float rope_yarn_beta_slow = 1.0f;
   float rope_yarn_mscale = 1.0f;
   float rope_yarn_mscale_all_dim = 0.0f;
+  // Linear position interpolation (HF rope_type "linear"; Megatron's
+  // --rotary-seq-len-interpolation-factor): positions divided by the factor, as HF computes it
+  // (ops::RotaryFrequencies::linear_factor); 0: none. At most one of the three scalings.
+  float rope_linear_factor = 0.0f;
   // The fraction of each head RoPE turns: its first int(head_dim x rotary_percent) channels
   // (Megatron's --rotary-percent, HF's partial_rotary_factor: StableLM, GPT-NeoX, Phi).
   double rotary_percent = 1.0;

@@ -217,8 +217,7 @@ class GPTModel {
   void grads_done(int microbatch, const std::vector<size_t>& params) const {
     if (grads_done_) grads_done_(microbatch, params);
   }
-  // Checks ids (and targets, when defined) and puts them on the device.
-  // The microbatch of ids and targets on the model's device; with its documents'
+  // Checks ids (and targets, when defined) and puts them on the device; with their documents'
   // Tokens::key_start and positions when set_document_masking asks and `documents` is true.
   Microbatch prepare(const Tensor& ids, const Tensor& targets, bool documents = true) const;
   Tensor final_norm(const Tensor& x, NormStats& stats) const;

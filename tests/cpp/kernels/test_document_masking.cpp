@@ -93,27 +93,47 @@ TEST_P(DocumentMasking, EachDocumentAttendsAsIfAlone) {
 
 TEST_P(DocumentMasking, TrailingQueriesSeeTheirDocumentOfTheWholeSequence) {
   // Context parallelism's chunks: the last Sq of Sk positions, key_start over a longer sequence
-  // (its row stride ld > Sk), equal the last rows of the whole masked attention.
+  // (its row stride ld > Sk), equal the last rows of the whole masked attention; backward with
+  // the output gradient zero on the other rows, its dq's last rows and all of its dk and dv;
+  // with and without a window.
   const int64_t b = 2, s = 40, sq = 11, ld = 64, hq = 2, hkv = 1, d = 8;
   const Tensor key_start = key_start_of({{12, 20, 32}, {29, 3, 32}}, ld);
   Tensor q = random_tensor({b, s, hq, d}, 10, 2.0f), k = random_tensor({b, s, hkv, d}, 11, 2.0f);
-  Tensor v = random_tensor({b, s, hkv, d}, 12);
-  Tensor out = empty({b, s, hq, d}), lse = empty_f32({b, hq, s});
-  ops::attention_forward(out, lse, up(q), up(k), up(v), -1, key_start.to(device()));
-  Tensor q_tail = Tensor::empty({b, sq, hq, d}, DType::f32);
+  Tensor v = random_tensor({b, s, hkv, d}, 12), dout = random_tensor({b, s, hq, d}, 13);
+  // The trailing rows of a [B, S, H, D] host tensor as [B, sq, H, D], and the whole with the
+  // leading rows zeroed.
+  auto trailing = [&](const Tensor& t) {
+    const int64_t row = t.size(2) * t.size(3);
+    Tensor out = Tensor::empty({b, sq, t.size(2), t.size(3)}, DType::f32);
+    for (int64_t i = 0; i < b; ++i)
+      out.slice(i * sq * row, {sq * row}).copy_from(t.slice((i * s + s - sq) * row, {sq * row}));
+    return out;
+  };
+  Tensor dout_masked = Tensor::zeros(dout.shape(), DType::f32);
   for (int64_t i = 0; i < b; ++i) {
-    q_tail.slice(i * sq * hq * d, {sq * hq * d})
-        .copy_from(rows_of(q, i, s - sq, sq).view({sq * hq * d}));
+    dout_masked.slice((i * s + s - sq) * hq * d, {sq * hq * d})
+        .copy_from(dout.slice((i * s + s - sq) * hq * d, {sq * hq * d}));
   }
-  Tensor out_t = empty({b, sq, hq, d}), lse_t = empty_f32({b, hq, sq});
-  ops::attention_forward(out_t, lse_t, up(q_tail), up(k), up(v), -1, key_start.to(device()));
-  const std::vector<double> all = values(out);
-  std::vector<double> want;
-  for (int64_t i = 0; i < b; ++i) {
-    const auto rows = slice_values(all, (i * s + s - sq) * hq * d, sq * hq * d);
-    want.insert(want.end(), rows.begin(), rows.end());
+  for (int64_t window : {int64_t(-1), int64_t(5)}) {
+    SCOPED_TRACE(::testing::Message() << "window " << window);
+    const Tensor starts = key_start.to(device());
+    Tensor out = empty({b, s, hq, d}), lse = empty_f32({b, hq, s});
+    ops::attention_forward(out, lse, up(q), up(k), up(v), window, starts);
+    Tensor dq = empty({b, s, hq, d}), dk = empty({b, s, hkv, d}), dv = empty({b, s, hkv, d});
+    ops::attention_backward(dq, dk, dv, up(dout_masked), up(q), up(k), up(v), out, lse, window,
+                            starts);
+    const Tensor q_tail = up(trailing(q));
+    Tensor out_t = empty({b, sq, hq, d}), lse_t = empty_f32({b, hq, sq});
+    ops::attention_forward(out_t, lse_t, q_tail, up(k), up(v), window, starts);
+    Tensor dq_t = empty({b, sq, hq, d}), dk_t = empty({b, s, hkv, d}), dv_t = empty({b, s, hkv, d});
+    ops::attention_backward(dq_t, dk_t, dv_t, up(trailing(dout)), q_tail, up(k), up(v), out_t,
+                            lse_t, window, starts);
+    const Tolerance t = tol({1e-6, 1e-5}, {1e-2, 1e-2}), tg = tol({1e-5, 1e-4}, {3e-2, 2e-2});
+    EXPECT_TRUE(all_close(out_t, values(trailing(download(out))), t));
+    EXPECT_TRUE(all_close(dq_t, values(trailing(download(dq))), tg));
+    EXPECT_TRUE(all_close(dk_t, values(dk), tg));
+    EXPECT_TRUE(all_close(dv_t, values(dv), tg));
   }
-  EXPECT_TRUE(all_close(out_t, want, tol({1e-6, 1e-5}, {1e-2, 1e-2})));
 }
 
 TEST_P(DocumentMasking, BackwardMatchesFiniteDifferences) {
@@ -155,6 +175,14 @@ TEST_P(DocumentMasking, KeyStartOfTheWrongShapeOrDtypeIsAnError) {
   const Tensor one_row = Tensor::zeros({1, 5}, DType::i32).to(device());
   const Tensor floats = Tensor::zeros({2, 5}, DType::f32).to(device());
   for (const Tensor& bad : {shorter, one_row, floats}) {
+    EXPECT_THROW(ops::attention_forward(out, lse, q, q, q, -1, bad), Error);
+  }
+  if (!device().is_cpu()) return;  // the CPU kernels check the values too
+  for (const std::vector<int32_t>& row : {std::vector<int32_t>{0, 0, 3, 1, 1},  // decreasing
+                                          std::vector<int32_t>{0, 2, 2, 2, 2},  // past p = 1
+                                          std::vector<int32_t>{1, 1, 1, 1, 1}}) {
+    Tensor bad = Tensor::zeros({2, 5}, DType::i32);
+    for (int64_t p = 0; p < 5; ++p) bad.data_ptr<int32_t>()[5 + p] = row[size_t(p)];
     EXPECT_THROW(ops::attention_forward(out, lse, q, q, q, -1, bad), Error);
   }
 }

@@ -140,6 +140,25 @@ TEST_P(EmbeddingRope, RopeForwardAndBackward) {
   EXPECT_TRUE(all_close(g, rope_reference(xv, b, s, h, d, f, offset, -1.0), tol({2e-6, 1e-5})));
 }
 
+// Linear position interpolation (HF rope_type "linear"): HF's inv_freq / factor, in f32; by a
+// factor of 2, position 2p turns as position p does without it. It excludes the other scalings.
+TEST(RotaryFrequencies, LinearInterpolationDividesEveryFrequency) {
+  const ops::RotaryFrequencies plain{.theta = 10000.0f};
+  const ops::RotaryFrequencies linear{.theta = 10000.0f, .linear_factor = 2.5f};
+  const std::vector<float> f = plain.inv_freq(64), g = linear.inv_freq(64);
+  ASSERT_EQ(f.size(), g.size());
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_EQ(g[i], f[i] / 2.5f) << "pair " << i;
+  const ops::RotaryFrequencies half{.theta = 10000.0f, .linear_factor = 2.0f};
+  Tensor x = random_tensor({1, 1, 2, 64}, 5), at_p = Tensor::empty({1, 1, 2, 64}, DType::f32);
+  Tensor at_2p = Tensor::empty({1, 1, 2, 64}, DType::f32);
+  ops::rope_forward(at_p, x, plain, 7);
+  ops::rope_forward(at_2p, x, half, 14);
+  EXPECT_EQ(values(at_2p), values(at_p));
+  EXPECT_THROW((ops::RotaryFrequencies{.llama3_factor = 8.0f, .linear_factor = 2.0f}.validate()),
+               Error);
+  EXPECT_THROW((ops::RotaryFrequencies{.linear_factor = -1.0f}.validate()), Error);
+}
+
 // Llama 3.1's frequencies (factor 8, low 1, high 4, original 8192) at head dim 128 and theta
 // 5e5: every regime occurs - kept, blended, slowed - and each frequency is the definition's.
 TEST(RotaryFrequencies, Llama3ScalingFollowsItsDefinition) {

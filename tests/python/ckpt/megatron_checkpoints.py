@@ -42,6 +42,7 @@ BASE_ARGS = dict(
     position_embedding_type="rope", add_position_embedding=True,
     use_rotary_position_embeddings=False, rotary_base=10000, rotary_percent=1.0,
     rotary_interleaved=False, use_rope_scaling=False, rope_scaling_factor=8.0,
+    rotary_seq_len_interpolation_factor=None,
     normalization="RMSNorm", norm_epsilon=1e-5, apply_layernorm_1p=False, swiglu=False,
     squared_relu=False, bias_gelu_fusion=True, bias_swiglu_fusion=True, add_bias_linear=False,
     add_qkv_bias=False, qk_layernorm=False, untie_embeddings_and_output_weights=False,
@@ -62,6 +63,11 @@ MODELS = {
     # Llama: RMSNorm, SwiGLU, RoPE, 2 query groups, untied
     "llama": dict(swiglu=True, group_query_attention=True, num_query_groups=2, rotary_base=500000,
                   untie_embeddings_and_output_weights=True),
+    # Llama with linear position interpolation (--rotary-seq-len-interpolation-factor 3:
+    # megatron-core's positions / 3 against braid's, HF's, frequencies / 3)
+    "llama-interpolated": dict(swiglu=True, group_query_attention=True, num_query_groups=2,
+                               untie_embeddings_and_output_weights=True,
+                               rotary_seq_len_interpolation_factor=3),
     # Qwen-like: one query group, tied, q/k norms, q/k/v biases, Llama 3.1's RoPE scaling
     "qwen-tied": dict(swiglu=True, group_query_attention=True, num_query_groups=1,
                       qk_layernorm=True, add_qkv_bias=True, use_rope_scaling=True),
@@ -169,7 +175,8 @@ def build(a):
         share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
         position_embedding_type=a.position_embedding_type, rotary_percent=a.rotary_percent,
         rotary_base=a.rotary_base, rope_scaling=a.use_rope_scaling,
-        rope_scaling_factor=a.rope_scaling_factor).eval()
+        rope_scaling_factor=a.rope_scaling_factor,
+        seq_len_interpolation_factor=a.rotary_seq_len_interpolation_factor).eval()
 
 
 def randomize(model, seed):

@@ -157,6 +157,9 @@ MODELS = {
     "llama-rope-llama3": lambda d: llama(d, rope_parameters={
         "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    # Linear position interpolation, by a factor whose division rounds.
+    "llama-rope-linear": lambda d: llama(d, rope_parameters={
+        "rope_type": "linear", "rope_theta": 10000.0, "factor": 2.5}),
     "gpt2-tied-sharded": lambda d: gpt2(d, shard=True),
     "gpt2-untied": lambda d: gpt2(d, tie=False),
     # The exact GELU (torch's F.gelu, HF's "gelu"): braid's gelu_exact.
@@ -488,7 +491,7 @@ def assert_import_refused(hf_dir, changes, words, save):
 
 
 @pytest.mark.parametrize("make,changes,field", [
-    (llama, {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
+    (llama, {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling"),
     (llama, {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 8.0}},
      "rope_parameters.rope_type"),
     (llama, {"hidden_act": "gelu"}, "hidden_act"),

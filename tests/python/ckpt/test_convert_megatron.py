@@ -49,9 +49,10 @@ torch_dist = sys.modules["megatron_torch_dist"]
 
 # braid models of the export tests (trained one step by braid, saved by braid's C++).
 BRAID_MODELS = {
+    # with linear position interpolation (--rotary-seq-len-interpolation-factor 2)
     "llama": dict(normalization="rmsnorm", activation="swiglu", position_embedding="rope",
                   num_query_groups=2, add_bias_linear=False, tie_embeddings=False,
-                  rope_theta=500000.0),
+                  rope_theta=500000.0, rope_linear_factor=2.0),
     "gpt": dict(normalization="layernorm", activation="gelu", position_embedding="learned",
                 num_query_groups=4, add_bias_linear=True, tie_embeddings=True),
     # GELU's two forms where Megatron-LM's rule needs a flag: the exact one with biases

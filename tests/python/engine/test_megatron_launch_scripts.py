@@ -173,22 +173,30 @@ def test_empty_unused_memory_gives_the_cached_blocks_back(tmp_path):
 
 def test_flags_of_public_launch_scripts_parse_as_megatron_reads_them():
     # Flags an audit of public Megatron launch scripts found: the deprecated spelling of RoPE,
-    # Qwen's no-op interpolation factor, implementation and bookkeeping flags braid notes as
-    # changing nothing, and ones refused with the reason.
+    # Qwen's no-op interpolation factor (any other factor interpolates), implementation and
+    # bookkeeping flags braid notes as changing nothing, and ones refused with the reason.
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
     from braid.arguments import ArgumentError, parse_args
     from braid.megatron_flags import no_effect_given
+    from braid.training import model_config
 
     base = ["--vocab-size", "300", "--mock-data", "--seq-length", "32", "--num-layers", "2",
             "--hidden-size", "64", "--num-attention-heads", "4"]
     a = parse_args([*base, "--use-rotary-position-embeddings",
                     "--rotary-seq-len-interpolation-factor", "1"], 1)
     assert a.position_embedding_type == "rope"
+    assert model_config(a).rope_linear_factor == 0.0  # 1: no interpolation
     assert parse_args(base, 1).position_embedding_type == "learned_absolute"
-    with pytest.raises(ArgumentError, match="--rotary-seq-len-interpolation-factor 2: braid's "
-                       "RoPE does not interpolate positions linearly"):
-        parse_args([*base, "--use-rotary-position-embeddings",
+    a = parse_args([*base, "--use-rotary-position-embeddings",
+                    "--rotary-seq-len-interpolation-factor", "4"], 1)
+    assert model_config(a).rope_linear_factor == 4.0
+    with pytest.raises(ArgumentError, match="--rotary-seq-len-interpolation-factor needs "
+                       "--position-embedding-type rope"):
+        parse_args([*base, "--rotary-seq-len-interpolation-factor", "2"], 1)
+    with pytest.raises(ArgumentError, match="--rotary-seq-len-interpolation-factor and "
+                       "--use-rope-scaling exclude each other"):
+        parse_args([*base, "--use-rotary-position-embeddings", "--use-rope-scaling",
                     "--rotary-seq-len-interpolation-factor", "2"], 1)
     noted = ["--te-rng-tracker", "--no-check-for-nan-in-loss-and-grad",
              "--ddp-average-in-collective", "--disable-gloo-process-groups",

@@ -347,6 +347,28 @@ def test_rope_scaling_is_part_of_the_model(tmp_path):
         "(--use-rope-scaling --rope-scaling-factor)" in r.stdout, r.stdout
 
 
+def test_linear_position_interpolation_is_part_of_the_model(tmp_path):
+    # Megatron's --rotary-seq-len-interpolation-factor 4 reaches the model and its checkpoint
+    # (format 5: older braids would turn RoPE by whole positions and must refuse it), and
+    # --use-checkpoint-args takes it back. (What it computes: HF's rope_type linear,
+    # test_hf_oracle.py.)
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt = str(tmp_path / "ckpt")
+    r = run(1, [*MODEL, "--rotary-seq-len-interpolation-factor", "4", "--train-iters", "4",
+                "--eval-iters", "0", "--save", ckpt])
+    assert r.returncode == 0, r.stdout + r.stderr
+    meta = braid.checkpoint_metadata(ckpt)
+    assert (meta["config"]["rope_linear_factor"], meta["format_version"]) == (4.0, 5)
+    assert ", RoPE positions interpolated by 1/4" in r.stdout, r.stdout
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt,
+                "--override-opt_param-scheduler", "--train-iters", "5", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: --rotary-seq-len-interpolation-factor 4 from the checkpoint" in r.stdout, \
+        r.stdout
+
+
 def test_sliding_window_trains_like_one_process_and_is_part_of_the_model(one_process, tmp_path):
     # Megatron's --window-size 7,0 --window-attn-skip-freq 2: layers 1 and 3 (of 4) attend to
     # the last 8 of the 32 positions, 2 and 4 to all. Under tp 2 x cp 2 with sequence

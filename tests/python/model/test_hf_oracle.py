@@ -64,6 +64,18 @@ def test_llama3_rope_scaling_logits_loss_and_gradients():
                            rtol=1e-3)
 
 
+def test_linear_rope_interpolation_logits_loss_and_gradients():
+    # Linear position interpolation (rope_type linear, Megatron's
+    # --rotary-seq-len-interpolation-factor): HF's inv_freq / factor, by a factor whose division
+    # rounds (2.5), so the arithmetic itself is compared.
+    hf, model = llama_pair(linear_rope=2.5)
+    check_loss_and_gradients(hf, model, lambda m: {n: p.grad for n, p in m.named_parameters()})
+    _, plain = llama_pair()
+    ids, _ = batch(97)
+    assert not np.allclose(np.from_dlpack(plain.logits(ids)), np.from_dlpack(model.logits(ids)),
+                           rtol=1e-3)
+
+
 def test_zero_centered_norms_are_llamas_with_one_added():
     # --apply-layernorm-1p: braid's norm weights hold HF's minus one and scale by 1 + weight;
     # the logits, the loss and every gradient (d/dw of 1 + w is 1) are HF Llama's.
