@@ -79,6 +79,32 @@ class ByteLevelTokenizer:
             return RecordError(f"the text holds an unpaired surrogate at character {e.start}")
 
 
+class NullTokenizer:
+    """Megatron's NullTokenizer: the text is its token ids, written as integers separated by
+    single spaces; --vocab-size N makes them 0..N-1 and the end-of-document token N."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size + 1
+        self.eod = vocab_size
+
+    def encode_batch(self, texts):
+        return [self.encode_one(t) for t in texts]
+
+    def encode_one(self, text):
+        if not text:
+            return np.zeros(0, dtype=np.int64)
+        try:
+            ids = np.array([int(x) for x in text.split(" ")], dtype=np.int64)
+        except (ValueError, OverflowError):
+            return RecordError(f"NullTokenizer reads token ids as integers separated by single "
+                               f"spaces, got {text[:40]!r}")
+        outside = ids[(ids < 0) | (ids >= self.eod)]
+        if outside.size:
+            return RecordError(f"token {outside[0]} is outside the vocabulary [0, {self.eod}) "
+                               f"of --vocab-size {self.eod}")
+        return ids
+
+
 class HuggingFaceTokenizer:
     """A tokenizer.json loaded by the `tokenizers` library. Its special tokens (a BOS, say) are
     added only with include_special_tokens, as in Megatron's HuggingFaceTokenizer."""
@@ -216,6 +242,11 @@ class TikTokenizer:
 def build_tokenizer(args):
     if args.tokenizer_type == "ByteLevel":
         return ByteLevelTokenizer()
+    if args.tokenizer_type == "NullTokenizer":
+        if args.vocab_size is None or args.vocab_size < 1:
+            raise SystemExit("preprocess_data: error: NullTokenizer needs --vocab-size N (the "
+                             "tokens are 0..N-1, the end of document N)")
+        return NullTokenizer(args.vocab_size)
     if not args.tokenizer_model:
         raise SystemExit(f"preprocess_data: error: {args.tokenizer_type} needs --tokenizer-model")
     if args.tokenizer_type == "HuggingFaceTokenizer":
@@ -456,18 +487,20 @@ def get_args(argv=None):
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True,
                        choices=["ByteLevel", "HuggingFaceTokenizer", *SENTENCEPIECE,
-                                "TikTokenizer"],
+                                "TikTokenizer", "NullTokenizer"],
                        help="ByteLevel: a token per UTF-8 byte, end of document 256; "
                             "HuggingFaceTokenizer: a local tokenizer.json; "
                             f"{tokenizer_args.SENTENCEPIECE_TYPES}: a SentencePiece .model "
                             "(megatron-core encodes all three alike: no BOS), end of document "
                             "its eos piece; TikTokenizer: Megatron's .json vocabulary, end of "
-                            "document </s>")
+                            "document </s>; NullTokenizer: the text is its ids (integers "
+                            "separated by spaces), --vocab-size N, end of document N")
     group.add_argument("--tokenizer-model", metavar="PATH",
                        help="tokenizer.json or a folder holding it; a .model; a .json")
     group.add_argument("--vocab-size", type=int, metavar="N",
                        help="TikTokenizer: its vocabulary, special tokens included (default "
-                            "2^17, megatron-core's)")
+                            "2^17, megatron-core's); NullTokenizer: N, the ids below the end of "
+                            "document (required)")
     tokenizer_args.add_options(group)
     group.add_argument("--eod-token", metavar="TOKEN",
                        help="the end-of-document token of a HuggingFace tokenizer (default: "
@@ -509,8 +542,10 @@ def get_args(argv=None):
         parser.error(error)
     hugging_face = args.tokenizer_type == "HuggingFaceTokenizer"
     for flag, given, wanted in (
-            ("--tokenizer-model", args.tokenizer_model, args.tokenizer_type != "ByteLevel"),
-            ("--vocab-size", args.vocab_size, args.tokenizer_type == "TikTokenizer"),
+            ("--tokenizer-model", args.tokenizer_model,
+             args.tokenizer_type not in ("ByteLevel", "NullTokenizer")),
+            ("--vocab-size", args.vocab_size,
+             args.tokenizer_type in ("TikTokenizer", "NullTokenizer")),
             ("--eod-token", args.eod_token, hugging_face),
             ("--tokenizer-hf-include-special-tokens", args.tokenizer_hf_include_special_tokens
              or None, hugging_face)):

@@ -226,6 +226,33 @@ def test_preprocess_sentencepiece_writes_megatrons_files(tmp_path, models, name,
     assert ds[0][0] != spm.SentencePieceProcessor(model_file=str(path)).bos_id()
 
 
+def test_preprocess_null_tokenizer_writes_megatrons_files(tmp_path):
+    # Megatron's NullTokenizer: the text is its ids; a record with an id outside [0, N) or a
+    # word that is not an integer is skipped and named (Megatron would stop or write it).
+    from megatron.core.tokenizers.text.libraries.null_tokenizer import NullTokenizer
+    rng = np.random.default_rng(4)
+    # Three-digit ids: the documents that are lists of sequences (preprocess) cut after 7
+    # characters, which then ends on a whole id.
+    texts = [" ".join(map(str, rng.integers(100, 300, int(rng.integers(1, 30)))))
+             for _ in range(200)]
+    _, src = preprocess(tmp_path, "ours", "--tokenizer-type", "NullTokenizer", "--vocab-size",
+                        300, "--append-eod", "--workers", 2, "--chunk-bytes", 500, texts=texts)
+
+    class Megatron(NullTokenizer):  # megatron-core 0.16's names for Megatron-LM's encode step
+        tokenize, eod = NullTokenizer.text_to_ids, property(lambda self: self._eod_id)
+    megatrons_files(Megatron(300), src, str(tmp_path / "theirs"), True)
+    assert_same_files(str(tmp_path / "ours_text_document"), str(tmp_path / "theirs"))
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    proc, _ = preprocess(bad, "ours", "--tokenizer-type", "NullTokenizer", "--vocab-size", 300,
+                         check_rc=3, texts=["1 2 3", "4 300", "5 x", "6"])
+    assert "token 300 is outside the vocabulary [0, 300) of --vocab-size 300" in proc.stderr
+    assert "NullTokenizer reads token ids as integers separated by single spaces, got '5 x'" \
+        in proc.stderr
+    proc, _ = preprocess(bad, "none", "--tokenizer-type", "NullTokenizer", check_rc=1)
+    assert "NullTokenizer needs --vocab-size N" in proc.stderr
+
+
 @pytest.mark.parametrize("name", ["bpe", "unigram"])
 def test_preprocess_sentencepiece_legacy_special_tokens(tmp_path, models, name):
     path = models / f"{name}.model"
