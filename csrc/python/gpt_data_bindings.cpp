@@ -12,6 +12,7 @@
 #include "braid/data/data_loader.h"
 #include "braid/data/dataset_builder.h"
 #include "braid/data/gpt_dataset.h"
+#include "braid/data/mock_dataset.h"
 
 namespace braid::python {
 namespace {
@@ -119,6 +120,21 @@ void bind_gpt_data(py::module_& m) {
       "Megatron's train/valid/test datasets: data_path is --data-path (a list, or one string: "
       "'A', '0.3 A 0.7 B', 'A B'), split is --split, num_samples the samples each split must "
       "provide (None: one epoch). Returns (train, valid, test), None where a split is absent.");
+
+  m.def(
+      "build_mock_gpt_datasets",
+      [](const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& lengths,
+         int64_t seq_length, std::array<std::optional<int64_t>, kNumSplits> num_samples,
+         int64_t vocab_size, int64_t eod, const std::string& split, uint32_t seed) {
+        MockDataConfig c{split, seq_length, seed, vocab_size, eod};
+        std::span<const int32_t> l(lengths.data(), size_t(lengths.size()));
+        py::gil_scoped_release release;
+        return build_mock_gpt_datasets(l, c, num_samples);
+      },
+      py::arg("lengths"), py::arg("seq_length"), py::arg("num_samples"), py::arg("vocab_size"),
+      py::arg("eod"), py::arg("split") = "969,30,1", py::arg("seed") = 1234,
+      "Megatron's mock train/valid/test datasets (--mock-data) over the mock documents of these "
+      "lengths (braid.data.mock_lengths()); None where a split is absent.");
 
   m.def("parse_split", &parse_split, py::arg("split"),
         "--split weights, normalised: '969,30,1' -> (0.969, 0.03, 0.001).");

@@ -215,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"the {split} split's own datasets, used whole (instead of "
                             "--data-path and --split): PREFIX, or WEIGHT PREFIX ...")
-    g.add_argument("--mock-data", action="store_true", help="random tokens (Megatron's mock data)")
+    g.add_argument("--mock-data", action="store_true",
+                   help="megatron-core's mock data: its synthetic documents, samples and order")
     g.add_argument("--eod-mask-loss", action="store_true",
                    help="no loss where the input token is the tokenizer's end of document (the "
                         "prediction of the next document's first token)")

@@ -43,6 +43,7 @@ from braid._C import (  # noqa: F401
     SampleDataset,
     build_blending_indices,
     build_gpt_datasets,
+    build_mock_gpt_datasets,
     parse_data_path,
     parse_split,
     smallest_token_type,
@@ -59,8 +60,18 @@ __all__ = [
     "SampleDataset",
     "build_blending_indices",
     "build_gpt_datasets",
+    "build_mock_gpt_datasets",
+    "mock_lengths",
     "parse_data_path",
     "parse_split",
     "smallest_token_type",
     "split_documents",
 ]
+
+
+def mock_lengths():
+    """The document lengths of megatron-core's MockGPTLowLevelDataset (--mock-data): 100000
+    documents, numpy's default_rng(0).integers(1, 4096) long (build_mock_gpt_datasets checks the
+    count and the range)."""
+    import numpy as np
+    return np.random.default_rng(0).integers(1, 4096, size=100000, dtype=np.int32)

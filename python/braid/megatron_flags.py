@@ -1,11 +1,14 @@
 """Megatron-LM arguments braid does not take as Megatron means them: those it refuses, with the
 reason (UNSUPPORTED), and those it accepts with no effect because they choose an
 implementation where braid has its own, or ask for what braid always does (NO_EFFECT; the
-run's log names each one given). docs/arguments.md lists both."""
+run's log names each one given). docs/arguments.md lists both. The entries an audit of
+Megatron-LM's arguments.py added live in braid.megatron_flags_audit and are merged in here."""
 
 from __future__ import annotations
 
 import argparse
+
+from braid.megatron_flags_audit import AUDIT_NO_EFFECT, AUDIT_UNSUPPORTED
 
 
 # Megatron arguments braid refuses, with the reason. Anything else unknown is refused as well
@@ -120,7 +123,10 @@ NO_EFFECT = {
                                           "chain already"),
     "--no-create-attention-mask-in-dataloader": (False, "braid's data loader never builds "
                                                         "attention masks: its attention "
-                                                        "kernels apply the causal mask"),
+                                                        "kernels apply the causal mask, and "
+                                                        "--reset-attention-mask's documents "
+                                                        "(which Megatron drops with this "
+                                                        "flag)"),
     "--no-mmap-bin-files": (False, "braid always maps the .bin files read-only; Megatron's "
                                    "option reads each sample with file reads instead, for "
                                    "file systems where mapping is slow"),
@@ -169,6 +175,13 @@ NO_EFFECT = {
                                                "them in float16's range; braid's scores and "
                                                "softmax are f32"),
 }
+
+# The audit's entries, after the ones above (the log names the flags given in this order).
+_twice = ((NO_EFFECT.keys() | UNSUPPORTED.keys())
+          & (AUDIT_NO_EFFECT.keys() | AUDIT_UNSUPPORTED.keys()))
+assert not _twice, f"listed twice: {sorted(_twice)}"
+NO_EFFECT.update(AUDIT_NO_EFFECT)
+UNSUPPORTED.update(AUDIT_UNSUPPORTED)
 
 
 def no_effect_given(a: argparse.Namespace) -> list[str]:

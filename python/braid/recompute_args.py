@@ -1,6 +1,7 @@
-"""pretrain_gpt.py's activation recomputation arguments: Megatron's --recompute-granularity,
---recompute-method, --recompute-num-layers and megatron-core's --recompute-modules, checked
-against each other (training.py turns them into TransformerConfig's recompute fields)."""
+"""pretrain_gpt.py's activation recomputation arguments: Megatron's --recompute-granularity
+(and its shorthand --recompute-activations), --recompute-method, --recompute-num-layers and
+megatron-core's --recompute-modules, checked against each other (training.py turns them into
+TransformerConfig's recompute fields)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ SELECTIVE_MODULES = {"core_attn", "moe_act", "layernorm"}
 
 def add_arguments(g, pos_int):
     g.add_argument("--recompute-granularity", default=None, choices=["full", "selective"])
+    g.add_argument("--recompute-activations", action="store_true",
+                   help="Megatron's shorthand for --recompute-granularity selective (not with "
+                        "--recompute-granularity full)")
     g.add_argument("--recompute-modules", nargs="+", default=None, choices=RECOMPUTE_MODULES,
                    help="with --recompute-granularity selective, megatron-core's parts to "
                         "recompute: braid's selective recomputes core_attn, layernorm and "
@@ -33,6 +37,13 @@ def add_arguments(g, pos_int):
 
 def validate(a: argparse.Namespace, check: Callable[[bool, str], None]):
     """check(ok, message) raises the argument error."""
+    # Megatron's validate_args sets selective over whatever --recompute-granularity says;
+    # braid refuses the one combination where that would silently drop the full granularity.
+    if getattr(a, "recompute_activations", False):  # tools/plan.py's arguments lack it
+        check(a.recompute_granularity != "full",
+              "--recompute-activations is Megatron's shorthand for --recompute-granularity "
+              "selective (Megatron would drop full for it); give one of them")
+        a.recompute_granularity = "selective"
     modules = set(a.recompute_modules or ())
     check(a.recompute_modules is None or a.recompute_granularity == "selective",
           "--recompute-modules needs --recompute-granularity selective")

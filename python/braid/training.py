@@ -4,8 +4,8 @@
         --pipeline-model-parallel-size 2 --num-layers 4 --hidden-size 128 \\
         --num-attention-heads 4 --micro-batch-size 8 --global-batch-size 64 --train-iters 500
 
-Data (braid.training_data): the embedded addition problems by default, ``--mock-data`` (random
-tokens), ``--data-path`` (Megatron .bin/.idx with ``--split``), or each split's own datasets
+Data (braid.training_data): the embedded addition problems by default, ``--mock-data``
+(megatron-core's mock documents), ``--data-path`` (Megatron .bin/.idx with ``--split``), or each split's own datasets
 (``--train-data-path``, ``--valid-data-path``, ``--test-data-path``). Every ``--log-interval``
 iterations rank 0 prints Megatron's line (iteration, consumed samples, ms per iteration,
 learning rate, batch, loss, the router losses and each multi-token prediction layer's loss,

@@ -11,7 +11,8 @@ import numpy as np
 
 from braid import addition
 from braid.data import (BatchLayout, DataLoader, IndexedDataset, build_gpt_datasets,
-                        parse_data_path, parse_split, split_documents)
+                        build_mock_gpt_datasets, mock_lengths, parse_data_path, parse_split,
+                        split_documents)
 
 
 def default_cache_dir() -> str:
@@ -54,14 +55,6 @@ class ArrayLoader:
         return _Rows(tokens, labels, len(rows) // self.mbs, gbs)
 
 
-def mock_sample(seed, seq_length, vocab_size, offset):
-    """Megatron's mock data: sample i is seq_length + 1 random tokens of its own seed."""
-    def sample(i):
-        x = np.random.default_rng([seed, offset + i]).integers(0, vocab_size, seq_length + 1)
-        return x[:-1], x[1:]
-    return sample
-
-
 def addition_valid_sample(seed, count):
     """Held-out addition problems (never trained on), loss on the answer alone."""
     ids, targets = addition.AdditionData(seed=seed + 1, short_fraction=0.0,
@@ -89,14 +82,6 @@ class Data:
                               dp_size=a.dp, consumed_samples=consumed, prefetch=4,
                               rampup_batch_size=rampup)
         full = BatchLayout(a.micro_batch_size, a.global_batch_size, dp_size=a.dp)
-        if a.mock_data:
-            self.train = ArrayLoader(mock_sample(a.seed, a.seq_length, a.vocab_size, 0),
-                                     a.micro_batch_size, a.batch_layout, dp_rank, a.dp, consumed)
-            if a.eval_iters:
-                self.valid = ArrayLoader(
-                    mock_sample(a.seed, a.seq_length, a.vocab_size, 1 << 40), a.micro_batch_size,
-                    full, dp_rank, a.dp, valid_consumed)
-            return
         if a.data_path and a.eval_iters and parse_split(a.split)[2] > 0:
             self.no_test = self._empty_test_split(a)
         if self.no_test or not a.eval_iters or (a.data_path and parse_split(a.split)[2] == 0):
@@ -137,6 +122,13 @@ class Data:
     def _datasets(a, samples):
         """(train, valid, test) datasets; None where a split is absent or not asked for."""
         cache = a.data_cache_path or ""
+        if a.mock_data:
+            # megatron-core's MockGPTDataset: its config forces the split to 1,1,1. Without a
+            # tokenizer (braid's --vocab-size alone) the last token stands for the end of document.
+            eod = getattr(a, "eod", None)
+            return build_mock_gpt_datasets(
+                mock_lengths(), a.seq_length, list(samples), vocab_size=a.vocab_size,
+                eod=a.vocab_size - 1 if eod is None else eod, split="1,1,1", seed=a.seed)
         if a.data_path:
             return build_gpt_datasets(a.data_path, a.seq_length, list(samples), split=a.split,
                                       seed=a.seed, cache_path=cache)

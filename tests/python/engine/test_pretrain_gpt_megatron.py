@@ -555,3 +555,17 @@ def test_eod_mask_loss(tmp_path):
         labels = np.array([[1000, 7, 1000, 3]], dtype=np.int32)
 
     np.testing.assert_array_equal(data.targets(Batch()), [[1000, -1, 1000, -1]])
+
+
+def test_mock_data_trains_and_evaluates_the_valid_and_test_splits(tmp_path):
+    # Megatron's mock data (tests/python/data/test_mock_data.py): learnable documents, and the
+    # valid and test splits Megatron evaluates.
+    tb = str(tmp_path / "tb")
+    r = run(1, [*MODEL, "--tokenizer-type", "NullTokenizer", "--train-iters", "10",
+                "--tensorboard-dir", tb])
+    assert r.returncode == 0, r.stdout + r.stderr
+    records = jsonl(os.path.join(tb, "metrics.jsonl"))
+    assert any("lm loss validation" in rec for rec in records), records
+    assert any("lm loss test" in rec for rec in records), records
+    losses = [rec["lm loss"] for rec in records if "lm loss" in rec]
+    assert losses[-1] < losses[0]  # Megatron's mock documents are learnable sequences
