@@ -21,7 +21,7 @@ import re
 
 from braid import (attention_args, checkpoint_args, checkpoint_flags, moe_args, pipeline_args,
                    recompute_args, schedule_args, window_args)
-from braid.megatron_flags import NO_EFFECT, UNSUPPORTED  # noqa: F401 (re-exported)
+from braid.megatron_flags import NO_EFFECT, ONLY_VALUE, UNSUPPORTED, only_value_error  # noqa: F401
 
 
 # Megatron's --mtp-loss-scaling-factor default. The argument defaults to None so that one
@@ -302,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument(flag, default=None, metavar="VALUE", help=why)
         else:
             g.add_argument(flag, action="store_true", help=why)
+    for flag, (_, why) in ONLY_VALUE.items():
+        g.add_argument(flag, default=None, metavar="VALUE", help="braid's value only: " + why)
     return p
 
 
@@ -427,6 +429,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f" x --pipeline-model-parallel-size {pp}")
     a.dp = world_size // (tp * cp * pp)
     a.world_size = world_size
+    error = only_value_error(a)  # Megatron flags braid takes at its own value only
+    _check(error is None, error)
 
     # Model shape.
     attention_error = attention_args.check(a)  # sets kv_channels with --multi-latent-attention

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from braid.megatron_flags_audit import AUDIT_NO_EFFECT, AUDIT_UNSUPPORTED
+from braid.megatron_flags_audit import AUDIT_NO_EFFECT, AUDIT_ONLY_VALUE, AUDIT_UNSUPPORTED
 
 
 # Megatron arguments braid refuses, with the reason. Anything else unknown is refused as well
@@ -178,10 +178,28 @@ NO_EFFECT = {
 
 # The audit's entries, after the ones above (the log names the flags given in this order).
 _twice = ((NO_EFFECT.keys() | UNSUPPORTED.keys())
-          & (AUDIT_NO_EFFECT.keys() | AUDIT_UNSUPPORTED.keys()))
+          & (AUDIT_NO_EFFECT.keys() | AUDIT_UNSUPPORTED.keys() | AUDIT_ONLY_VALUE.keys()))
 assert not _twice, f"listed twice: {sorted(_twice)}"
 NO_EFFECT.update(AUDIT_NO_EFFECT)
 UNSUPPORTED.update(AUDIT_UNSUPPORTED)
+ONLY_VALUE = AUDIT_ONLY_VALUE
+
+
+def _same(given: str, wanted) -> bool:
+    try:
+        return float(given) == float(wanted)
+    except ValueError:
+        return given == str(wanted)
+
+
+def only_value_error(a: argparse.Namespace) -> str | None:
+    """The error for an ONLY_VALUE flag given at a value other than braid's, or None."""
+    for flag, (braids, why) in ONLY_VALUE.items():
+        value = getattr(a, flag[2:].replace("-", "_"))
+        if value is not None and not _same(value, braids(a)):
+            return (f"{flag} {value} is not supported by braid: {why} (give {braids(a)}, or "
+                    "drop the flag)")
+    return None
 
 
 def no_effect_given(a: argparse.Namespace) -> list[str]:
@@ -194,6 +212,10 @@ def no_effect_given(a: argparse.Namespace) -> list[str]:
                 value = " ".join(value)
             given = f"{flag} {value}" if takes_value else flag
             lines.append(f"braid: {given} has no effect: {why}")
+    for flag, (braids, why) in ONLY_VALUE.items():
+        value = getattr(a, flag[2:].replace("-", "_"))
+        if value is not None:
+            lines.append(f"braid: {flag} {value} has no effect: it asks for what braid does: {why}")
     return lines
 
 

@@ -204,8 +204,6 @@ AUDIT_UNSUPPORTED = {
                             "second half (rotate_half); interleaved pairs are multi-latent "
                             "attention's only",
     "--no-rope-freq": "braid applies RoPE in every layer",
-    "--softmax-type": "braid's attention softmax is the plain one (Megatron's default "
-                      "vanilla); drop the flag for vanilla",
     "--quick-geglu": "braid's MLP activations are GELU, --swiglu and --squared-relu",
     "--activation-func-clamp-value": "see --quick-geglu",
     "--glu-linear-offset": "braid's --swiglu multiplies by the up projection as it is",
@@ -228,11 +226,6 @@ AUDIT_UNSUPPORTED = {
                          "(and BERT's) vocabulary for T5's span masking; braid's tokenizers "
                          "add none",
     # The schedule and the data.
-    "--microbatch-group-size-per-virtual-pipeline-stage": "braid's interleaved schedule runs "
-                                                          "each model chunk on groups of "
-                                                          "--pipeline-model-parallel-size "
-                                                          "microbatches (Megatron's default); "
-                                                          "drop the flag for that",
     "--decrease-batch-size-if-needed": "braid refuses a --global-batch-size that "
                                        "--micro-batch-size x dp does not divide; it never "
                                        "shrinks the batch",
@@ -241,13 +234,6 @@ AUDIT_UNSUPPORTED = {
     "--result-rejected-tracker-filename": "Megatron skips the iterations this file lists (as "
                                           "--iterations-to-skip); braid trains on every "
                                           "iteration's batch",
-    "--dataloader-type": "braid reads the samples in order from the consumed-samples position, "
-                         "as Megatron's default single does (docs/data.md); drop the flag for "
-                         "single (cyclic reshuffles each epoch, external is the script's "
-                         "loader)",
-    "--mid-level-dataset-surplus": "braid builds each blend member with Megatron's default "
-                                   "surplus, 0.005; another changes the members' samples. Drop "
-                                   "the flag for 0.005",
     "--data-args-path": "braid takes the blend on its command line: --data-path",
     "--per-split-data-args-path": "braid takes the blends on its command line: "
                                   "--train-data-path, --valid-data-path, --test-data-path",
@@ -294,4 +280,23 @@ AUDIT_UNSUPPORTED = {
     "--no-pin-cpu-grads": _OFFLOAD,
     "--no-pin-cpu-params": _OFFLOAD,
     "--moe-upcycling-granularity": "see --moe-use-upcycling",
+}
+
+
+# Accepted at the value that asks for what braid does (the log notes that it changes nothing),
+# refused at any other: flag -> (braid's value, from the arguments; why another is refused).
+AUDIT_ONLY_VALUE = {
+    "--dataloader-type": (lambda a: "single",
+                          "braid reads the samples in order from the consumed-samples position, "
+                          "as Megatron's default single does (docs/data.md); cyclic reshuffles "
+                          "each epoch, external is the script's own loader"),
+    "--softmax-type": (lambda a: "vanilla",
+                       "braid's attention softmax is the plain one (Megatron's vanilla)"),
+    "--mid-level-dataset-surplus": (lambda a: 0.005,
+                                    "braid builds each blend member with Megatron's default "
+                                    "surplus, 0.005; another changes the members' samples"),
+    "--microbatch-group-size-per-virtual-pipeline-stage": (
+        lambda a: a.pipeline_model_parallel_size,
+        "braid's interleaved schedule runs each model chunk on groups of "
+        "--pipeline-model-parallel-size microbatches (Megatron's default)"),
 }

@@ -1,7 +1,8 @@
 """The flags an audit of Megatron-LM's megatron/training/arguments.py added
 (braid.megatron_flags_audit): each no-effect flag parses and the run's notes name it with its
 reason, each refused flag is an error with its reason, both are in docs/arguments.md's right
-table, and --recompute-activations is Megatron's --recompute-granularity selective. The lists
+table, the flags braid takes at its own value only are noted at it and refused at another, and
+--recompute-activations is Megatron's --recompute-granularity selective. The lists
 come from braid.megatron_flags; a hand-written sample keeps the test from passing on empty
 lists."""
 
@@ -16,7 +17,8 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 
 from braid.arguments import ArgumentError, parse_args  # noqa: E402
 from braid.megatron_flags import NO_EFFECT, UNSUPPORTED, no_effect_given  # noqa: E402
-from braid.megatron_flags_audit import AUDIT_NO_EFFECT, AUDIT_UNSUPPORTED  # noqa: E402
+from braid.megatron_flags_audit import (AUDIT_NO_EFFECT, AUDIT_ONLY_VALUE,  # noqa: E402
+                                        AUDIT_UNSUPPORTED)
 
 BASE = ["--vocab-size", "300", "--mock-data", "--seq-length", "32", "--num-layers", "2",
         "--hidden-size", "64", "--num-attention-heads", "4"]
@@ -34,9 +36,6 @@ UNSUPPORTED_SAMPLE = [("--apply-residual-connection-post-layernorm", "pre-norm")
                       ("--fp32-residual-connection", "activations' dtype"),
                       ("--init-method-xavier-uniform", "--init-method-std"),
                       ("--iterations-to-skip", "every iteration's batch"),
-                      ("--dataloader-type", "single"),
-                      ("--microbatch-group-size-per-virtual-pipeline-stage",
-                       "--pipeline-model-parallel-size"),
                       ("--checkpoint-activations", "--recompute-activations")]
 
 
@@ -91,10 +90,28 @@ def test_docs_list_each_flag_in_its_table():
     def rows(section):
         return set(re.findall(r"^\| `(--[a-z0-9_-]+)` \|", section, re.MULTILINE))
 
-    assert set(AUDIT_NO_EFFECT) <= rows(no_effect)
+    assert set(AUDIT_NO_EFFECT) | set(AUDIT_ONLY_VALUE) <= rows(no_effect)
     assert set(AUDIT_UNSUPPORTED) <= rows(refused)
     assert "--recompute-activations" in rows(text.split("## Tokenizer")[0])
     assert {f for f, _, _ in NO_EFFECT_SAMPLE} <= rows(no_effect)
+
+
+@pytest.mark.parametrize("flag, braids, other", [
+    ("--dataloader-type", "single", "cyclic"), ("--softmax-type", "vanilla", "learnable"),
+    ("--mid-level-dataset-surplus", "0.0050", "0.01"),
+    ("--microbatch-group-size-per-virtual-pipeline-stage", "2", "4")])
+def test_flags_at_braids_value_only(flag, braids, other):
+    assert set(AUDIT_ONLY_VALUE) == {"--dataloader-type", "--softmax-type",
+                                     "--mid-level-dataset-surplus",
+                                     "--microbatch-group-size-per-virtual-pipeline-stage"}
+    pipeline = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
+                "1"]
+    notes = no_effect_given(parse_args([*BASE, *pipeline, flag, braids], 2))
+    assert notes == [f"braid: {flag} {braids} has no effect: it asks for what braid does: "
+                     f"{AUDIT_ONLY_VALUE[flag][1]}"]
+    with pytest.raises(ArgumentError, match=rf"^{re.escape(flag)} {other} is not supported by "
+                       r"braid: .* \(give .*, or drop the flag\)$"):
+        parse_args([*BASE, *pipeline, flag, other], 2)
 
 
 def test_recompute_activations_is_selective_granularity():
