@@ -199,7 +199,7 @@ def test_mtp_with_experts_and_expert_parallelism(tmp_path):
                  for i in (0, 1, 3, 4)]
     one_ckpt, ep_ckpt = str(tmp_path / "one_ckpt"), str(tmp_path / "ep_ckpt")
     runs, stdout = run_layouts(tmp_path, [*MODEL, *EXPERTS, *MTP, "--moe-per-layer-logging"], (
-        ("one", 1, ["--save", one_ckpt, "--save-interval", "10"]),
+        ("one", 1, ["--save", one_ckpt, "--save-interval", "5"]),
         ("dp2_ep2", 2, ["--exit-interval", "10", "--expert-model-parallel-size", "2",
                         "--use-distributed-optimizer", "--overlap-grad-reduce"]),
         ("pp2_dp2_ep2", 4, ["--exit-interval", "10", "--save", ep_ckpt,
@@ -225,7 +225,10 @@ def test_mtp_with_experts_and_expert_parallelism(tmp_path):
         f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in (0, 1, 3, 4)]
     for name in want:
         np.testing.assert_allclose(got[name], want[name], atol=1e-6, err_msg=name)
-    assert np.abs(want["model.layers.4.mlp.gate.e_score_correction_bias"]).max() > 0
+    # The MTP layer's bias trains: after 5 sign updates of +-rate it cannot be back at 0 (after
+    # an even number it may be, as at 10 on Megatron's mock data, whose balance oscillates).
+    moved = expert_biases(one_ckpt, 5)["model.layers.4.mlp.gate.e_score_correction_bias"]
+    assert np.abs(moved).max() > 0
 
 
 @pytest.mark.parametrize("ranks, args, message", [
