@@ -220,6 +220,9 @@ class GPTModel {
   // Checks ids (and targets, when defined) and puts them on the device; with their documents'
   // Tokens::key_start and positions when set_document_masking asks and `documents` is true.
   Microbatch prepare(const Tensor& ids, const Tensor& targets, bool documents = true) const;
+  // Sets mb's document tables (document_masking.cpp) from the host ids [b, s] of the whole
+  // sequences, when set_document_masking asks for them.
+  void prepare_documents(Microbatch& mb, const int32_t* ids, int64_t b, int64_t s) const;
   Tensor final_norm(const Tensor& x, NormStats& stats) const;
   LayerTensors layer_tensors(const Tensor& flat, int layer) const;
   Tensor view_of(const Tensor& flat, const std::string& name) const;
