@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser, pos_int, nonneg_int):
     g.add_argument("--exit-on-missing-checkpoint", action="store_true",
                    help="with --load: stop (exit 1) when it holds no checkpoint, instead of "
                         "training from scratch")
-    g.add_argument("--save-interval", type=pos_int, default=None)
+    g.add_argument("--save-interval", "--persistent-save-interval", type=pos_int, default=None,
+                   help="(--persistent-save-interval: Megatron's other spelling)")
     g.add_argument("--save-retain-interval", type=pos_int, default=None, metavar="N",
                    help="keep the checkpoints of multiples of N (a multiple of --save-interval) "
                         "and the latest; delete the others of --save after each save")

@@ -2,7 +2,8 @@
 (braid.megatron_flags_audit): each no-effect flag parses and the run's notes name it with its
 reason, each refused flag is an error with its reason, both are in docs/arguments.md's right
 table, the flags braid takes at its own value only are noted at it and refused at another, and
---recompute-activations is Megatron's --recompute-granularity selective. The lists
+--recompute-activations is Megatron's --recompute-granularity selective (and
+--persistent-save-interval its other spelling of --save-interval). The lists
 come from braid.megatron_flags; a hand-written sample keeps the test from passing on empty
 lists."""
 
@@ -112,6 +113,11 @@ def test_flags_at_braids_value_only(flag, braids, other):
     with pytest.raises(ArgumentError, match=rf"^{re.escape(flag)} {other} is not supported by "
                        r"braid: .* \(give .*, or drop the flag\)$"):
         parse_args([*BASE, *pipeline, flag, other], 2)
+
+
+def test_persistent_save_interval_is_save_interval(tmp_path):
+    a = parse_args([*BASE, "--save", str(tmp_path), "--persistent-save-interval", "7"], 1)
+    assert a.save_interval == 7
 
 
 def test_recompute_activations_is_selective_granularity():
