@@ -268,7 +268,7 @@ class ProgressBar:
             self.shown = False
 
 
-def precision_notes(a) -> list[str]:
+def device_and_position_notes(a) -> list[str]:
     """--bf16 on the CPU runs in float32, so that a GPU job's script debugs unchanged there;
     --reset-position-ids turns rope, which megatron-core's ignores."""
     notes = []
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
     for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
-            tokenizer_args.notes(a) + precision_notes(a):
+            tokenizer_args.notes(a) + device_and_position_notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)

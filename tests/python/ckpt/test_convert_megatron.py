@@ -286,15 +286,22 @@ def test_import_is_layout_free(megatron, exported, tmp_path):
     assert relative_error(tp2, tp1) <= LOGITS_RTOL
 
 
-def test_export_of_an_import_is_megatrons_save(megatron, tmp_path):
-    """export(import(x)) holds x's model tensors bit for bit (Megatron's stacked names) and
-    x's _extra_state objects; common.pt gives back Megatron's arguments."""
-    imported(megatron, "qwen-tied", tmp_path / "ckpt")
+def export_of_import(megatron, kind, tmp_path):
+    """(tensors, objects) of the export of the import of megatron-core's `kind` save (in
+    tmp_path/out), and (tensors, objects) of that save."""
+    imported(megatron, kind, tmp_path / "ckpt")
     code, err = tool("export", "--load", tmp_path / "ckpt", "--megatron-dir", tmp_path / "out")
     assert code == 0, err
     got, objects, _ = torch_dist.read_torch_dist(str(tmp_path / "out" / ITER))
-    want, want_objects, _ = torch_dist.read_torch_dist(str(megatron / "qwen-tied" / ITER),
+    want, want_objects, _ = torch_dist.read_torch_dist(str(megatron / kind / ITER),
                                                        convert_megatron.model_tensor)
+    return got, objects, want, want_objects
+
+
+def test_export_of_an_import_is_megatrons_save(megatron, tmp_path):
+    """export(import(x)) holds x's model tensors bit for bit (Megatron's stacked names) and
+    x's _extra_state objects; common.pt gives back Megatron's arguments."""
+    got, objects, want, want_objects = export_of_import(megatron, "qwen-tied", tmp_path)
     assert_same_tensors(got, want)
     assert {k for k in want_objects if "_extra_state" in k} <= set(objects)
     common = torch_dist.read_common(str(tmp_path / "out" / ITER))
@@ -308,12 +315,7 @@ def test_export_of_an_import_is_megatrons_save(megatron, tmp_path):
 def test_export_of_an_imported_mixture_of_experts(megatron, tmp_path):
     """The same with experts on the second layer only (megatron-core's per-layer names), and the
     pre-MLP norm of that layer also under Transformer Engine's name."""
-    imported(megatron, "moe-shared", tmp_path / "ckpt")
-    code, err = tool("export", "--load", tmp_path / "ckpt", "--megatron-dir", tmp_path / "out")
-    assert code == 0, err
-    got, objects, _ = torch_dist.read_torch_dist(str(tmp_path / "out" / ITER))
-    want, want_objects, _ = torch_dist.read_torch_dist(str(megatron / "moe-shared" / ITER),
-                                                       convert_megatron.model_tensor)
+    got, objects, want, want_objects = export_of_import(megatron, "moe-shared", tmp_path)
     te_norm = got.pop("decoder.layers.1.pre_mlp_layernorm.weight")
     np.testing.assert_array_equal(te_norm.array,
                                   got["decoder.layers.1.mlp.linear_fc1.layer_norm_weight"].array)

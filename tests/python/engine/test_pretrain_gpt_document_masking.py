@@ -154,10 +154,10 @@ def test_position_ids_alone_under_rope_say_how_megatron_differs(data):
     # megatron-core's rope ignores position ids: with the mask too nothing differs (rope is
     # relative), alone braid's rope turns by restarted positions and Megatron's does not.
     from braid.arguments import parse_args
-    from braid.training import precision_notes
+    from braid.training import device_and_position_notes
 
     def notes(position, *flags):
-        return precision_notes(parse_args([*model_args(data, position), *flags,
+        return device_and_position_notes(parse_args([*model_args(data, position), *flags,
                                            "--train-iters", "20"], 1))
     said = "braid: --reset-position-ids turns rope by each token's position in its document"
     assert any(n.startswith(said) for n in notes("rope", BOTH[1])), notes("rope", BOTH[1])
