@@ -24,7 +24,6 @@ Errors in the arguments are found by every rank before MPI starts: each prints t
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import sys
@@ -40,6 +39,7 @@ from braid.checkpoint_flags import Retention
 from braid.megatron_flags import activation, no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
 from braid.metrics import MetricsWriter
+from braid.training_log import IterationLog, Meter, ProgressBar, Timers, hms
 
 MEGATRON_NORMALIZATION = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 
@@ -141,133 +141,6 @@ def trainer_config(a) -> braid.TrainerConfig:
                                log_num_zeros_in_grad=a.log_num_zeros_in_grad)
 
 
-# ---- what the log line says ---------------------------------------------------------------------
-
-class Meter:
-    """Throughput, MFU, memory and cost of the run so far (rank 0's view)."""
-
-    def __init__(self, a, cfg, device_name, local_processes, start_time):
-        self.a, self.start = a, start_time
-        self.flops_per_sample = flops.flops_per_iteration(cfg, a.seq_length, 1)
-        if a.peak_tflops:
-            self.peak, self.peak_source = a.peak_tflops * 1e12, "--peak-tflops"
-        elif a.device == "cuda":
-            peak = flops.gpu_peak_tflops(device_name)
-            self.peak = peak * 1e12 if peak else None
-            self.peak_source = f"{device_name} dense bf16" if peak else f"{device_name} unknown"
-        else:
-            self.peak = flops.cpu_peak_flops(local_processes)
-            self.peak_source = "measured f32 GEMM of this rank's cores"
-
-    def rates(self, seconds, samples):
-        """(tokens/s, model TFLOP/s per device, MFU) of `samples` samples in `seconds`."""
-        tflops = self.flops_per_sample * samples / seconds / self.a.world_size / 1e12
-        mfu = tflops * 1e12 / self.peak if self.peak else float("nan")
-        return samples * self.a.seq_length / seconds, tflops, mfu
-
-    def cost(self, now, train_start, done, total, earlier_device_seconds=0.0):
-        """(cost so far, projected cost of the whole run), or None without a price. This job
-        has trained `done` of its `total` samples; the run's earlier jobs (resumed from a
-        checkpoint) used `earlier_device_seconds`."""
-        if self.a.gpu_hour_price is None:
-            return None
-        per_device_second = self.a.gpu_hour_price / 3600.0
-        earlier = earlier_device_seconds * per_device_second
-        per_second = per_device_second * self.a.world_size
-        so_far = earlier + (now - self.start) * per_second
-        if done <= 0:
-            return so_far, float("nan")
-        projected = (train_start - self.start) + (now - train_start) / done * total
-        return so_far, earlier + projected * per_second
-
-
-class Timers:
-    """Where each rank's step time went (--timing-log-level), from the trainer's trace: ms per
-    iteration over a log interval, compared across ranks like Megatron's timers."""
-
-    LEVELS = {1: ["step", "compute", "pipeline-wait", "comm-wait"],
-              2: ["tp-comm-wait", "dp-comm-wait", "ep-comm-wait", "other-comm-wait"]}
-
-    def __init__(self, level, option):
-        self.names = [n for lv in sorted(self.LEVELS) if lv <= level for n in self.LEVELS[lv]]
-        self.option = option
-        self.sums = [0.0] * len(self.names)
-        self.iterations = 0
-
-    def add(self, stats):
-        comm = (stats.tp_wait_seconds + stats.dp_wait_seconds + stats.ep_wait_seconds +
-                stats.other_wait_seconds)
-        values = {"step": stats.seconds, "compute": stats.compute_seconds,
-                  "pipeline-wait": stats.pipeline_wait_seconds, "comm-wait": comm,
-                  "tp-comm-wait": stats.tp_wait_seconds, "dp-comm-wait": stats.dp_wait_seconds,
-                  "ep-comm-wait": stats.ep_wait_seconds,
-                  "other-comm-wait": stats.other_wait_seconds}
-        self.sums = [s + values[n] for s, n in zip(self.sums, self.names)]
-        self.iterations += 1
-
-    def gather(self, state):
-        """Every rank's ms per iteration since the last gather, {name: [rank 0, ...]}
-        (collective over the job); starts a new interval."""
-        mine = [1e3 * s / max(self.iterations, 1) for s in self.sums]
-        ranks = state.all_gather(mine)
-        self.sums = [0.0] * len(self.names)
-        self.iterations = 0
-        return {n: [r[i] for r in ranks] for i, n in enumerate(self.names)}
-
-    def lines(self, per_rank):
-        width = max(len(n) for n in self.names) + 4
-        def label(n):
-            return f"    {n} {'.' * (width - len(n))}:"
-        if self.option == "max":
-            return ["max time across ranks (ms):"] + [
-                f"{label(n)} {max(v):.2f}" for n, v in per_rank.items()]
-        if self.option == "minmax":
-            return ["(min, max) time across ranks (ms):"] + [
-                f"{label(n)} ({min(v):.2f}, {max(v):.2f})" for n, v in per_rank.items()]
-        lines = ["times across ranks (ms):"]
-        for n, v in per_rank.items():
-            lines.append(f"  {n}:")
-            lines += [f"     rank {r:2d}: {t:.2f}" for r, t in enumerate(v)]
-        return lines
-
-    @staticmethod
-    def metrics(per_rank):
-        out = {}
-        for n, v in per_rank.items():
-            out[f"{n}-time"] = max(v)
-            out[f"{n}-time-mean"] = sum(v) / len(v)
-        return out
-
-
-class ProgressBar:
-    """One line under the log on a terminal: a bar, iterations/s and the ETA (from the samples
-    trained and left, so a --rampup-batch-size run's small early steps do not make it short)."""
-
-    def __init__(self, enabled, total, first):
-        self.enabled, self.total, self.first = enabled, total, first
-        self.shown = False
-
-    def show(self, iteration, started, done_samples, job_samples):
-        if not self.enabled:
-            return
-        elapsed = max(time.time() - started, 1e-9)
-        rate = (iteration - self.first + 1) / elapsed
-        eta = elapsed * (job_samples - done_samples) / done_samples if done_samples > 0 \
-            else float("nan")
-        width = 30
-        filled = int(width * iteration / self.total)
-        bar = "=" * filled + (">" if filled < width else "") + " " * max(0, width - filled - 1)
-        sys.stdout.write(f"\r[{bar}] {100 * iteration / self.total:3.0f}% {iteration}/{self.total}"
-                         f" | {rate:.2f} it/s | ETA {_hms(eta)} ")
-        sys.stdout.flush()
-        self.shown = True
-
-    def clear(self):
-        if self.shown:
-            sys.stdout.write("\r\033[K")
-            self.shown = False
-
-
 def device_and_position_notes(a) -> list[str]:
     """--bf16 on the CPU runs in float32, so that a GPU job's script debugs unchanged there;
     --reset-position-ids turns rope, which megatron-core's ignores."""
@@ -282,16 +155,6 @@ def device_and_position_notes(a) -> list[str]:
                      "document; megatron-core's rope ignores position ids, so Megatron-LM trains "
                      "this model with positions running over the whole sequence (docs/data.md)")
     return notes
-
-
-def _hms(seconds):
-    if not math.isfinite(seconds):
-        return "?"
-    return str(datetime.timedelta(seconds=int(seconds)))
-
-
-def _now():
-    return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def print_arguments(a, log):
@@ -342,18 +205,7 @@ def main(argv=None) -> int:
     if a.reset_attention_mask or a.reset_position_ids:
         model.set_document_masking(a.eod, a.reset_attention_mask, a.reset_position_ids)
     trainer = braid.Trainer(model, trainer_config(a))
-    # The router losses Megatron logs, each without its coefficient (seq_aux_loss's under the
-    # key load_balancing_loss: Megatron's seq_load_balancing_loss).
-    balancing = cfg.num_experts > 0 and cfg.moe_aux_loss_coeff > 0
-    z_loss = cfg.num_experts > 0 and cfg.moe_z_loss_coeff > 0
-    # Multi-token prediction: each depth's loss (Megatron's "mtp_1 loss", ...). An MTP layer is
-    # of the model's last layer's kind, and its router losses follow the model's layers' (index
-    # num_layers + k - 1, as Megatron counts them).
     mtp = a.mtp_num_layers or 0
-    expert_layers = [bool(e) for e in cfg.moe_layers] or [True] * cfg.num_layers
-    expert_layers += expert_layers[-1:] * mtp
-    logged_moe_layers = [layer for layer, experts in enumerate(expert_layers)
-                         if a.moe_per_layer_logging and cfg.num_experts > 0 and experts]
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
     trace = braid.Trace(rank, device) if timers is not None or profiling else None
@@ -534,8 +386,10 @@ def main(argv=None) -> int:
         metrics.close()
         state.barrier()
         return 0
-    train_start = interval_start = time.time()
-    interval_iters = interval_samples = skipped = nans = 0
+    train_start = time.time()
+    report = IterationLog(a, cfg, trainer=trainer, state=state, device=device, meter=meter,
+                          metrics=metrics, timers=timers, log=log, bar=bar,
+                          train_start=train_start, earlier_device_seconds=earlier_device_seconds)
     start_samples = data.train.consumed_samples
     job_samples = max(a.train_end_samples - start_samples, 1)  # for the projections
     batch_size = None  # the last step's global batch (it changes only under a ramp)
@@ -554,100 +408,15 @@ def main(argv=None) -> int:
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
         if a.empty_unused_memory_level >= 1:
             braid.empty_cache(device)
-        mtp_losses = stats.mtp_losses if mtp else []  # each depth's mean cross-entropy
         if timers is not None:
             timers.add(stats)
         if it == profile_end - 1:
             profile_done(it)
         if trace is not None and not (profiling and profile_start <= it < profile_end):
             trace.clear()  # the timers' spans: StepStats has their sums
-        interval_iters += 1
-        interval_samples += batch_size
-        skipped += stats.skipped
-        nans += not math.isfinite(stats.loss)
-        logged = it % a.log_interval == 0 or it == a.train_iters
-        # By the arguments alone (not by rank 0's writer): params_norm() is collective.
-        recorded = bool(a.tensorboard_dir or a.metrics_jsonl) and \
-            it % a.tensorboard_log_interval == 0
-        # Collective (every rank, the same iterations): Megatron's --log-params-norm.
-        params_norm = trainer.params_norm() if a.log_params_norm and (logged or recorded) \
-            else None
         done_samples = data.train.consumed_samples - start_samples
-        if meter is not None and recorded:
-            tokens_per_s, tflops, mfu = meter.rates(stats.seconds, batch_size)
-            values = {"lm loss": stats.loss, "learning-rate": stats.lr,
-                      **({"decoupled-learning-rate": stats.decoupled_lr}
-                         if a.decoupled_lr is not None else {}),
-                      "grad-norm": stats.grad_norm, "loss-scale": stats.loss_scale,
-                      "batch-size": batch_size, "iteration-time": stats.seconds,
-                      "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
-                      "mem-peak-gb": stats.peak_memory_bytes / 1e9,
-                      "skipped-iterations": trainer.skipped_iterations}
-            if balancing:
-                values["load_balancing_loss"] = stats.load_balancing_loss
-            if z_loss:
-                values["z_loss"] = stats.z_loss
-            for depth, loss in enumerate(mtp_losses, 1):
-                values[f"mtp_{depth} loss"] = loss
-            for layer in logged_moe_layers:  # --moe-per-layer-logging, Megatron's names
-                if balancing:
-                    values[f"moe/load_balancing_loss_layer_{layer}"] = \
-                        stats.layer_load_balancing_loss[layer]
-                if z_loss:
-                    values[f"moe/z_loss_layer_{layer}"] = stats.layer_z_loss[layer]
-            if params_norm is not None:
-                values["params-norm"] = params_norm
-            if a.log_num_zeros_in_grad:
-                values["num-zeros"] = stats.num_zeros_in_grads
-            if a.log_memory_to_tensorboard:  # Megatron's tags, in bytes
-                memory = braid.memory_stats(device)
-                values.update({"mem-allocated-bytes": memory["current_bytes"],
-                               "mem-max-allocated-bytes": stats.peak_memory_bytes,
-                               "mem-reserved-bytes": memory["reserved_bytes"]})
-            if a.log_world_size_to_tensorboard:  # Megatron's tag
-                values["world-size"] = state.world_size
-            cost = meter.cost(time.time(), train_start, done_samples, job_samples,
-                              earlier_device_seconds)
-            if cost is not None:
-                values["cost"] = cost[0]
-            metrics.scalars(it, values)
-        if logged:
-            now = time.time()
-            per_rank = timers.gather(state) if timers is not None else None
-            if meter is not None:
-                per_iteration = (now - interval_start) / interval_iters
-                tokens_per_s, tflops, mfu = meter.rates(now - interval_start, interval_samples)
-                cost = meter.cost(now, train_start, done_samples, job_samples,
-                                  earlier_device_seconds)
-                bar.clear()
-                log(f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
-                    f"{data.train.consumed_samples:12d} | elapsed time per iteration (ms): "
-                    f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | "
-                    + (f"decoupled learning rate: {stats.decoupled_lr:.6E} | "
-                       if a.decoupled_lr is not None else "")
-                    + f"global batch "
-                    f"size: {batch_size:5d} | lm loss: {stats.loss:.6E} | "
-                    + (f"load_balancing_loss: {stats.load_balancing_loss:.6E} | "
-                       if balancing else "")
-                    + (f"z_loss: {stats.z_loss:.6E} | " if z_loss else "")
-                    + "".join(f"mtp_{depth} loss: {loss:.6E} | "
-                              for depth, loss in enumerate(mtp_losses, 1))
-                    + f"loss scale: "
-                    f"{stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
-                    + (f"num zeros: {stats.num_zeros_in_grads:.1f} | "
-                       if a.log_num_zeros_in_grad else "")
-                    + (f"params norm: {params_norm:.3f} | " if params_norm is not None else "")
-                    + f"number of "
-                    f"skipped iterations: {skipped:3d} | number of nan iterations: {nans:3d} | "
-                    f"tokens per second: {tokens_per_s:.0f} | throughput per device (TFLOP/s): "
-                    f"{tflops:.3f} | MFU: {100 * mfu:.2f}% | peak memory (MB): "
-                    f"{stats.peak_memory_bytes / 2**20:.1f} |"
-                    + (f" cost: {cost[0]:.4f} (projected {cost[1]:.4f}) |" if cost else ""))
-                if per_rank is not None:
-                    log("\n".join(timers.lines(per_rank)))
-                    if a.log_timers_to_tensorboard:
-                        metrics.scalars(it, Timers.metrics(per_rank))
-            interval_start, interval_iters, interval_samples, skipped, nans = now, 0, 0, 0, 0
+        report.step(it, stats, batch_size, data.train.consumed_samples, done_samples,
+                    job_samples)
         bar.show(it, train_start, done_samples, job_samples)
         if saver is not None and a.async_save and saver.poll(trainer):  # collective
             retention.committed(saver.last_committed)  # a background save just committed
@@ -684,7 +453,7 @@ def main(argv=None) -> int:
                           earlier_device_seconds)
         earlier = (f" + {earlier_device_seconds / 3600:.4f} device-hours of the run's earlier "
                    "jobs") if earlier_device_seconds else ""
-        log(f"braid: trained {iterations} iterations in {_hms(seconds)} "
+        log(f"braid: trained {iterations} iterations in {hms(seconds)} "
             f"({seconds:.1f} s, {state.world_size} x {device})"
             + (f"; final lm loss {stats.loss:.6E}" if stats is not None else "")
             + (f"; cost {cost[0]:.4f} ({a.gpu_hour_price} per device-hour x "
