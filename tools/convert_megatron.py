@@ -15,7 +15,8 @@ Model weights are moved as raw bytes (bf16 included): export followed by import 
 tensor bit for bit. Optimizer state is not carried either way. Needs numpy and torch (for PyTorch's
 distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping
 and what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
-experts), megatron_torch_dist.py reads and writes the files.
+experts, megatron_mla.py multi-latent attention and its YaRN, megatron_mtp.py the multi-token
+prediction depths), megatron_torch_dist.py reads and writes the files.
 """
 
 import argparse
@@ -169,10 +170,10 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
                            f"model with these args){more}")
     specs = checkpoint_specs(config)
     for name, shape, _ in specs:
-        check(name in braid_tensors, f"{folder}: no {megatron_names_of(name)}")
+        check(name in braid_tensors, f"{folder}: no {megatron_names_of(name, config)}")
         got = braid_tensors[name].shape
-        check(got == shape, f"{folder}: {megatron_names_of(name)} holds {got}, the args make "
-              f"{shape}")
+        check(got == shape, f"{folder}: {megatron_names_of(name, config)} holds {got}, the args "
+              f"make {shape}")
     iteration = common.get("iteration", 0)
     check(isinstance(iteration, int) and iteration >= 0, f"{folder}/common.pt: iteration "
           f"{iteration!r}")

@@ -2,8 +2,9 @@
 config and tensor names (docs/convert_megatron.md has the table). GPT / Llama-style models:
 grouped-query attention, tied or untied embeddings, RMSNorm or LayerNorm (also zero-centred,
 --apply-layernorm-1p), SwiGLU, GELU or squared ReLU, biases, q/k norms, RoPE (also partial,
-Llama 3.1's scaling) or learned positions, sliding windows, and mixtures of experts
-(megatron_mlp.py: the MLPs and experts). Anything else is refused."""
+Llama 3.1's scaling) or learned positions, sliding windows, mixtures of experts (megatron_mlp.py:
+the MLPs and experts), multi-latent attention with plain or YaRN RoPE (megatron_mla.py) and
+multi-token prediction (megatron_mtp.py). Anything else is refused."""
 
 import argparse
 import re
@@ -11,9 +12,13 @@ import re
 import numpy as np
 
 from hf_configs import NO_ROPE_SCALING, ConvertError, as_f32, check, f32_value, head_width
-from megatron_mlp import (EXPERTS, ROUTER, SHARED, arg, braid_moe_layer, join_fc1,
+from megatron_mla import (LATENT_NAMES, latent_config_from_args, latent_extra_state_modules,
+                          megatron_latent_args)
+from megatron_mlp import (EXPERTS, ROUTER, SHARED, arg, braid_moe_layer, expert_pattern, join_fc1,
                           megatron_moe_args, moe_config_from_args, moe_extra_state_modules,
                           moe_tensors_to_braid, take_mlp)
+from megatron_mtp import (braid_mtp_tensors, check_mtp_args, depths, mtp_extra_state_keys,
+                          mtp_names_of, split_mtp)
 from safetensors_numpy import Tensor
 
 EMBED = "embedding.word_embeddings.weight"
@@ -53,10 +58,6 @@ MLP_EXTRA_STATE = ("mlp.linear_fc1", "mlp.linear_fc2")
 
 # Arguments whose models this tool does not map: (name, refused when, what it is).
 REFUSED_ARGS = (
-    ("multi_latent_attention", bool, "multi-latent attention (MLA)"),
-    ("mtp_num_layers", bool, "multi-token prediction layers"),
-    ("rotary_interleaved", bool, "RoPE on interleaved pairs; braid's turns the two halves of "
-                                 "each head (rotate-half), as megatron-core does by default"),
     ("no_rope_freq", bool, "layers without RoPE"),
     ("qk_l2_norm", bool, "L2-normalised queries and keys"),
     ("quick_geglu", bool, "a quick-GELU GLU"),
@@ -134,7 +135,8 @@ def braid_config_from_args(args, vocab_rows, dtype, where):
     normalization = arg(args, "normalization", "LayerNorm")
     if normalization not in ("LayerNorm", "RMSNorm"):
         refuse_arg("normalization", normalization, "braid has LayerNorm and RMSNorm", where)
-    rope = dict(NO_ROPE_SCALING, rotary_percent=float(arg(args, "rotary_percent", 1.0)))
+    rope = dict(NO_ROPE_SCALING, rotary_percent=float(arg(args, "rotary_percent", 1.0)),
+                rotary_interleaved=bool(arg(args, "rotary_interleaved", False)))
     if arg(args, "use_rope_scaling", False):  # megatron-core's Llama 3.1 scaling constants
         rope.update(rope_scaling_factor=as_f32(arg(args, "rope_scaling_factor", 8.0)),
                     rope_low_freq_factor=1.0, rope_high_freq_factor=4.0,
@@ -143,23 +145,28 @@ def braid_config_from_args(args, vocab_rows, dtype, where):
     if interpolation not in (None, 1, 1.0):  # megatron-core's positions / factor
         rope.update(rope_linear_factor=as_f32(interpolation))
     bias = bool(arg(args, "add_bias_linear", True))
-    return {**window_of(args, layers, where), **moe_config_from_args(args, where),
-            "num_layers": layers, "hidden_size": h,
-            "num_attention_heads": heads,
-            "num_query_groups": args.num_query_groups if arg(args, "group_query_attention", False)
-            else heads,
-            "kv_channels": arg(args, "kv_channels", h // heads),
-            "ffn_hidden_size": args.ffn_hidden_size, "vocab_size": vocab_rows,
-            "max_position_embeddings": args.max_position_embeddings,
-            "normalization": normalization.lower(),
-            "activation": activation_of(args),
-            "position_embedding": "rope" if position == "rope" else "learned",
-            "add_bias_linear": bias, "add_qkv_bias": bool(arg(args, "add_qkv_bias")) and not bias,
-            "qk_layernorm": bool(arg(args, "qk_layernorm", False)),
-            "zero_centered_gamma": bool(arg(args, "apply_layernorm_1p", False)),
-            "tie_embeddings": not arg(args, "untie_embeddings_and_output_weights", False),
-            "rope_theta": as_f32(arg(args, "rotary_base", 10000)), **rope,
-            "norm_eps": as_f32(arg(args, "norm_epsilon", 1e-5)), "params_dtype": dtype}
+    config = {**window_of(args, layers, where), **moe_config_from_args(args, where),
+              "num_layers": layers, "hidden_size": h,
+              "num_attention_heads": heads,
+              "num_query_groups": args.num_query_groups if arg(args, "group_query_attention", False)
+              else heads,
+              "kv_channels": arg(args, "kv_channels", h // heads),
+              "ffn_hidden_size": args.ffn_hidden_size, "vocab_size": vocab_rows,
+              "max_position_embeddings": args.max_position_embeddings,
+              "normalization": normalization.lower(),
+              "activation": activation_of(args),
+              "position_embedding": "rope" if position == "rope" else "learned",
+              "add_bias_linear": bias, "add_qkv_bias": bool(arg(args, "add_qkv_bias")) and not bias,
+              "qk_layernorm": bool(arg(args, "qk_layernorm", False)),
+              "zero_centered_gamma": bool(arg(args, "apply_layernorm_1p", False)),
+              "tie_embeddings": not arg(args, "untie_embeddings_and_output_weights", False),
+              "rope_theta": as_f32(arg(args, "rotary_base", 10000)), **rope,
+              "norm_eps": as_f32(arg(args, "norm_epsilon", 1e-5)), "params_dtype": dtype}
+    if arg(args, "mtp_num_layers", 0):  # (absent, as in braid's saves, without MTP depths)
+        config["mtp_num_layers"] = args.mtp_num_layers
+    config.update(latent_config_from_args(args, position, where))
+    check_mtp_args(config, where)
+    return config
 
 
 def plain_args(args):
@@ -192,11 +199,7 @@ def interpolation_factor(c):
 def megatron_args_from_braid(c, consumed_samples, imported):
     """Megatron-LM's args for a braid config: the model's arguments, a tp=1 pp=1 layout, no
     optimizer or RNG state saved; over `imported` (an import's megatron_args, or {})."""
-    for key, what in (("multi_latent_attention", "multi-latent attention"),
-                      ("mtp_num_layers", "multi-token prediction depths"),
-                      ("rope_yarn_factor", "YaRN RoPE")):
-        check(not c.get(key), f"this braid model has {what} ({key}); convert_megatron.py does "
-              "not map it")
+    latent = megatron_latent_args(c)
     if c.get("rope_scaling_factor"):
         fixed = (c["rope_low_freq_factor"], c["rope_high_freq_factor"],
                  c["rope_original_max_position_embeddings"])
@@ -218,7 +221,8 @@ def megatron_args_from_braid(c, consumed_samples, imported):
         "add_position_embedding": c["position_embedding"] == "learned",
         "use_rotary_position_embeddings": c["position_embedding"] == "rope",
         "rotary_base": int(theta) if theta == int(theta) else theta,
-        "rotary_percent": c.get("rotary_percent", 1.0), "rotary_interleaved": False,
+        "rotary_percent": c.get("rotary_percent", 1.0),
+        "rotary_interleaved": bool(c.get("rotary_interleaved")),
         "use_rope_scaling": bool(c.get("rope_scaling_factor")),
         "rotary_seq_len_interpolation_factor": interpolation_factor(c),
         "rope_scaling_factor": f32_value(c.get("rope_scaling_factor") or 8.0),
@@ -236,7 +240,7 @@ def megatron_args_from_braid(c, consumed_samples, imported):
         "padded_vocab_size": round_up(c["vocab_size"], divisor),
         "make_vocab_size_divisible_by": divisor, "params_dtype": dtype,
         "bf16": dtype == "bfloat16", "fp16": dtype == "float16",
-        "num_experts": None, "multi_latent_attention": False, "mtp_num_layers": None,
+        "num_experts": None, "mtp_num_layers": depths(c) or None, **latent,
         **(megatron_moe_args(c) if c.get("num_experts") else {}),
         "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
         "virtual_pipeline_model_parallel_size": None, "expert_model_parallel_size": 1,
@@ -293,11 +297,20 @@ def merge_qkv(q, k, v, c):
     return q.like(x.reshape(-1, *rest))
 
 
+def layer_names(c):
+    """Per layer: braid's name (after model.layers.{i}.) -> (megatron-core's names an import
+    reads, those an export writes)."""
+    if c.get("multi_latent_attention"):
+        return {name: (names, names) for name, names in LATENT_NAMES.items()}
+    return {name: (names, names[:1]) for name, names in LAYER_NAMES.items()}
+
+
 def megatron_to_braid(megatron, c):
     """megatron-core's tensors (name -> Tensor) -> braid's names; takes what it maps out of
-    `megatron` (what is left is unexpected)."""
+    `megatron` (what is left is unexpected). The MTP depths' layers come as layers L, L + 1, ..."""
     layers = split_layers(megatron, c["num_layers"])
     out = {"model.embed_tokens.weight": megatron.pop(EMBED)} if EMBED in megatron else {}
+    split_mtp(megatron, c, layers, out)
     if POSITIONS in megatron:
         out["model.embed_positions.weight"] = megatron.pop(POSITIONS)
     for kind in ("weight", "bias"):
@@ -307,14 +320,17 @@ def megatron_to_braid(megatron, c):
         out["lm_head.weight"] = megatron.pop(OUTPUT)
     if c.get("num_experts"):
         moe_tensors_to_braid(layers, c, out)
-    for i in range(c["num_layers"]):
+    names_of = layer_names(c)
+    for i in range(c["num_layers"] + depths(c)):
         p = f"model.layers.{i}."
-        for braid_name, names in LAYER_NAMES.items():
+        for braid_name, (names, _) in names_of.items():
             found = [layers.pop((i, n)) for n in names if (i, n) in layers]
-            if len(found) > 1 and not (found[0].dtype == found[1].dtype and
-                                       np.array_equal(found[0].array, found[1].array)):
-                raise ConvertError(f"decoder.layers: layer {i} has {' and '.join(names)}, "
-                                   "which differ (one norm under two names)")
+            if len(found) > 1 and not all(x.dtype == found[0].dtype and
+                                          np.array_equal(x.array, found[0].array)
+                                          for x in found[1:]):
+                raise ConvertError(f"{layer_prefix(c, i).rstrip('.')}: layer {i} has "
+                                   f"{' and '.join(names)}, which differ (one norm under two "
+                                   "names)")
             if found:
                 out[p + braid_name] = found[0]
         for kind in ("weight", "bias"):
@@ -324,20 +340,30 @@ def megatron_to_braid(megatron, c):
                     out[f"{p}self_attn.{proj}.{kind}"] = t
         take_mlp(layers, i, "mlp.", p + "mlp.", c, c["ffn_hidden_size"], out)
     for (i, name) in layers:  # left: unexpected, named as in the checkpoint
-        megatron[f"{LAYERS}{name} (layer {i})"] = layers[(i, name)]
+        megatron[f"{layer_prefix(c, i)}{name} (layer {i})"] = layers[(i, name)]
     return out
 
 
-def megatron_names_of(braid_name):
+def layer_prefix(c, i):
+    """megatron-core's prefix of layer i's names: the decoder's, or an MTP depth's layer."""
+    first = c["num_layers"]
+    return LAYERS if i < first else f"mtp.layers.{i - first}.transformer_layer."
+
+
+def megatron_names_of(braid_name, c):
     """Where an import looks for a braid tensor, for messages."""
     m = re.match(r"model\.layers\.(\d+)\.(.+)$", braid_name)
     if not m:
         return {"model.embed_tokens.weight": EMBED, "model.embed_positions.weight": POSITIONS,
                 "model.norm.weight": FINAL_NORM + "weight", "model.norm.bias": FINAL_NORM + "bias",
                 "lm_head.weight": OUTPUT}.get(braid_name, braid_name)
-    name, kind = m.group(2), m.group(2).rsplit(".", 1)[-1]
-    if name in LAYER_NAMES:
-        names = LAYER_NAMES[name]
+    i, name, kind = int(m.group(1)), m.group(2), m.group(2).rsplit(".", 1)[-1]
+    own = mtp_names_of(c, i, name) if i >= c["num_layers"] else None
+    if own:
+        return own
+    names_of = layer_names(c)
+    if name in names_of:
+        names = names_of[name][0]
     elif ".q_proj." in name or ".k_proj." in name or ".v_proj." in name:
         names = (QKV + kind,)
     elif name.startswith("mlp.gate."):
@@ -347,7 +373,7 @@ def megatron_names_of(braid_name):
         names = (prefix + ("linear_fc2." if "down_proj" in name else "linear_fc1.") + kind,)
     else:
         names = ((FC2 if "down_proj" in name else FC1) + kind,)
-    return " or ".join(LAYERS + n for n in names) + f" (layer {m.group(1)})"
+    return " or ".join(layer_prefix(c, i) + n for n in names) + f" (layer {i})"
 
 
 def per_layer_names(c):
@@ -357,11 +383,13 @@ def per_layer_names(c):
 
 
 def braid_layer(t, c, i):
-    """Layer i's tensors under megatron-core's names (the first of LAYER_NAMES' names)."""
+    """Layer i's tensors (an MTP depth's for i >= num_layers) under megatron-core's layer names
+    (every name layer_names writes)."""
     p = f"model.layers.{i}."
-    layer = {names[0]: t[p + name] for name, names in LAYER_NAMES.items() if p + name in t}
+    layer = {name: t[p + braid_name] for braid_name, (_, written) in layer_names(c).items()
+             if p + braid_name in t for name in written}
     for kind in ("weight", "bias"):
-        if p + "self_attn.q_proj." + kind in t:
+        if p + "self_attn.q_proj." + kind in t and not c.get("multi_latent_attention"):
             layer[QKV + kind] = merge_qkv(*(t[f"{p}self_attn.{x}.{kind}"]
                                             for x in ("q_proj", "k_proj", "v_proj")), c)
         if p + "mlp.up_proj." + kind in t:
@@ -395,6 +423,7 @@ def braid_to_megatron(t, c):
             check(len({x.dtype for x in parts}) == 1, f"the layers' {name} differ in dtype")
             out[LAYERS + name] = Tensor(parts[0].dtype, np.stack([x.array for x in parts]))
             stacked.append(LAYERS + name)
+    out.update(braid_mtp_tensors(t, c, lambda i: braid_layer(t, c, i)))
     for kind in ("weight", "bias"):
         if "model.norm." + kind in t:
             out[FINAL_NORM + kind] = t["model.norm." + kind]
@@ -403,18 +432,29 @@ def braid_to_megatron(t, c):
     return out, stacked
 
 
+def layer_extra_state_modules(c, i):
+    """(module, whether it has an expert axis) of layer i (an MTP depth's for i >= num_layers)
+    that have an _extra_state under the local or the Transformer Engine spec."""
+    if c.get("multi_latent_attention"):
+        attention = latent_extra_state_modules(c)
+    else:
+        norms = ("self_attention.q_layernorm", "self_attention.k_layernorm") if c.get(
+            "qk_layernorm") else ()
+        attention = ATTENTION_EXTRA_STATE + norms
+    experts = c.get("num_experts") and expert_pattern(c)[i]
+    # a layer with experts: Transformer Engine's spec keeps its pre-MLP norm a module of its own
+    mlp = moe_extra_state_modules(c) + [("pre_mlp_layernorm", False)] if experts else [
+        (m, False) for m in MLP_EXTRA_STATE]
+    return [(m, False) for m in attention] + mlp
+
+
 def extra_state_keys(c):
     """The _extra_state objects (megatron-core's ShardedObject unique keys) an export writes,
-    each empty: per layer its modules', an expert's per expert."""
+    each empty: per layer its modules', an expert's per expert; the MTP depths'."""
     layers, experts = c["num_layers"], c.get("num_experts") or 0
-    moe = (c.get("moe_layers") or [1] * layers) if experts else [0] * layers
-    norms = ("self_attention.q_layernorm", "self_attention.k_layernorm") if c.get(
-        "qk_layernorm") else ()
     keys = []
     for i in range(layers):
-        modules = [(m, False) for m in ATTENTION_EXTRA_STATE + norms] + (
-            moe_extra_state_modules(c) if moe[i] else [(m, False) for m in MLP_EXTRA_STATE])
-        for module, per_expert in modules:
+        for module, per_expert in layer_extra_state_modules(c, i):
             if per_layer_names(c):
                 key, offset, shape = f"{LAYERS}{i}.{module}", [], []
             else:
@@ -424,4 +464,5 @@ def extra_state_keys(c):
                 o, n = o or [0], n or [1]
                 keys.append(f"{key}._extra_state/shard_{'.'.join(map(str, o))}_"
                             f"{'.'.join(map(str, n))}")
+    keys += mtp_extra_state_keys(c, lambda i: layer_extra_state_modules(c, i))
     return keys + [f"{FINAL_NORM}_extra_state/shard_0_1"]

@@ -70,6 +70,13 @@ def moe_config_from_args(args, where):
             "moe_layers": [] if all(pattern) else pattern}
 
 
+def expert_pattern(c):
+    """Which layers of a braid config have experts, one 0/1 per layer, then one per MTP depth
+    (of the last layer's kind, as braid and megatron-core build them)."""
+    pattern = list(c.get("moe_layers") or [1] * c["num_layers"])
+    return pattern + pattern[-1:] * (c.get("mtp_num_layers") or 0)
+
+
 def megatron_moe_args(c):
     """Megatron-LM's MoE arguments for a braid config (with experts)."""
     layers = c.get("moe_layers") or []
@@ -134,10 +141,10 @@ def take_mlp(layers, i, prefix, braid_prefix, c, size, out):
 
 def moe_tensors_to_braid(layers, c, out):
     """Takes the MoE layers' router, expert bias, experts and shared expert out of `layers`
-    ({(layer, megatron-core name): Tensor}) into `out` under braid's names."""
-    pattern = c.get("moe_layers") or [1] * c["num_layers"]
+    ({(layer, megatron-core name): Tensor}; the MTP depths' layers after the model's) into `out`
+    under braid's names."""
     ffn = c.get("moe_ffn_hidden_size") or c["ffn_hidden_size"]
-    for i in [i for i, e in enumerate(pattern) if e]:
+    for i in [i for i, e in enumerate(expert_pattern(c)) if e]:
         p = f"model.layers.{i}."
         if (i, ROUTER + "weight") in layers:
             out[p + "mlp.gate.weight"] = layers.pop((i, ROUTER + "weight"))

@@ -10,14 +10,19 @@ Run as a script (in a subprocess: megatron-core sets process-wide state):
                                                  saved again at TP 2 and at PP 2 (with TP 2
                                                  logits); each braid export in JOBS loaded at
                                                  TP 1 (x DP 2) and TP 2 (logits) and at PP 2
-                                                 (saved again)
+                                                 (saved again; MLA at TP 2 too)
 
 megatron-core 0.16.1 assumes CUDA in a few places that do not compute anything; on the CPU
 (cpu_stand_ins) the device is the CPU (.cuda() included), CUDA's synchronize does nothing, the
 model-parallel CUDA RNG tracker's fork (dropout, 0 here) does nothing, the torch_dist writer's
 process-memory probe (psutil, only logged) reads 0, and the MoE router's GEMM finds no Transformer
-Engine GEMM (megatron-core 0.16.1 names it without defining it when TE is absent). The tensors,
-the files and the forward are megatron-core's.
+Engine GEMM (megatron-core 0.16.1 names it without defining it when TE is absent). Its
+multi-latent attention runs with Transformer Engine only: MLASelfAttention builds its core
+attention with k_channels and v_channels (TE's DotProductAttention's arguments), which the local
+spec's DotProductAttention does not take, and without TE it takes the TE wrappers' placeholders
+for classes (HAVE_TE true); here the local core attention takes them (its output heads
+v_channels wide, its products and softmax its own) and MLA sees HAVE_TE false. The tensors, the
+files and the forward (MLA's projections, norms and RoPE, the MTP depths) are megatron-core's.
 """
 
 import argparse
@@ -30,6 +35,7 @@ import sys
 import numpy as np
 
 IDS = np.random.default_rng(0).integers(0, 97, size=(3, 16), dtype=np.int64)
+TARGETS = np.random.default_rng(1).integers(0, 97, size=(3, 16), dtype=np.int64)  # MTP's labels
 ITERATION = 120
 CONSUMED = 120 * 32
 VOCAB, PADDED_VOCAB = 97, 128
@@ -47,7 +53,9 @@ BASE_ARGS = dict(
     squared_relu=False, bias_gelu_fusion=True, bias_swiglu_fusion=True, add_bias_linear=False,
     add_qkv_bias=False, qk_layernorm=False, untie_embeddings_and_output_weights=False,
     window_size=None, window_attn_skip_freq=None, num_experts=None,
-    multi_latent_attention=False, mtp_num_layers=None, vocab_size=VOCAB,
+    multi_latent_attention=False, q_lora_rank=None, kv_lora_rank=32, qk_head_dim=128,
+    qk_pos_emb_head_dim=64, v_head_dim=128, rope_type=None, rotary_scaling_factor=1.0, mscale=1.0,
+    mscale_all_dim=0.0, mtp_num_layers=None, mtp_loss_scaling_factor=0.1, vocab_size=VOCAB,
     padded_vocab_size=PADDED_VOCAB, make_vocab_size_divisible_by=128,
     tokenizer_type="HuggingFaceTokenizer", tensor_model_parallel_size=1,
     pipeline_model_parallel_size=1, ckpt_format="torch_dist", consumed_train_samples=CONSUMED,
@@ -68,6 +76,10 @@ MODELS = {
     "llama-interpolated": dict(swiglu=True, group_query_attention=True, num_query_groups=2,
                                untie_embeddings_and_output_weights=True,
                                rotary_seq_len_interpolation_factor=3),
+    # Llama with GPT-J's interleaved RoPE pairs (--rotary-interleaved) on half of each head
+    "llama-interleaved": dict(swiglu=True, group_query_attention=True, num_query_groups=2,
+                              untie_embeddings_and_output_weights=True, rotary_interleaved=True,
+                              rotary_percent=0.5),
     # Qwen-like: one query group, tied, q/k norms, q/k/v biases, Llama 3.1's RoPE scaling
     "qwen-tied": dict(swiglu=True, group_query_attention=True, num_query_groups=1,
                       qk_layernorm=True, add_qkv_bias=True, use_rope_scaling=True),
@@ -94,13 +106,51 @@ MODELS = {
                        moe_router_enable_expert_bias=True, moe_router_topk_scaling_factor=2.5,
                        moe_shared_expert_intermediate_size=48, moe_shared_expert_gate=True,
                        moe_layer_freq=[0, 1]),
+    # DeepSeek-V3's attention: multi-latent attention with a query latent, the latent norms, YaRN
+    # (factor 4, mscale 0.9 and mscale_all_dim 0.7: cos, sin and the softmax scale change)
+    "deepseek-mla": dict(swiglu=True, untie_embeddings_and_output_weights=True,
+                         multi_latent_attention=True, q_lora_rank=24, kv_lora_rank=32,
+                         qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, qk_layernorm=True,
+                         rope_type="yarn", rotary_scaling_factor=4.0, mscale=0.9,
+                         mscale_all_dim=0.7),
+    # DeepSeek-V2-Lite's: no query latent (linear_q_proj), plain RoPE, LayerNorm latent norms
+    # (with biases), tied
+    "mla-no-q-lora": dict(normalization="LayerNorm", swiglu=True, multi_latent_attention=True,
+                          q_lora_rank=None, kv_lora_rank=24, qk_head_dim=8,
+                          qk_pos_emb_head_dim=16, v_head_dim=12, qk_layernorm=True,
+                          rope_type="rope", rotary_base=50000),
+    # DeepSeek-V3-like with a multi-token prediction depth: MLA (YaRN by Megatron-LM's default
+    # --rope-type), a dense layer then experts as moe-shared's, the MTP layer with experts
+    "deepseek-v3-mtp": dict(swiglu=True, untie_embeddings_and_output_weights=True,
+                            multi_latent_attention=True, q_lora_rank=24, kv_lora_rank=32,
+                            qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16,
+                            qk_layernorm=True, num_experts=4, moe_ffn_hidden_size=32,
+                            moe_router_score_function="sigmoid",
+                            moe_router_enable_expert_bias=True,
+                            moe_router_topk_scaling_factor=2.5,
+                            moe_shared_expert_intermediate_size=48, moe_layer_freq=[0, 1],
+                            mtp_num_layers=1),
+    # Llama with two MTP depths (the local spec's fused norm names in the MTP layers)
+    "llama-mtp": dict(swiglu=True, group_query_attention=True, num_query_groups=2,
+                      untie_embeddings_and_output_weights=True, mtp_num_layers=2),
 }
+# Saves of a model under args import refuses (per model: the variant's name and its args' changes)
+REFUSED_ARGS = {
+    "deepseek-mla": {"mla-bias": dict(add_bias_linear=True)},
+    # plain RoPE whose softmax megatron-core's MLA still scales by g(mscale_all_dim)^2
+    "mla-no-q-lora": {"mla-rope-mscale": dict(rotary_scaling_factor=4.0, mscale_all_dim=1.0)},
+    "llama-mtp": {"mtp-learned": dict(position_embedding_type="learned_absolute")},
+}
+# MLATransformerConfig's fields that core_transformer_config_from_args takes from the args
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+              "rotary_scaling_factor", "mscale", "mscale_all_dim",
+              "original_max_position_embeddings", "beta_fast", "beta_slow")
 MOE_FIELDS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
               "moe_router_score_function", "moe_router_enable_expert_bias",
               "moe_router_num_groups", "moe_router_group_topk", "moe_router_topk_scaling_factor",
               "moe_expert_capacity_factor", "moe_token_drop_policy",
               "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layer_freq")
-NORM_SUFFIXES = ("layer_norm_weight", "layernorm.weight")  # every norm's weight
+NORM_SUFFIXES = ("layer_norm_weight", "norm.weight")  # every norm's weight (enorm, hnorm)
 
 
 def megatron_args(kind, **changes):
@@ -114,13 +164,32 @@ def cpu_stand_ins():
     import torch
     import megatron.core.dist_checkpointing.strategies.filesystem_async as filesystem_async
     import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.multi_latent_attention as mla
     from megatron.core import tensor_parallel
+    from megatron.core.models import backends
     torch.cuda.current_device = lambda: "cpu"
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # tied embeddings across stages
     torch.cuda.synchronize = lambda *args, **kwargs: None
     filesystem_async._process_memory = lambda: 0
     moe_utils.te_general_gemm = None  # the router's GEMM refers to it without Transformer Engine
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+    mla.HAVE_TE = False  # (megatron-core's TE wrappers import as placeholders without TE)
+    backends.LocalSpecProvider.core_attention = lambda self: latent_core_attention()
+
+
+def latent_core_attention():
+    """The local spec's DotProductAttention taking MLA's k_channels and v_channels, as Transformer
+    Engine's does: its output is the heads' v_channels-wide values (it computes with the q, k and
+    v it is given; the widths only shape its output)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class LatentDotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+            super().__init__(*args, **kwargs)
+            if v_channels is not None:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    return LatentDotProductAttention
 
 
 def moe_config(a):
@@ -134,21 +203,33 @@ def moe_config(a):
 
 def build(a):
     """A GPTModel of Megatron-LM's args `a` for this rank's TP/PP position, as Megatron-LM's
-    core_transformer_config_from_args would configure it (the local layer spec, f32, CPU)."""
+    core_transformer_config_from_args would configure it (the local layer spec, f32, CPU): with
+    --multi-latent-attention an MLATransformerConfig taking the args' MLA fields (--rope-type
+    left to its default where None), with --mtp-num-layers the MTP block spec of the last layer's
+    spec."""
     import torch
     import torch.nn.functional as F
     from megatron.core import parallel_state
     from megatron.core.activations import squared_relu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec,
-                                                          get_gpt_layer_local_spec)
-    from megatron.core.transformer.transformer_config import TransformerConfig
+                                                          get_gpt_layer_local_spec,
+                                                          get_gpt_mtp_block_spec)
+    from megatron.core.transformer.transformer_config import (MLATransformerConfig,
+                                                              TransformerConfig)
     from megatron.core.transformer.utils import openai_gelu
     # Megatron-LM's: --openai-gelu's tanh form, else F.gelu (the fused bias-GELU, when on, being
     # its tanh form)
     gelu = openai_gelu if getattr(a, "openai_gelu", False) else F.gelu
     activation = F.silu if a.swiglu else squared_relu if a.squared_relu else gelu
-    config = TransformerConfig(
+    latent = getattr(a, "multi_latent_attention", False)
+    mla = {}
+    if latent:
+        mla = {name: getattr(a, name) for name in MLA_FIELDS if hasattr(a, name)}
+        if a.rope_type is not None:
+            mla["rope_type"] = a.rope_type
+        mla.update(rotary_base=a.rotary_base, rotary_percent=a.rotary_percent)
+    config = (MLATransformerConfig if latent else TransformerConfig)(
         num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
         num_attention_heads=a.num_attention_heads, kv_channels=a.kv_channels,
         num_query_groups=a.num_query_groups if a.group_query_attention else None,
@@ -157,17 +238,22 @@ def build(a):
         bias_activation_fusion=(a.bias_gelu_fusion and a.add_bias_linear
                                 and not (a.swiglu or a.squared_relu)),
         add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
-        qk_layernorm=a.qk_layernorm, hidden_dropout=0.0, attention_dropout=0.0,
+        qk_layernorm=a.qk_layernorm, rotary_interleaved=a.rotary_interleaved,
+        hidden_dropout=0.0, attention_dropout=0.0,
         use_cpu_initialization=True, params_dtype=torch.float32,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
-        pipeline_dtype=torch.float32, **moe_config(a))
+        pipeline_dtype=torch.float32, mtp_num_layers=getattr(a, "mtp_num_layers", None),
+        **mla, **moe_config(a))
     if a.num_experts:  # megatron-core's MoE layers (SequentialMLP) where moe_layer_freq says
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                           normalization=a.normalization)
     else:
         spec = get_gpt_layer_local_spec(normalization=a.normalization,
-                                        qk_layernorm=a.qk_layernorm)
+                                        qk_layernorm=a.qk_layernorm,
+                                        multi_latent_attention=latent)
+    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if (
+        config.mtp_num_layers) else None
     return GPTModel(
         config, spec, vocab_size=a.padded_vocab_size, max_sequence_length=a.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
@@ -176,7 +262,8 @@ def build(a):
         position_embedding_type=a.position_embedding_type, rotary_percent=a.rotary_percent,
         rotary_base=a.rotary_base, rope_scaling=a.use_rope_scaling,
         rope_scaling_factor=a.rope_scaling_factor,
-        seq_len_interpolation_factor=a.rotary_seq_len_interpolation_factor).eval()
+        seq_len_interpolation_factor=a.rotary_seq_len_interpolation_factor,
+        mtp_block_spec=mtp).eval()
 
 
 def randomize(model, seed):
@@ -194,12 +281,30 @@ def randomize(model, seed):
 
 
 def logits(model):
+    """megatron-core's logits of IDS [B, S, V], and with MTP depths each depth's [D, B, S, V]
+    (None without): its forward with labels (TARGETS; GPTModel computes the MTP depths only
+    then), the output layer's outputs taken as they come (each depth's, then the model's)."""
     import torch
     ids = torch.from_numpy(IDS)
     positions = torch.arange(ids.shape[1]).unsqueeze(0).expand_as(ids)
     mask = torch.triu(torch.ones(1, 1, ids.shape[1], ids.shape[1]), diagonal=1).bool()
+    if not model.config.mtp_num_layers:
+        with torch.no_grad():
+            return model(ids, positions, attention_mask=mask).numpy(), None
+    outputs = []  # copies: the loss's cross-entropy works on the logits in place
+    hook = model.output_layer.register_forward_hook(lambda m, i, o: outputs.append(o[0].clone()))
     with torch.no_grad():
-        return model(ids, positions, attention_mask=mask).numpy()
+        model(ids, positions, attention_mask=mask, labels=torch.from_numpy(TARGETS))
+    hook.remove()
+    per_depth = [x.transpose(0, 1).numpy() for x in outputs]  # [S, B, V] -> [B, S, V]
+    return per_depth[-1], np.stack(per_depth[:-1])
+
+
+def save_logits(prefix, result):
+    """`result` (logits') as prefix.logits.npy and prefix.mtp-logits.npy."""
+    np.save(f"{prefix}.logits.npy", result[0])
+    if result[1] is not None:
+        np.save(f"{prefix}.mtp-logits.npy", result[1])
 
 
 def save_megatron_lm(model, a, out, content_metadata=None, edit=None):
@@ -243,7 +348,9 @@ def save_megatron_lm(model, a, out, content_metadata=None, edit=None):
 
 def load_into(model, folder):
     from megatron.core import dist_checkpointing
-    state = dist_checkpointing.load({"model": model.sharded_state_dict()}, folder)
+    # a metadata dict, as Megatron-LM passes (megatron-core fills in the data-parallel group; the
+    # GPT model's MTP stage reads it from there)
+    state = dist_checkpointing.load({"model": model.sharded_state_dict(metadata={})}, folder)
     model.load_state_dict(state["model"], strict=True)  # as Megatron-LM's load_checkpoint
 
 
@@ -269,6 +376,24 @@ def unfused_norm_names(sharded):
         sharded[f"te.{i}"] = ShardedObject(
             "decoder.layers.self_attention.core_attention._extra_state", None, (layers,), (i,),
             replica_id=0)
+
+
+def te_latent_names(sharded):
+    """Transformer Engine's spec's names of an MLA model's norms: the latent norms fused into
+    linear_q_up_proj and linear_kv_up_proj, a dense layer's pre-MLP norm into mlp.linear_fc1
+    (layer_norm_weight); TE's empty core_attention and input_layernorm extra states."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+    renames = {"self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+               "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_",
+               "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+    for value in sharded.values():
+        for old, new in renames.items():
+            if hasattr(value, "key") and old in value.key:
+                value.key = value.key.replace(old, new)
+    for i in range(2):
+        for module in ("self_attention.core_attention", "input_layernorm"):
+            sharded[f"te.{module}.{i}"] = ShardedObject(
+                f"decoder.layers.{module}._extra_state", None, (2,), (i,), replica_id=0)
 
 
 def fp8_extra_state(sharded):
@@ -327,7 +452,7 @@ def save_job(out):
         a = megatron_args(kind)
         model = build(megatron_args(kind, apply_layernorm_1p=False))  # megatron-core's norms
         randomize(model, seed)
-        np.save(os.path.join(out, f"{kind}.logits.npy"), logits(model))
+        save_logits(os.path.join(out, kind), logits(model))
         if a.apply_layernorm_1p:
             one_minus(model)
         save_megatron_lm(model, a, os.path.join(out, kind))
@@ -346,6 +471,11 @@ def save_job(out):
         if kind == "moe-shared":
             save_megatron_lm(model, a, os.path.join(out, "moe-shared-singleton"),
                              content_metadata={"singleton_local_shards": True})
+        if kind == "deepseek-mla":
+            save_megatron_lm(model, a, os.path.join(out, "deepseek-mla-te-names"),
+                             edit=te_latent_names)
+        for variant, changes in REFUSED_ARGS.get(kind, {}).items():
+            save_megatron_lm(model, megatron_args(kind, **changes), os.path.join(out, variant))
 
 
 def common_args(folder):
@@ -356,7 +486,8 @@ def common_args(folder):
 
 
 def ranks_job(out, jobs):
-    """Two ranks: the llama save at TP 2 (logits) and PP 2; each export of `jobs` loaded."""
+    """Two ranks: the llama save at TP 2 (logits) and PP 2; each export of `jobs` loaded (and
+    saved again at PP 2, MLA ones at TP 2 too)."""
     import torch
     a = megatron_args("llama")
     for tp, pp in ((2, 1), (1, 2)):
@@ -366,7 +497,7 @@ def ranks_job(out, jobs):
         if pp == 1:
             result = logits(model)
             if torch.distributed.get_rank() == 0:
-                np.save(os.path.join(out, f"llama-tp{tp}.logits.npy"), result)
+                save_logits(os.path.join(out, f"llama-tp{tp}"), result)
         save_megatron_lm(model, a, os.path.join(out, f"llama-tp{tp}-pp{pp}"))
     for export in jobs:
         with open(os.path.join(export, "latest_checkpointed_iteration.txt")) as f:
@@ -379,9 +510,10 @@ def ranks_job(out, jobs):
             if pp == 1:
                 result = logits(model)
                 if torch.distributed.get_rank() == 0:
-                    np.save(f"{export}.tp{tp}.logits.npy", result)
-            else:
-                save_megatron_lm(model, a, f"{export}-pp2")
+                    save_logits(f"{export}.tp{tp}", result)
+            if pp == 2 or (tp == 2 and getattr(a, "multi_latent_attention", False)):
+                # (MLA at TP 2: its latent projections split by rows, its norms replicated)
+                save_megatron_lm(model, a, f"{export}-tp{tp}-pp{pp}")
 
 
 def main():

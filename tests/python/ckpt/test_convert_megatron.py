@@ -5,15 +5,17 @@ CPU in subprocesses: gloo, one process, then two ranks).
   query group, tied, q/k norms, q/k/v biases, Llama 3.1's RoPE scaling; GPT: LayerNorm, GELU,
   learned positions, biases, tied; Nemotron-like: LayerNorm saved as gamma - 1, squared ReLU,
   half-rotary RoPE, biases; Mixtral-like: experts on every layer; DeepSeek-V3-like: a dense layer,
-  then experts routed by biased sigmoid scores beside a gated shared expert) saved as Megatron-LM
-  saves them: braid's own loader loads the import and computes megatron-core's logits; the
+  then experts routed by biased sigmoid scores beside a gated shared expert; multi-latent
+  attention with a query latent and YaRN, without one and with plain RoPE; a DeepSeek-V3-like
+  model with an MTP depth; a Llama with two) saved as Megatron-LM saves them: braid's own loader
+  loads the import and computes megatron-core's logits and MTP depths' cross-entropies; the
   per-module norm names, the per-layer names of singleton_local_shards, a bf16 save and saves at
   TP 2 and at PP 2 import to the same bits; the iteration and consumed samples carry over (braid
   resumes there with --no-load-optim --no-load-rng)
 - export: checkpoints braid trained and saved (also laid out at TP 2 x PP 2) load into
   megatron-core GPTModels with dist_checkpointing.load under TP 1, TP 2 and PP 2 (Megatron-LM's
-  own way: common.pt read with weights_only), whose logits are braid's; import(export(x)) and
-  export(import(x)) are bit-exact
+  own way: common.pt read with weights_only), whose logits (and MTP depths' cross-entropies) are
+  braid's; import(export(x)) and export(import(x)) are bit-exact
 - refusals: one line naming what, where and what was expected, exit code 1
 """
 
@@ -32,7 +34,8 @@ import pytest
 
 import braid
 from braid.generate import config_from_metadata, load_model
-from megatron_checkpoints import CONSUMED, IDS, ITERATION, MODELS, PADDED_VOCAB, VOCAB
+from megatron_checkpoints import (CONSUMED, IDS, ITERATION, MODELS, PADDED_VOCAB, TARGETS,
+                                  VOCAB)
 from sharded_saves import reshard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -49,10 +52,11 @@ torch_dist = sys.modules["megatron_torch_dist"]
 
 # braid models of the export tests (trained one step by braid, saved by braid's C++).
 BRAID_MODELS = {
-    # with linear position interpolation (--rotary-seq-len-interpolation-factor 2)
+    # with linear position interpolation (--rotary-seq-len-interpolation-factor 2) and
+    # interleaved RoPE pairs (--rotary-interleaved)
     "llama": dict(normalization="rmsnorm", activation="swiglu", position_embedding="rope",
                   num_query_groups=2, add_bias_linear=False, tie_embeddings=False,
-                  rope_theta=500000.0, rope_linear_factor=2.0),
+                  rope_theta=500000.0, rope_linear_factor=2.0, rotary_interleaved=True),
     "gpt": dict(normalization="layernorm", activation="gelu", position_embedding="learned",
                 num_query_groups=4, add_bias_linear=True, tie_embeddings=True),
     # GELU's two forms where Megatron-LM's rule needs a flag: the exact one with biases
@@ -71,6 +75,24 @@ BRAID_MODELS = {
                 moe_router_enable_expert_bias=True, moe_router_bias_update_rate=0.02,
                 moe_router_topk_scaling_factor=2.5, moe_shared_expert_intermediate_size=48,
                 moe_shared_expert_gate=True, moe_layers=[0, 1]),
+    # DeepSeek-V3-like: multi-latent attention with a query latent and YaRN (factor 4, mscale 0.9,
+    # mscale_all_dim 0.7), the moe model's experts, an MTP depth (with experts, as the last layer)
+    "mla-mtp": dict(normalization="rmsnorm", activation="swiglu", position_embedding="rope",
+                    num_query_groups=4, add_bias_linear=False, tie_embeddings=False,
+                    multi_latent_attention=True, q_lora_rank=24, kv_lora_rank=32, qk_head_dim=16,
+                    qk_pos_emb_head_dim=8, v_head_dim=16, qk_layernorm=True,
+                    rope_yarn_factor=4.0, rope_yarn_mscale=0.9, rope_yarn_mscale_all_dim=0.7,
+                    rope_original_max_position_embeddings=4096, num_experts=4,
+                    moe_router_topk=2, moe_ffn_hidden_size=32,
+                    moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+                    moe_router_bias_update_rate=0.02, moe_router_topk_scaling_factor=2.5,
+                    moe_shared_expert_intermediate_size=48, moe_layers=[0, 1], mtp_num_layers=1),
+    # no query latent, plain RoPE, LayerNorm (the latent norm's bias), tied
+    "mla-plain": dict(normalization="layernorm", activation="swiglu", position_embedding="rope",
+                      num_query_groups=4, add_bias_linear=False, tie_embeddings=True,
+                      multi_latent_attention=True, q_lora_rank=0, kv_lora_rank=24,
+                      qk_head_dim=8, qk_pos_emb_head_dim=16, v_head_dim=12, qk_layernorm=True,
+                      rope_theta=50000.0),
 }
 BRAID_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, kv_channels=16,
                    ffn_hidden_size=160, vocab_size=VOCAB, max_position_embeddings=64,
@@ -127,6 +149,36 @@ def braid_logits(ckpt):
     return np.from_dlpack(model.logits(IDS))
 
 
+def mtp_cross_entropies(mtp_logits, vocab):
+    """Per MTP depth k (1-based) of megatron-core's logits [D, B, S, V]: (the sum of the
+    cross-entropies of its first `vocab` columns against TARGETS shifted left by k, their
+    count), the last k positions having no target."""
+    out = []
+    for k, x in enumerate(mtp_logits.astype(np.float64)[..., :vocab], start=1):
+        x, targets = x[:, :-k], TARGETS[:, k:]
+        top = x.max(axis=-1, keepdims=True)
+        lse = top[..., 0] + np.log(np.exp(x - top).sum(axis=-1))
+        out.append(((lse - np.take_along_axis(x, targets[..., None], -1)[..., 0]).sum(),
+                    targets.size))
+    return out
+
+
+def braid_mtp_losses(model):
+    """braid's MTP depths' (sum of cross-entropies, count) for IDS and TARGETS."""
+    model.take_mtp_losses()
+    model.forward(IDS, TARGETS)
+    return model.take_mtp_losses()
+
+
+def assert_mtp_matches(braid, megatron, what):
+    assert len(braid) == len(megatron)
+    for k, ((got, n), (want, m)) in enumerate(zip(braid, megatron), start=1):
+        err = abs(got - want) / abs(want)
+        print(f"{what}: MTP depth {k} cross-entropy sum, braid vs megatron-core, relative "
+              f"difference {err:.1e}")
+        assert n == m and err <= LOGITS_RTOL
+
+
 def model_tensors(ckpt):
     return convert_hf.read_checkpoint(str(ckpt))[1]
 
@@ -179,7 +231,7 @@ def exported(megatron, tmp_path_factory):
     for kind in BRAID_MODELS:
         model = braid_checkpoint(out / f"{kind}-braid", kind)
         runs[kind] = dict(braid=out / f"{kind}-braid", logits=np.from_dlpack(model.logits(IDS)),
-                          megatron=out / kind)
+                          megatron=out / kind, mtp=braid_mtp_losses(model))
         code, err = tool("export", "--load", out / f"{kind}-braid", "--megatron-dir", out / kind)
         assert code == 0, err
     # the llama's tensors as braid's tp = 2, pp = 2 save lays them out (with optimizer state)
@@ -203,10 +255,23 @@ def test_import_computes_megatrons_logits(megatron, tmp_path, kind):
     err = relative_error(got, want)
     print(f"{kind}: braid vs megatron-core logits, max relative difference {err:.1e}")
     assert err <= LOGITS_RTOL
+    if MODELS[kind].get("mtp_num_layers"):
+        model, _ = load_model(str(ckpt))
+        assert_mtp_matches(braid_mtp_losses(model),
+                           mtp_cross_entropies(np.load(megatron / f"{kind}.mtp-logits.npy"),
+                                               PADDED_VOCAB), kind)
     c = metadata(ckpt)["config"]
     assert c["vocab_size"] == PADDED_VOCAB
+    assert c.get("mtp_num_layers", 0) == (MODELS[kind].get("mtp_num_layers") or 0)
+    assert c.get("multi_latent_attention", False) == MODELS[kind].get("multi_latent_attention",
+                                                                       False)
+    if kind == "deepseek-mla":
+        assert (c["q_lora_rank"], c["kv_channels"], c["rope_yarn_factor"],
+                c["rope_yarn_mscale_all_dim"]) == (24, 24, 4.0, np.float32(0.7))
+    if kind == "deepseek-v3-mtp":  # Megatron-LM's --rope-type default: YaRN, its factor 1
+        assert (c["rope_yarn_factor"], c["rope_original_max_position_embeddings"]) == (1.0, 4096)
     assert c["zero_centered_gamma"] == (kind == "nemotron-1p")
-    assert c["tie_embeddings"] == (kind in ("gpt", "gpt-erf", "qwen-tied"))
+    assert c["tie_embeddings"] == (kind in ("gpt", "gpt-erf", "qwen-tied", "mla-no-q-lora"))
     if kind.startswith("gpt"):  # the fused bias-GELU's tanh form, the unfused exact one
         assert c["activation"] == {"gpt": "gelu", "gpt-erf": "gelu_exact"}[kind]
 
@@ -245,12 +310,14 @@ def test_imported_metadata_carries_the_iteration(megatron, tmp_path):
 
 @pytest.mark.parametrize("variant, base", [("llama-unfused-names", "llama"),
                                            ("llama-singleton", "llama"),
-                                           ("moe-shared-singleton", "moe-shared")])
+                                           ("moe-shared-singleton", "moe-shared"),
+                                           ("deepseek-mla-te-names", "deepseek-mla")])
 def test_import_reads_every_naming(megatron, tmp_path, variant, base):
     """The per-module norm names (input_layernorm, pre_mlp_layernorm) with a Transformer Engine
-    spec's core_attention extra state and an optimizer tensor, and megatron-core's per-layer
-    (and per-expert) names with SwiGLU's fc1 as weight_w / weight_v (singleton_local_shards):
-    the same model."""
+    spec's core_attention extra state and an optimizer tensor, megatron-core's per-layer (and
+    per-expert) names with SwiGLU's fc1 as weight_w / weight_v (singleton_local_shards), and
+    an MLA model's norms under Transformer Engine's spec's names (linear_q_up_proj's,
+    linear_kv_up_proj's and mlp.linear_fc1's layer_norm_weight): the same model."""
     want = model_tensors(imported(megatron, base, tmp_path / base))
     code, err = tool("import", "--megatron-dir", megatron / variant, "--save", tmp_path / "ckpt")
     assert code == 0, err
@@ -312,18 +379,53 @@ def test_export_of_an_import_is_megatrons_save(megatron, tmp_path):
     assert (tmp_path / "out" / "latest_checkpointed_iteration.txt").read_text() == str(ITERATION)
 
 
+# The norms export writes under both specs' names, a name of one beside the other's.
+SPEC_TWINS = (("self_attention.linear_q_up_proj.layer_norm_", "self_attention.q_layernorm."),
+              ("self_attention.linear_kv_up_proj.layer_norm_", "self_attention.kv_layernorm."),
+              ("mlp.linear_fc1.layer_norm_", "pre_mlp_layernorm."))
+
+
+def drop_spec_twins(got, want):
+    """Takes out of `got` the norms not in `want` (a local spec's save) that are its norms under
+    the other spec's names, each checked equal to its twin; returns their names."""
+    dropped = []
+    for name in sorted(set(got) - set(want)):
+        twins = [name.replace(a, b) for a, b in SPEC_TWINS + tuple((b, a) for a, b in SPEC_TWINS)
+                 if a in name]
+        twin = next((t for t in twins if t in want), None)
+        assert twin is not None, name
+        np.testing.assert_array_equal(got.pop(name).array, got[twin].array, err_msg=name)
+        dropped.append(name)
+    return dropped
+
+
 def test_export_of_an_imported_mixture_of_experts(megatron, tmp_path):
     """The same with experts on the second layer only (megatron-core's per-layer names), and the
     pre-MLP norm of that layer also under Transformer Engine's name."""
     got, objects, want, want_objects = export_of_import(megatron, "moe-shared", tmp_path)
-    te_norm = got.pop("decoder.layers.1.pre_mlp_layernorm.weight")
-    np.testing.assert_array_equal(te_norm.array,
-                                  got["decoder.layers.1.mlp.linear_fc1.layer_norm_weight"].array)
+    assert drop_spec_twins(got, want) == ["decoder.layers.1.pre_mlp_layernorm.weight"]
     assert_same_tensors(got, want)
     assert {k for k in want_objects if "_extra_state" in k} <= set(objects)
     args = torch_dist.read_common(str(tmp_path / "out" / ITER))["args"]
     assert (args.num_experts, args.moe_layer_freq, args.moe_router_score_function) == (
         4, [0, 1], "sigmoid")
+
+
+def test_export_of_an_imported_mla_with_mtp(megatron, tmp_path):
+    """The same for multi-latent attention with an MTP depth with experts (megatron-core's
+    mtp.layers.0.*): its tensors and extra states; the latent norms and the dense layer's pre-MLP
+    norm also under Transformer Engine's names; the MLA and MTP arguments given back."""
+    got, objects, want, want_objects = export_of_import(megatron, "deepseek-v3-mtp", tmp_path)
+    twins = drop_spec_twins(got, want)
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in twins
+    assert "mtp.layers.0.transformer_layer.self_attention.linear_kv_up_proj.layer_norm_weight" \
+        in twins
+    assert any(name.startswith("mtp.layers.0.transformer_layer.mlp.experts.") for name in want)
+    assert_same_tensors(got, want)
+    assert {k for k in want_objects if "_extra_state" in k} <= set(objects)
+    args = torch_dist.read_common(str(tmp_path / "out" / ITER))["args"]
+    assert (args.multi_latent_attention, args.q_lora_rank, args.mtp_num_layers,
+            args.rope_type) == (True, 24, 1, "yarn")
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -340,12 +442,17 @@ def test_export_loads_into_megatron_core(exported, kind):
         print(f"{kind} export at TP {tp}: megatron-core vs braid logits, max relative "
               f"difference {err:.1e}")
         assert err <= LOGITS_RTOL
+        if BRAID_MODELS[kind].get("mtp_num_layers"):
+            mtp = np.load(f"{run['megatron']}.tp{tp}.mtp-logits.npy")
+            assert np.all(mtp[..., VOCAB:] == 0)
+            assert_mtp_matches(run["mtp"], mtp_cross_entropies(mtp, VOCAB),
+                               f"{kind} export at TP {tp}")
 
 
 @pytest.mark.parametrize("kind", sorted(BRAID_MODELS))
 def test_export_round_trips(exported, tmp_path, kind):
-    """import(export(x)) is x bit for bit, and so is what megatron-core loaded at PP 2 and saved
-    again (but for the vocabulary rows its model pads with zeros)."""
+    """import(export(x)) is x bit for bit, and so is what megatron-core loaded at PP 2 (MLA also
+    at TP 2) and saved again (but for the vocabulary rows its model pads with zeros)."""
     run = exported[kind]
     want = model_tensors(run["braid"])
     back = imported(run["megatron"].parent, kind, tmp_path / "back")
@@ -358,12 +465,16 @@ def test_export_round_trips(exported, tmp_path, kind):
     assert len(shared) >= 25
     assert {k: back_meta["config"][k] for k in shared} == {k: braid_meta["config"][k]
                                                           for k in shared}
-    resaved = model_tensors(imported(run["megatron"].parent, f"{kind}-pp2", tmp_path / "pp2"))
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in want:
-            assert not resaved[name].array[VOCAB:].any()
-            resaved[name] = resaved[name].like(resaved[name].array[:VOCAB])
-    assert_same_tensors(resaved, want)
+    layouts = ["tp1-pp2"] + (["tp2-pp1"] if BRAID_MODELS[kind].get("multi_latent_attention")
+                             else [])
+    for layout in layouts:
+        resaved = model_tensors(imported(run["megatron"].parent, f"{kind}-{layout}",
+                                         tmp_path / layout))
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in want:
+                assert not resaved[name].array[VOCAB:].any()
+                resaved[name] = resaved[name].like(resaved[name].array[:VOCAB])
+        assert_same_tensors(resaved, want)
 
 
 def test_export_assembles_any_layout(exported, tmp_path):
@@ -438,15 +549,25 @@ def test_refuses_what_it_does_not_map(megatron, tmp_path):
     assert_refused(["import", "--megatron-dir", megatron / "llama-fp8", "--save", tmp_path / "d"],
                    "core_attention._extra_state/shard_0_2 holds Transformer Engine state (FP8",
                    "--drop-fp8-state")
+    for variant, phrases in (
+            ("mla-bias", ("args.add_bias_linear = True is not supported", "--disable-bias-linear")),
+            ("mla-rope-mscale", ("args.mscale_all_dim = 1.0", "g(mscale_all_dim)^2")),
+            ("mtp-learned", ("args.mtp_num_layers 2 with learned positions", "need RoPE"))):
+        assert_refused(["import", "--megatron-dir", megatron / variant, "--save",
+                        tmp_path / variant], *phrases)
     dropped = imported(megatron, "llama-fp8", tmp_path / "d", "--drop-fp8-state")
     assert_same_tensors(model_tensors(dropped),
                         model_tensors(imported(megatron, "llama", tmp_path / "e")))
 
 
 def test_export_refuses_models_megatron_does_not_compute(exported, tmp_path):
-    for n, (edit, phrase) in enumerate((
-            (dict(multi_latent_attention=True), "multi-latent attention"),)):
-        ckpt = edited_copy(exported["gpt"]["braid"], tmp_path / f"ckpt{n}", **edit)
+    for n, (kind, edit, phrase) in enumerate((
+            ("llama", dict(rope_linear_factor=0.0, rope_yarn_factor=4.0),
+             "YaRN RoPE (rope_yarn_factor) without multi-latent attention"),
+            ("mla-mtp", dict(rope_original_max_position_embeddings=8192),
+             "original context, beta_fast and beta_slow (8192, 32.0, 1.0)"),
+            ("mla-plain", dict(rope_linear_factor=2.0), "linear RoPE interpolation"))):
+        ckpt = edited_copy(exported[kind]["braid"], tmp_path / f"ckpt{n}", **edit)
         assert_refused(["export", "--load", ckpt, "--megatron-dir", tmp_path / "out"], phrase)
     assert_refused(["export", "--load", exported["gpt"]["braid"], "--megatron-dir",
                     exported["gpt"]["megatron"]], "already holds a checkpoint")
