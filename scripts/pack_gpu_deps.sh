@@ -33,8 +33,10 @@ debs=(libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev libgfortran5 
       libatomic1)
 # Not carried: libc6, libgcc-s1, libstdc++6, zlib1g, libudev1 (in every base image); hwloc's
 # plugins (X11/OpenCL/PCI discovery, optional); OpenMPI's Fortran/Java compilers.
-# Pinned in requirements*.txt but not carried: the GPU machine's own builds match its CUDA.
-not_carried='^(torch|numpy)$'
+# Pinned in requirements*.txt but not carried: the GPU machine's own builds match its CUDA;
+# wandb (a 20 MiB wheel with its Go core, and a dozen dependencies) logs nothing GPU-specific:
+# its test (tests/python/engine/test_pretrain_gpt_wandb.py) skips where it is missing.
+not_carried='^(torch|numpy|wandb)$'
 # Needed next to the pins (requirements pin only the top of each tree); versions from .venv.
 companions=(pluggy iniconfig tokenizers)
 gpu_python=3.12

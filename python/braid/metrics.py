@@ -17,8 +17,12 @@ draws them). A truncated tail, the record or line a writer was in the middle of,
 files of a running or crashed job read up to their last complete record. A record whose CRC
 does not match, or a line in the middle that is not JSON, is an error naming the file.
 
-This module imports nothing from braid's C++ extension; only the caller decides which rank
-writes (``enabled=False`` makes every method a no-op that creates no file).
+With ``wandb_run`` (a Weights & Biases run, braid.wandb_log), every ``scalars`` call is also
+logged to it (the same names and values as the JSON line, at ``step``), and ``close`` finishes
+the run.
+
+This module imports nothing from braid's C++ extension, nor wandb; only the caller decides
+which rank writes (``enabled=False`` makes every method a no-op that creates no file).
 """
 
 import glob
@@ -265,15 +269,19 @@ _file_counter = 0  # the <n> of events.out.tfevents.<time>.<host>.<pid>.<n>, per
 
 class MetricsWriter:
     """Writes scalars to a TensorBoard event file in ``tensorboard_dir`` and/or one JSON line
-    per call to ``jsonl_path`` (appended to, so a resumed job continues its file). Both are
-    optional; with ``enabled=False`` (every rank but the one that logs) nothing is created."""
+    per call to ``jsonl_path`` (appended to, so a resumed job continues its file) and/or the
+    W&B run ``wandb_run`` (``wandb.init``'s, which ``close`` finishes). All are optional; with
+    ``enabled=False`` (every rank but the one that logs) nothing is created."""
 
-    def __init__(self, tensorboard_dir=None, jsonl_path=None, *, enabled=True):
+    def __init__(self, tensorboard_dir=None, jsonl_path=None, *, enabled=True, wandb_run=None):
         global _file_counter
         self._events = self._jsonl = None
+        self._wandb = wandb_run
         self.event_path = None
         self.closed = False
         if not enabled:
+            if wandb_run is not None:
+                raise ValueError("MetricsWriter: a disabled writer takes no wandb_run")
             return
         if tensorboard_dir is not None:
             tensorboard_dir = os.fspath(tensorboard_dir)
@@ -294,23 +302,25 @@ class MetricsWriter:
             self._jsonl = open(jsonl_path, "a", encoding="utf-8", buffering=1)
 
     def scalars(self, step: int, values: dict) -> None:
-        """Records ``values`` ({name: number}) at ``step``: one Event (float32 values) and one
-        JSON line (values as given; NaN and infinities as Python's json writes them)."""
+        """Records ``values`` ({name: number}) at ``step``: one Event (float32 values), one
+        JSON line (values as given; NaN and infinities as Python's json writes them) and one
+        W&B log call (the same values; W&B's steps must not go back)."""
         if self.closed:
             raise ValueError("MetricsWriter.scalars: the writer is closed")
-        if not values or (self._events is None and self._jsonl is None):
+        if not values or (self._events is None and self._jsonl is None and self._wandb is None):
             return
         now = time.time()
         if self._events is not None:
             items = [(str(name), float(value)) for name, value in values.items()]
             self._events.write(_record(_event(now, int(step), values=items)))
             self._events.flush()
+        scalars = {str(name): value if isinstance(value, int) else float(value)
+                   for name, value in values.items()}
         if self._jsonl is not None:
-            record = {"step": int(step), "time": now}
-            for name, value in values.items():
-                record[str(name)] = value if isinstance(value, int) else float(value)
-            self._jsonl.write(json.dumps(record) + "\n")
+            self._jsonl.write(json.dumps({"step": int(step), "time": now, **scalars}) + "\n")
             self._jsonl.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=int(step))
 
     def flush(self) -> None:
         """Pushes what was written to the operating system (``scalars`` already does)."""
@@ -319,11 +329,15 @@ class MetricsWriter:
                 f.flush()
 
     def close(self) -> None:
+        """Closes the files and finishes the W&B run (W&B writes out the run's last step)."""
         for f in (self._events, self._jsonl):
             if f is not None:
                 f.close()
         self._events = self._jsonl = None
         self.closed = True
+        if self._wandb is not None:
+            run, self._wandb = self._wandb, None
+            run.finish()
 
     def __enter__(self):
         return self
