@@ -60,8 +60,9 @@ BIAS_SUFFIX = "e_score_correction_bias"
 FORMAT = "braid-checkpoint"
 # The newest format read; 2 marks a model with MoE router features version-1 readers do not know,
 # 3 one with multi-latent attention or YaRN, 4 one with multi-token prediction, 5 one with linear
-# RoPE interpolation (checkpoint.h), each written only for such a model (format_version).
-FORMAT_VERSION = 5
+# RoPE interpolation, 6 one with interleaved RoPE pairs outside multi-latent attention
+# (checkpoint.h), each written only for such a model (format_version).
+FORMAT_VERSION = 6
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
 SHARD_FILE = "mp_rank_00_000.safetensors"
@@ -337,6 +338,8 @@ def weights_dtype(tensors, hf_dir):
 
 def format_version(config) -> int:
     """braid's format_version (csrc/engine/checkpoint_config.cpp) for a model config."""
+    if config.get("rotary_interleaved") and not config.get("multi_latent_attention"):
+        return 6
     if config.get("rope_linear_factor", 0.0) > 0:
         return 5
     if config.get("mtp_num_layers", 0) > 0:
@@ -513,6 +516,9 @@ def export_hf(load, out, iteration=None, mtp=True):
     config = meta["config"]
     if not mtp:
         tensors, config = without_mtp(tensors, config)
+    check(not config.get("rotary_interleaved"), "this braid model pairs RoPE's channels "
+          "interleaved (rotary_interleaved, Megatron's --rotary-interleaved); the transformers "
+          "architectures convert_hf.py writes pair them as rotate_half")
     if config.get("multi_latent_attention"):
         arch = latent_attention_architecture(config, meta.get("hf_config"))
     elif not config.get("num_experts"):

@@ -39,6 +39,7 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rope_yarn_mscale_all_dim", c.rope_yarn_mscale_all_dim},
       {"rope_linear_factor", c.rope_linear_factor},
       {"rotary_percent", c.rotary_percent},
+      {"rotary_interleaved", c.rotary_interleaved},
       {"window_size", c.window_size},
       {"window_layers", c.window_layers},
       {"num_experts", c.num_experts},
@@ -71,6 +72,8 @@ int format_version(const model::TransformerConfig& c) {
       (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
        c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
        c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
+  // A version-5 reader would ignore the interleaving and pair RoPE's channels as rotate_half.
+  if (c.rotary_interleaved && !c.multi_latent_attention) return 6;
   // A version-4 reader would ignore the linear interpolation and turn RoPE by whole positions.
   if (c.rope_linear_factor > 0) return 5;
   // A version-3 reader would ignore the MTP depths' tensors and train without them.

@@ -131,6 +131,13 @@ void Trainer::set_iterations(int64_t iteration, int64_t skipped, int64_t update_
   update_samples_ = update_samples;
 }
 
+void Trainer::pass_iteration() {
+  BRAID_CHECK(config_.global_batch_size > 0,
+              "Trainer::pass_iteration needs TrainerConfig.global_batch_size (schedules that "
+              "count samples), else the schedules would count the passed iteration as an update");
+  ++iteration_;
+}
+
 double Trainer::schedule_iterations() const {
   // Exact for full batches: k * b / b is k in doubles.
   return config_.global_batch_size > 0 ? double(update_samples_) / double(config_.global_batch_size)

@@ -322,6 +322,8 @@ void TransformerConfig::validate() const {
                        "TransformerConfig.rope_linear_factor needs position_embedding = rope");
     BRAID_CONFIG_CHECK(rotary_percent == 1.0,
                        "TransformerConfig.rotary_percent needs position_embedding = rope");
+    BRAID_CONFIG_CHECK(!rotary_interleaved,
+                       "TransformerConfig.rotary_interleaved needs position_embedding = rope");
   }
   BRAID_CONFIG_CHECK(window_size >= -1,
                      "TransformerConfig.window_size must be >= 0 (the keys before each query a "
@@ -422,6 +424,10 @@ void TransformerConfig::validate() const {
                      "TransformerConfig.norm_eps must be positive and finite, got ", norm_eps);
   BRAID_CONFIG_CHECK(init_std > 0 && std::isfinite(init_std),
                      "TransformerConfig.init_std must be positive and finite, got ", init_std);
+  BRAID_CONFIG_CHECK(embedding_init_std >= 0 && std::isfinite(embedding_init_std),
+                     "TransformerConfig.embedding_init_std must be positive and finite (0: "
+                     "init_std), got ",
+                     embedding_init_std);
   BRAID_CONFIG_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
                      "TransformerConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout);
   BRAID_CONFIG_CHECK(attention_dropout == 0,

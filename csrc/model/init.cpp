@@ -15,6 +15,8 @@ InitRule init_rule(const ParamSpec& spec, const TransformerConfig& config) {
   if (ends_with("layernorm.weight") || ends_with("norm.weight"))
     return {config.zero_centered_gamma ? InitKind::zeros : InitKind::ones, 0};
   if (ends_with(".bias")) return {InitKind::zeros, 0};
+  if (is_embedding(spec) && config.embedding_init_std > 0)
+    return {InitKind::normal, config.embedding_init_std};
   if (ends_with("o_proj.weight") || ends_with("down_proj.weight"))
     return {InitKind::normal,
             float(double(config.init_std) / std::sqrt(2.0 * double(config.num_layers)))};

@@ -8,7 +8,7 @@ namespace braid::model {
 namespace {
 
 // RoPE on each head's channels [first_channel, first_channel + rotary_dim()); MLA's pairs are
-// interleaved (DeepSeek's and megatron-core's).
+// always interleaved (DeepSeek's and megatron-core's), the others with rotary_interleaved.
 ops::RotaryFrequencies rotary(const TransformerConfig& c, int64_t first_channel) {
   return {.theta = c.rope_theta,
           .llama3_factor = c.rope_scaling_factor,
@@ -17,7 +17,7 @@ ops::RotaryFrequencies rotary(const TransformerConfig& c, int64_t first_channel)
           .original_max_positions = float(c.rope_original_max_position_embeddings),
           .rotary_dim = c.rotary_dim(),
           .first_channel = first_channel,
-          .interleaved = c.multi_latent_attention,
+          .interleaved = c.multi_latent_attention || c.rotary_interleaved,
           .linear_factor = c.rope_linear_factor,
           .yarn_factor = c.rope_yarn_factor,
           .yarn_beta_fast = c.rope_yarn_beta_fast,

@@ -241,6 +241,10 @@ void bind_engine(py::module_& m) {
           py::return_value_policy::reference_internal,
           "The ParallelModel it trains (for the one-process constructor, its internal "
           "one-rank wrapper of the GPTModel).")
+      .def("pass_iteration", &Trainer::pass_iteration,
+           "Counts an iteration that trains on nothing (--iterations-to-skip): the iteration "
+           "advances; parameters, optimizer state, the schedules' position and the skipped "
+           "count stay. Not collective.")
       .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations)
       .def_property_readonly("update_samples", &Trainer::update_samples,
                              "Samples (over all DP ranks) of the updates taken.")

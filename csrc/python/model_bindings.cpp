@@ -56,6 +56,7 @@ void bind_model(py::module_& m) {
                      &TransformerConfig::rope_original_max_position_embeddings)
       .def_readwrite("rope_yarn_factor", &TransformerConfig::rope_yarn_factor)
       .def_readwrite("rope_linear_factor", &TransformerConfig::rope_linear_factor)
+      .def_readwrite("rotary_interleaved", &TransformerConfig::rotary_interleaved)
       .def_readwrite("rope_yarn_beta_fast", &TransformerConfig::rope_yarn_beta_fast)
       .def_readwrite("rope_yarn_beta_slow", &TransformerConfig::rope_yarn_beta_slow)
       .def_readwrite("rope_yarn_mscale", &TransformerConfig::rope_yarn_mscale)
@@ -100,6 +101,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("mtp_num_layers", &TransformerConfig::mtp_num_layers)
       .def_readwrite("mtp_loss_scaling_factor", &TransformerConfig::mtp_loss_scaling_factor)
       .def_readwrite("init_std", &TransformerConfig::init_std)
+      .def_readwrite("embedding_init_std", &TransformerConfig::embedding_init_std)
       .def_readwrite("hidden_dropout", &TransformerConfig::hidden_dropout)
       .def_readwrite("attention_dropout", &TransformerConfig::attention_dropout)
       .def_readwrite("make_vocab_size_divisible_by",

@@ -20,7 +20,7 @@ import os
 import re
 
 from braid import (attention_args, checkpoint_args, checkpoint_flags, moe_args, pipeline_args,
-                   recompute_args, schedule_args, window_args)
+                   recompute_args, schedule_args, validation_sets, wandb_log, window_args)
 from braid.megatron_flags import NO_EFFECT, ONLY_VALUE, UNSUPPORTED, only_value_error  # noqa: F401
 
 
@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rotary-percent", type=pos_float, default=1.0,
                    help="the fraction of each head RoPE turns, its leading channels "
                         "(GPT-NeoX and StableLM: 0.25)")
+    g.add_argument("--rotary-interleaved", action="store_true",
+                   help="RoPE pairs channels 2i and 2i + 1 (GPT-J's), not i and i + half")
     g.add_argument("--use-rope-scaling", action="store_true",
                    help="Llama 3.1's RoPE frequency scaling (with --position-embedding-type rope)")
     g.add_argument("--rope-scaling-factor", type=pos_float, default=None,
@@ -139,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --mtp-num-layers: the weight of the mean of the MTP layers' losses "
                         f"in the training loss (default {MTP_LOSS_SCALING_FACTOR:g})")
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
+    g.add_argument("--embedding-init-method-std", type=pos_float, default=None,
+                   help="the word and position embeddings' init std; given, they also take no "
+                        "weight decay (Megatron's rule)")
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
                    help="must be 0: braid's flash-style attention keeps no probabilities")
@@ -164,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --train-samples: start the global batch at START and grow it by "
                         "INCREMENT, evenly over the first SAMPLES samples, up to "
                         "--global-batch-size")
+    g.add_argument("--iterations-to-skip", type=nonneg_int, nargs="+", default=[], metavar="N",
+                   help="drop the batch of the iteration after N completed ones (the step "
+                        "logged as N + 1: Megatron's count) without training on it")
     g.add_argument("--seed", type=nonneg_int, default=1234)
     g.add_argument("--exit-interval", type=pos_int, default=None)
     g.add_argument("--exit-duration-in-mins", type=pos_float, default=None)
@@ -233,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--skip-train", action="store_true",
                    help="no training: evaluate the validation and test splits (of the --load "
                         "checkpoint, or the initial model) and exit")
+    validation_sets.add_arguments(g)
 
     checkpoint_flags.add_arguments(p, pos_int, nonneg_int)
 
@@ -276,6 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--profile-step-end", type=pos_int, default=12)
     g.add_argument("--profile-ranks", type=nonneg_int, nargs="+", default=[0],
                    help="global ranks to trace")
+    wandb_log.add_arguments(g)
 
     g = p.add_argument_group("braid")
     g.add_argument("--device", default=None, choices=["cpu", "cuda"],
@@ -440,8 +450,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
                f"--hidden-size {a.hidden_size} is not divisible by --num-attention-heads "
                f"{a.num_attention_heads} (or give the head width with --kv-channels)")
         a.kv_channels = a.hidden_size // a.num_attention_heads
-    _check(not a.skip_train or a.eval_iters > 0, "--skip-train evaluates: it needs --eval-iters "
-           "> 0")
+    _check(not a.skip_train or a.eval_iters > 0 or a.full_validation, "--skip-train evaluates: "
+           "it needs --eval-iters > 0 (or --full-validation)")
     if not a.group_query_attention:
         a.num_query_groups = a.num_attention_heads
     _check(a.num_attention_heads % a.num_query_groups == 0,
@@ -488,6 +498,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
             _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))
     from braid import tokenizer_args
     tokenizer_args.validate(a, _check, check_files)
+    validation_sets.validate(a, _check)
     if a.addition_data:
         from braid import addition
         _check(a.seq_length in (None, addition.SEQ_LENGTH),
@@ -524,6 +535,8 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            "way of stretching RoPE's positions at a time)")
     _check(a.rotary_percent == 1.0 or a.position_embedding_type == "rope",
            "--rotary-percent needs --position-embedding-type rope")
+    _check(not a.rotary_interleaved or a.position_embedding_type == "rope",
+           "--rotary-interleaved needs --position-embedding-type rope")
     rotary_dim = int(a.kv_channels * a.rotary_percent)  # Megatron's and HF's rounding
     _check(a.position_embedding_type != "rope" or a.multi_latent_attention  # MLA: attention_args
            or (rotary_dim > 0 and rotary_dim % 2 == 0),
@@ -623,6 +636,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(a.exit_cost is None or a.gpu_hour_price is not None,
            "--exit-cost needs --gpu-hour-price (the price of one device-hour)")
     checkpoint_flags.validate(a, _check)
+    wandb_log.validate(a, _check)
     # Profiling.
     if a.profile:
         _check(a.tensorboard_dir is not None,

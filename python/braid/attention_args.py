@@ -148,6 +148,10 @@ def check(a) -> str | None:
         (a.use_rope_scaling,
          "--use-rope-scaling with --multi-latent-attention: megatron-core builds MLA's RoPE "
          "without Llama 3.1's scaling"),
+        (a.rotary_interleaved,
+         "--rotary-interleaved with --multi-latent-attention: multi-latent attention pairs its "
+         "RoPE channels interleaved already (DeepSeek's), and megatron-core refuses the flag "
+         "with it"),
         (a.qk_pos_emb_head_dim % 2 != 0,
          f"--qk-pos-emb-head-dim {a.qk_pos_emb_head_dim} must be even: RoPE turns pairs of "
          "channels"),
@@ -213,4 +217,6 @@ def describe(cfg) -> str:
                   + (f", beta {betas[0]:g} / {betas[1]:g}" if betas != (32.0, 1.0) else "") + ")")
     if getattr(cfg, "rope_linear_factor", 0.0) > 0:
         words += f", RoPE positions interpolated by 1/{cfg.rope_linear_factor:g}"
+    if getattr(cfg, "rotary_interleaved", False) and not cfg.multi_latent_attention:
+        words += ", interleaved RoPE pairs"
     return words

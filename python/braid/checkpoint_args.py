@@ -40,6 +40,7 @@ FROM_CHECKPOINT = {
     "tie_embeddings": lambda v: [("untie_embeddings_and_output_weights", not v)],
     "rope_theta": lambda v: [("rotary_base", v)],
     "rotary_percent": lambda v: [("rotary_percent", v)],
+    "rotary_interleaved": lambda v: [("rotary_interleaved", v)],
     "rope_scaling_factor": lambda v: [("use_rope_scaling", v > 0),
                                       ("rope_scaling_factor", v if v > 0 else None)],
     # Megatron's flags set the factor only; the rest of Llama 3.1's rule is fixed.
@@ -89,7 +90,7 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
                "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0,
-               "rope_linear_factor": 0.0, **MEGATRON_ROPE_SCALING}
+               "rope_linear_factor": 0.0, "rotary_interleaved": False, **MEGATRON_ROPE_SCALING}
 
 # Arguments only a model with multi-latent attention has: none (not given) for the others.
 LATENT_ATTENTION_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
@@ -187,6 +188,7 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "rope_yarn_mscale": "--rope-type yarn --mscale",
             "rope_yarn_mscale_all_dim": "--rope-type yarn --mscale-all-dim",
             "rope_linear_factor": "--rotary-seq-len-interpolation-factor",
+            "rotary_interleaved": "--rotary-interleaved",
             "norm_eps": "--norm-epsilon",
             "window_size": "--window-size",
             "window_layers": "--window-attn-skip-freq",

@@ -39,7 +39,7 @@ _CONFIG_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_g
                 "rope_high_freq_factor", "rope_original_max_position_embeddings",
                 "rope_yarn_factor", "rope_yarn_beta_fast", "rope_yarn_beta_slow",
                 "rope_yarn_mscale", "rope_yarn_mscale_all_dim", "rope_linear_factor",
-                "rotary_percent", "window_size",
+                "rotary_percent", "rotary_interleaved", "window_size",
                 "window_layers", "num_experts",
                 "moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax",
                 "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layers",

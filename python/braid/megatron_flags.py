@@ -43,10 +43,6 @@ UNSUPPORTED = {
                                    "--recompute-granularity trades compute for memory instead",
     "--use-torch-fsdp2": "braid's data parallelism is DDP with an optional ZeRO-1 optimizer "
                          "(--use-distributed-optimizer)",
-    "--wandb-project": "Weights & Biases logging is not implemented; use --tensorboard-dir",
-    "--wandb-exp-name": "see --wandb-project",
-    "--wandb-save-dir": "see --wandb-project",
-    "--wandb-entity": "see --wandb-project",
     "--use-pytorch-profiler": "braid is not PyTorch: --profile writes braid's own traces (Chrome "
                               "trace format) to --tensorboard-dir/traces",
 }

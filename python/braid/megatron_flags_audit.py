@@ -200,9 +200,6 @@ AUDIT_UNSUPPORTED = {
                                                   "megatron-core's GPT)",
     "--fp32-residual-connection": "braid's residual stream is in the activations' dtype "
                                   "(bf16 with --bf16)",
-    "--rotary-interleaved": "braid's RoPE pairs each head's first half of channels with its "
-                            "second half (rotate_half); interleaved pairs are multi-latent "
-                            "attention's only",
     "--no-rope-freq": "braid applies RoPE in every layer",
     "--quick-geglu": "braid's MLP activations are GELU, --swiglu and --squared-relu",
     "--activation-func-clamp-value": "see --quick-geglu",
@@ -212,9 +209,6 @@ AUDIT_UNSUPPORTED = {
     "--init-method-xavier-uniform": "braid initialises weights from a normal of "
                                     "--init-method-std (output projections std / sqrt(2 x "
                                     "layers))",
-    "--embedding-init-method-std": "braid initialises the embedding with --init-method-std "
-                                   "like the other weights, and decays it (Megatron's "
-                                   "setting also exempts it from weight decay)",
     "--data-parallel-random-init": "braid initialises every data-parallel replica alike, "
                                    "from --seed",
     "--encoder-num-layers": "Megatron reads it as --num-layers when that is not given; use "
@@ -229,17 +223,14 @@ AUDIT_UNSUPPORTED = {
     "--decrease-batch-size-if-needed": "braid refuses a --global-batch-size that "
                                        "--micro-batch-size x dp does not divide; it never "
                                        "shrinks the batch",
-    "--iterations-to-skip": "Megatron consumes these iterations' batches without training on "
-                            "them; braid trains on every iteration's batch",
-    "--result-rejected-tracker-filename": "Megatron skips the iterations this file lists (as "
-                                          "--iterations-to-skip); braid trains on every "
-                                          "iteration's batch",
+    "--result-rejected-tracker-filename": "Megatron's rerun engine records the iterations "
+                                          "whose results it rejected in this file and adds "
+                                          "them to --iterations-to-skip; braid has no rerun "
+                                          "engine: give the iterations to "
+                                          "--iterations-to-skip",
     "--data-args-path": "braid takes the blend on its command line: --data-path",
     "--per-split-data-args-path": "braid takes the blends on its command line: "
                                   "--train-data-path, --valid-data-path, --test-data-path",
-    "--full-validation": "braid's evaluations run --eval-iters batches each, not the whole "
-                         "validation split",
-    "--multiple-validation-sets": "braid's validation datasets form one blend with one loss",
     # Checkpoints.
     "--pretrained-checkpoint": "braid starts from --load's checkpoint (--finetune: its "
                                "parameters only)",

@@ -13,8 +13,11 @@ loss scale, grad norm, skipped and nan iterations) plus tokens/s, model TFLOP/s 
 MFU (braid.flops), peak memory and, with ``--gpu-hour-price``, the
 cost so far (of the whole run, over its jobs) and projected; on a terminal a progress bar with
 the ETA stays below the lines. Every ``--eval-interval`` iterations and at the end it prints
-the validation loss, and at the end the test loss where the data has a test split.
-``--tensorboard-dir`` gets TensorBoard event files and ``metrics.jsonl`` (braid.metrics).
+the validation loss (of each set with ``--multiple-validation-sets``, over whole sets with
+``--full-validation``: braid.validation_sets), and at the end the test loss where the data has a
+test split.
+``--tensorboard-dir`` gets TensorBoard event files and ``metrics.jsonl`` (braid.metrics),
+``--wandb-project`` the same scalars in a Weights & Biases run (braid.wandb_log).
 Checkpoints, resuming under any layout and the exit conditions are those of
 docs/checkpoints.md.
 
@@ -32,7 +35,7 @@ import time
 import numpy as np
 
 import braid
-from braid import attention_args, flops, moe_args, schedule_args, tokenizer_args
+from braid import attention_args, flops, moe_args, schedule_args, tokenizer_args, wandb_log
 from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.checkpoint_flags import Retention
@@ -82,6 +85,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
     cfg.rotary_percent = a.rotary_percent
+    cfg.rotary_interleaved = a.rotary_interleaved
     if a.use_rope_scaling:  # Megatron's: Llama 3.1's rule, the factor from the flag
         cfg.rope_scaling_factor = a.rope_scaling_factor or 8.0
         cfg.rope_low_freq_factor = MEGATRON_ROPE_SCALING["rope_low_freq_factor"]
@@ -104,6 +108,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.zero_centered_gamma = a.apply_layernorm_1p
     cfg.tie_embeddings = not a.untie_embeddings_and_output_weights
     cfg.init_std = a.init_method_std
+    cfg.embedding_init_std = a.embedding_init_method_std or 0.0
     cfg.hidden_dropout = a.hidden_dropout
     cfg.attention_dropout = a.attention_dropout
     cfg.params_dtype = "bf16" if a.bf16 and a.device == "cuda" else "f32"
@@ -118,7 +123,10 @@ def model_config(a) -> braid.TransformerConfig:
 
 def trainer_config(a) -> braid.TrainerConfig:
     optimizer = braid.AdamWConfig(lr=a.lr, beta1=a.adam_beta1, beta2=a.adam_beta2, eps=a.adam_eps,
-                                  weight_decay=a.weight_decay, clip_grad=a.clip_grad)
+                                  weight_decay=a.weight_decay, clip_grad=a.clip_grad,
+                                  # Megatron's: every matrix decays, the embeddings unless
+                                  # --embedding-init-method-std gives them their own init
+                                  decay_embeddings=a.embedding_init_method_std is None)
     schedule = braid.LRSchedule(lr=a.lr, min_lr=a.min_lr, warmup_iters=a.lr_warmup_iters,
                                 decay_iters=a.lr_decay_iters, style=a.lr_decay_style,
                                 warmup_init=a.lr_warmup_init,
@@ -171,6 +179,7 @@ def main(argv=None) -> int:
     try:
         a = parse_args(argv, launched_processes())
         cfg = model_config(a)
+        wandb = wandb_log.module(a)  # every rank imports it: without it, all fail alike
     except (ArgumentError, ValueError) as e:
         return error_exit(str(e))  # found alike on every rank, before any collective
 
@@ -183,7 +192,7 @@ def main(argv=None) -> int:
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
     print_arguments(a, log)
     for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
-            tokenizer_args.notes(a) + device_and_position_notes(a):
+            tokenizer_args.notes(a) + device_and_position_notes(a) + wandb_log.notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
@@ -266,7 +275,12 @@ def main(argv=None) -> int:
         return earlier_device_seconds + (time.time() - start) * state.world_size
     first = trainer.iteration + 1
 
-    data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
+    try:
+        data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
+    except ValueError as e:  # from the datasets' sizes, which every rank builds alike
+        return error_exit(str(e))
+    for line in data.notes:
+        log(line)
     device_name = braid.cuda_device_name(int(device[5:])) if device != "cpu" and rank == 0 \
         else "cpu"
     meter = Meter(a, cfg, device_name, job.local_world_size, start) if rank == 0 else None
@@ -280,8 +294,10 @@ def main(argv=None) -> int:
         log(f"braid: ramping up the global batch size from {start_batch} by {increment} to "
             f"{a.global_batch_size} over {ramp_samples} samples: {a.train_iters} iterations for "
             f"{a.train_samples} samples")
-    metrics = MetricsWriter(a.tensorboard_dir, a.metrics_jsonl,
-                            enabled=rank == 0 and bool(a.tensorboard_dir or a.metrics_jsonl))
+    wandb_run = wandb_log.start(wandb, a) if rank == 0 else None  # rank 0 has every scalar
+    metrics = MetricsWriter(a.tensorboard_dir, a.metrics_jsonl, wandb_run=wandb_run,
+                            enabled=rank == 0 and bool(a.tensorboard_dir or a.metrics_jsonl
+                                                       or wandb_run is not None))
     saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
     # --save-retain-interval: rank 0 deletes after each commit, never during a save.
     retention = Retention(a.save, a.save_retain_interval, log, enabled=rank == 0)
@@ -322,27 +338,30 @@ def main(argv=None) -> int:
             retention.close()
 
     def evaluate(iteration, test=False):
-        """--eval-iters batches of the validation split (or, at the end, of the test split)."""
-        if (data.test if test else data.valid) is None:
+        """Each validation set's batches (braid.validation_sets), or at the end --eval-iters
+        batches of the test split: Megatron's block and tags, `-{index}` per set with
+        --multiple-validation-sets."""
+        if test and data.test is not None and a.eval_iters:
+            sets = [("", (data.test.next() for _ in range(a.eval_iters)))]
+        elif not test and data.valid is not None:
+            sets = [(s.suffix, s.evaluation()) for s in data.valid]
+        else:
             return
-        losses = []
-        for _ in range(a.eval_iters):
-            batch = data.test.next() if test else data.next_valid()
-            losses.append(trainer.evaluate(batch.tokens, data.targets(batch),
-                                           batch.num_microbatches))
-        if a.empty_unused_memory_level >= 1:
-            braid.empty_cache(device)
-        loss = float(np.mean(losses))
-        ppl = math.exp(min(loss, 20.0))
-        bar.clear()
-        where = f"iteration {iteration}" + (" on test set" if test else "")
-        line = (f" validation loss at {where} | lm loss value: {loss:.6E} | "
-                f"lm loss PPL: {ppl:.6E} | ")
-        log("-" * len(line))
-        log(line)
-        log("-" * len(line))
-        name = "lm loss test" if test else "lm loss validation"
-        metrics.scalars(iteration, {name: loss, f"{name} ppl": ppl})
+        for suffix, batches in sets:
+            loss = float(np.mean([trainer.evaluate(batch.tokens, data.targets(batch),
+                                                   batch.num_microbatches) for batch in batches]))
+            if a.empty_unused_memory_level >= 1:
+                braid.empty_cache(device)
+            ppl = math.exp(min(loss, 20.0))
+            bar.clear()
+            where = f"iteration {iteration}" + (" on test set" if test else "")
+            line = (f" validation{suffix} loss at {where} | lm loss value: {loss:.6E} | "
+                    f"lm loss PPL: {ppl:.6E} | ")
+            log("-" * len(line))
+            log(line)
+            log("-" * len(line))
+            name = "lm loss test" if test else f"lm loss validation{suffix}"
+            metrics.scalars(iteration, {name: loss, f"{name} ppl": ppl})
 
     # mpirun gives its ranks a pseudo-terminal whatever its own output is, so under a launcher
     # the bar is shown only when asked for (--progress-bar on).
@@ -394,6 +413,10 @@ def main(argv=None) -> int:
     job_samples = max(a.train_end_samples - start_samples, 1)  # for the projections
     batch_size = None  # the last step's global batch (it changes only under a ramp)
     stats = None
+    # Megatron's --iterations-to-skip N counts the N iterations completed before the step, so
+    # it drops the step logged as N + 1. The same on every rank: no collective runs for it.
+    to_skip = set(a.iterations_to_skip)
+    dropped = 0  # iterations whose batch was dropped
     for it in range(first, a.train_iters + 1):
         profile_begin(it)
         batch = data.train.next()
@@ -405,6 +428,17 @@ def main(argv=None) -> int:
             log(f"braid: ramping up the global batch size from {batch_size} to "
                 f"{batch.global_batch_size} at iteration {it}")
         batch_size = batch.global_batch_size
+        if it - 1 in to_skip:  # Megatron's: no step, schedule, log line, evaluation, save, exit
+            trainer.pass_iteration()
+            dropped += 1
+            report.skipped_train_samples += batch_size
+            bar.clear()
+            log(f"braid: iteration {it}: its batch of {batch_size} samples dropped "
+                f"(--iterations-to-skip {it - 1})")
+            if it == profile_end - 1:
+                profile_done(it)
+            bar.show(it, train_start, data.train.consumed_samples - start_samples, job_samples)
+            continue
         stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
         if a.empty_unused_memory_level >= 1:
             braid.empty_cache(device)
@@ -420,7 +454,7 @@ def main(argv=None) -> int:
         bar.show(it, train_start, done_samples, job_samples)
         if saver is not None and a.async_save and saver.poll(trainer):  # collective
             retention.committed(saver.last_committed)  # a background save just committed
-        if a.eval_iters and it % a.eval_interval == 0 and it != a.train_iters:
+        if a.validates and it % a.eval_interval == 0 and it != a.train_iters:
             evaluate(it)
         if a.save_interval and it % a.save_interval == 0:
             save(it)
@@ -437,7 +471,7 @@ def main(argv=None) -> int:
             metrics.close()
             return 0
     bar.clear()
-    if a.eval_iters and trainer.iteration >= first:
+    if a.validates and trainer.iteration >= first:
         evaluate(trainer.iteration)
         evaluate(trainer.iteration, test=True)
         if data.no_test:
@@ -446,9 +480,12 @@ def main(argv=None) -> int:
         save(trainer.iteration)
         finish_saves()
     metrics.close()
+    if dropped:  # Megatron's skipped_train_samples (this job's)
+        log(f"braid: --iterations-to-skip dropped the batches of {dropped} iteration"
+            f"{'s' if dropped > 1 else ''}: {report.skipped_train_samples} samples not trained on")
     if meter is not None:
         seconds = time.time() - start
-        iterations = trainer.iteration - first + 1
+        iterations = trainer.iteration - first + 1 - dropped
         cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1),
                           earlier_device_seconds)
         earlier = (f" + {earlier_device_seconds / 3600:.4f} device-hours of the run's earlier "

@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from braid import addition
+from braid import addition, validation_sets
 from braid.data import (BatchLayout, DataLoader, IndexedDataset, build_gpt_datasets,
                         build_mock_gpt_datasets, mock_lengths, parse_data_path, parse_split,
                         split_documents)
@@ -68,13 +68,19 @@ class Data:
     def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
         train_samples = 0 if a.skip_train else a.train_data_samples
         evals = a.train_iters // a.eval_interval + 1
-        valid_samples = evals * a.eval_iters * a.global_batch_size
+        # --full-validation: one epoch of each validation set (megatron-core's size None).
+        valid_samples = None if a.full_validation else evals * a.eval_iters * a.global_batch_size
         test_samples = a.eval_iters * a.global_batch_size  # Megatron's: one evaluation, at the end
-        # Megatron's: the validation position follows from the iteration (resumes alike).
-        valid_consumed = iteration // a.eval_interval * a.eval_iters * a.global_batch_size
+        # Megatron's: the validation position follows from the evaluations before the iteration
+        # (resumes alike); an iteration --iterations-to-skip drops evaluates nothing.
+        dropped = {n + 1 for n in a.iterations_to_skip
+                   if (n + 1) % a.eval_interval == 0 and n + 1 <= iteration}
+        valid_consumed = (iteration // a.eval_interval - len(dropped)) * a.eval_iters * \
+            a.global_batch_size
         self.answer_only = a.addition_data
         self.eod_mask = a.eod if a.eod_mask_loss else None
-        self.valid = self.test = None
+        self.valid = self.test = None  # valid: the validation_sets.ValidationSet list
+        self.notes = validation_sets.notes(a)  # for the log
         self.no_test = None  # why a --data-path run has no test evaluation, if it has none
         # Training steps ramp under --rampup-batch-size; evaluation takes full batches (Megatron).
         def loader(ds, consumed, rampup=None):
@@ -96,16 +102,24 @@ class Data:
         train, valid, test = datasets
         # None: --skip-train
         self.train = loader(train, consumed, a.rampup_batch_size) if train is not None else None
-        if a.eval_iters and valid is not None:
-            self.restart_valid = lambda: loader(valid, 0)
-            self.valid = loader(valid, valid_consumed % len(valid))
+        sets = []  # (name, size, loader from a position)
+        if a.validates and valid is not None:
+            names = [" ".join(p) for p in validation_sets.valid_prefixes(a) or []] or \
+                [f"{' '.join(a.data_path)} (--split {a.split})" if a.data_path else "mock data"]
+            for name, ds in zip(names, valid if isinstance(valid, list) else [valid]):
+                sets.append((name, len(ds), lambda at, ds=ds: loader(ds, at)))
+        elif a.validates and a.addition_data:
+            count = max(a.global_batch_size, 1024)
+            sample = addition_valid_sample(a.seed, count)
+            sets.append(("the held-out addition problems", count, lambda at: ArrayLoader(
+                sample, a.micro_batch_size, full, dp_rank, a.dp, at, num_samples=count)))
+        if sets:  # the same sizes on every rank: a ValueError on one is one on all
+            self.valid = [validation_sets.ValidationSet(a, i, *s, valid_consumed)
+                          for i, s in enumerate(sets)]
+            if a.full_validation or a.multiple_validation_sets:
+                self.notes += [s.describe(a.global_batch_size) for s in self.valid]
         if test is not None:
             self.test = loader(test, 0)
-        elif a.eval_iters and a.addition_data:
-            count = max(a.global_batch_size, 1024)
-            self.valid = ArrayLoader(addition_valid_sample(a.seed, count), a.micro_batch_size,
-                                     full, dp_rank, a.dp, valid_consumed % count,
-                                     num_samples=count)
 
     @staticmethod
     def _empty_test_split(a):
@@ -137,14 +151,16 @@ class Data:
             out = []
             paths = (a.train_data_path, a.valid_data_path, a.test_data_path)
             for i, (path, n) in enumerate(zip(paths, samples)):
-                if not path or not n:
+                if not path or n == 0:
                     out.append(None)
                     continue
                 sizes = [0, 0, 0]
-                sizes[i] = n
+                sizes[i] = n  # None: one epoch (--full-validation)
                 split = ",".join("1" if j == i else "0" for j in range(3))
-                out.append(build_gpt_datasets(path, a.seq_length, sizes, split=split,
-                                              seed=a.seed, cache_path=cache)[i])
+                each = validation_sets.valid_prefixes(a) if i == 1 else [path]
+                built = [build_gpt_datasets(p, a.seq_length, sizes, split=split, seed=a.seed,
+                                            cache_path=cache)[i] for p in each]
+                out.append(built if a.multiple_validation_sets and i == 1 else built[0])
             return tuple(out)
         train_samples = samples[0]
         if not train_samples:  # --skip-train: the held-out problems validate
@@ -167,10 +183,3 @@ class Data:
             return np.where(np.asarray(batch.tokens) == self.eod_mask, -1, labels).astype(
                 labels.dtype)
         return labels
-
-    def next_valid(self):
-        batch = self.valid.next()
-        if batch is None:  # a validation split shorter than the run's evaluations: start over
-            self.valid = self.restart_valid()
-            batch = self.valid.next()
-        return batch

@@ -176,6 +176,9 @@ class IterationLog:
                            if a.moe_per_layer_logging and cfg.num_experts > 0 and experts]
         self.interval_start = train_start
         self.interval_iters = self.interval_samples = self.skipped = self.nans = 0
+        # Megatron's skipped_train_samples: the batches --iterations-to-skip dropped (the loop
+        # adds them; a dropped iteration is not reported, nor counted in the interval).
+        self.skipped_train_samples = 0
 
     def step(self, it, stats, batch_size, consumed_samples, done_samples, job_samples):
         """Reports iteration `it` (its StepStats, its global batch): `consumed_samples` in all,
@@ -187,7 +190,7 @@ class IterationLog:
         self.nans += not math.isfinite(stats.loss)
         logged = it % a.log_interval == 0 or it == a.train_iters
         # By the arguments alone (not by rank 0's writer): params_norm() is collective.
-        recorded = bool(a.tensorboard_dir or a.metrics_jsonl) and \
+        recorded = bool(a.tensorboard_dir or a.metrics_jsonl or a.wandb_project) and \
             it % a.tensorboard_log_interval == 0
         # Collective (every rank, the same iterations): Megatron's --log-params-norm.
         params_norm = self.trainer.params_norm() if a.log_params_norm and (logged or recorded) \
@@ -220,6 +223,8 @@ class IterationLog:
                   "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
                   "mem-peak-gb": stats.peak_memory_bytes / 1e9,
                   "skipped-iterations": self.trainer.skipped_iterations}
+        if self.skipped_train_samples:  # Megatron's tag, once there are any
+            values["skipped-train-samples"] = self.skipped_train_samples
         if self.balancing:
             values["load_balancing_loss"] = stats.load_balancing_loss
         if self.z_loss:
@@ -259,7 +264,10 @@ class IterationLog:
         self.bar.clear()
         self.log(
             f" [{_now()}] iteration {it:8d}/{a.train_iters:8d} | consumed samples: "
-            f"{consumed_samples:12d} | elapsed time per iteration (ms): "
+            f"{consumed_samples:12d} | "
+            + (f"skipped samples: {self.skipped_train_samples:12d} | "
+               if self.skipped_train_samples else "")
+            + f"elapsed time per iteration (ms): "
             f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | "
             + (f"decoupled learning rate: {stats.decoupled_lr:.6E} | "
                if a.decoupled_lr is not None else "")

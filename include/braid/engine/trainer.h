@@ -115,6 +115,11 @@ class Trainer {
   const TrainerConfig& config() const { return config_; }
   // A loaded checkpoint's counters (checkpoint.h).
   void set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples);
+  // Counts an iteration that trains on nothing (Megatron's --iterations-to-skip: its batch is
+  // read and dropped): the iteration advances; parameters, optimizer state, the schedules'
+  // position (update_samples) and the skipped count stay. Needs schedules that count samples
+  // (TrainerConfig::global_batch_size), since an iteration count would take it as an update.
+  void pass_iteration();
 
   // Records each train_step on `trace` (null: none, the default): a "step" span on lane
   // "step", forwards, backwards and the optimizer on "compute", the pipeline's exchanges on

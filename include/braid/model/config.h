@@ -75,6 +75,10 @@ struct TransformerConfig {
   // The fraction of each head RoPE turns: its first int(head_dim x rotary_percent) channels
   // (Megatron's --rotary-percent, HF's partial_rotary_factor: StableLM, GPT-NeoX, Phi).
   double rotary_percent = 1.0;
+  // RoPE's channel pairs: false, HF Llama's rotate_half (channel i with i + R/2); true, GPT-J's
+  // interleaved pairs (2i with 2i + 1; Megatron's --rotary-interleaved). Multi-latent attention
+  // always interleaves (DeepSeek's).
+  bool rotary_interleaved = false;
   float norm_eps = 1e-5f;
   bool add_bias_linear = true;
   // Biases on the query, key and value projections alone (Qwen2's; Megatron's --add-qkv-bias);
@@ -162,6 +166,9 @@ struct TransformerConfig {
   // Qwen3-MoE's mlp_only_layers). Empty: every layer. Only with num_experts > 0.
   std::vector<int64_t> moe_layers;
   float init_std = 0.02f;
+  // The std of the word and position embeddings' normal init (Megatron's
+  // --embedding-init-method-std); 0: init_std.
+  float embedding_init_std = 0.0f;
   float hidden_dropout = 0.0f;
   float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
   DType params_dtype = DType::f32;

@@ -3,7 +3,8 @@
 // element index): element i of parameter `name` is
 //   std * normal_from_words(random_words(seed, philox::stream_of(name), i))
 // for weights, with std = init_std, and init_std / sqrt(2 * num_layers) for the output
-// projections o_proj and down_proj (Megatron's scaled init); biases are 0 and norm weights 1.
+// projections o_proj and down_proj (Megatron's scaled init), embedding_init_std for the word and
+// position embeddings when it is set; biases are 0 and norm weights 1.
 // A TP/PP shard therefore initialises to exactly its slice of the unsharded weights.
 
 #include <cstdint>

@@ -230,6 +230,38 @@ TEST(Trainer, SchedulesCountTheSamplesOfTheUpdates) {
   EXPECT_EQ(counting.schedule_iterations(), 8.0);
 }
 
+// A passed iteration (--iterations-to-skip) advances the iteration alone: the parameters, the
+// optimizer's state and step, the schedules' position and the skipped count stay, and the next
+// step trains as if the passed one had not been.
+TEST(Trainer, PassedIterationChangesNothingButTheCount) {
+  const TransformerConfig c = small_gpt2();
+  GPTModel passing(c, testing::default_test_device(), 6);
+  GPTModel plain(c, testing::default_test_device(), 6);
+  ParallelModel passing_wrapped(passing), plain_wrapped(plain);
+  const TrainerConfig config{AdamWConfig{}, warmup_cosine(1e-2f, 2, 10), {}, {}, "1f1b", 4};
+  Trainer with_pass(passing_wrapped, config), without(plain_wrapped, config);
+  const Batch first = make_batch(4, 8, c.vocab_size, 1), second = make_batch(4, 8, c.vocab_size, 2);
+  with_pass.train_step(first.ids, first.targets);
+  without.train_step(first.ids, first.targets);
+  const std::vector<float> before = host_floats(passing.flat_params());
+  with_pass.pass_iteration();
+  EXPECT_EQ(with_pass.iteration(), 2);
+  EXPECT_EQ(with_pass.skipped_iterations(), 0);
+  EXPECT_EQ(with_pass.update_samples(), 4);
+  EXPECT_EQ(with_pass.schedule_iterations(), 1.0);
+  EXPECT_EQ(with_pass.optimizer().step(), 1);
+  EXPECT_EQ(host_floats(passing.flat_params()), before);
+  const StepStats a = with_pass.train_step(second.ids, second.targets);
+  const StepStats b = without.train_step(second.ids, second.targets);
+  EXPECT_EQ(a.lr, b.lr);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(host_floats(passing.flat_params()), host_floats(plain.flat_params()));
+  EXPECT_EQ(with_pass.iteration(), 3);
+  // Schedules that count iterations would take the passed one for an update: refused.
+  Trainer counting(plain, AdamWConfig{}, warmup_cosine(1e-2f, 2, 10));
+  EXPECT_THROW(counting.pass_iteration(), Error);
+}
+
 TEST(Trainer, InvalidScheduleIsRejected) {
   GPTModel model(small_gpt2(), testing::default_test_device(), 6);
   EXPECT_THROW({ Trainer t(model, AdamWConfig{}, warmup_cosine(1e-3f, 10, 10)); }, ConfigError);

@@ -78,6 +78,15 @@ TEST(Init, RulesPerParameterKind) {
   EXPECT_NEAR(s3, 0.05 / 4.0, 0.0005);
   const auto [m4, s4] = moments("model.embed_tokens.weight");
   EXPECT_NEAR(s4, 0.05, 0.002);
+  // Megatron's --embedding-init-method-std: the word and position embeddings' own std; the
+  // output layer keeps init_std.
+  c.embedding_init_std = 0.2f;
+  c.tie_embeddings = false;
+  EXPECT_NEAR(moments("model.embed_tokens.weight").second, 0.2, 0.008);
+  EXPECT_NEAR(moments("model.embed_positions.weight").second, 0.2, 0.008);
+  EXPECT_NEAR(moments("lm_head.weight").second, 0.05, 0.002);
+  EXPECT_NEAR(moments("model.layers.2.mlp.up_proj.weight").second, 0.05, 0.002);
+  c.embedding_init_std = 0.0f;
   for (const char* name :
        {"model.layers.2.input_layernorm.weight", "model.layers.2.post_attention_layernorm.weight",
         "model.norm.weight", "model.layers.2.self_attn.q_norm.weight",

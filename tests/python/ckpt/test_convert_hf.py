@@ -577,6 +577,20 @@ def test_export_refuses_what_no_hf_architecture_holds():
         convert_hf.braid_architecture(dict(c, activation="squared_relu", qk_layernorm=True))
 
 
+def test_export_refuses_interleaved_rope(tmp_path):
+    # --rotary-interleaved pairs RoPE's channels as GPT-J does; the exported architectures pair
+    # them as rotate_half, so the export would compute another model.
+    _, ckpt = imported(tmp_path, "mistral-sliding-window")
+    meta_path = ckpt / "iter_0000000" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["config"]["rotary_interleaved"] = True
+    meta_path.write_text(json.dumps(meta))
+    r = run_tool("export", "--load", ckpt, "--hf-dir", tmp_path / "out")
+    assert r.returncode == 1 and "pairs RoPE's channels interleaved (rotary_interleaved" in \
+        r.stderr, r.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_windowed_llama_exports_as_qwen2_with_zero_biases(tmp_path):
     # A braid model windowed on some layers and without biases (as --window-attn-skip-freq
     # trains one) has no Llama or Mistral form: it exports as Qwen2 with q, k, v biases of zero,

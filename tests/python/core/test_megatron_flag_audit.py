@@ -36,7 +36,7 @@ NO_EFFECT_SAMPLE = [("--use-dist-ckpt", False, "see --ckpt-format"),
 UNSUPPORTED_SAMPLE = [("--apply-residual-connection-post-layernorm", "pre-norm"),
                       ("--fp32-residual-connection", "activations' dtype"),
                       ("--init-method-xavier-uniform", "--init-method-std"),
-                      ("--iterations-to-skip", "every iteration's batch"),
+                      ("--result-rejected-tracker-filename", "give the iterations to --iterations-to-skip"),
                       ("--checkpoint-activations", "--recompute-activations")]
 
 

@@ -66,6 +66,8 @@ def parse(*args, world_size=1):
      "--num-query-groups 2 with --multi-latent-attention: every head has its own key and value"),
     ([*MLA, "--rotary-percent", "0.5"], "--rotary-percent 0.5 with --multi-latent-attention"),
     ([*MLA, "--use-rope-scaling"], "--use-rope-scaling with --multi-latent-attention"),
+    ([*MLA, "--rotary-interleaved"], "--rotary-interleaved with --multi-latent-attention: "
+     "multi-latent attention pairs its RoPE channels interleaved already"),
     ([*MLA, "--qk-pos-emb-head-dim", "5"], "--qk-pos-emb-head-dim 5 must be even"),
     ([*MLA, "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4", "--v-head-dim", "13"],
      "--v-head-dim 13 exceeds --qk-head-dim 8 + --qk-pos-emb-head-dim 4"),

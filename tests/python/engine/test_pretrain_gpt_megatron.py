@@ -181,7 +181,7 @@ def test_exit_on_missing_checkpoint(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"braid: error: --exit-on-missing-checkpoint: no checkpoint in {tmp_path / 'none'}" \
         in r.stderr
-    assert "iteration" not in r.stdout
+    assert not log_lines(r.stdout), r.stdout  # no iteration ran
 
 
 def test_uneven_pipeline_stages_train_like_one_process(one_process, tmp_path):
@@ -367,6 +367,51 @@ def test_linear_position_interpolation_is_part_of_the_model(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --rotary-seq-len-interpolation-factor 4 from the checkpoint" in r.stdout, \
         r.stdout
+
+
+def test_interleaved_rope_trains_like_one_process_and_is_part_of_the_model(tmp_path):
+    # Megatron's --rotary-interleaved (GPT-J's pairs) trains alike under tp 2 x cp 2 (each
+    # chunk's positions) and otherwise than rotate_half's pairs; the checkpoint is format 6
+    # (older braids would pair the channels as rotate_half and must refuse it) and
+    # --use-checkpoint-args takes it back. (What it computes: megatron-core's logits,
+    # test_convert_megatron.py's llama-interleaved.)
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    import braid
+
+    ckpt = str(tmp_path / "ckpt")
+    runs = {}
+    for name, n, flags in (
+            ("one", 1, ["--rotary-interleaved"]),
+            ("tp_cp", 4, ["--rotary-interleaved", "--tensor-model-parallel-size", "2",
+                          "--context-parallel-size", "2", "--save", ckpt]),
+            ("rotate_half", 1, [])):
+        tb = str(tmp_path / name)
+        r = run(n, [*MODEL, *flags, "--train-iters", "8", "--eval-iters", "0",
+                    "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert ("interleaved RoPE pairs) on" in r.stdout) == (name != "rotate_half"), r.stdout
+        runs[name] = [losses(jsonl(os.path.join(tb, "metrics.jsonl")))[i] for i in range(1, 9)]
+    layouts = np.abs(np.array(runs["tp_cp"]) / runs["one"] - 1).max()
+    pairs = np.abs(np.array(runs["one"]) / runs["rotate_half"] - 1).max()
+    print(f"interleaved RoPE: tp2 x cp2 vs one process {layouts:.1e}, vs rotate_half {pairs:.1e}")
+    assert layouts < 1e-6 and pairs > 2e-5, runs
+    meta = braid.checkpoint_metadata(ckpt)
+    assert (meta["config"]["rotary_interleaved"], meta["format_version"]) == (True, 6)
+    r = run(1, [*MODEL, "--use-checkpoint-args", "--load", ckpt,
+                "--override-opt_param-scheduler", "--train-iters", "7", "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: --rotary-interleaved True from the checkpoint" in r.stdout, r.stdout
+    r = run(1, [*MODEL, "--load", ckpt, "--override-opt_param-scheduler", "--train-iters", "7",
+                "--eval-iters", "0"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "braid: warning: the checkpoint's model has rotary_interleaved True, this run's " \
+        "False (--rotary-interleaved)" in r.stdout, r.stdout
+    for flags, message in (
+            (["--position-embedding-type", "learned_absolute"],
+             "--rotary-interleaved needs --position-embedding-type rope"),):
+        r = run(1, [*MODEL, "--rotary-interleaved", *flags, "--train-iters", "1"])
+        assert r.returncode == 2 and f"braid: error: {message}" in r.stdout + r.stderr, \
+            r.stdout + r.stderr
 
 
 def test_sliding_window_trains_like_one_process_and_is_part_of_the_model(one_process, tmp_path):
