@@ -20,7 +20,8 @@ import os
 import re
 
 from braid import (attention_args, checkpoint_args, checkpoint_flags, moe_args, pipeline_args,
-                   recompute_args, schedule_args, validation_sets, wandb_log, window_args)
+                   recompute_args, schedule_args, validation_sets, wandb_log, window_args,
+                   data_args_files)
 from braid.megatron_flags import NO_EFFECT, ONLY_VALUE, UNSUPPORTED, only_value_error  # noqa: F401
 
 
@@ -223,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument(f"--{split}-data-path", nargs="+", default=None,
                        help=f"the {split} split's own datasets, used whole (instead of "
                             "--data-path and --split): PREFIX, or WEIGHT PREFIX ...")
+    data_args_files.add_arguments(g)
     g.add_argument("--mock-data", action="store_true",
                    help="megatron-core's mock data: its synthetic documents, samples and order")
     g.add_argument("--eod-mask-loss", action="store_true",
@@ -485,6 +487,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--adam-beta1 and --adam-beta2 must be < 1, got {a.adam_beta1}, {a.adam_beta2}")
 
     # Data.
+    data_args_files.resolve(a, _check, check_files)
     per_split = a.train_data_path or a.valid_data_path or a.test_data_path
     _check(not (a.data_path and per_split), "give --data-path (with --split) or "
            "--train-data-path / --valid-data-path / --test-data-path, not both")

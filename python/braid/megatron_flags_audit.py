@@ -228,9 +228,6 @@ AUDIT_UNSUPPORTED = {
                                           "them to --iterations-to-skip; braid has no rerun "
                                           "engine: give the iterations to "
                                           "--iterations-to-skip",
-    "--data-args-path": "braid takes the blend on its command line: --data-path",
-    "--per-split-data-args-path": "braid takes the blends on its command line: "
-                                  "--train-data-path, --valid-data-path, --test-data-path",
     # Checkpoints.
     "--pretrained-checkpoint": "braid starts from --load's checkpoint (--finetune: its "
                                "parameters only)",
