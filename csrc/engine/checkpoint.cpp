@@ -496,6 +496,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     // unless --finetune; --no-load-optim starts only the optimizer afresh.
     loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
     loop.device_seconds = meta.value("device_seconds", 0.0);
+    loop.skipped_train_samples = meta.value("skipped_train_samples", int64_t(0));
     const json& t = meta.at("trainer");
     const auto steps = t.at("iteration").get<int64_t>();
     const auto skipped = t.at("skipped_iterations").get<int64_t>();

@@ -107,6 +107,13 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
   BRAID_CONFIG_CHECK(saved_head_dim == config.head_dim(), where,
                      ": a different model - kv_channels (the head width) is ", saved_head_dim,
                      " in the checkpoint and ", config.head_dim(), " in this run");
+  // Checkpoints from before rotary_interleaved paired channels as rotate_half.
+  const bool saved_interleaved = saved.value("rotary_interleaved", false);
+  BRAID_CONFIG_CHECK(saved_interleaved == config.rotary_interleaved, where,
+                     ": a different model - rotary_interleaved (--rotary-interleaved) is ",
+                     saved_interleaved ? "true" : "false", " in the checkpoint and ",
+                     config.rotary_interleaved ? "true" : "false",
+                     " in this run (RoPE pairs its channels otherwise)");
   // Checkpoints from before rotary_percent turned whole heads. Percents that turn as many
   // channels are the same model.
   // MLA turns its qk_pos_emb_head_dim channels (compared with the other MLA fields below).

@@ -154,6 +154,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
               {"hysteresis_tracker", scaler.hysteresis_tracker}}},
             {"consumed_samples", loop.consumed_samples},
             {"device_seconds", loop.device_seconds},
+            {"skipped_train_samples", loop.skipped_train_samples},
             {"optimizer", options.save_optim},
             {"tensors", tensors}};
   // The weight decay's schedule (Megatron saves it with the learning rate's): constant is

@@ -325,6 +325,9 @@ void TransformerConfig::validate() const {
     BRAID_CONFIG_CHECK(!rotary_interleaved,
                        "TransformerConfig.rotary_interleaved needs position_embedding = rope");
   }
+  BRAID_CONFIG_CHECK(!(multi_latent_attention && rotary_interleaved),
+                     "TransformerConfig.rotary_interleaved with multi_latent_attention: MLA's RoPE "
+                     "pairs are interleaved already");
   BRAID_CONFIG_CHECK(window_size >= -1,
                      "TransformerConfig.window_size must be >= 0 (the keys before each query a "
                      "windowed layer sees) or -1 (no window), got ",

@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"in the training loss (default {MTP_LOSS_SCALING_FACTOR:g})")
     g.add_argument("--init-method-std", type=pos_float, default=0.02)
     g.add_argument("--embedding-init-method-std", type=pos_float, default=None,
-                   help="the word and position embeddings' init std; given, they also take no "
-                        "weight decay (Megatron's rule)")
+                   help="the word and position embeddings' init std (default: "
+                        "--init-method-std)")
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
     g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
                    help="must be 0: braid's flash-style attention keeps no probabilities")

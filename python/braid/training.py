@@ -124,9 +124,8 @@ def model_config(a) -> braid.TransformerConfig:
 def trainer_config(a) -> braid.TrainerConfig:
     optimizer = braid.AdamWConfig(lr=a.lr, beta1=a.adam_beta1, beta2=a.adam_beta2, eps=a.adam_eps,
                                   weight_decay=a.weight_decay, clip_grad=a.clip_grad,
-                                  # Megatron's: every matrix decays, the embeddings unless
-                                  # --embedding-init-method-std gives them their own init
-                                  decay_embeddings=a.embedding_init_method_std is None)
+                                  # megatron-core's: every matrix decays, the embeddings too
+                                  decay_embeddings=True)
     schedule = braid.LRSchedule(lr=a.lr, min_lr=a.min_lr, warmup_iters=a.lr_warmup_iters,
                                 decay_iters=a.lr_decay_iters, style=a.lr_decay_style,
                                 warmup_init=a.lr_warmup_init,
@@ -242,6 +241,7 @@ def main(argv=None) -> int:
 
     consumed = 0
     earlier_device_seconds = 0.0  # what the run's earlier jobs used (from the checkpoint)
+    earlier_skipped_samples = 0  # the samples their --iterations-to-skip dropped
     if a.load:
         if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
             if a.exit_on_missing_checkpoint:
@@ -265,6 +265,7 @@ def main(argv=None) -> int:
                 log(line)
             if not a.finetune:
                 earlier_device_seconds = meta.get("device_seconds", 0.0)
+                earlier_skipped_samples = meta.get("skipped_train_samples", 0)
             log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
                 f"({consumed} samples consumed"
                 + (f", {earlier_device_seconds / 3600:.4f} device-hours used"
@@ -326,7 +327,8 @@ def main(argv=None) -> int:
         nonlocal saved
         if saver is not None and saved != iteration:
             saver.save(trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
-                       save_rng=not a.no_save_rng, device_seconds=device_seconds())
+                       save_rng=not a.no_save_rng, device_seconds=device_seconds(),
+                       skipped_train_samples=report.skipped_train_samples)
             saved = iteration
             retention.committed(saver.last_committed)  # this save, or (async) the one before
 
@@ -408,7 +410,8 @@ def main(argv=None) -> int:
     train_start = time.time()
     report = IterationLog(a, cfg, trainer=trainer, state=state, device=device, meter=meter,
                           metrics=metrics, timers=timers, log=log, bar=bar,
-                          train_start=train_start, earlier_device_seconds=earlier_device_seconds)
+                          train_start=train_start, earlier_device_seconds=earlier_device_seconds,
+                          skipped_train_samples=earlier_skipped_samples)
     start_samples = data.train.consumed_samples
     job_samples = max(a.train_end_samples - start_samples, 1)  # for the projections
     batch_size = None  # the last step's global batch (it changes only under a ramp)
@@ -416,7 +419,6 @@ def main(argv=None) -> int:
     # Megatron's --iterations-to-skip N counts the N iterations completed before the step, so
     # it drops the step logged as N + 1. The same on every rank: no collective runs for it.
     to_skip = set(a.iterations_to_skip)
-    dropped = 0  # iterations whose batch was dropped
     for it in range(first, a.train_iters + 1):
         profile_begin(it)
         batch = data.train.next()
@@ -430,11 +432,7 @@ def main(argv=None) -> int:
         batch_size = batch.global_batch_size
         if it - 1 in to_skip:  # Megatron's: no step, schedule, log line, evaluation, save, exit
             trainer.pass_iteration()
-            dropped += 1
-            report.skipped_train_samples += batch_size
-            bar.clear()
-            log(f"braid: iteration {it}: its batch of {batch_size} samples dropped "
-                f"(--iterations-to-skip {it - 1})")
+            report.drop(it, batch_size)
             if it == profile_end - 1:
                 profile_done(it)
             bar.show(it, train_start, data.train.consumed_samples - start_samples, job_samples)
@@ -479,13 +477,10 @@ def main(argv=None) -> int:
     if saver is not None:
         save(trainer.iteration)
         finish_saves()
-    metrics.close()
-    if dropped:  # Megatron's skipped_train_samples (this job's)
-        log(f"braid: --iterations-to-skip dropped the batches of {dropped} iteration"
-            f"{'s' if dropped > 1 else ''}: {report.skipped_train_samples} samples not trained on")
+    report.dropped_summary()
     if meter is not None:
         seconds = time.time() - start
-        iterations = trainer.iteration - first + 1 - dropped
+        iterations = trainer.iteration - first + 1 - report.dropped
         cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1),
                           earlier_device_seconds)
         earlier = (f" + {earlier_device_seconds / 3600:.4f} device-hours of the run's earlier "
@@ -496,4 +491,5 @@ def main(argv=None) -> int:
             + (f"; cost {cost[0]:.4f} ({a.gpu_hour_price} per device-hour x "
                f"{state.world_size} devices x {seconds / 3600:.4f} h{earlier})" if cost else ""))
     state.barrier()
+    metrics.close()  # after the barrier: finishing a W&B run may upload for a while
     return 0

@@ -148,8 +148,6 @@ def _now():
     return datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
 
 
-
-
 class IterationLog:
     """Each training iteration's report: the scalars every --tensorboard-log-interval
     iterations (TensorBoard and JSONL: Megatron's tags) and Megatron's log line every
@@ -158,7 +156,7 @@ class IterationLog:
     across the job."""
 
     def __init__(self, a, cfg, *, trainer, state, device, meter, metrics, timers, log, bar,
-                 train_start, earlier_device_seconds):
+                 train_start, earlier_device_seconds, skipped_train_samples=0):
         self.a, self.trainer, self.state, self.device = a, trainer, state, device
         self.meter, self.metrics, self.timers, self.log, self.bar = meter, metrics, timers, log, bar
         self.train_start, self.earlier = train_start, earlier_device_seconds
@@ -176,9 +174,25 @@ class IterationLog:
                            if a.moe_per_layer_logging and cfg.num_experts > 0 and experts]
         self.interval_start = train_start
         self.interval_iters = self.interval_samples = self.skipped = self.nans = 0
-        # Megatron's skipped_train_samples: the batches --iterations-to-skip dropped (the loop
-        # adds them; a dropped iteration is not reported, nor counted in the interval).
-        self.skipped_train_samples = 0
+        # Megatron's skipped_train_samples: the samples of the batches --iterations-to-skip
+        # dropped over the run (the checkpoint's, then this job's: drop()). A dropped iteration
+        # is not reported, nor counted in the interval.
+        self.skipped_train_samples = skipped_train_samples
+        self.dropped = 0  # this job's dropped iterations
+
+    def drop(self, it, batch_size):
+        """Iteration `it` dropped its batch of `batch_size` samples (--iterations-to-skip)."""
+        self.dropped += 1
+        self.skipped_train_samples += batch_size
+        self.bar.clear()
+        self.log(f"braid: iteration {it}: its batch of {batch_size} samples dropped "
+                 f"(--iterations-to-skip {it - 1})")
+
+    def dropped_summary(self):
+        if self.dropped:
+            self.log(f"braid: --iterations-to-skip dropped the batches of {self.dropped} "
+                     f"iteration{'s' if self.dropped > 1 else ''} in this job; "
+                     f"{self.skipped_train_samples} samples not trained on in the run")
 
     def step(self, it, stats, batch_size, consumed_samples, done_samples, job_samples):
         """Reports iteration `it` (its StepStats, its global batch): `consumed_samples` in all,

@@ -80,15 +80,16 @@ def valid_prefixes(a):
 
 
 class ValidationSet:
-    """One validation set: `open(consumed)` is a loader of this DP rank's rows of its global
-    batches from sample `consumed` (next() gives None at the end of the data)."""
+    """One validation set: `open_loader(consumed)` is a loader of this DP rank's rows of its
+    global batches from sample `consumed` (next() gives None at the end of the data)."""
 
     def __init__(self, a, index, name, size, open_loader, consumed):
         self.suffix = f"-{index}" if a.multiple_validation_sets else ""
-        self.name, self.size, self.open, self.full = name, size, open_loader, a.full_validation
+        self.name, self.size, self.open_loader = name, size, open_loader
+        self.full = a.full_validation
         gbs = a.global_batch_size
-        self.batches = size // gbs if self.full else a.eval_iters
-        if self.full and self.batches == 0:
+        self.num_batches = size // gbs if self.full else a.eval_iters
+        if self.full and self.num_batches == 0:
             raise ValueError(f"--full-validation: the validation set {name} holds {size} samples, "
                              f"less than one global batch ({gbs}): nothing to evaluate")
         self.loader = None if self.full else open_loader(consumed % size)
@@ -96,20 +97,24 @@ class ValidationSet:
     def evaluation(self):
         """The global batches of one evaluation: the set's first `batches` (--full-validation),
         else the next --eval-iters, starting over at the end of the data."""
-        loader = self.open(0) if self.full else self.loader
-        for _ in range(self.batches):
-            batch = loader.next()
-            if batch is None:  # a set shorter than the run's evaluations
-                loader = self.loader = self.open(0)
-                batch = loader.next()
+        if self.full:
+            loader = self.open_loader(0)
+            for _ in range(self.num_batches):
+                yield loader.next()
+            return
+        for _ in range(self.num_batches):
+            batch = self.loader.next()
+            if batch is None:  # a set shorter than the run's evaluations: start over
+                self.loader = self.open_loader(0)
+                batch = self.loader.next()
             yield batch
 
     def describe(self, gbs) -> str:
         what = f"braid: lm loss validation{self.suffix}: {self.name} ({self.size} samples): "
         if not self.full:
-            return what + f"{self.batches} global batches of {gbs} per evaluation"
-        rest = self.size - self.batches * gbs
-        return what + (f"all {self.batches} full global batches of {gbs} per evaluation"
+            return what + f"{self.num_batches} global batches of {gbs} per evaluation"
+        rest = self.size - self.num_batches * gbs
+        return what + (f"all {self.num_batches} full global batches of {gbs} per evaluation"
                        + (f" (the last {rest} samples are not evaluated)" if rest else ""))
 
 

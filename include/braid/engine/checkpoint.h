@@ -64,6 +64,9 @@ struct LoopState {
   // devices): what pretrain_gpt.py's cost meter and --exit-cost count on. 0 after --finetune
   // and in checkpoints that predate it.
   double device_seconds = 0;
+  // Samples of the batches Megatron's --iterations-to-skip dropped, over every job
+  // (Megatron's skipped_train_samples); 0 in checkpoints that predate it.
+  int64_t skipped_train_samples = 0;
 };
 
 // The iteration the tracker file in `dir` names; -1 when there is no checkpoint yet.

@@ -82,8 +82,8 @@ def test_a_dropped_iteration_logs_one_line_and_trains_nothing(runs):
         assert f"braid: iteration {it}: its batch of {GBS} samples dropped " \
                f"(--iterations-to-skip {n})" in full, full
     assert "dropped" not in twin
-    assert "braid: --iterations-to-skip dropped the batches of 2 iterations: 32 samples not " \
-           "trained on" in full, full
+    assert "braid: --iterations-to-skip dropped the batches of 2 iterations in this job; 32 " \
+           "samples not trained on in the run" in full, full
     assert "braid: trained 4 iterations" in full and "braid: trained 6 iterations" in twin
     # Consumed samples count the dropped batches; the loss-scale skips do not.
     lines = {it: line for it, line in zip(iterations(full), log_lines(full))}
@@ -128,6 +128,8 @@ def test_checkpoints_around_a_dropped_iteration(runs):
     assert meta[4]["trainer"]["update_samples"] == 3 * GBS
     assert meta[3]["lr_schedule"] == meta[2]["lr_schedule"]
     assert meta[3]["rng"] == meta[2]["rng"]
+    # Megatron's skipped_train_samples, kept over the run's jobs
+    assert [meta[it]["skipped_train_samples"] for it in (2, 3, 4)] == [0, GBS, GBS]
     two, three, four = (tensors(part, it) for it in (2, 3, 4))
     assert sorted(two) == sorted(three) == sorted(four)
     assert any(name.startswith("optimizer.") for name in two)
@@ -152,6 +154,16 @@ def test_resumed_run_equals_the_uninterrupted_one(runs):
     assert losses(runs["resumed_metrics"]) == {4: want[4], 6: want[6]}
     # The validation position leaves out the evaluation the dropped iteration 3 did not run.
     assert validation(runs["resumed_metrics"]) == validation(runs["full_metrics"])
+    # The skipped samples count on from the checkpoint's (the dropped iteration 3 of the first
+    # job, then 5): the log field and metric as the uninterrupted run's.
+    def skipped(name):
+        return {r["step"]: r["skipped-train-samples"] for r in runs[f"{name}_metrics"]
+                if "skipped-train-samples" in r}
+    assert skipped("resumed") == {4: GBS, 6: 2 * GBS} == {k: v for k, v in skipped("full").items()
+                                                          if k > 3}
+    assert f"| skipped samples: {2 * GBS:12d} |" in log_lines(runs["resumed"])[-1]
+    assert "dropped the batches of 1 iteration in this job; 32 samples not trained on in the " \
+        "run" in runs["resumed"], runs["resumed"]
 
 
 def test_pipeline_and_data_parallel_drop_the_same_iterations(runs):

@@ -401,11 +401,12 @@ def test_interleaved_rope_trains_like_one_process_and_is_part_of_the_model(tmp_p
                 "--override-opt_param-scheduler", "--train-iters", "7", "--eval-iters", "0"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: --rotary-interleaved True from the checkpoint" in r.stdout, r.stdout
+    # Loaded without it: another model (its channels pair otherwise), refused.
     r = run(1, [*MODEL, "--load", ckpt, "--override-opt_param-scheduler", "--train-iters", "7",
                 "--eval-iters", "0"])
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "braid: warning: the checkpoint's model has rotary_interleaved True, this run's " \
-        "False (--rotary-interleaved)" in r.stdout, r.stdout
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "a different model - rotary_interleaved (--rotary-interleaved) is true in the " \
+        "checkpoint and false in this run" in r.stderr, r.stderr
     for flags, message in (
             (["--position-embedding-type", "learned_absolute"],
              "--rotary-interleaved needs --position-embedding-type rope"),):

@@ -220,7 +220,7 @@ def assert_every_rank_fails(r, message):
     assert r.returncode == 2, r.stdout + r.stderr
     errors = [line for line in (r.stdout + r.stderr).replace("braid: error:", "\nbraid: error:")
               .splitlines() if line.startswith("braid: error:")]
-    assert len(errors) >= 1 and len(set(errors)) == 1, r.stdout + r.stderr
+    assert len(errors) == 2 and len(set(errors)) == 1, r.stdout + r.stderr  # both ranks
     assert message in errors[0], errors[0]
     assert "iteration" not in r.stdout
 
