@@ -137,6 +137,9 @@ TEST(TransformerConfig, RotaryPercentTurnsTheLeadingChannels) {
   // int(16 x 0.1) = 1 channel: no pair to turn.
   expect_rejected([](auto& r) { r.rotary_percent = 0.1; }, "position_embedding", "llama-tiny");
   expect_rejected([](auto& r) { r.rotary_percent = 0.5; }, "rotary_percent");  // gpt2: no rope
+  c.rotary_interleaved = true;  // GPT-J's pairs, on the turned part
+  EXPECT_NO_THROW(c.validate());
+  expect_rejected([](auto& r) { r.rotary_interleaved = true; }, "rotary_interleaved");  // gpt2
 }
 
 TEST(TransformerConfig, SlidingWindowsAndTheLayersTheyApplyTo) {
@@ -202,6 +205,7 @@ TEST(TransformerConfig, LatentAttentionRules) {
   rejected([](TransformerConfig& c) { c.kv_lora_rank = 0; }, "kv_lora_rank");
   rejected([](TransformerConfig& c) { c.q_lora_rank = -1; }, "q_lora_rank");
   rejected([](TransformerConfig& c) { c.rotary_percent = 0.5; }, "rotary_percent");
+  rejected([](TransformerConfig& c) { c.rotary_interleaved = true; }, "rotary_interleaved");
   rejected([](TransformerConfig& c) { c.position_embedding = PositionEmbedding::learned; },
            "position_embedding");
 }
