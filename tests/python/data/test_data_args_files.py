@@ -5,15 +5,13 @@ import json
 import os
 import sys
 
-import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "engine"))
-from pretrain_job import jsonl, losses, run, validation  # noqa: E402
+from pretrain_job import jsonl, losses, run, validation, write_documents  # noqa: E402
 
 from braid.arguments import ArgumentError, parse_args  # noqa: E402
-from braid.data import IndexedDatasetWriter  # noqa: E402
 
 COMMON = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
           "--num-attention-heads", "2", "--vocab-size", "500", "--seq-length", "32",
@@ -27,11 +25,7 @@ def prefixes(tmp_path_factory):
     out = {}
     for name, high, seed in (("a", 500, 0), ("b", 100, 1), ("c", 300, 2)):
         out[name] = str(root / f"{name}_text_document")
-        rng = np.random.default_rng(seed)
-        with IndexedDatasetWriter(out[name], "u16") as w:
-            for _ in range(150):
-                w.add_document(rng.integers(0, high, size=int(rng.integers(20, 80)),
-                                            dtype=np.int32))
+        write_documents(out[name], 150, high, seed)
     return out
 
 

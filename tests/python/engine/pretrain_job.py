@@ -29,6 +29,21 @@ LAYOUT_3D = ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-siz
              "--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce"]
 
 
+def write_documents(prefix: str, documents: int, high: int, seed: int) -> int:
+    """A Megatron .bin/.idx dataset at `prefix` of `documents` random documents of 20 to 79
+    tokens below `high` (u16), from `seed`; returns its token count."""
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from braid.data import IndexedDatasetWriter
+    rng = np.random.default_rng(seed)
+    tokens = 0
+    with IndexedDatasetWriter(prefix, "u16") as w:
+        for _ in range(documents):
+            doc = rng.integers(0, high, size=int(rng.integers(20, 80)), dtype=np.int32)
+            w.add_document(doc)
+            tokens += len(doc)
+    return tokens
+
+
 def run(ranks: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     cmd = [sys.executable, SCRIPT, *args]
     if ranks > 1:

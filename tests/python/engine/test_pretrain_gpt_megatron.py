@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pretrain_job import (MODEL, LAYOUT_3D, REPO, assert_trains_alike, jsonl, log_lines,  # noqa: F401
-                          losses, one_process, run, validation)
+                          losses, one_process, run, validation, write_documents)
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
@@ -524,17 +524,10 @@ def test_each_splits_own_data_path_and_the_test_evaluation(tmp_path):
     # Megatron's --train/valid/test-data-path: each split's datasets used whole. Training on
     # --train-data-path A is training on --data-path A --split 100,0,0 (the same samples); the
     # valid and test losses come from their own files, the test loss once, at the end.
-    sys.path.insert(0, os.path.join(REPO, "python"))
-    from braid.data import IndexedDatasetWriter
-
     prefixes = {}
     for name, high, seed in (("train", 1000, 0), ("valid", 1000, 1), ("test", 50, 2)):
         prefixes[name] = str(tmp_path / f"{name}_text_document")
-        rng = np.random.default_rng(seed)
-        with IndexedDatasetWriter(prefixes[name], "u16") as w:
-            for _ in range(200):
-                w.add_document(rng.integers(0, high, size=int(rng.integers(20, 80)),
-                                            dtype=np.int32))
+        write_documents(prefixes[name], 200, high, seed)
     common = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
               "--num-attention-heads", "2", "--vocab-size", "1000", "--seq-length", "32",
               "--micro-batch-size", "4", "--train-iters", "12", "--log-interval", "6",

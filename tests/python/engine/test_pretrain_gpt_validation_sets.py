@@ -19,12 +19,11 @@ import sys
 import numpy as np
 import pytest
 
-from pretrain_job import REPO, jsonl, run
+from pretrain_job import REPO, jsonl, run, write_documents
 
 sys.path.insert(0, os.path.join(REPO, "python"))
 
 from braid.arguments import ArgumentError, parse_args  # noqa: E402
-from braid.data import IndexedDatasetWriter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
@@ -51,14 +50,7 @@ def paths(tmp_path_factory):
     out = {"tmp": tmp}
     for name, (documents, high, seed) in DATASETS.items():
         out[name] = str(tmp / name)
-        rng = np.random.default_rng(seed)
-        tokens = 0
-        with IndexedDatasetWriter(out[name], "u16") as w:
-            for _ in range(documents):
-                doc = rng.integers(0, high, size=int(rng.integers(20, 80)), dtype=np.int32)
-                w.add_document(doc)
-                tokens += len(doc)
-        EPOCH[name] = (tokens - 1) // SEQ
+        EPOCH[name] = (write_documents(out[name], documents, high, seed) - 1) // SEQ
     # Both sets end with a partial global batch, which --full-validation leaves out.
     assert EPOCH["A"] % GBS and EPOCH["B"] % GBS and EPOCH["tiny"] < GBS, EPOCH
     return out
