@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Megatron-LM checkpoints (the torch_dist format) to braid checkpoints and back.
+"""Megatron-LM checkpoints (the torch_dist format, and the legacy torch format on import) to
+braid checkpoints and back.
 
   convert_megatron.py import --megatron-dir DIR --save CKPT [--ckpt-step N]
-      a Megatron-LM checkpoint saved under any TP/PP layout (DIR/latest_checkpointed_iteration.txt,
-      DIR/iter_0000100/ with metadata.json, .metadata, *.distcp, common.pt) -> a braid checkpoint
-      (tp=1, pp=1, at Megatron's iteration, no optimizer state); the model's shape comes from the
-      args Megatron-LM saved in common.pt
+      a Megatron-LM checkpoint saved under any TP/PP/EP layout
+      (DIR/latest_checkpointed_iteration.txt, DIR/iter_0000100/ with metadata.json, .metadata,
+      *.distcp, common.pt; or, --ckpt-format torch, with mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt)
+      -> a braid checkpoint (tp=1, pp=1, at Megatron's iteration, no optimizer state); the model's
+      shape comes from the args Megatron-LM saved with it
   convert_megatron.py export --load CKPT --megatron-dir OUT [--ckpt-step N]
       a braid checkpoint saved under any layout -> a torch_dist checkpoint that megatron-core's
       dist_checkpointing loads into a GPTModel of the same shape under any TP/PP (Megatron-LM:
@@ -16,7 +18,8 @@ tensor bit for bit. Optimizer state is not carried either way. Needs numpy and t
 distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping
 and what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
 experts, megatron_mla.py multi-latent attention and its YaRN, megatron_mtp.py the multi-token
-prediction depths), megatron_torch_dist.py reads and writes the files.
+prediction depths), megatron_torch_dist.py reads and writes the torch_dist files,
+megatron_legacy.py reads the legacy ones (merging their TP/PP/EP shards).
 """
 
 import argparse
@@ -27,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings, 
 from convert_hf import (TRACKER, checkpoint_metadata, checkpoint_specs,  # noqa: E402
                         read_checkpoint, write_checkpoint)
 from hf_configs import ConvertError, check  # noqa: E402
+from megatron_legacy import is_legacy, read_legacy  # noqa: E402
 from megatron_mapping import (EMBED, braid_config_from_args,  # noqa: E402
                               braid_to_megatron, extra_state_keys, megatron_args_from_braid,
                               megatron_names_of, megatron_to_braid, plain_args)
@@ -48,7 +52,7 @@ def megatron_iteration_dir(megatron_dir, step=None):
     `step`'s) iter_NNNNNNN or release folder, or `megatron_dir` itself where it is an iteration's
     folder. Refuses folders in other formats, saying what they are."""
     check(os.path.isdir(megatron_dir), f"{megatron_dir}: no such directory")
-    if step is None and is_torch_dist(megatron_dir):
+    if step is None and (is_torch_dist(megatron_dir) or is_legacy(megatron_dir)):
         return megatron_dir
     if step is None:
         tracker = os.path.join(megatron_dir, TRACKER)
@@ -70,24 +74,19 @@ def megatron_iteration_dir(megatron_dir, step=None):
 
 def check_format(folder):
     names = os.listdir(folder)
-    if is_torch_dist(folder):
+    if is_torch_dist(folder) or is_legacy(folder):
         return
     meta = os.path.join(folder, "metadata.json")
     if os.path.isfile(meta):
         with open(meta) as f:
             braid = '"braid-checkpoint"' in f.read()
         check(not braid, f"{folder}: a braid checkpoint; convert it with export")
-    if any(n.startswith("mp_rank_") and os.path.isdir(os.path.join(folder, n)) for n in names):
-        raise ConvertError(
-            f"{folder}: a Megatron-LM checkpoint in the legacy torch format (one "
-            "mp_rank_*/model_optim_rng.pt per TP/PP rank); this tool reads the torch_dist format "
-            "(--ckpt-format torch_dist, Megatron-LM's default). Have Megatron-LM convert it: load "
-            "it with --ckpt-convert-format torch_dist --ckpt-convert-save NEW_DIR")
     if ".metadata" in names:
         raise ConvertError(f"{folder}: a PyTorch distributed checkpoint without megatron-core's "
                            "metadata.json (Megatron-LM's torch_dcp or fsdp_dtensor format?); "
                            "this tool reads the torch_dist format")
-    check(os.path.isfile(meta), f"{folder}: no metadata.json (not a torch_dist checkpoint)")
+    check(os.path.isfile(meta), f"{folder}: no metadata.json and no mp_rank_* folders (neither "
+          "a torch_dist nor a legacy torch checkpoint)")
     raise ConvertError(f"{folder}/metadata.json: sharded_backend is not torch_dist (zarr and "
                        "the others are not read)")
 
@@ -143,20 +142,31 @@ def weights_dtype(tensors, where):
     return FLOAT_DTYPES[dtypes.pop()] if len(dtypes) == 1 else "f32"
 
 
-def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
-    """Returns (the braid iteration directory, the config, the names of the tensors not carried)."""
+def read_megatron(folder, drop_fp8_state):
+    """(what a torch_dist save keeps in common.pt: args, iteration, opt_param_scheduler, ...; the
+    model's global tensors under torch_dist's names; the names of the tensors not carried) of an
+    iteration's folder in either format."""
+    if is_legacy(folder):
+        return read_legacy(folder, drop_fp8_state)
     require_torch()
-    folder = megatron_iteration_dir(megatron_dir, step)
     common = read_common(folder)
-    args = common.get("args")
-    check(args is not None, f"{folder}/common.pt: no args (Megatron-LM's save_checkpoint stores "
-          "them; this tool takes the model's shape from them)")
+    check(common.get("args") is not None, f"{folder}/common.pt: no args (Megatron-LM's "
+          "save_checkpoint stores them; this tool takes the model's shape from them)")
     check_common(common, folder)
     tensors, objects, left_out = read_torch_dist(folder, model_tensor)
     check_extra_states(objects, drop_fp8_state, folder)
+    return common, tensors, left_out
+
+
+def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
+    """Returns (the braid iteration directory, the config, the names of the tensors not carried)."""
+    folder = megatron_iteration_dir(megatron_dir, step)
+    common, tensors, left_out = read_megatron(folder, drop_fp8_state)
+    args = common["args"]
+    where = f"{folder}/common.pt" if not is_legacy(folder) else folder
     check(EMBED in tensors, f"{folder}: no {EMBED} (not a GPT model's checkpoint?)")
     config = braid_config_from_args(args, tensors[EMBED].shape[0],
-                                    weights_dtype(tensors, folder), f"{folder}/common.pt")
+                                    weights_dtype(tensors, folder), where)
     left = dict(tensors)  # megatron_to_braid takes what it maps
     braid_tensors = megatron_to_braid(left, config)
     if "lm_head.weight" in braid_tensors and config["tie_embeddings"]:
@@ -175,8 +185,7 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
         check(got == shape, f"{folder}: {megatron_names_of(name, config)} holds {got}, the args "
               f"make {shape}")
     iteration = common.get("iteration", 0)
-    check(isinstance(iteration, int) and iteration >= 0, f"{folder}/common.pt: iteration "
-          f"{iteration!r}")
+    check(isinstance(iteration, int) and iteration >= 0, f"{where}: iteration {iteration!r}")
     consumed = int(getattr(args, "consumed_train_samples", 0) or 0)
     scheduler = common.get("opt_param_scheduler")
     meta = checkpoint_metadata(config, specs, None)
@@ -233,7 +242,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="See docs/convert_megatron.md.")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("import", help="Megatron-LM torch_dist checkpoint -> braid checkpoint")
+    p = sub.add_parser("import", help="Megatron-LM checkpoint (torch_dist or the legacy torch "
+                       "format) -> braid checkpoint")
     p.add_argument("--megatron-dir", required=True,
                    help="Megatron-LM's --save directory (or one iteration's folder in it)")
     p.add_argument("--save", required=True, help="braid checkpoint directory to create")

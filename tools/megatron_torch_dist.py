@@ -96,7 +96,8 @@ def _safe_globals():
             ("argparse", "Namespace"): argparse.Namespace,
             ("builtins", "set"): set, ("builtins", "frozenset"): frozenset,
             ("builtins", "slice"): slice, ("builtins", "bytearray"): bytearray,
-            ("_codecs", "encode"): codecs.encode,  # how protocol 2 stores bytes
+            ("_codecs", "encode"): codecs.encode,  # how protocol 2 stores bytes (b"": bytes())
+            ("builtins", "bytes"): bytes, ("__builtin__", "bytes"): bytes,
             ("copyreg", "_reconstructor"): copyreg._reconstructor}
     if torch is not None:
         safe[("torch", "Size")] = torch.Size

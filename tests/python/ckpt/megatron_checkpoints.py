@@ -201,9 +201,10 @@ def moe_config(a):
                 moe_token_dispatcher_type="allgather")  # the dispatcher that runs on the CPU
 
 
-def build(a):
-    """A GPTModel of Megatron-LM's args `a` for this rank's TP/PP position, as Megatron-LM's
-    core_transformer_config_from_args would configure it (the local layer spec, f32, CPU): with
+def build(a, vp_stage=None):
+    """A GPTModel of Megatron-LM's args `a` for this rank's TP/PP/EP position (and virtual
+    pipeline stage `vp_stage`), as Megatron-LM's core_transformer_config_from_args would configure
+    it (the local layer spec, f32, CPU; --decoder-first/last-pipeline-num-layers): with
     --multi-latent-attention an MLATransformerConfig taking the args' MLA fields (--rope-type
     left to its default where None), with --mtp-num-layers the MTP block spec of the last layer's
     spec."""
@@ -243,21 +244,28 @@ def build(a):
         use_cpu_initialization=True, params_dtype=torch.float32,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
+        virtual_pipeline_model_parallel_size=(
+            parallel_state.get_virtual_pipeline_model_parallel_world_size()),
+        expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        num_layers_in_first_pipeline_stage=getattr(a, "decoder_first_pipeline_num_layers", None),
+        num_layers_in_last_pipeline_stage=getattr(a, "decoder_last_pipeline_num_layers", None),
         pipeline_dtype=torch.float32, mtp_num_layers=getattr(a, "mtp_num_layers", None),
         **mla, **moe_config(a))
     if a.num_experts:  # megatron-core's MoE layers (SequentialMLP) where moe_layer_freq says
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
-                                          normalization=a.normalization)
+                                          normalization=a.normalization, vp_stage=vp_stage)
     else:
         spec = get_gpt_layer_local_spec(normalization=a.normalization,
                                         qk_layernorm=a.qk_layernorm,
                                         multi_latent_attention=latent)
-    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False) if (
-        config.mtp_num_layers) else None
+    mtp = get_gpt_mtp_block_spec(config, spec, use_transformer_engine=False,
+                                 vp_stage=vp_stage) if config.mtp_num_layers else None
     return GPTModel(
         config, spec, vocab_size=a.padded_vocab_size, max_sequence_length=a.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(), parallel_output=False,
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False,
+                                                           vp_stage=vp_stage),
+        parallel_output=False, vp_stage=vp_stage,
         share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
         position_embedding_type=a.position_embedding_type, rotary_percent=a.rotary_percent,
         rotary_base=a.rotary_base, rope_scaling=a.use_rope_scaling,
@@ -429,7 +437,7 @@ def one_minus(model):
 
 # ---- the jobs --------------------------------------------------------------------------------
 
-def init(tp=1, pp=1):
+def init(tp=1, pp=1, vp=None, ep=1):
     import torch
     from megatron.core import parallel_state
     if not torch.distributed.is_initialized():
@@ -440,7 +448,8 @@ def init(tp=1, pp=1):
         torch.distributed.init_process_group("gloo")
         cpu_stand_ins()
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(tp, pp)
+    parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vp,
+                                             expert_model_parallel_size=ep)
 
 
 def save_job(out):
