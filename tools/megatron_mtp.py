@@ -22,6 +22,7 @@ MTP_NAMES = {"enorm.weight": "enorm.weight", "enorm.bias": "enorm.bias",
              "eh_proj.weight": "eh_proj.weight",
              "shared_head.norm.weight": "final_layernorm.weight",
              "shared_head.norm.bias": "final_layernorm.bias"}
+BRAID_MTP_NAMES = {name: braid_name for braid_name, name in MTP_NAMES.items()}
 # The depth's own modules that have an _extra_state under the local or the Transformer Engine
 # spec (TE's norms are modules with one).
 MTP_EXTRA_STATE = ("eh_proj", "enorm", "hnorm", "final_layernorm")
@@ -43,10 +44,8 @@ def split_mtp(megatron, c, layers, out):
         k, rest = int(m.group(1)), m.group(2)
         if rest.startswith(LAYER):
             layers[(first + k, rest[len(LAYER):])] = megatron.pop(key)
-        else:
-            own = {v: b for b, v in MTP_NAMES.items()}
-            if rest in own:
-                out[f"model.layers.{first + k}.{own[rest]}"] = megatron.pop(key)
+        elif rest in BRAID_MTP_NAMES:
+            out[f"model.layers.{first + k}.{BRAID_MTP_NAMES[rest]}"] = megatron.pop(key)
 
 
 def braid_mtp_tensors(t, c, layer_of):
