@@ -124,11 +124,11 @@ def main():
     cpu_stand_ins()
     layouts = LAYOUTS
     if torch.distributed.get_world_size() == 4:
-        layouts, todo = FOUR_RANK_LAYOUTS, []
+        layouts, tp1_models = FOUR_RANK_LAYOUTS, []
     else:
         init()
-        todo = MODELS
-    for seed, name in enumerate(todo):
+        tp1_models = MODELS
+    for seed, name in enumerate(tp1_models):
         a = layout_args(name)
         model = build(a)
         randomize(model, seed)  # the same on both ranks (data-parallel replicas)
