@@ -40,6 +40,10 @@ nlohmann::json config_json(const model::TransformerConfig& c) {
       {"rope_linear_factor", c.rope_linear_factor},
       {"rotary_percent", c.rotary_percent},
       {"rotary_interleaved", c.rotary_interleaved},
+      {"rope_yarn_truncate", c.rope_yarn_truncate},
+      {"softmax_type", model::to_string(c.softmax_type)},
+      {"glu_linear_offset", c.glu_linear_offset},
+      {"activation_clamp", c.activation_clamp},
       {"window_size", c.window_size},
       {"window_layers", c.window_layers},
       {"num_experts", c.num_experts},
@@ -72,6 +76,12 @@ int format_version(const model::TransformerConfig& c) {
       (c.moe_router_score_function != model::MoeScoreFunction::softmax ||
        c.moe_router_enable_expert_bias || c.moe_router_num_groups > 0 ||
        c.moe_router_topk_scaling_factor != 1.0f || c.moe_expert_capacity_factor > 0);
+  // A version-6 reader would run these as other numerics, or miss the router's bias.
+  if (c.softmax_type != model::SoftmaxType::vanilla ||
+      c.activation == model::Activation::quick_geglu || c.glu_linear_offset != 0 ||
+      c.activation_clamp != 0 || (c.rope_yarn_factor > 0 && !c.rope_yarn_truncate) ||
+      (c.num_experts > 0 && c.add_bias_linear))
+    return 7;
   // A version-5 reader would ignore the interleaving and pair RoPE's channels as rotate_half.
   if (c.rotary_interleaved && !c.multi_latent_attention) return 6;
   // A version-4 reader would ignore the linear interpolation and turn RoPE by whole positions.
@@ -114,6 +124,13 @@ void check_same_model(const nlohmann::json& saved, const model::TransformerConfi
                      saved_interleaved ? "true" : "false", " in the checkpoint and ",
                      config.rotary_interleaved ? "true" : "false",
                      " in this run (RoPE pairs its channels otherwise)");
+  // Checkpoints from before softmax_type have the vanilla softmax; off-by-one and learnable
+  // sinks are different models (the learnable ones are tensors of the checkpoint).
+  const std::string saved_softmax = saved.value("softmax_type", std::string("vanilla"));
+  BRAID_CONFIG_CHECK(saved_softmax == model::to_string(config.softmax_type), where,
+                     ": a different model - softmax_type (--softmax-type) is ", saved_softmax,
+                     " in the checkpoint and ", model::to_string(config.softmax_type),
+                     " in this run");
   // Checkpoints from before rotary_percent turned whole heads. Percents that turn as many
   // channels are the same model.
   // MLA turns its qk_pos_emb_head_dim channels (compared with the other MLA fields below).

@@ -1,6 +1,7 @@
 #pragma once
-// Internal: the argument checks every op's front door (ops.cpp, moe_ops.cpp) runs before it
-// dispatches on the tensors' device; each error names the op, the argument, its dtype and shape.
+// Internal: the argument checks every op's front door (ops.cpp, attention_ops.cpp, moe_ops.cpp)
+// runs before it dispatches on the tensors' device; each error names the op, the argument, its
+// dtype and shape.
 
 #include <initializer_list>
 #include <string>
@@ -112,6 +113,19 @@ inline void check_row_stat(const char* op, const char* name, const Tensor& stat,
   check_dtype(op, name, stat, DType::f32);
   BRAID_CHECK(stat.numel() == rows, op, ": ", name, " has ", stat.numel(), " elements but x ",
               describe(x), " has ", rows, " rows");
+}
+
+// An optional i32 [B, S] per-token tensor (rope's positions, attention's key_start: S >= `seq`
+// when `at_least`) on `device`.
+inline void check_token_table(const char* op, const char* name, const Tensor& t, Device device,
+                              int64_t batch, int64_t seq, bool at_least) {
+  if (!t.defined()) return;
+  check_dtype(op, name, t, DType::i32);
+  BRAID_CHECK(t.device() == device, op, ": ", name, " is on ", t.device().str(), ", the op on ",
+              device.str());
+  BRAID_CHECK(
+      t.dim() == 2 && t.size(0) == batch && (at_least ? t.size(1) >= seq : t.size(1) == seq), op,
+      ": ", name, " ", describe(t), " must be [", batch, ", ", at_least ? ">= " : "", seq, "]");
 }
 
 }  // namespace braid::ops::checks

@@ -2,6 +2,7 @@
 // the CPU reference (kernels/cpu) or the CUDA implementation (kernels/cuda).
 #include "braid/kernels/ops.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -117,36 +118,42 @@ BRAID_ELEMENTWISE_ACTIVATION(sigmoid)
 #undef BRAID_ELEMENTWISE_ACTIVATION
 
 namespace {
-// x [..., 2F] and the [..., F] tensor on the other side of swiglu.
-void check_swiglu(const char* op, const Tensor& halves, const char* name, const Tensor& x) {
+// x [..., 2F] and the [..., F] tensor on the other side of the gated linear unit, and the spec.
+void check_glu(const char* op, const Tensor& halves, const char* name, const Tensor& x,
+               const GluSpec& glu) {
   BRAID_CHECK(x.dim() >= 1 && x.size(-1) % 2 == 0, op, ": x ", describe(x),
               " must hold [gate | up] in an even last dim");
   bool ok = halves.dim() == x.dim() && halves.size(-1) * 2 == x.size(-1);
   for (int d = 0; ok && d + 1 < x.dim(); ++d) ok = halves.size(d) == x.size(d);
   BRAID_CHECK(ok, op, ": ", name, " ", describe(halves), " must be x ", describe(x),
               " with the last dim halved");
+  BRAID_CHECK(glu.clamp >= 0.0f && std::isfinite(glu.clamp), op, ": clamp = ", glu.clamp,
+              " must be finite and >= 0 (0: none)");
+  BRAID_CHECK(std::isfinite(glu.linear_offset), op, ": linear_offset = ", glu.linear_offset,
+              " must be finite");
 }
 }  // namespace
 
-void swiglu_forward(Tensor out, const Tensor& x, Stream stream) {
-  const char* op = "swiglu_forward";
+void glu_forward(Tensor out, const Tensor& x, const GluSpec& glu, Stream stream) {
+  const char* op = "glu_forward";
   Device device = device_of(op, {{"out", out}, {"x", x}});
   check_activation(op, device, "x", x);
   check_same_dtype(op, "out", out, "x", x);
-  check_swiglu(op, out, "out", x);
+  check_glu(op, out, "out", x, glu);
   if (x.numel() == 0) return;
-  BRAID_DISPATCH(device, swiglu_forward, out, x, stream);
+  BRAID_DISPATCH(device, glu_forward, out, x, glu, stream);
 }
 
-void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
-  const char* op = "swiglu_backward";
+void glu_backward(Tensor dx, const Tensor& dout, const Tensor& x, const GluSpec& glu,
+                  Stream stream) {
+  const char* op = "glu_backward";
   Device device = device_of(op, {{"dx", dx}, {"dout", dout}, {"x", x}});
   check_activation(op, device, "x", x);
   check_same_dtype(op, "dout", dout, "x", x);
   check_like(op, "dx", dx, "x", x);
-  check_swiglu(op, dout, "dout", x);
+  check_glu(op, dout, "dout", x, glu);
   if (x.numel() == 0) return;
-  BRAID_DISPATCH(device, swiglu_backward, dx, dout, x, stream);
+  BRAID_DISPATCH(device, glu_backward, dx, dout, x, glu, stream);
 }
 
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
@@ -270,19 +277,6 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 // ---------------------------------------------------------------- positions and embeddings
 
 namespace {
-// An optional i32 [B, S] per-token tensor (rope's positions, attention's key_start: S >= `seq`
-// when `at_least`) on `device`.
-void check_token_table(const char* op, const char* name, const Tensor& t, Device device,
-                       int64_t batch, int64_t seq, bool at_least) {
-  if (!t.defined()) return;
-  check_dtype(op, name, t, DType::i32);
-  BRAID_CHECK(t.device() == device, op, ": ", name, " is on ", t.device().str(), ", the op on ",
-              device.str());
-  BRAID_CHECK(
-      t.dim() == 2 && t.size(0) == batch && (at_least ? t.size(1) >= seq : t.size(1) == seq), op,
-      ": ", name, " ", describe(t), " must be [", batch, ", ", at_least ? ">= " : "", seq, "]");
-}
-
 void check_rope(const char* op, Device device, const char* out_name, const Tensor& out,
                 const char* in_name, const Tensor& in, const RotaryFrequencies& rotary,
                 int64_t position_offset, const Tensor& positions) {
@@ -415,103 +409,6 @@ void sum_heads(Tensor dx, const Tensor& dout, int64_t column, Stream stream) {
   check_heads(op, device, "dout", dout, "dx", dx, column);
   if (dx.numel() == 0) return;
   BRAID_DISPATCH(device, sum_heads, dx, dout, column, stream);
-}
-
-// ---------------------------------------------------------------- attention
-
-namespace {
-void check_window(const char* op, int64_t window) {
-  BRAID_CHECK(window >= -1, op, ": window ", window,
-              " must be >= 0 (keys before each query it sees) or -1 (no window)");
-}
-
-// -1 for a window that reaches every key anyway (the last query's sees `keys` - 1 before it):
-// the kernels then take their windowless path, and no bound arithmetic can overflow.
-int64_t effective_window(int64_t window, int64_t keys) { return window >= keys - 1 ? -1 : window; }
-
-// q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk, Hq % Hkv == 0; lse [B, Hq, Sq] f32.
-void check_attention(const char* op, Device device, const Tensor& q, const Tensor& k,
-                     const Tensor& v, const Tensor& lse, int64_t window, const Tensor& key_start) {
-  check_window(op, window);
-  check_activation(op, device, "q", q);
-  check_same_dtype(op, "k", k, "q", q);
-  check_same_dtype(op, "v", v, "q", q);
-  BRAID_CHECK(q.dim() == 4 && k.dim() == 4, op, ": q ", describe(q), " and k ", describe(k),
-              " must be [B, S, H, D]");
-  check_same_shape(op, "v", v, "k", k);
-  BRAID_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), op, ": q ", q.shape(), " and k ",
-              k.shape(), " disagree on B or D");
-  BRAID_CHECK(q.size(1) <= k.size(1), op, ": q ", q.shape(), " has more positions than k ",
-              k.shape(), " (queries are the last Sq of the Sk key positions)");
-  BRAID_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, op, ": q has ", q.size(2),
-              " heads, not a multiple of the ", k.size(2), " kv heads (q ", q.shape(), ", k ",
-              k.shape(), ")");
-  check_dtype(op, "lse", lse, DType::f32);
-  check_shape(op, "lse", lse, Shape{q.size(0), q.size(2), q.size(1)});
-  check_token_table(op, "key_start", key_start, device, q.size(0), k.size(1), true);
-}
-}  // namespace
-
-void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, const Tensor& key_start, Stream stream) {
-  const char* op = "attention_forward";
-  Device device = device_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
-  check_attention(op, device, q, k, v, lse, window, key_start);
-  check_like(op, "out", out, "q", q);
-  if (out.numel() == 0 && lse.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, effective_window(window, k.size(1)),
-                 key_start, stream);
-}
-
-void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, const Tensor& key_start, Stream stream) {
-  const char* op = "attention_backward";
-  Device device = device_of(op, {{"dq", dq},
-                                 {"dk", dk},
-                                 {"dv", dv},
-                                 {"dout", dout},
-                                 {"q", q},
-                                 {"k", k},
-                                 {"v", v},
-                                 {"out", out},
-                                 {"lse", lse}});
-  check_attention(op, device, q, k, v, lse, window, key_start);
-  for (const auto& [name, t] :
-       {std::pair<const char*, const Tensor&>{"dq", dq}, {"dout", dout}, {"out", out}}) {
-    check_like(op, name, t, "q", q);
-  }
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"dk", dk}, {"dv", dv}}) {
-    check_like(op, name, t, "k", k);
-  }
-  if (dq.numel() == 0 && dk.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse,
-                 effective_window(window, k.size(1)), key_start, stream);
-}
-
-void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, int64_t window,
-                              Stream stream) {
-  const char* op = "attention_cached_forward";
-  Device device =
-      device_of(op, {{"out", out}, {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache}});
-  check_activation(op, device, "q", q);
-  check_same_dtype(op, "k_cache", k_cache, "q", q);
-  check_same_dtype(op, "v_cache", v_cache, "q", q);
-  BRAID_CHECK(q.dim() == 4 && k_cache.dim() == 4, op, ": q ", describe(q), " and k_cache ",
-              describe(k_cache), " must be [B, S, H, D]");
-  check_same_shape(op, "v_cache", v_cache, "k_cache", k_cache);
-  BRAID_CHECK(k_cache.size(0) == q.size(0) && k_cache.size(3) == q.size(3), op, ": q ", q.shape(),
-              " and k_cache ", k_cache.shape(), " disagree on B or D");
-  BRAID_CHECK(k_cache.size(2) > 0 && q.size(2) % k_cache.size(2) == 0, op, ": q has ", q.size(2),
-              " heads, not a multiple of the ", k_cache.size(2), " kv heads");
-  BRAID_CHECK(q.size(1) <= length && length <= k_cache.size(1), op, ": length ", length,
-              " must lie in [Sq, C] = [", q.size(1), ", ", k_cache.size(1), "]");
-  check_window(op, window);
-  check_like(op, "out", out, "q", q);
-  if (out.numel() == 0) return;
-  BRAID_DISPATCH(device, attention_cached_forward, out, q, k_cache, v_cache, length,
-                 effective_window(window, length), stream);
 }
 
 // ---------------------------------------------------------------- cross-entropy

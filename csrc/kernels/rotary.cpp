@@ -57,8 +57,14 @@ void apply_yarn(std::vector<float>& freq, const RotaryFrequencies& r, int64_t di
     return double(dim) * std::log(double(r.original_max_positions) / (rotations * 2.0 * pi)) /
            (2.0 * std::log(double(r.theta)));
   };
-  const double low = std::max(std::floor(correction_dim(r.yarn_beta_fast)), 0.0);
-  double high = std::min(std::ceil(correction_dim(r.yarn_beta_slow)), double(dim - 1));
+  // HF's find_correction_range: rounded outwards to whole pairs unless truncate is false.
+  double low = correction_dim(r.yarn_beta_fast), high = correction_dim(r.yarn_beta_slow);
+  if (r.yarn_truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(dim - 1));
   if (low == high) high += 0.001;  // HF's guard against a zero-width ramp
   const auto low_f = float(low), width = float(high - low);
   for (size_t i = 0; i < freq.size(); ++i) {

@@ -43,8 +43,28 @@ const char* to_string(Activation value) {
       return "squared_relu";
     case Activation::gelu_exact:
       return "gelu_exact";
+    case Activation::quick_geglu:
+      return "quick_geglu";
   }
   return "?";
+}
+
+const char* to_string(SoftmaxType value) {
+  switch (value) {
+    case SoftmaxType::vanilla:
+      return "vanilla";
+    case SoftmaxType::off_by_one:
+      return "off-by-one";
+    case SoftmaxType::learnable:
+      return "learnable";
+  }
+  return "?";
+}
+
+void from_string(std::string_view name, SoftmaxType& out) {
+  static constexpr SoftmaxType kAll[] = {SoftmaxType::vanilla, SoftmaxType::off_by_one,
+                                         SoftmaxType::learnable};
+  enum_from_string(name, "softmax_type", kAll, out);
 }
 
 const char* to_string(PositionEmbedding value) {
@@ -109,7 +129,8 @@ void from_string(std::string_view name, Normalization& out) {
 
 void from_string(std::string_view name, Activation& out) {
   static constexpr Activation kAll[] = {Activation::gelu, Activation::swiglu,
-                                        Activation::squared_relu, Activation::gelu_exact};
+                                        Activation::squared_relu, Activation::gelu_exact,
+                                        Activation::quick_geglu};
   enum_from_string(name, "activation", kAll, out);
 }
 
@@ -148,6 +169,10 @@ int64_t TransformerConfig::attention_window(int64_t layer) const {
   if (window_size < 0) return -1;
   if (window_layers.empty()) return window_size;
   return window_layers[size_t(kind_of_layer(layer))] != 0 ? window_size : -1;
+}
+
+bool TransformerConfig::gated_activation() const {
+  return activation == Activation::swiglu || activation == Activation::quick_geglu;
 }
 
 int64_t TransformerConfig::mlp_hidden_size() const {
@@ -431,6 +456,20 @@ void TransformerConfig::validate() const {
                      "TransformerConfig.embedding_init_std must be positive and finite (0: "
                      "init_std), got ",
                      embedding_init_std);
+  BRAID_CONFIG_CHECK(std::isfinite(glu_linear_offset),
+                     "TransformerConfig.glu_linear_offset must be finite, got ", glu_linear_offset);
+  BRAID_CONFIG_CHECK(activation_clamp >= 0 && std::isfinite(activation_clamp),
+                     "TransformerConfig.activation_clamp must be >= 0 and finite (0: no clamp), "
+                     "got ",
+                     activation_clamp);
+  BRAID_CONFIG_CHECK(gated_activation() || (glu_linear_offset == 0 && activation_clamp == 0),
+                     "TransformerConfig.glu_linear_offset and activation_clamp (Megatron's "
+                     "--glu-linear-offset, --activation-func-clamp-value) are for gated "
+                     "activations (swiglu, quick_geglu), not ",
+                     to_string(activation));
+  BRAID_CONFIG_CHECK(softmax_type == SoftmaxType::vanilla || !multi_latent_attention,
+                     "TransformerConfig.softmax_type ", to_string(softmax_type),
+                     " is not implemented with multi_latent_attention (its softmax is vanilla)");
   BRAID_CONFIG_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
                      "TransformerConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout);
   BRAID_CONFIG_CHECK(attention_dropout == 0,

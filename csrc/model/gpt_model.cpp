@@ -163,8 +163,8 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   const LayerShape n = LayerShape::of(c, tp_.size());
   const std::string p = "model.layers." + std::to_string(layer) + ".";
   const int64_t qkv_rows = (n.q_heads + 2 * n.kv_heads) * n.head_dim;
-  const bool swiglu = c.activation == Activation::swiglu;
-  const std::string fc1 = swiglu ? "gate_proj" : "up_proj";
+  const bool gated = c.gated_activation();
+  const std::string fc1 = gated ? "gate_proj" : "up_proj";
   LayerTensors t;
   t.input_norm_weight = view_of(flat, p + "input_layernorm.weight");
   t.input_norm_bias = view_of(flat, p + "input_layernorm.bias");
@@ -188,11 +188,12 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
   t.k_norm_bias = view_of(flat, p + "self_attn.k_norm.bias");
   t.o_weight = view_of(flat, p + "self_attn.o_proj.weight");
   t.o_bias = view_of(flat, p + "self_attn.o_proj.bias");
+  t.sinks = view_of(flat, p + "self_attn.sinks");
   t.post_norm_weight = view_of(flat, p + "post_attention_layernorm.weight");
   t.post_norm_bias = view_of(flat, p + "post_attention_layernorm.bias");
   // An MLP of hidden size f (this rank's share) under `prefix`.
   auto mlp = [&](const std::string& prefix, int64_t f) {
-    const int64_t rows = swiglu ? 2 * f : f;
+    const int64_t rows = gated ? 2 * f : f;
     return MlpTensors{fused_view(flat, prefix + fc1 + ".weight", rows, c.hidden_size),
                       fused_view(flat, prefix + fc1 + ".bias", rows, 0),
                       view_of(flat, prefix + "down_proj.weight"),
@@ -203,6 +204,7 @@ LayerTensors GPTModel::layer_tensors(const Tensor& flat, int layer) const {
     return t;
   }
   t.router_weight = view_of(flat, p + "mlp.gate.weight");
+  t.router_bias = view_of(flat, p + "mlp.gate.bias");
   const int64_t expert_ffn = layout_.chunk.whole_experts ? c.mlp_hidden_size() : n.ffn;
   for (int e = layout_.chunk.first_expert; e < layout_.chunk.end_expert; ++e)
     t.experts.push_back(mlp(p + "mlp.experts." + std::to_string(e) + ".", expert_ffn));
@@ -583,7 +585,7 @@ void GPTModel::finalize_grads() {
     const bool partial =
         name.find("self_attn.q_norm.") != std::string::npos ||
         name.find("self_attn.k_norm.") != std::string::npos ||
-        (ep_.whole_experts && name.ends_with(".mlp.gate.weight")) ||
+        (ep_.whole_experts && name.find(".mlp.gate.") != std::string::npos) ||
         (p.spec.tp_dim < 0 && tp_.sharded_tokens() &&
          (name.find("norm.") != std::string::npos || name.find("_a_proj") != std::string::npos ||
           name.ends_with(".eh_proj.weight") || name == "model.embed_positions.weight"));

@@ -14,6 +14,9 @@ InitRule init_rule(const ParamSpec& spec, const TransformerConfig& config) {
   // of qk_layernorm (their weights at zero when they hold gamma - 1).
   if (ends_with("layernorm.weight") || ends_with("norm.weight"))
     return {config.zero_centered_gamma ? InitKind::zeros : InitKind::ones, 0};
+  // The router's bias starts as its weight does (megatron-core's TopKRouter); the other biases
+  // at zero. The attention sinks fall to the normal init_std below (megatron-core's, HF GPT-OSS's).
+  if (ends_with("mlp.gate.bias")) return {InitKind::normal, config.init_std};
   if (ends_with(".bias")) return {InitKind::zeros, 0};
   if (is_embedding(spec) && config.embedding_init_std > 0)
     return {InitKind::normal, config.embedding_init_std};

@@ -78,7 +78,7 @@ Tensor TransformerLayer::moe_forward(const Tensor& h_full, int64_t batch_rows,
   // its share of each expert's columns; the combine is linear, so the partial outputs sum. Or,
   // with whole experts, each routes its own shard, and its outputs are whole.
   Tensor logits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
-  linear_forward(logits, h_full, w_.router_weight, {});
+  linear_forward(logits, h_full, w_.router_weight, w_.router_bias);
   MoeRouting r = route_tokens(logits, batch_rows, w_.expert_bias, c, tp_, routes_own_tokens(), cp_,
                               saved != nullptr, !decoding);
   ExpertDispatch d = plan_dispatch(r, ep_);
@@ -169,8 +169,8 @@ Tensor TransformerLayer::moe_backward(const Tensor& dm, const Tensor& h_full, La
   Tensor dlogits = Tensor::empty({t, c.num_experts}, DType::f32, dev);
   ops::moe_router_backward(dlogits, dprobs, a.router_logits, r.experts, router_spec(c), aux,
                            r.z_grad * loss_scale);
-  replicated_linear_backward(dh, g_.router_weight, dlogits, h_full, w_.router_weight,
-                             routes_own_tokens());
+  replicated_linear_backward(dh, g_.router_weight, g_.router_bias, dlogits, h_full,
+                             w_.router_weight, routes_own_tokens());
   release(a.router_logits);
   return dh;
 }
@@ -227,7 +227,8 @@ void TransformerLayer::shared_expert_backward(Tensor dh, const Tensor& dm, const
     all_reduce_tp(tp_, dgate);
     Tensor dlogit = empty_like(gate);
     ops::sigmoid_backward(dlogit, dgate, a.shared_gate_logit);
-    replicated_linear_backward(dh, g_.shared_expert_gate, dlogit, h_full, w_.shared_expert_gate);
+    replicated_linear_backward(dh, g_.shared_expert_gate, {}, dlogit, h_full,
+                               w_.shared_expert_gate);
     release(a.shared_out, a.shared_gate_logit);
   }
   mlp_rows_backward(w_.shared_expert, g_.shared_expert, dh, dy, h_full, a.shared_fc1_out,

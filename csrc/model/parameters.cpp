@@ -109,13 +109,13 @@ void add_norm(LayoutBuilder& b, const TransformerConfig& c, const std::string& p
 }
 
 // One MLP of hidden size f (the dense one, an expert, the shared expert) under `prefix`:
-// gate_proj (swiglu), up_proj, down_proj.
+// gate_proj (gated activations), up_proj, down_proj.
 // `expert`: the expert's index (ParamSpec::expert), -1 for the others.
 void add_mlp(LayoutBuilder& b, const TransformerConfig& c, const std::string& p, int layer,
              int64_t f, int expert = -1) {
   const int64_t h = c.hidden_size;
   const bool bias = c.add_bias_linear;
-  if (c.activation == Activation::swiglu) {
+  if (c.gated_activation()) {
     b.group({p + "gate_proj.weight", Shape{f, h}, 0, layer, true, expert});
     b.member({p + "up_proj.weight", Shape{f, h}, 0, layer, true, expert});
     if (bias) {
@@ -150,6 +150,8 @@ void add_attention(LayoutBuilder& b, const TransformerConfig& c, const std::stri
   }
   b.group({p + "o_proj.weight", Shape{h, q_out}, 1, layer, true});
   if (bias) b.group({p + "o_proj.bias", Shape{h}, -1, layer, false});
+  if (c.softmax_type == SoftmaxType::learnable)
+    b.group({p + "sinks", Shape{c.num_attention_heads}, 0, layer, false});
 }
 
 // Multi-latent attention under `p` (HF DeepSeek-V3's names): the down projections and latent
@@ -185,6 +187,7 @@ void add_layer(LayoutBuilder& b, const TransformerConfig& c, const ModelChunk& c
   add_norm(b, c, p + "post_attention_layernorm", layer);
   if (!c.is_moe_layer(layer)) return add_mlp(b, c, p + "mlp.", layer, c.ffn_hidden_size);
   b.group({p + "mlp.gate.weight", Shape{c.num_experts, h}, -1, layer, true});
+  if (c.add_bias_linear) b.group({p + "mlp.gate.bias", Shape{c.num_experts}, -1, layer, false});
   b.align_to(chunk.expert_alignment);
   for (int e = chunk.first_expert; e < chunk.end_expert; ++e)
     add_mlp(b, c, p + "mlp.experts." + std::to_string(e) + ".", layer, c.mlp_hidden_size(), e);

@@ -22,7 +22,14 @@ ops::RotaryFrequencies rotary(const TransformerConfig& c, int64_t first_channel)
           .yarn_factor = c.rope_yarn_factor,
           .yarn_beta_fast = c.rope_yarn_beta_fast,
           .yarn_beta_slow = c.rope_yarn_beta_slow,
+          .yarn_truncate = c.rope_yarn_truncate,
           .attention_factor = c.rope_attention_factor()};
+}
+
+ops::GluSpec glu_spec(const TransformerConfig& c) {
+  return {.quick_gelu = c.activation == Activation::quick_geglu,
+          .clamp = c.activation_clamp,
+          .linear_offset = c.glu_linear_offset};
 }
 
 // Per-head q and k norms (qk_layernorm without MLA, whose qk_layernorm norms the latents).
@@ -79,15 +86,19 @@ TransformerLayer::TransformerLayer(const TransformerConfig& config, int64_t laye
       window_(config.attention_window(layer)),
       moe_(config.is_moe_layer(layer)),
       w_(std::move(weights)),
-      g_(std::move(grads)) {}
+      g_(std::move(grads)) {
+  if (config.softmax_type == SoftmaxType::off_by_one)
+    zero_sinks_ = Tensor::zeros({shape_.q_heads}, w_.o_weight.dtype(), w_.o_weight.device());
+}
 
 Tensor TransformerLayer::mlp_activation(const Tensor& fc1_out) const {
-  const bool gated = config_.activation == Activation::swiglu;
+  const bool gated = config_.gated_activation();
   Tensor act = Tensor::empty({fc1_out.size(0), gated ? fc1_out.size(1) / 2 : fc1_out.size(1)},
                              fc1_out.dtype(), fc1_out.device());
   switch (config_.activation) {
     case Activation::swiglu:
-      ops::swiglu_forward(act, fc1_out);
+    case Activation::quick_geglu:
+      ops::glu_forward(act, fc1_out, glu_spec(config_));
       break;
     case Activation::squared_relu:
       ops::squared_relu_forward(act, fc1_out);
@@ -106,7 +117,8 @@ void TransformerLayer::mlp_activation_backward(Tensor d_fc1, const Tensor& d_act
                                                const Tensor& fc1_out) const {
   switch (config_.activation) {
     case Activation::swiglu:
-      ops::swiglu_backward(d_fc1, d_act, fc1_out);
+    case Activation::quick_geglu:
+      ops::glu_backward(d_fc1, d_act, fc1_out, glu_spec(config_));
       break;
     case Activation::squared_relu:
       ops::squared_relu_backward(d_fc1, d_act, fc1_out);
@@ -165,15 +177,16 @@ Tensor TransformerLayer::mlp_backward(const Tensor& dm, const Tensor& h_full, La
 // A replicated linear layer with f32 output (the router, the shared expert's gate): on the whole
 // tokens every TP rank computes the same weight gradient and its share of dx is added once; on
 // each rank's own tokens (own_tokens) each adds its dx and holds a share of the weight gradient.
-void TransformerLayer::replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy,
-                                                  const Tensor& x, const Tensor& weight,
-                                                  bool own_tokens) const {
+void TransformerLayer::replicated_linear_backward(Tensor dx, Tensor dweight, Tensor dbias,
+                                                  const Tensor& dy, const Tensor& x,
+                                                  const Tensor& weight, bool own_tokens) const {
   Tensor d = dy;
   if (x.dtype() != DType::f32) {  // the GEMMs take operands of one dtype
     d = Tensor::empty(dy.shape(), x.dtype(), dy.device());
     ops::cast(d, dy);
   }
-  linear_backward(own_tokens || tp_.rank() == 0 ? dx : Tensor(), dweight, {}, d, x, weight, true);
+  linear_backward(own_tokens || tp_.rank() == 0 ? dx : Tensor(), dweight, dbias, d, x, weight,
+                  true);
 }
 
 // A row-parallel layer's bias is added once, by TP rank 0, before the partial sums are
@@ -251,15 +264,21 @@ void TransformerLayer::rotate(Tensor x, const Tokens& tokens, int64_t position_o
 
 void TransformerLayer::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                                          const Tensor& v, const Tokens& tokens) const {
-  if (!cp_.active()) return ops::attention_forward(out, lse, q, k, v, window_, tokens.key_start);
-  context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v),
-                            window_, tokens.key_start);
+  if (!cp_.active()) {
+    ops::attention_forward(out, lse, q, k, v, window_, tokens.key_start);
+  } else {
+    context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v),
+                              window_, tokens.key_start);
+  }
+  if (sinks().defined()) ops::attention_sink_forward(out, lse, sinks());
 }
 
 void TransformerLayer::attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                                           const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& out, const Tensor& lse,
                                           const Tokens& tokens) const {
+  // out and lse are the sink softmax's: the backward below recomputes its probabilities.
+  if (g_.sinks.defined()) ops::attention_sink_backward(g_.sinks, dout, out, lse, w_.sinks);
   if (!cp_.active()) {
     return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window_, tokens.key_start);
   }
@@ -424,7 +443,7 @@ Tensor TransformerLayer::forward_cached(const Tensor& x, Tokens tokens, KVCache&
   qkv = Projection{};
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   ops::attention_cached_forward(attn, q, cache.keys(cache_layer), cache.values(cache_layer),
-                                offset + s, window_);
+                                offset + s, window_, sinks());
 
   Tensor mid = Tensor::empty({t, c.hidden_size}, dt, dev);
   linear_forward(mid, o_input(attn), w_.o_weight, row_bias(w_.o_bias));

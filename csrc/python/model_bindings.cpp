@@ -57,6 +57,9 @@ void bind_model(py::module_& m) {
       .def_readwrite("rope_yarn_factor", &TransformerConfig::rope_yarn_factor)
       .def_readwrite("rope_linear_factor", &TransformerConfig::rope_linear_factor)
       .def_readwrite("rotary_interleaved", &TransformerConfig::rotary_interleaved)
+      .def_readwrite("rope_yarn_truncate", &TransformerConfig::rope_yarn_truncate)
+      .def_readwrite("glu_linear_offset", &TransformerConfig::glu_linear_offset)
+      .def_readwrite("activation_clamp", &TransformerConfig::activation_clamp)
       .def_readwrite("rope_yarn_beta_fast", &TransformerConfig::rope_yarn_beta_fast)
       .def_readwrite("rope_yarn_beta_slow", &TransformerConfig::rope_yarn_beta_slow)
       .def_readwrite("rope_yarn_mscale", &TransformerConfig::rope_yarn_mscale)
@@ -119,6 +122,7 @@ void bind_model(py::module_& m) {
   def_enum_property(cfg, "moe_router_load_balancing_type",
                     &TransformerConfig::moe_router_load_balancing_type);
   def_enum_property(cfg, "moe_token_drop_policy", &TransformerConfig::moe_token_drop_policy);
+  def_enum_property(cfg, "softmax_type", &TransformerConfig::softmax_type);
   cfg.def_readwrite("recompute_num_layers", &TransformerConfig::recompute_num_layers);
   cfg.def_readwrite("recompute_mla_up_proj", &TransformerConfig::recompute_mla_up_proj);
 

@@ -1,5 +1,6 @@
 // Attention of a few new queries over a KV cache (inference): one softmax row per (batch, query,
-// head), keys read in place from the cache. Decoding has one query per sequence, so the work is
+// head), keys read in place from the cache, with the head's sink logit in the denominator when
+// there are sinks. Decoding has one query per sequence, so the work is
 // split over all rows rather than blocked as the training kernel (attention.cpp) is.
 #include <algorithm>
 #include <cmath>
@@ -28,7 +29,8 @@ BRAID_CPU_MULTIVERSION void add_scaled(float* __restrict acc, const float* __res
 }  // namespace
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, int64_t window, Stream) {
+                              const Tensor& v_cache, int64_t length, int64_t window,
+                              const Tensor& sinks, Stream) {
   const int64_t b = q.size(0), sq = q.size(1), hq = q.size(2), d = q.size(3);
   const int64_t cap = k_cache.size(1), hkv = k_cache.size(2), group = hq / hkv;
   const float scale = 1.0f / std::sqrt(float(d));
@@ -36,6 +38,7 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
   const float* pq = q.data_ptr<float>();
   const float* pk = k_cache.data_ptr<float>();
   const float* pv = v_cache.data_ptr<float>();
+  const float* sink = sinks.defined() ? sinks.data_ptr<float>() : nullptr;
   const int64_t rows = b * sq * hq;  // row r = (batch * Sq + i) * Hq + head, as q is laid out
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, length * d));
   parallel_for(rows, grain, [&](int64_t r0, int64_t r1) {
@@ -52,7 +55,9 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
         p[size_t(j)] = scale * dot(qr, kb + j * hkv * d, d);
         mx = std::max(mx, p[size_t(j)]);
       }
-      float sum = 0.0f;
+      // A sink joins the denominator only, shifted by the same (safe) maximum.
+      if (sink != nullptr) mx = std::max(mx, sink[head]);
+      float sum = sink != nullptr ? std::exp(sink[head] - mx) : 0.0f;
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int64_t j = first; j < seen; ++j) {
         const float e = std::exp(p[size_t(j)] - mx);

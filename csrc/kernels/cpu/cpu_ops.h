@@ -19,8 +19,9 @@ void squared_relu_forward(Tensor out, const Tensor& x, Stream stream);
 void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
 void sigmoid_forward(Tensor out, const Tensor& x, Stream stream);
 void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
-void swiglu_forward(Tensor out, const Tensor& x, Stream stream);
-void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream);
+void glu_forward(Tensor out, const Tensor& x, const GluSpec& glu, Stream stream);
+void glu_backward(Tensor dx, const Tensor& dout, const Tensor& x, const GluSpec& glu,
+                  Stream stream);
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
                      int64_t first_element, Stream stream);
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,
@@ -56,7 +57,11 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                         int64_t window, const Tensor& key_start, Stream stream);
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
-                              const Tensor& v_cache, int64_t length, int64_t window, Stream stream);
+                              const Tensor& v_cache, int64_t length, int64_t window,
+                              const Tensor& sinks, Stream stream);
+void attention_sink_forward(Tensor out, Tensor lse, const Tensor& sinks, Stream stream);
+void attention_sink_backward(Tensor dsinks, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sinks, Stream stream);
 void moe_router_forward(Tensor probs, Tensor experts, Tensor score_sums, Tensor lse,
                         const Tensor& logits, const Tensor& expert_bias, const MoeRouterSpec& spec,
                         Stream stream);

@@ -1,5 +1,5 @@
 // Elementwise ops on the CPU: add, scale, cast, gelu (tanh approximation and exact), squared relu,
-// swiglu.
+// sigmoid, gated linear units (SwiGLU, quick-GeGLU).
 #include <cmath>
 #include <cstring>
 
@@ -110,27 +110,49 @@ void gelu_exact_backward_kernel(float* dx, const float* dout, const float* x, in
   }
 }
 
-// ---- swiglu ----
-// Row of x: [gate (f) | up (f)]; out = silu(gate) * up, silu(g) = g * sigmoid(g).
+// ---- gated linear units ----
+// Row of x: [gate (f) | up (f)]; out = act(g) (u + offset), act(g) = g sigmoid(alpha g) (silu:
+// alpha 1; quick gelu: 1.702), with g, u the gate and up clamped (clamp > 0) or not.
 
-BRAID_CPU_MULTIVERSION void swiglu_forward_row(float* __restrict out, const float* __restrict x,
-                                               int64_t f) {
-  const float* gate = x;
-  const float* up = x + f;
-#pragma omp simd
-  for (int64_t j = 0; j < f; ++j) out[j] = gate[j] * sigmoid_f32(gate[j]) * up[j];
-}
+struct Glu {
+  float alpha, clamp, offset;  // clamp 0: none
+  explicit Glu(const GluSpec& spec)
+      : alpha(spec.quick_gelu ? 1.702f : 1.0f), clamp(spec.clamp), offset(spec.linear_offset) {}
+  // Written as selects (a NaN stays NaN, as torch's clamp keeps it) so that the loops vectorise.
+  float gate(float g) const { return clamp > 0.0f && g > clamp ? clamp : g; }
+  float up(float u) const {
+    if (clamp <= 0.0f) return u;
+    return u < -clamp ? -clamp : (u > clamp ? clamp : u);
+  }
+  // torch's clamp backward: the gradient passes where the bounds hold, equality included.
+  bool gate_passes(float g) const { return clamp <= 0.0f || g <= clamp; }
+  bool up_passes(float u) const { return clamp <= 0.0f || (u >= -clamp && u <= clamp); }
+};
 
-// d/dgate = dout * up * s (1 + g (1 - s)), d/dup = dout * g s   (s = sigmoid(g))
-BRAID_CPU_MULTIVERSION void swiglu_backward_row(float* __restrict dx, const float* __restrict dout,
-                                                const float* __restrict x, int64_t f) {
+BRAID_CPU_MULTIVERSION void glu_forward_row(float* __restrict out, const float* __restrict x,
+                                            int64_t f, Glu glu) {
   const float* gate = x;
   const float* up = x + f;
 #pragma omp simd
   for (int64_t j = 0; j < f; ++j) {
-    float g = gate[j], s = sigmoid_f32(g);
-    dx[j] = dout[j] * up[j] * s * (1.0f + g * (1.0f - s));
-    dx[f + j] = dout[j] * g * s;
+    const float g = glu.gate(gate[j]);
+    out[j] = g * sigmoid_f32(glu.alpha * g) * (glu.up(up[j]) + glu.offset);
+  }
+}
+
+// With s = sigmoid(alpha g): d act / dg = s (1 + alpha g (1 - s)); d/dup = dout act(g).
+BRAID_CPU_MULTIVERSION void glu_backward_row(float* __restrict dx, const float* __restrict dout,
+                                             const float* __restrict x, int64_t f, Glu glu) {
+  const float* gate = x;
+  const float* up = x + f;
+#pragma omp simd
+  for (int64_t j = 0; j < f; ++j) {
+    const float g = glu.gate(gate[j]), u = glu.up(up[j]) + glu.offset;
+    const float s = sigmoid_f32(glu.alpha * g);
+    const float dg = dout[j] * u * s * (1.0f + glu.alpha * g * (1.0f - s));
+    const float du = dout[j] * g * s;
+    dx[j] = glu.gate_passes(gate[j]) ? dg : 0.0f;
+    dx[f + j] = glu.up_passes(up[j]) ? du : 0.0f;
   }
 }
 
@@ -256,23 +278,25 @@ void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
   });
 }
 
-void swiglu_forward(Tensor out, const Tensor& x, Stream) {
+void glu_forward(Tensor out, const Tensor& x, const GluSpec& spec, Stream) {
   const int64_t f = out.size(-1), rows = out.numel() / f;
+  const Glu glu(spec);
   float* o = out.data_ptr<float>();
   const float* px = x.data_ptr<float>();
   parallel_for(rows, std::max<int64_t>(1, kGrain / 8 / f), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) swiglu_forward_row(o + r * f, px + r * 2 * f, f);
+    for (int64_t r = r0; r < r1; ++r) glu_forward_row(o + r * f, px + r * 2 * f, f, glu);
   });
 }
 
-void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream) {
+void glu_backward(Tensor dx, const Tensor& dout, const Tensor& x, const GluSpec& spec, Stream) {
   const int64_t f = dout.size(-1), rows = dout.numel() / f;
+  const Glu glu(spec);
   float* d = dx.data_ptr<float>();
   const float* g = dout.data_ptr<float>();
   const float* px = x.data_ptr<float>();
   parallel_for(rows, std::max<int64_t>(1, kGrain / 8 / f), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      swiglu_backward_row(d + r * 2 * f, g + r * f, px + r * 2 * f, f);
+      glu_backward_row(d + r * 2 * f, g + r * f, px + r * 2 * f, f, glu);
     }
   });
 }

@@ -1,5 +1,5 @@
-// gelu (tanh form, HF "gelu_new"), the exact gelu (erf), squared relu and swiglu, forward
-// and backward.
+// gelu (tanh form, HF "gelu_new"), the exact gelu (erf), squared relu, sigmoid and the gated
+// linear units (SwiGLU, quick-GeGLU), forward and backward.
 
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -74,10 +74,29 @@ struct SigmoidBackwardOp {  // (dout, x)
   }
 };
 
-// x [rows, 2F] = [gate | up]; out [rows, F] = silu(gate) * up. V elements of one row per step.
+// A gated linear unit (ops::GluSpec): out = act(g) (u + offset), act(g) = g sigmoid(alpha g)
+// (silu: alpha 1; quick gelu: 1.702), g and u the gate and up clamped when clamp > 0.
+struct Glu {
+  float alpha, clamp, offset;  // clamp 0: none
+  // Selects rather than fminf / fmaxf: a NaN stays NaN, as torch's clamp keeps it.
+  __device__ float gate(float g) const { return clamp > 0.0f && g > clamp ? clamp : g; }
+  __device__ float up(float u) const {
+    if (clamp <= 0.0f) return u;
+    return u < -clamp ? -clamp : (u > clamp ? clamp : u);
+  }
+  // torch's clamp backward: the gradient passes where the bounds hold, equality included.
+  __device__ bool gate_passes(float g) const { return clamp <= 0.0f || g <= clamp; }
+  __device__ bool up_passes(float u) const { return clamp <= 0.0f || (u >= -clamp && u <= clamp); }
+};
+
+Glu glu_of(const GluSpec& spec) {
+  return {spec.quick_gelu ? 1.702f : 1.0f, spec.clamp, spec.linear_offset};
+}
+
+// x [rows, 2F] = [gate | up]; out [rows, F]. V elements of one row per step.
 template <int V, typename T>
-__global__ void swiglu_forward_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows,
-                                      int64_t f) {
+__global__ void glu_forward_kernel(T* __restrict__ out, const T* __restrict__ x, int64_t rows,
+                                   int64_t f, Glu glu) {
   int64_t n = rows * f;
   int64_t stride = int64_t(gridDim.x) * blockDim.x * V;
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
@@ -87,14 +106,18 @@ __global__ void swiglu_forward_kernel(T* __restrict__ out, const T* __restrict__
     load_pack<V>(gate, g);
     load_pack<V>(gate + f, u);
 #pragma unroll
-    for (int k = 0; k < V; ++k) res[k] = g[k] * sigmoid(g[k]) * u[k];
+    for (int k = 0; k < V; ++k) {
+      const float gc = glu.gate(g[k]);
+      res[k] = gc * sigmoid(glu.alpha * gc) * (glu.up(u[k]) + glu.offset);
+    }
     store_pack<V>(out + i, res);
   }
 }
 
+// With s = sigmoid(alpha g): d act / dg = s (1 + alpha g (1 - s)); d/dup = dout act(g).
 template <int V, typename T>
-__global__ void swiglu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dout,
-                                       const T* __restrict__ x, int64_t rows, int64_t f) {
+__global__ void glu_backward_kernel(T* __restrict__ dx, const T* __restrict__ dout,
+                                    const T* __restrict__ x, int64_t rows, int64_t f, Glu glu) {
   int64_t n = rows * f;
   int64_t stride = int64_t(gridDim.x) * blockDim.x * V;
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * V; i < n; i += stride) {
@@ -106,9 +129,10 @@ __global__ void swiglu_backward_kernel(T* __restrict__ dx, const T* __restrict__
     load_pack<V>(dout + i, d);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      float s = sigmoid(g[k]);
-      du[k] = d[k] * g[k] * s;
-      dg[k] = d[k] * u[k] * s * (1.0f + g[k] * (1.0f - s));
+      const float gc = glu.gate(g[k]), uc = glu.up(u[k]) + glu.offset;
+      const float s = sigmoid(glu.alpha * gc);
+      dg[k] = glu.gate_passes(g[k]) ? d[k] * uc * s * (1.0f + glu.alpha * gc * (1.0f - s)) : 0.0f;
+      du[k] = glu.up_passes(u[k]) ? d[k] * gc * s : 0.0f;
     }
     store_pack<V>(dx + gate_at, dg);
     store_pack<V>(dx + gate_at + f, du);
@@ -173,46 +197,51 @@ void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream str
   activation_backward<SigmoidBackwardOp>(dx, dout, x, stream, "sigmoid_backward");
 }
 
-void swiglu_forward(Tensor out, const Tensor& x, Stream stream) {
+void glu_forward(Tensor out, const Tensor& x, const GluSpec& spec, Stream stream) {
   detail::DeviceGuard guard(out.device());
   int64_t f = out.size(-1), rows = out.numel() / f;
   cudaStream_t s = detail::cuda_stream(stream);
   int device = out.device().index;
+  const Glu glu = glu_of(spec);
   constexpr int kThreads = detail::kMapThreads;
-  detail::dispatch_activation(x.dtype(), "swiglu_forward", [&](auto tag) {
+  detail::dispatch_activation(x.dtype(), "glu_forward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* o = static_cast<T*>(out.data());
     const T* in = static_cast<const T*>(x.data());
     if (detail::pack_width<T>(f, {o, in}) > 1) {
       constexpr int V = detail::kPack<T>;
-      swiglu_forward_kernel<V, T>
-          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(o, in, rows, f);
+      glu_forward_kernel<V, T>
+          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(o, in, rows, f,
+                                                                                 glu);
     } else {
-      swiglu_forward_kernel<1, T>
-          <<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(o, in, rows, f);
+      glu_forward_kernel<1, T>
+          <<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(o, in, rows, f, glu);
     }
     CUDA_CHECK_LAUNCH();
   });
 }
 
-void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream) {
+void glu_backward(Tensor dx, const Tensor& dout, const Tensor& x, const GluSpec& spec,
+                  Stream stream) {
   detail::DeviceGuard guard(dx.device());
   int64_t f = dout.size(-1), rows = dout.numel() / f;
   cudaStream_t s = detail::cuda_stream(stream);
   int device = dx.device().index;
+  const Glu glu = glu_of(spec);
   constexpr int kThreads = detail::kMapThreads;
-  detail::dispatch_activation(x.dtype(), "swiglu_backward", [&](auto tag) {
+  detail::dispatch_activation(x.dtype(), "glu_backward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* d = static_cast<T*>(dx.data());
     const T* g = static_cast<const T*>(dout.data());
     const T* in = static_cast<const T*>(x.data());
     if (detail::pack_width<T>(f, {d, g, in}) > 1) {
       constexpr int V = detail::kPack<T>;
-      swiglu_backward_kernel<V, T>
-          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(d, g, in, rows, f);
+      glu_backward_kernel<V, T>
+          <<<detail::grid_for(rows * f / V, kThreads, device), kThreads, 0, s>>>(d, g, in, rows, f,
+                                                                                 glu);
     } else {
-      swiglu_backward_kernel<1, T>
-          <<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(d, g, in, rows, f);
+      glu_backward_kernel<1, T><<<detail::grid_for(rows * f, kThreads, device), kThreads, 0, s>>>(
+          d, g, in, rows, f, glu);
     }
     CUDA_CHECK_LAUNCH();
   });

@@ -1,7 +1,8 @@
 // Attention of a few new queries over a KV cache (inference). One warp per softmax row
 // (batch, query, head): the lanes take 32 keys at a time straight from the cache (one key per
-// lane), keep an online softmax, and own the output columns lane, lane + 32, ... f32
-// arithmetic throughout; correctness first - decoding reads each key once per row.
+// lane), keep an online softmax, and own the output columns lane, lane + 32, ...; a head's sink
+// (when there are sinks) joins the softmax's denominator as a last step. f32 arithmetic
+// throughout; correctness first - decoding reads each key once per row.
 
 #include <type_traits>
 
@@ -33,7 +34,7 @@ struct CachedDims {
 template <int kChunks, typename T>
 __global__ void __launch_bounds__(kThreads)
     attention_cached_kernel(T* __restrict__ out, const T* __restrict__ q, const T* __restrict__ k,
-                            const T* __restrict__ v, CachedDims m) {
+                            const T* __restrict__ v, const T* __restrict__ sinks, CachedDims m) {
   __shared__ float q_shared[kWarps][kMaxHeadDim];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
@@ -80,6 +81,14 @@ __global__ void __launch_bounds__(kThreads)
     }
     mx = m_new;
   }
+  if (sinks != nullptr) {  // one more logit in the denominator, weighing no value
+    const float sink = to_float(sinks[head]);
+    const float m_new = fmaxf(mx, sink);
+    const float correction = expf(mx - m_new);
+    l = l * correction + expf(sink - m_new);
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) acc[c] *= correction;
+  }
   const float inv = 1.0f / l;
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -105,7 +114,7 @@ void dispatch_chunks(int d, F&& f) {
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, int64_t length, int64_t window,
-                              Stream stream) {
+                              const Tensor& sinks, Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
   const CachedDims m{q.size(0),       q.size(1),       q.size(2),
@@ -121,7 +130,8 @@ void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache
     dispatch_chunks(m.d, [&](auto chunks) {
       attention_cached_kernel<decltype(chunks)::value, T><<<unsigned(blocks), kThreads, 0, s>>>(
           static_cast<T*>(out.data()), static_cast<const T*>(q.data()),
-          static_cast<const T*>(k_cache.data()), static_cast<const T*>(v_cache.data()), m);
+          static_cast<const T*>(k_cache.data()), static_cast<const T*>(v_cache.data()),
+          sinks.defined() ? static_cast<const T*>(sinks.data()) : nullptr, m);
       CUDA_CHECK_LAUNCH();
     });
   });

@@ -41,9 +41,10 @@ namespace braid::engine {
 // compute differently (MoE routers other than Mixtral's softmax: sigmoid scores, expert biases,
 // groups, a scaling factor, a capacity), version 3 one with multi-latent attention or YaRN RoPE,
 // version 4 one with multi-token prediction depths, version 5 one with linear RoPE
-// interpolation, version 6 one with interleaved RoPE pairs outside multi-latent attention;
-// every other checkpoint is written as version 1.
-constexpr int kCheckpointFormatVersion = 6;
+// interpolation, version 6 one with interleaved RoPE pairs outside multi-latent attention,
+// version 7 one with attention sinks, the quick GEGLU, a GLU offset or clamp, untruncated YaRN or
+// a router bias (experts with add_bias_linear); every other checkpoint is written as version 1.
+constexpr int kCheckpointFormatVersion = 7;
 
 struct SaveOptions {
   bool save_optim = true;  // not --no-save-optim

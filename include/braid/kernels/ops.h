@@ -76,9 +76,21 @@ void squared_relu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Strea
 void sigmoid_forward(Tensor out, const Tensor& x, Stream stream = {});
 void sigmoid_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
 
-// x [..., 2F] holds [gate | up] in each row; out [..., F] = silu(gate) * up.
-void swiglu_forward(Tensor out, const Tensor& x, Stream stream = {});
-void swiglu_backward(Tensor dx, const Tensor& dout, const Tensor& x, Stream stream = {});
+// Gated linear units (Megatron's gated_linear_unit). x [..., 2F] holds [gate | up] in each row;
+// out [..., F] = act(g) * (u + linear_offset), act(g) = silu(g) = g sigmoid(g) (SwiGLU: Llama,
+// --swiglu) or, with quick_gelu, g sigmoid(1.702 g) (Megatron's --quick-geglu, GPT-OSS's).
+// With clamp > 0 (Megatron's --activation-func-clamp-value, GPT-OSS's swiglu_limit)
+// g = min(gate, clamp) and u = min(max(up, -clamp), clamp), else g = gate and u = up;
+// linear_offset is Megatron's --glu-linear-offset (GPT-OSS: 1). The backward passes no gradient
+// through a clamped element (torch's clamp: an element equal to a bound passes it).
+struct GluSpec {
+  bool quick_gelu = false;
+  float clamp = 0.0f;  // 0: none
+  float linear_offset = 0.0f;
+};
+void glu_forward(Tensor out, const Tensor& x, const GluSpec& glu = {}, Stream stream = {});
+void glu_backward(Tensor dx, const Tensor& dout, const Tensor& x, const GluSpec& glu = {},
+                  Stream stream = {});
 
 // Inverted dropout: out = x * keep / (1 - p), p in [0, 1]. The mask is never stored: backward
 // draws it again from (seed, offset). Exact rule, identical on every device: element i (flat
@@ -123,6 +135,9 @@ void rmsnorm_backward(Tensor dx, Tensor dweight, const Tensor& dout, const Tenso
 // low = max(floor(d(beta_fast)), 0) keep their frequency, those from high =
 // min(ceil(d(beta_slow)), R - 1) on divide it by s, and between the two
 // ramp = (i - low) / (high - low) blends them: inv_freq / s * ramp + inv_freq * (1 - ramp).
+// yarn_truncate false (HF's rope_parameters truncate: false, GPT-OSS's; megatron-core's
+// correction_range_round_to_int False) keeps low = max(d(beta_fast), 0) and high =
+// min(d(beta_slow), R - 1) unrounded (high + 0.001 when they are equal, HF's).
 // With linear_factor = s > 0, linear position interpolation (Chen et al. 2023; HF rope_type
 // "linear", Megatron's --rotary-seq-len-interpolation-factor): every inv_freq / s, as HF
 // computes it (position p turns as p / s would).
@@ -148,6 +163,7 @@ struct RotaryFrequencies {
   float yarn_factor = 0.0f;    // 0: no YaRN
   float yarn_beta_fast = 32.0f;
   float yarn_beta_slow = 1.0f;
+  bool yarn_truncate = true;
   // cos and sin are multiplied by it (YaRN's attention factor, HF's attention_scaling,
   // megatron-core's mscale): q . k scales by its square. 1 leaves RoPE a rotation.
   float attention_factor = 1.0f;
@@ -228,9 +244,23 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 // p = length - Sq + i, attends to key positions 0 .. p (causal, aligned to the end as
 // flash-attention aligns Sq < Sk), or p - window .. p with a window >= 0; GQA and scale as
 // attention_forward. out [B, Sq, Hq, D] (q's dtype).
+// `sinks` as attention_sink_forward's, when defined.
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, int64_t length, int64_t window = -1,
-                              Stream stream = {});
+                              const Tensor& sinks = {}, Stream stream = {});
+
+// Attention sinks (GPT-OSS's; Megatron's --softmax-type learnable, and off-by-one's sinks of 0):
+// each head's softmax has one more logit, sinks[h], whose probability weighs no value.
+// attention_sink_forward turns attention_forward's out and lse [B, Hq, Sq] into the sink
+// softmax's, in place: lse' = log(exp(lse) + exp(sinks[h])), out *= exp(lse - lse'). sinks [Hq]
+// has out's dtype (on the CPU f32). attention_backward given that out and lse then gives the
+// sink softmax's dq, dk, dv (it recomputes the probabilities from lse'), and
+// attention_sink_backward the sinks' own gradient: dsinks [Hq] f32 +=
+// -sum over b, i of exp(sinks[h] - lse'[b, h, i]) * dot(dout[b, i, h], out[b, i, h]) (with out
+// and lse the forward's results, accumulated in f32).
+void attention_sink_forward(Tensor out, Tensor lse, const Tensor& sinks, Stream stream = {});
+void attention_sink_backward(Tensor dsinks, const Tensor& dout, const Tensor& out,
+                             const Tensor& lse, const Tensor& sinks, Stream stream = {});
 
 // ---------------------------------------------------------------- mixture of experts
 // How a router turns its logits into each token's k experts and their weights (Megatron's

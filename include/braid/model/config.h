@@ -15,8 +15,14 @@ namespace braid::model {
 enum class Normalization { layernorm, rmsnorm };
 // gelu: GPT-2's (tanh form; Megatron's fused bias-GELU, --openai-gelu); gelu_exact: x Phi(x)
 // with erf (megatron-core's unfused GELU, torch's F.gelu, HF "gelu"); swiglu: silu(gate) * up
-// (Llama); squared_relu: relu(x)^2 (Nemotron-4, Megatron's --squared-relu), ungated like gelu.
-enum class Activation { gelu, swiglu, squared_relu, gelu_exact };
+// (Llama); squared_relu: relu(x)^2 (Nemotron-4, Megatron's --squared-relu), ungated like gelu;
+// quick_geglu: gate sigmoid(1.702 gate) * up (Megatron's --quick-geglu; GPT-OSS's experts).
+// swiglu and quick_geglu are gated (ops::glu_forward; glu_linear_offset, activation_clamp).
+enum class Activation { gelu, swiglu, squared_relu, gelu_exact, quick_geglu };
+// Each attention head's softmax (Megatron's --softmax-type): vanilla; off_by_one, one more logit
+// of 0 in every row that weighs no value (softmax_1, "attention is off by one"); learnable, that
+// logit a parameter per head (GPT-OSS's attention sinks, self_attn.sinks [heads]).
+enum class SoftmaxType { vanilla, off_by_one, learnable };
 enum class PositionEmbedding { learned, rope };
 // How a router scores experts from its logits (Megatron's --moe-router-score-function).
 enum class MoeScoreFunction { softmax, sigmoid };
@@ -79,6 +85,10 @@ struct TransformerConfig {
   // interleaved pairs (2i with 2i + 1; Megatron's --rotary-interleaved). Multi-latent attention
   // always interleaves (DeepSeek's).
   bool rotary_interleaved = false;
+  // YaRN's correction range: floored and ceiled (true; DeepSeek's, HF's default) or kept
+  // fractional (false; GPT-OSS's rope_parameters truncate: false, megatron-core's
+  // correction_range_round_to_int False); ops::RotaryFrequencies::yarn_truncate.
+  bool rope_yarn_truncate = true;
   float norm_eps = 1e-5f;
   bool add_bias_linear = true;
   // Biases on the query, key and value projections alone (Qwen2's; Megatron's --add-qkv-bias);
@@ -107,6 +117,13 @@ struct TransformerConfig {
   // zero (Megatron's --apply-layernorm-1p, megatron-core's layernorm_zero_centered_gamma).
   bool zero_centered_gamma = false;
   bool tie_embeddings = true;
+  // The gated activations' act(gate) * (up + glu_linear_offset), with the gate clamped to at
+  // most activation_clamp and up to [-activation_clamp, activation_clamp] when that is > 0
+  // (Megatron's --glu-linear-offset and --activation-func-clamp-value; GPT-OSS's 1 and
+  // swiglu_limit 7); ops::GluSpec.
+  float glu_linear_offset = 0.0f;
+  float activation_clamp = 0.0f;
+  SoftmaxType softmax_type = SoftmaxType::vanilla;
   // Sliding-window attention (Megatron's --window-size W,0): on a windowed layer each query sees
   // itself and the window_size keys before it (HF's sliding_window is window_size + 1: Mistral
   // v0.1's 4096 is 4095 here). -1: no window.
@@ -117,11 +134,11 @@ struct TransformerConfig {
   std::vector<int64_t> window_layers;
   // Mixture of experts (Megatron's --num-experts; Mixtral, Qwen3-MoE, OLMoE): every layer's MLP
   // is num_experts MLPs of moe_ffn_hidden_size (0: ffn_hidden_size) of which a router (a
-  // [num_experts, hidden] linear layer) picks moe_router_topk per token; their outputs are summed
-  // weighted by the router's probabilities (ops::moe_router_forward; with moe_router_pre_softmax
-  // the softmax runs over all experts before the top k). Dropless: every expert takes every token
-  // routed to it. moe_aux_loss_coeff > 0 adds the Switch Transformer load-balancing loss, as
-  // Megatron's aux_loss. 0 experts: a dense MLP.
+  // [num_experts, hidden] linear layer, with a bias when add_bias_linear, Megatron's) picks
+  // moe_router_topk per token; their outputs are summed weighted by the router's probabilities
+  // (ops::moe_router_forward; with moe_router_pre_softmax the softmax runs over all experts before
+  // the top k). Dropless: every expert takes every token routed to it. moe_aux_loss_coeff > 0 adds
+  // the Switch Transformer load-balancing loss, as Megatron's aux_loss. 0 experts: a dense MLP.
   int64_t num_experts = 0;
   int64_t moe_router_topk = 2;
   int64_t moe_ffn_hidden_size = 0;
@@ -215,6 +232,8 @@ struct TransformerConfig {
   float softmax_scale_factor() const;
   // The attention window of layer `layer` (0-based): window_size on a windowed layer, else -1.
   int64_t attention_window(int64_t layer) const;
+  // Whether the MLP activation is gated (swiglu, quick_geglu): fc1 is [gate; up].
+  bool gated_activation() const;
   // The hidden size of each expert: moe_ffn_hidden_size, or ffn_hidden_size.
   int64_t mlp_hidden_size() const;
   // Whether layer `layer` (0-based; num_layers + k - 1 is MTP depth k's, of the last layer's
@@ -244,6 +263,8 @@ const char* to_string(RecomputeMethod value);
 const char* to_string(MoeScoreFunction value);
 const char* to_string(MoeLoadBalancing value);
 const char* to_string(MoeTokenDropPolicy value);
+const char* to_string(SoftmaxType value);
+void from_string(std::string_view name, SoftmaxType& out);
 void from_string(std::string_view name, Normalization& out);
 void from_string(std::string_view name, MoeScoreFunction& out);
 void from_string(std::string_view name, MoeLoadBalancing& out);

@@ -4,7 +4,8 @@
 //   std * normal_from_words(random_words(seed, philox::stream_of(name), i))
 // for weights, with std = init_std, and init_std / sqrt(2 * num_layers) for the output
 // projections o_proj and down_proj (Megatron's scaled init), embedding_init_std for the word and
-// position embeddings when it is set; biases are 0 and norm weights 1.
+// position embeddings when it is set, init_std for the attention sinks and the router's bias
+// (megatron-core's); the other biases are 0 and norm weights 1.
 // A TP/PP shard therefore initialises to exactly its slice of the unsharded weights.
 
 #include <cstdint>

@@ -6,27 +6,28 @@
 //   model.embed_tokens.weight, model.embed_positions.weight (learned positions),
 //   per layer i (prefix model.layers.{i}.):
 //     input_layernorm.{weight,bias}, self_attn.{q,k,v}_proj.weight, self_attn.{q,k,v}_proj.bias,
-//     self_attn.o_proj.{weight,bias} (or, with multi-latent attention, DeepSeek-V3's
+//     self_attn.o_proj.{weight,bias}, self_attn.sinks ([heads], split by heads over TP; with
+//     SoftmaxType::learnable) (or, with multi-latent attention, DeepSeek-V3's
 //     self_attn.q_a_proj.weight, q_a_layernorm.*, q_b_proj.weight (or q_proj.weight without a
 //     query latent), kv_a_proj_with_mqa.weight, kv_a_layernorm.*, kv_b_proj.weight and
 //     o_proj.weight: the down projections and latent norms replicated over TP, the up
 //     projections column-parallel by heads), post_attention_layernorm.{weight,bias},
 //     mlp.{gate_proj,up_proj}.weight, mlp.{gate_proj,up_proj}.bias, mlp.down_proj.{weight,bias}
-//     or, with experts: mlp.gate.weight (the router, [E, H], replicated over TP), expert j's MLP
-//     under mlp.experts.{j}. (the dense MLP's names and shapes, moe_ffn_hidden_size wide), then
-//     the shared expert's under mlp.shared_expert. and its gate mlp.shared_expert_gate.weight
-//     ([1, H], replicated) when the config has them,
+//     or, with experts: mlp.gate.{weight,bias} (the router, [E, H] and [E], replicated over TP),
+//     expert j's MLP under mlp.experts.{j}. (the dense MLP's names and shapes, moe_ffn_hidden_size
+//     wide), then the shared expert's under mlp.shared_expert. and its gate
+//     mlp.shared_expert_gate.weight ([1, H], replicated) when the config has them,
 //   model.norm.{weight,bias}, lm_head.weight (absent when embeddings are tied).
 // Multi-token prediction depths (config.h) come after the last layer, as layers num_layers + k - 1:
 //   enorm.{weight,bias}, hnorm.{weight,bias}, eh_proj.weight ([H, 2H], replicated over TP), the
 //   layer's parameters as above, shared_head.norm.{weight,bias}.
-// Biases exist when add_bias_linear (q, k and v also with add_qkv_bias); q_norm and k_norm
-// (weight [head_dim], replicated over TP) with qk_layernorm; norm biases with layernorm; gate_proj
-// with swiglu.
+// Biases exist when add_bias_linear (q, k and v also with add_qkv_bias; the router's too); q_norm
+// and k_norm (weight [head_dim], replicated over TP) with qk_layernorm; norm biases with layernorm;
+// gate_proj with a gated activation.
 //
 // Fused groups are stored back to back with no padding: q/k/v weights (one [q; k; v]
 // view is the weight of one GEMM), q/k/v biases, gate/up weights (one GEMM gives
-// [gate | up] per row, the layout ops::swiglu_forward takes) and gate/up biases. Every
+// [gate | up] per row, the layout ops::glu_forward takes) and gate/up biases. Every
 // group (a fused group or a single parameter) starts at a multiple of
 // kParamGroupAlignment elements. Gradients live in an f32 buffer at the same offsets.
 //

@@ -3,11 +3,12 @@
 // parallelism: attention split by heads, MLP along its hidden dimension; tensor_parallel.h):
 //   h1 = norm1(x); q, k, v = h1 Wq^T, h1 Wk^T, h1 Wv^T (qk_layernorm: q, k = norm per head)
 //   (+ rope on q, k); or multi-latent attention's q, k, v (latent_attention.cpp)
-//   attn = causal_attention(q, k, v) (in a sliding window on windowed layers)
+//   attn = causal_attention(q, k, v) (in a sliding window on windowed layers; with attention
+//   sinks, SoftmaxType, one more logit per head in each softmax row)
 //   mid = x + dropout(attn Wo^T + bo)
-//   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | swiglu(fc1)
+//   h2 = norm2(mid); fc1 = h2 W1^T + b1; act = gelu(fc1) | glu(fc1) (swiglu, quick_geglu)
 //   out = mid + dropout(act W2^T + b2)
-// W1 is up_proj (gelu) or the fused [gate_proj; up_proj] weight (swiglu), so one GEMM gives
+// W1 is up_proj (gelu) or the fused [gate_proj; up_proj] weight (gated), so one GEMM gives
 // [gate | up] per row. q, k and v are three GEMMs on row slices of the fused [q; k; v] weight
 // because attention takes them as separate contiguous tensors and the op table has no
 // split-columns op.
@@ -27,7 +28,7 @@
 namespace braid::model {
 
 // One MLP's weights, or their gradients: fc1 is up_proj (gelu, squared relu) or the fused
-// [gate_proj; up_proj] (swiglu), [F | 2F, H]; fc2 is down_proj [H, F]; biases [F | 2F], [H].
+// [gate_proj; up_proj] (gated), [F | 2F, H]; fc2 is down_proj [H, F]; biases [F | 2F], [H].
 struct MlpTensors {
   Tensor fc1_weight, fc1_bias;
   Tensor fc2_weight, fc2_bias;
@@ -42,6 +43,7 @@ struct LayerTensors {
   Tensor q_norm_weight, q_norm_bias;          // [D] each (qk_layernorm), or undefined
   Tensor k_norm_weight, k_norm_bias;
   Tensor o_weight, o_bias;  // [H, Hq D], [H] (MLA: [H, Hq Dv], no bias)
+  Tensor sinks;             // [Hq], with SoftmaxType::learnable
   // Multi-latent attention, in place of the qkv and q/k norm tensors (config.h; Lq, Lkv the
   // latent ranks, Dn + Dr = D the query/key head, Dv the value head): q_a_proj [Lq, H] and
   // q_a_layernorm [Lq] (replicated), q_b_proj [Hq D, Lq] in q_weight, or q_proj [Hq D, H] there
@@ -55,6 +57,7 @@ struct LayerTensors {
   // expert this rank holds (all of them without expert parallelism), and (when the config has them)
   // the shared expert's and its gate [1, H] (replicated).
   Tensor router_weight;
+  Tensor router_bias;  // [E], with add_bias_linear
   Tensor expert_bias;  // [E] f32, with moe_router_enable_expert_bias (not a parameter: no grad)
   std::vector<MlpTensors> experts;
   MlpTensors shared_expert;
@@ -236,6 +239,9 @@ class TransformerLayer {
   void attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tokens& tokens) const;
+  // The attention sinks of this rank's heads [Hq] (the parameter, or off-by-one's zeros), or
+  // undefined for the vanilla softmax.
+  const Tensor& sinks() const { return w_.sinks.defined() ? w_.sinks : zero_sinks_; }
   Tensor mlp_activation(const Tensor& fc1_out) const;
   void mlp_activation_backward(Tensor d_fc1, const Tensor& d_act, const Tensor& fc1_out) const;
   // One MLP `w` on rows x [n, H]: writes fc1 (allocated by the caller) and y [n, H] (this rank's
@@ -269,9 +275,11 @@ class TransformerLayer {
   void shared_expert_backward(Tensor dh, const Tensor& dm, const Tensor& h_full,
                               LayerActivations& a) const;
   // A replicated linear layer's backward: dx added once over TP (by rank 0) when every rank
-  // sees the same tokens x, by every rank for its own tokens with `own_tokens`.
-  void replicated_linear_backward(Tensor dx, Tensor dweight, const Tensor& dy, const Tensor& x,
-                                  const Tensor& weight, bool own_tokens = false) const;
+  // sees the same tokens x, by every rank for its own tokens with `own_tokens`. dbias may be
+  // undefined.
+  void replicated_linear_backward(Tensor dx, Tensor dweight, Tensor dbias, const Tensor& dy,
+                                  const Tensor& x, const Tensor& weight,
+                                  bool own_tokens = false) const;
   // The MLP (dense, or the experts) of the normed input h_full [T, H] (every token under TP, in
   // `rows` runs of tokens: Tokens::batch):
   // returns this rank's partial output [T, H]; keeps fc1_out, act_out (and with experts the
@@ -295,6 +303,7 @@ class TransformerLayer {
   bool moe_;        // experts (and a router) in place of the dense MLP
   LayerTensors w_;
   LayerTensors g_;
+  Tensor zero_sinks_;  // SoftmaxType::off_by_one: [Hq] zeros of the weights' dtype
 };
 
 }  // namespace braid::model

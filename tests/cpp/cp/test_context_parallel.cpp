@@ -100,6 +100,16 @@ TransformerConfig mtp_window_full() {
   return c;
 }
 
+// GPT-OSS's attention: learnable sinks joined once to softmaxes merged over the chunks, a window
+// across chunks, biases; selective recomputation keeps the sink softmax's output and lse.
+TransformerConfig sinks_window_selective() {
+  TransformerConfig c = sliding_window();
+  c.softmax_type = SoftmaxType::learnable;
+  c.add_bias_linear = true;
+  c.recompute = Recompute::selective;
+  return c;
+}
+
 TransformerConfig gpt2_selective() {
   TransformerConfig c = gpt2();
   c.recompute = Recompute::selective;
@@ -128,7 +138,9 @@ const Case kCases[] = {{"gpt2", gpt2, 1, false},
                        {"latent_up_selective", latent_up_selective, 1, false},
                        {"tp2_latent_up_selective_sp", latent_up_selective, 2, true},
                        {"mtp_window_full", mtp_window_full, 1, false},
-                       {"tp2_mtp_window_full_sp", mtp_window_full, 2, true}};
+                       {"tp2_mtp_window_full_sp", mtp_window_full, 2, true},
+                       {"sinks_window_selective", sinks_window_selective, 1, false},
+                       {"tp2_sinks_window_selective_sp", sinks_window_selective, 2, true}};
 
 class ContextParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

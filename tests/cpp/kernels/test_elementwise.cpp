@@ -1,4 +1,5 @@
-// add, scale, cast, gelu (tanh approximation and exact), squared relu, swiglu.
+// add, scale, cast, gelu (tanh approximation and exact), squared relu, sigmoid, and SwiGLU (the
+// gated linear unit's default spec; its other forms: test_glu.cpp).
 #include <algorithm>
 
 #include "kernel_test_util.h"
@@ -170,7 +171,7 @@ TEST_P(Elementwise, SwigluForward) {
   const int64_t f = 19;
   Tensor x = random_tensor({2, 3, 2 * f}, 5, 4.0f);
   Tensor out = empty({2, 3, f});
-  ops::swiglu_forward(out, up(x));
+  ops::glu_forward(out, up(x));
   std::vector<double> xv = values(seen(x)), want;
   for (int64_t r = 0; r < 6; ++r) {
     for (int64_t j = 0; j < f; ++j) {
@@ -187,12 +188,12 @@ TEST_P(Elementwise, SwigluBackwardMatchesFiniteDifferences) {
   g.samples = 64;
   g.forward = [](const Tensors& in) {
     Tensor y = empty_as(in[0], {4, 23});
-    ops::swiglu_forward(y, in[0]);
+    ops::glu_forward(y, in[0]);
     return y;
   };
   g.backward = [](const Tensors& in, const Tensor& dy) {
     Tensor dx = empty_as(in[0], in[0].shape());
-    ops::swiglu_backward(dx, dy, in[0]);
+    ops::glu_backward(dx, dy, in[0]);
     return Tensors{dx};
   };
   g.step = 1e-2;

@@ -1,5 +1,7 @@
 // Bad arguments: every op raises braid::Error naming itself (shapes, dtypes, devices, undefined
 // tensors). Zero-sized inputs: every op accepts them and changes nothing it should not.
+#include <limits>
+
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -28,13 +30,13 @@ TEST_P(Errors, ShapeMismatchesNameTheOp) {
   EXPECT_TRUE(raises([&] { ops::gelu_forward(empty({3}), empty({4})); }, "gelu_forward"));
   EXPECT_TRUE(
       raises([&] { ops::gelu_backward(empty({4}), empty({3}), empty({4})); }, "gelu_backward"));
-  EXPECT_TRUE(raises([&] { ops::swiglu_forward(empty({2, 4}), empty({2, 7})); }, "swiglu_forward"));
-  EXPECT_TRUE(raises([&] { ops::swiglu_forward(empty({2, 3}), empty({2, 8})); }, "swiglu_forward"));
+  EXPECT_TRUE(raises([&] { ops::glu_forward(empty({2, 4}), empty({2, 7})); }, "glu_forward"));
+  EXPECT_TRUE(raises([&] { ops::glu_forward(empty({2, 3}), empty({2, 8})); }, "glu_forward"));
   EXPECT_TRUE(raises(
       [&] {
-        ops::swiglu_backward(empty({2, 8}), empty({2, 5}), empty({2, 8}));
+        ops::glu_backward(empty({2, 8}), empty({2, 5}), empty({2, 8}));
       },
-      "swiglu_backward"));
+      "glu_backward"));
   EXPECT_TRUE(raises([&] { ops::dropout_forward(empty({4}), empty({4}), 1.5f, 1, 1); },
                      "dropout_forward: p = 1.5"));
   EXPECT_TRUE(raises([&] { ops::dropout_backward(empty({4}), empty({5}), 0.1f, 1, 1); },
@@ -183,6 +185,90 @@ TEST_P(Errors, WrongDtypesNameTheOp) {
       raises([&] { ops::adamw_step(std::span(&g, 1), {}); }, "adamw_step (group 0): model_param"));
 }
 
+TEST_P(Errors, GluSpecAndSinksNameTheOp) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = empty({2, 8}), h = empty({2, 4});
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::glu_forward(h, x, {false, -1.0f, 0.0f});
+      },
+      "glu_forward: clamp = -1 must be finite and >= 0"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::glu_forward(h, x, {true, inf, 0.0f});
+      },
+      "glu_forward: clamp = inf"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::glu_backward(x, h, x, {false, nan, 0.0f});
+      },
+      "glu_backward: clamp = nan"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::glu_backward(x, h, x, {false, 7.0f, nan});
+      },
+      "glu_backward: linear_offset = nan must be finite"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::glu_forward(h, x, {false, 0.0f, -inf});
+      },
+      "glu_forward: linear_offset = -inf"));
+
+  // attention_sink_forward / _backward: out [1, 5, 4, 8], lse [1, 4, 5], sinks [4] of out's dtype.
+  Tensor out = empty({1, 5, 4, 8}), lse = empty_f32({1, 4, 5}), sinks = empty({4});
+  const DType other = dtype() == DType::f32 ? DType::bf16 : DType::f32;
+  EXPECT_TRUE(raises([&] { ops::attention_sink_forward(out, lse, empty({5})); },
+                     "attention_sink_forward: sinks must be [4]"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::attention_sink_forward(out, empty_f32({1, 5, 4}), sinks);
+      },
+      "attention_sink_forward: lse must be [1, 4, 5]"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::attention_sink_forward(out, Tensor::empty({1, 4, 5}, DType::bf16, device()), sinks);
+      },
+      "attention_sink_forward: lse must be f32"));
+  EXPECT_TRUE(
+      raises([&] { ops::attention_sink_forward(out, lse, Tensor::empty({4}, other, device())); },
+             "attention_sink_forward: sinks is"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::attention_sink_forward(empty({5, 4, 8}), lse, sinks);
+      },
+      "attention_sink_forward: out must be [B, Sq, Hq, D]"));
+  EXPECT_TRUE(raises([&] { ops::attention_sink_forward(out, lse, Tensor()); },
+                     "attention_sink_forward: sinks is undefined"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::attention_sink_backward(Tensor::empty({4}, DType::bf16, device()), out, out, lse,
+                                     sinks);
+      },
+      "attention_sink_backward: dsinks must be f32"));
+  EXPECT_TRUE(raises([&] { ops::attention_sink_backward(zeros_f32({3}), out, out, lse, sinks); },
+                     "attention_sink_backward: dsinks must be [4]"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::attention_sink_backward(zeros_f32({4}), empty({1, 5, 4, 9}), out, lse, sinks);
+      },
+      "attention_sink_backward: dout"));
+  EXPECT_TRUE(
+      raises([&] { ops::attention_sink_backward(zeros_f32({4}), out, out, lse, empty({2})); },
+             "attention_sink_backward: sinks must be [4]"));
+
+  // attention_cached_forward's sinks: [Hq] of q's dtype.
+  Tensor q = empty({1, 2, 4, 8}), cache = empty({1, 6, 2, 8});
+  EXPECT_TRUE(raises([&] { ops::attention_cached_forward(q, q, cache, cache, 3, -1, empty({2})); },
+                     "attention_cached_forward: sinks must be [4]"));
+  EXPECT_TRUE(raises(
+      [&] {
+        ops::attention_cached_forward(q, q, cache, cache, 3, -1,
+                                      Tensor::empty({4}, other, device()));
+      },
+      "attention_cached_forward: sinks is"));
+}
+
 TEST_P(Errors, UndefinedTensorsNameTheOp) {
   EXPECT_TRUE(
       raises([&] { ops::gelu_forward(Tensor(), empty({4})); }, "gelu_forward: out is undefined"));
@@ -210,8 +296,8 @@ TEST_P(Errors, ZeroSizedInputsDoNothing) {
   ops::cast(empty_f32({0}), empty({0}));
   ops::gelu_forward(none, none);
   ops::gelu_backward(none, none, none);
-  ops::swiglu_forward(empty({0, 4}), none);
-  ops::swiglu_backward(none, empty({0, 4}), none);
+  ops::glu_forward(empty({0, 4}), none, {true, 7.0f, 1.0f});
+  ops::glu_backward(none, empty({0, 4}), none, {true, 7.0f, 1.0f});
   ops::dropout_forward(none, none, 0.5f, 1, 2);
   ops::dropout_backward(none, none, 0.5f, 1, 2);
   Tensor dw = up_f32(random_tensor({8}, 2));
@@ -230,6 +316,10 @@ TEST_P(Errors, ZeroSizedInputsDoNothing) {
   Tensor q = empty({2, 0, 4, 8}), kv = empty({2, 0, 2, 8}), lse = empty_f32({2, 4, 0});
   ops::attention_forward(q, lse, q, kv, kv);
   ops::attention_backward(q, kv, kv, q, q, kv, kv, q, lse);
+  Tensor dsinks = up_f32(random_tensor({4}, 4));
+  const std::vector<double> dsinks0 = values(dsinks);
+  ops::attention_sink_forward(q, lse, empty({4}));
+  ops::attention_sink_backward(dsinks, q, q, lse, empty({4}));
   Tensor targets = Tensor::empty({0}, DType::i32, device()), row = empty_f32({0});
   ops::cross_entropy_partials(row, row, row, empty({0, 50}), targets);
   ops::cross_entropy_loss(row, row, row, row, targets);
@@ -244,6 +334,7 @@ TEST_P(Errors, ZeroSizedInputsDoNothing) {
   EXPECT_TRUE(all_close(db, db0, {0, 0}));
   EXPECT_TRUE(all_close(dw, dw0, {0, 0}));
   EXPECT_TRUE(all_close(table, table0, {0, 0}));
+  EXPECT_TRUE(all_close(dsinks, dsinks0, {0, 0}));
 }
 
 BRAID_KERNEL_TEST_SUITE(Errors);
@@ -297,6 +388,11 @@ TEST(KernelErrors, MixedDevicesNameTheOp) {
   EXPECT_TRUE(
       raises([&] { ops::add(on_cpu, on_cpu, on_gpu); }, "add: b is on cuda:0 but out is on cpu"));
   EXPECT_TRUE(raises([&] { ops::gelu_forward(on_gpu, on_cpu); }, "gelu_forward"));
+  Tensor q = Tensor::empty({1, 2, 4, 2}, DType::f32),
+         cache = Tensor::empty({1, 3, 2, 2}, DType::f32);
+  EXPECT_TRUE(raises(
+      [&] { ops::attention_cached_forward(q, q, cache, cache, 3, -1, on_gpu.slice(0, {4})); },
+      "attention_cached_forward: sinks is on cuda:0"));
   EXPECT_TRUE(raises(
       [&] { ops::sum_of_squares(Tensor::empty({1}, DType::f32), std::vector<Tensor>{on_gpu}); },
       "sum_of_squares: tensor 0 is on cuda:0"));

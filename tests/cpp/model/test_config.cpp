@@ -284,6 +284,38 @@ TEST(TransformerConfig, MixturesAreValid) {
   EXPECT_NO_THROW(c.validate());
 }
 
+TEST(TransformerConfig, GatedActivationRules) {
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  EXPECT_TRUE(c.gated_activation());
+  c.activation = Activation::quick_geglu;
+  EXPECT_TRUE(c.gated_activation());
+  c.glu_linear_offset = 1.0f;
+  c.activation_clamp = 7.0f;
+  EXPECT_NO_THROW(c.validate());
+  auto error_of = [](const TransformerConfig& config) {
+    try {
+      config.validate();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  c.activation_clamp = -1.0f;
+  EXPECT_NE(error_of(c).find("activation_clamp"), std::string::npos);
+  c.activation_clamp = 7.0f;
+  c.activation = Activation::gelu;  // ungated: the offset and clamp have nothing to act on
+  EXPECT_FALSE(c.gated_activation());
+  EXPECT_NE(error_of(c).find("gated activations"), std::string::npos);
+  c.activation = Activation::swiglu;
+  c.glu_linear_offset = std::nanf("");
+  EXPECT_NE(error_of(c).find("glu_linear_offset"), std::string::npos);
+  TransformerConfig mla = TransformerConfig::preset("llama-tiny");
+  mla.multi_latent_attention = true;
+  mla.num_query_groups = 0;
+  mla.softmax_type = SoftmaxType::learnable;
+  EXPECT_NE(error_of(mla).find("softmax_type learnable"), std::string::npos);
+}
+
 TEST(TransformerConfig, EnumNamesRoundTrip) {
   for (Normalization v : {Normalization::layernorm, Normalization::rmsnorm}) {
     Normalization back =
@@ -291,7 +323,8 @@ TEST(TransformerConfig, EnumNamesRoundTrip) {
     from_string(to_string(v), back);
     EXPECT_EQ(back, v);
   }
-  for (Activation v : {Activation::gelu, Activation::swiglu, Activation::squared_relu}) {
+  for (Activation v : {Activation::gelu, Activation::swiglu, Activation::squared_relu,
+                       Activation::gelu_exact, Activation::quick_geglu}) {
     Activation back = v == Activation::gelu ? Activation::swiglu : Activation::gelu;
     from_string(to_string(v), back);
     EXPECT_EQ(back, v);
@@ -302,6 +335,12 @@ TEST(TransformerConfig, EnumNamesRoundTrip) {
     from_string(to_string(v), back);
     EXPECT_EQ(back, v);
   }
+  for (SoftmaxType v : {SoftmaxType::vanilla, SoftmaxType::off_by_one, SoftmaxType::learnable}) {
+    SoftmaxType back = v == SoftmaxType::vanilla ? SoftmaxType::learnable : SoftmaxType::vanilla;
+    from_string(to_string(v), back);
+    EXPECT_EQ(back, v);
+  }
+  EXPECT_STREQ(to_string(SoftmaxType::off_by_one), "off-by-one");  // Megatron's spelling
   for (Recompute v : {Recompute::none, Recompute::selective, Recompute::full}) {
     Recompute back = v == Recompute::none ? Recompute::full : Recompute::none;
     from_string(to_string(v), back);

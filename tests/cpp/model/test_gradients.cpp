@@ -230,5 +230,29 @@ TEST(Gradients, ExpertsMatchFiniteDifferences) {
   check_gradients(sigmoid);
 }
 
+TEST(Gradients, GptOssMatchesFiniteDifferences) {
+  // GPT-OSS's block: learnable attention sinks, biases on q, k, v, o, the router and the
+  // experts, quick GEGLU experts with the linear offset and a clamp (not reached at this scale:
+  // the kernels' tests check it), a windowed layer then a full one, YaRN without truncation.
+  // Then the off-by-one softmax (sinks of 0, no parameter).
+  TransformerConfig c = small_llama();
+  c.add_bias_linear = true;
+  c.softmax_type = SoftmaxType::learnable;
+  c.activation = Activation::quick_geglu;
+  c.glu_linear_offset = 1.0f;
+  c.activation_clamp = 7.0f;
+  c.num_experts = 3;
+  c.moe_router_topk = 3;
+  c.moe_ffn_hidden_size = 24;
+  c.window_size = 5;
+  c.window_layers = {1, 0};
+  c.rope_yarn_factor = 32;
+  c.rope_original_max_position_embeddings = 4096;
+  c.rope_yarn_truncate = false;
+  check_gradients(c);
+  c.softmax_type = SoftmaxType::off_by_one;
+  check_gradients(c);
+}
+
 }  // namespace
 }  // namespace braid::model

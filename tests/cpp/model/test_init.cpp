@@ -87,6 +87,16 @@ TEST(Init, RulesPerParameterKind) {
   EXPECT_NEAR(moments("lm_head.weight").second, 0.05, 0.002);
   EXPECT_NEAR(moments("model.layers.2.mlp.up_proj.weight").second, 0.05, 0.002);
   c.embedding_init_std = 0.0f;
+  // megatron-core initialises the attention sinks (softmax_offset) and the router's bias like
+  // weights.
+  c.softmax_type = SoftmaxType::learnable;
+  c.num_experts = 4;
+  EXPECT_NEAR(moments("model.layers.2.self_attn.sinks").second, 0.05, 0.05);
+  const auto [router_mean, router_std] = moments("model.layers.2.mlp.gate.bias");
+  EXPECT_GT(router_std, 0.0);
+  EXPECT_LT(std::abs(router_mean), 0.2);
+  c.softmax_type = SoftmaxType::vanilla;
+  c.num_experts = 0;
   for (const char* name :
        {"model.layers.2.input_layernorm.weight", "model.layers.2.post_attention_layernorm.weight",
         "model.norm.weight", "model.layers.2.self_attn.q_norm.weight",

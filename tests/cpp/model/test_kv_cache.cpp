@@ -174,6 +174,26 @@ TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithExperts) {
   check_decode(c, GetParam());
 }
 
+TEST_P(KVCacheTest, DecodeEqualsFullLogitsWithAttentionSinks) {
+  // GPT-OSS's layers: learnable sinks (each decoding step's softmax has them too), windows on
+  // every other layer, quick GEGLU experts with biases; then off-by-one's sinks of 0.
+  TransformerConfig c = small_llama();
+  c.num_layers = 3;
+  c.window_size = 3;
+  c.window_layers = {1, 0, 1};
+  c.softmax_type = SoftmaxType::learnable;
+  c.add_bias_linear = true;
+  c.activation = Activation::quick_geglu;
+  c.glu_linear_offset = 1.0f;
+  c.activation_clamp = 0.5f;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.moe_ffn_hidden_size = 32;
+  check_decode(c, GetParam());
+  c.softmax_type = SoftmaxType::off_by_one;
+  check_decode(c, GetParam());
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, KVCacheTest, ::testing::ValuesIn(testing::test_devices()),
                          testing::device_test_name);
 

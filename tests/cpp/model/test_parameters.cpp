@@ -137,6 +137,38 @@ TEST(ParameterSpecs, QkvBiasAlone) {
 
 // qk_layernorm (Qwen3): q_norm and k_norm per layer, weight [head_dim] (and a bias with
 // layernorm), replicated over TP, not decayed.
+TEST(ParameterSpecs, AttentionSinksAndRouterBias) {
+  // GPT-OSS's: a sink per query head (split by heads over TP like q_proj, not decayed) and the
+  // router's bias (megatron-core's with add_bias_linear, replicated, not decayed).
+  TransformerConfig c = TransformerConfig::preset("llama-tiny");
+  c.softmax_type = SoftmaxType::learnable;
+  c.num_experts = 4;
+  c.add_bias_linear = true;
+  auto specs = by_name(parameter_specs(c));
+  for (int layer = 0; layer < c.num_layers; ++layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    const ParamSpec& sinks = specs.at(p + "self_attn.sinks");
+    EXPECT_EQ(sinks.shape, Shape{c.num_attention_heads});
+    EXPECT_EQ(sinks.tp_dim, 0);
+    EXPECT_FALSE(sinks.weight_decay);
+    const ParamSpec& bias = specs.at(p + "mlp.gate.bias");
+    EXPECT_EQ(bias.shape, Shape{c.num_experts});
+    EXPECT_EQ(bias.tp_dim, -1);
+    EXPECT_FALSE(bias.weight_decay);
+  }
+  const ParamLayout tp2 = parameter_layout(c, 1, 2);
+  for (size_t i = 0; i < tp2.specs.size(); ++i) {
+    if (tp2.specs[i].name != "model.layers.0.self_attn.sinks") continue;
+    EXPECT_EQ(tp2.shards[i].shape, Shape{c.num_attention_heads / 2});
+    EXPECT_EQ(tp2.shards[i].start, c.num_attention_heads / 2);
+  }
+  c.softmax_type = SoftmaxType::off_by_one;  // sinks of 0: no parameter
+  c.add_bias_linear = false;
+  specs = by_name(parameter_specs(c));
+  EXPECT_FALSE(specs.contains("model.layers.0.self_attn.sinks"));
+  EXPECT_FALSE(specs.contains("model.layers.0.mlp.gate.bias"));
+}
+
 TEST(ParameterSpecs, QkNorms) {
   for (const char* preset : {"llama-tiny", "gpt2-tiny"}) {
     TransformerConfig c = TransformerConfig::preset(preset);

@@ -152,6 +152,24 @@ TransformerConfig latent_attention_no_q_latent() {
   return c;
 }
 
+// GPT-OSS's layer: learnable attention sinks split by heads, biases on the router and the
+// experts, quick GEGLU with the offset and a clamp that some activations reach, alternating
+// windowed and full layers.
+TransformerConfig gpt_oss() {
+  TransformerConfig c = experts();
+  c.add_bias_linear = true;
+  c.softmax_type = SoftmaxType::learnable;
+  c.activation = Activation::quick_geglu;
+  c.glu_linear_offset = 1.0f;
+  c.activation_clamp = 0.3f;
+  c.moe_shared_expert_intermediate_size = 0;
+  c.moe_shared_expert_gate = false;
+  c.window_size = 3;
+  c.window_layers = std::vector<int64_t>(size_t(c.num_layers), 0);
+  c.window_layers[0] = 1;
+  return c;
+}
+
 std::vector<float> global_of_reference(const GPTModel& reference, size_t i, const Tensor& flat) {
   const int64_t n = reference.layout().specs[i].shape.numel();
   const float* p = flat.data_ptr<float>() + reference.layout().offsets[i];
@@ -180,7 +198,9 @@ const Case kCases[] = {{"gpt2", gpt2, false},
                        {"position_dropping_experts", position_dropping_experts, false},
                        {"latent_attention", latent_attention, false},
                        {"latent_attention_sp", latent_attention, true},
-                       {"latent_attention_no_q_latent_sp", latent_attention_no_q_latent, true}};
+                       {"latent_attention_no_q_latent_sp", latent_attention_no_q_latent, true},
+                       {"gpt_oss", gpt_oss, false},
+                       {"gpt_oss_sp", gpt_oss, true}};
 
 class TensorParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 
