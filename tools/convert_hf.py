@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Hugging Face Llama / Mistral / Qwen2 / Qwen3 / StableLM / Nemotron / GPT-2 / Mixtral /
-Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 / DeepSeek-V2 / DeepSeek-V3 directories to braid
+Qwen2-MoE / Qwen3-MoE / dots1 / GLM-4.5 / DeepSeek-V2 / DeepSeek-V3 / GPT-OSS directories to braid
 checkpoints and back.
 
   convert_hf.py import --hf-dir DIR --save CKPT   config.json + model.safetensors (or sharded,
@@ -23,7 +23,8 @@ export as those layers; --no-mtp, on either command, leaves them out.
 Tensors are moved as raw bytes (bf16 included): a round trip is bit-exact. Only numpy is needed.
 docs/convert_hf.md has the name mapping and what is refused; hf_configs.py maps the configs,
 hf_moe.py what is particular to mixtures of experts, hf_deepseek.py to DeepSeek-V3 and -V2 (their
-multi-latent attention and their routing).
+multi-latent attention and their routing), hf_gpt_oss.py to GPT-OSS (its fused experts, attention
+sinks and the MXFP4 experts of its released checkpoints, dequantized on import).
 """
 
 import argparse
@@ -37,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling, when imported
 from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
                                read_safetensors, write_safetensors, write_text)
-from hf_configs import (LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
+from hf_configs import (GATED, LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
                         braid_config_from_hf, check, head_width, hf_architecture,
                         hf_architecture_or_none, hf_config_from_braid)
 from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  # noqa: E402
@@ -52,6 +53,9 @@ from hf_deepseek import (DEEPSEEK_MOE_ARCHITECTURES, LATENT_ARCHITECTURES,  # no
                          latent_attention_config_from_hf, mtp_config_from_hf,
                          sigmoid_moe_architecture, sigmoid_moe_config_from_hf, sigmoid_router,
                          softmax_moe_config_from_hf, take_mtp_layers, without_mtp)
+from hf_gpt_oss import (braid_gpt_oss_tensors_to_hf, check_quantization,  # noqa: E402
+                        gpt_oss_architecture, gpt_oss_config_from_hf, gpt_oss_tensors_to_braid,
+                        hf_gpt_oss_config)
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}  # what braid's parameters can be
 TORCH_NAMES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
@@ -61,8 +65,9 @@ FORMAT = "braid-checkpoint"
 # The newest format read; 2 marks a model with MoE router features version-1 readers do not know,
 # 3 one with multi-latent attention or YaRN, 4 one with multi-token prediction, 5 one with linear
 # RoPE interpolation, 6 one with interleaved RoPE pairs outside multi-latent attention
-# (checkpoint.h), each written only for such a model (format_version).
-FORMAT_VERSION = 6
+# (checkpoint.h), 7 one with attention sinks, the quick GEGLU, a GLU offset or clamp, untruncated
+# YaRN or a router bias, each written only for such a model (format_version).
+FORMAT_VERSION = 7
 TRACKER = "latest_checkpointed_iteration.txt"
 METADATA = "metadata.json"
 SHARD_FILE = "mp_rank_00_000.safetensors"
@@ -86,8 +91,8 @@ def braid_specs(c):
         if layernorm:
             specs.append((prefix + ".bias", [size], -1))
 
-    def mlp(prefix, f):  # the dense MLP or an expert
-        mlp_in = ["gate_proj", "up_proj"] if c["activation"] == "swiglu" else ["up_proj"]
+    def mlp(prefix, f):  # the dense MLP or an expert; gated activations have a gate_proj
+        mlp_in = ["gate_proj", "up_proj"] if c["activation"] in GATED else ["up_proj"]
         specs.extend((prefix + f"{m}.weight", [f, h], 0) for m in mlp_in)
         if bias:
             specs.extend((prefix + f"{m}.bias", [f], 0) for m in mlp_in)
@@ -100,6 +105,8 @@ def braid_specs(c):
             mlp(p + "mlp.", f)
             return
         specs.append((p + "mlp.gate.weight", [c["num_experts"], h], -1))
+        if bias:  # the router's bias (Megatron's router has one with add_bias_linear)
+            specs.append((p + "mlp.gate.bias", [c["num_experts"]], -1))
         for j in range(c["num_experts"]):
             mlp(p + f"mlp.experts.{j}.", moe_ffn(c))
         if c.get("moe_shared_expert_intermediate_size"):  # absent before shared experts
@@ -144,6 +151,8 @@ def braid_specs(c):
         specs.append((p + "self_attn.o_proj.weight", [h, q_out], 1))
         if bias:
             specs.append((p + "self_attn.o_proj.bias", [h], -1))
+        if c.get("softmax_type") == "learnable":  # attention sinks, one per head
+            specs.append((p + "self_attn.sinks", [c["num_attention_heads"]], 0))
         norm(p + "post_attention_layernorm")
         mlp_or_experts(p, has_experts)
 
@@ -177,6 +186,8 @@ def checkpoint_specs(c):
 def hf_to_braid(hf, arch, c):
     """HF tensors (name -> Tensor) -> braid's names and layout; consumes what it maps."""
     take = hf.pop
+    if arch == "gpt_oss":
+        gpt_oss_tensors_to_braid(hf, c)
     if arch in MOE_ARCHITECTURES + DEEPSEEK_MOE_ARCHITECTURES and c.get("num_experts"):
         moe_tensors_to_braid(hf, arch, c)
     if arch in DEEPSEEK_MOE_ARCHITECTURES:
@@ -256,6 +267,8 @@ def braid_to_hf(t, arch, c):
             braid_deepseek_moe_tensors_to_hf(out, c)
         if arch in MTP_ARCHITECTURES:
             braid_mtp_copies_to_hf(out, c)
+        if arch == "gpt_oss":
+            braid_gpt_oss_tensors_to_hf(out, c)
         return out
     out = {"transformer.wte.weight": t["model.embed_tokens.weight"],
            "transformer.wpe.weight": t["model.embed_positions.weight"],
@@ -338,6 +351,13 @@ def weights_dtype(tensors, hf_dir):
 
 def format_version(config) -> int:
     """braid's format_version (csrc/engine/checkpoint_config.cpp) for a model config."""
+    untruncated_yarn = config.get("rope_yarn_factor", 0.0) > 0 and not config.get(
+        "rope_yarn_truncate", True)
+    if (config.get("softmax_type", "vanilla") != "vanilla"
+            or config.get("activation") == "quick_geglu" or untruncated_yarn
+            or config.get("glu_linear_offset", 0.0) != 0 or config.get("activation_clamp", 0.0) != 0
+            or (config.get("num_experts", 0) > 0 and config["add_bias_linear"])):
+        return 7
     if config.get("rotary_interleaved") and not config.get("multi_latent_attention"):
         return 6
     if config.get("rope_linear_factor", 0.0) > 0:
@@ -380,13 +400,17 @@ def import_hf(hf_dir, save, mtp=True):
     hf = read_hf_config(hf_dir)
     arch = hf_architecture(hf)
     quant = hf.get("quantization_config")
-    check(not quant, f"config.json: quantization_config "
+    check(not quant or arch == "gpt_oss", f"config.json: quantization_config "
           f"({quant.get('quant_method') if isinstance(quant, dict) else quant}) is not supported "
           "(braid's parameters are F32, BF16 or F16: dequantize the weights first)")
     latent = latent_attention_config_from_hf(hf, arch) if arch in LATENT_ARCHITECTURES else {}
     tensors = read_hf_weights(hf_dir)
+    if arch == "gpt_oss":  # its MXFP4 experts, dequantized
+        check_quantization(hf, tensors)
     depths = take_mtp_layers(tensors, hf, arch, keep=mtp)
-    config = braid_config_from_hf(hf, arch, weights_dtype(tensors, hf_dir))
+    dtype = weights_dtype(tensors, hf_dir)
+    config = gpt_oss_config_from_hf(hf, dtype) if arch == "gpt_oss" else \
+        braid_config_from_hf(hf, arch, dtype)
     config.update(latent)
     config.update(moe_config_from_hf(hf, arch))
     if arch in SIGMOID_MOE_ARCHITECTURES:
@@ -498,6 +522,11 @@ def read_checkpoint(load, iteration=None):
             whole.array[tuple(index)] = part.array
         check(whole is not None and covered.all(), f"{path}: the shards of {name} do not cover it")
         tensors[name] = whole
+    if meta.get("format_version", 0) < 7:  # a router of then had no bias: it is one of zeros
+        for name, t in list(tensors.items()):
+            bias = name[:-len("weight")] + "bias"
+            if name.endswith(".mlp.gate.weight") and meta["config"].get("add_bias_linear"):
+                tensors.setdefault(bias, t.like(np.zeros(t.shape[:1], dtype=t.array.dtype)))
     return meta, tensors
 
 
@@ -521,6 +550,9 @@ def export_hf(load, out, iteration=None, mtp=True):
           "architectures convert_hf.py writes pair them as rotate_half")
     if config.get("multi_latent_attention"):
         arch = latent_attention_architecture(config, meta.get("hf_config"))
+    elif config.get("softmax_type", "vanilla") != "vanilla" or \
+            config["activation"] == "quick_geglu":
+        arch = gpt_oss_architecture(config)
     elif not config.get("num_experts"):
         arch = braid_architecture(config)
     else:
@@ -549,7 +581,8 @@ def export_hf(load, out, iteration=None, mtp=True):
         BIAS_SUFFIX,)
     dtypes = {t.dtype for n, t in hf_tensors.items() if not n.endswith(kept_f32)}
     torch_dtype = TORCH_NAMES.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
-    hf = hf_config_from_braid(config, arch, torch_dtype, meta.get("hf_config"))
+    hf = hf_gpt_oss_config(config, torch_dtype, meta.get("hf_config")) if arch == "gpt_oss" \
+        else hf_config_from_braid(config, arch, torch_dtype, meta.get("hf_config"))
     if arch in MOE_ARCHITECTURES:
         hf.update(hf_moe_config(config, arch))
     if arch in SIGMOID_MOE_ARCHITECTURES and config.get("num_experts"):

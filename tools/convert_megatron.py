@@ -18,7 +18,8 @@ tensor bit for bit. Optimizer state is not carried either way. Needs numpy and t
 distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping
 and what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
 experts, megatron_mla.py multi-latent attention and its YaRN, megatron_mtp.py the multi-token
-prediction depths), megatron_torch_dist.py reads and writes the torch_dist files,
+prediction depths, megatron_gpt_oss.py attention sinks, the quick GEGLU and YaRN without MLA),
+megatron_torch_dist.py reads and writes the torch_dist files,
 megatron_legacy.py reads the legacy ones (merging their TP/PP/EP shards).
 """
 

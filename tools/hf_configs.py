@@ -33,22 +33,29 @@ def head_width(c):
 # with DeepSeek-V3's sigmoid-routed experts after first_k_dense_replace dense layers
 # (hf_deepseek.py). DeepSeek-V3 is Llama's norms and MLPs with multi-latent attention and those
 # experts, DeepSeek-V2 the same attention with experts routed by a softmax (hf_deepseek.py).
+# GPT-OSS is Llama with biases, attention sinks, windows on some layers, YaRN and gated quick-GELU
+# experts with biases (hf_gpt_oss.py).
 ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                  "StableLmForCausalLM": "stablelm", "NemotronForCausalLM": "nemotron",
                  "GPT2LMHeadModel": "gpt2", "MixtralForCausalLM": "mixtral",
                  "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe",
                  "Dots1ForCausalLM": "dots1", "Glm4MoeForCausalLM": "glm4_moe",
-                 "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+                 "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+                 "GptOssForCausalLM": "gpt_oss"}
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "stablelm", "nemotron", "mixtral",
-              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe", "deepseek_v2", "deepseek_v3")
+              "qwen2_moe", "qwen3_moe", "dots1", "glm4_moe", "deepseek_v2", "deepseek_v3",
+              "gpt_oss")
+# braid's gated activations (TransformerConfig::gated_activation): fc1 is [gate_proj; up_proj].
+GATED = ("swiglu", "quick_geglu")
 # Known architectures braid cannot hold, with why (none at present).
 REFUSED = {}
 # Nemotron-4 is Llama with LayerNorm1P (LayerNorms whose weights hold gamma - 1: braid's
 # zero_centered_gamma), an ungated squared-ReLU MLP and RoPE on half of each head.
 PARTIAL_ROTARY_DEFAULT = {"stablelm": 0.25, "nemotron": 0.5,  # transformers' where it is absent
                           "glm4_moe": 0.5}
-THETA_DEFAULT = {"mixtral": 1000000.0}  # transformers' rope_theta where it is absent (else 1e4)
+# transformers' rope_theta where it is absent (else 1e4)
+THETA_DEFAULT = {"mixtral": 1000000.0, "gpt_oss": 150000.0}
 
 
 def hf_architecture(hf):
@@ -78,7 +85,7 @@ NO_ROPE_SCALING = {"rope_scaling_factor": 0.0, "rope_low_freq_factor": 1.0,
 
 # Architectures whose YaRN (rope_type "yarn") imports, their module adding its fields
 # (hf_deepseek.yarn_config_from_hf).
-YARN_ARCHITECTURES = ("deepseek_v2", "deepseek_v3")
+YARN_ARCHITECTURES = ("deepseek_v2", "deepseek_v3", "gpt_oss")
 
 
 def rope_parameters_of(hf):
@@ -106,7 +113,7 @@ def rope_of(hf, arch):
                hf["rope_scaling"] if field == "rope_scaling" else kind,
                "braid implements plain RoPE, linear interpolation (rope_type linear) and Llama "
                "3.1's scaling (rope_type llama3)"
-               + (", and YaRN for DeepSeek-V2 and -V3" if kind == "yarn" else ""))
+               + (", and YaRN for DeepSeek-V2, -V3 and GPT-OSS" if kind == "yarn" else ""))
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor",
                                                         PARTIAL_ROTARY_DEFAULT.get(arch, 1.0)))
     if arch not in PARTIAL_ROTARY_DEFAULT and factor not in (None, 1, 1.0):
@@ -147,7 +154,8 @@ def yarn_attention_factor(factor, mscale, mscale_all_dim):
 def hf_yarn_parameters(c):
     """HF's YaRN parameters (rope_parameters, rope_scaling) for a braid config with YaRN; the
     attention_factor too where transformers' own rule would not give braid's (mscale other than
-    1 without mscale_all_dim, or mscale 0)."""
+    1 without mscale_all_dim, or mscale 0), and truncate false for an unrounded correction
+    range (rope_yarn_truncate false)."""
     factor, mscale = c["rope_yarn_factor"], c["rope_yarn_mscale"]
     all_dim = c["rope_yarn_mscale_all_dim"]
     out = {"factor": f32_value(factor),
@@ -160,6 +168,8 @@ def hf_yarn_parameters(c):
     braids = yarn_attention_factor(factor, mscale, all_dim)
     if transformers_rule != braids:
         out["attention_factor"] = braids
+    if not c.get("rope_yarn_truncate", True):  # absent in checkpoints before it
+        out["truncate"] = False
     return out
 
 
@@ -171,7 +181,7 @@ def hf_rope_parameters(c, arch):
     if c.get("rope_yarn_factor"):  # absent in checkpoints before it
         check(arch in YARN_ARCHITECTURES, f"this braid model has YaRN RoPE and exports as {arch}; "
               "convert_hf.py moves YaRN with DeepSeek-V3 and -V2 (multi-latent attention) "
-              "only")
+              "and GPT-OSS only")
         return {"rope_type": "yarn", "rope_theta": theta, **partial, **hf_yarn_parameters(c)}
     if c.get("rope_linear_factor"):  # absent in checkpoints before it
         return {"rope_type": "linear", "rope_theta": theta, **partial,

@@ -110,7 +110,7 @@ def _number(params, field, where, least=0.0):
     return value
 
 
-def yarn_config_from_hf(hf):
+def yarn_config_from_hf(hf, keep_truncate=False):
     """braid's YaRN fields for a DeepSeek-V3 or -V2 config.json whose RoPE is rope_type yarn, as
     transformers' _compute_yarn_parameters and DeepseekV3Attention (DeepseekV2Attention alike)
     compute it: the frequencies from factor, beta_fast, beta_slow (32 and 1 where absent or 0) and
@@ -119,7 +119,8 @@ def yarn_config_from_hf(hf):
     scale times g(mscale_all_dim)^2. braid (megatron-core, DeepSeek's own code) multiplies cos
     and sin by g(mscale) / g(mscale_all_dim), 1 and 0 where absent. ConvertError where the two
     differ (an attention_factor other than that ratio; one of mscale and mscale_all_dim without
-    the other, but for mscale 1 alone) and for truncate false."""
+    the other, but for mscale 1 alone) and for truncate false; with `keep_truncate` (GPT-OSS),
+    truncate as braid's rope_yarn_truncate instead (false: the correction range unrounded)."""
     params, field = rope_parameters_of(hf)
     if "factor" not in params:
         refuse(field, params, "rope_type yarn without its factor")
@@ -132,10 +133,14 @@ def yarn_config_from_hf(hf):
     slow = _number(params, "beta_slow", field) if params.get("beta_slow") else 1.0
     if not 0 < slow <= fast:
         refuse(f"{field}.beta_slow", slow, f"YaRN needs 0 < beta_slow <= beta_fast ({fast})")
-    if params.get("truncate", True) is not True:
+    truncate = params.get("truncate", True)
+    if keep_truncate:
+        check(isinstance(truncate, bool), f"config.json: {field}.truncate should be true or "
+              f"false, is {json.dumps(truncate)}")
+    elif truncate is not True:
         refuse(f"{field}.truncate", params["truncate"], "transformers then blends the "
-               "frequencies over the unrounded correction range; braid's YaRN (megatron-core's) "
-               "rounds it (floor, ceil)")
+               "frequencies over the unrounded correction range; braid imports DeepSeek's YaRN "
+               "as DeepSeek's code and megatron-core's MLA compute it, rounded (floor, ceil)")
     mscale = _number(params, "mscale", field) if params.get("mscale") is not None else None
     all_dim = (_number(params, "mscale_all_dim", field)
                if params.get("mscale_all_dim") is not None else None)
@@ -159,7 +164,8 @@ def yarn_config_from_hf(hf):
     return {"rope_yarn_factor": as_f32(factor), "rope_yarn_beta_fast": as_f32(fast),
             "rope_yarn_beta_slow": as_f32(slow), "rope_yarn_mscale": as_f32(kept),
             "rope_yarn_mscale_all_dim": as_f32(all_dim),
-            "rope_original_max_position_embeddings": int(original)}
+            "rope_original_max_position_embeddings": int(original),
+            **({"rope_yarn_truncate": truncate} if keep_truncate else {})}
 
 
 def latent_attention_config_from_hf(hf, arch="deepseek_v3"):

@@ -346,6 +346,8 @@ def tp_rule(name):
     module, _, param = name.rpartition(".")
     kind = re.sub(r"\d+$", "", param)
     last = module.rsplit(".", 1)[-1]
+    if param == "softmax_offset":  # attention sinks, one per head: split by heads
+        return 0
     if kind not in ("weight", "bias"):  # TE's fused norms (layer_norm_weight), expert_bias, ...
         return None
     if last == "linear_fc1":
@@ -382,9 +384,9 @@ def merge_tp(name, parts, args, where):
             check(np.array_equal(part.array, first.array), f"{where}: TP ranks 0 and {t} hold "
                   f"different {name}, which megatron-core keeps whole on every TP rank")
         return first
-    if rule == "fc1" and arg(args, "swiglu", False):
+    if rule == "fc1" and (arg(args, "swiglu", False) or arg(args, "quick_geglu", False)):
         check(first.shape[0] % 2 == 0, f"{where}: {name} has {first.shape[0]} rows per TP rank; "
-              "SwiGLU's holds a gate and an up half")
+              "a gated activation's holds a gate and an up half")
         halves = [np.split(p.array, 2) for p in parts]
         return first.like(np.concatenate([h[0] for h in halves] + [h[1] for h in halves]))
     return first.like(np.concatenate([p.array for p in parts], axis=0 if rule == "fc1" else rule))

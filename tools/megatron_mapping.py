@@ -2,9 +2,10 @@
 config and tensor names (docs/convert_megatron.md has the table). GPT / Llama-style models:
 grouped-query attention, tied or untied embeddings, RMSNorm or LayerNorm (also zero-centred,
 --apply-layernorm-1p), SwiGLU, GELU or squared ReLU, biases, q/k norms, RoPE (also partial,
-Llama 3.1's scaling) or learned positions, sliding windows, mixtures of experts (megatron_mlp.py:
-the MLPs and experts), multi-latent attention with plain or YaRN RoPE (megatron_mla.py) and
-multi-token prediction (megatron_mtp.py). Anything else is refused."""
+Llama 3.1's scaling, YaRN) or learned positions, sliding windows, mixtures of experts
+(megatron_mlp.py: the MLPs and experts), multi-latent attention with plain or YaRN RoPE
+(megatron_mla.py), multi-token prediction (megatron_mtp.py), attention sinks and the quick GEGLU
+(megatron_gpt_oss.py, with YaRN outside MLA). Anything else is refused."""
 
 import argparse
 import re
@@ -12,6 +13,8 @@ import re
 import numpy as np
 
 from hf_configs import NO_ROPE_SCALING, ConvertError, as_f32, check, f32_value, head_width
+from megatron_gpt_oss import (SINKS, glu_and_softmax_from_args, megatron_glu_and_softmax_args,
+                              megatron_yarn_args, yarn_from_args)
 from megatron_mla import (LATENT_NAMES, latent_config_from_args, latent_extra_state_modules,
                           megatron_latent_args)
 from megatron_mlp import (EXPERTS, ROUTER, SHARED, arg, braid_moe_layer, expert_pattern, join_fc1,
@@ -43,6 +46,7 @@ LAYER_NAMES = {
     "self_attn.k_norm.bias": ("self_attention.k_layernorm.bias",),
     "self_attn.o_proj.weight": ("self_attention.linear_proj.weight",),
     "self_attn.o_proj.bias": ("self_attention.linear_proj.bias",),
+    **SINKS,
 }
 QKV = "self_attention.linear_qkv."  # per query group: its query heads, then its key, its value
 FC1 = "mlp.linear_fc1."  # with SwiGLU the gate's rows, then the up projection's (megatron_mlp)
@@ -60,9 +64,6 @@ MLP_EXTRA_STATE = ("mlp.linear_fc1", "mlp.linear_fc2")
 REFUSED_ARGS = (
     ("no_rope_freq", bool, "layers without RoPE"),
     ("qk_l2_norm", bool, "L2-normalised queries and keys"),
-    ("quick_geglu", bool, "a quick-GELU GLU"),
-    ("softmax_type", lambda v: v not in (None, "vanilla"), "an attention softmax other than "
-                                                            "the usual one"),
     ("hybrid_override_pattern", bool, "a hybrid (Mamba) model"),
     ("hybrid_layer_pattern", bool, "a hybrid (Mamba) model"),
     ("heterogeneous_layers_config_path", bool, "layers of different shapes"),
@@ -75,11 +76,15 @@ def refuse_arg(name, value, why, where):
     raise ConvertError(f"{where}: args.{name} = {value!r} is not supported ({why})")
 
 
-def activation_of(args):
+def activation_of(args, where):
+    # Megatron-LM's order: squared ReLU, then quick GEGLU; either with --swiglu fails its assert.
+    others = [name for name in ("squared_relu", "quick_geglu") if arg(args, name, False)]
     if arg(args, "swiglu", False):
+        if others:
+            refuse_arg(others[0], True, "Megatron-LM asserts it is not given with --swiglu", where)
         return "swiglu"
-    if arg(args, "squared_relu", False):
-        return "squared_relu"
+    if others:
+        return others[0]
     # megatron-core's MLP computes GELU's tanh form (braid's gelu) in its fused bias-GELU, which
     # Megatron-LM uses with biases unless --no-bias-gelu-fusion, or with --openai-gelu;
     # otherwise torch's exact GELU (braid's gelu_exact).
@@ -127,9 +132,9 @@ def braid_config_from_args(args, vocab_rows, dtype, where):
     position = arg(args, "position_embedding_type", "learned_absolute")
     if arg(args, "use_rotary_position_embeddings", False):
         position = "rope"
-    if position not in ("learned_absolute", "rope"):
-        refuse_arg("position_embedding_type", position, "braid has learned positions and RoPE",
-                   where)
+    if position not in ("learned_absolute", "rope", "yarn"):
+        refuse_arg("position_embedding_type", position, "braid has learned positions and RoPE "
+                   "(plain, YaRN)", where)
     if position == "learned_absolute" and not arg(args, "add_position_embedding", True):
         refuse_arg("add_position_embedding", False, "a model without positions", where)
     normalization = arg(args, "normalization", "LayerNorm")
@@ -144,8 +149,12 @@ def braid_config_from_args(args, vocab_rows, dtype, where):
     interpolation = arg(args, "rotary_seq_len_interpolation_factor", None)
     if interpolation not in (None, 1, 1.0):  # megatron-core's positions / factor
         rope.update(rope_linear_factor=as_f32(interpolation))
+    if position == "yarn":
+        rope.update(yarn_from_args(args, where))
     bias = bool(arg(args, "add_bias_linear", True))
+    activation = activation_of(args, where)
     config = {**window_of(args, layers, where), **moe_config_from_args(args, where),
+              **glu_and_softmax_from_args(args, activation, where),
               "num_layers": layers, "hidden_size": h,
               "num_attention_heads": heads,
               "num_query_groups": args.num_query_groups if arg(args, "group_query_attention", False)
@@ -154,8 +163,8 @@ def braid_config_from_args(args, vocab_rows, dtype, where):
               "ffn_hidden_size": args.ffn_hidden_size, "vocab_size": vocab_rows,
               "max_position_embeddings": args.max_position_embeddings,
               "normalization": normalization.lower(),
-              "activation": activation_of(args),
-              "position_embedding": "rope" if position == "rope" else "learned",
+              "activation": activation,
+              "position_embedding": "learned" if position == "learned_absolute" else "rope",
               "add_bias_linear": bias, "add_qkv_bias": bool(arg(args, "add_qkv_bias")) and not bias,
               "qk_layernorm": bool(arg(args, "qk_layernorm", False)),
               "zero_centered_gamma": bool(arg(args, "apply_layernorm_1p", False)),
@@ -245,12 +254,13 @@ def megatron_args_from_braid(c, consumed_samples, imported):
         "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
         "virtual_pipeline_model_parallel_size": None, "expert_model_parallel_size": 1,
         "context_parallel_size": 1, "world_size": 1, "data_parallel_size": 1,
+        **megatron_glu_and_softmax_args(c), **megatron_yarn_args(c),
         "ckpt_format": "torch_dist", "use_dist_ckpt": True, "no_save_optim": True,
         "no_save_rng": True, "consumed_train_samples": consumed_samples,
         "skipped_train_samples": 0,
         # GELU's form by Megatron-LM's rule (activation_of): the tanh form (braid's gelu) in the
         # fused bias-GELU, which needs biases, else by --openai-gelu; the exact form unfused.
-        "bias_gelu_fusion": c["add_bias_linear"] and c["activation"] != "gelu_exact",
+        "bias_gelu_fusion": c["add_bias_linear"] and c["activation"] == "gelu",
         "openai_gelu": c["activation"] == "gelu" and not c["add_bias_linear"]}
     return {**imported, **model}
 
@@ -367,7 +377,8 @@ def megatron_names_of(braid_name, c):
     elif ".q_proj." in name or ".k_proj." in name or ".v_proj." in name:
         names = (QKV + kind,)
     elif name.startswith("mlp.gate."):
-        names = (ROUTER + ("expert_bias" if "bias" in name else "weight"),)
+        names = (ROUTER + {"mlp.gate.weight": "weight", "mlp.gate.bias": "bias"}.get(
+            name, "expert_bias"),)
     elif name.startswith(("mlp.experts.", "mlp.shared_expert")):
         prefix = EXPERTS if name.startswith("mlp.experts.") else SHARED
         names = (prefix + ("linear_fc2." if "down_proj" in name else "linear_fc1.") + kind,)

@@ -163,13 +163,14 @@ def latent_rope_from_args(args, where):
 
 def megatron_latent_args(c):
     """Megatron-LM's MLA and RoPE-type arguments for a braid config (multi_latent_attention
-    false and Megatron-LM's defaults without MLA); ConvertError where megatron-core's MLA would
-    compute another model."""
+    false and Megatron-LM's defaults without MLA, whose YaRN is megatron_gpt_oss.py's);
+    ConvertError where megatron-core's MLA would compute another model."""
     yarn = bool(c.get("rope_yarn_factor"))
     if not c.get("multi_latent_attention"):
-        check(not yarn, "this braid model has YaRN RoPE (rope_yarn_factor) without multi-latent "
-              "attention; megatron-core's YaRN is its multi-latent attention's")
         return {"multi_latent_attention": False, "rope_type": None}
+    check(not yarn or c.get("rope_yarn_truncate", True), "this braid model has multi-latent "
+          "attention with YaRN's correction range unrounded (rope_yarn_truncate false); "
+          "megatron-core's MLA rounds it (its YarnRotaryEmbedding's default)")
     check(not c.get("rope_linear_factor") and not c.get("rope_scaling_factor"),
           "this braid model has multi-latent attention with linear RoPE interpolation or Llama "
           "3.1's scaling; megatron-core's MLA turns plain RoPE or YaRN")

@@ -1,13 +1,13 @@
 """The MLPs between Megatron-LM and braid (docs/convert_megatron.md): megatron-core's fc1 / fc2
-(SwiGLU's fc1 the gate's rows then the up projection's) <-> braid's gate_proj / up_proj /
-down_proj, in a dense layer and in a mixture of experts: megatron-core's MoE layer (TopKRouter,
-SequentialMLP or TEGroupedMLP experts, whose checkpoint names are the same, SharedExpertMLP) <->
-braid's router, experts and shared expert; Megatron-LM's --num-experts, --moe-* arguments <->
-braid's config."""
+(a gated activation's fc1 the gate's rows then the up projection's) <-> braid's gate_proj /
+up_proj / down_proj, in a dense layer and in a mixture of experts: megatron-core's MoE layer
+(TopKRouter, with a bias under --add-bias-linear; SequentialMLP or TEGroupedMLP experts, whose
+checkpoint names are the same; SharedExpertMLP) <-> braid's router, experts and shared expert;
+Megatron-LM's --num-experts, --moe-* arguments <-> braid's config."""
 
 import numpy as np
 
-from hf_configs import ConvertError, as_f32, check
+from hf_configs import GATED, ConvertError, as_f32, check
 
 ROUTER = "mlp.router."
 EXPERTS = "mlp.experts.experts."  # with the expert as a first axis (after the layer's)
@@ -97,10 +97,11 @@ def megatron_moe_args(c):
 
 
 def split_fc1(t, c, size, name):
-    """An fc1's rows as braid's (gate_proj, up_proj) with SwiGLU, (None, up_proj) without."""
-    if c["activation"] != "swiglu":
+    """An fc1's rows as braid's (gate_proj, up_proj) with a gated activation (SwiGLU, the quick
+    GEGLU), (None, up_proj) without."""
+    if c["activation"] not in GATED:
         return None, t
-    check(t.shape[0] == 2 * size, f"{name} has {t.shape[0]} rows; SwiGLU's gate and up "
+    check(t.shape[0] == 2 * size, f"{name} has {t.shape[0]} rows; the gate and up "
           f"projections of {size} make {2 * size}")
     return t.like(t.array[:size]), t.like(t.array[size:])
 
@@ -146,8 +147,9 @@ def moe_tensors_to_braid(layers, c, out):
     ffn = c.get("moe_ffn_hidden_size") or c["ffn_hidden_size"]
     for i in [i for i, e in enumerate(expert_pattern(c)) if e]:
         p = f"model.layers.{i}."
-        if (i, ROUTER + "weight") in layers:
-            out[p + "mlp.gate.weight"] = layers.pop((i, ROUTER + "weight"))
+        for kind in ("weight", "bias"):  # (the bias with add_bias_linear)
+            if (i, ROUTER + kind) in layers:
+                out[p + "mlp.gate." + kind] = layers.pop((i, ROUTER + kind))
         if (i, ROUTER + "expert_bias") in layers:
             bias = layers.pop((i, ROUTER + "expert_bias"))
             check(bias.dtype == "F32", f"layer {i}'s {ROUTER}expert_bias is {bias.dtype}; "
@@ -168,6 +170,8 @@ def braid_moe_layer(t, c, i):
     ({name: Tensor}; the experts stacked on a first axis)."""
     p = f"model.layers.{i}."
     out = {ROUTER + "weight": t[p + "mlp.gate.weight"]}
+    if p + "mlp.gate.bias" in t:
+        out[ROUTER + "bias"] = t[p + "mlp.gate.bias"]
     if p + BIAS in t:
         out[ROUTER + "expert_bias"] = t[p + BIAS]
     shared = c.get("moe_shared_expert_intermediate_size")

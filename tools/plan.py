@@ -73,7 +73,8 @@ def parse_args(argv):
     g.add_argument("--ffn-hidden-size", type=int)
     g.add_argument("--vocab-size", type=int)
     g.add_argument("--seq-length", type=int)
-    g.add_argument("--activation", choices=["swiglu", "gelu", "squared_relu"], default=None)
+    g.add_argument("--activation", choices=["swiglu", "quick_geglu", "gelu", "squared_relu"],
+                   default=None, help="quick_geglu (GPT-OSS's) is gated like swiglu")
     g.add_argument("--tie-embeddings", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true",
                    help="norms on each query and key head (Qwen3); with --multi-latent-attention "
@@ -409,7 +410,8 @@ def _from_training_arguments(ap, a, training):
     a.model_shape = planner.ModelShape(
         t.num_layers, t.hidden_size, t.num_attention_heads, t.num_query_groups,
         t.ffn_hidden_size, t.vocab_size, t.seq_length,
-        "swiglu" if t.swiglu else "squared_relu" if t.squared_relu else "gelu",
+        "swiglu" if t.swiglu else "quick_geglu" if t.quick_geglu else
+        "squared_relu" if t.squared_relu else "gelu",
         not t.untie_embeddings_and_output_weights, t.qk_layernorm,
         0 if t.multi_latent_attention else t.kv_channels,  # MLA: the widths below
         t.window_size, tuple(t.window_layers), t.num_experts or 0, t.moe_router_topk,

@@ -463,8 +463,11 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
         const int64_t length = dim >= 0 ? valid[dim] : spec.shape[0];
         Tensor dst = values.slice(layout.offsets[i], valid);
         const bool use_master = master_saved && m.flat_params().dtype() == DType::f32;
-        reader.read(use_master ? "optimizer.master." + spec.name : spec.name, spec.shape, dim,
-                    start, length, dst);
+        const std::string key = use_master ? "optimizer.master." + spec.name : spec.name;
+        // Before format 7 a router had no bias even with add_bias_linear: it loads as a bias of
+        // zeros (the same router) with fresh moments.
+        if (version < 7 && spec.name.ends_with(".mlp.gate.bias") && !reader.has(key)) continue;
+        reader.read(key, spec.shape, dim, start, length, dst);
         if (!with_optim) continue;
         Tensor m1 = exp_avg.slice(layout.offsets[i], valid);
         Tensor m2 = exp_avg_sq.slice(layout.offsets[i], valid);

@@ -19,9 +19,9 @@ import math
 import os
 import re
 
-from braid import (attention_args, checkpoint_args, checkpoint_flags, moe_args, pipeline_args,
-                   recompute_args, schedule_args, validation_sets, wandb_log, window_args,
-                   data_args_files)
+from braid import (activation_args, attention_args, checkpoint_args, checkpoint_flags, moe_args,
+                   pipeline_args, recompute_args, schedule_args, validation_sets, wandb_log,
+                   window_args, data_args_files)
 from braid.megatron_flags import NO_EFFECT, ONLY_VALUE, UNSUPPORTED, only_value_error  # noqa: F401
 
 
@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-position-embeddings", type=pos_int, default=None,
                    help="default --seq-length")
     g.add_argument("--position-embedding-type", default="learned_absolute",
-                   choices=["learned_absolute", "rope"])
+                   choices=["learned_absolute", "rope", "yarn"],
+                   help="yarn: rope with YaRN (newer Megatron's spelling of --rope-type yarn)")
     g.add_argument("--use-rotary-position-embeddings", dest="position_embedding_type",
                    action="store_const", const="rope",
                    help="Megatron's older spelling of --position-embedding-type rope")
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or --squared-relu)")
     g.add_argument("--squared-relu", action="store_true",
                    help="relu(x)^2 in an ungated MLP (Nemotron-4) instead of GELU")
+    activation_args.add_arguments(g)
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     g.add_argument("--disable-bias-linear", action="store_true")
     g.add_argument("--qk-layernorm", action="store_true",
@@ -337,6 +339,7 @@ def parse_args(argv: list[str] | None, world_size: int,
     another machine) does not look for the --data-path files."""
     args, unknown = build_parser().parse_known_args(argv)
     _refuse_unknown(unknown)
+    _check_error(attention_args.take_position_yarn(args))  # before a checkpoint's are compared
     args.checkpoint_vocab = False  # True: --use-checkpoint-args set --vocab-size
     args.checkpoint_args = _checkpoint_model_args(args) if args.use_checkpoint_args else []
     validate(args, world_size, check_files)
@@ -397,6 +400,11 @@ def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:
 def _check(ok: bool, message: str):
     if not ok:
         raise ArgumentError(message)
+
+
+def _check_error(message: str | None):
+    """A helper module's check: its error, or None."""
+    _check(message is None, message)
 
 
 def _check_data_files(flag: str, data_path: list[str] | None):
@@ -471,6 +479,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f"--tensor-model-parallel-size {tp}")
     _check(not (a.swiglu and a.squared_relu), "--swiglu and --squared-relu are two activations; "
            "give one")
+    _check_error(activation_args.check(a))
     moe_error = moe_args.check(a, tp, a.dp * cp)
     _check(moe_error is None, moe_error)
     _check_mtp(a)

@@ -16,12 +16,26 @@
                               g(M) / g(A), and with multi-latent attention the softmax scale
                               times g(A)^2, g(m) = 0.1 m ln(S) + 1 (1 for S <= 1)
 
+--position-embedding-type yarn  newer Megatron's spelling of RoPE with YaRN (GPT-OSS's): read
+                              as --position-embedding-type rope --rope-type yarn
+--yarn-original-max-position-embeddings L, --yarn-beta-fast F, --yarn-beta-slow S,
+--[no-]yarn-correction-range-round-to-int
+                              YaRN's original context, its two rotation counts and whether its
+                              correction range is floored and ceiled (defaults 4096, 32, 1, yes;
+                              TransformerConfig.rope_original_max_position_embeddings,
+                              rope_yarn_beta_fast, rope_yarn_beta_slow, rope_yarn_truncate)
+--softmax-type vanilla|off-by-one|learnable
+                              each head's softmax: plain, with one more logit of 0, or with a
+                              learned logit per head (GPT-OSS's sinks;
+                              TransformerConfig.softmax_type)
+
 The defaults are Megatron-LM's command line's (megatron/training/arguments.py, _add_mla_args),
-not megatron-core's MLATransformerConfig's (ranks of 512, rotary_scaling_factor 40). YaRN's beta
-fast and slow and its original context have no Megatron flag: MLATransformerConfig's 32, 1 and
-4096 (TransformerConfig.rope_yarn_beta_fast, rope_yarn_beta_slow,
-rope_original_max_position_embeddings). TransformerConfig.validate checks the model's rules
-again; these are refused here, before MPI, naming the flags."""
+not megatron-core's MLATransformerConfig's (ranks of 512, rotary_scaling_factor 40). The --yarn-*
+flags set megatron-core's TransformerConfig.yarn_* fields, which only its GPT model's YaRN
+(--position-embedding-type yarn) reads: multi-latent attention builds its YaRN from
+MLATransformerConfig's fixed 32, 1 and 4096, rounding the range, so they are refused with it.
+TransformerConfig.validate checks the model's rules again; these are refused here, before MPI,
+naming the flags."""
 
 from __future__ import annotations
 
@@ -36,6 +50,14 @@ RANKS_AND_WIDTHS = ("q_lora_rank", *DEFAULTS)
 YARN_DEFAULTS = {"rotary_scaling_factor": 1.0, "mscale": 1.0, "mscale_all_dim": 0.0}
 YARN_FIXED = {"rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
               "rope_original_max_position_embeddings": 4096}
+# Newer Megatron's --yarn-* flags and their defaults (None here: given or not), and the config
+# field each sets; multi-latent attention keeps YARN_FIXED's (and a rounded range).
+YARN_FLAGS = {"yarn_original_max_position_embeddings": 4096, "yarn_beta_fast": 32.0,
+              "yarn_beta_slow": 1.0, "yarn_correction_range_round_to_int": True}
+YARN_FIELDS = {"yarn_original_max_position_embeddings": "rope_original_max_position_embeddings",
+               "yarn_beta_fast": "rope_yarn_beta_fast", "yarn_beta_slow": "rope_yarn_beta_slow",
+               "yarn_correction_range_round_to_int": "rope_yarn_truncate"}
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 def add_arguments(g, pos_int, pos_float, nonneg_float):
@@ -72,38 +94,103 @@ def add_arguments(g, pos_int, pos_float, nonneg_float):
                    help="with --rope-type yarn: see --mscale; with --multi-latent-attention also "
                         "the softmax scale times g(mscale-all-dim)^2 (default "
                         f"{YARN_DEFAULTS['mscale_all_dim']:g})")
+    g.add_argument("--yarn-original-max-position-embeddings", type=pos_int, default=None,
+                   help="with YaRN: the context the model was trained on before it (default "
+                        f"{YARN_FLAGS['yarn_original_max_position_embeddings']})")
+    g.add_argument("--yarn-beta-fast", type=pos_float, default=None,
+                   help="with YaRN: a frequency that turns more often than this over the "
+                        "original context keeps its value (default "
+                        f"{YARN_FLAGS['yarn_beta_fast']:g})")
+    g.add_argument("--yarn-beta-slow", type=pos_float, default=None,
+                   help="with YaRN: one that turns less often than this is divided by the "
+                        f"factor; those between blend the two (default "
+                        f"{YARN_FLAGS['yarn_beta_slow']:g})")
+    g.add_argument("--yarn-correction-range-round-to-int", action="store_const", const=True,
+                   default=None, help="with YaRN: floor and ceil its correction range (the "
+                                      "default; DeepSeek's)")
+    g.add_argument("--no-yarn-correction-range-round-to-int",
+                   dest="yarn_correction_range_round_to_int", action="store_const", const=False,
+                   help="with YaRN: keep its correction range fractional (GPT-OSS's)")
+    g.add_argument("--softmax-type", default="vanilla", choices=SOFTMAX_TYPES,
+                   help="each attention head's softmax: vanilla; off-by-one, one more logit of 0 "
+                        "in every row; learnable, that logit a parameter per head (GPT-OSS's "
+                        "sinks)")
 
 
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def _given(a, dest: str) -> str:
+    """The flag that set `dest` (--no-yarn-correction-range-round-to-int for its False)."""
+    if dest == "yarn_correction_range_round_to_int" and a.yarn_correction_range_round_to_int \
+            is False:
+        return "--no-yarn-correction-range-round-to-int"
+    return _flag(dest)
+
+
+def take_position_yarn(a) -> str | None:
+    """Newer Megatron's --position-embedding-type yarn (RoPE with YaRN) as braid's
+    --position-embedding-type rope --rope-type yarn, before --use-checkpoint-args compares them
+    with a checkpoint's; what is wrong with it, or None."""
+    if a.position_embedding_type != "yarn":
+        return None
+    if a.multi_latent_attention:
+        return ("--position-embedding-type yarn with --multi-latent-attention: multi-latent "
+                "attention's YaRN is --position-embedding-type rope with --rope-type yarn (its "
+                "default)")
+    if a.rope_type == "rope":
+        return "--position-embedding-type yarn and --rope-type rope: give one kind of RoPE"
+    a.position_embedding_type, a.rope_type = "rope", "yarn"
+    a.yarn_spelling = "--position-embedding-type yarn"
+    return None
+
+
 def _check_rope(a) -> str | None:
     """--rope-type and YaRN's flags: sets rope_type (Megatron's default when not given: yarn with
     --multi-latent-attention, else rope) and, with yarn, YaRN's defaults."""
-    given = [_flag(dest) for dest in YARN_DEFAULTS if getattr(a, dest) is not None]
+    given = [_given(a, dest) for dest in (*YARN_DEFAULTS, *YARN_FLAGS)
+             if getattr(a, dest) is not None]
     defaulted = a.rope_type is None
     if defaulted:
         a.rope_type = "yarn" if a.multi_latent_attention else "rope"
+    newer = [_given(a, dest) for dest in YARN_FLAGS if getattr(a, dest) is not None]
+    if a.multi_latent_attention and newer:
+        return (f"{newer[0]} with --multi-latent-attention: megatron-core's multi-latent "
+                "attention builds its YaRN from MLATransformerConfig's beta fast 32, beta slow 1 "
+                "and original context 4096, its correction range rounded; the --yarn-* flags "
+                "set its GPT model's YaRN (--position-embedding-type yarn) only")
     if a.rope_type == "rope":
-        return (f"{given[0]} is YaRN's: it needs --rope-type yarn (plain RoPE has no use for it; "
-                "megatron-core's MLA would still scale its softmax by --mscale-all-dim)"
-                ) if given else None
+        if not given:
+            return None
+        # The spellings that would then be accepted.
+        needs = "--rope-type yarn" if a.multi_latent_attention else \
+            "--rope-type yarn or --position-embedding-type yarn" \
+            if a.position_embedding_type == "rope" else "--position-embedding-type yarn"
+        return (f"{given[0]} is YaRN's: it needs {needs} (plain RoPE has no use for it"
+                + ("; megatron-core's MLA would still scale its softmax by it"
+                   if given[0] == "--mscale-all-dim" else "") + ")")
+    spelling = getattr(a, "yarn_spelling", "--rope-type yarn")
     how = " (--multi-latent-attention's default)" if defaulted else ""
     if a.use_rope_scaling:
-        return (f"--use-rope-scaling with --rope-type yarn{how}: Llama 3.1's RoPE scaling and "
+        return (f"--use-rope-scaling with {spelling}{how}: Llama 3.1's RoPE scaling and "
                 "YaRN exclude each other")
     if a.position_embedding_type != "rope" and not a.multi_latent_attention:
         return (f"--rope-type yarn needs --position-embedding-type rope (with "
                 f"{a.position_embedding_type} there is no RoPE to scale)")
-    for dest, default in YARN_DEFAULTS.items():
+    for dest, default in {**YARN_DEFAULTS, **YARN_FLAGS}.items():
         if getattr(a, dest) is None:
             setattr(a, dest, default)
-        if math.isinf(getattr(a, dest)):
+        if not math.isfinite(getattr(a, dest)):
             return f"{_flag(dest)} must be finite"
     if a.rotary_scaling_factor < 1.0:
         return (f"--rotary-scaling-factor {a.rotary_scaling_factor:g} must be >= 1: YaRN "
                 "stretches the original context by it")
+    if a.yarn_beta_slow > a.yarn_beta_fast:
+        return (f"--yarn-beta-slow {a.yarn_beta_slow:g} exceeds --yarn-beta-fast "
+                f"{a.yarn_beta_fast:g}: YaRN keeps the frequencies that turn more than beta-fast "
+                "times over the original context and divides those under beta-slow, so slow <= "
+                "fast")
     return None
 
 
@@ -148,6 +235,9 @@ def check(a) -> str | None:
         (a.use_rope_scaling,
          "--use-rope-scaling with --multi-latent-attention: megatron-core builds MLA's RoPE "
          "without Llama 3.1's scaling"),
+        (a.softmax_type != "vanilla",
+         f"--softmax-type {a.softmax_type} with --multi-latent-attention: braid's multi-latent "
+         "attention computes the vanilla softmax only"),
         (a.rotary_interleaved,
          "--rotary-interleaved with --multi-latent-attention: multi-latent attention pairs its "
          "RoPE channels interleaved already (DeepSeek's), and megatron-core refuses the flag "
@@ -176,19 +266,24 @@ def command_line_default(a, dest: str):
         return a.hidden_size // a.num_attention_heads
     if dest == "rope_type":
         return "yarn" if a.multi_latent_attention else "rope"
-    return DEFAULTS.get(dest, YARN_DEFAULTS.get(dest))
+    return {**DEFAULTS, **YARN_DEFAULTS, **YARN_FLAGS}.get(dest)
 
 
 def configure(cfg, a):
-    """Sets the TransformerConfig's multi-latent attention and YaRN fields from checked
-    arguments (none without --multi-latent-attention or --rope-type yarn, so a config of a build
-    before them stays as it was)."""
-    if a.rope_type == "yarn":
+    """Sets the TransformerConfig's multi-latent attention, YaRN and softmax fields from checked
+    arguments (none without --multi-latent-attention, YaRN or another softmax, so a config of a
+    build before them stays as it was)."""
+    if a.rope_type == "yarn":  # with multi-latent attention the --yarn-* flags are YARN_FIXED's
         cfg.rope_yarn_factor = a.rotary_scaling_factor
         cfg.rope_yarn_mscale = a.mscale
         cfg.rope_yarn_mscale_all_dim = a.mscale_all_dim
-        for field, value in YARN_FIXED.items():
-            setattr(cfg, field, value)
+        cfg.rope_original_max_position_embeddings = a.yarn_original_max_position_embeddings
+        cfg.rope_yarn_beta_fast = a.yarn_beta_fast
+        cfg.rope_yarn_beta_slow = a.yarn_beta_slow
+        if not a.yarn_correction_range_round_to_int:
+            cfg.rope_yarn_truncate = False
+    if a.softmax_type != "vanilla":
+        cfg.softmax_type = a.softmax_type
     if not a.multi_latent_attention:
         return
     cfg.multi_latent_attention = True
@@ -201,8 +296,8 @@ def configure(cfg, a):
 
 
 def describe(cfg) -> str:
-    """The startup line's words for a model with multi-latent attention, YaRN or linear RoPE
-    interpolation ("" with none)."""
+    """The startup line's words for a model with multi-latent attention, YaRN, linear RoPE
+    interpolation, interleaved RoPE pairs or attention sinks ("" with none)."""
     words = ""
     if getattr(cfg, "multi_latent_attention", False):
         q = f"q_lora_rank {cfg.q_lora_rank}" if cfg.q_lora_rank else "no query latent"
@@ -214,9 +309,16 @@ def describe(cfg) -> str:
         words += (f", YaRN RoPE (factor {cfg.rope_yarn_factor:g} of "
                   f"{cfg.rope_original_max_position_embeddings} positions, mscale "
                   f"{cfg.rope_yarn_mscale:g}, mscale_all_dim {cfg.rope_yarn_mscale_all_dim:g}"
-                  + (f", beta {betas[0]:g} / {betas[1]:g}" if betas != (32.0, 1.0) else "") + ")")
+                  + (f", beta {betas[0]:g} / {betas[1]:g}" if betas != (32.0, 1.0) else "")
+                  + (", correction range not rounded" if not getattr(cfg, "rope_yarn_truncate",
+                                                                     True) else "") + ")")
     if getattr(cfg, "rope_linear_factor", 0.0) > 0:
         words += f", RoPE positions interpolated by 1/{cfg.rope_linear_factor:g}"
     if getattr(cfg, "rotary_interleaved", False) and not cfg.multi_latent_attention:
         words += ", interleaved RoPE pairs"
+    softmax = getattr(cfg, "softmax_type", "vanilla")
+    if softmax == "learnable":
+        words += ", learnable attention sinks (a logit per head)"
+    elif softmax == "off-by-one":
+        words += ", off-by-one softmax (a zero logit in every row)"
     return words

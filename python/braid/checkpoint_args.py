@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from braid.attention_args import YARN_DEFAULTS, YARN_FIXED
+from braid.attention_args import YARN_DEFAULTS, YARN_FIELDS, YARN_FIXED, YARN_FLAGS
 
 
 # The checkpoint's metadata.json "config" key -> [(argument, its value)]
@@ -24,7 +24,11 @@ FROM_CHECKPOINT = {
     "max_position_embeddings": lambda v: [("max_position_embeddings", v)],
     "normalization": lambda v: [("normalization", {"layernorm": "LayerNorm",
                                                    "rmsnorm": "RMSNorm"}[v])],
-    "activation": lambda v: [("swiglu", v == "swiglu"), ("squared_relu", v == "squared_relu")],
+    "activation": lambda v: [("swiglu", v == "swiglu"), ("quick_geglu", v == "quick_geglu"),
+                             ("squared_relu", v == "squared_relu")],
+    "glu_linear_offset": lambda v: [("glu_linear_offset", _f32(v) or None)],
+    "activation_clamp": lambda v: [("activation_func_clamp_value", _f32(v) or None)],
+    "softmax_type": lambda v: [("softmax_type", v)],
     "position_embedding": lambda v: [("position_embedding_type",
                                       {"rope": "rope", "learned": "learned_absolute"}[v])],
     "add_bias_linear": lambda v: [("disable_bias_linear", not v)],
@@ -90,7 +94,9 @@ BEFORE_THEM = {"add_qkv_bias": False, "qk_layernorm": False, "zero_centered_gamm
                "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128,
                "rope_yarn_factor": 0.0, "rope_yarn_beta_fast": 32.0, "rope_yarn_beta_slow": 1.0,
                "rope_yarn_mscale": 1.0, "rope_yarn_mscale_all_dim": 0.0,
-               "rope_linear_factor": 0.0, "rotary_interleaved": False, **MEGATRON_ROPE_SCALING}
+               "rope_linear_factor": 0.0, "rotary_interleaved": False, "rope_yarn_truncate": True,
+               "softmax_type": "vanilla", "glu_linear_offset": 0.0, "activation_clamp": 0.0,
+               **MEGATRON_ROPE_SCALING}
 
 # Arguments only a model with multi-latent attention has: none (not given) for the others.
 LATENT_ATTENTION_ONLY = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim",
@@ -131,19 +137,23 @@ def _f32(value):
 
 def _rope_args(config: dict) -> list[tuple[str, object]]:
     """--rope-type and YaRN's flags for the checkpoint's RoPE (older checkpoints: no YaRN); the
-    original context Llama 3.1's scaling or YaRN uses must be the one Megatron fixes."""
-    if config["rope_yarn_factor"] > 0:
-        for key in YARN_FIXED:
-            _megatron_rope_constant(key, config[key], YARN_FIXED,
+    original context Llama 3.1's scaling uses, and with multi-latent attention YaRN's beta fast
+    and slow, original context and rounding, must be the ones Megatron fixes."""
+    if config["rope_yarn_factor"] <= 0:
+        if config["rope_scaling_factor"] > 0:
+            _megatron_rope_constant("rope_original_max_position_embeddings",
+                                    config["rope_original_max_position_embeddings"])
+        return [("rope_type", "rope")] + [(dest, None) for dest in (*YARN_DEFAULTS, *YARN_FLAGS)]
+    yarn = [("rope_type", "yarn"), ("rotary_scaling_factor", _f32(config["rope_yarn_factor"])),
+            ("mscale", _f32(config["rope_yarn_mscale"])),
+            ("mscale_all_dim", _f32(config["rope_yarn_mscale_all_dim"]))]
+    if config["multi_latent_attention"]:
+        for key, value in {**YARN_FIXED, "rope_yarn_truncate": True}.items():
+            _megatron_rope_constant(key, config[key], {key: value},
                                     "--rope-type yarn (megatron-core's MLATransformerConfig)")
-        return [("rope_type", "yarn"),
-                ("rotary_scaling_factor", _f32(config["rope_yarn_factor"])),
-                ("mscale", _f32(config["rope_yarn_mscale"])),
-                ("mscale_all_dim", _f32(config["rope_yarn_mscale_all_dim"]))]
-    if config["rope_scaling_factor"] > 0:
-        _megatron_rope_constant("rope_original_max_position_embeddings",
-                                config["rope_original_max_position_embeddings"])
-    return [("rope_type", "rope")] + [(dest, None) for dest in YARN_DEFAULTS]
+        return yarn + [(dest, None) for dest in YARN_FLAGS]
+    # The GPT model's YaRN (--position-embedding-type yarn): newer Megatron's --yarn-* flags.
+    return yarn + [(dest, _f32(config[field])) for dest, field in YARN_FIELDS.items()]
 
 
 def model_args(config: dict) -> list[tuple[str, object]]:
@@ -181,14 +191,18 @@ NUMERICS = {"rope_theta": "--rotary-base",
             "rope_scaling_factor": "--use-rope-scaling --rope-scaling-factor",
             "rope_low_freq_factor": "--use-rope-scaling",
             "rope_high_freq_factor": "--use-rope-scaling",
-            "rope_original_max_position_embeddings": "--use-rope-scaling or --rope-type yarn",
+            "rope_original_max_position_embeddings": "--use-rope-scaling or "
+                                                     "--yarn-original-max-position-embeddings",
             "rope_yarn_factor": "--rope-type yarn --rotary-scaling-factor",
-            "rope_yarn_beta_fast": "--rope-type yarn",
-            "rope_yarn_beta_slow": "--rope-type yarn",
+            "rope_yarn_beta_fast": "--yarn-beta-fast",
+            "rope_yarn_beta_slow": "--yarn-beta-slow",
+            "rope_yarn_truncate": "--[no-]yarn-correction-range-round-to-int",
             "rope_yarn_mscale": "--rope-type yarn --mscale",
             "rope_yarn_mscale_all_dim": "--rope-type yarn --mscale-all-dim",
             "rope_linear_factor": "--rotary-seq-len-interpolation-factor",
             "norm_eps": "--norm-epsilon",
+            "glu_linear_offset": "--glu-linear-offset",
+            "activation_clamp": "--activation-func-clamp-value",
             "window_size": "--window-size",
             "window_layers": "--window-attn-skip-freq",
             "moe_router_topk": "--moe-router-topk",

@@ -1,17 +1,18 @@
 """Model FLOPs, device peaks and MFU, as Megatron-LM reports them.
 
 Model FLOPs follow Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU
-Clusters", eq. 3), generalised to grouped-query attention and SwiGLU: every matrix product of
-the forward pass counts 2·m·n·k, attention counts QKᵀ and the weighted sum over the whole
-sequence (no causal halving) - on a sliding-window layer over min(sequence, window + 1) keys,
-as Megatron-Bridge counts it - and a training iteration is 3× the forward (backward = 2×).
+Clusters", eq. 3), generalised to grouped-query attention and gated MLPs (SwiGLU, quick GEGLU:
+three matrices): every matrix product of the forward pass counts 2·m·n·k, attention counts QKᵀ
+and the weighted sum over the whole sequence (no causal halving) - on a sliding-window layer
+over min(sequence, window + 1) keys, as Megatron-Bridge counts it - and a training iteration is
+3× the forward (backward = 2×).
 Recomputation is not counted: that is the hardware FLOPs (HFU), not the model's. For GPT-2
 shapes (ffn = 4h, no GQA) this is exactly the paper's 72·B·s·l·h²·(1 + s/6h + V/12lh).
 
 A mixture-of-experts layer (num_experts > 0) counts, in place of the dense MLP, the k =
 moe_router_topk experts each token is routed to (their MLPs of moe_ffn_hidden_size, or
-ffn_hidden_size) and the router GEMM [h -> E]: per token 2·k·m·h·F + 2·h·E, m = 3 with SwiGLU,
-else 2. The experts' term is Megatron-LM's (megatron/training/training.py,
+ffn_hidden_size) and the router GEMM [h -> E]: per token 2·k·m·h·F + 2·h·E, m = 3 with a gated
+MLP, else 2. The experts' term is Megatron-LM's (megatron/training/training.py,
 num_floating_point_operations: 3 · 2 · B·s · h · (F · k · m) per MoE layer, "routed experts";
 the megatron-core wheel does not ship that file); Megatron leaves out the router, which braid
 counts as it counts every other matrix product of the forward pass (Mixtral 8x7B: 0.008% of
@@ -51,6 +52,8 @@ import json
 import os
 import subprocess
 import sys
+
+from braid.activation_args import GATED
 
 # Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by the device name's model.
 GPU_PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "H800": 989.0, "GH200": 989.0}
@@ -99,7 +102,7 @@ def forward_flops_per_token(cfg, seq_length: int) -> float:
     sequences of `seq_length`: the linear layers, attention scores and context, the LM head,
     and the multi-token prediction depths (the module docstring)."""
     h = cfg.hidden_size
-    mlp_matrices = 3 if cfg.activation == "swiglu" else 2
+    mlp_matrices = 3 if cfg.activation in GATED else 2
     per_layer, per_key = attention_flops(cfg)
     dense_mlp = 2 * mlp_matrices * h * cfg.ffn_hidden_size
     experts = getattr(cfg, "num_experts", 0) or 0

@@ -217,11 +217,12 @@ def no_effect_given(a: argparse.Namespace) -> list[str]:
 
 
 def activation(a: argparse.Namespace) -> str:
-    """The MLP's activation as Megatron computes it: --swiglu, --squared-relu, else GELU - its
-    tanh form in megatron-core's fused bias-GELU (with biases and without --no-bias-gelu-fusion;
-    Megatron-LM turns the fusion off without biases) or with --openai-gelu, the exact (erf)
-    form otherwise."""
-    if a.swiglu or a.squared_relu:
-        return "swiglu" if a.swiglu else "squared_relu"
+    """The MLP's activation as Megatron computes it: --swiglu, --quick-geglu, --squared-relu,
+    else GELU - its tanh form in megatron-core's fused bias-GELU (with biases and without
+    --no-bias-gelu-fusion; Megatron-LM turns the fusion off without biases) or with
+    --openai-gelu, the exact (erf) form otherwise."""
+    for flag in ("swiglu", "quick_geglu", "squared_relu"):
+        if getattr(a, flag):
+            return flag
     fused = not a.no_bias_gelu_fusion and not a.disable_bias_linear
     return "gelu" if a.openai_gelu or fused else "gelu_exact"

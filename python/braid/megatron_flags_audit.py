@@ -201,9 +201,6 @@ AUDIT_UNSUPPORTED = {
     "--fp32-residual-connection": "braid's residual stream is in the activations' dtype "
                                   "(bf16 with --bf16)",
     "--no-rope-freq": "braid applies RoPE in every layer",
-    "--quick-geglu": "braid's MLP activations are GELU, --swiglu and --squared-relu",
-    "--activation-func-clamp-value": "see --quick-geglu",
-    "--glu-linear-offset": "braid's --swiglu multiplies by the up projection as it is",
     "--qk-l2-norm": "braid's --qk-layernorm norms queries and keys with --normalization's "
                     "norm and its weights",
     "--init-method-xavier-uniform": "braid initialises weights from a normal of "
@@ -278,8 +275,6 @@ AUDIT_ONLY_VALUE = {
                           "braid reads the samples in order from the consumed-samples position, "
                           "as Megatron's default single does (docs/data.md); cyclic reshuffles "
                           "each epoch, external is the script's own loader"),
-    "--softmax-type": (lambda a: "vanilla",
-                       "braid's attention softmax is the plain one (Megatron's vanilla)"),
     "--mid-level-dataset-surplus": (lambda a: 0.005,
                                     "braid builds each blend member with Megatron's default "
                                     "surplus, 0.005; another changes the members' samples"),

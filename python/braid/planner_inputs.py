@@ -10,6 +10,7 @@ import dataclasses
 import re
 
 from braid import planner_mla as _mla
+from braid.activation_args import GATED
 from braid import planner_mtp as _mtp
 
 
@@ -23,7 +24,9 @@ class ModelShape:
     ffn_hidden_size: int
     vocab_size: int
     seq_length: int
-    activation: str = "swiglu"        # "swiglu" (Llama), "gelu" (GPT) or "squared_relu" (ungated)
+    # "swiglu" (Llama), "quick_geglu" (GPT-OSS; gated as swiglu), "gelu" (GPT) or "squared_relu"
+    # (ungated)
+    activation: str = "swiglu"
     # vocab_size 0: a bare stack of layers, no embedding or LM head (tests)
     tied_embeddings: bool = False
     qk_layernorm: bool = False  # a norm on each query and key head (Qwen3)
@@ -106,6 +109,11 @@ class ModelShape:
     def gpt_style(self) -> bool:
         return self.activation == "gelu"
 
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated: fc1 is [gate; up], three matrices."""
+        return self.activation in GATED
+
     def has_experts(self, layer: int) -> bool:
         """Whether layer `layer` (0-based) is a mixture-of-experts layer (else: dense)."""
         return bool(self.num_experts) and (not self.moe_layers or bool(self.moe_layers[layer]))
@@ -148,8 +156,11 @@ class ModelShape:
 
     @property
     def router_params(self) -> int:
-        """An expert layer's router [num_experts, hidden] (no bias), whole on every TP rank."""
-        return self.num_experts * self.hidden_size
+        """An expert layer's router [num_experts, hidden] and, in a model with biases, its bias
+        [num_experts] (megatron-core's TopKRouter), whole on every TP rank. The planner gives
+        biases to its GELU models only: a quick-GEGLU model's biases and attention sinks
+        (GPT-OSS's, 0.03% of its parameters) are left out."""
+        return self.num_experts * (self.hidden_size + (1 if self.gpt_style else 0))
 
     @property
     def replicated_params(self) -> int:
@@ -160,9 +171,9 @@ class ModelShape:
         return self.router_params + (self.hidden_size if self.moe_shared_expert_gate else 0)
 
     def one_mlp_params(self, f: int) -> float:
-        """An MLP of hidden size f: fc1 (gate and up with SwiGLU) and fc2 [+ their biases]."""
+        """An MLP of hidden size f: fc1 (gate and up when gated) and fc2 [+ their biases]."""
         h = self.hidden_size
-        return (3 if self.activation == "swiglu" else 2) * h * f + (f + h if self.gpt_style else 0)
+        return (3 if self.gated else 2) * h * f + (f + h if self.gpt_style else 0)
 
     def mlp_params(self, experts: bool = True) -> float:
         """A layer's MLP: an expert layer's (experts, with experts in the model) num_experts

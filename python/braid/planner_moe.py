@@ -117,7 +117,7 @@ def mlp_gemms(model, T: float, t: int, ep: int = 1, whole: bool = False):
     its rows of the EP group's ep x T tokens) - `whole`, (T / t)·k·ep / E rows of experts F wide,
     not F / t - and the shared expert's on all T."""
     h, f, s = model.hidden_size, model.mlp_hidden_size, model.moe_shared_expert_intermediate_size
-    gated = 2 if model.activation == "swiglu" else 1
+    gated = 2 if model.gated else 1
     count = model.num_experts // ep if model.num_experts else 1
     rows = (T / t if whole else T) * rows_per_token(model) / count
     split = 1 if whole else t
@@ -148,9 +148,9 @@ def narrow_gemm_s(gpu, flops: float, nbytes: float) -> float:
 
 
 def activation_bytes(model, t: int) -> float:
-    """Bytes per token of the MLP's activation function (SwiGLU reads 2F, writes F), on the
+    """Bytes per token of the MLP's activation function (a gated one reads 2F, writes F), on the
     k rows of a token with experts, and the shared expert's on its one row."""
-    per_hidden = (6 if model.activation == "swiglu" else 4) / t
+    per_hidden = (6 if model.gated else 4) / t
     shared = model.moe_shared_expert_intermediate_size if model.num_experts else 0
     return per_hidden * (rows_per_token(model) * model.mlp_hidden_size + shared)
 
@@ -436,7 +436,7 @@ def kept_bytes(model, t: int, recompute: str, ep: int = 1, whole: bool = False) 
         return 0.0
 
     def mlp(f):  # fc1_out [+ act_out] of one row through an MLP of hidden f
-        fc1 = 2 * (2 * f if model.activation == "swiglu" else f) / t
+        fc1 = 2 * (2 * f if model.gated else f) / t
         return fc1 + (2 * f / t if recompute == "none" else 0.0)
 
     h = model.hidden_size

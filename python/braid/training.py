@@ -35,7 +35,8 @@ import time
 import numpy as np
 
 import braid
-from braid import attention_args, flops, moe_args, schedule_args, tokenizer_args, wandb_log
+from braid import (activation_args, attention_args, flops, moe_args, schedule_args,
+                   tokenizer_args, wandb_log)
 from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
 from braid.checkpoint_flags import Retention
@@ -82,6 +83,7 @@ def model_config(a) -> braid.TransformerConfig:
     cfg.normalization = MEGATRON_NORMALIZATION[a.normalization]
     cfg.norm_eps = a.norm_epsilon
     cfg.activation = activation(a)
+    activation_args.configure(cfg, a)
     cfg.position_embedding = "rope" if a.position_embedding_type == "rope" else "learned"
     cfg.rope_theta = a.rotary_base
     cfg.rotary_percent = a.rotary_percent
@@ -223,7 +225,7 @@ def main(argv=None) -> int:
     windowed = sum(cfg.window_layers) if len(cfg.window_layers) else cfg.num_layers
     log(f"braid: GPT with {params:,} parameters ({cfg.num_layers} layers, hidden "
         f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.kv_heads} kv"
-        + attention_args.describe(cfg)
+        + attention_args.describe(cfg) + activation_args.describe(cfg)
         + (f", a sliding window of {cfg.window_size} on {windowed} layers"
            if cfg.window_size >= 0 else "")
         + (f", {cfg.num_experts} experts of {cfg.moe_ffn_hidden_size or cfg.ffn_hidden_size} "

@@ -89,7 +89,20 @@ TransformerConfig mtp_moe() {
   return c;
 }
 
+// GPT-OSS's layers: biases everywhere, the router's too (with whole experts each TP rank's share
+// of its gradient, summed over TP), learnable attention sinks, quick GEGLU with offset and clamp.
+TransformerConfig gpt_oss_moe() {
+  TransformerConfig c = moe();
+  c.add_bias_linear = true;
+  c.softmax_type = model::SoftmaxType::learnable;
+  c.activation = model::Activation::quick_geglu;
+  c.glu_linear_offset = 1.0f;
+  c.activation_clamp = 0.3f;
+  return c;
+}
+
 TransformerConfig config_named(const std::string& name) {
+  if (name == "gpt_oss") return gpt_oss_moe();
   if (name == "mtp") return mtp_moe();
   if (name == "dropping") return dropping_moe();
   if (name == "sequence") return sequence_moe();
@@ -329,6 +342,8 @@ TEST(ExpertParallelEqualsOneRank, WholeExpertsFourRanks) {
     check_layout({.tp = 2, .cp = 2, .ep = 4, .etp = 1, .zero = zero, .overlap = zero});
     check_layout({.tp = 4, .ep = 2, .etp = 1, .zero = zero, .overlap = true});
   }
+  check_layout("gpt_oss", {.tp = 2, .dp = 2, .ep = 2, .etp = 1, .zero = true, .overlap = true});
+  check_layout("gpt_oss", {.tp = 2, .cp = 2, .ep = 4, .etp = 1, .zero = false, .overlap = false});
 }
 
 // An MTP depth whose layer has experts (and an expert bias): on the last stage, its experts

@@ -162,15 +162,6 @@ TEST_P(Glu, GptOssBackwardMatchesFiniteDifferencesOfTheOp) {
   check_gradients(GetParam(), g);
 }
 
-TEST_P(Glu, DefaultSpecIsSwiglu) {
-  // GluSpec{} is silu(gate) * up, bit for bit the same as spelling it out.
-  const Tensor x = random_tensor({3, 2 * 40}, 31, 5.0f);
-  Tensor a = empty({3, 40}), b = empty({3, 40});
-  ops::glu_forward(a, up(x));
-  ops::glu_forward(b, up(x), ops::GluSpec{false, 0.0f, 0.0f});
-  EXPECT_EQ(values(a), values(b));
-}
-
 BRAID_KERNEL_TEST_SUITE(Glu);
 
 }  // namespace

@@ -157,11 +157,14 @@ TEST(ParameterSpecs, AttentionSinksAndRouterBias) {
     EXPECT_FALSE(bias.weight_decay);
   }
   const ParamLayout tp2 = parameter_layout(c, 1, 2);
+  bool found = false;
   for (size_t i = 0; i < tp2.specs.size(); ++i) {
     if (tp2.specs[i].name != "model.layers.0.self_attn.sinks") continue;
+    found = true;
     EXPECT_EQ(tp2.shards[i].shape, Shape{c.num_attention_heads / 2});
     EXPECT_EQ(tp2.shards[i].start, c.num_attention_heads / 2);
   }
+  EXPECT_TRUE(found);
   c.softmax_type = SoftmaxType::off_by_one;  // sinks of 0: no parameter
   c.add_bias_linear = false;
   specs = by_name(parameter_specs(c));

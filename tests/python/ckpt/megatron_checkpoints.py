@@ -21,8 +21,10 @@ multi-latent attention runs with Transformer Engine only: MLASelfAttention build
 attention with k_channels and v_channels (TE's DotProductAttention's arguments), which the local
 spec's DotProductAttention does not take, and without TE it takes the TE wrappers' placeholders
 for classes (HAVE_TE true); here the local core attention takes them (its output heads
-v_channels wide, its products and softmax its own) and MLA sees HAVE_TE false. The tensors, the
-files and the forward (MLA's projections, norms and RoPE, the MTP depths) are megatron-core's.
+v_channels wide, its products and softmax its own) and MLA sees HAVE_TE false. Its softmax builds
+a sliding window's mask on CUDA (get_sliding_window_causal_mask); here the same mask on the CPU.
+The tensors, the files and the forward (MLA's projections, norms and RoPE, the MTP depths, the
+attention sinks, the windows, YaRN) are megatron-core's.
 """
 
 import argparse
@@ -66,7 +68,9 @@ BASE_ARGS = dict(
     moe_router_topk_scaling_factor=None, moe_expert_capacity_factor=None,
     moe_token_drop_policy="probs", moe_shared_expert_intermediate_size=None,
     moe_shared_expert_gate=False, moe_layer_freq=1, moe_router_load_balancing_type="aux_loss",
-    moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather", moe_grouped_gemm=False)
+    moe_aux_loss_coeff=0.0, moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
+    quick_geglu=False, glu_linear_offset=0.0, activation_func_clamp_value=None,
+    softmax_type="vanilla")
 MODELS = {
     # Llama: RMSNorm, SwiGLU, RoPE, 2 query groups, untied
     "llama": dict(swiglu=True, group_query_attention=True, num_query_groups=2, rotary_base=500000,
@@ -133,6 +137,18 @@ MODELS = {
     # Llama with two MTP depths (the local spec's fused norm names in the MTP layers)
     "llama-mtp": dict(swiglu=True, group_query_attention=True, num_query_groups=2,
                       untie_embeddings_and_output_weights=True, mtp_num_layers=2),
+    # GPT-OSS-like (Megatron-LM's GPT-OSS recipe in small): learnable attention sinks, the quick
+    # GEGLU with offset 1 and a clamp that bites, biases (the router's too), 4 experts on every
+    # layer, a window of 4 + 1 on the first layer, YaRN with the correction range unrounded
+    "gpt-oss": dict(quick_geglu=True, glu_linear_offset=1.0, activation_func_clamp_value=0.5,
+                    softmax_type="learnable", add_bias_linear=True, add_qkv_bias=True,
+                    bias_gelu_fusion=False, group_query_attention=True, num_query_groups=2,
+                    untie_embeddings_and_output_weights=True, num_experts=4,
+                    moe_ffn_hidden_size=32, window_size=(4, 0), window_attn_skip_freq=2,
+                    position_embedding_type="yarn", rotary_base=150000,
+                    rotary_scaling_factor=32.0, yarn_original_max_position_embeddings=4096,
+                    yarn_beta_fast=32.0, yarn_beta_slow=1.0,
+                    yarn_correction_range_round_to_int=False),
 }
 # Saves of a model under args import refuses (per model: the variant's name and its args' changes)
 REFUSED_ARGS = {
@@ -151,6 +167,13 @@ MOE_FIELDS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_router_pre_softmax"
               "moe_expert_capacity_factor", "moe_token_drop_policy",
               "moe_shared_expert_intermediate_size", "moe_shared_expert_gate", "moe_layer_freq")
 NORM_SUFFIXES = ("layer_norm_weight", "norm.weight")  # every norm's weight (enorm, hnorm)
+# megatron-core's config attributes of GPTModel's YaRN (--position-embedding-type yarn) and the
+# Megatron-LM arguments they come from
+YARN_FIELDS = {"yarn_rotary_scaling_factor": "rotary_scaling_factor",
+               "yarn_original_max_position_embeddings": "yarn_original_max_position_embeddings",
+               "yarn_beta_fast": "yarn_beta_fast", "yarn_beta_slow": "yarn_beta_slow",
+               "yarn_mscale": "mscale", "yarn_mscale_all_dim": "mscale_all_dim",
+               "yarn_correction_range_round_to_int": "yarn_correction_range_round_to_int"}
 
 
 def megatron_args(kind, **changes):
@@ -163,6 +186,7 @@ def megatron_args(kind, **changes):
 def cpu_stand_ins():
     import torch
     import megatron.core.dist_checkpointing.strategies.filesystem_async as filesystem_async
+    import megatron.core.fusions.fused_softmax as fused_softmax
     import megatron.core.transformer.moe.moe_utils as moe_utils
     import megatron.core.transformer.multi_latent_attention as mla
     from megatron.core import tensor_parallel
@@ -174,7 +198,17 @@ def cpu_stand_ins():
     moe_utils.te_general_gemm = None  # the router's GEMM refers to it without Transformer Engine
     tensor_parallel.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
     mla.HAVE_TE = False  # (megatron-core's TE wrappers import as placeholders without TE)
+    fused_softmax.get_sliding_window_causal_mask = sliding_window_mask
     backends.LocalSpecProvider.core_attention = lambda self: latent_core_attention()
+
+
+def sliding_window_mask(sq, skv, window_size):
+    """megatron-core's get_sliding_window_causal_mask on the CPU: True where a query does not
+    see a key (those after it, and those more than window_size[0] before it)."""
+    import torch
+    m = torch.ones(sq, skv, dtype=torch.bool)
+    return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]),
+                       diagonal=skv - sq + window_size[1])
 
 
 def latent_core_attention():
@@ -221,8 +255,11 @@ def build(a, vp_stage=None):
     from megatron.core.transformer.utils import openai_gelu
     # Megatron-LM's: --openai-gelu's tanh form, else F.gelu (the fused bias-GELU, when on, being
     # its tanh form)
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     gelu = openai_gelu if getattr(a, "openai_gelu", False) else F.gelu
-    activation = F.silu if a.swiglu else squared_relu if a.squared_relu else gelu
+    geglu = getattr(a, "quick_geglu", False) and not a.swiglu  # (Megatron-LM: --swiglu first)
+    activation = (F.silu if a.swiglu else quick_gelu if geglu else squared_relu if a.squared_relu
+                  else gelu)
     latent = getattr(a, "multi_latent_attention", False)
     mla = {}
     if latent:
@@ -235,9 +272,13 @@ def build(a, vp_stage=None):
         num_attention_heads=a.num_attention_heads, kv_channels=a.kv_channels,
         num_query_groups=a.num_query_groups if a.group_query_attention else None,
         normalization=a.normalization, layernorm_epsilon=a.norm_epsilon,
-        gated_linear_unit=a.swiglu, activation_func=activation,
+        gated_linear_unit=a.swiglu or geglu, activation_func=activation,
         bias_activation_fusion=(a.bias_gelu_fusion and a.add_bias_linear
-                                and not (a.swiglu or a.squared_relu)),
+                                and not (a.swiglu or geglu or a.squared_relu)),
+        glu_linear_offset=getattr(a, "glu_linear_offset", 0.0),
+        activation_func_clamp_value=getattr(a, "activation_func_clamp_value", None),
+        softmax_type=getattr(a, "softmax_type", "vanilla"),
+        window_size=a.window_size, window_attn_skip_freq=a.window_attn_skip_freq,
         add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
         qk_layernorm=a.qk_layernorm, rotary_interleaved=a.rotary_interleaved,
         hidden_dropout=0.0, attention_dropout=0.0,
@@ -247,10 +288,14 @@ def build(a, vp_stage=None):
         virtual_pipeline_model_parallel_size=(
             parallel_state.get_virtual_pipeline_model_parallel_world_size()),
         expert_model_parallel_size=parallel_state.get_expert_model_parallel_world_size(),
+        expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
         num_layers_in_first_pipeline_stage=getattr(a, "decoder_first_pipeline_num_layers", None),
         num_layers_in_last_pipeline_stage=getattr(a, "decoder_last_pipeline_num_layers", None),
         pipeline_dtype=torch.float32, mtp_num_layers=getattr(a, "mtp_num_layers", None),
         **mla, **moe_config(a))
+    if a.position_embedding_type == "yarn":  # (attributes GPTModel reads, not config fields)
+        for field, name in YARN_FIELDS.items():
+            setattr(config, field, getattr(a, name))
     if a.num_experts:  # megatron-core's MoE layers (SequentialMLP) where moe_layer_freq says
         spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                           normalization=a.normalization, vp_stage=vp_stage)
@@ -282,7 +327,9 @@ def randomize(model, seed):
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
             norm = name.endswith(NORM_SUFFIXES)
-            p.copy_(1.0 + 0.1 * noise if norm else 0.1 * noise)
+            # attention sinks as large as the scores (a few units)
+            p.copy_(1.0 + 0.1 * noise if norm else 1.5 * noise if name.endswith(
+                "softmax_offset") else 0.1 * noise)
         for name, b in model.named_buffers():
             if name.endswith("expert_bias"):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
@@ -437,7 +484,14 @@ def one_minus(model):
 
 # ---- the jobs --------------------------------------------------------------------------------
 
-def init(tp=1, pp=1, vp=None, ep=1):
+def expert_tp(a, tp):
+    """The expert TP size of a layout with TP `tp`: TP's, but 1 for experts with biases
+    (megatron-core's MoE biases need whole experts: --expert-tensor-parallel-size 1, as
+    Megatron-LM's GPT-OSS recipes run)."""
+    return 1 if a.num_experts and a.add_bias_linear else tp
+
+
+def init(tp=1, pp=1, vp=None, ep=1, etp=None):
     import torch
     from megatron.core import parallel_state
     if not torch.distributed.is_initialized():
@@ -449,7 +503,8 @@ def init(tp=1, pp=1, vp=None, ep=1):
         cpu_stand_ins()
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(tp, pp, virtual_pipeline_model_parallel_size=vp,
-                                             expert_model_parallel_size=ep)
+                                             expert_model_parallel_size=ep,
+                                             expert_tensor_parallel_size=etp)
 
 
 def save_job(out):
@@ -513,7 +568,7 @@ def ranks_job(out, jobs):
             folder = os.path.join(export, f"iter_{int(f.read()):07d}")
         a = common_args(folder)
         for tp, pp in ((1, 1), (2, 1), (1, 2)):
-            init(tp, pp)
+            init(tp, pp, etp=expert_tp(a, tp))
             model = build(a)
             load_into(model, folder)
             if pp == 1:

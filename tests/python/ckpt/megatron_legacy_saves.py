@@ -29,7 +29,8 @@ from megatron_checkpoints import (CONSUMED, ITERATION, build, cpu_stand_ins, ini
 
 # name -> (megatron_checkpoints' model, args changed)
 MODELS = {"llama": ("llama", {}), "llama-4": ("llama", dict(num_layers=4)),
-          "gpt": ("gpt", {}), "moe": ("moe-shared", {}), "mla-mtp": ("deepseek-v3-mtp", {})}
+          "gpt": ("gpt", {}), "moe": ("moe-shared", {}), "mla-mtp": ("deepseek-v3-mtp", {}),
+          "gpt-oss": ("gpt-oss", {}), "gpt-oss-dense": ("gpt-oss", dict(num_experts=None))}
 # per model: layout -> (TP, PP, virtual stages, EP, args changed)
 LAYOUTS = {
     "llama": {"tp2": (2, 1, None, 1, {}), "pp2": (1, 2, None, 1, {})},
@@ -44,6 +45,10 @@ LAYOUTS = {
     # the shared expert and the MTP depth's eh_proj over TP 2; at PP 2 the MTP depth and a copy of
     # the embedding on the last stage
     "mla-mtp": {"tp2": (2, 1, None, 1, {}), "pp2": (1, 2, None, 1, {})},
+    # the attention sinks split by heads, the quick GEGLU's fc1 as gate and up halves per rank
+    # (dense: megatron-core's MoE biases need whole experts, expert TP 1, which the legacy files
+    # name by the dense TP rank alone: refused)
+    "gpt-oss-dense": {"tp2": (2, 1, None, 1, {})},
 }
 # mp_rank_TT_PPP; the tied GPT's last stage holds output_layer.weight, the embedding's copy
 FOUR_RANK_LAYOUTS = {"llama": {"tp2-pp2": (2, 2, None, 1, {})},

@@ -19,6 +19,7 @@ CPU in subprocesses: gloo, one process, then two ranks).
 - refusals: one line naming what, where and what was expected, exit code 1
 """
 
+import argparse
 import contextlib
 import importlib.util
 import io
@@ -34,8 +35,8 @@ import pytest
 
 import braid
 from braid.generate import config_from_metadata, load_model
-from megatron_checkpoints import (CONSUMED, IDS, ITERATION, MODELS, PADDED_VOCAB, TARGETS,
-                                  VOCAB)
+from megatron_checkpoints import (BASE_ARGS, CONSUMED, IDS, ITERATION, MODELS, PADDED_VOCAB,
+                                  TARGETS, VOCAB)
 from sharded_saves import reshard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -93,6 +94,15 @@ BRAID_MODELS = {
                       multi_latent_attention=True, q_lora_rank=0, kv_lora_rank=24,
                       qk_head_dim=8, qk_pos_emb_head_dim=16, v_head_dim=12, qk_layernorm=True,
                       rope_theta=50000.0),
+    # GPT-OSS-like: learnable attention sinks, the quick GEGLU (offset 1, a clamp that bites),
+    # biases (the router's too), 4 experts, a window on the first layer, YaRN unrounded
+    "gpt-oss": dict(normalization="rmsnorm", activation="quick_geglu", position_embedding="rope",
+                    num_query_groups=2, add_bias_linear=True, tie_embeddings=False,
+                    softmax_type="learnable", glu_linear_offset=1.0, activation_clamp=0.5,
+                    rope_theta=150000.0, rope_yarn_factor=32.0,
+                    rope_original_max_position_embeddings=4096, rope_yarn_truncate=False,
+                    window_size=4, window_layers=[1, 0], num_experts=4, moe_router_topk=2,
+                    moe_ffn_hidden_size=32),
 }
 BRAID_SHAPE = dict(num_layers=2, hidden_size=64, num_attention_heads=4, kv_channels=16,
                    ffn_hidden_size=160, vocab_size=VOCAB, max_position_embeddings=64,
@@ -272,8 +282,15 @@ def test_import_computes_megatrons_logits(megatron, tmp_path, kind):
         assert (c["rope_yarn_factor"], c["rope_original_max_position_embeddings"]) == (1.0, 4096)
     assert c["zero_centered_gamma"] == (kind == "nemotron-1p")
     assert c["tie_embeddings"] == (kind in ("gpt", "gpt-erf", "qwen-tied", "mla-no-q-lora"))
-    if kind.startswith("gpt"):  # the fused bias-GELU's tanh form, the unfused exact one
+    if kind in ("gpt", "gpt-erf"):  # the fused bias-GELU's tanh form, the unfused exact one
         assert c["activation"] == {"gpt": "gelu", "gpt-erf": "gelu_exact"}[kind]
+    if kind == "gpt-oss":  # (a version-6 reader would run another softmax and activation)
+        assert metadata(ckpt)["format_version"] == 7
+        assert (c["activation"], c["glu_linear_offset"], c["activation_clamp"],
+                c["softmax_type"]) == ("quick_geglu", 1.0, 0.5, "learnable")
+        assert (c["rope_yarn_factor"], c["rope_original_max_position_embeddings"],
+                c["rope_yarn_truncate"], c["rope_yarn_mscale"], c["rope_yarn_mscale_all_dim"],
+                c["window_size"], c["window_layers"]) == (32.0, 4096, False, 1.0, 0.0, 4, [1, 0])
 
 
 def test_imported_metadata_carries_the_iteration(megatron, tmp_path):
@@ -409,6 +426,25 @@ def test_export_of_an_imported_mixture_of_experts(megatron, tmp_path):
     args = torch_dist.read_common(str(tmp_path / "out" / ITER))["args"]
     assert (args.num_experts, args.moe_layer_freq, args.moe_router_score_function) == (
         4, [0, 1], "sigmoid")
+
+
+def test_export_of_an_imported_gpt_oss(megatron, tmp_path):
+    """The same for the GPT-OSS-like model: the sinks (core_attention.softmax_offset [L, heads])
+    and the router's bias (mlp.router.bias) come back with the other tensors, --quick-geglu, the
+    GLU's offset and clamp, --softmax-type and the YaRN arguments with them."""
+    got, objects, want, want_objects = export_of_import(megatron, "gpt-oss", tmp_path)
+    assert drop_spec_twins(got, want) == ["decoder.layers.pre_mlp_layernorm.weight"]
+    assert want["decoder.layers.self_attention.core_attention.softmax_offset"].shape == [2, 4]
+    assert want["decoder.layers.mlp.router.bias"].shape == [2, 4]
+    assert_same_tensors(got, want)
+    assert {k for k in want_objects if "_extra_state" in k} <= set(objects)
+    args = torch_dist.read_common(str(tmp_path / "out" / ITER))["args"]
+    assert (args.quick_geglu, args.swiglu, args.glu_linear_offset,
+            args.activation_func_clamp_value, args.softmax_type) == (
+        True, False, 1.0, 0.5, "learnable")
+    assert (args.position_embedding_type, args.rotary_scaling_factor,
+            args.yarn_original_max_position_embeddings, args.yarn_correction_range_round_to_int,
+            args.mscale, args.mscale_all_dim) == ("yarn", 32.0, 4096, False, 1.0, 0.0)
 
 
 def test_export_of_an_imported_mla_with_mtp(megatron, tmp_path):
@@ -559,10 +595,46 @@ def test_refuses_what_it_does_not_map(megatron, tmp_path):
                         model_tensors(imported(megatron, "llama", tmp_path / "e")))
 
 
+@pytest.mark.parametrize("changes,phrases", [
+    (dict(softmax_type="sideways"), ("args.softmax_type = 'sideways'",)),
+    (dict(swiglu=True), ("args.quick_geglu = True", "not given with --swiglu")),
+    # megatron-core's fused bias-SwiGLU ignores the offset (and the clamp)
+    (dict(quick_geglu=False, swiglu=True, bias_swiglu_fusion=True),
+     ("args.glu_linear_offset = 1.0", "fused bias-SwiGLU")),
+    (dict(activation_func_clamp_value=-1.0), ("args.activation_func_clamp_value = -1.0",
+                                              "positive limit")),
+    (dict(yarn_original_max_position_embeddings=None),
+     ("args.yarn_original_max_position_embeddings (or args.original_max_position_embeddings) "
+      "is missing",)),
+    (dict(rotary_percent=0.5), ("args.rotary_percent = 0.5", "YaRN on a part of each head")),
+    (dict(rotary_scaling_factor=0.5), ("args.rotary_scaling_factor = 0.5", "factor >= 1")),
+    (dict(multi_latent_attention=True), ("args.position_embedding_type = 'yarn'",
+                                         "builds its own RoPE")),
+    (dict(multi_latent_attention=True, position_embedding_type="rope"),
+     ("args.softmax_type = 'learnable'", "usual softmax")),
+])
+def test_refuses_gpt_oss_args_braid_does_not_compute(changes, phrases):
+    args = argparse.Namespace(**{**BASE_ARGS, **MODELS["gpt-oss"], **changes})
+    with pytest.raises(convert_hf.ConvertError) as e:
+        sys.modules["megatron_mapping"].braid_config_from_args(args, 128, "f32", "common.pt")
+    for phrase in phrases:
+        assert phrase in str(e.value), (phrase, str(e.value))
+
+
+def test_activation_is_taken_in_megatron_lms_order():
+    activation_of = sys.modules["megatron_mapping"].activation_of
+    both = argparse.Namespace(squared_relu=True, quick_geglu=True, swiglu=False)
+    assert activation_of(both, "common.pt") == "squared_relu"
+    assert activation_of(argparse.Namespace(quick_geglu=True), "common.pt") == "quick_geglu"
+
+
 def test_export_refuses_models_megatron_does_not_compute(exported, tmp_path):
     for n, (kind, edit, phrase) in enumerate((
             ("llama", dict(rope_linear_factor=0.0, rope_yarn_factor=4.0),
-             "YaRN RoPE (rope_yarn_factor) without multi-latent attention"),
+             "YaRN RoPE with interleaved pairs; megatron-core's YarnRotaryEmbedding"),
+            ("gpt-oss", dict(rope_linear_factor=2.0),
+             "YaRN RoPE with linear interpolation or Llama 3.1's scaling"),
+            ("mla-mtp", dict(rope_yarn_truncate=False), "correction range unrounded"),
             ("mla-mtp", dict(rope_original_max_position_embeddings=8192),
              "original context, beta_fast and beta_slow (8192, 32.0, 1.0)"),
             ("mla-plain", dict(rope_linear_factor=2.0), "linear RoPE interpolation"))):

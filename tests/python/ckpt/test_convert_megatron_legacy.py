@@ -4,13 +4,15 @@ then four).
 
 - a Llama, a 4-layer Llama, a GPT (LayerNorm, biases, learned positions, tied), a
   DeepSeek-V3-like mixture of experts (a dense layer, then experts beside a gated shared
-  expert) and a DeepSeek-V3-like model with multi-latent attention and an MTP depth, saved at
+  expert), a DeepSeek-V3-like model with multi-latent attention and an MTP depth and a
+  GPT-OSS-like model (attention sinks, the quick GEGLU, biases, experts, YaRN), saved at
   TP 1: braid's loader loads the import and computes megatron-core's logits
   (and the MTP depth's cross-entropy); iteration, consumed samples and the LR schedule's
   position carry over
 - megatron-core's GPTModels of the same weights at TP 2, PP 2, TP 2 x PP 2 (four ranks; the
   GPT's last stage with the tied output layer's copy), PP 2 with virtual stages, PP 2 split
-  unevenly, EP 2 (MLA with MTP at TP 2 and PP 2) saved in the legacy format import to the bits of the TP 1 legacy save and of the torch_dist save
+  unevenly, EP 2 (MLA with MTP at TP 2 and PP 2, the GPT-OSS-like model at TP 2) saved in the
+  legacy format import to the bits of the TP 1 legacy save and of the torch_dist save
 - refusals: a missing rank file, an extra one, shards of one tensor of different shapes,
   replicated tensors that differ, an unknown checkpoint_version, FP8 state (Transformer Engine's
   extra states without FP8 are read)

@@ -98,12 +98,11 @@ def test_docs_list_each_flag_in_its_table():
 
 
 @pytest.mark.parametrize("flag, braids, other", [
-    ("--dataloader-type", "single", "cyclic"), ("--softmax-type", "vanilla", "learnable"),
+    ("--dataloader-type", "single", "cyclic"),
     ("--mid-level-dataset-surplus", "0.0050", "0.01"),
     ("--microbatch-group-size-per-virtual-pipeline-stage", "2", "4")])
 def test_flags_at_braids_value_only(flag, braids, other):
-    assert set(AUDIT_ONLY_VALUE) == {"--dataloader-type", "--softmax-type",
-                                     "--mid-level-dataset-surplus",
+    assert set(AUDIT_ONLY_VALUE) == {"--dataloader-type", "--mid-level-dataset-surplus",
                                      "--microbatch-group-size-per-virtual-pipeline-stage"}
     pipeline = ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage",
                 "1"]

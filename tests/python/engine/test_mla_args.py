@@ -44,8 +44,8 @@ def parse(*args, world_size=1):
                                         "scaling and YaRN exclude each other"),
     ([*ROPE, "--rope-type", "yarn", "--use-rope-scaling"],
      "--use-rope-scaling with --rope-type yarn: Llama 3.1's"),
-    (["--rotary-scaling-factor", "40"], "--rotary-scaling-factor is YaRN's: it needs --rope-type "
-                                        "yarn (plain RoPE has no use for it"),
+    (["--rotary-scaling-factor", "40"], "--rotary-scaling-factor is YaRN's: it needs "
+                                        "--position-embedding-type yarn (plain RoPE has no use"),
     ([*MLA, "--mscale", "1.0"], "--mscale is YaRN's: it needs --rope-type yarn"),
     ([*ROPE, "--mscale-all-dim", "1.0"], "--mscale-all-dim is YaRN's: it needs --rope-type yarn"),
     ([*MLA_YARN, "--rotary-scaling-factor", "0.5"],

@@ -70,8 +70,8 @@ def test_parameters_are_every_experts_and_braids_count():
     # 12.9B active: each token's two experts, not eight.
     active = MIXTRAL.num_params() - 32 * 6 * 3 * 4096 * 14336
     assert active == pytest.approx(12.88e9, rel=1e-3)
-    # A GELU model: each expert's fc1 and fc2 biases, the router without one, as GPTModel
-    # builds them (+ the final norm's weight and bias and GPT-2's learned positions).
+    # A GELU model: each expert's fc1 and fc2 biases and the router's (megatron-core's), as
+    # GPTModel builds them (+ the final norm's weight and bias and GPT-2's learned positions).
     gcfg = braid.TransformerConfig.preset("gpt2-tiny")
     gcfg.num_experts, gcfg.moe_router_topk, gcfg.moe_ffn_hidden_size = 4, 2, 96
     shape = planner.ModelShape(2, 64, 4, 4, 256, 256, 128, "gelu", True, num_experts=4,
