@@ -500,6 +500,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     loop.consumed_samples = meta.at("consumed_samples").get<int64_t>();
     loop.device_seconds = meta.value("device_seconds", 0.0);
     loop.skipped_train_samples = meta.value("skipped_train_samples", int64_t(0));
+    loop.consumed_valid_samples = meta.value("consumed_valid_samples", int64_t(-1));
     const json& t = meta.at("trainer");
     const auto steps = t.at("iteration").get<int64_t>();
     const auto skipped = t.at("skipped_iterations").get<int64_t>();

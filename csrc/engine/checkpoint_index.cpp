@@ -157,6 +157,8 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
             {"skipped_train_samples", loop.skipped_train_samples},
             {"optimizer", options.save_optim},
             {"tensors", tensors}};
+  if (loop.consumed_valid_samples >= 0)
+    meta["consumed_valid_samples"] = loop.consumed_valid_samples;
   // The weight decay's schedule (Megatron saves it with the learning rate's): constant is
   // --weight-decay throughout.
   const std::optional<WeightDecaySchedule>& wd = trainer.config().weight_decay_schedule;

@@ -40,22 +40,25 @@ void bind_checkpoint(py::module_& m) {
   m.def(
       "save_checkpoint",
       [](const std::string& dir, Trainer& trainer, int64_t consumed_samples, bool save_optim,
-         bool save_rng, double device_seconds, int64_t skipped_train_samples) {
+         bool save_rng, double device_seconds, int64_t skipped_train_samples,
+         int64_t consumed_valid_samples) {
         py::gil_scoped_release release;
         return save_checkpoint(dir, trainer,
-                               LoopState{consumed_samples, device_seconds, skipped_train_samples},
+                               LoopState{consumed_samples, device_seconds, skipped_train_samples,
+                                         consumed_valid_samples},
                                save_options(save_optim, save_rng));
       },
       py::arg("dir"), py::arg("trainer"), py::arg("consumed_samples") = 0,
       py::arg("save_optim") = true, py::arg("save_rng") = true, py::arg("device_seconds") = 0.0,
-      py::arg("skipped_train_samples") = 0,
+      py::arg("skipped_train_samples") = 0, py::arg("consumed_valid_samples") = -1,
       "Collective over the model's world (every rank, the same arguments): saves the trainer at "
       "its current iteration into dir/iter_<7-digit iteration> (atomically) and returns that "
       "directory. "
       "consumed_samples: the data loader's position over all DP ranks; device_seconds: the "
       "device time the run has used so far; skipped_train_samples: the samples of the batches "
-      "--iterations-to-skip dropped so far (both in metadata.json; checkpoint_metadata reads them "
-      "back).");
+      "--iterations-to-skip dropped so far; consumed_valid_samples: the validation data's "
+      "position (-1: not counted, not saved). All in metadata.json; checkpoint_metadata reads "
+      "them back.");
   m.def(
       "load_checkpoint",
       [](const std::string& dir, Trainer& trainer, bool load_optim, bool load_rng, bool finetune,
@@ -105,15 +108,18 @@ void bind_checkpoint(py::module_& m) {
       .def(
           "save",
           [](CheckpointSaver& s, Trainer& trainer, int64_t consumed_samples, bool save_optim,
-             bool save_rng, double device_seconds, int64_t skipped_train_samples) {
+             bool save_rng, double device_seconds, int64_t skipped_train_samples,
+             int64_t consumed_valid_samples) {
             py::gil_scoped_release release;
             return s.save(trainer,
-                          LoopState{consumed_samples, device_seconds, skipped_train_samples},
+                          LoopState{consumed_samples, device_seconds, skipped_train_samples,
+                                    consumed_valid_samples},
                           save_options(save_optim, save_rng));
           },
           py::arg("trainer"), py::arg("consumed_samples") = 0, py::arg("save_optim") = true,
           py::arg("save_rng") = true, py::arg("device_seconds") = 0.0,
-          py::arg("skipped_train_samples") = 0, py::keep_alive<1, 2>(),
+          py::arg("skipped_train_samples") = 0, py::arg("consumed_valid_samples") = -1,
+          py::keep_alive<1, 2>(),
           "Collective. Starts (async) or does a save of the trainer's current iteration; returns "
           "its directory.")
       .def(

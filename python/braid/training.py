@@ -244,6 +244,7 @@ def main(argv=None) -> int:
     consumed = 0
     earlier_device_seconds = 0.0  # what the run's earlier jobs used (from the checkpoint)
     earlier_skipped_samples = 0  # the samples their --iterations-to-skip dropped
+    valid_consumed = None  # the validation position they reached (None: derived, Data)
     if a.load:
         if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
             if a.exit_on_missing_checkpoint:
@@ -268,6 +269,7 @@ def main(argv=None) -> int:
             if not a.finetune:
                 earlier_device_seconds = meta.get("device_seconds", 0.0)
                 earlier_skipped_samples = meta.get("skipped_train_samples", 0)
+                valid_consumed = meta.get("consumed_valid_samples")
             log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
                 f"({consumed} samples consumed"
                 + (f", {earlier_device_seconds / 3600:.4f} device-hours used"
@@ -279,7 +281,8 @@ def main(argv=None) -> int:
     first = trainer.iteration + 1
 
     try:
-        data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier)
+        data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier,
+                    valid_consumed)
     except ValueError as e:  # from the datasets' sizes, which every rank builds alike
         return error_exit(str(e))
     for line in data.notes:
@@ -330,7 +333,8 @@ def main(argv=None) -> int:
         if saver is not None and saved != iteration:
             saver.save(trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
                        save_rng=not a.no_save_rng, device_seconds=device_seconds(),
-                       skipped_train_samples=report.skipped_train_samples)
+                       skipped_train_samples=report.skipped_train_samples,
+                       consumed_valid_samples=data.valid_consumed)
             saved = iteration
             retention.committed(saver.last_committed)  # this save, or (async) the one before
 
@@ -341,14 +345,19 @@ def main(argv=None) -> int:
             retention.committed(saver.last_committed)
             retention.close()
 
-    def evaluate(iteration, test=False):
+    def evaluate(iteration, test=False, advances=True):
         """Each validation set's batches (braid.validation_sets), or at the end --eval-iters
         batches of the test split: Megatron's block and tags, `-{index}` per set with
-        --multiple-validation-sets."""
+        --multiple-validation-sets. `advances`: whether it counts in the validation position the
+        checkpoints save."""
         if test and data.test is not None and a.eval_iters:
             sets = [("", (data.test.next() for _ in range(a.eval_iters)))]
         elif not test and data.valid is not None:
             sets = [(s.suffix, s.evaluation()) for s in data.valid]
+            # Each set reads its next --eval-iters batches; the position saved counts Megatron's
+            # evaluations every --eval-interval (`advances`), not its extra one at the end.
+            if advances and not a.full_validation:
+                data.valid_consumed += a.eval_iters * a.global_batch_size
         else:
             return
         for suffix, batches in sets:
@@ -456,7 +465,8 @@ def main(argv=None) -> int:
             retention.committed(saver.last_committed)  # a background save just committed
         if a.validates and it % a.eval_interval == 0 and it != a.train_iters:
             evaluate(it)
-        if a.save_interval and it % a.save_interval == 0:
+        # The last iteration saves after its evaluation, below (Megatron's order).
+        if a.save_interval and it % a.save_interval == 0 and it != a.train_iters:
             save(it)
         reason = exits.check(trainer, it) if exits is not None else ""
         if reason == "--exit-duration-in-mins" and budget_binds:
@@ -472,7 +482,8 @@ def main(argv=None) -> int:
             return 0
     bar.clear()
     if a.validates and trainer.iteration >= first:
-        evaluate(trainer.iteration)
+        last = trainer.iteration  # Megatron evaluates it in its loop too unless dropped
+        evaluate(last, advances=last % a.eval_interval == 0 and last - 1 not in to_skip)
         evaluate(trainer.iteration, test=True)
         if data.no_test:
             log(f"braid: no test evaluation: {data.no_test}")

@@ -65,18 +65,21 @@ def addition_valid_sample(seed, count):
 class Data:
     """The run's train, validation and test loaders for this DP rank."""
 
-    def __init__(self, a, dp_rank, consumed, iteration, rank, barrier):
+    def __init__(self, a, dp_rank, consumed, iteration, rank, barrier, valid_consumed=None):
         train_samples = 0 if a.skip_train else a.train_data_samples
         evals = a.train_iters // a.eval_interval + 1
         # --full-validation: one epoch of each validation set (megatron-core's size None).
         valid_samples = None if a.full_validation else evals * a.eval_iters * a.global_batch_size
         test_samples = a.eval_iters * a.global_batch_size  # Megatron's: one evaluation, at the end
-        # Megatron's: the validation position follows from the evaluations before the iteration
-        # (resumes alike); an iteration --iterations-to-skip drops evaluates nothing.
-        dropped = {n + 1 for n in a.iterations_to_skip
-                   if (n + 1) % a.eval_interval == 0 and n + 1 <= iteration}
-        valid_consumed = (iteration // a.eval_interval - len(dropped)) * a.eval_iters * \
-            a.global_batch_size
+        # The validation position: the checkpoint's (Megatron's consumed_valid_samples), or for
+        # a checkpoint before it the evaluations before the iteration (an iteration
+        # --iterations-to-skip drops evaluates nothing).
+        if valid_consumed is None:
+            dropped = {n + 1 for n in a.iterations_to_skip
+                       if (n + 1) % a.eval_interval == 0 and n + 1 <= iteration}
+            valid_consumed = (iteration // a.eval_interval - len(dropped)) * a.eval_iters * \
+                a.global_batch_size
+        self.valid_consumed = valid_consumed  # training.py's evaluations advance it
         self.answer_only = a.addition_data
         self.eod_mask = a.eod if a.eod_mask_loss else None
         self.valid = self.test = None  # valid: the validation_sets.ValidationSet list

@@ -3,8 +3,8 @@
 
 - Neither: one validation dataset (--data-path's valid split, the blend of --valid-data-path, the
   mock or the addition data's) and --eval-iters global batches per evaluation, from where the
-  evaluation before stopped (a position that follows from the iteration, so a resumed run
-  validates on the same batches), starting over at the end of the data.
+  evaluation before stopped (a position checkpoints save, Megatron's consumed_valid_samples, so
+  a resumed run validates on the same batches), starting over at the end of the data.
 - --multiple-validation-sets: each prefix of --valid-data-path is a set of its own, built as that
   prefix alone would be (megatron-core's builder), evaluated in turn with its own loss, log line
   and tags: ` validation-0 loss at iteration N | ...`, `lm loss validation-0`. Each set keeps its

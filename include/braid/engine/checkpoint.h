@@ -68,6 +68,10 @@ struct LoopState {
   // Samples of the batches Megatron's --iterations-to-skip dropped, over every job
   // (Megatron's skipped_train_samples); 0 in checkpoints that predate it.
   int64_t skipped_train_samples = 0;
+  // The validation data's position: samples its evaluations have read, over every job
+  // (Megatron's consumed_valid_samples). -1: not counted (metadata.json then has none, and
+  // pretrain_gpt.py derives it from the iteration, as it does for checkpoints that predate it).
+  int64_t consumed_valid_samples = -1;
 };
 
 // The iteration the tracker file in `dir` names; -1 when there is no checkpoint yet.
