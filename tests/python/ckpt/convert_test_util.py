@@ -186,3 +186,14 @@ def assert_mtp_layers_dropped(tmp_path, hf_dir, ckpt, names):
     edit_config(hf_dir, num_nextn_predict_layers=0)
     assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt4"),
                  "unexpected tensor model.layers.3.")
+
+
+def assert_bf16_round_trip(tmp_path, hf_dir):
+    """A bf16 HF checkpoint imports as bf16 and exports back bit for bit."""
+    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
+    assert metadata(tmp_path / "ckpt")["config"]["params_dtype"] == "bf16"
+    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    want = hf_weights(hf_dir)
+    assert all(t.dtype == torch.bfloat16 for t in want.values())
+    assert_same_bits(hf_weights(tmp_path / "out"), want)

@@ -30,7 +30,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 import braid
 from braid.generate import config_from_metadata
-from convert_test_util import assert_resaves_alike
+from convert_test_util import assert_bf16_round_trip, assert_resaves_alike
 from test_convert_hf import (IDS, LOGITS_RTOL, ROOT, assert_configs_agree, assert_fails,
                              assert_import_refused, assert_same_bits, braid_model, convert_hf,
                              edit_config, hf_weights, imported, load_hf, metadata, perturb,
@@ -211,14 +211,7 @@ def test_the_test_model_exercises_every_part(tmp_path):
 
 
 def test_bf16_round_trip_is_exact(tmp_path):
-    hf_dir = gpt_oss(tmp_path / "hf", layers=2, dtype=torch.bfloat16)
-    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
-    assert metadata(tmp_path / "ckpt")["config"]["params_dtype"] == "bf16"
-    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out")
-    assert r.returncode == 0, r.stderr
-    want = hf_weights(hf_dir)
-    assert all(t.dtype == torch.bfloat16 for t in want.values())
-    assert_same_bits(hf_weights(tmp_path / "out"), want)
+    assert_bf16_round_trip(tmp_path, gpt_oss(tmp_path / "hf", layers=2, dtype=torch.bfloat16))
 
 
 def test_braids_loader_reads_the_import_and_saves_it_alike(tmp_path):

@@ -30,6 +30,7 @@ import transformers
 from safetensors.torch import save_file
 
 import braid
+from convert_test_util import assert_bf16_round_trip
 from hf_oracle import moe_routers
 from test_convert_hf import (IDS, assert_computes_both, assert_configs_agree,
                              assert_exports_exactly, assert_fails, assert_import_refused,
@@ -196,14 +197,7 @@ def test_fused_experts_import_as_the_per_expert_layout(tmp_path, kind):
 
 
 def test_bf16_round_trip_is_exact(tmp_path):
-    hf_dir = mixtral(tmp_path / "hf", dtype=torch.bfloat16)
-    assert run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "ckpt").returncode == 0
-    assert metadata(tmp_path / "ckpt")["config"]["params_dtype"] == "bf16"
-    r = run_tool("export", "--load", tmp_path / "ckpt", "--hf-dir", tmp_path / "out")
-    assert r.returncode == 0, r.stderr
-    want = hf_weights(hf_dir)
-    assert all(t.dtype == torch.bfloat16 for t in want.values())
-    assert_same_bits(hf_weights(tmp_path / "out"), want)
+    assert_bf16_round_trip(tmp_path, mixtral(tmp_path / "hf", dtype=torch.bfloat16))
 
 
 def test_hub_style_configs(tmp_path):

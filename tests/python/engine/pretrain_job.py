@@ -44,6 +44,17 @@ def write_documents(prefix: str, documents: int, high: int, seed: int) -> int:
     return tokens
 
 
+def save_metadata(directory, config: dict, iteration: int = 5) -> None:
+    """A checkpoint directory whose iteration holds only a metadata.json of `config` (what
+    --use-checkpoint-args reads)."""
+    path = os.path.join(str(directory), f"iter_{iteration:07d}")
+    os.makedirs(path)
+    with open(os.path.join(path, "metadata.json"), "w") as f:
+        json.dump({"config": config}, f)
+    with open(os.path.join(str(directory), "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write(str(iteration))
+
+
 def run(ranks: int, args: list[str], timeout: float = 180) -> subprocess.CompletedProcess:
     cmd = [sys.executable, SCRIPT, *args]
     if ranks > 1:

@@ -16,6 +16,7 @@ import braid
 from braid import activation_args, attention_args, checkpoint_args, flops, planner, planner_moe
 from braid.arguments import ArgumentError, parse_args
 from braid.megatron_flags import ONLY_VALUE, UNSUPPORTED, no_effect_given
+from pretrain_job import save_metadata
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
@@ -249,16 +250,6 @@ def test_checkpoint_config_gives_the_gpt_oss_arguments():
     with pytest.raises(ValueError, match="the checkpoint's rope_yarn_truncate is False; "
                                          r"Megatron's --rope-type yarn \(megatron-core's"):
         checkpoint_args.model_args(mla)
-
-
-def save_metadata(directory, config, iteration=5):
-    import json
-    path = braid.iteration_directory(str(directory), iteration)
-    os.makedirs(path)
-    with open(os.path.join(path, "metadata.json"), "w") as f:
-        json.dump({"config": config}, f)
-    with open(os.path.join(str(directory), "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write(str(iteration))
 
 
 def test_use_checkpoint_args_takes_the_gpt_oss_model(tmp_path):

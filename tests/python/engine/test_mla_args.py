@@ -3,9 +3,7 @@
 model config they give, and a checkpoint's config taken back by --use-checkpoint-args and
 tools/generate.py. (What the attention computes: the C++ tests and the HF oracle.)"""
 
-import json
 import math
-import os
 import types
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 import braid
 from braid import attention_args, checkpoint_args
 from braid.arguments import ArgumentError, parse_args
+from pretrain_job import save_metadata
 
 # Megatron's MLA needs the last two on its command line to be braid's; without --rope-type it
 # turns YaRN's RoPE (its defaults: factor 1).
@@ -163,15 +162,6 @@ def test_checkpoint_config_gives_the_mla_arguments():
         args = dict(checkpoint_args.model_args(config))
         assert not args["multi_latent_attention"] and args["rope_type"] == "rope"
         assert all(args[k] is None for k in MLA_KEYS[1:]) and args["kv_channels"] == 16
-
-
-def save_metadata(directory, config, iteration=5):
-    path = braid.iteration_directory(str(directory), iteration)
-    os.makedirs(path)
-    with open(os.path.join(path, "metadata.json"), "w") as f:
-        json.dump({"config": config}, f)
-    with open(os.path.join(str(directory), "latest_checkpointed_iteration.txt"), "w") as f:
-        f.write(str(iteration))
 
 
 def test_use_checkpoint_args_rebuilds_an_mla_model(tmp_path):
