@@ -469,7 +469,8 @@ void TransformerConfig::validate() const {
                      to_string(activation));
   BRAID_CONFIG_CHECK(softmax_type == SoftmaxType::vanilla || !multi_latent_attention,
                      "TransformerConfig.softmax_type ", to_string(softmax_type),
-                     " is not implemented with multi_latent_attention (its softmax is vanilla)");
+                     " with multi_latent_attention: braid's multi-latent attention computes the "
+                     "vanilla softmax only");
   BRAID_CONFIG_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
                      "TransformerConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout);
   BRAID_CONFIG_CHECK(attention_dropout == 0,
