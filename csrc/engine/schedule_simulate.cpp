@@ -53,29 +53,29 @@ class Simulator {
     for (int r = 0; r < p; ++r) {
       for (int i = 0; i < int(s_.ranks[r].size()); ++i) {
         const Action& a = s_.ranks[r][i];
-        const std::string at = where(r, i);
+        auto at = [&] { return where(r, i); };  // built only for an error: checks are hot
         if (a.kind != ActionKind::exchange) {
           if (a.chunk < 0 || a.chunk >= v || a.microbatch < 0 || a.microbatch >= m)
-            return fail(at + ": chunk or microbatch out of range");
-          if (!a.ops.empty()) return fail(at + ": a compute action carries p2p ops");
+            return fail(at() + ": chunk or microbatch out of range");
+          if (!a.ops.empty()) return fail(at() + ": a compute action carries p2p ops");
           continue;
         }
-        if (a.ops.empty()) return fail(at + ": empty exchange");
+        if (a.ops.empty()) return fail(at() + ": empty exchange");
         for (const P2POp& op : a.ops) {
           if (op.chunk < 0 || op.chunk >= v || op.microbatch < 0 || op.microbatch >= m)
-            return fail(at + ": op chunk or microbatch out of range");
+            return fail(at() + ": op chunk or microbatch out of range");
           const int st = stage(r, op.chunk);
           // Activations flow to stage + 1, gradients to stage - 1.
           const bool toward_next =
               (op.kind == P2PKind::send_activation || op.kind == P2PKind::recv_grad);
           const int other = toward_next ? st + 1 : st - 1;
           if (other < 0 || other > last)
-            return fail(at + ": " + to_string(op.kind) + " of model chunk " + std::to_string(st) +
+            return fail(at() + ": " + to_string(op.kind) + " of model chunk " + std::to_string(st) +
                         " has no neighbour in that direction");
           if (op.peer != other % p)
-            return fail(at + ": " + to_string(op.kind) + " names peer " + std::to_string(op.peer) +
-                        " but model chunk " + std::to_string(other) + " lives on rank " +
-                        std::to_string(other % p));
+            return fail(at() + ": " + to_string(op.kind) + " names peer " +
+                        std::to_string(op.peer) + " but model chunk " + std::to_string(other) +
+                        " lives on rank " + std::to_string(other % p));
         }
       }
     }

@@ -284,6 +284,15 @@ def chunk_params(model: ModelShape, lay: Layout):
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _schedule(pp: int, microbatches: int, virtual_stages: int):
+    """braid's schedule for the layout (shared: the search times thousands of layouts on a few
+    schedules, and a schedule is never modified)."""
+    if pp == 1:
+        return _C.make_1f1b(1, microbatches)
+    return _C.make_interleaved_1f1b(pp, microbatches, virtual_stages)
+
+
 def in_flight(lay: Layout, microbatches: int):
     """(chunk, microbatch) activations each rank keeps at most under braid's schedule."""
     if lay.pp == 1:
@@ -325,7 +334,7 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
             acts[-1] = _mtp.kept(model, lay, acts[-1])
         kept = [k for k, _ in acts]  # chunks that keep different amounts: walk the schedule
         act = kept[0] * n if len(set(kept)) == 1 else peak_kept(
-            _C.make_interleaved_1f1b(lay.pp, microbatches, lay.virtual_stages), r, kept)
+            _schedule(lay.pp, microbatches, lay.virtual_stages), r, kept)
         act += max(t for _, t in acts)
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
@@ -421,8 +430,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     p2p_bytes = T * model.hidden_size * 2 / (t if lay.sequence_parallel else 1)
     bw, alpha = _link(cluster, t * cp * d * p)
     p2p = alpha + p2p_bytes / bw if p > 1 else 0.0
-    schedule = _C.make_interleaved_1f1b(p, m, v) if p > 1 else _C.make_1f1b(1, m)
-    sim = _C.simulate(schedule, forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
+    sim = _C.simulate(_schedule(p, m, v), forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
     if not sim.ok:
         raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
     # DP: each model chunk's gradients, f32 (bf16: --grad-reduce-in-bf16), are reduced (ZeRO:
@@ -619,11 +627,7 @@ def _predict_if_it_fits(model, cluster, lay, global_batch, rejected, single):
         if single:
             rejected[str(e)] = rejected.get(str(e), 0) + 1
         return None
-    b, d = lay.micro_batch_size, lay.dp
     try:
-        mem, _ = memory(model, cluster, lay, global_batch // (b * d))
-        if mem > cluster.gpu.memory_gb:
-            raise DoesNotFit
         return predict(model, cluster, lay, global_batch)
     except DoesNotFit:
         rejected["out of memory"] = rejected.get("out of memory", 0) + 1

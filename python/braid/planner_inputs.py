@@ -7,6 +7,8 @@ benchmarks/planner_validation.py --fit).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import re
 
 from braid import planner_mla as _mla
@@ -141,8 +143,14 @@ class ModelShape:
     def with_experts(self, experts: bool) -> "ModelShape":
         """This model with every layer's MLP that of its expert layers (experts) or its dense
         one (not): the model the planner costs a layer of that kind with."""
-        if experts and self.num_experts:
-            return dataclasses.replace(self, moe_layers=())
+        return self._expert_model if experts and self.num_experts else self._dense_model
+
+    @functools.cached_property  # cached on the instance (its fields never change)
+    def _expert_model(self) -> "ModelShape":
+        return dataclasses.replace(self, moe_layers=())
+
+    @functools.cached_property
+    def _dense_model(self) -> "ModelShape":
         return dataclasses.replace(self, num_experts=0, moe_layers=(),
                                    moe_shared_expert_intermediate_size=0,
                                    moe_shared_expert_gate=False)
@@ -195,7 +203,7 @@ class ModelShape:
         expert-parallel rank's: E / ep experts of each expert layer, split over TP or `whole`)."""
         if not self.mixed_mlps:
             return (end - begin) * self._kind_params(tp, bool(self.num_experts), ep, whole)
-        experts = sum(self.has_experts(layer) for layer in range(begin, end))
+        experts = self.experts_before(end) - self.experts_before(begin)
         return experts * self._kind_params(tp, True, ep, whole) + \
             (end - begin - experts) * self._kind_params(tp, False)
 
@@ -208,12 +216,31 @@ class ModelShape:
                        whole: bool = False) -> float:
         """The routed experts' parameters of layers [begin, end) one (TP, EP) rank holds: its
         share of each of E / ep experts, or them `whole` (--expert-tensor-parallel-size 1)."""
-        layers = sum(map(self.has_experts, range(begin, end))) if self.mixed_mlps else \
+        layers = self.experts_before(end) - self.experts_before(begin) if self.mixed_mlps else \
             (end - begin if self.num_experts else 0)
         return layers * self.routed_params(1 if whole else tp) / ep
 
+    def experts_before(self, layer: int) -> int:
+        """How many of layers [0, layer) have experts."""
+        return self._experts_before[layer]
+
+    @functools.cached_property
+    def _experts_before(self) -> list:
+        return [0] + list(itertools.accumulate(map(self.has_experts, range(self.num_layers))))
+
     def _kind_params(self, tp: int, experts: bool, ep: int = 1,
                      whole_experts: bool = False) -> float:
+        key = (tp, experts, ep, whole_experts)  # the search asks for a few keys, many times
+        if key not in self._kind_params_memo:
+            self._kind_params_memo[key] = self._count_kind_params(*key)
+        return self._kind_params_memo[key]
+
+    @functools.cached_property
+    def _kind_params_memo(self) -> dict:
+        return {}
+
+    def _count_kind_params(self, tp: int, experts: bool, ep: int,
+                           whole_experts: bool) -> float:
         """An expert layer's (experts) or a dense layer's parameters, one TP (and EP) rank's
         share; `whole_experts`: the rank's E / ep routed experts whole, not split over TP."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_heads * self.head_dim

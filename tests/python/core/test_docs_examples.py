@@ -99,6 +99,12 @@ SKIP = {
     ("docs/performance.md", "benchmarks/scaling.py --json"): (
         "a benchmark (12 timed training jobs of 1 to 4 ranks)",
         "tests/python/planner/test_scaling.py (the same script on 1 and 2 ranks)"),
+    ("docs/performance.md", "expert_parallel.py                 # 2 ranks"): (
+        "a benchmark (8 timed training jobs of 2 and 4 ranks)",
+        "tests/python/engine/test_expert_parallel_bench.py (the same runs at a tiny shape)"),
+    ("docs/performance.md", "expert_parallel.py --tp 2 --repeats 3"): (
+        "a benchmark (12 timed training jobs of 2 and 4 ranks)",
+        "tests/python/engine/test_expert_parallel_bench.py (the same runs at a tiny shape)"),
     ("docs/performance.md", "checkpoint_bench --repeats"): (
         "a benchmark (timed saves and loads)", "none: a timing run, not a check"),
     ("docs/pipeline.md", "build/benchmarks/pipeline_bench --trace-dir"): (
