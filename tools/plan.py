@@ -418,6 +418,8 @@ def _from_training_arguments(ap, a, training):
         t.moe_ffn_hidden_size or 0, t.moe_shared_expert_intermediate_size or 0,
         t.moe_shared_expert_gate, tuple(moe_args.moe_layers(t.moe_layer_freq, t.num_layers)),
         mtp_num_layers=getattr(t, "mtp_num_layers", None) or 0,
+        add_bias_linear=not t.disable_bias_linear, normalization=t.normalization,
+        softmax_type=t.softmax_type,
         **({} if not t.multi_latent_attention else dict(
             multi_latent_attention=True, q_lora_rank=t.q_lora_rank or 0,
             **{f: getattr(t, f) for f in attention_args.DEFAULTS})))

@@ -133,7 +133,7 @@ def layer_activation_bytes(model: ModelShape, lay: Layout, recompute: str | None
         per_token = (2 * h + 8 + 2 * h) / sp + (2 * q + 4 * kv) / t + 2 * q / t + 4 * a / t \
             + (2 * h + 8 + 2 * h) / sp + _moe.kept_bytes(model, t, rec, lay.ep, whole)
         if model.qk_layernorm and not model.multi_latent_attention:  # q, k before their norms
-            stats = 8 if model.gpt_style else 4                       # and the norms' statistics
+            stats = 8 if model.layernorm else 4                       # and the norms' statistics
             per_token += (2 * q + 2 * kv) / t + stats * (a + model.kv_heads) / t
     per_token += _mla.kept_bytes(model, rec, t, lay.sequence_parallel,  # latents (planner_mla)
                                  lay.recompute_mla_up_proj)

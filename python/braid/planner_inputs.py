@@ -67,17 +67,37 @@ class ModelShape:
     # this many depths after the last layer, on the last pipeline stage, each a layer of the
     # last layer's kind with eh_proj [H, 2H] and three norms, and its own logits. 0: none.
     mtp_num_layers: int = 0
+    # Linear biases (Megatron's add_bias_linear: attention's q, k, v and output, the MLPs' fc1
+    # and fc2, the router's) and the norms (LayerNorm: weight and bias, RMSNorm: weight); None:
+    # a GELU model's are GPT's (biases, LayerNorm), any other's Llama's (none, RMSNorm).
+    add_bias_linear: bool | None = None
+    normalization: str | None = None
+    # The attention's softmax (TransformerConfig's softmax_type): "learnable" adds a sink per
+    # head and layer (GPT-OSS's self_attn.sinks, split over TP); "vanilla" and "off-by-one"
+    # have no parameter. Either way its cost is the softmax's.
+    softmax_type: str = "vanilla"
 
     def __post_init__(self):
+        if self.normalization not in (None, "LayerNorm", "RMSNorm"):
+            raise ValueError(f"normalization {self.normalization!r}: LayerNorm or RMSNorm")
+        # Kept only where they differ from the activation's, so that equal models compare equal.
+        gpt = self.activation == "gelu"
+        if self.add_bias_linear == gpt:
+            object.__setattr__(self, "add_bias_linear", None)
+        if self.normalization == ("LayerNorm" if gpt else "RMSNorm"):
+            object.__setattr__(self, "normalization", None)
+        if self.softmax_type not in ("vanilla", "off-by-one", "learnable"):
+            raise ValueError(f"softmax_type {self.softmax_type!r}: vanilla, off-by-one or "
+                             "learnable")
         if self.mtp_num_layers < 0:
             raise ValueError(f"mtp_num_layers {self.mtp_num_layers}: 0 (none) or more depths")
         if self.multi_latent_attention and self.kv_heads != self.num_attention_heads:
             raise ValueError(f"multi-latent attention: kv heads {self.kv_heads} must be the "
                              f"{self.num_attention_heads} heads (every head has its own key "
                              "and value)")
-        if self.multi_latent_attention and self.gpt_style:
-            raise ValueError("multi-latent attention has no linear biases: not with gelu (the "
-                             "planner's GPT-style model, with biases)")
+        if self.multi_latent_attention and self.linear_biases:
+            raise ValueError("multi-latent attention has no linear biases: not with "
+                             "add_bias_linear (a GELU model's default)")
 
     @property
     def head_dim(self) -> int:
@@ -108,8 +128,17 @@ class ModelShape:
         return w - (w - 1) * w / (2 * s)
 
     @property
-    def gpt_style(self) -> bool:
-        return self.activation == "gelu"
+    def linear_biases(self) -> bool:
+        """Whether the linear layers have biases (add_bias_linear, else GPT's with GELU)."""
+        return self.activation == "gelu" if self.add_bias_linear is None else self.add_bias_linear
+
+    @property
+    def layernorm(self) -> bool:
+        """Whether the norms are LayerNorms, with a bias and two f32 statistics a token
+        (normalization, else GPT's with GELU); else RMSNorms, one statistic."""
+        if self.normalization is None:
+            return self.activation == "gelu"
+        return self.normalization == "LayerNorm"
 
     @property
     def gated(self) -> bool:
@@ -165,10 +194,8 @@ class ModelShape:
     @property
     def router_params(self) -> int:
         """An expert layer's router [num_experts, hidden] and, in a model with biases, its bias
-        [num_experts] (megatron-core's TopKRouter), whole on every TP rank. The planner gives
-        biases to its GELU models only: a quick-GEGLU model's biases and attention sinks
-        (GPT-OSS's, 0.03% of its parameters) are left out."""
-        return self.num_experts * (self.hidden_size + (1 if self.gpt_style else 0))
+        [num_experts] (megatron-core's TopKRouter), whole on every TP rank."""
+        return self.num_experts * (self.hidden_size + (1 if self.linear_biases else 0))
 
     @property
     def replicated_params(self) -> int:
@@ -181,7 +208,8 @@ class ModelShape:
     def one_mlp_params(self, f: int) -> float:
         """An MLP of hidden size f: fc1 (gate and up when gated) and fc2 [+ their biases]."""
         h = self.hidden_size
-        return (3 if self.gated else 2) * h * f + (f + h if self.gpt_style else 0)
+        return (3 if self.gated else 2) * h * f + \
+            (((2 if self.gated else 1) * f + h) if self.linear_biases else 0)
 
     def mlp_params(self, experts: bool = True) -> float:
         """A layer's MLP: an expert layer's (experts, with experts in the model) num_experts
@@ -247,11 +275,13 @@ class ModelShape:
         split, whole = _mla.params(self) if self.multi_latent_attention else \
             (h * (q + 2 * kv) + q * h, 0)
         p = split + whole + self.mlp_params(experts)
-        p += 4 * h if self.gpt_style else 2 * h                  # norms (weight [+ bias])
+        p += 4 * h if self.layernorm else 2 * h                  # norms (weight [+ bias])
         if self.qk_layernorm and not self.multi_latent_attention:
-            p += (4 if self.gpt_style else 2) * self.head_dim    # q_norm, k_norm
-        if self.gpt_style:
+            p += (4 if self.layernorm else 2) * self.head_dim    # q_norm, k_norm
+        if self.linear_biases:
             p += (q + 2 * kv) + h                                # attention's biases
+        if self.softmax_type == "learnable":
+            p += self.num_attention_heads                        # the sinks
         replicated = (self.replicated_params if experts else 0) + whole
         held = (p - replicated) / tp + replicated
         if experts and whole_experts:  # E / ep experts whole in place of a TP share of all E
@@ -300,6 +330,22 @@ PRESETS = {
                                    moe_layers=(0,) + (1,) * 26, multi_latent_attention=True,
                                    kv_lora_rank=512),
 }
+
+
+def _gpt_oss(layers: int, experts: int) -> ModelShape:
+    """OpenAI's GPT-OSS (openai/gpt-oss-* config.json): 64 heads of 64, 8 KV heads, experts of
+    2880 (quick GEGLU, top 4) with biases, attention sinks, RMSNorm, a window of 128 (HF's
+    sliding_window, the query's own position counted) on the even layers, untied, pretrained
+    at 4096 tokens (YaRN stretches that to 131072; RoPE costs nothing here)."""
+    return ModelShape(layers, 2880, 64, 8, 2880, 201088, 4096, "quick_geglu", kv_channels=64,
+                      window_size=127, window_layers=(1, 0) * (layers // 2), num_experts=experts,
+                      moe_router_topk=4, moe_ffn_hidden_size=2880, add_bias_linear=True,
+                      normalization="RMSNorm", softmax_type="learnable")
+
+
+# GPT-OSS-120B: 116.8B parameters, 5.1B active per token; GPT-OSS-20B: 20.9B, 3.6B active.
+PRESETS["gpt-oss-120b"] = _gpt_oss(36, 128)
+PRESETS["gpt-oss-20b"] = _gpt_oss(24, 32)
 
 
 @dataclasses.dataclass(frozen=True)

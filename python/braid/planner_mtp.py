@@ -39,8 +39,8 @@ def depths(model) -> int:
 
 
 def norm_params(model) -> int:
-    """One norm's parameters: a LayerNorm's weight and bias with gelu (GPT's), RMSNorm's weight."""
-    return (2 if model.gpt_style else 1) * model.hidden_size
+    """One norm's parameters: a LayerNorm's weight and bias, an RMSNorm's weight."""
+    return (2 if model.layernorm else 1) * model.hidden_size
 
 
 def depth_params(model, tp: int = 1, ep: int = 1, whole: bool = False) -> float:
@@ -132,7 +132,7 @@ def kept(model, lay, chunk: tuple) -> tuple:
     last, h, t = model.num_layers - 1, model.hidden_size, lay.tp
     T = lay.micro_batch_size * model.seq_length / lay.cp
     R = T / t if lay.sequence_parallel else T
-    stats = 8 if model.gpt_style else 4  # a norm's f32 statistics a token
+    stats = 8 if model.layernorm else 4  # a norm's f32 statistics a token
     rec = "full" if lay.recompute == "full" else lay.recompute
     depth = p.layer_activation_bytes(model, lay, rec, last) + R * (10 * h + 3 * stats) + \
         T * (2 * model.vocab_size / t + 8)

@@ -6,6 +6,7 @@ naming the flags), the model config they give, a checkpoint's config taken back 
 planner's count of a quick GEGLU MLP. (What the model computes: the C++ tests; that the flags
 train under every parallelism: test_pretrain_gpt_gpt_oss.py.)"""
 
+import dataclasses
 import os
 import sys
 import types
@@ -389,8 +390,22 @@ def test_plan_takes_quick_geglu_from_its_flag_and_a_training_command_line():
     training = [*MODEL[:-2], *GPT_OSS, "--vocab-size", "300", "--mock-data", "--seq-length",
                 "128", "--micro-batch-size", "1", "--global-batch-size", "8"]
     a = plan.parse_args([*cluster, "--", *training])
-    assert a.model_shape.activation == "quick_geglu"
-    assert (a.model_shape.window_size, a.model_shape.num_experts) == (127, 32)
+    shape = a.model_shape
+    assert shape.activation == "quick_geglu"
+    assert (shape.window_size, shape.num_experts) == (127, 32)
+    # The planner counts what braid builds: the biases (the router's too), the sinks, the
+    # RMSNorms (braid's count has the final norm, the planner's not).
+    from braid.training import model_config
+    assert shape.linear_biases and not shape.layernorm and shape.softmax_type == "learnable"
+    built = model_config(parse_args(training, 1, check_files=False)).num_parameters()
+    assert shape.num_params() + 64 == built
+    assert dataclasses.replace(shape, softmax_type="vanilla").num_params() == \
+        built - 64 - 2 * 4  # a sink per head and layer
+    biases = 2 * (4 * 64 + 2 * 2 * 64 + 64 + 32 * (2 * 2880 + 64) + 32)  # q k v o, experts, router
+    assert dataclasses.replace(shape, add_bias_linear=False).num_params() == \
+        built - 64 - biases
+    assert dataclasses.replace(shape, normalization="LayerNorm").num_params() == \
+        built - 64 + 2 * 2 * 64  # each layer's two norms with a bias
 
 
 def test_a_router_saved_before_its_bias_loads_with_a_bias_of_zeros(tmp_path):
