@@ -6,15 +6,16 @@ braid checkpoints and back.
       a Megatron-LM checkpoint saved under any TP/PP/EP layout
       (DIR/latest_checkpointed_iteration.txt, DIR/iter_0000100/ with metadata.json, .metadata,
       *.distcp, common.pt; or, --ckpt-format torch, with mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt)
-      -> a braid checkpoint (tp=1, pp=1, at Megatron's iteration, no optimizer state); the model's
-      shape comes from the args Megatron-LM saved with it
+      -> a braid checkpoint (tp=1, pp=1, at Megatron's iteration; with Adam's state where
+      megatron-core saved it per parameter: megatron_optimizer.py); the model's shape comes from
+      the args Megatron-LM saved with it
   convert_megatron.py export --load CKPT --megatron-dir OUT [--ckpt-step N]
       a braid checkpoint saved under any layout -> a torch_dist checkpoint that megatron-core's
       dist_checkpointing loads into a GPTModel of the same shape under any TP/PP (Megatron-LM:
       --load OUT --finetune, or --no-load-optim --no-load-rng)
 
 Model weights are moved as raw bytes (bf16 included): export followed by import gives back every
-tensor bit for bit. Optimizer state is not carried either way. Needs numpy and torch (for PyTorch's
+tensor bit for bit. Export carries no optimizer state. Needs numpy and torch (for PyTorch's
 distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping
 and what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
 experts, megatron_mla.py multi-latent attention and its YaRN, megatron_mtp.py the multi-token
@@ -28,10 +29,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its siblings, when imported
-from convert_hf import (TRACKER, checkpoint_metadata, checkpoint_specs,  # noqa: E402
-                        read_checkpoint, write_checkpoint)
+from convert_hf import (TRACKER, braid_specs, checkpoint_metadata,  # noqa: E402
+                        checkpoint_specs, read_checkpoint, write_checkpoint)
 from hf_configs import ConvertError, check  # noqa: E402
 from megatron_legacy import is_legacy, read_legacy  # noqa: E402
+from megatron_optimizer import (FLAT, adam_step, braid_state, lr_schedule,  # noqa: E402
+                                per_parameter_state, take_state)
 from megatron_mapping import (EMBED, braid_config_from_args,  # noqa: E402
                               braid_to_megatron, extra_state_keys, megatron_args_from_braid,
                               megatron_names_of, megatron_to_braid, plain_args)
@@ -145,8 +148,8 @@ def weights_dtype(tensors, where):
 
 def read_megatron(folder, drop_fp8_state):
     """(what a torch_dist save keeps in common.pt: args, iteration, opt_param_scheduler, ...; the
-    model's global tensors under torch_dist's names; the names of the tensors not carried) of an
-    iteration's folder in either format."""
+    model's global tensors under torch_dist's names, with the per-parameter optimizer state; the
+    names of the tensors not carried) of an iteration's folder in either format."""
     if is_legacy(folder):
         return read_legacy(folder, drop_fp8_state)
     require_torch()
@@ -154,15 +157,18 @@ def read_megatron(folder, drop_fp8_state):
     check(common.get("args") is not None, f"{folder}/common.pt: no args (Megatron-LM's "
           "save_checkpoint stores them; this tool takes the model's shape from them)")
     check_common(common, folder)
-    tensors, objects, left_out = read_torch_dist(folder, model_tensor)
+    tensors, objects, left_out = read_torch_dist(
+        folder, lambda key: model_tensor(key) or per_parameter_state(key))
     check_extra_states(objects, drop_fp8_state, folder)
     return common, tensors, left_out
 
 
 def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
-    """Returns (the braid iteration directory, the config, the names of the tensors not carried)."""
+    """Returns (the braid iteration directory, the config, the Adam steps of the optimizer state
+    carried or None, a note on the optimizer state not carried or None)."""
     folder = megatron_iteration_dir(megatron_dir, step)
     common, tensors, left_out = read_megatron(folder, drop_fp8_state)
+    state = take_state(tensors)  # Adam's, per parameter (megatron_optimizer)
     args = common["args"]
     where = f"{folder}/common.pt" if not is_legacy(folder) else folder
     check(EMBED in tensors, f"{folder}: no {EMBED} (not a GPT model's checkpoint?)")
@@ -195,7 +201,36 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     # where the LR schedule stands: the samples of Megatron's successful updates
     update_samples = scheduler.get("num_steps") if isinstance(scheduler, dict) else None
     meta["trainer"].update(iteration=iteration, update_samples=int(update_samples or consumed))
-    return write_checkpoint(save, braid_tensors, meta), config, left_out
+    adam, note = None, optimizer_note(left_out)
+    if state:
+        try:  # the weights import whatever the optimizer state holds; the note says why not it
+            params = braid_specs(config)
+            optim = braid_state(state, tensors, config, [n for n, _, _ in params], folder)
+            adam, schedule = adam_step(folder, where), lr_schedule(common, args, where)
+        except ConvertError as e:
+            note = f"the optimizer state is not carried ({e}): braid starts Adam afresh"
+        else:
+            braid_tensors.update(optim)
+            specs = [(n, shape, dim) for name, shape, dim in params for n in
+                     (f"optimizer.{k}.{name}" for k in ("exp_avg", "exp_avg_sq", "master"))
+                     if n in optim]
+            meta["tensors"].update(checkpoint_metadata(config, specs, None)["tensors"])
+            meta.update(optimizer=True, lr_schedule=schedule)
+            meta["trainer"]["optimizer_steps"] = adam
+    return write_checkpoint(save, braid_tensors, meta), config, adam, note
+
+
+def optimizer_note(left_out):
+    """What import says of the optimizer tensors it leaves out (None: none)."""
+    if any(k.startswith(FLAT) for k in left_out):
+        return (f"the distributed optimizer's state is saved per data-parallel rank "
+                f"({len(left_out)} flat buffers, e.g. {left_out[0]}), which this tool does not "
+                "read: braid starts Adam afresh. Megatron-LM saves it per parameter with "
+                "--dist-ckpt-optim-fully-reshardable")
+    if left_out:
+        return (f"{len(left_out)} optimizer tensors not carried (e.g. {left_out[0]}): braid "
+                "starts its optimizer afresh")
+    return None
 
 
 # ---- export ----------------------------------------------------------------------------------
@@ -261,12 +296,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.command == "import":
-            where, c, left_out = import_megatron(args.megatron_dir, args.save, args.ckpt_step,
-                                                 args.drop_fp8_state)
-            if left_out:
-                print(f"convert_megatron.py import: note: {len(left_out)} optimizer tensors not "
-                      f"carried (e.g. {left_out[0]}): braid starts its optimizer afresh",
-                      file=sys.stderr)
+            where, c, adam, note = import_megatron(
+                args.megatron_dir, args.save, args.ckpt_step, args.drop_fp8_state)
+            if note:
+                print(f"convert_megatron.py import: note: {note}", file=sys.stderr)
+            if adam is not None:
+                print(f"convert_megatron.py import: Adam's state carried (step {adam}, "
+                      "Megatron's learning-rate schedule): resume without --no-load-optim")
             print(f"imported a {c['num_layers']}-layer model (hidden {c['hidden_size']}, "
                   f"{c['params_dtype']}) into {where}")
         else:

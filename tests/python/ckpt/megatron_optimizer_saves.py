@@ -1,0 +1,148 @@
+"""megatron-core (0.16.1) training on the CPU with its own optimizer, for
+test_convert_megatron_optimizer.py: the tiny Llama of megatron_checkpoints.py wrapped in
+megatron-core's DistributedDataParallel, get_megatron_optimizer's Adam (f32, clipping at 1,
+weight decay 0.1 but on biases and norms, Megatron-LM's default param groups) and
+OptimizerParamScheduler as Megatron-LM builds it (steps in samples). Three steps, then a torch_dist
+save built as Megatron-LM's save_checkpoint builds it (model, optimizer, scheduler, args; no RNG),
+then step 4 and a second save (the reference), and step 4's batch.
+
+  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT SHARDING
+SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
+fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
+dp_reshardable (flattened per data-parallel rank, Megatron-LM's default).
+
+Beyond megatron_checkpoints.cpu_stand_ins, megatron-core's optimizer assumes CUDA where it
+computes nothing device-specific: it creates its scalars (found_inf, the clipping's norm) with
+device="cuda", and asserts param.type() == "torch.cuda.FloatTensor"; here those are CPU tensors.
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import megatron_checkpoints as mc  # noqa: E402
+
+SEQ, MBS, LR, SAVED = 16, 2, 1e-2, 3
+
+
+def optimizer_stand_ins():
+    def on_cpu(factory):
+        def make(*args, **kwargs):
+            if "cuda" in str(kwargs.get("device", "")):
+                kwargs["device"] = "cpu"
+            return factory(*args, **kwargs)
+        return make
+    for name in ("tensor", "zeros", "empty", "ones", "full"):
+        setattr(torch, name, on_cpu(getattr(torch, name)))
+    type_name = torch.Tensor.type
+
+    def cuda_type(self, *args, **kwargs):
+        name = type_name(self, *args, **kwargs)
+        return name.replace("torch.", "torch.cuda.", 1) if not (args or kwargs) else name
+    torch.Tensor.type = cuda_type
+
+
+def batch(step, dp_rank):
+    g = torch.Generator().manual_seed(1000 * step + dp_rank)
+    tokens = torch.randint(0, mc.VOCAB, (MBS, SEQ + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def build(a, dp, distributed):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+    torch.manual_seed(7)
+    model = mc.build(a).train()
+    model.parallel_output, model.output_layer.gather_output = True, False  # as Megatron-LM trains
+    mc.randomize(model, 7)
+    ddp = DistributedDataParallel(
+        config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=distributed))
+    optimizer = get_megatron_optimizer(OptimizerConfig(
+        optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
+        adam_eps=1e-8, clip_grad=1.0, params_dtype=torch.float32,
+        use_distributed_optimizer=distributed), [ddp])
+    gbs = MBS * dp  # Megatron-LM's scheduler counts samples: iterations x the global batch
+    scheduler = OptimizerParamScheduler(
+        optimizer, init_lr=0.0, max_lr=LR, min_lr=LR, lr_warmup_steps=0,
+        lr_decay_steps=a.lr_decay_iters * gbs, lr_decay_style="constant", start_wd=0.1,
+        end_wd=0.1, wd_incr_steps=a.train_iters * gbs, wd_incr_style="constant")
+    return ddp, optimizer, scheduler
+
+
+def train_step(step, ddp, optimizer, scheduler):
+    from megatron.core import parallel_state
+    from megatron.core.distributed import finalize_model_grads
+    ids, labels = batch(step, parallel_state.get_data_parallel_rank())
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    causal = torch.triu(torch.ones(1, 1, SEQ, SEQ), diagonal=1).bool()
+    loss = ddp(ids, torch.arange(SEQ).expand_as(ids), attention_mask=causal,
+               labels=labels).float().mean()
+    loss.backward()
+    finalize_model_grads([ddp])
+    ok, _, _ = optimizer.step()
+    assert ok
+    scheduler.step(increment=MBS * parallel_state.get_data_parallel_world_size())
+    mean = loss.detach().clone()  # the global batch's: the ranks' mean
+    torch.distributed.all_reduce(mean, group=parallel_state.get_data_parallel_group())
+    return float(mean) / parallel_state.get_data_parallel_world_size()
+
+
+def save(a, ddp, optimizer, scheduler, iteration, out, sharding):
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
+    metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
+    if sharding != "plain":
+        metadata["distrib_optim_sharding_type"] = sharding
+    with_group = dict(metadata, dp_cp_group=parallel_state.get_data_parallel_group(
+        with_context_parallel=True))
+    a.consumed_train_samples = iteration * MBS * parallel_state.get_data_parallel_world_size()
+    state = {"args": a, "checkpoint_version": 3.0, "iteration": iteration,
+             "model": ddp.module.sharded_state_dict(metadata=with_group),
+             "opt_param_scheduler": scheduler.state_dict(),
+             "num_floating_point_operations_so_far": 0}
+    state["optimizer"] = optimizer.sharded_state_dict(state, metadata=with_group)
+    folder = os.path.join(out, f"iter_{iteration:07d}")
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(folder)
+    torch.distributed.barrier()
+    dist_checkpointing.save(state, folder, TorchDistSaveShardedStrategy("torch_dist", 1,
+                                                                        thread_count=1),
+                            content_metadata=metadata)
+    if torch.distributed.get_rank() == 0:
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(iteration))
+    torch.distributed.barrier()
+
+
+def main():
+    out, sharding = sys.argv[1], sys.argv[2]
+    torch.distributed.init_process_group("gloo")
+    mc.cpu_stand_ins()
+    optimizer_stand_ins()
+    from megatron.core import parallel_state
+    parallel_state.initialize_model_parallel(1, 1)
+    dp = parallel_state.get_data_parallel_world_size()
+    a = mc.megatron_args("llama", global_batch_size=MBS * dp, micro_batch_size=MBS,
+                         train_iters=100, lr_decay_iters=100, lr=LR, min_lr=LR,
+                         weight_decay=0.1, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95,
+                         adam_eps=1e-8, lr_decay_style="constant", lr_warmup_iters=0)
+    ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
+    losses = [train_step(step, ddp, optimizer, scheduler) for step in range(1, SAVED + 1)]
+    save(a, ddp, optimizer, scheduler, SAVED, out, sharding)
+    losses.append(train_step(SAVED + 1, ddp, optimizer, scheduler))
+    save(a, ddp, optimizer, scheduler, SAVED + 1, os.path.join(out, "after"), sharding)
+    ids, labels = zip(*(batch(SAVED + 1, r) for r in range(dp)))  # the global batch, rank order
+    if torch.distributed.get_rank() == 0:
+        np.savez(os.path.join(out, "step4.npz"), ids=torch.cat(ids).numpy(),
+                 labels=torch.cat(labels).numpy(), losses=np.array(losses))
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

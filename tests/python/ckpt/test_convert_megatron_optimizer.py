@@ -1,0 +1,150 @@
+"""convert_megatron.py import carries megatron-core's Adam state: braid continues a Megatron run
+where its optimizer stands.
+
+megatron-core 0.16.1 trains a tiny Llama on the CPU with its own optimizer
+(megatron_optimizer_saves.py: get_megatron_optimizer's Adam, clipping, weight decay, Megatron-LM's
+scheduler) for 3 steps, saves, takes step 4 and saves again. braid imports the step-3 save and
+takes step 4 on the same batch: its weights must be megatron-core's step-4 weights. The same with
+fresh moments must not be (the state matters). The distributed optimizer's default save (flat
+buffers per data-parallel rank) imports its weights without the state, and says how to save it
+per parameter.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import braid
+from braid.generate import config_from_metadata
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, os.path.join(REPO, "tests", "python", "engine"))
+from convert_hf import read_checkpoint  # noqa: E402
+from pretrain_job import run  # noqa: E402
+
+pytest.importorskip("megatron.core")
+CONVERT = os.path.join(REPO, "tools", "convert_megatron.py")
+# (sharding, data-parallel ranks): the optimizer not distributed; distributed and saved per
+# parameter (Megatron-LM's --dist-ckpt-optim-fully-reshardable); distributed, Megatron-LM's
+# default save (flat buffers per data-parallel rank).
+RUNS = {"plain": 1, "fully_reshardable": 2, "dp_reshardable": 2}
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory):
+    out = tmp_path_factory.mktemp("megatron_optimizer")
+    for sharding, ranks in RUNS.items():
+        r = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+             "--master-port", str(29700 + os.getpid() % 200 + ranks),
+             os.path.join(HERE, "megatron_optimizer_saves.py"), str(out / sharding), sharding],
+            capture_output=True, text=True, timeout=600,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return out
+
+
+def convert(source, target):
+    r = subprocess.run([sys.executable, CONVERT, "import", "--megatron-dir", str(source),
+                        "--save", str(target)], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def step_four(ckpt, batch, load_optim):
+    """braid's step 4 from the imported step-3 checkpoint: (its loss, its weights)."""
+    meta, _ = read_checkpoint(str(ckpt))
+    model = braid.GPTModel(config_from_metadata(meta["config"]), device="cpu", seed=5)
+    # megatron-core's Adam as megatron_optimizer_saves.py configures it; Megatron decays the
+    # embeddings' weights too
+    trainer = braid.Trainer(model, braid.AdamWConfig(
+        lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip_grad=1.0,
+        decay_embeddings=True), braid.LRSchedule(lr=1e-2, min_lr=1e-2, style="constant"))
+    braid.load_checkpoint(str(ckpt), trainer, load_optim=load_optim, load_rng=False)
+    stats = trainer.train_step(batch["ids"], batch["labels"])
+    return stats.loss, {n: np.from_dlpack(t) for n, t in model.parameters().items()}
+
+
+@pytest.mark.parametrize("sharding", ["plain", "fully_reshardable"])
+def test_braid_takes_megatrons_next_step(saves, tmp_path, sharding):
+    r = convert(saves / sharding, tmp_path / "ckpt")
+    assert "Adam's state carried (step 3" in r.stdout + r.stderr
+    meta, tensors = read_checkpoint(str(tmp_path / "ckpt"))
+    assert meta["optimizer"] is True and meta["trainer"]["optimizer_steps"] == 3
+    assert meta["lr_schedule"]["lr"] == pytest.approx(1e-2) and \
+        meta["lr_schedule"]["decay_iters"] == 100  # Megatron's samples / the global batch
+    convert(saves / sharding / "after", tmp_path / "after")
+    _, want = read_checkpoint(str(tmp_path / "after"))
+    batch = np.load(saves / sharding / "step4.npz")
+    loss, got = step_four(tmp_path / "ckpt", batch, load_optim=True)
+    assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
+    errors = {n: np.abs(got[n] - w.array).max() / np.abs(w.array).max() for n, w in want.items()}
+    assert set(errors) == set(got) and max(errors.values()) < 1e-5, errors
+    # Fresh moments: the same gradients (the same loss), another step.
+    loss, fresh = step_four(tmp_path / "ckpt", batch, load_optim=False)
+    assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
+    assert max(np.abs(fresh[n] - w.array).max() / np.abs(w.array).max()
+               for n, w in want.items()) > 1e-2
+
+
+def test_pretrain_gpt_resumes_the_import_with_its_optimizer(saves, tmp_path):
+    convert(saves / "plain", tmp_path / "ckpt")
+    common = ["--device", "cpu", "--load", str(tmp_path / "ckpt"), "--use-checkpoint-args",
+              "--no-load-rng", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2",
+              "--global-batch-size", "2", "--train-iters", "100", "--lr-decay-iters", "100",
+              "--lr-decay-style", "constant", "--min-lr", "1e-2", "--weight-decay", "0.1",
+              "--clip-grad", "1.0", "--adam-beta2", "0.95", "--exit-interval", "4",
+              "--eval-iters", "0", "--log-interval", "1"]
+    r = run(1, [*common, "--lr", "1e-2"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " iteration        4/     100 |" in r.stdout, r.stdout
+    # Megatron's rule: continuing the optimizer takes the checkpoint's learning-rate schedule.
+    r = run(1, [*common, "--lr", "3e-2"])
+    assert r.returncode != 0 and "the learning-rate schedule differs from the checkpoint's: " \
+        "learning rate: 0.03 (the checkpoint: 0.01)" in r.stderr, r.stderr
+
+
+def test_flat_distributed_state_imports_the_weights_and_says_why_not_the_state(saves,
+                                                                               tmp_path):
+    r = convert(saves / "dp_reshardable", tmp_path / "ckpt")
+    assert "saved per data-parallel rank (3 flat buffers" in r.stderr and \
+        "--dist-ckpt-optim-fully-reshardable" in r.stderr, r.stderr
+    with open(tmp_path / "ckpt" / "iter_0000003" / "metadata.json") as f:
+        meta = json.load(f)
+    assert meta["optimizer"] is False and not any(k.startswith("optimizer.") for k in
+                                                  meta["tensors"])
+    # its weights are the per-parameter save's (the same run)
+    convert(saves / "fully_reshardable", tmp_path / "full")
+    _, flat = read_checkpoint(str(tmp_path / "ckpt"))
+    _, full = read_checkpoint(str(tmp_path / "full"))
+    assert all(np.array_equal(flat[n].array, full[n].array) for n in full)
+
+
+def convert_dir(saves):
+    target = saves / "plain_braid"
+    if not target.exists():
+        convert(saves / "plain", target)
+    return target
+
+
+def test_a_moment_missing_for_a_parameter_is_refused(saves):
+    from hf_configs import ConvertError
+    from megatron_optimizer import braid_state, take_state
+    from megatron_torch_dist import read_torch_dist
+    from convert_hf import braid_specs
+    tensors, _, _ = read_torch_dist(str(saves / "plain" / "iter_0000003"),
+                                    lambda k: not k.startswith(("rng", "rerun")))
+    state = take_state(tensors)
+    meta, _ = read_checkpoint(str(convert_dir(saves)))
+    params = [n for n, _, _ in braid_specs(meta["config"])]
+    del state["exp_avg_sq"]["decoder.final_layernorm.weight"]
+    with pytest.raises(ConvertError, match="no exp_avg_sq for the parameter model.norm.weight"):
+        braid_state(state, tensors, meta["config"], params, "here")
+
