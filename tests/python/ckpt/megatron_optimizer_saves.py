@@ -6,8 +6,8 @@ OptimizerParamScheduler as Megatron-LM builds it (steps in samples). Three steps
 save built as Megatron-LM's save_checkpoint builds it (model, optimizer, scheduler, args; no RNG),
 then step 4 and a second save (the reference), and step 4's batch.
 
-  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT SHARDING
-SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
+  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT SHARDING [KIND]
+KIND: a model of megatron_checkpoints.MODELS (default llama). SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
 dp_reshardable (flattened per data-parallel rank, Megatron-LM's default).
 
@@ -122,13 +122,14 @@ def save(a, ddp, optimizer, scheduler, iteration, out, sharding):
 
 def main():
     out, sharding = sys.argv[1], sys.argv[2]
+    kind = sys.argv[3] if len(sys.argv) > 3 else "llama"
     torch.distributed.init_process_group("gloo")
     mc.cpu_stand_ins()
     optimizer_stand_ins()
     from megatron.core import parallel_state
     parallel_state.initialize_model_parallel(1, 1)
     dp = parallel_state.get_data_parallel_world_size()
-    a = mc.megatron_args("llama", global_batch_size=MBS * dp, micro_batch_size=MBS,
+    a = mc.megatron_args(kind, global_batch_size=MBS * dp, micro_batch_size=MBS,
                          train_iters=100, lr_decay_iters=100, lr=LR, min_lr=LR,
                          weight_decay=0.1, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95,
                          adam_eps=1e-8, lr_decay_style="constant", lr_warmup_iters=0)

@@ -30,20 +30,29 @@ from pretrain_job import run  # noqa: E402
 
 pytest.importorskip("megatron.core")
 CONVERT = os.path.join(REPO, "tools", "convert_megatron.py")
-# (sharding, data-parallel ranks): the optimizer not distributed; distributed and saved per
-# parameter (Megatron-LM's --dist-ckpt-optim-fully-reshardable); distributed, Megatron-LM's
-# default save (flat buffers per data-parallel rank).
-RUNS = {"plain": 1, "fully_reshardable": 2, "dp_reshardable": 2}
+# name -> (sharding, data-parallel ranks, model): the optimizer not distributed; distributed and
+# saved per parameter (Megatron-LM's --dist-ckpt-optim-fully-reshardable); distributed,
+# Megatron-LM's default save (flat buffers per data-parallel rank). The Llama, a GPT (LayerNorm,
+# biases, learned positions, tied) and a Mixtral-like model (4 experts, top 2).
+RUNS = {"plain": ("plain", 1, "llama"), "fully_reshardable": ("fully_reshardable", 2, "llama"),
+        "dp_reshardable": ("dp_reshardable", 2, "llama"), "gpt": ("plain", 1, "gpt"),
+        "mixtral": ("plain", 1, "mixtral")}
+# Tensors whose step 4 is compared loosely (1e-2 of their scale), and why. k_proj's bias has a
+# zero gradient in exact arithmetic (it adds the same to all of a query's scores): Adam divides
+# its rounding noise by its own size (1.0e-3 off; the GPT's other tensors within 5.2e-7). In the
+# Mixtral-like model one token's embedding row is 1.9e-4 of the table's scale off (one
+# occurrence in the batch; every other tensor within 2.1e-7).
+LOOSE = {"gpt": ("self_attn.k_proj.bias",), "mixtral": ("model.embed_tokens.weight",)}
 
 
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron_optimizer")
-    for sharding, ranks in RUNS.items():
+    for name, (sharding, ranks, model) in RUNS.items():
         r = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
              "--master-port", str(29700 + os.getpid() % 200 + ranks),
-             os.path.join(HERE, "megatron_optimizer_saves.py"), str(out / sharding), sharding],
+             os.path.join(HERE, "megatron_optimizer_saves.py"), str(out / name), sharding, model],
             capture_output=True, text=True, timeout=600,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
@@ -72,7 +81,7 @@ def step_four(ckpt, batch, load_optim):
     return stats.loss, {n: np.from_dlpack(t) for n, t in model.parameters().items()}
 
 
-@pytest.mark.parametrize("sharding", ["plain", "fully_reshardable"])
+@pytest.mark.parametrize("sharding", ["plain", "fully_reshardable", "gpt", "mixtral"])
 def test_braid_takes_megatrons_next_step(saves, tmp_path, sharding):
     r = convert(saves / sharding, tmp_path / "ckpt")
     assert "Adam's state carried (step 3" in r.stdout + r.stderr
@@ -86,7 +95,10 @@ def test_braid_takes_megatrons_next_step(saves, tmp_path, sharding):
     loss, got = step_four(tmp_path / "ckpt", batch, load_optim=True)
     assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
     errors = {n: np.abs(got[n] - w.array).max() / np.abs(w.array).max() for n, w in want.items()}
-    assert set(errors) == set(got) and max(errors.values()) < 1e-5, errors
+    assert set(errors) == set(got)
+    loose = [n for n in errors if n.endswith(LOOSE.get(sharding, ()))]
+    assert max(errors[n] for n in errors if n not in loose) < 1e-5, errors
+    assert all(errors[n] < 1e-2 for n in loose), errors
     # Fresh moments: the same gradients (the same loss), another step.
     loss, fresh = step_four(tmp_path / "ckpt", batch, load_optim=False)
     assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
