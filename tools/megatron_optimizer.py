@@ -1,5 +1,5 @@
 """Megatron-LM's Adam state on import (convert_megatron.py import; docs/convert_megatron.md,
-"The optimizer state"), so that braid continues a Megatron-LM run where its Adam stands.
+"What is carried"), so that braid continues a Megatron-LM run where its Adam stands.
 
 megatron-core saves it per parameter, in the model's own names and layout, when the optimizer is
 not distributed (`optimizer.state.exp_avg.<tensor>`, `optimizer.state.exp_avg_sq.<tensor>`, the
@@ -98,9 +98,9 @@ def braid_state(state, weights, config, params, where):
     for kind, prefix in kinds.items():
         tensors = state[kind]
         for name, t in tensors.items():
-            check(name in weights and t.shape == weights[name].shape, f"{where}: {STATE}{kind}."
-                  f"{name} {'has no weight' if name not in weights else 'is ' + str(t.shape)}"
-                  f"{'' if name not in weights else ', its weight ' + str(weights[name].shape)}")
+            check(name in weights, f"{where}: {STATE}{kind}.{name} is the state of no weight")
+            check(t.shape == weights[name].shape, f"{where}: {STATE}{kind}.{name} is "
+                  f"{t.shape}, its weight {weights[name].shape}")
             check(t.dtype == "F32", f"{where}: {STATE}{kind}.{name} is {t.dtype}; braid keeps "
                   "Adam's state in f32")
         mapped = megatron_to_braid(dict(tensors), config)
