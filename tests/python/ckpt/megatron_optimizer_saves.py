@@ -6,8 +6,9 @@ OptimizerParamScheduler as Megatron-LM builds it (steps in samples). Three steps
 save built as Megatron-LM's save_checkpoint builds it (model, optimizer, scheduler, args; no RNG),
 then step 4 and a second save (the reference), and step 4's batch.
 
-  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT SHARDING [KIND]
-KIND: a model of megatron_checkpoints.MODELS (default llama). SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
+  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT NAME:SHARDING:KIND...
+each job into OUT/NAME, one after another in one process; KIND: a model of
+megatron_checkpoints.MODELS. SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
 dp_reshardable (flattened per data-parallel rank, Megatron-LM's default).
 
@@ -120,13 +121,9 @@ def save(a, ddp, optimizer, scheduler, iteration, out, sharding):
     torch.distributed.barrier()
 
 
-def main():
-    out, sharding = sys.argv[1], sys.argv[2]
-    kind = sys.argv[3] if len(sys.argv) > 3 else "llama"
-    torch.distributed.init_process_group("gloo")
-    mc.cpu_stand_ins()
-    optimizer_stand_ins()
+def job(out, sharding, kind):
     from megatron.core import parallel_state
+    parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(1, 1)
     dp = parallel_state.get_data_parallel_world_size()
     a = mc.megatron_args(kind, global_batch_size=MBS * dp, micro_batch_size=MBS,
@@ -142,6 +139,15 @@ def main():
     if torch.distributed.get_rank() == 0:
         np.savez(os.path.join(out, "step4.npz"), ids=torch.cat(ids).numpy(),
                  labels=torch.cat(labels).numpy(), losses=np.array(losses))
+
+
+def main():
+    torch.distributed.init_process_group("gloo")
+    mc.cpu_stand_ins()
+    optimizer_stand_ins()
+    for spec in sys.argv[2:]:
+        name, sharding, kind = spec.split(":")
+        job(os.path.join(sys.argv[1], name), sharding, kind)
     torch.distributed.destroy_process_group()
 
 

@@ -26,17 +26,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, os.path.join(REPO, "tests", "python", "engine"))
 from convert_hf import read_checkpoint  # noqa: E402
+from convert_megatron import import_megatron  # noqa: E402
 from pretrain_job import run  # noqa: E402
 
 pytest.importorskip("megatron.core")
 CONVERT = os.path.join(REPO, "tools", "convert_megatron.py")
-# name -> (sharding, data-parallel ranks, model): the optimizer not distributed; distributed and
-# saved per parameter (Megatron-LM's --dist-ckpt-optim-fully-reshardable); distributed,
-# Megatron-LM's default save (flat buffers per data-parallel rank). The Llama, a GPT (LayerNorm,
-# biases, learned positions, tied) and a Mixtral-like model (4 experts, top 2).
-RUNS = {"plain": ("plain", 1, "llama"), "fully_reshardable": ("fully_reshardable", 2, "llama"),
-        "dp_reshardable": ("dp_reshardable", 2, "llama"), "gpt": ("plain", 1, "gpt"),
-        "mixtral": ("plain", 1, "mixtral")}
+# data-parallel ranks -> the jobs NAME:SHARDING:MODEL run in one process. The optimizer not
+# distributed; distributed and saved per parameter (Megatron-LM's
+# --dist-ckpt-optim-fully-reshardable); distributed, Megatron-LM's default save (flat buffers per
+# data-parallel rank). The Llama, a GPT (LayerNorm, biases, learned positions, tied) and a
+# Mixtral-like model (4 experts, top 2).
+RUNS = {1: ["plain:plain:llama", "gpt:plain:gpt", "mixtral:plain:mixtral"],
+        2: ["fully_reshardable:fully_reshardable:llama", "dp_reshardable:dp_reshardable:llama"]}
 # Tensors whose step 4 is compared loosely (1e-2 of their scale), and why. k_proj's bias has a
 # zero gradient in exact arithmetic (it adds the same to all of a query's scores): Adam divides
 # its rounding noise by its own size (1.0e-3 off; the GPT's other tensors within 5.2e-7). In the
@@ -48,23 +49,32 @@ LOOSE = {"gpt": ("self_attn.k_proj.bias",), "mixtral": ("model.embed_tokens.weig
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron_optimizer")
-    for name, (sharding, ranks, model) in RUNS.items():
+    for ranks, jobs in RUNS.items():
         r = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
              "--master-port", str(29700 + os.getpid() % 200 + ranks),
-             os.path.join(HERE, "megatron_optimizer_saves.py"), str(out / name), sharding, model],
+             os.path.join(HERE, "megatron_optimizer_saves.py"), str(out), *jobs],
             capture_output=True, text=True, timeout=600,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return out
 
 
-def convert(source, target):
+def tool(source, target):
+    """convert_megatron.py import, the command."""
     r = subprocess.run([sys.executable, CONVERT, "import", "--megatron-dir", str(source),
                         "--save", str(target)], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
     assert r.returncode == 0, r.stderr
     return r
+
+
+def convert(source):
+    """Megatron's save at `source` imported (once, in this process): the braid checkpoint."""
+    target = source.parent / (source.name + ".braid")
+    if not target.exists():
+        import_megatron(str(source), str(target))
+    return target
 
 
 def step_four(ckpt, batch, load_optim):
@@ -82,17 +92,15 @@ def step_four(ckpt, batch, load_optim):
 
 
 @pytest.mark.parametrize("sharding", ["plain", "fully_reshardable", "gpt", "mixtral"])
-def test_braid_takes_megatrons_next_step(saves, tmp_path, sharding):
-    r = convert(saves / sharding, tmp_path / "ckpt")
-    assert "Adam's state carried (step 3" in r.stdout + r.stderr
-    meta, tensors = read_checkpoint(str(tmp_path / "ckpt"))
+def test_braid_takes_megatrons_next_step(saves, sharding):
+    ckpt = convert(saves / sharding)
+    meta, tensors = read_checkpoint(str(ckpt))
     assert meta["optimizer"] is True and meta["trainer"]["optimizer_steps"] == 3
     assert meta["lr_schedule"]["lr"] == pytest.approx(1e-2) and \
         meta["lr_schedule"]["decay_iters"] == 100  # Megatron's samples / the global batch
-    convert(saves / sharding / "after", tmp_path / "after")
-    _, want = read_checkpoint(str(tmp_path / "after"))
+    _, want = read_checkpoint(str(convert(saves / sharding / "after")))
     batch = np.load(saves / sharding / "step4.npz")
-    loss, got = step_four(tmp_path / "ckpt", batch, load_optim=True)
+    loss, got = step_four(ckpt, batch, load_optim=True)
     assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
     errors = {n: np.abs(got[n] - w.array).max() / np.abs(w.array).max() for n, w in want.items()}
     assert set(errors) == set(got)
@@ -100,14 +108,15 @@ def test_braid_takes_megatrons_next_step(saves, tmp_path, sharding):
     assert max(errors[n] for n in errors if n not in loose) < 1e-5, errors
     assert all(errors[n] < 1e-2 for n in loose), errors
     # Fresh moments: the same gradients (the same loss), another step.
-    loss, fresh = step_four(tmp_path / "ckpt", batch, load_optim=False)
+    loss, fresh = step_four(ckpt, batch, load_optim=False)
     assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
     assert max(np.abs(fresh[n] - w.array).max() / np.abs(w.array).max()
                for n, w in want.items()) > 1e-2
 
 
 def test_pretrain_gpt_resumes_the_import_with_its_optimizer(saves, tmp_path):
-    convert(saves / "plain", tmp_path / "ckpt")
+    r = tool(saves / "plain", tmp_path / "ckpt")
+    assert "Adam's state carried (step 3" in r.stdout, r.stdout
     common = ["--device", "cpu", "--load", str(tmp_path / "ckpt"), "--use-checkpoint-args",
               "--no-load-rng", "--mock-data", "--seq-length", "16", "--micro-batch-size", "2",
               "--global-batch-size", "2", "--train-iters", "100", "--lr-decay-iters", "100",
@@ -125,7 +134,7 @@ def test_pretrain_gpt_resumes_the_import_with_its_optimizer(saves, tmp_path):
 
 def test_flat_distributed_state_imports_the_weights_and_says_why_not_the_state(saves,
                                                                                tmp_path):
-    r = convert(saves / "dp_reshardable", tmp_path / "ckpt")
+    r = tool(saves / "dp_reshardable", tmp_path / "ckpt")
     assert "saved per data-parallel rank (3 flat buffers" in r.stderr and \
         "--dist-ckpt-optim-fully-reshardable" in r.stderr, r.stderr
     with open(tmp_path / "ckpt" / "iter_0000003" / "metadata.json") as f:
@@ -133,17 +142,9 @@ def test_flat_distributed_state_imports_the_weights_and_says_why_not_the_state(s
     assert meta["optimizer"] is False and not any(k.startswith("optimizer.") for k in
                                                   meta["tensors"])
     # its weights are the per-parameter save's (the same run)
-    convert(saves / "fully_reshardable", tmp_path / "full")
     _, flat = read_checkpoint(str(tmp_path / "ckpt"))
-    _, full = read_checkpoint(str(tmp_path / "full"))
+    _, full = read_checkpoint(str(convert(saves / "fully_reshardable")))
     assert all(np.array_equal(flat[n].array, full[n].array) for n in full)
-
-
-def convert_dir(saves):
-    target = saves / "plain_braid"
-    if not target.exists():
-        convert(saves / "plain", target)
-    return target
 
 
 def test_a_moment_missing_for_a_parameter_is_refused(saves):
@@ -154,7 +155,7 @@ def test_a_moment_missing_for_a_parameter_is_refused(saves):
     tensors, _, _ = read_torch_dist(str(saves / "plain" / "iter_0000003"),
                                     lambda k: not k.startswith(("rng", "rerun")))
     state = take_state(tensors)
-    meta, _ = read_checkpoint(str(convert_dir(saves)))
+    meta, _ = read_checkpoint(str(convert(saves / "plain")))
     params = [n for n, _, _ in braid_specs(meta["config"])]
     del state["exp_avg_sq"]["decoder.final_layernorm.weight"]
     with pytest.raises(ConvertError, match="no exp_avg_sq for the parameter model.norm.weight"):
