@@ -470,8 +470,9 @@ def write_checkpoint(save, tensors, meta):
 
 # ---- export ----------------------------------------------------------------------------------
 
-def read_checkpoint(load, iteration=None):
-    """(metadata, name -> Tensor of every model tensor, assembled from its shards)."""
+def read_checkpoint(load, iteration=None, optimizer=False):
+    """(metadata, name -> Tensor of every model tensor, assembled from its shards; with
+    `optimizer` the optimizer.* tensors too)."""
     check(os.path.isdir(load), f"{load}: no such directory")
     if iteration is None:
         tracker = os.path.join(load, TRACKER)
@@ -500,7 +501,7 @@ def read_checkpoint(load, iteration=None):
 
     tensors = {}
     for name, entry in meta["tensors"].items():
-        if name.startswith("optimizer."):
+        if name.startswith("optimizer.") and not optimizer:
             continue
         shape, dim = entry["shape"], entry["split_dim"]
         whole, covered = None, np.zeros(shape[max(dim, 0)], dtype=bool)

@@ -15,7 +15,8 @@ braid checkpoints and back.
       --load OUT --finetune, or --no-load-optim --no-load-rng)
 
 Model weights are moved as raw bytes (bf16 included): export followed by import gives back every
-tensor bit for bit. Export carries no optimizer state. Needs numpy and torch (for PyTorch's
+tensor bit for bit. Export carries braid's Adam state per parameter, as megatron-core's
+distributed optimizer saves it fully reshardable (megatron_optimizer.py). Needs numpy and torch (for PyTorch's
 distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping
 and what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
 experts, megatron_mla.py multi-latent attention and its YaRN, megatron_mtp.py the multi-token
@@ -34,7 +35,8 @@ from convert_hf import (TRACKER, braid_specs, checkpoint_metadata,  # noqa: E402
 from hf_configs import ConvertError, check  # noqa: E402
 from megatron_legacy import is_legacy, read_legacy  # noqa: E402
 from megatron_optimizer import (FLAT, adam_step, braid_state, lr_schedule,  # noqa: E402
-                                per_parameter_state, take_state)
+                                megatron_common, megatron_state, per_parameter_state,
+                                take_state)
 from megatron_mapping import (EMBED, braid_config_from_args,  # noqa: E402
                               braid_to_megatron, extra_state_keys, megatron_args_from_braid,
                               megatron_names_of, megatron_to_braid, plain_args)
@@ -201,6 +203,8 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     # where the LR schedule stands: the samples of Megatron's successful updates
     update_samples = scheduler.get("num_steps") if isinstance(scheduler, dict) else None
     meta["trainer"].update(iteration=iteration, update_samples=int(update_samples or consumed))
+    if isinstance(getattr(args, "global_batch_size", None), int):
+        meta["trainer"]["global_batch_size"] = args.global_batch_size
     adam, note = None, optimizer_note(left_out)
     if state:
         try:  # the weights import whatever the optimizer state holds; the note says why not it
@@ -236,10 +240,21 @@ def optimizer_note(left_out):
 # ---- export ----------------------------------------------------------------------------------
 
 def export_megatron(load, out, step=None):
-    """Returns (the torch_dist iteration folder written, the config)."""
+    """Returns (the torch_dist iteration folder written, the config, the Adam steps of the
+    optimizer state carried or None, a note on the optimizer state not carried or None)."""
     require_torch()
-    meta, tensors = read_checkpoint(load, step)
+    meta, tensors = read_checkpoint(load, step, optimizer=True)
     config = meta["config"]
+    where = os.path.join(load, f"iter_{meta['iteration']:07d}")
+    optim, stacked_optim, adam, note = {}, [], None, None
+    if any(k.startswith("optimizer.") for k in tensors):
+        try:  # the weights export whatever the optimizer state holds; the note says why not it
+            optimizer, scheduler, adam, optim_args = megatron_common(meta, where)
+        except ConvertError as e:
+            note = f"the optimizer state is not carried ({e}): resume with --no-load-optim"
+        else:
+            optim, stacked_optim = megatron_state(tensors, config)
+    tensors = {k: t for k, t in tensors.items() if not k.startswith("optimizer.")}
     args = argparse.Namespace(**megatron_args_from_braid(
         config, meta.get("consumed_samples", 0), meta.get("megatron_args") or {}))
     args.params_dtype = getattr(torch, args.params_dtype)  # Megatron-LM's is a torch.dtype
@@ -260,6 +275,12 @@ def export_megatron(load, out, step=None):
               # tensor, gate rows then up rows)
               "content_metadata": {"singleton_local_shards": False,
                                    "chained_optim_avoid_prefix": True}}
+    if optim:  # Adam's state per parameter, as the distributed optimizer saves it fully reshardable
+        megatron.update(optim)
+        stacked += stacked_optim
+        common.update(optimizer=optimizer, opt_param_scheduler=scheduler)
+        common["content_metadata"]["distrib_optim_sharding_type"] = "fully_reshardable"
+        vars(args).update(optim_args)
     check(not os.path.exists(os.path.join(out, TRACKER)), f"{out} already holds a checkpoint; "
           "export into a new directory")
     folder = os.path.join(out, f"iter_{iteration:07d}")
@@ -268,7 +289,7 @@ def export_megatron(load, out, step=None):
     write_torch_dist(folder, megatron, objects, common, stacked)
     with open(os.path.join(out, TRACKER), "w") as f:
         f.write(f"{iteration}")  # Megatron-LM writes the number alone
-    return folder, config
+    return folder, config, adam, note
 
 
 # ---- command line ----------------------------------------------------------------------------
@@ -306,7 +327,13 @@ def main(argv=None):
             print(f"imported a {c['num_layers']}-layer model (hidden {c['hidden_size']}, "
                   f"{c['params_dtype']}) into {where}")
         else:
-            where, c = export_megatron(args.load, args.megatron_dir, args.ckpt_step)
+            where, c, adam, note = export_megatron(args.load, args.megatron_dir,
+                                                   args.ckpt_step)
+            if note:
+                print(f"convert_megatron.py export: note: {note}", file=sys.stderr)
+            if adam is not None:
+                print(f"convert_megatron.py export: Adam's state carried (step {adam}, the "
+                      "learning-rate schedule): Megatron-LM resumes it without --no-load-optim")
             print(f"exported a {c['num_layers']}-layer model (hidden {c['hidden_size']}) to "
                   f"{where}")
     except (ConvertError, FormatError, SafetensorsError) as e:

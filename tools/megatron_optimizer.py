@@ -1,5 +1,6 @@
-"""Megatron-LM's Adam state on import (convert_megatron.py import; docs/convert_megatron.md,
-"What is carried"), so that braid continues a Megatron-LM run where its Adam stands.
+"""Megatron-LM's Adam state on import and export (convert_megatron.py; docs/convert_megatron.md,
+"What is carried"), so that braid continues a Megatron-LM run where its Adam stands, and
+Megatron-LM a braid run.
 
 megatron-core saves it per parameter, in the model's own names and layout, when the optimizer is
 not distributed (`optimizer.state.exp_avg.<tensor>`, `optimizer.state.exp_avg_sq.<tensor>`, the
@@ -11,13 +12,20 @@ the weights do, moment by moment; braid's checkpoint then holds `optimizer.exp_a
 optimizer steps and Megatron's learning-rate schedule. The distributed optimizer's default save
 (dp_reshardable, and the older dp_zero_gather_scatter) keeps flat buffers per data-parallel rank
 in the order of its gradient buckets; that is not read: the weights import without the state.
+
+Export writes braid's state per parameter as the distributed optimizer saves it fully
+reshardable, with common.pt entries that megatron-core's distributed optimizer and (for f32
+weights) its optimizer not distributed both load.
 """
 
 import os
 
+import numpy as np
+
 from hf_configs import ConvertError, check
 from megatron_legacy import LazyTensor, RankFile
-from megatron_mapping import megatron_to_braid
+from megatron_mapping import braid_to_megatron, megatron_to_braid
+from megatron_torch_dist import torch
 
 STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -131,3 +139,104 @@ def lr_schedule(common, args, where):
                 "weight_decay": wd}
     except KeyError as e:
         raise ConvertError(f"{where}: opt_param_scheduler has no {e}")
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+def decimal(x):
+    """The shortest decimal of a value braid keeps in float32: the command line's number, which
+    Megatron-LM's scheduler compares with the checkpoint's."""
+    return float(str(np.float32(x)))
+
+
+def megatron_state(tensors, config):
+    """Adam's state of a braid checkpoint (read_checkpoint's optimizer.* tensors, popped from
+    `tensors`) under megatron-core's per-parameter keys, as its distributed optimizer saves it
+    fully reshardable: ({key: Tensor}, the keys whose first axis is the layers). The main
+    parameters (optimizer.state.param.*) are braid's f32 masters, or the f32 weights."""
+    out, stacked = {}, []
+    kinds = {"exp_avg": "optimizer.exp_avg.", "exp_avg_sq": "optimizer.exp_avg_sq.",
+             "param": "optimizer.master." if config["params_dtype"] != "f32" else ""}
+    names = [n for n in tensors if not n.startswith("optimizer.")]
+    for kind, prefix in kinds.items():
+        moments = {}
+        for name in names:
+            key = prefix + name
+            if key in tensors:
+                moments[name] = tensors[key] if prefix else tensors[name]
+        mapped, layers = braid_to_megatron(moments, config)
+        out.update({f"{STATE}{kind}.{k}": t for k, t in mapped.items()})
+        stacked += [f"{STATE}{kind}.{k}" for k in layers]
+    for key in [k for k in tensors if k.startswith("optimizer.")]:
+        del tensors[key]
+    return out, stacked
+
+
+def megatron_common(meta, where):
+    """(common.pt's optimizer entry, its opt_param_scheduler, Adam's step, the Megatron-LM args
+    they imply) for a braid checkpoint's optimizer: what megatron-core's distributed optimizer
+    saves fully reshardable (param groups with the step), and what its optimizer not
+    distributed saves for f32 weights (torch's param groups and a step common to every
+    parameter)."""
+    trainer, schedule = meta["trainer"], meta["lr_schedule"]
+    check(schedule.get("decoupled_lr") is None, f"{where}: a decoupled learning rate "
+          "(--decoupled-lr) gives Megatron-LM other param groups")
+    beta1, beta2, eps = adam_constants(meta, where)
+    batch = global_batch(meta, where)
+    step = int(trainer["optimizer_steps"])
+    wd = schedule["weight_decay"]
+
+    def samples(iterations):
+        return int(round(iterations * batch))
+    scheduler = {"max_lr": decimal(schedule["lr"]), "min_lr": decimal(schedule["min_lr"]),
+                 "lr_warmup_steps": samples(schedule["warmup_iters"]),
+                 "lr_decay_steps": samples(schedule["decay_iters"]),
+                 "lr_decay_style": schedule["style"], "num_steps": int(trainer["update_samples"]),
+                 "start_wd": decimal(wd["start"]), "end_wd": decimal(wd["end"]),
+                 "wd_incr_style": wd["style"],
+                 # Megatron-LM's is --train-iters' samples; braid keeps it for an increasing
+                 # decay only, else takes the decay's length (--lr-decay-iters' default)
+                 "wd_incr_steps": samples(wd.get("incr_iters", schedule["decay_iters"]))}
+    lr = decimal(schedule.get("lr_now", schedule["lr"]))
+    groups = [{"wd_mult": mult, "lr_mult": 1.0, "is_expert_parallel": False,
+               "is_decoupled_lr": False, "default_config": True, "max_lr": scheduler["max_lr"],
+               "min_lr": scheduler["min_lr"], "lr": lr, "weight_decay": scheduler["start_wd"] * mult,
+               "betas": (beta1, beta2), "eps": eps, "amsgrad": False, "maximize": False,
+               "foreach": None, "capturable": False, "differentiable": False, "fused": None,
+               "decoupled_weight_decay": True, "bias_correction": True}
+              for mult in (1.0, 0.0)]  # matrices; biases and norms
+    # the distributed optimizer keeps the step in its groups (as Transformer Engine's and Apex's
+    # FusedAdam do); torch's Adam in each parameter's state
+    common = {"optimizer": {"param_groups": [dict(g, step=step) for g in groups]},
+              "param_state_sharding_type": "fully_reshardable",
+              "param_groups": groups, "state": {"common_step": torch.tensor(float(step))}}
+    args = {"global_batch_size": batch, "adam_beta1": beta1, "adam_beta2": beta2,
+            "adam_eps": eps, "lr": scheduler["max_lr"], "min_lr": scheduler["min_lr"],
+            "weight_decay": scheduler["start_wd"], "lr_decay_style": scheduler["lr_decay_style"],
+            "no_save_optim": False}
+    return common, scheduler, step, args
+
+
+def adam_constants(meta, where):
+    """(beta1, beta2, eps) of the run that saved `meta`: braid's record, else an import's
+    Megatron-LM args."""
+    adam = meta.get("adam")
+    if adam is None:
+        args = meta.get("megatron_args") or {}
+        adam = {k: args.get("adam_" + k) for k in ("beta1", "beta2", "eps")}
+        check(None not in adam.values(), f"{where}: no record of Adam's betas and eps (saved "
+              "by a braid before it recorded them)")
+    return decimal(adam["beta1"]), decimal(adam["beta2"]), decimal(adam["eps"])
+
+
+def global_batch(meta, where):
+    """The samples of a full update, in which Megatron's scheduler counts its steps."""
+    trainer = meta["trainer"]
+    batch = trainer.get("global_batch_size") or (meta.get("megatron_args") or {}).get(
+        "global_batch_size")
+    updates = trainer["iteration"] - trainer["skipped_iterations"]
+    if not batch and updates > 0 and trainer["update_samples"] % updates == 0:
+        batch = trainer["update_samples"] // updates  # iterations counted updates, all alike
+    check(isinstance(batch, int) and batch > 0, f"{where}: no record of the global batch size, "
+          "in which Megatron's learning-rate schedule counts")
+    return batch

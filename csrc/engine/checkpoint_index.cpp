@@ -137,6 +137,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
              {{"iteration", trainer.iteration()},
               {"skipped_iterations", trainer.skipped_iterations()},
               {"update_samples", trainer.update_samples()},
+              {"global_batch_size", trainer.config().global_batch_size},
               {"optimizer_steps", trainer.optimizer().step()}}},
             {"lr_schedule",
              {{"lr", lr.lr},
@@ -173,6 +174,9 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
     meta["lr_schedule"]["decoupled_lr"] = *lr.decoupled_lr;
     meta["lr_schedule"]["decoupled_min_lr"] = lr.decoupled_min_lr.value_or(lr.min_lr);
   }
+  // Adam's constants (what convert_megatron.py export writes into Megatron's param groups).
+  const AdamWConfig& adam = trainer.config().optimizer;
+  meta["adam"] = {{"beta1", adam.beta1}, {"beta2", adam.beta2}, {"eps", adam.eps}};
   if (options.save_rng) {
     meta["rng"] = {{"seed", model.chunk(0).seed()},
                    {"dropout_forwards", model.chunk(0).dropout_forwards()}};

@@ -6,11 +6,14 @@ OptimizerParamScheduler as Megatron-LM builds it (steps in samples). Three steps
 save built as Megatron-LM's save_checkpoint builds it (model, optimizer, scheduler, args; no RNG),
 then step 4 and a second save (the reference), and step 4's batch.
 
-  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT NAME:SHARDING:KIND...
+  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT NAME:SHARDING:KIND[:FROM]...
 each job into OUT/NAME, one after another in one process; KIND: a model of
 megatron_checkpoints.MODELS. SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
-dp_reshardable (flattened per data-parallel rank, Megatron-LM's default).
+dp_reshardable (flattened per data-parallel rank, Megatron-LM's default). With FROM (a torch_dist
+checkpoint directory, convert_megatron.py export's) the job loads it as Megatron-LM's
+load_checkpoint does instead of training from scratch, takes the next step, saves it into OUT/NAME
+and that step's batch into OUT/NAME/next.npz.
 
 Beyond megatron_checkpoints.cpu_stand_ins, megatron-core's optimizer assumes CUDA where it
 computes nothing device-specific: it creates its scalars (found_inf, the clipping's norm) with
@@ -45,6 +48,21 @@ def optimizer_stand_ins():
         return name.replace("torch.", "torch.cuda.", 1) if not (args or kwargs) else name
     torch.Tensor.type = cuda_type
 
+    # The distributed optimizer's fully reshardable load copies every entry of a parameter's
+    # torch AdamW state from the checkpoint, whose per-parameter state has no step (megatron-core
+    # 0.16.1 without Apex or Transformer Engine, whose FusedAdam keeps no step there): the same
+    # copies, the step left to load_state_dict.
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    def set_states(self, model_param, tensors):
+        group, order = self.model_param_group_index_map[model_param]
+        main = self.optimizer.param_groups[group]["params"][order]
+        main.copy_(tensors["param"])
+        for key, value in self.optimizer.state[main].items():
+            if key != "step":
+                value.copy_(tensors[key])
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+
 
 def batch(step, dp_rank):
     g = torch.Generator().manual_seed(1000 * step + dp_rank)
@@ -71,7 +89,8 @@ def build(a, dp, distributed):
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=LR, min_lr=LR, lr_warmup_steps=0,
         lr_decay_steps=a.lr_decay_iters * gbs, lr_decay_style="constant", start_wd=0.1,
-        end_wd=0.1, wd_incr_steps=a.train_iters * gbs, wd_incr_style="constant")
+        end_wd=0.1, wd_incr_steps=a.train_iters * gbs, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=False)  # Megatron-LM's default: values must match
     return ddp, optimizer, scheduler
 
 
@@ -121,15 +140,65 @@ def save(a, ddp, optimizer, scheduler, iteration, out, sharding):
     torch.distributed.barrier()
 
 
+def load(ddp, optimizer, scheduler, source):
+    """Megatron-LM's load_checkpoint, as far as the model, optimizer and scheduler go: the
+    content metadata decides the optimizer's layout. Returns the iteration."""
+    from megatron.core import dist_checkpointing, parallel_state
+    with open(os.path.join(source, "latest_checkpointed_iteration.txt")) as f:
+        iteration = int(f.read())
+    folder = os.path.join(source, f"iter_{iteration:07d}")
+    metadata = dict(dist_checkpointing.load_content_metadata(folder), dp_cp_group=(
+        parallel_state.get_data_parallel_group(with_context_parallel=True)))
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if hasattr(inner, "_init_optimizer_states_with_dummy_values"):
+            # megatron-core 0.16.1's distributed optimizer without Apex or Transformer Engine
+            # reads a step from every parameter's state, which a fresh torch AdamW lacks
+            inner._init_optimizer_states_with_dummy_values()
+    model = ddp.module.sharded_state_dict(metadata=metadata)
+    state = {"model": model, "optimizer": optimizer.sharded_state_dict(
+        model, is_loading=True, metadata=metadata)}
+    state = dist_checkpointing.load(state, folder)
+    ddp.module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    # megatron-core 0.16.1's distributed optimizer without Apex or Transformer Engine gives every
+    # parameter one shared step tensor, which torch's AdamW then advances once per parameter
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for s in inner.optimizer.state.values():
+            s["step"] = s["step"].clone()
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+    assert state["iteration"] == iteration
+    return iteration
+
+
+def resume(out, sharding, kind, source):
+    from megatron.core import parallel_state
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(1, 1)
+    dp = parallel_state.get_data_parallel_world_size()
+    a = args_of(kind, dp)
+    ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
+    iteration = load(ddp, optimizer, scheduler, source)
+    loss = train_step(iteration + 1, ddp, optimizer, scheduler)
+    save(a, ddp, optimizer, scheduler, iteration + 1, out, sharding)
+    ids, labels = zip(*(batch(iteration + 1, r) for r in range(dp)))
+    if torch.distributed.get_rank() == 0:
+        np.savez(os.path.join(out, "next.npz"), ids=torch.cat(ids).numpy(),
+                 labels=torch.cat(labels).numpy(), loss=loss)
+
+
+def args_of(kind, dp):
+    return mc.megatron_args(kind, global_batch_size=MBS * dp, micro_batch_size=MBS,
+                            train_iters=100, lr_decay_iters=100, lr=LR, min_lr=LR,
+                            weight_decay=0.1, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95,
+                            adam_eps=1e-8, lr_decay_style="constant", lr_warmup_iters=0)
+
+
 def job(out, sharding, kind):
     from megatron.core import parallel_state
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(1, 1)
     dp = parallel_state.get_data_parallel_world_size()
-    a = mc.megatron_args(kind, global_batch_size=MBS * dp, micro_batch_size=MBS,
-                         train_iters=100, lr_decay_iters=100, lr=LR, min_lr=LR,
-                         weight_decay=0.1, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95,
-                         adam_eps=1e-8, lr_decay_style="constant", lr_warmup_iters=0)
+    a = args_of(kind, dp)
     ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
     losses = [train_step(step, ddp, optimizer, scheduler) for step in range(1, SAVED + 1)]
     save(a, ddp, optimizer, scheduler, SAVED, out, sharding)
@@ -146,8 +215,11 @@ def main():
     mc.cpu_stand_ins()
     optimizer_stand_ins()
     for spec in sys.argv[2:]:
-        name, sharding, kind = spec.split(":")
-        job(os.path.join(sys.argv[1], name), sharding, kind)
+        name, sharding, kind, *source = spec.split(":", 3)
+        if source:
+            resume(os.path.join(sys.argv[1], name), sharding, kind, source[0])
+        else:
+            job(os.path.join(sys.argv[1], name), sharding, kind)
     torch.distributed.destroy_process_group()
 
 

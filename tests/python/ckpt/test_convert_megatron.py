@@ -517,12 +517,14 @@ def test_export_round_trips(exported, tmp_path, kind):
 
 def test_export_assembles_any_layout(exported, tmp_path):
     """A checkpoint laid out as braid saves at TP 2 x PP 2 (optimizer state beside) exports the
-    model tensors of the one-process save."""
+    model tensors of the one-process save. Its metadata, an HF import's, has no record of Adam's
+    constants: the weights go alone, and a note says why."""
     out = exported["llama"]["braid"].parent
     code, err = tool("export", "--load", out / "llama-tp2-pp2", "--megatron-dir", tmp_path / "m")
-    assert code == 0, err
+    assert code == 0 and "no record of Adam's betas and eps" in err, err
     got, _, _ = torch_dist.read_torch_dist(str(tmp_path / "m" / "iter_0000005"))
-    want, _, _ = torch_dist.read_torch_dist(str(exported["llama"]["megatron"] / "iter_0000001"))
+    want, _, _ = torch_dist.read_torch_dist(str(exported["llama"]["megatron"] / "iter_0000001"),
+                                            lambda key: not key.startswith("optimizer."))
     assert_same_tensors(got, want)
 
 

@@ -12,6 +12,7 @@ per parameter.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -77,18 +78,31 @@ def convert(source):
     return target
 
 
-def step_four(ckpt, batch, load_optim):
-    """braid's step 4 from the imported step-3 checkpoint: (its loss, its weights)."""
+def trainer_of(ckpt, load_optim):
+    """(model, trainer) resumed from a braid checkpoint, with megatron-core's Adam and schedule
+    as megatron_optimizer_saves.py configures them (Megatron decays the embeddings too)."""
     meta, _ = read_checkpoint(str(ckpt))
     model = braid.GPTModel(config_from_metadata(meta["config"]), device="cpu", seed=5)
-    # megatron-core's Adam as megatron_optimizer_saves.py configures it; Megatron decays the
-    # embeddings' weights too
     trainer = braid.Trainer(model, braid.AdamWConfig(
         lr=1e-2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, clip_grad=1.0,
-        decay_embeddings=True), braid.LRSchedule(lr=1e-2, min_lr=1e-2, style="constant"))
+        decay_embeddings=True), braid.LRSchedule(lr=1e-2, min_lr=1e-2, decay_iters=100,
+                                                 style="constant"))
     braid.load_checkpoint(str(ckpt), trainer, load_optim=load_optim, load_rng=False)
+    return model, trainer
+
+
+def step_four(ckpt, batch, load_optim):
+    """braid's next step from a checkpoint: (its loss, its weights)."""
+    model, trainer = trainer_of(ckpt, load_optim)
     stats = trainer.train_step(batch["ids"], batch["labels"])
     return stats.loss, {n: np.from_dlpack(t) for n, t in model.parameters().items()}
+
+
+def max_errors(got, want):
+    """{name: max relative difference}: braid's weights against an imported Megatron step's."""
+    errors = {n: np.abs(got[n] - w.array).max() / np.abs(w.array).max() for n, w in want.items()}
+    assert set(errors) == set(got)
+    return errors
 
 
 @pytest.mark.parametrize("sharding", ["plain", "fully_reshardable", "gpt", "mixtral"])
@@ -102,8 +116,7 @@ def test_braid_takes_megatrons_next_step(saves, sharding):
     batch = np.load(saves / sharding / "step4.npz")
     loss, got = step_four(ckpt, batch, load_optim=True)
     assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
-    errors = {n: np.abs(got[n] - w.array).max() / np.abs(w.array).max() for n, w in want.items()}
-    assert set(errors) == set(got)
+    errors = max_errors(got, want)
     loose = [n for n in errors if n.endswith(LOOSE.get(sharding, ()))]
     assert max(errors[n] for n in errors if n not in loose) < 1e-5, errors
     assert all(errors[n] < 1e-2 for n in loose), errors
@@ -161,3 +174,62 @@ def test_a_moment_missing_for_a_parameter_is_refused(saves):
     with pytest.raises(ConvertError, match="no exp_avg_sq for the parameter model.norm.weight"):
         braid_state(state, tensors, meta["config"], params, "here")
 
+
+
+# ---- export: Megatron continues a braid run ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def exported(saves, tmp_path_factory):
+    """braid's step 4 from Megatron's step-3 save (2 data-parallel ranks), saved with its Adam
+    state and exported (the command); megatron-core loads that as Megatron-LM does, its
+    optimizer not distributed and distributed, on 2 ranks, and takes step 5."""
+    out = tmp_path_factory.mktemp("exported")
+    _, trainer = trainer_of(convert(saves / "fully_reshardable"), load_optim=True)
+    batch = np.load(saves / "fully_reshardable" / "step4.npz")
+    trainer.train_step(batch["ids"], batch["labels"])
+    braid.save_checkpoint(str(out / "braid"), trainer, consumed_samples=16)
+    r = subprocess.run([sys.executable, CONVERT, "export", "--load", str(out / "braid"),
+                        "--megatron-dir", str(out / "megatron")], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
+    assert r.returncode == 0 and "Adam's state carried (step 4" in r.stdout, r.stdout + r.stderr
+    jobs = [f"{name}:{sharding}:llama:{out / 'megatron'}"
+            for name, sharding in (("plain", "plain"), ("distributed", "fully_reshardable"))]
+    r = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(29700 + os.getpid() % 200 + 3),
+         os.path.join(HERE, "megatron_optimizer_saves.py"), str(out), *jobs],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["plain", "distributed"])
+def test_megatron_takes_braids_next_step(exported, optimizer):
+    batch = np.load(exported / optimizer / "next.npz")
+    loss, got = step_four(exported / "braid", batch, load_optim=True)  # braid's step 5
+    assert loss == pytest.approx(float(batch["loss"]), rel=1e-5)
+    meta, want = read_checkpoint(str(convert(exported / optimizer)))
+    assert meta["trainer"]["optimizer_steps"] == 5
+    errors = max_errors(got, want)
+    print(f"{optimizer}: braid's step 5 vs megatron-core's, max relative difference "
+          f"{max(errors.values()):.2g}")
+    assert max(errors.values()) < 1e-5, errors
+
+
+def test_export_round_trips_the_optimizer_state_bit_for_bit(exported, tmp_path):
+    from convert_megatron import export_megatron
+    meta, tensors = read_checkpoint(str(exported / "braid"), optimizer=True)
+    _, back = read_checkpoint(str(convert(exported / "megatron")), optimizer=True)
+    assert any(n.startswith("optimizer.exp_avg_sq.") for n in tensors)
+    assert set(back) == set(tensors)
+    assert all(np.array_equal(back[n].array, t.array) for n, t in tensors.items())
+    # A decoupled learning rate gives Megatron-LM other param groups: the weights go alone.
+    with open(exported / "braid" / "iter_0000004" / "metadata.json") as f:
+        edited = json.load(f)
+    edited["lr_schedule"]["decoupled_lr"] = 1e-3
+    copy = tmp_path / "braid"
+    shutil.copytree(exported / "braid", copy)
+    with open(copy / "iter_0000004" / "metadata.json", "w") as f:
+        json.dump(edited, f)
+    _, _, adam, note = export_megatron(str(copy), str(tmp_path / "megatron"))
+    assert adam is None and "decoupled learning rate" in note and "--no-load-optim" in note
