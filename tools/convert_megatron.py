@@ -6,9 +6,9 @@ braid checkpoints and back.
       a Megatron-LM checkpoint saved under any TP/PP/EP layout
       (DIR/latest_checkpointed_iteration.txt, DIR/iter_0000100/ with metadata.json, .metadata,
       *.distcp, common.pt; or, --ckpt-format torch, with mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt)
-      -> a braid checkpoint (tp=1, pp=1, at Megatron's iteration; with Adam's state where
-      megatron-core saved it per parameter: megatron_optimizer.py); the model's shape comes from
-      the args Megatron-LM saved with it
+      -> a braid checkpoint (tp=1, pp=1, at Megatron's iteration; with Adam's state, saved per
+      parameter or in the distributed optimizer's flat buffers: megatron_optimizer.py); the
+      model's shape comes from the args Megatron-LM saved with it
   convert_megatron.py export --load CKPT --megatron-dir OUT [--ckpt-step N]
       a braid checkpoint saved under any layout -> a torch_dist checkpoint that megatron-core's
       dist_checkpointing loads into a GPTModel of the same shape under any TP/PP (Megatron-LM:
@@ -34,15 +34,15 @@ from convert_hf import (TRACKER, braid_specs, checkpoint_metadata,  # noqa: E402
                         checkpoint_specs, read_checkpoint, write_checkpoint)
 from hf_configs import ConvertError, check  # noqa: E402
 from megatron_legacy import is_legacy, read_legacy  # noqa: E402
-from megatron_optimizer import (FLAT, adam_step, braid_state, lr_schedule,  # noqa: E402
-                                megatron_common, megatron_state, per_parameter_state,
-                                take_state)
+from megatron_optimizer import (FLAT, adam_step, braid_state, flat_bucket,  # noqa: E402
+                                flat_state, lr_schedule, megatron_common, megatron_state,
+                                per_parameter_state, take_flat, take_state)
 from megatron_mapping import (EMBED, braid_config_from_args,  # noqa: E402
                               braid_to_megatron, extra_state_keys, megatron_args_from_braid,
                               megatron_names_of, megatron_to_braid, plain_args)
 from megatron_torch_dist import (FormatError, is_torch_dist,  # noqa: E402
-                                 load_object, read_common, read_torch_dist, require_torch, torch,
-                                 write_torch_dist)
+                                 load_object, read_common, read_torch_dist, require_torch,
+                                 tensor_chunks, torch, write_torch_dist)
 from safetensors_numpy import SafetensorsError  # noqa: E402
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
@@ -153,24 +153,25 @@ def read_megatron(folder, drop_fp8_state):
     model's global tensors under torch_dist's names, with the per-parameter optimizer state; the
     names of the tensors not carried) of an iteration's folder in either format."""
     if is_legacy(folder):
-        return read_legacy(folder, drop_fp8_state)
+        return (*read_legacy(folder, drop_fp8_state), {})
     require_torch()
     common = read_common(folder)
     check(common.get("args") is not None, f"{folder}/common.pt: no args (Megatron-LM's "
           "save_checkpoint stores them; this tool takes the model's shape from them)")
     check_common(common, folder)
     tensors, objects, left_out = read_torch_dist(
-        folder, lambda key: model_tensor(key) or per_parameter_state(key))
+        folder, lambda key: model_tensor(key) or per_parameter_state(key) or flat_bucket(key))
     check_extra_states(objects, drop_fp8_state, folder)
-    return common, tensors, left_out
+    return common, tensors, left_out, objects
 
 
 def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     """Returns (the braid iteration directory, the config, the Adam steps of the optimizer state
     carried or None, a note on the optimizer state not carried or None)."""
     folder = megatron_iteration_dir(megatron_dir, step)
-    common, tensors, left_out = read_megatron(folder, drop_fp8_state)
-    state = take_state(tensors)  # Adam's, per parameter (megatron_optimizer)
+    common, tensors, left_out, objects = read_megatron(folder, drop_fp8_state)
+    # Adam's (megatron_optimizer): per parameter, or the distributed optimizer's flat buffers
+    state, buckets = take_state(tensors), take_flat(tensors)
     args = common["args"]
     where = f"{folder}/common.pt" if not is_legacy(folder) else folder
     check(EMBED in tensors, f"{folder}: no {EMBED} (not a GPT model's checkpoint?)")
@@ -205,12 +206,18 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     meta["trainer"].update(iteration=iteration, update_samples=int(update_samples or consumed))
     if isinstance(getattr(args, "global_batch_size", None), int):
         meta["trainer"]["global_batch_size"] = args.global_batch_size
-    adam, note = None, optimizer_note(left_out)
-    if state:
+    adam, note = None, optimizer_note(left_out, objects, buckets)
+    if state or buckets:
         try:  # the weights import whatever the optimizer state holds; the note says why not it
+            if buckets:
+                chunks = {k: c for k, c in tensor_chunks(folder).items()
+                          if k in tensors and not k.endswith("router.expert_bias")}
+                state = flat_state(buckets, tensors, chunks, folder)
             params = braid_specs(config)
             optim = braid_state(state, tensors, config, [n for n, _, _ in params], folder)
-            adam, schedule = adam_step(folder, where), lr_schedule(common, args, where)
+            groups = [load_object(v, f"{folder}: {k}") for k, v in objects.items()
+                      if k.startswith(FLAT) and ".optimizer/" in k]
+            adam, schedule = adam_step(folder, where, groups), lr_schedule(common, args, where)
         except ConvertError as e:
             note = f"the optimizer state is not carried ({e}): braid starts Adam afresh"
         else:
@@ -224,12 +231,15 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     return write_checkpoint(save, braid_tensors, meta), config, adam, note
 
 
-def optimizer_note(left_out):
-    """What import says of the optimizer tensors it leaves out (None: none)."""
-    if any(k.startswith(FLAT) for k in left_out):
-        return (f"the distributed optimizer's state is saved per data-parallel rank "
-                f"({len(left_out)} flat buffers, e.g. {left_out[0]}), which this tool does not "
-                "read: braid starts Adam afresh. Megatron-LM saves it per parameter with "
+def optimizer_note(left_out, objects, buckets):
+    """What import says of the optimizer state it leaves out (None: none): the legacy format's
+    tensors, or the distributed optimizer's state gathered into objects (dp_zero_gather_scatter,
+    Megatron-LM before dp_reshardable)."""
+    gathered = [k for k in objects if k.startswith(FLAT) and ".param_state" in k]
+    if gathered and not buckets:
+        return (f"the distributed optimizer's state is saved gathered per data-parallel group "
+                f"({gathered[0]}: dp_zero_gather_scatter), which this tool does not read: braid "
+                "starts Adam afresh. Megatron-LM saves it per parameter with "
                 "--dist-ckpt-optim-fully-reshardable")
     if left_out:
         return (f"{len(left_out)} optimizer tensors not carried (e.g. {left_out[0]}): braid "

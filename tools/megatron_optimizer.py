@@ -10,8 +10,8 @@ step in common.pt's `optimizer.state.common_step`) or distributed and saved full
 the weights do, moment by moment; braid's checkpoint then holds `optimizer.exp_avg.<name>`,
 `optimizer.exp_avg_sq.<name>` (and `optimizer.master.<name>` for 16-bit parameters), its
 optimizer steps and Megatron's learning-rate schedule. The distributed optimizer's default save
-(dp_reshardable, and the older dp_zero_gather_scatter) keeps flat buffers per data-parallel rank
-in the order of its gradient buckets; that is not read: the weights import without the state.
+(dp_reshardable) keeps flat buffers per gradient bucket instead, whose parameters flat_state
+places by value; the older dp_zero_gather_scatter is not read (the weights import without it).
 
 Export writes braid's state per parameter as the distributed optimizer saves it fully
 reshardable, with common.pt entries that megatron-core's distributed optimizer and (for f32
@@ -26,11 +26,26 @@ from hf_configs import ConvertError, check
 from megatron_legacy import LazyTensor, RankFile
 from megatron_mapping import braid_to_megatron, megatron_to_braid
 from megatron_torch_dist import torch
+from safetensors_numpy import Tensor
 
 STATE = "optimizer.state."
 MOMENTS = ("exp_avg", "exp_avg_sq")
 MAIN_PARAMS = ("param", "fp32_param")  # the distributed optimizer's f32 main parameters
 FLAT = "optimizer.distributed."         # dp_reshardable / dp_zero_gather_scatter
+BUCKET = ".bucket_idx_"                 # dp_reshardable's flat buffers: a key per bucket
+FLAT_KINDS = ("param", "exp_avg", "exp_avg_sq")
+ALIGN, PREFIX = 64, 4  # where a bucket's parameters may start; the values a chunk is looked up by
+
+
+def as_bf16(main):
+    """f32 -> bf16 bits, rounded to nearest even (the weights of a bf16 run)."""
+    bits = main.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+# the weights' dtype -> (the main parameters in the weights' dtype, as bits; the bits' dtype)
+COMPARED = {"F32": (lambda main: main.view(np.uint32), np.uint32), "BF16": (as_bf16, np.uint16),
+            "F16": (lambda main: main.astype(np.float16).view(np.uint16), np.uint16)}
 
 
 def per_parameter_state(key):
@@ -47,15 +62,15 @@ def take_state(tensors):
     return state
 
 
-def adam_step(folder, where):
+def adam_step(folder, where, saved_groups=()):
     """The Adam steps taken: common.pt's optimizer.state.common_step (megatron-core's optimizer
-    when not distributed; a tensor) or its param groups' step (the distributed one's), one for
-    all."""
+    when not distributed; a tensor) or its param groups' step (the distributed one's; in
+    `saved_groups`, the objects its default save keeps them in), one for all."""
     common = RankFile(os.path.join(folder, "common.pt"))  # its tensors read too
     try:
-        saved = common.state.get("optimizer")
-        check(isinstance(saved, dict), f"{where}: the optimizer's tensors are saved but common.pt "
-              "has no optimizer entry (its steps)")
+        saved = [common.state.get("optimizer"), *saved_groups]
+        check(isinstance(saved[0], dict), f"{where}: the optimizer's tensors are saved but "
+              "common.pt has no optimizer entry (its steps)")
         steps = set()
 
         def value(x, what):
@@ -83,6 +98,87 @@ def adam_step(folder, where):
     step = steps.pop()
     check(step == int(step) and step >= 0, f"{where}: optimizer step {step}")
     return int(step)
+
+
+def flat_bucket(key):
+    """A flat buffer of the distributed optimizer's default save (one bucket's main parameters or
+    moments), which import reads to place each parameter's state (flat_state)."""
+    return key.startswith(FLAT) and BUCKET in key
+
+
+def take_flat(tensors):
+    """Moves the flat buffers out of `tensors`: {bucket key: {kind: Tensor}}."""
+    buckets = {}
+    for key in [k for k in tensors if flat_bucket(k)]:
+        bucket, kind = key.rsplit(".", 1)
+        buckets.setdefault(bucket, {})[kind] = tensors.pop(key)
+    return buckets
+
+
+def flat_state(buckets, weights, chunks, where):
+    """Adam's state per parameter ({kind: {model key: Tensor}}, take_state's form) of the
+    distributed optimizer's default save (dp_reshardable, flat_bucket's buffers).
+
+    A bucket holds its parameters one after another, each starting where the last ended or at
+    the next multiple of 64 elements, in an order the checkpoint does not record. Which parameter
+    lies where is found by value: the main parameters there equal, bit for bit (rounded to the
+    weights' dtype), a chunk of a model tensor (`chunks`: how torch_dist saved each, a chunk per
+    rank's parameter: a layer's, an expert's, a TP shard; SwiGLU's fc1 two). Refuses a piece that
+    matches none, or two chunks of equal values (their states would be told apart by guessing)."""
+    for key in chunks:
+        check(weights[key].dtype in COMPARED, f"{where}: {key} is {weights[key].dtype}; the "
+              f"distributed optimizer's flat state is read for {sorted(COMPARED)} weights")
+    index = {}  # the weights' dtype -> the chunks by their first values; those shorter than that
+    for key, boxes in chunks.items():
+        dtype = weights[key].dtype
+        by_head, small = index.setdefault(dtype, ({}, []))
+        for offsets, sizes in boxes:
+            box = tuple(slice(o, o + n) for o, n in zip(offsets, sizes))
+            values = np.ascontiguousarray(weights[key].array[box]).reshape(-1)
+            values = values.view(COMPARED[dtype][1])
+            chunk = (key, offsets, box, values)
+            if values.size >= PREFIX:
+                by_head.setdefault(values[:PREFIX].tobytes(), []).append(chunk)
+            else:
+                small.append(chunk)
+    state, placed = {kind: {} for kind in FLAT_KINDS}, {}
+    for name in sorted(buckets):
+        bucket = buckets[name]
+        check(set(bucket) == set(FLAT_KINDS), f"{where}: {name} holds {sorted(bucket)}, not "
+              f"{list(FLAT_KINDS)} (not Adam's state?)")
+        # the main parameters as each dtype's weights hold them
+        probes = {dtype: COMPARED[dtype][0](bucket["param"].array) for dtype in index}
+        pos, size = 0, bucket["param"].array.size
+        while pos < size:
+            start, found = None, []
+            for start in dict.fromkeys((pos, -(-pos // ALIGN) * ALIGN)):
+                for dtype, (by_head, small) in index.items():
+                    probe = probes[dtype]
+                    head = probe[start:start + PREFIX].tobytes()
+                    found += [c for c in by_head.get(head, []) + small if
+                              np.array_equal(probe[start:start + c[3].size], c[3])]
+                if found:
+                    break
+            if not found and start >= size:
+                break  # the padding after the last parameter
+            check(found, f"{where}: {name}: elements {pos}.. match no parameter of the model "
+                  "(a layout this tool does not read)")
+            if len(found) > 1:
+                raise ConvertError(f"{where}: {found[0][0]} at {list(found[0][1])} and "
+                                   f"{found[1][0]} at {list(found[1][1])} hold the same values, "
+                                   "so the flat state cannot tell their moments apart")
+            key, offsets, box, values = found[0]
+            placed.setdefault(key, set()).add(offsets)
+            for kind in FLAT_KINDS:
+                whole = state[kind].setdefault(key, Tensor("F32", np.zeros(
+                    weights[key].shape, dtype=np.float32)))
+                part = bucket[kind].array[start:start + values.size]
+                whole.array[box] = part.reshape(whole.array[box].shape)
+            pos = start + values.size
+    for key, offsets in placed.items():
+        check(len(offsets) == len(chunks[key]), f"{where}: the flat state holds "
+              f"{len(offsets)} of {key}'s {len(chunks[key])} chunks")
+    return state
 
 
 def braid_state(state, weights, config, params, where):

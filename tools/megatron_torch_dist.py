@@ -228,6 +228,14 @@ def read_torch_dist(folder, wanted_tensor=lambda key: True):
     return tensors, objects, left_out
 
 
+def tensor_chunks(folder):
+    """{tensor key: [(offsets, sizes)] of each chunk it was saved in} (a layer's, an expert's, a
+    TP rank's shard: what one rank's parameter holds)."""
+    return {key: [(tuple(c.offsets), tuple(c.sizes)) for c in entry.chunks]
+            for key, entry in read_index(folder).state_dict_metadata.items()
+            if not isinstance(entry, dcp_metadata.BytesStorageMetadata)}
+
+
 def _read_tensor(folder, key, entry, where):
     shape = tuple(entry.size)
     whole, covered = None, 0

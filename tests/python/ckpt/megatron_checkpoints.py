@@ -282,7 +282,8 @@ def build(a, vp_stage=None):
         add_bias_linear=a.add_bias_linear, add_qkv_bias=a.add_qkv_bias,
         qk_layernorm=a.qk_layernorm, rotary_interleaved=a.rotary_interleaved,
         hidden_dropout=0.0, attention_dropout=0.0,
-        use_cpu_initialization=True, params_dtype=torch.float32,
+        use_cpu_initialization=True, params_dtype=a.params_dtype,
+        bf16=a.params_dtype == torch.bfloat16,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=parallel_state.get_pipeline_model_parallel_world_size(),
         virtual_pipeline_model_parallel_size=(
@@ -291,7 +292,7 @@ def build(a, vp_stage=None):
         expert_tensor_parallel_size=parallel_state.get_expert_tensor_parallel_world_size(),
         num_layers_in_first_pipeline_stage=getattr(a, "decoder_first_pipeline_num_layers", None),
         num_layers_in_last_pipeline_stage=getattr(a, "decoder_last_pipeline_num_layers", None),
-        pipeline_dtype=torch.float32, mtp_num_layers=getattr(a, "mtp_num_layers", None),
+        pipeline_dtype=a.params_dtype, mtp_num_layers=getattr(a, "mtp_num_layers", None),
         **mla, **moe_config(a))
     if a.position_embedding_type == "yarn":  # (attributes GPTModel reads, not config fields)
         for field, name in YARN_FIELDS.items():

@@ -10,7 +10,8 @@ then step 4 and a second save (the reference), and step 4's batch.
 each job into OUT/NAME, one after another in one process; KIND: a model of
 megatron_checkpoints.MODELS. SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
-dp_reshardable (flattened per data-parallel rank, Megatron-LM's default). With FROM (a torch_dist
+dp_reshardable (flattened per data-parallel rank, Megatron-LM's default); a suffix -tpN runs
+tensor parallel N. With FROM (a torch_dist
 checkpoint directory, convert_megatron.py export's) the job loads it as Megatron-LM's
 load_checkpoint does instead of training from scratch, takes the next step, saves it into OUT/NAME
 and that step's batch into OUT/NAME/next.npz.
@@ -71,6 +72,7 @@ def batch(step, dp_rank):
 
 
 def build(a, dp, distributed):
+    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -78,13 +80,22 @@ def build(a, dp, distributed):
     model = mc.build(a).train()
     model.parallel_output, model.output_layer.gather_output = True, False  # as Megatron-LM trains
     mc.randomize(model, 7)
+    if a.params_dtype == torch.bfloat16:  # the norms too, as Transformer Engine's are
+        model.to(torch.bfloat16)
+    rank = parallel_state.get_tensor_model_parallel_rank()
+    if rank:  # TP shards of their own (randomize gives every rank the same local values)
+        g = torch.Generator().manual_seed(rank)
+        with torch.no_grad():
+            for p in model.parameters():
+                if getattr(p, "tensor_model_parallel", False):
+                    p.add_(0.05 * torch.randn(p.shape, generator=g))
     ddp = DistributedDataParallel(
         config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, use_distributed_optimizer=distributed))
     optimizer = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
-        adam_eps=1e-8, clip_grad=1.0, params_dtype=torch.float32,
-        use_distributed_optimizer=distributed), [ddp])
+        adam_eps=1e-8, clip_grad=1.0, params_dtype=a.params_dtype,
+        bf16=a.params_dtype == torch.bfloat16, use_distributed_optimizer=distributed), [ddp])
     gbs = MBS * dp  # Megatron-LM's scheduler counts samples: iterations x the global batch
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=LR, min_lr=LR, lr_warmup_steps=0,
@@ -186,8 +197,8 @@ def resume(out, sharding, kind, source):
                  labels=torch.cat(labels).numpy(), loss=loss)
 
 
-def args_of(kind, dp):
-    return mc.megatron_args(kind, global_batch_size=MBS * dp, micro_batch_size=MBS,
+def args_of(kind, dp, **changes):
+    return mc.megatron_args(kind, **changes, global_batch_size=MBS * dp, micro_batch_size=MBS,
                             train_iters=100, lr_decay_iters=100, lr=LR, min_lr=LR,
                             weight_decay=0.1, clip_grad=1.0, adam_beta1=0.9, adam_beta2=0.95,
                             adam_eps=1e-8, lr_decay_style="constant", lr_warmup_iters=0)
@@ -195,10 +206,13 @@ def args_of(kind, dp):
 
 def job(out, sharding, kind):
     from megatron.core import parallel_state
+    sharding, _, tp = sharding.partition("-tp")  # dp_reshardable-tp2: tensor parallel 2
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1, 1)
+    parallel_state.initialize_model_parallel(int(tp or 1), 1)
     dp = parallel_state.get_data_parallel_world_size()
-    a = args_of(kind, dp)
+    kind, _, dtype = kind.partition("@")  # llama@bf16: bf16 weights, f32 main parameters
+    a = args_of(kind, dp, tensor_model_parallel_size=int(tp or 1),
+                params_dtype=getattr(torch, dtype or "float32"), bf16=dtype == "bfloat16")
     ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
     losses = [train_step(step, ddp, optimizer, scheduler) for step in range(1, SAVED + 1)]
     save(a, ddp, optimizer, scheduler, SAVED, out, sharding)

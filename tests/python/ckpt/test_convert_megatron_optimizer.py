@@ -6,8 +6,8 @@ megatron-core 0.16.1 trains a tiny Llama on the CPU with its own optimizer
 scheduler) for 3 steps, saves, takes step 4 and saves again. braid imports the step-3 save and
 takes step 4 on the same batch: its weights must be megatron-core's step-4 weights. The same with
 fresh moments must not be (the state matters). The distributed optimizer's default save (flat
-buffers per data-parallel rank) imports its weights without the state, and says how to save it
-per parameter.
+buffers per bucket; also at TP 2, with experts, with biases whose sizes leave padding) imports
+the state its per-parameter save does. And back: megatron-core continues braid's exported state.
 """
 
 import json
@@ -38,13 +38,17 @@ CONVERT = os.path.join(REPO, "tools", "convert_megatron.py")
 # data-parallel rank). The Llama, a GPT (LayerNorm, biases, learned positions, tied) and a
 # Mixtral-like model (4 experts, top 2).
 RUNS = {1: ["plain:plain:llama", "gpt:plain:gpt", "mixtral:plain:mixtral"],
-        2: ["fully_reshardable:fully_reshardable:llama", "dp_reshardable:dp_reshardable:llama"]}
+        2: ["fully_reshardable:fully_reshardable:llama", "dp_reshardable:dp_reshardable:llama",
+            "tp2:dp_reshardable-tp2:llama", "gpt_flat:dp_reshardable:gpt",
+            "mixtral_flat:dp_reshardable:mixtral", "bf16_full:fully_reshardable:llama@bfloat16",
+            "bf16_flat:dp_reshardable:llama@bfloat16"]}
 # Tensors whose step 4 is compared loosely (1e-2 of their scale), and why. k_proj's bias has a
 # zero gradient in exact arithmetic (it adds the same to all of a query's scores): Adam divides
 # its rounding noise by its own size (1.0e-3 off; the GPT's other tensors within 5.2e-7). In the
 # Mixtral-like model one token's embedding row is 1.9e-4 of the table's scale off (one
 # occurrence in the batch; every other tensor within 2.1e-7).
-LOOSE = {"gpt": ("self_attn.k_proj.bias",), "mixtral": ("model.embed_tokens.weight",)}
+LOOSE = {"gpt": ("self_attn.k_proj.bias",), "mixtral": ("model.embed_tokens.weight",),
+         "gpt_flat": ("self_attn.k_proj.bias",), "mixtral_flat": ("model.embed_tokens.weight",)}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +109,8 @@ def max_errors(got, want):
     return errors
 
 
-@pytest.mark.parametrize("sharding", ["plain", "fully_reshardable", "gpt", "mixtral"])
+@pytest.mark.parametrize("sharding", ["plain", "fully_reshardable", "gpt", "mixtral",
+                                      "dp_reshardable", "tp2", "gpt_flat", "mixtral_flat"])
 def test_braid_takes_megatrons_next_step(saves, sharding):
     ckpt = convert(saves / sharding)
     meta, tensors = read_checkpoint(str(ckpt))
@@ -118,6 +123,8 @@ def test_braid_takes_megatrons_next_step(saves, sharding):
     assert loss == pytest.approx(batch["losses"][3], rel=1e-5)
     errors = max_errors(got, want)
     loose = [n for n in errors if n.endswith(LOOSE.get(sharding, ()))]
+    print(f"{sharding}: braid's step 4 vs megatron-core's, max relative difference "
+          f"{max(errors[n] for n in errors if n not in loose):.2g}")
     assert max(errors[n] for n in errors if n not in loose) < 1e-5, errors
     assert all(errors[n] < 1e-2 for n in loose), errors
     # Fresh moments: the same gradients (the same loss), another step.
@@ -145,19 +152,41 @@ def test_pretrain_gpt_resumes_the_import_with_its_optimizer(saves, tmp_path):
         "learning rate: 0.03 (the checkpoint: 0.01)" in r.stderr, r.stderr
 
 
-def test_flat_distributed_state_imports_the_weights_and_says_why_not_the_state(saves,
-                                                                               tmp_path):
-    r = tool(saves / "dp_reshardable", tmp_path / "ckpt")
-    assert "saved per data-parallel rank (3 flat buffers" in r.stderr and \
-        "--dist-ckpt-optim-fully-reshardable" in r.stderr, r.stderr
-    with open(tmp_path / "ckpt" / "iter_0000003" / "metadata.json") as f:
-        meta = json.load(f)
-    assert meta["optimizer"] is False and not any(k.startswith("optimizer.") for k in
-                                                  meta["tensors"])
-    # its weights are the per-parameter save's (the same run)
-    _, flat = read_checkpoint(str(tmp_path / "ckpt"))
-    _, full = read_checkpoint(str(convert(saves / "fully_reshardable")))
+@pytest.mark.parametrize("flat,full", [("dp_reshardable", "fully_reshardable"),
+                                       ("bf16_flat", "bf16_full")])
+def test_flat_state_is_the_per_parameter_state(saves, flat, full):
+    """The distributed optimizer's default save (flat buffers per bucket) and its save per
+    parameter, of the same run, import the same tensors, Adam's included, bit for bit: f32, and
+    bf16 weights (the flat buffers' f32 main parameters rounded to match them; braid's masters
+    the main parameters)."""
+    meta, flat = read_checkpoint(str(convert(saves / flat)), optimizer=True)
+    _, full = read_checkpoint(str(convert(saves / full)), optimizer=True)
+    assert any(n.startswith("optimizer.exp_avg_sq.") for n in full) and set(flat) == set(full)
     assert all(np.array_equal(flat[n].array, full[n].array) for n in full)
+    masters = [n for n in full if n.startswith("optimizer.master.")]
+    assert len(masters) == (len(full) // 4 if meta["config"]["params_dtype"] == "bf16" else 0)
+
+
+def test_flat_state_that_values_cannot_place_is_refused(saves):
+    """Which parameter lies where in a bucket is found by value: a piece that matches no
+    parameter, or two parameters of equal values, are refused rather than guessed."""
+    from hf_configs import ConvertError
+    from megatron_optimizer import flat_state, take_flat
+    from megatron_torch_dist import read_torch_dist, tensor_chunks
+    folder = str(saves / "dp_reshardable" / "iter_0000003")
+    tensors, _, _ = read_torch_dist(folder, lambda k: not k.startswith(("rng", "rerun")))
+    buckets = take_flat(tensors)
+    chunks = {k: c for k, c in tensor_chunks(folder).items() if k in tensors}
+    norm = "decoder.layers.self_attention.linear_qkv.layer_norm_weight"
+    flat_state(buckets, tensors, chunks, "here")  # as saved: placed
+    final = "decoder.final_layernorm.weight"  # a second tensor of the same values
+    with pytest.raises(ConvertError, match="hold the same values"):
+        flat_state(buckets, dict(tensors, twin=tensors[final]),
+                   dict(chunks, twin=chunks[final]), "here")
+    other = dict(tensors)
+    other[norm] = tensors[norm].like(tensors[norm].array + np.float32(1e-3))
+    with pytest.raises(ConvertError, match="match no parameter"):
+        flat_state(buckets, other, chunks, "here")
 
 
 def test_a_moment_missing_for_a_parameter_is_refused(saves):
