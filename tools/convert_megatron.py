@@ -36,7 +36,7 @@ from hf_configs import ConvertError, check  # noqa: E402
 from megatron_legacy import is_legacy, read_legacy  # noqa: E402
 from megatron_optimizer import (FLAT, adam_step, braid_state, flat_bucket,  # noqa: E402
                                 flat_state, lr_schedule, megatron_common, megatron_state,
-                                per_parameter_state, take_flat, take_state)
+                                per_parameter_state, take_flat, take_state, unchained)
 from megatron_mapping import (EMBED, braid_config_from_args,  # noqa: E402
                               braid_to_megatron, extra_state_keys, megatron_args_from_braid,
                               megatron_names_of, megatron_to_braid, plain_args)
@@ -100,7 +100,7 @@ def check_format(folder):
 # ---- import ----------------------------------------------------------------------------------
 
 def model_tensor(key):
-    return not key.startswith(NOT_CARRIED)
+    return not unchained(key).startswith(NOT_CARRIED)
 
 
 def check_extra_states(objects, drop_fp8_state, where):
@@ -108,7 +108,7 @@ def check_extra_states(objects, drop_fp8_state, where):
     used FP8 (its scaling factors and amax histories, which braid has no use for); the others
     (optimizer, RNG, rerun state) are not carried."""
     for key in sorted(objects):
-        if key.startswith(NOT_CARRIED):
+        if unchained(key).startswith(NOT_CARRIED):
             continue
         check(EXTRA_STATE in key, f"{where}: unexpected object {key} (not a model tensor, an "
               "_extra_state or optimizer, RNG or rerun state)")
@@ -216,7 +216,7 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
             params = braid_specs(config)
             optim = braid_state(state, tensors, config, [n for n, _, _ in params], folder)
             groups = [load_object(v, f"{folder}: {k}") for k, v in objects.items()
-                      if k.startswith(FLAT) and ".optimizer/" in k]
+                      if unchained(k).startswith(FLAT) and ".optimizer/" in k]
             adam, schedule = adam_step(folder, where, groups), lr_schedule(common, args, where)
         except ConvertError as e:
             note = f"the optimizer state is not carried ({e}): braid starts Adam afresh"
@@ -235,7 +235,7 @@ def optimizer_note(left_out, objects, buckets):
     """What import says of the optimizer state it leaves out (None: none): the legacy format's
     tensors, or the distributed optimizer's state gathered into objects (dp_zero_gather_scatter,
     Megatron-LM before dp_reshardable)."""
-    gathered = [k for k in objects if k.startswith(FLAT) and ".param_state" in k]
+    gathered = [k for k in objects if unchained(k).startswith(FLAT) and ".param_state" in k]
     if gathered and not buckets:
         return (f"the distributed optimizer's state is saved gathered per data-parallel group "
                 f"({gathered[0]}: dp_zero_gather_scatter), which this tool does not read: braid "

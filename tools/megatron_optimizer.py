@@ -19,6 +19,7 @@ weights) its optimizer not distributed both load.
 """
 
 import os
+import re
 
 import numpy as np
 
@@ -29,6 +30,7 @@ from megatron_torch_dist import torch
 from safetensors_numpy import Tensor
 
 STATE = "optimizer.state."
+CHAINED = re.compile(r"^chained_\d+\.")
 MOMENTS = ("exp_avg", "exp_avg_sq")
 MAIN_PARAMS = ("param", "fp32_param")  # the distributed optimizer's f32 main parameters
 FLAT = "optimizer.distributed."         # dp_reshardable / dp_zero_gather_scatter
@@ -48,16 +50,24 @@ COMPARED = {"F32": (lambda main: main.view(np.uint32), np.uint32), "BF16": (as_b
             "F16": (lambda main: main.astype(np.float16).view(np.uint16), np.uint16)}
 
 
+def unchained(key):
+    """A checkpoint key without the chained_<i>. that megatron-core puts before each optimizer's
+    keys when a model has two (the experts' under expert parallelism; the distributed optimizer's
+    flat buffers, or any under chained_optim_avoid_prefix false)."""
+    return CHAINED.sub("", key)
+
+
 def per_parameter_state(key):
     """A tensor of the per-parameter (model-space) optimizer state, which import reads."""
-    return key.startswith(STATE)
+    return unchained(key).startswith(STATE)
 
 
 def take_state(tensors):
     """Moves the optimizer.state.* tensors out of `tensors`: {kind: {model tensor name: Tensor}}."""
     state = {}
     for key in [k for k in tensors if per_parameter_state(k)]:
-        kind, name = key[len(STATE):].split(".", 1)
+        kind, name = unchained(key)[len(STATE):].split(".", 1)
+        check(name not in state.get(kind, {}), f"{key}: a second {STATE}{kind}.{name}")
         state.setdefault(kind, {})[name] = tensors.pop(key)
     return state
 
@@ -103,7 +113,7 @@ def adam_step(folder, where, saved_groups=()):
 def flat_bucket(key):
     """A flat buffer of the distributed optimizer's default save (one bucket's main parameters or
     moments), which import reads to place each parameter's state (flat_state)."""
-    return key.startswith(FLAT) and BUCKET in key
+    return unchained(key).startswith(FLAT) and BUCKET in key
 
 
 def take_flat(tensors):

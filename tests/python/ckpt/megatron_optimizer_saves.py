@@ -11,7 +11,7 @@ each job into OUT/NAME, one after another in one process; KIND: a model of
 megatron_checkpoints.MODELS. SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
 dp_reshardable (flattened per data-parallel rank, Megatron-LM's default); a suffix -tpN runs
-tensor parallel N. With FROM (a torch_dist
+tensor parallel N, -epN expert parallel N. With FROM (a torch_dist
 checkpoint directory, convert_megatron.py export's) the job loads it as Megatron-LM's
 load_checkpoint does instead of training from scratch, takes the next step, saves it into OUT/NAME
 and that step's batch into OUT/NAME/next.npz.
@@ -206,12 +206,15 @@ def args_of(kind, dp, **changes):
 
 def job(out, sharding, kind):
     from megatron.core import parallel_state
-    sharding, _, tp = sharding.partition("-tp")  # dp_reshardable-tp2: tensor parallel 2
+    sharding, *sizes = sharding.split("-")  # dp_reshardable-tp2: tensor parallel 2; -ep2
+    sizes = dict({"tp": 1, "ep": 1}, **{n[:2]: int(n[2:]) for n in sizes})
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(int(tp or 1), 1)
+    parallel_state.initialize_model_parallel(sizes["tp"], 1,
+                                             expert_model_parallel_size=sizes["ep"])
     dp = parallel_state.get_data_parallel_world_size()
-    kind, _, dtype = kind.partition("@")  # llama@bf16: bf16 weights, f32 main parameters
-    a = args_of(kind, dp, tensor_model_parallel_size=int(tp or 1),
+    kind, _, dtype = kind.partition("@")  # llama@bfloat16: bf16 weights, f32 main parameters
+    a = args_of(kind, dp, tensor_model_parallel_size=sizes["tp"],
+                expert_model_parallel_size=sizes["ep"],
                 params_dtype=getattr(torch, dtype or "float32"), bf16=dtype == "bfloat16")
     ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
     losses = [train_step(step, ddp, optimizer, scheduler) for step in range(1, SAVED + 1)]
