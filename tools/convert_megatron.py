@@ -249,9 +249,11 @@ def optimizer_note(left_out, objects, buckets):
 
 # ---- export ----------------------------------------------------------------------------------
 
-def export_megatron(load, out, step=None):
+def export_megatron(load, out, step=None, expert_parallel=False):
     """Returns (the torch_dist iteration folder written, the config, the Adam steps of the
-    optimizer state carried or None, a note on the optimizer state not carried or None)."""
+    optimizer state carried or None, a note on the optimizer state not carried or None).
+    `expert_parallel`: Adam's state for a Megatron-LM run with --expert-model-parallel-size > 1
+    (megatron-core then chains the experts' optimizer after the others')."""
     require_torch()
     meta, tensors = read_checkpoint(load, step, optimizer=True)
     config = meta["config"]
@@ -259,7 +261,8 @@ def export_megatron(load, out, step=None):
     optim, stacked_optim, adam, note = {}, [], None, None
     if any(k.startswith("optimizer.") for k in tensors):
         try:  # the weights export whatever the optimizer state holds; the note says why not it
-            optimizer, scheduler, adam, optim_args = megatron_common(meta, where)
+            optimizer, scheduler, adam, optim_args = megatron_common(meta, where,
+                                                                     expert_parallel)
         except ConvertError as e:
             note = f"the optimizer state is not carried ({e}): resume with --no-load-optim"
         else:
@@ -324,6 +327,9 @@ def main(argv=None):
     p.add_argument("--megatron-dir", required=True, help="directory to create")
     p.add_argument("--ckpt-step", type=int, default=None,
                    help="iteration to export (default: the tracker file's)")
+    p.add_argument("--expert-model-parallel-size", type=int, default=1,
+                   help="the expert parallelism of the Megatron-LM run that loads Adam's state "
+                   "(above 1 megatron-core keeps the experts' optimizer apart; default 1)")
     args = parser.parse_args(argv)
     try:
         if args.command == "import":
@@ -337,8 +343,11 @@ def main(argv=None):
             print(f"imported a {c['num_layers']}-layer model (hidden {c['hidden_size']}, "
                   f"{c['params_dtype']}) into {where}")
         else:
+            check(args.expert_model_parallel_size >= 1, "--expert-model-parallel-size "
+                  f"{args.expert_model_parallel_size}: at least 1")
             where, c, adam, note = export_megatron(args.load, args.megatron_dir,
-                                                   args.ckpt_step)
+                                                   args.ckpt_step,
+                                                   args.expert_model_parallel_size > 1)
             if note:
                 print(f"convert_megatron.py export: note: {note}", file=sys.stderr)
             if adam is not None:

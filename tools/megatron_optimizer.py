@@ -156,6 +156,10 @@ def flat_state(buckets, weights, chunks, where):
         bucket = buckets[name]
         check(set(bucket) == set(FLAT_KINDS), f"{where}: {name} holds {sorted(bucket)}, not "
               f"{list(FLAT_KINDS)} (not Adam's state?)")
+        sizes = {kind: (t.dtype, tuple(t.shape)) for kind, t in bucket.items()}
+        check(len(set(sizes.values())) == 1 and sizes["param"] == ("F32", sizes["param"][1][:1]),
+              f"{where}: {name}'s buffers are {sizes}; the distributed optimizer keeps three f32 "
+              "buffers of one length")
         # the main parameters as each dtype's weights hold them
         probes = {dtype: COMPARED[dtype][0](bucket["param"].array) for dtype in index}
         pos, size = 0, bucket["param"].array.size
@@ -278,12 +282,13 @@ def megatron_state(tensors, config):
     return out, stacked
 
 
-def megatron_common(meta, where):
+def megatron_common(meta, where, expert_parallel=False):
     """(common.pt's optimizer entry, its opt_param_scheduler, Adam's step, the Megatron-LM args
     they imply) for a braid checkpoint's optimizer: what megatron-core's distributed optimizer
     saves fully reshardable (param groups with the step), and what its optimizer not
     distributed saves for f32 weights (torch's param groups and a step common to every
-    parameter)."""
+    parameter). `expert_parallel`: for a run with expert parallelism, where megatron-core chains
+    the experts' optimizer after the others' (entries 0 and 1)."""
     trainer, schedule = meta["trainer"], meta["lr_schedule"]
     check(schedule.get("decoupled_lr") is None, f"{where}: a decoupled learning rate "
           "(--decoupled-lr) gives Megatron-LM other param groups")
@@ -304,18 +309,27 @@ def megatron_common(meta, where):
                  # decay only, else takes the decay's length (--lr-decay-iters' default)
                  "wd_incr_steps": samples(wd.get("incr_iters", schedule["decay_iters"]))}
     lr = decimal(schedule.get("lr_now", schedule["lr"]))
-    groups = [{"wd_mult": mult, "lr_mult": 1.0, "is_expert_parallel": False,
-               "is_decoupled_lr": False, "default_config": True, "max_lr": scheduler["max_lr"],
-               "min_lr": scheduler["min_lr"], "lr": lr, "weight_decay": scheduler["start_wd"] * mult,
-               "betas": (beta1, beta2), "eps": eps, "amsgrad": False, "maximize": False,
-               "foreach": None, "capturable": False, "differentiable": False, "fused": None,
-               "decoupled_weight_decay": True, "bias_correction": True}
-              for mult in (1.0, 0.0)]  # matrices; biases and norms
-    # the distributed optimizer keeps the step in its groups (as Transformer Engine's and Apex's
-    # FusedAdam do); torch's Adam in each parameter's state
-    common = {"optimizer": {"param_groups": [dict(g, step=step) for g in groups]},
-              "param_state_sharding_type": "fully_reshardable",
-              "param_groups": groups, "state": {"common_step": torch.tensor(float(step))}}
+
+    def optimizer(experts, mults):
+        """One optimizer's entry: a param group per weight-decay multiplier (1: matrices; 0:
+        biases and norms). The distributed optimizer keeps the step in its groups (as Transformer
+        Engine's and Apex's FusedAdam do); torch's Adam in each parameter's state."""
+        groups = [{"wd_mult": mult, "lr_mult": 1.0, "is_expert_parallel": experts,
+                   "is_decoupled_lr": False, "default_config": True,
+                   "max_lr": scheduler["max_lr"], "min_lr": scheduler["min_lr"], "lr": lr,
+                   "weight_decay": scheduler["start_wd"] * mult, "betas": (beta1, beta2),
+                   "eps": eps, "amsgrad": False, "maximize": False, "foreach": None,
+                   "capturable": False, "differentiable": False, "fused": None,
+                   "decoupled_weight_decay": True, "bias_correction": True} for mult in mults]
+        return {"optimizer": {"param_groups": [dict(g, step=step) for g in groups]},
+                "param_state_sharding_type": "fully_reshardable",
+                "param_groups": groups, "state": {"common_step": torch.tensor(float(step))}}
+    config = meta["config"]
+    if expert_parallel and config.get("num_experts"):  # the experts' biases decay not either
+        common = {0: optimizer(False, (1.0, 0.0)),
+                  1: optimizer(True, (1.0, 0.0) if config["add_bias_linear"] else (1.0,))}
+    else:
+        common = optimizer(False, (1.0, 0.0))
     args = {"global_batch_size": batch, "adam_beta1": beta1, "adam_beta2": beta2,
             "adam_eps": eps, "lr": scheduler["max_lr"], "min_lr": scheduler["min_lr"],
             "weight_decay": scheduler["start_wd"], "lr_decay_style": scheduler["lr_decay_style"],

@@ -182,11 +182,7 @@ def load(ddp, optimizer, scheduler, source):
 
 
 def resume(out, sharding, kind, source):
-    from megatron.core import parallel_state
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1, 1)
-    dp = parallel_state.get_data_parallel_world_size()
-    a = args_of(kind, dp)
+    sharding, dp, a = setup(sharding, kind)
     ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
     iteration = load(ddp, optimizer, scheduler, source)
     loss = train_step(iteration + 1, ddp, optimizer, scheduler)
@@ -204,18 +200,26 @@ def args_of(kind, dp, **changes):
                             adam_eps=1e-8, lr_decay_style="constant", lr_warmup_iters=0)
 
 
-def job(out, sharding, kind):
+def setup(sharding, kind):
+    """megatron-core's parallel state for SHARDING's sizes (dp_reshardable-tp2: tensor parallel
+    2; -ep2 expert parallel 2) and KIND's dtype (llama@bfloat16: bf16 weights, f32 main
+    parameters): (the sharding, the data-parallel size, Megatron-LM's args)."""
     from megatron.core import parallel_state
-    sharding, *sizes = sharding.split("-")  # dp_reshardable-tp2: tensor parallel 2; -ep2
+    sharding, *sizes = sharding.split("-")
     sizes = dict({"tp": 1, "ep": 1}, **{n[:2]: int(n[2:]) for n in sizes})
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(sizes["tp"], 1,
                                              expert_model_parallel_size=sizes["ep"])
     dp = parallel_state.get_data_parallel_world_size()
-    kind, _, dtype = kind.partition("@")  # llama@bfloat16: bf16 weights, f32 main parameters
-    a = args_of(kind, dp, tensor_model_parallel_size=sizes["tp"],
-                expert_model_parallel_size=sizes["ep"],
-                params_dtype=getattr(torch, dtype or "float32"), bf16=dtype == "bfloat16")
+    kind, _, dtype = kind.partition("@")
+    return sharding, dp, args_of(kind, dp, tensor_model_parallel_size=sizes["tp"],
+                                 expert_model_parallel_size=sizes["ep"],
+                                 params_dtype=getattr(torch, dtype or "float32"),
+                                 bf16=dtype == "bfloat16")
+
+
+def job(out, sharding, kind):
+    sharding, dp, a = setup(sharding, kind)
     ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
     losses = [train_step(step, ddp, optimizer, scheduler) for step in range(1, SAVED + 1)]
     save(a, ddp, optimizer, scheduler, SAVED, out, sharding)

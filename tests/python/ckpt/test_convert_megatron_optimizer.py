@@ -216,16 +216,22 @@ def exported(saves, tmp_path_factory):
     state and exported (the command); megatron-core loads that as Megatron-LM does, its
     optimizer not distributed and distributed, on 2 ranks, and takes step 5."""
     out = tmp_path_factory.mktemp("exported")
-    _, trainer = trainer_of(convert(saves / "fully_reshardable"), load_optim=True)
-    batch = np.load(saves / "fully_reshardable" / "step4.npz")
-    trainer.train_step(batch["ids"], batch["labels"])
-    braid.save_checkpoint(str(out / "braid"), trainer, consumed_samples=16)
-    r = subprocess.run([sys.executable, CONVERT, "export", "--load", str(out / "braid"),
-                        "--megatron-dir", str(out / "megatron")], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
-    assert r.returncode == 0 and "Adam's state carried (step 4" in r.stdout, r.stdout + r.stderr
+    for model, source, more in (("braid", "fully_reshardable", []),
+                                ("braid_moe", "mixtral_flat", ["--expert-model-parallel-size",
+                                                               "2"])):
+        _, trainer = trainer_of(convert(saves / source), load_optim=True)
+        batch = np.load(saves / source / "step4.npz")
+        trainer.train_step(batch["ids"], batch["labels"])
+        braid.save_checkpoint(str(out / model), trainer, consumed_samples=16)
+        r = subprocess.run([sys.executable, CONVERT, "export", "--load", str(out / model),
+                            "--megatron-dir", str(out / model.replace("braid", "megatron")),
+                            *more], capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
+        assert r.returncode == 0 and "Adam's state carried (step 4" in r.stdout, \
+            r.stdout + r.stderr
     jobs = [f"{name}:{sharding}:llama:{out / 'megatron'}"
             for name, sharding in (("plain", "plain"), ("distributed", "fully_reshardable"))]
+    jobs.append(f"moe:fully_reshardable-ep2:mixtral:{out / 'megatron_moe'}")
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
          "--master-port", str(29700 + os.getpid() % 200 + 3),
@@ -235,10 +241,13 @@ def exported(saves, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("optimizer", ["plain", "distributed"])
+@pytest.mark.parametrize("optimizer", ["plain", "distributed", "moe"])
 def test_megatron_takes_braids_next_step(exported, optimizer):
+    """The optimizer not distributed; distributed; distributed under expert parallelism 2 (a
+    Mixtral-like model: two chained optimizers)."""
     batch = np.load(exported / optimizer / "next.npz")
-    loss, got = step_four(exported / "braid", batch, load_optim=True)  # braid's step 5
+    braid_run = exported / ("braid_moe" if optimizer == "moe" else "braid")
+    loss, got = step_four(braid_run, batch, load_optim=True)  # braid's step 5
     assert loss == pytest.approx(float(batch["loss"]), rel=1e-5)
     meta, want = read_checkpoint(str(convert(exported / optimizer)))
     assert meta["trainer"]["optimizer_steps"] == 5
