@@ -16,14 +16,20 @@ bool is_tied_copy(const model::GPTModel& m, const model::ParamSpec& spec) {
 }  // namespace
 
 void AdamWConfig::validate() const {
-  BRAID_CONFIG_CHECK(std::isfinite(lr) && lr >= 0, "AdamWConfig.lr must be >= 0, got ", lr);
-  BRAID_CONFIG_CHECK(beta1 >= 0 && beta1 < 1, "AdamWConfig.beta1 must be in [0, 1), got ", beta1);
-  BRAID_CONFIG_CHECK(beta2 >= 0 && beta2 < 1, "AdamWConfig.beta2 must be in [0, 1), got ", beta2);
-  BRAID_CONFIG_CHECK(eps > 0 && std::isfinite(eps), "AdamWConfig.eps must be positive, got ", eps);
+  BRAID_CONFIG_CHECK(std::isfinite(lr) && lr >= 0,
+                     "AdamWConfig.lr (--lr) must be finite and >= 0, got ", lr);
+  BRAID_CONFIG_CHECK(beta1 >= 0 && beta1 < 1,
+                     "AdamWConfig.beta1 (--adam-beta1) must be in [0, 1), got ", beta1);
+  BRAID_CONFIG_CHECK(beta2 >= 0 && beta2 < 1,
+                     "AdamWConfig.beta2 (--adam-beta2) must be in [0, 1), got ", beta2);
+  BRAID_CONFIG_CHECK(eps > 0 && std::isfinite(eps),
+                     "AdamWConfig.eps (--adam-eps) must be finite and positive, got ", eps);
   BRAID_CONFIG_CHECK(weight_decay >= 0 && std::isfinite(weight_decay),
-                     "AdamWConfig.weight_decay must be >= 0, got ", weight_decay);
+                     "AdamWConfig.weight_decay (--weight-decay) must be finite and >= 0, got ",
+                     weight_decay);
   BRAID_CONFIG_CHECK(clip_grad >= 0 && std::isfinite(clip_grad),
-                     "AdamWConfig.clip_grad must be >= 0 (0: off), got ", clip_grad);
+                     "AdamWConfig.clip_grad (--clip-grad) must be finite and >= 0 (0: off), got ",
+                     clip_grad);
 }
 
 AdamW::AdamW(model::GPTModel& model, AdamWConfig config)

@@ -140,12 +140,15 @@ int world_rank(const ParallelModel& model) {
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   BRAID_CONFIG_CHECK(in.good(), "checkpoint: cannot read ", path.string());
+  json parsed;
   try {
-    return json::parse(in);
+    parsed = json::parse(in);
   } catch (const json::exception& e) {
     BRAID_CONFIG_CHECK(false, "checkpoint: ", path.string(), " is not valid JSON: ", e.what());
-    throw;
   }
+  BRAID_CONFIG_CHECK(parsed.is_object(), "checkpoint: ", path.string(), " holds ",
+                     parsed.type_name(), ", not a JSON object");
+  return parsed;
 }
 
 }  // namespace
@@ -410,7 +413,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
                     const LoadOptions& options) {
   model.finish_param_gather();
   LoopState loop;
-  on_every_rank(model, "loading the checkpoint", [&] {
+  auto load = [&] {
     const int64_t iteration = options.iteration >= 0 ? options.iteration : latest_iteration(dir);
     BRAID_CONFIG_CHECK(iteration >= 0, "checkpoint: no ", kTracker, " in ", dir,
                        " (nothing saved there yet)");
@@ -521,6 +524,14 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
       for (int c = 0; c < model.num_chunks(); ++c)
         model.chunk(c).set_rng_state(rng.at("seed").get<uint64_t>(),
                                      rng.at("dropout_forwards").get<uint64_t>());
+    }
+  };
+  on_every_rank(model, "loading the checkpoint", [&] {
+    try {
+      load();
+    } catch (const json::exception& e) {  // a metadata.json edited or written by something else
+      BRAID_CONFIG_CHECK(false, "checkpoint ", dir, ": its ", kMetadata,
+                         " lacks a field or holds one of another type (", e.what(), ")");
     }
   });
   barrier(model);

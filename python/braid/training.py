@@ -175,14 +175,50 @@ def print_arguments(a, log):
 
 # ---- the run ------------------------------------------------------------------------------------
 
+def save_directory_problem(a) -> str | None:
+    """What is wrong with --save, found before training (the same on every rank): a directory
+    that cannot be written, or one holding a checkpoint this run does not continue, whose
+    iterations its saves would overwrite (and --save-retain-interval delete)."""
+    if not a.save:
+        return None
+    try:
+        os.makedirs(a.save, exist_ok=True)
+    except OSError as e:
+        return f"--save {a.save}: cannot create the directory ({e.strerror})"
+    if not os.access(a.save, os.W_OK | os.X_OK):
+        return f"--save {a.save}: cannot write there"
+    tracker = os.path.join(a.save, "latest_checkpointed_iteration.txt")
+    continued = a.load and os.path.realpath(a.load) == os.path.realpath(a.save)
+    if os.path.isfile(tracker) and not continued:
+        with open(tracker) as f:
+            saved = f.read().strip()
+        return (f"--save {a.save} holds a checkpoint (iteration {saved}) that this run does not "
+                f"load, and its saves would overwrite it: pass --load {a.save} to continue it, "
+                "or --save another directory")
+    return None
+
+
 def main(argv=None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:  # Ctrl-C: what was committed stays (saves are atomic)
+        sys.stderr.write("braid: interrupted; the checkpoints committed before stay as they "
+                         "were\n")
+        return 130
+
+
+def run(argv=None) -> int:
     start = time.time()
     try:
         a = parse_args(argv, launched_processes())
         cfg = model_config(a)
+        config = trainer_config(a)
         wandb = wandb_log.module(a)  # every rank imports it: without it, all fail alike
     except (ArgumentError, ValueError) as e:
         return error_exit(str(e))  # found alike on every rank, before any collective
+    problem = save_directory_problem(a)
+    if problem is not None:
+        return error_exit(problem)
 
     job = braid.init_distributed(a.distributed_timeout_minutes)
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
@@ -214,7 +250,7 @@ def main(argv=None) -> int:
         model_chunk_layers=a.model_chunk_layers))
     if a.reset_attention_mask or a.reset_position_ids:
         model.set_document_masking(a.eod, a.reset_attention_mask, a.reset_position_ids)
-    trainer = braid.Trainer(model, trainer_config(a))
+    trainer = braid.Trainer(model, config)
     mtp = a.mtp_num_layers or 0
     timers = Timers(a.timing_log_level, a.timing_log_option) if a.timing_log_level > 0 else None
     profiling = a.profile and rank in a.profile_ranks
@@ -448,7 +484,10 @@ def main(argv=None) -> int:
                 profile_done(it)
             bar.show(it, train_start, data.train.consumed_samples - start_samples, job_samples)
             continue
-        stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
+        try:
+            stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
+        except ValueError as e:  # the batch's (a token past the vocabulary): mpirun ends the job
+            return error_exit(f"iteration {it}: {e}")
         if a.empty_unused_memory_level >= 1:
             braid.empty_cache(device)
         if timers is not None:

@@ -1,0 +1,99 @@
+"""pretrain_gpt.py on bad input a user makes by mistake: one line "braid: error: ...", exit code
+2, no traceback, and nothing already saved overwritten. (The 4-rank cases of wrong arguments are
+in test_pretrain_gpt.py.)"""
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+
+from mpi_job import mpi_env
+from pretrain_job import REPO, SCRIPT, run, write_documents
+
+TINY = ["--device", "cpu", "--mock-data", "--num-layers", "2", "--hidden-size", "64",
+        "--num-attention-heads", "4", "--seq-length", "16", "--max-position-embeddings", "16",
+        "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-2", "--vocab-size",
+        "128", "--eval-iters", "0", "--train-iters", "3"]
+
+
+def clean_error(r, message):
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and f"braid: error: {message}" in r.stderr, out
+    assert "Traceback" not in out, out
+
+
+def digest(directory):
+    """The bytes of every file under `directory`, as one hash."""
+    h = hashlib.sha256()
+    for root, _, files in sorted(os.walk(directory)):
+        for name in sorted(files):
+            h.update(name.encode())
+            with open(os.path.join(root, name), "rb") as f:
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def test_a_save_directory_holding_another_checkpoint_is_left_alone(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    assert run(1, [*TINY, "--save", ckpt, "--save-interval", "3"]).returncode == 0
+    before = digest(ckpt)
+    # A second run saving there without continuing it would overwrite its iterations.
+    r = run(1, [*TINY, "--lr", "5e-2", "--save", ckpt, "--save-interval", "1"])
+    clean_error(r, f"--save {ckpt} holds a checkpoint (iteration 3) that this run does not "
+                f"load, and its saves would overwrite it: pass --load {ckpt} to continue it")
+    assert " iteration " not in r.stdout and digest(ckpt) == before
+    # Continuing it is what --load does.
+    r = run(1, [*TINY, "--train-iters", "4", "--load", ckpt, "--save", ckpt,
+                "--override-opt_param-scheduler"])
+    assert r.returncode == 0 and "loaded iteration 3" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_save_directory_that_cannot_be_written_stops_before_training(tmp_path):
+    (tmp_path / "file").write_text("")
+    r = run(1, [*TINY, "--save", str(tmp_path / "file" / "ckpt")])
+    clean_error(r, f"--save {tmp_path / 'file' / 'ckpt'}: cannot create the directory")
+    assert " iteration " not in r.stdout
+
+
+def test_an_optimizer_setting_out_of_range_is_one_line():
+    clean_error(run(1, [*TINY, "--lr", "inf"]), "AdamWConfig.lr (--lr) must be finite and >= 0")
+
+
+def test_a_checkpoint_whose_metadata_is_not_an_object_is_refused(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert run(1, [*TINY, "--save", str(ckpt), "--save-interval", "3"]).returncode == 0
+    (ckpt / "iter_0000003" / "metadata.json").write_text("[]\n")
+    clean_error(run(1, [*TINY, "--train-iters", "4", "--load", str(ckpt)]),
+                f"checkpoint: {ckpt / 'iter_0000003' / 'metadata.json'} holds array, not a JSON "
+                "object")
+
+
+def test_tokens_past_the_vocabulary_end_the_run_with_one_line(tmp_path):
+    prefix = str(tmp_path / "docs")
+    write_documents(prefix, 40, high=200, seed=3)
+    args = [a for a in TINY if a != "--mock-data"]
+    clean_error(run(1, [*args, "--data-path", prefix, "--split", "100,0,0"]),
+                "iteration 1: ")
+
+
+def test_ctrl_c_ends_the_run_without_a_traceback_and_keeps_its_checkpoints(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    args = [*TINY, "--train-iters", "100000", "--save", str(ckpt), "--save-interval", "2",
+            "--log-interval", "1"]
+    p = subprocess.Popen([sys.executable, SCRIPT, *args], env=mpi_env(), cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in p.stdout:  # past the first save
+            if " iteration        3/" in line:
+                break
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "braid: interrupted" in err, out + err
+    assert "Traceback" not in err, err
+    tracker = (ckpt / "latest_checkpointed_iteration.txt").read_text().strip()
+    r = run(1, [*TINY, "--train-iters", str(int(tracker) + 1), "--load", str(ckpt),
+                "--override-opt_param-scheduler"])
+    assert r.returncode == 0 and f"loaded iteration {tracker}" in r.stdout, r.stdout + r.stderr
