@@ -39,6 +39,7 @@ from braid import (activation_args, attention_args, flops, moe_args, schedule_ar
                    tokenizer_args, wandb_log)
 from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
+from braid.checkpoint_dirs import load_directory_problem, save_directory_problem
 from braid.checkpoint_flags import Retention
 from braid.megatron_flags import activation, no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
@@ -175,29 +176,6 @@ def print_arguments(a, log):
 
 # ---- the run ------------------------------------------------------------------------------------
 
-def save_directory_problem(a) -> str | None:
-    """What is wrong with --save, found before training (the same on every rank): a directory
-    that cannot be written, or one holding a checkpoint this run does not continue, whose
-    iterations its saves would overwrite (and --save-retain-interval delete)."""
-    if not a.save:
-        return None
-    try:
-        os.makedirs(a.save, exist_ok=True)
-    except OSError as e:
-        return f"--save {a.save}: cannot create the directory ({e.strerror})"
-    if not os.access(a.save, os.W_OK | os.X_OK):
-        return f"--save {a.save}: cannot write there"
-    tracker = os.path.join(a.save, "latest_checkpointed_iteration.txt")
-    continued = a.load and os.path.realpath(a.load) == os.path.realpath(a.save)
-    if os.path.isfile(tracker) and not continued:
-        with open(tracker) as f:
-            saved = f.read().strip()
-        return (f"--save {a.save} holds a checkpoint (iteration {saved}) that this run does not "
-                f"load, and its saves would overwrite it: pass --load {a.save} to continue it, "
-                "or --save another directory")
-    return None
-
-
 def main(argv=None) -> int:
     try:
         return run(argv)
@@ -216,7 +194,7 @@ def run(argv=None) -> int:
         wandb = wandb_log.module(a)  # every rank imports it: without it, all fail alike
     except (ArgumentError, ValueError) as e:
         return error_exit(str(e))  # found alike on every rank, before any collective
-    problem = save_directory_problem(a)
+    problem = load_directory_problem(a) or save_directory_problem(a)
     if problem is not None:
         return error_exit(problem)
 
@@ -315,6 +293,9 @@ def run(argv=None) -> int:
         """The run's device time so far: the earlier jobs' and this one's since it started."""
         return earlier_device_seconds + (time.time() - start) * state.world_size
     first = trainer.iteration + 1
+    if first > a.train_iters:
+        log(f"braid: the checkpoint is at iteration {trainer.iteration}, --train-iters "
+            f"{a.train_iters}: nothing left to train")
 
     try:
         data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier,

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from mpi_job import mpi_env
 from pretrain_job import REPO, SCRIPT, run, write_documents
 
@@ -97,3 +99,28 @@ def test_ctrl_c_ends_the_run_without_a_traceback_and_keeps_its_checkpoints(tmp_p
     r = run(1, [*TINY, "--train-iters", str(int(tracker) + 1), "--load", str(ckpt),
                 "--override-opt_param-scheduler"])
     assert r.returncode == 0 and f"loaded iteration {tracker}" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("layout, message", [
+    ({"iter_0000003/metadata.json": "{}"}, "is one iteration's folder of a braid checkpoint: "
+     "give the directory holding it"),
+    ({"latest_checkpointed_iteration.txt": "3", "iter_0000003/common.pt": "",
+      "iter_0000003/metadata.json": "{}"}, "holds a Megatron-LM checkpoint; convert it first: "
+     "tools/convert_megatron.py import"),
+    ({"mp_rank_00/model_optim_rng.pt": ""}, "holds a Megatron-LM checkpoint"),
+    ({"config.json": "{}", "model.safetensors": ""}, "holds a Hugging Face model; convert it "
+     "first: tools/convert_hf.py import"),
+])
+def test_load_of_something_else_than_a_braid_checkpoint_says_what_it_is(tmp_path, layout,
+                                                                          message):
+    for name, text in layout.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    load = tmp_path / "iter_0000003" if "iter_0000003/metadata.json" in layout and \
+        len(layout) == 1 else tmp_path
+    r = run(1, [*TINY, "--load", str(load)])
+    clean_error(r, f"--load {load} {message}")
+    assert " iteration " not in r.stdout
+    (tmp_path / "file").write_text("")
+    clean_error(run(1, [*TINY, "--load", str(tmp_path / "file")]),
+                f"--load {tmp_path / 'file'} is a file, not a checkpoint directory")
