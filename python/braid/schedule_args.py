@@ -206,7 +206,9 @@ def differences(a: argparse.Namespace, saved: dict | None) -> str | None:
     the checkpoint's (`saved`). The error naming what differs, or None."""
     if saved is None or a.override_opt_param_scheduler or a.use_checkpoint_opt_param_scheduler:
         return None
-    differ = [f"{name}: {getattr(a, dest)} (the checkpoint: {saved[key]})"
+    def shown(v):  # the checkpoint keeps float32 rates and fractional iterations
+        return f"{v:g}" if isinstance(v, float) else v
+    differ = [f"{name}: {shown(getattr(a, dest))} (the checkpoint: {shown(saved[key])})"
               for name, dest, key, same in SCHEDULE_FIELDS
               if not same(getattr(a, dest), saved[key])]
     mine, theirs = _weight_decay(a), saved.get("weight_decay")
