@@ -39,8 +39,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling, w
 from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
                                read_safetensors, write_safetensors, write_text)
 from hf_configs import (GATED, LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
-                        braid_config_from_hf, check, head_width, hf_architecture,
-                        hf_architecture_or_none, hf_config_from_braid)
+                        braid_config_from_hf, check, check_new_hf_dir, head_width,
+                        hf_architecture, hf_architecture_or_none, hf_config_from_braid,
+                        read_json)
 from hf_moe import (MOE_ARCHITECTURES, braid_moe_tensors_to_hf, expert_layers,  # noqa: E402
                     hf_moe_config, moe_architecture, moe_config_from_hf, moe_ffn,
                     moe_tensors_to_braid)
@@ -299,14 +300,8 @@ def braid_to_hf(t, arch, c):
 def read_hf_config(hf_dir):
     check(os.path.isdir(hf_dir), f"{hf_dir}: no such directory")
     config_path = os.path.join(hf_dir, "config.json")
-    check(os.path.isfile(config_path), f"{hf_dir}: no config.json")
-    try:
-        with open(config_path) as f:
-            hf = json.load(f)
-    except ValueError as e:
-        raise ConvertError(f"{config_path}: not valid JSON ({e})")
-    check(isinstance(hf, dict), f"{config_path}: not a JSON object")
-    return hf
+    check(os.path.exists(config_path), f"{hf_dir}: no config.json")
+    return read_json(config_path, "the model's config, a JSON object")
 
 
 def read_hf_weights(hf_dir):
@@ -315,10 +310,11 @@ def read_hf_weights(hf_dir):
     index = os.path.join(hf_dir, "model.safetensors.index.json")
     if os.path.isfile(single):
         files = ["model.safetensors"]
-    elif os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
-        check(weight_map, f"{index}: empty weight_map")
+    elif os.path.exists(index):
+        weight_map = read_json(index, "an object with a weight_map").get("weight_map")
+        check(isinstance(weight_map, dict) and weight_map and all(
+            isinstance(v, str) for v in weight_map.values()), f"{index}: weight_map should be a "
+            "non-empty object of tensor name -> .safetensors file name")
         files = sorted(set(weight_map.values()))
     else:
         bins = [n for n in os.listdir(hf_dir) if n.endswith(".bin")]
@@ -451,6 +447,7 @@ def write_checkpoint(save, tensors, meta):
     """Writes braid's tp=1, pp=1 checkpoint of `tensors` (name -> Tensor) and `meta` (its
     metadata.json) at meta["iteration"] into the new checkpoint directory `save`; returns the
     iteration's directory. Refuses a directory that already holds a checkpoint."""
+    check(not os.path.exists(save) or os.path.isdir(save), f"{save} is a file, not a directory")
     if os.path.exists(os.path.join(save, TRACKER)):
         raise ConvertError(f"{save} already holds a checkpoint; import into a new directory")
     iter_dir = os.path.join(save, f"iter_{meta['iteration']:07d}")
@@ -483,10 +480,12 @@ def read_checkpoint(load, iteration=None, optimizer=False):
     path = os.path.join(load, f"iter_{iteration:07d}")
     check(os.path.isdir(path), f"{path} does not exist")
     meta_path = os.path.join(path, METADATA)
-    check(os.path.isfile(meta_path), f"{path}: no {METADATA}")
-    with open(meta_path) as f:
-        meta = json.load(f)
+    check(os.path.exists(meta_path), f"{path}: no {METADATA}")
+    meta = read_json(meta_path, "braid's checkpoint metadata, a JSON object")
     check(meta.get("format") == FORMAT, f"{meta_path}: not a braid checkpoint")
+    for key in ("config", "tensors"):
+        check(isinstance(meta.get(key), dict), f"{meta_path}: \"{key}\" should be an object, is "
+              f"{json.dumps(meta[key])[:40] if key in meta else 'missing'}")
     check(meta.get("format_version", 0) <= FORMAT_VERSION, f"{meta_path}: format version "
           f"{meta.get('format_version')} is newer than this tool reads ({FORMAT_VERSION})")
     files = {}
@@ -494,7 +493,8 @@ def read_checkpoint(load, iteration=None, optimizer=False):
     def shard(file, name):
         if file not in files:
             full = os.path.join(path, file)
-            check(os.path.isfile(full), f"{path}: {file} is missing")
+            check(os.path.exists(full), f"{path}: {file} is missing")
+            check(os.path.isfile(full), f"{full} is a directory, expected a .safetensors file")
             files[file] = read_safetensors(full)[0]
         check(name in files[file], f"{path}/{file} has no {name}, the index says it does")
         return files[file][name]
@@ -503,6 +503,10 @@ def read_checkpoint(load, iteration=None, optimizer=False):
     for name, entry in meta["tensors"].items():
         if name.startswith("optimizer.") and not optimizer:
             continue
+        check(isinstance(entry, dict) and isinstance(entry.get("shape"), list) and entry["shape"]
+              and entry.get("split_dim") in range(-1, len(entry["shape"]))
+              and isinstance(entry.get("shards"), list), f"{meta_path}: the entry of {name} "
+              "should be an object of shape, split_dim (-1 or a dimension) and shards")
         shape, dim = entry["shape"], entry["split_dim"]
         whole, covered = None, np.zeros(shape[max(dim, 0)], dtype=bool)
         for s in entry["shards"]:
@@ -541,7 +545,9 @@ def plus(t, delta):
 
 
 def export_hf(load, out, iteration=None, mtp=True):
-    """`mtp`: export braid's multi-token-prediction depths (else leave them out)."""
+    """`mtp`: export braid's multi-token-prediction depths (else leave them out). Refuses an
+    `out` that already holds an HF model."""
+    check_new_hf_dir(out)
     meta, tensors = read_checkpoint(load, iteration)
     config = meta["config"]
     if not mtp:
@@ -594,9 +600,6 @@ def export_hf(load, out, iteration=None, mtp=True):
         hf.update(hf_latent_attention_config(config, meta.get("hf_config"), arch))
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), hf_tensors, {"format": "pt"})
-    stale = os.path.join(out, "model.safetensors.index.json")
-    if os.path.exists(stale):  # transformers would read the old shards through it
-        os.remove(stale)
     write_text(os.path.join(out, "config.json"), json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return arch, config
 

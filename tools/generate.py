@@ -17,6 +17,7 @@ completion as text, or (--prompt-ids) the new token ids. A bad flag is one
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -66,12 +67,16 @@ def check_args(args):
         raise UsageError("give exactly one of --prompt and --prompt-ids")
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise UsageError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 <= args.temperature < math.inf:
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k < 0:
         raise UsageError(f"--top-k must be >= 0, got {args.top_k}")
     if not 0.0 < args.top_p <= 1.0:
         raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {args.seed}")
+    if args.stop_token is not None and args.stop_token < -1:
+        raise UsageError(f"--stop-token must be a token id or -1 (none), got {args.stop_token}")
     if args.device != "cpu" and not args.device.startswith("cuda"):
         raise UsageError(f"--device must be cpu, cuda or cuda:N, got '{args.device}'")
     if args.device.startswith("cuda") and not braid.cuda_available():
@@ -144,13 +149,25 @@ class Vocabulary:
         return addition.PAD
 
 
-def run(args) -> int:
-    check_args(args)
+def checkpoint_metadata(args) -> tuple[int, dict]:
+    """(iteration, metadata.json) of the checkpoint to load; a metadata.json or shard that is not
+    a file, or metadata.json not holding a JSON object, is a UsageError naming it."""
+    flag = "--ckpt-step" if args.ckpt_step is not None else "--load"
     try:
         iteration, meta = gen.checkpoint_metadata(args.load, args.ckpt_step)
     except ValueError as e:
-        flag = "--ckpt-step" if args.ckpt_step is not None else "--load"
         raise UsageError(f"{flag}: {e}") from None
+    folder = braid.iteration_directory(args.load, iteration)
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".safetensors") and not os.path.isfile(os.path.join(folder, name)):
+            raise UsageError(f"{flag}: {os.path.join(folder, name)} is not a file, expected a "
+                             ".safetensors shard")
+    return iteration, meta
+
+
+def run(args) -> int:
+    check_args(args)
+    iteration, meta = checkpoint_metadata(args)
     vocab_size = int(meta["config"]["vocab_size"])
     max_positions = int(meta["config"]["max_position_embeddings"])
     vocab = None
@@ -164,6 +181,9 @@ def run(args) -> int:
         prompts = parse_ids(args.prompt_ids, vocab_size)
         stop = None
     if args.stop_token is not None:
+        if args.stop_token >= vocab_size:
+            raise UsageError(f"--stop-token {args.stop_token} is outside the checkpoint's "
+                             f"vocabulary [0, {vocab_size}) (-1: none)")
         stop = None if args.stop_token < 0 else args.stop_token
     longest = max(len(p) for p in prompts)
     if longest + args.max_new_tokens > max_positions:

@@ -3,6 +3,7 @@ architectures braid imports, what each config field becomes, and what is refused
 
 import json
 import math
+import os
 
 import numpy as np
 
@@ -14,6 +15,36 @@ class ConvertError(Exception):
 def check(ok, *message):
     if not ok:
         raise ConvertError("".join(str(m) for m in message))
+
+
+JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "true or false",
+              int: "a number", float: "a number", type(None): "null"}
+
+
+def read_json(path, what="a JSON object", expected=dict):
+    """The JSON document in file `path`; ConvertError naming the file where it is not a readable
+    JSON file holding `what` (an instance of `expected`)."""
+    check(not os.path.isdir(path), f"{path} is a directory, expected a file holding {what}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ConvertError(f"{path}: cannot read it ({e.strerror})") from None
+    except ValueError as e:  # invalid JSON or UTF-8 (truncated, empty, ...)
+        raise ConvertError(f"{path}: not valid JSON ({e}), expected {what}") from None
+    check(isinstance(doc, expected), f"{path}: expected {what}, holds "
+          f"{JSON_KINDS.get(type(doc), type(doc).__name__)}")
+    return doc
+
+
+def check_new_hf_dir(out):
+    """Refuses an export into `out` where it is not a directory or already holds an HF model
+    (config.json, weights): nothing is overwritten."""
+    check(not os.path.exists(out) or os.path.isdir(out), f"{out} is a file, not a directory")
+    held = sorted(n for n in os.listdir(out) if n == "config.json" or n.endswith(
+        (".safetensors", ".safetensors.index.json"))) if os.path.isdir(out) else []
+    check(not held, f"{out} already holds a Hugging Face model ({', '.join(held)}); export into "
+          "a new directory")
 
 
 def head_width(c):

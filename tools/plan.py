@@ -33,6 +33,7 @@ and batch instead):
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 
@@ -53,26 +54,35 @@ def _bool(text):
     raise argparse.ArgumentTypeError(f"{text!r}: true or false")
 
 
-def _positive_int(text):
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+def _positive(kind):
+    """An argparse type: a `kind` (int or float) above 0, finite."""
+    def parse(text):
+        value = kind(text)
+        if not 0 < value < math.inf:
+            raise argparse.ArgumentTypeError(f"must be > 0{' and finite' if kind is float else ''}"
+                                             f", got {text}")
+        return value
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+_positive_int, _positive_float = _positive(int), _positive(float)
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = ap.add_argument_group("model (a preset, or the shape)")
     g.add_argument("--model", choices=sorted(planner.PRESETS))
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
-    g.add_argument("--num-attention-heads", type=int)
-    g.add_argument("--num-query-groups", type=int, help="KV heads (GQA); default: the heads")
+    g.add_argument("--num-layers", type=_positive_int)
+    g.add_argument("--hidden-size", type=_positive_int)
+    g.add_argument("--num-attention-heads", type=_positive_int)
+    g.add_argument("--num-query-groups", type=_positive_int,
+                   help="KV heads (GQA); default: the heads")
     g.add_argument("--kv-channels", type=_positive_int,
                    help="each head's width; default --hidden-size / --num-attention-heads")
-    g.add_argument("--ffn-hidden-size", type=int)
-    g.add_argument("--vocab-size", type=int)
-    g.add_argument("--seq-length", type=int)
+    g.add_argument("--ffn-hidden-size", type=_positive_int)
+    g.add_argument("--vocab-size", type=_positive_int)
+    g.add_argument("--seq-length", type=_positive_int)
     g.add_argument("--activation", choices=["swiglu", "quick_geglu", "gelu", "squared_relu"],
                    default=None, help="quick_geglu (GPT-OSS's) is gated like swiglu")
     g.add_argument("--tie-embeddings", action="store_true")
@@ -112,27 +122,27 @@ def parse_args(argv):
                         "all)")
     g = ap.add_argument_group("cluster")
     g.add_argument("--gpu", choices=sorted(planner.GPUS), required=True)
-    g.add_argument("--gpus-per-node", type=int, default=8)
-    g.add_argument("--num-gpus", type=int, required=True)
+    g.add_argument("--gpus-per-node", type=_positive_int, default=8)
+    g.add_argument("--num-gpus", type=_positive_int, required=True)
     g.add_argument("--nvlink-bw", required=True, help="per GPU per direction, e.g. 300GB/s")
     g.add_argument("--net-bw", required=True, help="per GPU (RoCE/IB), e.g. 200Gb/s")
     g = ap.add_argument_group("run")
-    g.add_argument("--global-batch", type=int, help="sequences per step (required without "
-                   "training arguments after --)")
-    g.add_argument("--train-tokens", type=float)
-    g.add_argument("--gpu-hour-price", type=float)
+    g.add_argument("--global-batch", type=_positive_int,
+                   help="sequences per step (required without training arguments after --)")
+    g.add_argument("--train-tokens", type=_positive_float)
+    g.add_argument("--gpu-hour-price", type=_positive_float)
     g = ap.add_argument_group("layout (fixed when given, searched otherwise)")
-    g.add_argument("--tp", type=int)
-    g.add_argument("--pp", type=int)
-    g.add_argument("--cp", type=int, help="context parallelism (--context-parallel-size); "
-                   "searched where each sequence splits into 2 x cp chunks of 2048 tokens or "
-                   "more")
-    g.add_argument("--dp", type=int)
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--virtual-stages", type=int)
-    g.add_argument("--decoder-first-pipeline-num-layers", type=int, metavar="N",
+    g.add_argument("--tp", type=_positive_int)
+    g.add_argument("--pp", type=_positive_int)
+    g.add_argument("--cp", type=_positive_int,
+                   help="context parallelism (--context-parallel-size); searched where each "
+                   "sequence splits into 2 x cp chunks of 2048 tokens or more")
+    g.add_argument("--dp", type=_positive_int)
+    g.add_argument("--micro-batch-size", type=_positive_int)
+    g.add_argument("--virtual-stages", type=_positive_int)
+    g.add_argument("--decoder-first-pipeline-num-layers", type=_positive_int, metavar="N",
                    help="uneven stages: the first stage's layers (searched otherwise)")
-    g.add_argument("--decoder-last-pipeline-num-layers", type=int, metavar="N",
+    g.add_argument("--decoder-last-pipeline-num-layers", type=_positive_int, metavar="N",
                    help="uneven stages: the last stage's layers (searched otherwise)")
     g.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
                    help=pipeline_args.LAYOUT_HELP + "; needs --pp, and fixes the virtual stages")
@@ -146,7 +156,7 @@ def parse_args(argv):
     g.add_argument("--recompute-method", choices=["uniform", "block"],
                    help="with --recompute full (searched otherwise: uniform 1, and block with "
                         "the fewest layers that fit)")
-    g.add_argument("--recompute-num-layers", type=int, metavar="N")
+    g.add_argument("--recompute-num-layers", type=_positive_int, metavar="N")
     g.add_argument("--recompute-modules", nargs="+", choices=recompute_args.RECOMPUTE_MODULES,
                    metavar="MODULE",
                    help="with --recompute selective, as pretrain_gpt.py takes it: mla_up_proj "
@@ -176,7 +186,8 @@ def parse_args(argv):
                         "reductions move bf16 (half the bytes) from a bf16 staging copy of the "
                         "gradients (2 bytes each, counted in grads); never searched")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--top", type=int, default=10, help="rows of the table (--json: all)")
+    ap.add_argument("--top", type=_positive_int, default=10,
+                    help="rows of the table (--json: all)")
     ap.add_argument("--search", action="store_true",
                     help="with training arguments after --: search every layout for their model "
                          "and batch instead of predicting theirs")
@@ -189,8 +200,6 @@ def parse_args(argv):
     a.recompute_mla_up_proj = None  # True: --recompute-modules mla_up_proj (None: searched)
     if (a.recompute_method or a.recompute_num_layers is not None) and a.recompute != "full":
         ap.error("--recompute-method / --recompute-num-layers need --recompute full")
-    if a.recompute_num_layers is not None and a.recompute_num_layers < 1:
-        ap.error(f"--recompute-num-layers must be >= 1, got {a.recompute_num_layers}")
     try:
         a.nvlink = planner.parse_bandwidth(a.nvlink_bw, "--nvlink-bw")
         a.net = planner.parse_bandwidth(a.net_bw, "--net-bw")
@@ -231,6 +240,9 @@ def parse_args(argv):
         ap.error("give --model, or all of --num-layers --hidden-size --num-attention-heads "
                  "--ffn-hidden-size --vocab-size --seq-length")
     a.model_shape = latent_attention(ap, a, a.model_shape, planner.PRESETS.get(a.model))
+    error = heads_error(a.model_shape)
+    if error:
+        ap.error(error)
     recompute_modules(ap, a)
     if a.window_attn_skip_freq is not None and (a.window_size is None or a.window_size < 0):
         ap.error("--window-attn-skip-freq needs --window-size")
@@ -299,6 +311,19 @@ def pipeline_split(ap, a):
     except ValueError as e:
         ap.error(without_source(e))
     a.virtual_stages, a.model_chunk_layers = t.virtual_stages, tuple(t.model_chunk_layers)
+
+
+def heads_error(shape) -> str | None:
+    """What pretrain_gpt.py refuses in the planned model's heads (a preset's with the flags
+    given), or None: hidden / heads is the head width unless --kv-channels (or multi-latent
+    attention) gives it, and the query groups divide the heads."""
+    heads, groups = shape.num_attention_heads, shape.kv_heads
+    if not (shape.kv_channels or shape.multi_latent_attention) and shape.hidden_size % heads:
+        return (f"--hidden-size {shape.hidden_size} is not divisible by --num-attention-heads "
+                f"{heads} (or give the head width with --kv-channels)")
+    if heads % groups:
+        return f"--num-attention-heads {heads} is not divisible by --num-query-groups {groups}"
+    return None
 
 
 def expert_tp_error(a) -> str | None:

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # pretrain_gpt.py reads the same vocabularies and finds the same end-of-document tokens.
 from braid import tokenizer_args  # noqa: E402
 from braid.vocab import BYTE_LEVEL_EOD, BYTE_LEVEL_VOCAB_SIZE, EOS_CANDIDATES, SENTENCEPIECE, \
-    TIKTOKEN_PATTERNS, VocabError, eos_from_config, library, sentencepiece_model, \
+    TIKTOKEN_PATTERNS, VocabError, eos_from_config, library, read, sentencepiece_model, \
     tiktoken_vocabulary  # noqa: E402
 
 EXIT_SKIPPED = 3
@@ -40,7 +40,9 @@ output:
   {{output_prefix}}_{{key}}_document.bin/.idx per key, in input order (files as given, globs
   sorted; lines in file order, whatever --workers is). Token type: u16 when the vocabulary has
   fewer than 65500 tokens, else i32 (Megatron's rule). An empty text is an empty document, as in
-  Megatron. The files appear only when complete (written under temporary names, then renamed).
+  Megatron. The files appear only when complete (written under temporary names, then renamed),
+  and only when a record was valid: an input with none (all skipped, empty files) writes nothing
+  and leaves the files of an earlier run as they were.
 
 bad input:
   A record that cannot be used -- invalid JSON, invalid UTF-8, a missing or non-string field, a
@@ -50,7 +52,8 @@ bad input:
     0  every record was written,
     {EXIT_SKIPPED}  the output is complete but records were skipped (0 with --allow-skipped: by
        default a pipeline notices lost data unless it says that it expects some),
-    1  no output (a missing input or tokenizer, an unwritable output folder, ...),
+    1  no output (a missing input or tokenizer, an unwritable output folder, no valid record,
+       ...),
     2  bad arguments.
 """
 
@@ -116,7 +119,14 @@ class HuggingFaceTokenizer:
         if not os.path.isfile(path):
             raise SystemExit(
                 f"preprocess_data: error: --tokenizer-model {model}: no tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(path)
+        try:  # braid's reading first: pretrain_gpt.py's checks and words for a bad file
+            read("HuggingFaceTokenizer", tokenizer_model=model)
+            self.tokenizer = Tokenizer.from_file(path)
+        except VocabError as e:
+            raise SystemExit(f"preprocess_data: error: {e}") from None
+        except Exception as e:  # JSON that the tokenizers library does not read as a tokenizer
+            raise SystemExit(f"preprocess_data: error: --tokenizer-model {path}: not a "
+                             f"tokenizer.json the tokenizers library reads ({e})") from None
         self.special = include_special_tokens
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
         self.eod = None
@@ -531,6 +541,9 @@ def get_args(argv=None):
     if args.split_sentences:
         parser.error("--split-sentences is not supported; give each document as a JSON list of "
                      "sentences instead (each becomes one sequence)")
+    if not os.path.basename(args.output_prefix):
+        parser.error(f"--output-prefix {args.output_prefix!r}: give a path ending in a file name "
+                     "prefix, e.g. data/corpus (writes data/corpus_text_document.bin/.idx)")
     if args.workers < 1:
         parser.error("--workers must be at least 1")
     if args.chunk_bytes < 1:
@@ -610,6 +623,11 @@ def main(argv=None):
                 tokens += len(flat)
             report.progress(nbytes, documents, tokens)
         report.progress(0, 0, 0, force=True)
+        if not report.documents:  # an empty dataset would replace an earlier run's
+            raise SystemExit(
+                f"preprocess_data: error: no valid record in the input (skipped "
+                f"{report.skipped} record(s), {report.empty_files} empty file(s)); wrote nothing "
+                f"to {', '.join(f'{w.path_prefix}.bin/.idx' for w in writers.values())}")
         for writer in writers.values():
             writer.finalize()
     except BaseException:

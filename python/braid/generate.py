@@ -90,6 +90,10 @@ def checkpoint_metadata(load: str, iteration: int | None = None) -> tuple[int, d
         raise ValueError(f"{path}: no such checkpoint") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from None
+    except OSError as e:  # a directory, unreadable
+        raise ValueError(f"{path}: {e.strerror}, expected braid's metadata.json") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object (braid's metadata.json)")
     if not isinstance(meta.get("config"), dict):
         raise ValueError(f"{path}: no model config")
     return iteration, meta

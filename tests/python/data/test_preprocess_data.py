@@ -227,6 +227,39 @@ def test_fatal_errors_leave_no_output(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["bad.jsonl.gz", "in.jsonl"]
 
 
+def test_no_valid_record_keeps_an_earlier_output(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "kept"}])
+    prefix = tmp_path / "out"
+    run("--input", src, "--output-prefix", prefix, "--tokenizer-type", "ByteLevel")
+    before = {n: (tmp_path / n).read_bytes() for n in ("out_text_document.bin",
+                                                         "out_text_document.idx")}
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "bad.jsonl").write_bytes(b'{"text": \n["text"]\n')
+    for inputs, skipped in [(["empty.jsonl"], "skipped 0 record(s), 1 empty file(s)"),
+                            (["bad.jsonl"], "skipped 2 record(s), 0 empty file(s)"),
+                            (["in.jsonl", "--json-keys", "text", "body"], "skipped 1 record(s)")]:
+        proc = run("--input", *[tmp_path / inputs[0], *inputs[1:]], "--output-prefix", prefix,
+                   "--tokenizer-type", "ByteLevel", check_rc=1)
+        assert f"preprocess_data: error: no valid record in the input ({skipped}" in proc.stderr
+        assert f"wrote nothing to {prefix}_text_document.bin/.idx" in proc.stderr
+        assert {n: (tmp_path / n).read_bytes() for n in before} == before
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "empty.jsonl", "in.jsonl", *before]
+    assert documents(str(prefix) + "_text_document") == [byte_tokens("kept", eod=False)]
+    proc = run("--input", src, "--output-prefix", "", "--tokenizer-type", "ByteLevel",
+               check_rc=2, cwd=tmp_path)
+    assert "--output-prefix '': give a path ending in a file name prefix" in proc.stderr
+
+
+def test_a_corrupt_tokenizer_json_is_one_error_line(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
+    (tmp_path / "bad_tok.json").write_text('{"model": ')
+    proc = run("--input", src, "--output-prefix", tmp_path / "o", "--tokenizer-type",
+               "HuggingFaceTokenizer", "--tokenizer-model", tmp_path / "bad_tok.json", check_rc=1)
+    assert proc.stderr.strip() == (f"preprocess_data: error: --tokenizer-model "
+                                   f"{tmp_path / 'bad_tok.json'}: not a readable JSON file "
+                                   "(Expecting value: line 1 column 11 (char 10))")
+    assert sorted(os.listdir(tmp_path)) == ["bad_tok.json", "in.jsonl"]
+
 def test_progress_bar_on_a_terminal(tmp_path):
     src = write_jsonl(tmp_path / "in.jsonl", [{"text": "x" * 100}] * 50)
     master, slave = pty.openpty()

@@ -5,7 +5,8 @@
   decodes those by full recompute, generate.py over its KV cache)
 - sampling flags: top-k 1 prints the greedy completions; a seed repeats itself
 - --prompt-ids, and --tokenizer with a local Hugging Face tokenizer directory
-- bad flags: one "braid: error: ..." line naming the flag, exit code 2
+- bad flags, and a metadata.json or shard that cannot be read: one "braid: error: ..." line
+  naming the flag (and the file), exit code 2
 """
 
 import os
@@ -125,6 +126,11 @@ BAD = [
     (["--load", "{ckpt}", "--prompt", "1+2=", "--top-k", "-2"], "--top-k must be >= 0"),
     (["--load", "{ckpt}", "--prompt", "1+2=", "--top-k", "two"], "argument --top-k: invalid int"),
     (["--load", "{ckpt}", "--prompt", "1+2=", "--temperature", "-1"], "--temperature must be"),
+    (["--load", "{ckpt}", "--prompt", "1+2=", "--temperature", "nan"],
+     "--temperature must be a finite number >= 0, got nan"),
+    (["--load", "{ckpt}", "--prompt", "1+2=", "--seed", "-1"], "--seed must be >= 0, got -1"),
+    (["--load", "{ckpt}", "--prompt-ids", "1,2", "--stop-token", "256"],
+     "--stop-token 256 is outside the checkpoint's vocabulary [0, 256) (-1: none)"),
     (["--load", "{ckpt}", "--prompt", "1+2=", "--max-new-tokens", "0"], "--max-new-tokens must"),
     (["--load", "{ckpt}", "--prompt", "123+456=", "--max-new-tokens", "9"],
      "--max-new-tokens 9: a prompt of 8 tokens + 9 new tokens exceed the model's "
@@ -168,3 +174,27 @@ def test_text_prompt_needs_the_addition_vocabulary_or_a_tokenizer(tmp_path):
     r = generate("--load", tmp_path, "--prompt-ids", "299,3", "--greedy", "--max-new-tokens", "4")
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.split()) == 4
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("metadata.json", "[]", "metadata.json: not a JSON object (braid's metadata.json)"),
+    ("metadata.json", None, "metadata.json: Is a directory, expected braid's metadata.json"),
+    ("mp_rank_00_000.safetensors", None,
+     "mp_rank_00_000.safetensors is not a file, expected a .safetensors shard"),
+])
+def test_unreadable_checkpoint_files_are_one_error_line(tmp_path, name, content, message):
+    import braid  # this process writes the checkpoint
+
+    model = braid.GPTModel(braid.TransformerConfig.preset("gpt2-tiny"), device="cpu", seed=1)
+    trainer = braid.Trainer(model, braid.AdamWConfig(),
+                            braid.LRSchedule(lr=1e-3, style="constant"))
+    braid.save_checkpoint(str(tmp_path), trainer, save_optim=False)
+    path = tmp_path / "iter_0000000" / name
+    os.remove(path)
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    r = generate("--load", tmp_path, "--prompt-ids", "1,2", "--max-new-tokens", "2")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == f"braid: error: --load: {path}{message[len(name):]}", r.stderr

@@ -186,6 +186,27 @@ def test_invalid_fixed_layout_says_why():
     assert out.returncode == 1 and "tp 3" in out.stderr
 
 
+@pytest.mark.parametrize("flags,message", [
+    (["--tp", "0"], "argument --tp: must be > 0, got 0"),
+    (["--global-batch", "-64"], "argument --global-batch: must be > 0, got -64"),
+    (["--num-gpus", "0"], "argument --num-gpus: must be > 0, got 0"),
+    (["--top", "-1"], "argument --top: must be > 0, got -1"),
+    (["--train-tokens=-1e9"], "argument --train-tokens: must be > 0 and finite, got -1e9"),
+    (["--gpu-hour-price", "nan"], "argument --gpu-hour-price: must be > 0 and finite, got nan"),
+    (["--num-attention-heads", "7"], "error: --hidden-size 4096 is not divisible by "
+     "--num-attention-heads 7 (or give the head width with --kv-channels)"),
+    (["--num-query-groups", "3"], "error: --num-attention-heads 32 is not divisible by "
+     "--num-query-groups 3"),
+])
+def test_plan_cli_refuses_bad_numbers_up_front(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        plan.parse_args(["--model", "llama3-8b", "--gpu", "h100-80g", "--num-gpus", "16",
+                         "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
+                         *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("usage: ") and message in err, err
+
+
 @pytest.mark.parametrize("pp,v", [(4, 1), (4, 2), (8, 2)])
 def test_simulated_bubble_of_a_uniform_stack(pp, v, monkeypatch):
     # Uniform layers without an LM head (vocab_size 0), free p2p (one big
