@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its sibling, when imported
 from safetensors_numpy import (STORAGE, SafetensorsError, Tensor,  # noqa: E402
-                               read_safetensors, write_safetensors, write_text)
+                               bf16_bits, read_safetensors, write_safetensors, write_text)
 from hf_configs import (GATED, LLAMA_LIKE, ConvertError, braid_architecture,  # noqa: E402
                         braid_config_from_hf, check, check_new_hf_dir, head_width,
                         hf_architecture, hf_architecture_or_none, hf_config_from_braid,
@@ -539,9 +539,8 @@ def plus(t, delta):
     """t + delta in t's dtype (round to nearest even): a norm weight to or from gamma - 1."""
     if t.dtype != "BF16":
         return t.like(t.array + t.array.dtype.type(delta))
-    f = (t.array.astype(np.uint32) << 16).view(np.float32) + np.float32(delta)
-    bits = f.view(np.uint32)
-    return t.like(((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16))
+    return t.like(bf16_bits((t.array.astype(np.uint32) << 16).view(np.float32) +
+                            np.float32(delta)))
 
 
 def export_hf(load, out, iteration=None, mtp=True):

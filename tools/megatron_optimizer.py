@@ -27,7 +27,7 @@ from hf_configs import ConvertError, check
 from megatron_legacy import LazyTensor, RankFile
 from megatron_mapping import braid_to_megatron, megatron_to_braid
 from megatron_torch_dist import torch
-from safetensors_numpy import Tensor
+from safetensors_numpy import Tensor, bf16_bits
 
 STATE = "optimizer.state."
 CHAINED = re.compile(r"^chained_\d+\.")
@@ -39,14 +39,8 @@ FLAT_KINDS = ("param", "exp_avg", "exp_avg_sq")
 ALIGN, PREFIX = 64, 4  # where a bucket's parameters may start; the values a chunk is looked up by
 
 
-def as_bf16(main):
-    """f32 -> bf16 bits, rounded to nearest even (the weights of a bf16 run)."""
-    bits = main.view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
 # the weights' dtype -> (the main parameters in the weights' dtype, as bits; the bits' dtype)
-COMPARED = {"F32": (lambda main: main.view(np.uint32), np.uint32), "BF16": (as_bf16, np.uint16),
+COMPARED = {"F32": (lambda main: main.view(np.uint32), np.uint32), "BF16": (bf16_bits, np.uint16),
             "F16": (lambda main: main.astype(np.float16).view(np.uint16), np.uint16)}
 
 

@@ -30,6 +30,12 @@ class Tensor:
         return Tensor(self.dtype, np.ascontiguousarray(array))
 
 
+def bf16_bits(values):
+    """float32 values as bfloat16 bits (uint16), rounded to nearest even."""
+    bits = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def read_safetensors(path):
     """name -> Tensor (memory-mapped), and the file's __metadata__."""
     try:
