@@ -10,19 +10,21 @@ braid checkpoints and back.
       parameter or in the distributed optimizer's flat buffers: megatron_optimizer.py); the
       model's shape comes from the args Megatron-LM saved with it
   convert_megatron.py export --load CKPT --megatron-dir OUT [--ckpt-step N]
+                            [--expert-model-parallel-size N]
       a braid checkpoint saved under any layout -> a torch_dist checkpoint that megatron-core's
       dist_checkpointing loads into a GPTModel of the same shape under any TP/PP (Megatron-LM:
-      --load OUT --finetune, or --no-load-optim --no-load-rng)
+      --load OUT --no-load-rng, continuing Adam's state where braid's checkpoint holds it; or
+      --finetune)
 
 Model weights are moved as raw bytes (bf16 included): export followed by import gives back every
-tensor bit for bit. Export carries braid's Adam state per parameter, as megatron-core's
-distributed optimizer saves it fully reshardable (megatron_optimizer.py). Needs numpy and torch (for PyTorch's
-distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping
-and what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
+tensor bit for bit. Export carries braid's Adam state per parameter, as megatron-core's distributed
+optimizer saves it fully reshardable (megatron_optimizer.py). Needs numpy and torch (for PyTorch's
+distributed checkpoint files), not megatron-core. docs/convert_megatron.md has the name mapping and
+what is refused; megatron_mapping.py maps names and arguments (megatron_mlp.py the MLPs and
 experts, megatron_mla.py multi-latent attention and its YaRN, megatron_mtp.py the multi-token
 prediction depths, megatron_gpt_oss.py attention sinks, the quick GEGLU and YaRN without MLA),
-megatron_torch_dist.py reads and writes the torch_dist files,
-megatron_legacy.py reads the legacy ones (merging their TP/PP/EP shards).
+megatron_torch_dist.py reads and writes the torch_dist files, megatron_legacy.py reads the legacy
+ones (merging their TP/PP/EP shards).
 """
 
 import argparse

@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-from hf_configs import ConvertError, check
+from hf_configs import ConvertError, check, f32_value
 from megatron_legacy import LazyTensor, RankFile
 from megatron_mapping import braid_to_megatron, megatron_to_braid
 from megatron_torch_dist import torch
@@ -247,17 +247,11 @@ def lr_schedule(common, args, where):
 
 # ---- export ----------------------------------------------------------------------------------
 
-def decimal(x):
-    """The shortest decimal of a value braid keeps in float32: the command line's number, which
-    Megatron-LM's scheduler compares with the checkpoint's."""
-    return float(str(np.float32(x)))
-
-
 def megatron_state(tensors, config):
-    """Adam's state of a braid checkpoint (read_checkpoint's optimizer.* tensors, popped from
-    `tensors`) under megatron-core's per-parameter keys, as its distributed optimizer saves it
-    fully reshardable: ({key: Tensor}, the keys whose first axis is the layers). The main
-    parameters (optimizer.state.param.*) are braid's f32 masters, or the f32 weights."""
+    """Adam's state of a braid checkpoint (read_checkpoint's optimizer.* tensors in `tensors`)
+    under megatron-core's per-parameter keys, as its distributed optimizer saves it fully
+    reshardable: ({key: Tensor}, the keys whose first axis is the layers). The main parameters
+    (optimizer.state.param.*) are braid's f32 masters, or the f32 weights."""
     out, stacked = {}, []
     kinds = {"exp_avg": "optimizer.exp_avg.", "exp_avg_sq": "optimizer.exp_avg_sq.",
              "param": "optimizer.master." if config["params_dtype"] != "f32" else ""}
@@ -265,14 +259,11 @@ def megatron_state(tensors, config):
     for kind, prefix in kinds.items():
         moments = {}
         for name in names:
-            key = prefix + name
-            if key in tensors:
-                moments[name] = tensors[key] if prefix else tensors[name]
+            if prefix + name in tensors:
+                moments[name] = tensors[prefix + name]
         mapped, layers = braid_to_megatron(moments, config)
         out.update({f"{STATE}{kind}.{k}": t for k, t in mapped.items()})
         stacked += [f"{STATE}{kind}.{k}" for k in layers]
-    for key in [k for k in tensors if k.startswith("optimizer.")]:
-        del tensors[key]
     return out, stacked
 
 
@@ -293,16 +284,18 @@ def megatron_common(meta, where, expert_parallel=False):
 
     def samples(iterations):
         return int(round(iterations * batch))
-    scheduler = {"max_lr": decimal(schedule["lr"]), "min_lr": decimal(schedule["min_lr"]),
+    # float32 values as their shortest decimal, the command line's, which Megatron-LM's
+    # scheduler asserts equal to its own
+    scheduler = {"max_lr": f32_value(schedule["lr"]), "min_lr": f32_value(schedule["min_lr"]),
                  "lr_warmup_steps": samples(schedule["warmup_iters"]),
                  "lr_decay_steps": samples(schedule["decay_iters"]),
                  "lr_decay_style": schedule["style"], "num_steps": int(trainer["update_samples"]),
-                 "start_wd": decimal(wd["start"]), "end_wd": decimal(wd["end"]),
+                 "start_wd": f32_value(wd["start"]), "end_wd": f32_value(wd["end"]),
                  "wd_incr_style": wd["style"],
                  # Megatron-LM's is --train-iters' samples; braid keeps it for an increasing
                  # decay only, else takes the decay's length (--lr-decay-iters' default)
                  "wd_incr_steps": samples(wd.get("incr_iters", schedule["decay_iters"]))}
-    lr = decimal(schedule.get("lr_now", schedule["lr"]))
+    lr = f32_value(schedule.get("lr_now", schedule["lr"]))
 
     def optimizer(experts, mults):
         """One optimizer's entry: a param group per weight-decay multiplier (1: matrices; 0:
@@ -340,7 +333,7 @@ def adam_constants(meta, where):
         adam = {k: args.get("adam_" + k) for k in ("beta1", "beta2", "eps")}
         check(None not in adam.values(), f"{where}: no record of Adam's betas and eps (saved "
               "by a braid before it recorded them)")
-    return decimal(adam["beta1"]), decimal(adam["beta2"]), decimal(adam["eps"])
+    return f32_value(adam["beta1"]), f32_value(adam["beta2"]), f32_value(adam["eps"])
 
 
 def global_batch(meta, where):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-TRACKER = "latest_checkpointed_iteration.txt"  # braid's and Megatron-LM's
+from braid.checkpoint_flags import TRACKER  # braid's and Megatron-LM's
 
 
 def save_directory_problem(a) -> str | None:
