@@ -91,13 +91,13 @@ def check_args(args):
 def parse_ids(values: list[str], vocab: int) -> list[list[int]]:
     prompts = []
     for text in values:
-        try:
-            ids = [int(x) for x in text.split(",") if x.strip()]
+        if not text.strip():
+            raise UsageError(f"--prompt-ids: '{text}' holds no token id")
+        try:  # every field a number: "1,,2" is a typo, not the prompt 1,2
+            ids = [int(x) for x in text.split(",")]
         except ValueError:
             raise UsageError(f"--prompt-ids: '{text}' is not a comma-separated list of token "
                              f"ids") from None
-        if not ids:
-            raise UsageError(f"--prompt-ids: '{text}' holds no token id")
         bad = [i for i in ids if not 0 <= i < vocab]
         if bad:
             raise UsageError(f"--prompt-ids: token id {bad[0]} is outside the checkpoint's "

@@ -205,6 +205,9 @@ def parse_args(argv):
         a.net = planner.parse_bandwidth(a.net_bw, "--net-bw")
     except ValueError as e:
         ap.error(str(e))
+    if a.num_gpus > a.gpus_per_node and a.num_gpus % a.gpus_per_node:
+        ap.error(f"--num-gpus {a.num_gpus} is not a whole number of nodes of --gpus-per-node "
+                 f"{a.gpus_per_node} (fewer GPUs than a node's are one node)")
     if training is not None:
         return _from_training_arguments(ap, a, training)
     if a.global_batch is None:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -165,11 +166,12 @@ int64_t latest_iteration(const std::string& dir) {
   std::ifstream in(tracker);
   std::string text;
   in >> text;
-  char* end = nullptr;
-  const long long iteration = std::strtoll(text.c_str(), &end, 10);
-  BRAID_CONFIG_CHECK(!text.empty() && *end == '\0' && iteration >= 0,
-                     "checkpoint: ", tracker.string(), " should hold an iteration number, holds '",
-                     text, "'");
+  int64_t iteration = -1;
+  const char* last = text.data() + text.size();
+  const auto [end, error] = std::from_chars(text.data(), last, iteration);
+  BRAID_CONFIG_CHECK(!text.empty() && error == std::errc() && end == last && iteration >= 0,
+                     "checkpoint: ", tracker.string(),
+                     " should hold an iteration number (0 to 2^63 - 1), holds '", text, "'");
   return iteration;
 }
 

@@ -344,25 +344,34 @@ def parse_args(argv: list[str] | None, world_size: int,
     args.checkpoint_args = _checkpoint_model_args(args) if args.use_checkpoint_args else []
     validate(args, world_size, check_files)
     if check_files and args.use_checkpoint_opt_param_scheduler:
-        saved = _saved_schedule(args)
+        saved, why_not = _saved_schedule(args)
         if saved is not None:
             args.checkpoint_args += schedule_args.take_checkpoints(args, saved, _check)
+        elif why_not:
+            args.checkpoint_args.append(f"braid: --use-checkpoint-opt_param-scheduler: {why_not}"
+                                        "; the command line's learning-rate schedule is used")
     return args
 
 
-def _saved_schedule(a: argparse.Namespace) -> dict | None:
-    """The lr_schedule of the checkpoint this run continues with its optimizer (None when it
-    loads none, or restarts the optimizer: --finetune, --no-load-optim, a checkpoint saved
-    without it)."""
+def _saved_schedule(a: argparse.Namespace) -> tuple[dict | None, str | None]:
+    """(the lr_schedule of the checkpoint this run continues with its optimizer, or None and
+    why not: it loads none, restarts the optimizer (--finetune, --no-load-optim, a checkpoint
+    saved without it) or the checkpoint has no schedule recorded)."""
     _check(a.load is not None, "--use-checkpoint-opt_param-scheduler needs --load DIR")
     import braid
     if a.ckpt_step is None and braid.latest_iteration(a.load) < 0:
-        return None
+        return None, f"no checkpoint in {a.load} yet"
     try:
         meta = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None else a.ckpt_step)
     except ValueError:
-        return None  # the load itself reports what is wrong with the checkpoint
-    return meta.get("lr_schedule") if schedule_args.continues_optimizer(a, meta) else None
+        return None, None  # the load itself reports what is wrong with the checkpoint
+    if not schedule_args.continues_optimizer(a, meta):
+        return None, ("the run restarts the optimizer (--finetune, --no-load-optim, or a "
+                      "checkpoint saved without it), and with it the schedule")
+    if meta.get("lr_schedule") is None:
+        return None, ("the checkpoint records no learning-rate schedule (braid saved none "
+                      "before it recorded them)")
+    return meta["lr_schedule"], None
 
 
 def _checkpoint_model_args(a: argparse.Namespace) -> list[str]:

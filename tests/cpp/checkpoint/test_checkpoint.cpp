@@ -448,6 +448,37 @@ TEST_F(CheckpointErrors, NothingSaved) {
   barrier();
 }
 
+TEST(CheckpointTracker, HoldsOneIterationNumber) {
+  // Megatron's tracker file holds the iteration alone; anything else is named, never misread
+  // (a number past 2^63 - 1 used to read as 2^63 - 1).
+  const std::string dir = scratch("tracker");
+  const bool root = comm::init_distributed().world->rank() == 0;
+  const std::vector<std::pair<std::string, int64_t>> cases = {
+      {"42\n", 42},   {"7x", -1}, {"", -1}, {"-3", -1}, {"99999999999999999999", -1},
+      {"release", -1}};
+  for (const auto& [text, want] : cases) {
+    SCOPED_TRACE("tracker '" + text + "'");
+    if (root) {
+      fs::create_directories(dir);
+      std::ofstream(fs::path(dir) / "latest_checkpointed_iteration.txt") << text;
+    }
+    barrier();
+    if (want >= 0) {
+      EXPECT_EQ(latest_iteration(dir), want);
+    } else {
+      try {
+        latest_iteration(dir);
+        ADD_FAILURE() << "read an iteration";
+      } catch (const ConfigError& e) {
+        EXPECT_TRUE(Mentions(e.what(), {"latest_checkpointed_iteration.txt"}));
+        EXPECT_TRUE(Mentions(e.what(), {"should hold an iteration number"}));
+        EXPECT_NE(std::string(e.what()).find("'" + text + "'"), std::string::npos) << e.what();
+      }
+    }
+    barrier();
+  }
+}
+
 TEST_F(CheckpointErrors, MissingFileIsNamed) {
   if (root()) fs::remove(path_ + "/mp_rank_00_000.safetensors");
   const std::string error = load_error(llama());

@@ -5,6 +5,7 @@ embeddings included); on --load, a schedule that differs from the checkpoint's i
 exactly where megatron-core's load_state_dict refuses it, --use-checkpoint-opt_param-scheduler
 continues the checkpoint's and --override-opt_param-scheduler takes the command line's."""
 
+import json
 import os
 import shutil
 import sys
@@ -236,8 +237,23 @@ def test_scheduler_flags_are_checked(tmp_path, saved_run):
     assert floor.returncode == 2 and "--decoupled-min-lr needs --decoupled-lr" in floor.stderr
     above = run(1, [*flags({}), "--train-iters", "2", "--decoupled-lr", "1e-4"])
     assert above.returncode == 2 and "exceeds --decoupled-lr" in above.stderr, above.stderr
-    # --finetune and --no-load-optim restart the optimizer, and with it the schedule: no check.
+    # --finetune and --no-load-optim restart the optimizer, and with it the schedule: no check,
+    # and --use-checkpoint-opt_param-scheduler says it has nothing to take.
     for restart in ("--finetune", "--no-load-optim"):
         r = run(1, [*flags({"--lr": "1e-3"}), "--train-iters", "8", "--eval-iters", "0",
-                    "--load", ckpt, restart])
+                    "--load", ckpt, restart, "--use-checkpoint-opt_param-scheduler"])
         assert r.returncode == 0, restart + r.stdout + r.stderr
+        assert "--use-checkpoint-opt_param-scheduler: the run restarts the optimizer" in \
+            r.stdout and "the command line's learning-rate schedule is used" in r.stdout, r.stdout
+    # A checkpoint without a recorded schedule (an older braid's): said, not silently passed.
+    old = tmp_path / "old"
+    shutil.copytree(ckpt, old)
+    meta = old / "iter_0000006" / "metadata.json"
+    edited = json.loads(meta.read_text())
+    del edited["lr_schedule"]
+    meta.write_text(json.dumps(edited))
+    r = run(1, [*flags({}), "--train-iters", "8", "--eval-iters", "0", "--load", str(old),
+                "--use-checkpoint-opt_param-scheduler"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--use-checkpoint-opt_param-scheduler: the checkpoint records no learning-rate " \
+        "schedule" in r.stdout, r.stdout

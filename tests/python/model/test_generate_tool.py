@@ -136,6 +136,8 @@ BAD = [
      "--max-new-tokens 9: a prompt of 8 tokens + 9 new tokens exceed the model's "
      "max_position_embeddings 16"),
     (["--load", "{ckpt}", "--prompt-ids", "1,x"], "--prompt-ids: '1,x' is not"),
+    (["--load", "{ckpt}", "--prompt-ids", "1,,2"], "--prompt-ids: '1,,2' is not"),
+    (["--load", "{ckpt}", "--prompt-ids", " "], "--prompt-ids: ' ' holds no token id"),
     (["--load", "{ckpt}", "--prompt-ids", "1,256"], "--prompt-ids: token id 256 is outside"),
     (["--load", "{ckpt}", "--prompt", "1+2=", "--ckpt-step", "3"], "--ckpt-step: "),
     (["--load", "{ckpt}/nowhere", "--prompt", "1+2="], "--load {ckpt}/nowhere: not a directory"),

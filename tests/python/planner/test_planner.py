@@ -197,6 +197,8 @@ def test_invalid_fixed_layout_says_why():
      "--num-attention-heads 7 (or give the head width with --kv-channels)"),
     (["--num-query-groups", "3"], "error: --num-attention-heads 32 is not divisible by "
      "--num-query-groups 3"),
+    (["--gpus-per-node", "3"], "error: --num-gpus 16 is not a whole number of nodes of "
+     "--gpus-per-node 3"),
 ])
 def test_plan_cli_refuses_bad_numbers_up_front(flags, message, capsys):
     with pytest.raises(SystemExit) as e:
