@@ -91,7 +91,8 @@ pip_version=26.3   # recent enough for the pinned wheels' metadata; the venv's o
 if [ "$do_python" = 1 ]; then
   py=$(python3 -c 'import sys; print(sys.executable)') || fail "python3 does not run"
   key=$( { python3 -c 'import sys; print(sys.version, sys.base_prefix)'
-           cd "$repo" && cat requirements.txt requirements-build.txt requirements-test.txt; } |
+           cd "$repo" && cat requirements.txt requirements-build.txt requirements-test.txt \
+             requirements-megatron-pre014.txt; } |
          sha256sum | cut -c1-16)
   venv="$cache/venv-$key"
   stamp="$venv/.braid-installed"
@@ -114,6 +115,8 @@ if [ "$do_python" = 1 ]; then
       run "$venv/bin/python" -m pip install -q "pip==$pip_version"
       run "$venv/bin/python" -m pip install -q \
         -r "$repo/requirements-build.txt" -r "$repo/requirements-test.txt"
+      run "$venv/bin/python" -m pip install -q --no-deps --target "$venv/megatron-core-pre014" \
+        -r "$repo/requirements-megatron-pre014.txt"
       date -u +%FT%TZ >"$stamp"
     fi
     exec 9>&-

@@ -7,7 +7,8 @@ braid checkpoints and back.
       (DIR/latest_checkpointed_iteration.txt, DIR/iter_0000100/ with metadata.json, .metadata,
       *.distcp, common.pt; or, --ckpt-format torch, with mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt)
       -> a braid checkpoint (tp=1, pp=1, at Megatron's iteration; with Adam's state, saved per
-      parameter or in the distributed optimizer's flat buffers: megatron_optimizer.py); the
+      parameter, flattened, or in the distributed optimizer's flat buffers, per bucket or
+      gathered (distrib_optim.pt in the legacy format): megatron_optimizer.py); the
       model's shape comes from the args Megatron-LM saved with it
   convert_megatron.py export --load CKPT --megatron-dir OUT [--ckpt-step N]
                             [--expert-model-parallel-size N]
@@ -36,15 +37,16 @@ from convert_hf import (TRACKER, braid_specs, checkpoint_metadata,  # noqa: E402
                         checkpoint_specs, read_checkpoint, write_checkpoint)
 from hf_configs import ConvertError, check  # noqa: E402
 from megatron_legacy import is_legacy, read_legacy  # noqa: E402
-from megatron_optimizer import (FLAT, adam_step, braid_state, flat_bucket,  # noqa: E402
-                                flat_state, lr_schedule, megatron_common, megatron_state,
-                                per_parameter_state, take_flat, take_state, unchained)
+from megatron_optimizer import (BUFFERS, FLAT, GATHERED, adam_step, braid_state,  # noqa: E402
+                                flat_bucket, flat_state, gathered_buckets, lr_schedule,
+                                megatron_common, megatron_state, per_parameter_state, take_flat,
+                                take_state, torch_dist_step, unchained)
 from megatron_mapping import (EMBED, braid_config_from_args,  # noqa: E402
                               braid_to_megatron, extra_state_keys, megatron_args_from_braid,
                               megatron_names_of, megatron_to_braid, plain_args)
 from megatron_torch_dist import (FormatError, is_torch_dist,  # noqa: E402
                                  load_object, read_common, read_torch_dist, require_torch,
-                                 tensor_chunks, torch, write_torch_dist)
+                                 tensor_chunks, to_tensor, torch, write_torch_dist)
 from safetensors_numpy import SafetensorsError  # noqa: E402
 
 FLOAT_DTYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
@@ -144,7 +146,7 @@ def check_common(common, where):
 
 def weights_dtype(tensors, where):
     # the experts' biases are f32 in bf16 models too (megatron-core's and braid's)
-    dtypes = {t.dtype for n, t in tensors.items() if not n.endswith("router.expert_bias")}
+    dtypes = {t.dtype for n, t in tensors.items() if not n.endswith(BUFFERS)}
     for d in dtypes:
         check(d in FLOAT_DTYPES, f"{where}: weights of dtype {d}")
     return FLOAT_DTYPES[dtypes.pop()] if len(dtypes) == 1 else "f32"
@@ -173,6 +175,7 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     folder = megatron_iteration_dir(megatron_dir, step)
     common, tensors, left_out, objects = read_megatron(folder, drop_fp8_state)
     # Adam's (megatron_optimizer): per parameter, or the distributed optimizer's flat buffers
+    problem = common.pop("optimizer_problem", None)  # the legacy format's state unread
     state, buckets = take_state(tensors), take_flat(tensors)
     args = common["args"]
     where = f"{folder}/common.pt" if not is_legacy(folder) else folder
@@ -208,19 +211,27 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     meta["trainer"].update(iteration=iteration, update_samples=int(update_samples or consumed))
     if isinstance(getattr(args, "global_batch_size", None), int):
         meta["trainer"]["global_batch_size"] = args.global_batch_size
-    adam, note = None, optimizer_note(left_out, objects, buckets)
-    if state or buckets:
+    adam, note = None, optimizer_note(left_out)
+    gathered = [k for k in objects if unchained(k).startswith(FLAT) and GATHERED in k]
+    if problem is not None:
+        note = f"the optimizer state is not carried ({problem}): braid starts Adam afresh"
+    elif state or buckets or gathered:
         try:  # the weights import whatever the optimizer state holds; the note says why not it
+            buckets.update(gathered_buckets(
+                {k: load_object(objects[k], f"{folder}: {k}") for k in gathered}, to_tensor,
+                folder))
             if buckets:
                 chunks = {k: c for k, c in tensor_chunks(folder).items()
-                          if k in tensors and not k.endswith("router.expert_bias")}
+                          if k in tensors and not k.endswith(BUFFERS)}
                 state = flat_state(buckets, tensors, chunks, folder)
             params = braid_specs(config)
             optim = braid_state(state, tensors, config, [n for n, _, _ in params], folder)
             groups = [load_object(v, f"{folder}: {k}") for k, v in objects.items()
                       if unchained(k).startswith(FLAT) and ".optimizer/" in k]
-            adam, schedule = adam_step(folder, where, groups), lr_schedule(common, args, where)
-        except ConvertError as e:
+            adam = (adam_step([common.get("optimizer")], where) if is_legacy(folder)
+                    else torch_dist_step(folder, where, groups))
+            schedule = lr_schedule(common, args, where)
+        except (ConvertError, FormatError) as e:
             note = f"the optimizer state is not carried ({e}): braid starts Adam afresh"
         else:
             braid_tensors.update(optim)
@@ -233,16 +244,9 @@ def import_megatron(megatron_dir, save, step=None, drop_fp8_state=False):
     return write_checkpoint(save, braid_tensors, meta), config, adam, note
 
 
-def optimizer_note(left_out, objects, buckets):
-    """What import says of the optimizer state it leaves out (None: none): the legacy format's
-    tensors, or the distributed optimizer's state gathered into objects (dp_zero_gather_scatter,
-    Megatron-LM before dp_reshardable)."""
-    gathered = [k for k in objects if unchained(k).startswith(FLAT) and ".param_state" in k]
-    if gathered and not buckets:
-        return (f"the distributed optimizer's state is saved gathered per data-parallel group "
-                f"({gathered[0]}: dp_zero_gather_scatter), which this tool does not read: braid "
-                "starts Adam afresh. Megatron-LM saves it per parameter with "
-                "--dist-ckpt-optim-fully-reshardable")
+def optimizer_note(left_out):
+    """What import says of the optimizer tensors it leaves out (None: none): the legacy
+    format's."""
     if left_out:
         return (f"{len(left_out)} optimizer tensors not carried (e.g. {left_out[0]}): braid "
                 "starts its optimizer afresh")

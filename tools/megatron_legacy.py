@@ -18,12 +18,16 @@ tensor-parallel shards join on each parameter's partition axis (tp_rule): the vo
 column-parallel rows (linear_qkv's per rank whole query groups, in order), row-parallel columns;
 SwiGLU's fc1 holds [gate shard; up shard] per rank, so the gates join first, then the ups; the
 rest is whole on every rank (checked equal). A tensor several files hold (dense tensors on every
-expert-parallel rank, the embedding on the MTP stage) is checked equal.
+expert-parallel rank, the embedding on the MTP stage) is checked equal. The distributed
+optimizer's Adam state (distrib_optim.pt) is placed in each rank's own parameters by value
+(distrib_optim_state) and joins as those parameters do, under torch_dist's per-parameter names
+(optimizer.state.<exp_avg|exp_avg_sq|param>.<name>).
 
 Reading never runs code from the files: data.pkl is read by megatron_torch_dist's unpickler
 (plain containers, argparse.Namespace, an inert Opaque for any other class), which here stands
 in for torch's tensor rebuilders too: a tensor is its storage's record, offset, shape and
-strides, and only the model's are read, with numpy, from the file's records (no torch needed).
+strides, and only the model's and the distributed optimizer's are read, with numpy, from the
+file's records (no torch needed).
 """
 
 import io
@@ -41,6 +45,7 @@ from megatron_torch_dist import FormatError, Opaque, _Unpickler, load_pickle, lo
 from safetensors_numpy import STORAGE, Tensor
 
 RANK_FILE = "model_optim_rng.pt"
+DISTRIB_OPTIM = "distrib_optim.pt"  # the distributed optimizer's state, beside a rank file
 CHECKPOINT_VERSION = 3.0  # Megatron-LM's since its megatron-core models; 2.0 and 0, 1.0 before
 # torch's legacy storage classes (how torch.save names a tensor's storage) -> safetensors dtype
 STORAGE_DTYPES = {"FloatStorage": "F32", "BFloat16Storage": "BF16", "HalfStorage": "F16",
@@ -140,11 +145,11 @@ class _TensorUnpickler(_Unpickler):
 
 
 class RankFile:
-    """One model_optim_rng.pt: its dict (`state`, tensors as LazyTensor) and its tensors' bytes
-    on request (`tensor`)."""
+    """One model_optim_rng.pt (or another torch.save file holding a `holds`): its dict (`state`,
+    tensors as LazyTensor) and its tensors' bytes on request (`tensor`)."""
 
-    def __init__(self, path):
-        self.path, self.cache = path, {}
+    def __init__(self, path, holds=dict):
+        self.path, self.cache, self.holds = path, {}, holds
         try:
             self.zip = zipfile.ZipFile(path)
         except (zipfile.BadZipFile, OSError) as e:
@@ -171,13 +176,15 @@ class RankFile:
         except (zipfile.BadZipFile, OSError, pickle.UnpicklingError, EOFError, ValueError,
                 TypeError, AttributeError, KeyError, IndexError) as e:
             raise FormatError(f"{self.path}: not a readable torch.save file ({e})")
-        if not isinstance(state, dict):
+        if not isinstance(state, self.holds):
             raise FormatError(f"{self.path}: holds a {type(state).__name__}, not Megatron-LM's "
-                              "checkpoint dict")
+                              f"{'checkpoint dict' if self.holds is dict else 'state'}")
         return state
 
     def tensor(self, t, what):
         """The Tensor a LazyTensor stands for (copied out of the file)."""
+        if not isinstance(t, LazyTensor):
+            raise FormatError(f"{self.path}: {what} is a {type(t).__name__}, not a tensor")
         s = t.storage
         data = self.cache.get(s.key)
         if data is None:
@@ -367,8 +374,9 @@ def latent_rows(name, args):
     return mla_value(args, "kv_lora_rank") + mla_value(args, "qk_pos_emb_head_dim")
 
 
-def merge_tp(name, parts, args, where):
-    """The global tensor of `name` from its TP ranks' shards (parts[t])."""
+def merge_tp(name, parts, args, where, replicas_equal=True):
+    """The global tensor of `name` from its TP ranks' shards (parts[t]); one whole on every rank
+    is checked equal on each (replicas_equal), else TP rank 0's."""
     first = parts[0]
     for t, part in enumerate(parts[1:], start=1):
         check(part.dtype == first.dtype and part.shape == first.shape, f"{where}: {name} is "
@@ -380,7 +388,7 @@ def merge_tp(name, parts, args, where):
     if rule == "latent":
         rule = None if first.shape[0] == latent_rows(name, args) else 0
     if rule is None:
-        for t, part in enumerate(parts[1:], start=1):
+        for t, part in enumerate(parts[1:] if replicas_equal else [], start=1):
             check(np.array_equal(part.array, first.array), f"{where}: TP ranks 0 and {t} hold "
                   f"different {name}, which megatron-core keeps whole on every TP rank")
         return first
@@ -431,7 +439,8 @@ def optimizer_tensors(x, path):
         yield path
     elif isinstance(x, dict):
         for k, v in x.items():
-            yield from optimizer_tensors(v, f"{path}.{k}")
+            if k != "grad_scaler":  # fp16's loss scale, not Adam's state
+                yield from optimizer_tensors(v, f"{path}.{k}")
     elif isinstance(x, (list, tuple)):
         for k, v in enumerate(x):
             yield from optimizer_tensors(v, f"{path}.{k}")
@@ -488,6 +497,8 @@ def _read_ranks(folder, files, tp, pp, ep, vp, drop_fp8_state):
           f"EP {ep}")
     chunks = ["model"] if vp == 1 else [f"model{v}" for v in range(vp)]
     shards, left_out = {}, []  # name -> {tp rank: Tensor}
+    states, problem = {}, None  # Adam's, as torch_dist names it: "optimizer.state.<kind>.<name>"
+    steps = set()  # the optimizer not distributed's: torch's per-parameter steps
     for (t, p, e), f in files.items():
         where, state = f.path, f.state
         version = state.get("checkpoint_version")
@@ -499,8 +510,9 @@ def _read_ranks(folder, files, tp, pp, ep, vp, drop_fp8_state):
               f"{where}: its args' TP/PP/EP layout differs from {files[(0, 0, 0)].path}'s")
         check(state.get("iteration") == head.get("iteration"), f"{where}: iteration "
               f"{state.get('iteration')!r}, {files[(0, 0, 0)].path} has {head.get('iteration')!r}")
-        left_out += optimizer_tensors(state.get("optimizer"),
-                                      f"{os.path.basename(os.path.dirname(where))}/optimizer")
+        unread = list(optimizer_tensors(state.get("optimizer"),
+                                        f"{os.path.basename(os.path.dirname(where))}/optimizer"))
+        local = {}  # the rank's tensors: "model.<name>" -> (the global name, Tensor)
         for v, key in enumerate(chunks):
             model = state.get(key)
             check(isinstance(model, dict), f"{where}: no {key} (the model's state dict"
@@ -518,29 +530,82 @@ def _read_ranks(folder, files, tp, pp, ep, vp, drop_fp8_state):
                 check(isinstance(value, LazyTensor), f"{what} is a {type(value).__name__}, not "
                       "a tensor this tool reads")
                 gname = global_name(name, offset, count, e, max(experts // ep, 1), seen, what)
-                tensor = f.tensor(value, f"{key}.{name}")
-                slot = shards.setdefault(gname, {})
-                if t in slot:  # another stage's or expert-parallel rank's copy
-                    check(slot[t].dtype == tensor.dtype and np.array_equal(slot[t].array,
-                                                                           tensor.array),
-                          f"{what} differs from another rank file's {gname}")
-                else:
-                    slot[t] = tensor
+                local[f"{key}.{name}"] = gname, f.tensor(value, f"{key}.{name}")
+                add_shard(shards, gname, t, local[f"{key}.{name}"][1], what)
             check(seen == set(range(count)), f"{where}: {key} holds layers {sorted(seen)}; the "
                   f"args put {count} on pipeline stage {p}"
                   + (f", virtual stage {v}" if vp > 1 else ""))
+        optim = os.path.join(os.path.dirname(where), DISTRIB_OPTIM)
+        rank_tensors = {n: tensor for n, (_, tensor) in local.items()}
+        rank_state = {}
+        try:  # Adam's state: the distributed optimizer's beside the file, or in it
+            if problem is None and os.path.isfile(optim):
+                rank_state = distrib_optim_state(optim, rank_tensors)
+            elif problem is None and unread:
+                from megatron_optimizer import indexed_state  # (which imports this module)
+                rank_state, found = indexed_state(state.get("optimizer"), rank_tensors, f.tensor,
+                                                  where)
+                steps |= found
+                unread = []
+            for kind, moments in rank_state.items():
+                for n, moment in moments.items():
+                    add_shard(states, f"optimizer.state.{kind}.{local[n][0]}", t, moment,
+                              f"{where}: {kind} of {n}")
+        except (ConvertError, FormatError) as e:  # the weights import without it
+            problem, states = str(e), {}
+        left_out += unread
         f.forget()
-    tensors = {}
-    for name, parts in shards.items():
+
+    def merged(name, parts, replicas_equal=True):
         missing = [t for t in range(tp) if t not in parts]
         if missing:
             raise ConvertError(f"{folder}: {name} is in TP rank {min(parts)}'s files, not in TP "
                                f"rank {missing[0]}'s")
-        tensors[name] = merge_tp(name, [parts[t] for t in range(tp)], args, folder)
-    common = {k: head.get(k) for k in ("args", "iteration", "checkpoint_version")}
+        return merge_tp(name, [parts[t] for t in range(tp)], args, folder, replicas_equal)
+    tensors = {name: merged(name, parts) for name, parts in shards.items()}
+    try:  # the weights import whatever the optimizer state holds
+        # (a tensor whole on every TP rank: TP rank 0's state, as torch_dist keeps it)
+        tensors.update({name: merged(name, parts, False) for name, parts in states.items()})
+    except ConvertError as e:
+        problem = str(e)
+    if problem is None and not states and arg(args, "use_distributed_optimizer", False) and \
+            not arg(args, "no_save_optim", False):
+        problem = (f"args.use_distributed_optimizer, but no rank folder holds {DISTRIB_OPTIM} "
+                   "(the distributed optimizer's state)")
+    common = {k: head.get(k) for k in ("args", "iteration", "checkpoint_version", "optimizer")}
+    if steps:  # read here: the files are closed when import takes the step
+        common["optimizer"] = {"param_groups": [{"step": step} for step in sorted(steps)]}
     common["opt_param_scheduler"] = head.get("opt_param_scheduler", head.get("lr_scheduler"))
-    for t, p, e in files:  # the distributed optimizer's state, beside each rank file
-        name = os.path.join(rank_folder(t, p, e, pp, ep), "distrib_optim.pt")
-        if os.path.isfile(os.path.join(folder, name)):
-            left_out.append(name)
+    if problem is not None:
+        common["optimizer_problem"] = problem
     return common, tensors, left_out
+
+
+def add_shard(shards, name, t, tensor, what):
+    """Keeps TP rank t's `tensor` of `name`; a copy another file holds (another stage's or
+    expert-parallel rank's) must be equal."""
+    slot = shards.setdefault(name, {})
+    if t in slot:
+        check(slot[t].dtype == tensor.dtype and np.array_equal(slot[t].array, tensor.array),
+              f"{what} differs from another rank file's {name}")
+    else:
+        slot[t] = tensor
+
+
+def distrib_optim_state(path, local):
+    """Adam's state of one rank's parameters (`local`: name -> Tensor, its rank file's) from the
+    distrib_optim.pt beside that file: megatron-core's state gathered on each data-parallel
+    group's first rank (save_parameter_state; a list of them for chained optimizers, None for
+    those another rank saved), placed by value (megatron_optimizer.flat_state).
+    {kind: {name: Tensor}} for the parameters it holds."""
+    from megatron_optimizer import BUFFERS, flat_state, gathered_buckets  # (it imports this)
+    f = RankFile(path, holds=(dict, list))
+    try:
+        saved = f.state if isinstance(f.state, list) else [f.state]
+        buckets = gathered_buckets({f"{DISTRIB_OPTIM}[{i}]": s for i, s in enumerate(saved)
+                                    if s is not None}, f.tensor, path)
+        chunks = {n: [((0,) * len(x.shape), tuple(x.shape))] for n, x in local.items()
+                  if not n.endswith(BUFFERS)}
+        return flat_state(buckets, local, chunks, path)
+    finally:
+        f.close()

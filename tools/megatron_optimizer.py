@@ -9,9 +9,12 @@ step in common.pt's `optimizer.state.common_step`) or distributed and saved full
 `optimizer.state.param.<tensor>`, the step in its param groups). Those map to braid's names as
 the weights do, moment by moment; braid's checkpoint then holds `optimizer.exp_avg.<name>`,
 `optimizer.exp_avg_sq.<name>` (and `optimizer.master.<name>` for 16-bit parameters), its
-optimizer steps and Megatron's learning-rate schedule. The distributed optimizer's default save
+optimizer steps and Megatron's learning-rate schedule. megatron-core before 0.14 saved that
+per-parameter state in flattened pieces (fully_sharded_model_space, which
+megatron_torch_dist reads back into each tensor's shape). The distributed optimizer's default save
 (dp_reshardable) keeps flat buffers per gradient bucket instead, whose parameters flat_state
-places by value; the older dp_zero_gather_scatter is not read (the weights import without it).
+places by value; so do its older gathered save (dp_zero_gather_scatter: gathered_buckets) and the
+legacy format's distrib_optim.pt (megatron_legacy.distrib_optim_state).
 
 Export writes braid's state per parameter as the distributed optimizer saves it fully
 reshardable, with common.pt entries that megatron-core's distributed optimizer and (for f32
@@ -35,8 +38,10 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 MAIN_PARAMS = ("param", "fp32_param")  # the distributed optimizer's f32 main parameters
 FLAT = "optimizer.distributed."         # dp_reshardable / dp_zero_gather_scatter
 BUCKET = ".bucket_idx_"                 # dp_reshardable's flat buffers: a key per bucket
+GATHERED = ".param_state"               # dp_zero_gather_scatter's: an object per DP group
 FLAT_KINDS = ("param", "exp_avg", "exp_avg_sq")
 ALIGN, PREFIX = 64, 4  # where a bucket's parameters may start; the values a chunk is looked up by
+BUFFERS = ("router.expert_bias",)  # model tensors that are no parameters: no optimizer state
 
 
 # the weights' dtype -> (the main parameters in the weights' dtype, as bits; the bits' dtype)
@@ -66,36 +71,44 @@ def take_state(tensors):
     return state
 
 
-def adam_step(folder, where, saved_groups=()):
-    """The Adam steps taken: common.pt's optimizer.state.common_step (megatron-core's optimizer
-    when not distributed; a tensor) or its param groups' step (the distributed one's; in
-    `saved_groups`, the objects its default save keeps them in), one for all."""
+def torch_dist_step(folder, where, saved_groups=()):
+    """adam_step of a torch_dist save: in common.pt's optimizer entry and `saved_groups` (the
+    objects the distributed optimizer's default save keeps its param groups in)."""
     common = RankFile(os.path.join(folder, "common.pt"))  # its tensors read too
     try:
-        saved = [common.state.get("optimizer"), *saved_groups]
-        check(isinstance(saved[0], dict), f"{where}: the optimizer's tensors are saved but "
-              "common.pt has no optimizer entry (its steps)")
-        steps = set()
-
-        def value(x, what):
-            return float(common.tensor(x, what).array) if isinstance(x, LazyTensor) else float(x)
-
-        def walk(x):
-            if isinstance(x, dict):
-                if "common_step" in x:
-                    steps.add(value(x["common_step"], "optimizer common_step"))
-                groups = x.get("param_groups")
-                for group in groups if isinstance(groups, list) else []:
-                    if isinstance(group, dict) and "step" in group:
-                        steps.add(value(group["step"], "a param group's step"))
-                for v in x.values():
-                    walk(v)
-            elif isinstance(x, (list, tuple)):
-                for v in x:
-                    walk(v)
-        walk(saved)
+        check(isinstance(common.state.get("optimizer"), dict), f"{where}: the optimizer's "
+              "tensors are saved but common.pt has no optimizer entry (its steps)")
+        return adam_step([common.state["optimizer"], *saved_groups], where, common.tensor)
     finally:
         common.close()
+
+
+def adam_step(saved, where, tensor=None):
+    """The Adam steps taken, one for all, in the objects `saved`: optimizer.state.common_step
+    (megatron-core's optimizer when not distributed; a tensor, which `tensor` reads) or the
+    param groups' step (the distributed one's)."""
+    steps = set()
+
+    def value(x, what):
+        if isinstance(x, LazyTensor):
+            check(tensor is not None, f"{where}: {what} is a tensor this tool does not read")
+            return float(tensor(x, what).array)
+        return float(x)
+
+    def walk(x):
+        if isinstance(x, dict):
+            if "common_step" in x:
+                steps.add(value(x["common_step"], "optimizer common_step"))
+            groups = x.get("param_groups")
+            for group in groups if isinstance(groups, list) else []:
+                if isinstance(group, dict) and "step" in group:
+                    steps.add(value(group["step"], "a param group's step"))
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+    walk(saved)
     check(len(steps) == 1, f"{where}: the optimizer's step is "
           f"{'missing' if not steps else 'not one: ' + str(sorted(steps))} (megatron-core keeps "
           "it as optimizer.state.common_step or in its param groups)")
@@ -116,6 +129,96 @@ def take_flat(tensors):
     for key in [k for k in tensors if flat_bucket(k)]:
         bucket, kind = key.rsplit(".", 1)
         buckets.setdefault(bucket, {})[kind] = tensors.pop(key)
+    return buckets
+
+
+def indexed_state(saved, local, tensor, where):
+    """Adam's state of megatron-core's optimizer not distributed as the legacy format keeps it in
+    a rank file (`saved`, its optimizer entry: torch's state_dict, the state numbered by position
+    in its param groups; for 16-bit weights inside {"optimizer", "fp32_from_fp16_params": the
+    main parameters per group}; a list of them for chained optimizers), placed on the rank's
+    parameters (`local`: name -> Tensor, in the model's order) as megatron-core's default param
+    groups take them: in the model's order, each group the parameters of its kind (weight-decay
+    multiplier 0: biases and 1-D tensors; is_expert_parallel: the experts'). Every moment's shape
+    is checked against its parameter, and for 16-bit weights the main parameters' values.
+    Returns ({kind: {name: Tensor}}, the steps found). `tensor(lazy, what)` reads a tensor."""
+    order = [n for n in local if not n.endswith(BUFFERS)]
+    state, steps, taken = {"exp_avg": {}, "exp_avg_sq": {}, "param": {}}, set(), set()
+
+    def kind(name):
+        return name.endswith(".bias") or len(local[name].shape) == 1, ".experts." in name
+    for i, entry in enumerate(saved if isinstance(saved, list) else [saved]):
+        what = f"{where}: optimizer" + (f"[{i}]" if isinstance(saved, list) else "")
+        mains = entry.get("fp32_from_fp16_params") if isinstance(entry, dict) else None
+        inner = entry.get("optimizer") if mains is not None else entry
+        check(isinstance(inner, dict) and isinstance(inner.get("state"), dict) and
+              isinstance(inner.get("param_groups"), list), f"{what} is not torch's optimizer "
+              "state_dict (state, param_groups)")
+        for g, group in enumerate(inner["param_groups"]):
+            check(isinstance(group, dict) and not group.get("is_decoupled_lr") and
+                  group.get("lr_mult", 1.0) == 1.0, f"{what}: param group {g} is not one of "
+                  "megatron-core's default groups (a learning rate of its own), by which this "
+                  "tool places the state")
+            ids = group.get("params")
+            want = (group.get("wd_mult", 1.0) == 0.0, bool(group.get("is_expert_parallel")))
+            members = [n for n in order if n not in taken and kind(n) == want]
+            check(isinstance(ids, list) and len(ids) == len(members), f"{what}: param group {g} "
+                  f"(weight-decay multiplier {group.get('wd_mult')}, experts {want[1]}) holds "
+                  f"{len(ids or [])} parameters, the rank file {len(members)} of that kind")
+            for j, (index, name) in enumerate(zip(ids, members)):
+                entry_state = inner["state"].get(index)
+                check(isinstance(entry_state, dict) and all(
+                    isinstance(entry_state.get(k), LazyTensor) for k in MOMENTS),
+                    f"{what}: no Adam moments for parameter {index} ({name})")
+                for k in MOMENTS:
+                    moment = tensor(entry_state[k], f"optimizer state {index} {k}")
+                    check(moment.shape == local[name].shape, f"{what}: parameter {index}'s {k} "
+                          f"is {moment.shape}, but {name}, its place in megatron-core's param "
+                          f"groups, is {local[name].shape}")
+                    state[k][name] = moment
+                if "step" in entry_state:
+                    step = entry_state["step"]
+                    steps.add(float(tensor(step, "a step").array) if isinstance(step, LazyTensor)
+                              else float(step))
+                if mains is not None:
+                    check(isinstance(mains, list) and g < len(mains) and isinstance(
+                        mains[g], list) and len(mains[g]) == len(ids) and isinstance(
+                        mains[g][j], LazyTensor), f"{what}: fp32_from_fp16_params does not hold "
+                        f"group {g}'s {len(ids)} main parameters")
+                    main = tensor(mains[g][j], f"fp32_from_fp16_params {g}.{j}")
+                    rounded, bits = COMPARED[local[name].dtype]
+                    check(main.dtype == "F32" and main.shape == local[name].shape and
+                          np.array_equal(rounded(main.array), local[name].array.view(bits)),
+                          f"{what}: the main parameters of group {g}, {j} are not {name}'s "
+                          "weights: the groups hold the parameters in another order")
+                    state["param"][name] = main
+                taken.add(name)
+    return state, steps
+
+
+def gathered_buckets(objects, tensor, where):
+    """The distributed optimizer's state gathered on each data-parallel group's first rank
+    (megatron-core's get_parameter_state_dp_zero: the torch_dist object of its
+    dp_zero_gather_scatter save, the legacy format's distrib_optim.pt; `objects`: {name: its
+    value}) as take_flat's buffers: per gradient buffer its buckets' main parameters and moments
+    one after another. `tensor(value, what)`: a saved tensor as a Tensor."""
+    buckets = {}
+    for name, state in objects.items():
+        check(isinstance(state, dict) and state.get("buckets_coalesced") is True,
+              f"{where}: {name} is not megatron-core's gathered optimizer state (a dict with "
+              "buckets_coalesced; Megatron-LM before February 2024 wrote another layout, which "
+              "its --ckpt-convert-update-legacy-dist-opt-format rewrites)")
+        for buffer, dtypes in state.items():
+            if buffer == "buckets_coalesced":
+                continue
+            check(isinstance(dtypes, dict) and len(dtypes) == 1, f"{where}: {name}[{buffer!r}] "
+                  "is not one dtype's state")
+            (flat,) = dtypes.values()
+            check(isinstance(flat, dict) and set(FLAT_KINDS) <= set(flat), f"{where}: "
+                  f"{name}[{buffer!r}] holds " + (str(sorted(map(str, flat))) if isinstance(
+                      flat, dict) else f"a {type(flat).__name__}") + f", not {list(FLAT_KINDS)}")
+            buckets[f"{name}.buffer_{buffer}"] = {
+                kind: tensor(flat[kind], f"{name}[{buffer!r}] {kind}") for kind in FLAT_KINDS}
     return buckets
 
 
@@ -156,18 +259,23 @@ def flat_state(buckets, weights, chunks, where):
               "buffers of one length")
         # the main parameters as each dtype's weights hold them
         probes = {dtype: COMPARED[dtype][0](bucket["param"].array) for dtype in index}
-        pos, size = 0, bucket["param"].array.size
+        pos, size, frame = 0, bucket["param"].array.size, 0
         while pos < size:
-            start, found = None, []
-            for start in dict.fromkeys((pos, -(-pos // ALIGN) * ALIGN)):
+            found = []
+            # Where the last parameter ended, or the next start of its bucket: a multiple of 64
+            # elements from the bucket's start, which the last parameter placed shows (the
+            # gathered state joins buckets unaligned); failing those, any start before the next
+            # 64, nearest first.
+            aligned = pos + (frame - pos) % ALIGN
+            for start in dict.fromkeys((pos, aligned, *range(pos + 1, pos + ALIGN))):
                 for dtype, (by_head, small) in index.items():
                     probe = probes[dtype]
                     head = probe[start:start + PREFIX].tobytes()
-                    found += [c for c in by_head.get(head, []) + small if
+                    found += [c for c in by_head.get(head, []) + small if start < size and
                               np.array_equal(probe[start:start + c[3].size], c[3])]
                 if found:
                     break
-            if not found and start >= size:
+            if not found and not bucket["param"].array[pos:].any():
                 break  # the padding after the last parameter
             check(found, f"{where}: {name}: elements {pos}.. match no parameter of the model "
                   "(a layout this tool does not read)")
@@ -176,13 +284,14 @@ def flat_state(buckets, weights, chunks, where):
                                    f"{found[1][0]} at {list(found[1][1])} hold the same values, "
                                    "so the flat state cannot tell their moments apart")
             key, offsets, box, values = found[0]
-            placed.setdefault(key, set()).add(offsets)
-            for kind in FLAT_KINDS:
-                whole = state[kind].setdefault(key, Tensor("F32", np.zeros(
-                    weights[key].shape, dtype=np.float32)))
-                part = bucket[kind].array[start:start + values.size]
-                whole.array[box] = part.reshape(whole.array[box].shape)
-            pos = start + values.size
+            if offsets not in placed.setdefault(key, set()):  # a replica's: the first one's
+                placed[key].add(offsets)
+                for kind in FLAT_KINDS:
+                    whole = state[kind].setdefault(key, Tensor("F32", np.zeros(
+                        weights[key].shape, dtype=np.float32)))
+                    part = bucket[kind].array[start:start + values.size]
+                    whole.array[box] = part.reshape(whole.array[box].shape)
+            pos, frame = start + values.size, start % ALIGN
     for key, offsets in placed.items():
         check(len(offsets) == len(chunks[key]), f"{where}: the flat state holds "
               f"{len(offsets)} of {key}'s {len(chunks[key])} chunks")

@@ -49,6 +49,8 @@ CONFIG_FILE = "metadata.json"  # dist_checkpointing's name (braid's own metadata
 COMMON_FILE = "common.pt"
 INDEX_FILE = ".metadata"
 TORCH_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
+# mcore_data's record of a tensor megatron-core before 0.14 saved flattened (_read_flattened)
+REFORMULATED = "nd_reformulated_orig_global_shape"
 
 
 class FormatError(Exception):
@@ -197,7 +199,10 @@ def _read_item(folder, info, what):
     return data
 
 
-def _to_numpy(t, what):
+def to_tensor(t, what):
+    """A torch tensor as a Tensor (its bits)."""
+    if not isinstance(t, torch.Tensor):
+        raise FormatError(f"{what} is a {type(t).__name__}, not a tensor")
     name = str(t.dtype).replace("torch.", "")
     if name not in TORCH_DTYPES:
         raise FormatError(f"{what} has dtype {name} (braid's parameters are float32, bfloat16 or "
@@ -211,9 +216,12 @@ def read_torch_dist(folder, wanted_tensor=lambda key: True):
     """(name -> Tensor of every tensor key `wanted_tensor` takes, assembled from its chunks;
     name -> bytes of every object key (a torch.save each); the names of the tensors left out)."""
     index = read_index(folder)
-    where = {}
+    where, pieces = {}, {}
     for mi, info in (index.storage_data or {}).items():
-        where[(mi.fqn, tuple(mi.offset) if mi.offset is not None else None)] = info
+        offset = tuple(mi.offset) if mi.offset is not None else None
+        where[(mi.fqn, offset)] = info
+        pieces.setdefault(mi.fqn, []).append((offset, info))
+    mcore = getattr(index, "mcore_data", None)
     tensors, objects, left_out = {}, {}, []
     for key, entry in index.state_dict_metadata.items():
         if isinstance(entry, dcp_metadata.BytesStorageMetadata):
@@ -224,7 +232,11 @@ def read_torch_dist(folder, wanted_tensor=lambda key: True):
         if not wanted_tensor(key):
             left_out.append(key)
             continue
-        tensors[key] = _read_tensor(folder, key, entry, where)
+        shape = (mcore.get(key) or {}).get(REFORMULATED) if isinstance(mcore, dict) else None
+        if shape is not None:
+            tensors[key] = _read_flattened(folder, key, entry, pieces.get(key, []), shape)
+        else:
+            tensors[key] = _read_tensor(folder, key, entry, where)
     return tensors, objects, left_out
 
 
@@ -244,16 +256,10 @@ def _read_tensor(folder, key, entry, where):
         info = where.get((key, offsets))
         if info is None:
             raise FormatError(f"{folder}/{INDEX_FILE}: no storage for {key} at {list(offsets)}")
-        data = _read_item(folder, info, f"{key} at {list(offsets)}")
-        try:
-            t = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-        except Exception as e:  # torch.load raises many kinds
-            raise FormatError(f"{folder}: {key} at {list(offsets)} is not a readable tensor "
-                              f"({type(e).__name__}: {e})")
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != sizes:
+        part = _load_piece(folder, key, offsets, info)
+        if tuple(part.array.shape) != sizes:
             raise FormatError(f"{folder}: {key} at {list(offsets)} holds "
-                              f"{list(getattr(t, 'shape', []))}, the index says {list(sizes)}")
-        part = _to_numpy(t, f"{folder}: {key}")
+                              f"{list(part.array.shape)}, the index says {list(sizes)}")
         if whole is None:
             whole = Tensor(part.dtype, np.empty(shape, dtype=part.array.dtype))
         if part.dtype != whole.dtype or any(o + s > n for o, s, n in zip(offsets, sizes, shape)):
@@ -264,6 +270,59 @@ def _read_tensor(folder, key, entry, where):
     if whole is None or covered != int(np.prod(shape)):
         raise FormatError(f"{folder}: the chunks of {key} do not cover its shape {list(shape)}")
     return whole
+
+
+def _load_piece(folder, key, offsets, info):
+    """One stored chunk of `key` (at `offsets`) as a Tensor."""
+    data = _read_item(folder, info, f"{key} at {list(offsets)}")
+    try:
+        t = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception as e:  # torch.load raises many kinds
+        raise FormatError(f"{folder}: {key} at {list(offsets)} is not a readable tensor "
+                          f"({type(e).__name__}: {e})")
+    if not isinstance(t, torch.Tensor):
+        raise FormatError(f"{folder}: {key} at {list(offsets)} holds a {type(t).__name__}")
+    return to_tensor(t, f"{folder}: {key}")
+
+
+def _read_flattened(folder, key, entry, pieces, shape):
+    """A tensor megatron-core before 0.14 saved in flattened pieces (the distributed
+    optimizer's fully_sharded_model_space state: each data-parallel rank's range of each
+    rank's parameter): DCP holds it as [chunks along each axis..., elements of a chunk], the
+    last axis cut into the ranks' ranges, and .metadata's mcore_data its global `shape`. Back
+    to `shape`, each chunk's elements in place."""
+    shape, saved = tuple(int(n) for n in shape), tuple(entry.size)
+    grid, numel = saved[:-1], saved[-1] if saved else 0
+    if len(saved) != len(shape) + 1 or any(n <= 0 or s % n for s, n in zip(shape, grid)) or \
+            int(np.prod([s // n for s, n in zip(shape, grid)])) != numel:
+        raise FormatError(f"{folder}: {key} is saved flattened as {list(saved)}, which does not "
+                          f"cut its shape {list(shape)} into chunks")
+    local = tuple(s // n for s, n in zip(shape, grid))
+    flat, seen = None, np.zeros(saved, dtype=bool)
+    for offsets, info in pieces:
+        if offsets is None or len(offsets) != len(saved):
+            raise FormatError(f"{folder}: {key} has a piece at {offsets}, not a chunk's range")
+        part = _load_piece(folder, key, offsets, info)
+        start, n = offsets[-1], part.array.size
+        box = (*offsets[:-1], slice(start, start + n))
+        if part.array.shape != (1,) * len(grid) + (n,) or start + n > numel or \
+                any(o >= g for o, g in zip(offsets, grid)) or seen[box].any():
+            raise FormatError(f"{folder}: {key}'s piece at {list(offsets)} "
+                              f"{list(part.array.shape)} leaves or overlaps {list(saved)}")
+        if flat is None:
+            flat = Tensor(part.dtype, np.empty(saved, dtype=part.array.dtype))
+        elif part.dtype != flat.dtype:
+            raise FormatError(f"{folder}: the pieces of {key} differ in dtype")
+        flat.array[box] = part.array.reshape(-1)
+        seen[box] = True
+    if flat is None or not seen.all():
+        raise FormatError(f"{folder}: the pieces of {key} do not cover its {int(np.prod(shape))} "
+                          "elements")
+    whole = np.empty(shape, dtype=flat.array.dtype)
+    for chunk in np.ndindex(*grid):
+        whole[tuple(slice(c * n, (c + 1) * n) for c, n in zip(chunk, local))] = \
+            flat.array[chunk].reshape(local)
+    return Tensor(flat.dtype, whole)
 
 
 def load_object(data, what):

@@ -29,6 +29,7 @@ attention sinks, the windows, YaRN) are megatron-core's.
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -245,7 +246,6 @@ def build(a, vp_stage=None):
     import torch
     import torch.nn.functional as F
     from megatron.core import parallel_state
-    from megatron.core.activations import squared_relu
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import (get_gpt_decoder_block_spec,
                                                           get_gpt_layer_local_spec,
@@ -255,11 +255,13 @@ def build(a, vp_stage=None):
     from megatron.core.transformer.utils import openai_gelu
     # Megatron-LM's: --openai-gelu's tanh form, else F.gelu (the fused bias-GELU, when on, being
     # its tanh form)
-    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     gelu = openai_gelu if getattr(a, "openai_gelu", False) else F.gelu
     geglu = getattr(a, "quick_geglu", False) and not a.swiglu  # (Megatron-LM: --swiglu first)
-    activation = (F.silu if a.swiglu else quick_gelu if geglu else squared_relu if a.squared_relu
-                  else gelu)
+    if geglu:
+        from megatron.core.fusions.fused_bias_geglu import quick_gelu as gelu
+    elif a.squared_relu:
+        from megatron.core.activations import squared_relu as gelu
+    activation = F.silu if a.swiglu else gelu
     latent = getattr(a, "multi_latent_attention", False)
     mla = {}
     if latent:
@@ -267,7 +269,8 @@ def build(a, vp_stage=None):
         if a.rope_type is not None:
             mla["rope_type"] = a.rope_type
         mla.update(rotary_base=a.rotary_base, rotary_percent=a.rotary_percent)
-    config = (MLATransformerConfig if latent else TransformerConfig)(
+    cls = MLATransformerConfig if latent else TransformerConfig
+    config = cls(**installed_fields(cls, dict(
         num_layers=a.num_layers, hidden_size=a.hidden_size, ffn_hidden_size=a.ffn_hidden_size,
         num_attention_heads=a.num_attention_heads, kv_channels=a.kv_channels,
         num_query_groups=a.num_query_groups if a.group_query_attention else None,
@@ -293,7 +296,7 @@ def build(a, vp_stage=None):
         num_layers_in_first_pipeline_stage=getattr(a, "decoder_first_pipeline_num_layers", None),
         num_layers_in_last_pipeline_stage=getattr(a, "decoder_last_pipeline_num_layers", None),
         pipeline_dtype=a.params_dtype, mtp_num_layers=getattr(a, "mtp_num_layers", None),
-        **mla, **moe_config(a))
+        **mla, **moe_config(a))))
     if a.position_embedding_type == "yarn":  # (attributes GPTModel reads, not config fields)
         for field, name in YARN_FIELDS.items():
             setattr(config, field, getattr(a, name))
@@ -318,6 +321,16 @@ def build(a, vp_stage=None):
         rope_scaling_factor=a.rope_scaling_factor,
         seq_len_interpolation_factor=a.rotary_seq_len_interpolation_factor,
         mtp_block_spec=mtp).eval()
+
+
+def installed_fields(cls, fields):
+    """`fields` of the megatron-core config class `cls` that the installed megatron-core has: one
+    it lacks must be off (None, 0, False, "vanilla"), as for the pre-0.14 megatron-core that
+    megatron_pre014_saves.py runs."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    for name in fields.keys() - known:
+        assert fields[name] in (None, 0, False, "vanilla"), f"megatron-core has no {name}"
+    return {k: v for k, v in fields.items() if k in known}
 
 
 def randomize(model, seed):

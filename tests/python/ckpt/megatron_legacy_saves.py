@@ -6,8 +6,8 @@ model_optim_rng.pt (get_checkpoint_name: _PPP with pipeline stages, _EEE with ex
 one per (TP, PP, EP) rank, written by the ranks whose data-parallel or expert-data-parallel rank
 is 0, each generate_state_dict's dict: args (with the layout's sizes), checkpoint_version 3.0,
 iteration, model (model0, model1 with virtual stages: each chunk's
-state_dict_for_save_checkpoint()), optimizer (the rank's torch Adam state dict, as Megatron-LM's
-FP32Optimizer keeps it), opt_param_scheduler (its num_steps: where the LR schedule stands),
+state_dict_for_save_checkpoint()), optimizer (a torch Adam state dict of one param group, not
+megatron-core's groups: import leaves it out), opt_param_scheduler (its num_steps: where the LR schedule stands),
 rng_state, num_floating_point_operations_so_far; then the tracker file.
 
   python -m torch.distributed.run --nproc-per-node 2 megatron_legacy_saves.py OUT

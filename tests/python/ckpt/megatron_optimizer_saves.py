@@ -10,8 +10,10 @@ then step 4 and a second save (the reference), and step 4's batch.
 each job into OUT/NAME, one after another in one process; KIND: a model of
 megatron_checkpoints.MODELS. SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
-dp_reshardable (flattened per data-parallel rank, Megatron-LM's default); a suffix -tpN runs
-tensor parallel N, -epN expert parallel N. With FROM (a torch_dist
+dp_reshardable (flattened per data-parallel rank, Megatron-LM's default), or under megatron-core
+before 0.14 fully_sharded_model_space or dp_zero_gather_scatter; legacy: the distributed optimizer
+in --ckpt-format torch (save_legacy). A suffix -tpN runs tensor parallel N, -epN expert parallel
+N, -bN buckets of N elements (with the gradient reduction overlapped). With FROM (a torch_dist
 checkpoint directory, convert_megatron.py export's) the job loads it as Megatron-LM's
 load_checkpoint does instead of training from scratch, takes the next step, saves it into OUT/NAME
 and that step's batch into OUT/NAME/next.npz.
@@ -31,9 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_checkpoints as mc  # noqa: E402
 
 SEQ, MBS, LR, SAVED = 16, 2, 1e-2, 3
+NOT_DISTRIBUTED = ("plain", "legacy_plain")  # the SHARDINGs of the optimizer not distributed
 
 
 def optimizer_stand_ins():
+    np.product = np.prod  # (megatron-core 0.13's save validation, from before numpy 2 removed it)
     def on_cpu(factory):
         def make(*args, **kwargs):
             if "cuda" in str(kwargs.get("device", "")):
@@ -91,7 +95,8 @@ def build(a, dp, distributed):
                     p.add_(0.05 * torch.randn(p.shape, generator=g))
     ddp = DistributedDataParallel(
         config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=distributed))
+            grad_reduce_in_fp32=True, use_distributed_optimizer=distributed,
+            bucket_size=a.ddp_bucket_size, overlap_grad_reduce=a.ddp_bucket_size is not None))
     optimizer = get_megatron_optimizer(OptimizerConfig(
         optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
         adam_eps=1e-8, clip_grad=1.0, params_dtype=a.params_dtype,
@@ -125,6 +130,9 @@ def train_step(step, ddp, optimizer, scheduler):
 
 
 def save(a, ddp, optimizer, scheduler, iteration, out, sharding):
+    if sharding.startswith("legacy"):
+        return save_legacy(a, ddp, optimizer, scheduler, iteration, out,
+                           sharding not in NOT_DISTRIBUTED)
     from megatron.core import dist_checkpointing, parallel_state
     from megatron.core.dist_checkpointing.strategies.torch import TorchDistSaveShardedStrategy
     metadata = {"singleton_local_shards": False, "chained_optim_avoid_prefix": True}
@@ -145,6 +153,33 @@ def save(a, ddp, optimizer, scheduler, iteration, out, sharding):
     dist_checkpointing.save(state, folder, TorchDistSaveShardedStrategy("torch_dist", 1,
                                                                         thread_count=1),
                             content_metadata=metadata)
+    if torch.distributed.get_rank() == 0:
+        with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
+            f.write(str(iteration))
+    torch.distributed.barrier()
+
+
+def save_legacy(a, ddp, optimizer, scheduler, iteration, out, distributed):
+    """Megatron-LM's save_checkpoint with --ckpt-format torch: each model-parallel rank's
+    model_optim_rng.pt (written by its expert-data-parallel rank 0) with the optimizer's
+    state_dict(); the distributed optimizer's holds its param groups and step, not its state,
+    which goes beside it in distrib_optim.pt, gathered on each data-parallel group's rank 0
+    (save_parameter_state)."""
+    from megatron.core import parallel_state
+    from megatron_legacy_saves import RANK_FILE, rank_folder
+    a.consumed_train_samples = iteration * MBS * parallel_state.get_data_parallel_world_size()
+    a.use_distributed_optimizer = distributed
+    folder = os.path.join(out, f"iter_{iteration:07d}", rank_folder())
+    os.makedirs(folder, exist_ok=True)
+    state = {"args": a, "checkpoint_version": 3.0, "iteration": iteration,
+             "model": ddp.module.state_dict_for_save_checkpoint(),
+             "optimizer": optimizer.state_dict(), "opt_param_scheduler": scheduler.state_dict(),
+             "num_floating_point_operations_so_far": 0}
+    if parallel_state.get_expert_data_parallel_rank() == 0:
+        torch.save(state, os.path.join(folder, RANK_FILE))
+    if distributed:
+        optimizer.save_parameter_state(os.path.join(folder, "distrib_optim.pt"))
+    torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         with open(os.path.join(out, "latest_checkpointed_iteration.txt"), "w") as f:
             f.write(str(iteration))
@@ -183,7 +218,7 @@ def load(ddp, optimizer, scheduler, source):
 
 def resume(out, sharding, kind, source):
     sharding, dp, a = setup(sharding, kind)
-    ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
+    ddp, optimizer, scheduler = build(a, dp, sharding not in NOT_DISTRIBUTED)
     iteration = load(ddp, optimizer, scheduler, source)
     loss = train_step(iteration + 1, ddp, optimizer, scheduler)
     save(a, ddp, optimizer, scheduler, iteration + 1, out, sharding)
@@ -206,7 +241,8 @@ def setup(sharding, kind):
     parameters): (the sharding, the data-parallel size, Megatron-LM's args)."""
     from megatron.core import parallel_state
     sharding, *sizes = sharding.split("-")
-    sizes = dict({"tp": 1, "ep": 1}, **{n[:2]: int(n[2:]) for n in sizes})
+    sizes = dict({"tp": 1, "ep": 1, "b": None},
+                 **{n.rstrip("0123456789"): int(n.lstrip("tpeb")) for n in sizes})
     parallel_state.destroy_model_parallel()
     parallel_state.initialize_model_parallel(sizes["tp"], 1,
                                              expert_model_parallel_size=sizes["ep"])
@@ -214,13 +250,14 @@ def setup(sharding, kind):
     kind, _, dtype = kind.partition("@")
     return sharding, dp, args_of(kind, dp, tensor_model_parallel_size=sizes["tp"],
                                  expert_model_parallel_size=sizes["ep"],
+                                 ddp_bucket_size=sizes["b"],
                                  params_dtype=getattr(torch, dtype or "float32"),
                                  bf16=dtype == "bfloat16")
 
 
 def job(out, sharding, kind):
     sharding, dp, a = setup(sharding, kind)
-    ddp, optimizer, scheduler = build(a, dp, sharding != "plain")
+    ddp, optimizer, scheduler = build(a, dp, sharding not in NOT_DISTRIBUTED)
     losses = [train_step(step, ddp, optimizer, scheduler) for step in range(1, SAVED + 1)]
     save(a, ddp, optimizer, scheduler, SAVED, out, sharding)
     losses.append(train_step(SAVED + 1, ddp, optimizer, scheduler))

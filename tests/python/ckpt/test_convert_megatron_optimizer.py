@@ -8,7 +8,9 @@ takes step 4 on the same batch: its weights must be megatron-core's step-4 weigh
 fresh moments must not be (the state matters). The distributed optimizer's default save (flat
 buffers per bucket; also at TP 2, with experts, under expert parallelism 2 (two chained
 optimizers), with biases whose sizes leave padding, in bf16) imports
-the state its per-parameter save does. And back: megatron-core continues braid's exported state.
+the state its per-parameter save does; so do the two saves of megatron-core before 0.14 (0.13.1:
+flattened per parameter, the default of Megatron-LM then, and gathered per data-parallel group).
+And back: megatron-core continues braid's exported state.
 """
 
 import json
@@ -36,13 +38,30 @@ CONVERT = os.path.join(REPO, "tools", "convert_megatron.py")
 # data-parallel ranks -> the jobs NAME:SHARDING:MODEL run in one process. The optimizer not
 # distributed; distributed and saved per parameter (Megatron-LM's
 # --dist-ckpt-optim-fully-reshardable); distributed, Megatron-LM's default save (flat buffers per
-# data-parallel rank). The Llama, a GPT (LayerNorm, biases, learned positions, tied) and a
-# Mixtral-like model (4 experts, top 2).
+# data-parallel rank); in the legacy format (--ckpt-format torch), distributed (distrib_optim.pt
+# beside each rank's file) or not (the state in the rank's file, numbered by position). The
+# Llama, a GPT (LayerNorm, biases, learned positions, tied) and a Mixtral-like model (4 experts,
+# top 2).
 RUNS = {1: ["plain:plain:llama", "gpt:plain:gpt", "mixtral:plain:mixtral"],
         2: ["fully_reshardable:fully_reshardable:llama", "dp_reshardable:dp_reshardable:llama",
             "tp2:dp_reshardable-tp2:llama", "gpt_flat:dp_reshardable:gpt",
             "mixtral_flat:dp_reshardable:mixtral", "bf16_full:fully_reshardable:llama@bfloat16",
-            "bf16_flat:dp_reshardable:llama@bfloat16", "ep2:dp_reshardable-ep2:mixtral"]}
+            "bf16_flat:dp_reshardable:llama@bfloat16", "ep2:dp_reshardable-ep2:mixtral",
+            "legacy_tp2:legacy-tp2:llama", "legacy_ep2:legacy-ep2:mixtral",
+            "legacy_plain_tp2:legacy_plain-tp2:gpt", "legacy_plain_ep2:legacy_plain-ep2:mixtral",
+            "legacy_plain_bf16:legacy_plain:llama@bfloat16"]}
+# megatron-core before 0.14 (0.13.1, which bootstrap installs beside the venv's: PRE014) saved
+# the distributed optimizer's state per parameter in flattened pieces (fully_sharded_model_space,
+# Megatron-LM's default then) or gathered per data-parallel group (dp_zero_gather_scatter). The
+# GPT puts a parameter across the two ranks' ranges; TP 2 cuts the pieces' grid; bf16 keeps the
+# main parameters as fp32_param; buckets of 10,500 elements join a bucket off the 64-element
+# alignment of its parameters (-b10500); EP 2 chains two optimizers.
+PRE014 = os.path.join(sys.prefix, "megatron-core-pre014")
+PRE014_RUNS = ["fsms_gpt:fully_sharded_model_space:gpt",
+               "fsms_tp2:fully_sharded_model_space-tp2:llama",
+               "fsms_bf16:fully_sharded_model_space:llama@bfloat16",
+               "dpz_buckets:dp_zero_gather_scatter-b10500:gpt",
+               "dpz_ep2:dp_zero_gather_scatter-ep2:mixtral"]
 # Tensors whose step 4 is compared loosely (1e-2 of their scale), and why. k_proj's bias has a
 # zero gradient in exact arithmetic (it adds the same to all of a query's scores): Adam divides
 # its rounding noise by its own size (1.0e-3 off; the GPT's other tensors within 5.2e-7). In the
@@ -50,21 +69,40 @@ RUNS = {1: ["plain:plain:llama", "gpt:plain:gpt", "mixtral:plain:mixtral"],
 # occurrence in the batch; every other tensor within 2.1e-7).
 LOOSE = {"gpt": ("self_attn.k_proj.bias",), "mixtral": ("model.embed_tokens.weight",),
          "gpt_flat": ("self_attn.k_proj.bias",), "mixtral_flat": ("model.embed_tokens.weight",),
-         "ep2": ("model.embed_tokens.weight",)}
+         "ep2": ("model.embed_tokens.weight",), "fsms_gpt": ("self_attn.k_proj.bias",),
+         "dpz_buckets": ("self_attn.k_proj.bias",), "dpz_ep2": ("model.embed_tokens.weight",),
+         "legacy_ep2": ("model.embed_tokens.weight",), "legacy_plain_tp2": (
+             "self_attn.k_proj.bias",), "legacy_plain_ep2": ("model.embed_tokens.weight",)}
+
+
+def pre014_installed():
+    """Whether bootstrap's megatron-core 0.13.1 is there (CI: it must be)."""
+    if os.path.isdir(os.path.join(PRE014, "megatron", "core")):
+        return True
+    assert not os.environ.get("CI"), f"{PRE014}: missing (scripts/bootstrap.sh installs it)"
+    return False
 
 
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron_optimizer")
-    for ranks, jobs in RUNS.items():
+    launches = [(ranks, jobs, {}) for ranks, jobs in RUNS.items()]
+    if pre014_installed():
+        launches.append((2, PRE014_RUNS, {"PYTHONPATH": PRE014}))
+    for i, (ranks, jobs, env) in enumerate(launches):
         r = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-             "--master-port", str(29700 + os.getpid() % 200 + ranks),
+             "--master-port", str(29700 + os.getpid() % 200 + 4 * i),
              os.path.join(HERE, "megatron_optimizer_saves.py"), str(out), *jobs],
             capture_output=True, text=True, timeout=600,
-            env=dict(os.environ, OMP_NUM_THREADS="1"))
+            env=dict(os.environ, OMP_NUM_THREADS="1", **env))
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return out
+
+
+def pre014(*values):
+    return pytest.param(*values, marks=pytest.mark.skipif(
+        not pre014_installed(), reason=f"no megatron-core 0.13.1 at {PRE014}"))
 
 
 def tool(source, target):
@@ -113,7 +151,10 @@ def max_errors(got, want):
 
 @pytest.mark.parametrize("sharding", ["plain", "fully_reshardable", "gpt", "mixtral",
                                       "dp_reshardable", "tp2", "gpt_flat", "mixtral_flat",
-                                      "ep2"])
+                                      "ep2", "legacy_tp2", "legacy_ep2", "legacy_plain_tp2",
+                                      "legacy_plain_ep2",
+                                      *map(pre014, ("fsms_gpt", "fsms_tp2",
+                                                    "dpz_buckets", "dpz_ep2"))])
 def test_braid_takes_megatrons_next_step(saves, sharding):
     ckpt = convert(saves / sharding)
     meta, tensors = read_checkpoint(str(ckpt))
@@ -156,18 +197,39 @@ def test_pretrain_gpt_resumes_the_import_with_its_optimizer(saves, tmp_path):
 
 
 @pytest.mark.parametrize("flat,full", [("dp_reshardable", "fully_reshardable"),
-                                       ("bf16_flat", "bf16_full")])
+                                       ("bf16_flat", "bf16_full"), ("legacy_tp2", "tp2"),
+                                       ("legacy_ep2", "ep2"),
+                                       pre014("fsms_bf16", "bf16_full"),
+                                       pre014("dpz_buckets", "fsms_gpt"),
+                                       pre014("dpz_ep2", "ep2")])
 def test_flat_state_is_the_per_parameter_state(saves, flat, full):
     """The distributed optimizer's default save (flat buffers per bucket) and its save per
     parameter, of the same run, import the same tensors, Adam's included, bit for bit: f32, and
     bf16 weights (the flat buffers' f32 main parameters rounded to match them; braid's masters
-    the main parameters)."""
+    the main parameters). So do the legacy format's (its distrib_optim.pt per rank, placed by
+    value in that rank's parameters, then joined over TP as the weights are), and megatron-core
+    0.13's saves, flattened and gathered, of the same runs as megatron-core 0.16's."""
     meta, flat = read_checkpoint(str(convert(saves / flat)), optimizer=True)
     _, full = read_checkpoint(str(convert(saves / full)), optimizer=True)
     assert any(n.startswith("optimizer.exp_avg_sq.") for n in full) and set(flat) == set(full)
     assert all(np.array_equal(flat[n].array, full[n].array) for n in full)
     masters = [n for n in full if n.startswith("optimizer.master.")]
     assert len(masters) == (len(full) // 4 if meta["config"]["params_dtype"] == "bf16" else 0)
+
+
+def test_legacy_state_of_the_optimizer_not_distributed_in_bf16(saves):
+    """The legacy format's optimizer not distributed in bf16 keeps its f32 main parameters
+    (fp32_from_fp16_params) per param group: they become braid's masters. The same run with the
+    distributed optimizer reduces its gradients otherwise, so the two differ in the last bits
+    only; a state placed on the wrong parameter would differ by its whole size."""
+    meta, plain = read_checkpoint(str(convert(saves / "legacy_plain_bf16")), optimizer=True)
+    _, full = read_checkpoint(str(convert(saves / "bf16_full")), optimizer=True)
+    assert meta["config"]["params_dtype"] == "bf16" and set(plain) == set(full)
+    assert len([n for n in plain if n.startswith("optimizer.master.")]) == len(plain) // 4
+    for n, t in full.items():
+        if t.dtype == "F32":
+            scale = np.abs(t.array).max()
+            assert np.abs(plain[n].array - t.array).max() <= 1e-4 * scale, n
 
 
 def test_flat_state_that_values_cannot_place_is_refused(saves):
@@ -190,6 +252,55 @@ def test_flat_state_that_values_cannot_place_is_refused(saves):
     other[norm] = tensors[norm].like(tensors[norm].array + np.float32(1e-3))
     with pytest.raises(ConvertError, match="match no parameter"):
         flat_state(buckets, other, chunks, "here")
+
+
+@pytest.mark.parametrize("damage,said", [
+    ("another step", "mp_rank_01/distrib_optim.pt: distrib_optim.pt[0].buffer_0: elements 0.. "
+     "match no parameter"),
+    ("truncated", "mp_rank_01/distrib_optim.pt: not a readable torch.save file"),
+    ("missing", "args.use_distributed_optimizer, but no rank folder holds distrib_optim.pt")])
+def test_legacy_state_that_cannot_be_placed_leaves_the_weights(saves, tmp_path, damage, said):
+    """A distrib_optim.pt whose main parameters are not its rank's weights (another step's), a
+    truncated one, or none at all: the weights import, Adam starts afresh, and the note says
+    why."""
+    import torch
+    shutil.copytree(saves / "legacy_tp2", tmp_path / "megatron")
+    path = tmp_path / "megatron" / "iter_0000003" / "mp_rank_01" / "distrib_optim.pt"
+    if damage == "another step":
+        state = torch.load(path, weights_only=True)
+        (buffer,) = state[0].values()
+        buffer["param"] += 1e-3
+        torch.save(state, path)
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[:1000])
+    else:
+        for rank in ("mp_rank_00", "mp_rank_01"):
+            (path.parent.parent / rank / "distrib_optim.pt").unlink()
+    r = tool(tmp_path / "megatron", tmp_path / "ckpt")
+    assert "the optimizer state is not carried (" in r.stderr and said in r.stderr and \
+        "starts Adam afresh" in r.stderr, r.stderr
+    meta, tensors = read_checkpoint(str(tmp_path / "ckpt"), optimizer=True)
+    _, imported = read_checkpoint(str(convert(saves / "legacy_tp2")))
+    assert not meta.get("optimizer") and set(tensors) == set(imported)
+    assert all(np.array_equal(tensors[n].array, imported[n].array) for n in imported)
+
+
+def test_legacy_state_in_other_param_groups_leaves_the_weights(saves, tmp_path):
+    """The optimizer not distributed numbers its state by position in its param groups: groups
+    that are not megatron-core's default ones (here a parameter moved to the other group) are
+    said, not guessed; the weights import."""
+    import torch
+    shutil.copytree(saves / "legacy_plain_tp2", tmp_path / "megatron")
+    path = tmp_path / "megatron" / "iter_0000003" / "mp_rank_00" / "model_optim_rng.pt"
+    state = torch.load(path, weights_only=False)
+    decay, no_decay = state["optimizer"]["param_groups"]
+    decay["params"].append(no_decay["params"].pop())
+    torch.save(state, path)
+    r = tool(tmp_path / "megatron", tmp_path / "ckpt")
+    assert "the optimizer state is not carried (" in r.stderr and "param group 0" in r.stderr \
+        and "starts Adam afresh" in r.stderr, r.stderr
+    meta, _ = read_checkpoint(str(tmp_path / "ckpt"))
+    assert not meta.get("optimizer")
 
 
 def test_a_moment_missing_for_a_parameter_is_refused(saves):
