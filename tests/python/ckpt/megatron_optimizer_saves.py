@@ -6,17 +6,18 @@ OptimizerParamScheduler as Megatron-LM builds it (steps in samples). Three steps
 save built as Megatron-LM's save_checkpoint builds it (model, optimizer, scheduler, args; no RNG),
 then step 4 and a second save (the reference), and step 4's batch.
 
-  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT NAME:SHARDING:KIND[:FROM]...
+  python -m torch.distributed.run --nproc-per-node N megatron_optimizer_saves.py OUT NAME:SHARDING:KIND[:FROM[:resave]]...
 each job into OUT/NAME, one after another in one process; KIND: a model of
 megatron_checkpoints.MODELS. SHARDING: plain (use_distributed_optimizer=False), or the distributed optimizer's
 fully_reshardable (per parameter, as Megatron-LM's --dist-ckpt-optim-fully-reshardable saves) or
 dp_reshardable (flattened per data-parallel rank, Megatron-LM's default), or under megatron-core
 before 0.14 fully_sharded_model_space or dp_zero_gather_scatter; legacy: the distributed optimizer
-in --ckpt-format torch (save_legacy). A suffix -tpN runs tensor parallel N, -epN expert parallel
-N, -bN buckets of N elements (with the gradient reduction overlapped). With FROM (a torch_dist
-checkpoint directory, convert_megatron.py export's) the job loads it as Megatron-LM's
-load_checkpoint does instead of training from scratch, takes the next step, saves it into OUT/NAME
-and that step's batch into OUT/NAME/next.npz.
+in --ckpt-format torch (save_legacy; legacy_plain: the optimizer not distributed). A suffix -tpN
+runs tensor parallel N, -ppN pipeline stages N, -epN expert parallel N, -bN buckets of N elements
+(with the gradient reduction overlapped). With FROM (a torch_dist checkpoint directory,
+convert_megatron.py export's) the job loads it as Megatron-LM's load_checkpoint does instead of
+training from scratch, takes the next step, saves it into OUT/NAME and that step's batch into
+OUT/NAME/next.npz; with :resave it saves what it loaded, at its iteration, without a step.
 
 Beyond megatron_checkpoints.cpu_stand_ins, megatron-core's optimizer assumes CUDA where it
 computes nothing device-specific: it creates its scalars (found_inf, the clipping's norm) with
@@ -82,7 +83,9 @@ def build(a, dp, distributed):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     torch.manual_seed(7)
     model = mc.build(a).train()
-    model.parallel_output, model.output_layer.gather_output = True, False  # as Megatron-LM trains
+    model.parallel_output = True  # as Megatron-LM trains
+    if hasattr(model, "output_layer"):  # (the last pipeline stage's)
+        model.output_layer.gather_output = False
     mc.randomize(model, 7)
     if a.params_dtype == torch.bfloat16:  # the norms too, as Transformer Engine's are
         model.to(torch.bfloat16)
@@ -101,7 +104,7 @@ def build(a, dp, distributed):
         optimizer="adam", lr=LR, min_lr=LR, weight_decay=0.1, adam_beta1=0.9, adam_beta2=0.95,
         adam_eps=1e-8, clip_grad=1.0, params_dtype=a.params_dtype,
         bf16=a.params_dtype == torch.bfloat16, use_distributed_optimizer=distributed), [ddp])
-    gbs = MBS * dp  # Megatron-LM's scheduler counts samples: iterations x the global batch
+    gbs = a.global_batch_size  # Megatron-LM's scheduler counts samples: iterations x it
     scheduler = OptimizerParamScheduler(
         optimizer, init_lr=0.0, max_lr=LR, min_lr=LR, lr_warmup_steps=0,
         lr_decay_steps=a.lr_decay_iters * gbs, lr_decay_style="constant", start_wd=0.1,
@@ -216,10 +219,20 @@ def load(ddp, optimizer, scheduler, source):
     return iteration
 
 
-def resume(out, sharding, kind, source):
+def resume(out, sharding, kind, source, resave=False):
+    """Loads the torch_dist save `source` and takes the next step; with `resave` only saves it
+    again, in this layout and SHARDING (Megatron-LM resharding a run: the global batch is the
+    source's, in more microbatches where fewer data-parallel ranks take it)."""
     sharding, dp, a = setup(sharding, kind)
+    if resave:
+        with open(os.path.join(source, "latest_checkpointed_iteration.txt")) as f:
+            common = os.path.join(source, f"iter_{int(f.read()):07d}", "common.pt")
+        a.global_batch_size = torch.load(common, weights_only=False)["args"].global_batch_size
     ddp, optimizer, scheduler = build(a, dp, sharding not in NOT_DISTRIBUTED)
     iteration = load(ddp, optimizer, scheduler, source)
+    if resave:
+        save(a, ddp, optimizer, scheduler, iteration, out, sharding)
+        return
     loss = train_step(iteration + 1, ddp, optimizer, scheduler)
     save(a, ddp, optimizer, scheduler, iteration + 1, out, sharding)
     ids, labels = zip(*(batch(iteration + 1, r) for r in range(dp)))
@@ -237,18 +250,19 @@ def args_of(kind, dp, **changes):
 
 def setup(sharding, kind):
     """megatron-core's parallel state for SHARDING's sizes (dp_reshardable-tp2: tensor parallel
-    2; -ep2 expert parallel 2) and KIND's dtype (llama@bfloat16: bf16 weights, f32 main
+    2; -pp2 pipeline stages 2; -ep2 expert parallel 2) and KIND's dtype (llama@bfloat16: bf16 weights, f32 main
     parameters): (the sharding, the data-parallel size, Megatron-LM's args)."""
     from megatron.core import parallel_state
     sharding, *sizes = sharding.split("-")
-    sizes = dict({"tp": 1, "ep": 1, "b": None},
+    sizes = dict({"tp": 1, "pp": 1, "ep": 1, "b": None},
                  **{n.rstrip("0123456789"): int(n.lstrip("tpeb")) for n in sizes})
     parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(sizes["tp"], 1,
+    parallel_state.initialize_model_parallel(sizes["tp"], sizes["pp"],
                                              expert_model_parallel_size=sizes["ep"])
     dp = parallel_state.get_data_parallel_world_size()
     kind, _, dtype = kind.partition("@")
     return sharding, dp, args_of(kind, dp, tensor_model_parallel_size=sizes["tp"],
+                                 pipeline_model_parallel_size=sizes["pp"],
                                  expert_model_parallel_size=sizes["ep"],
                                  ddp_bucket_size=sizes["b"],
                                  params_dtype=getattr(torch, dtype or "float32"),
@@ -275,7 +289,8 @@ def main():
     for spec in sys.argv[2:]:
         name, sharding, kind, *source = spec.split(":", 3)
         if source:
-            resume(os.path.join(sys.argv[1], name), sharding, kind, source[0])
+            path, _, resave = source[0].partition(":")
+            resume(os.path.join(sys.argv[1], name), sharding, kind, path, resave == "resave")
         else:
             job(os.path.join(sys.argv[1], name), sharding, kind)
     torch.distributed.destroy_process_group()

@@ -62,6 +62,13 @@ PRE014_RUNS = ["fsms_gpt:fully_sharded_model_space:gpt",
                "fsms_bf16:fully_sharded_model_space:llama@bfloat16",
                "dpz_buckets:dp_zero_gather_scatter-b10500:gpt",
                "dpz_ep2:dp_zero_gather_scatter-ep2:mixtral"]
+# Pipeline parallel 2: megatron-core loads a save above into two stages, as Megatron-LM reshards
+# a run, and saves it again without a step (NAME, SHARDING:KIND, the save it loads): the legacy
+# format's rank folders per stage, the last stage's copy of the GPT's tied embedding in the
+# optimizer not distributed.
+RESAVED = [("pp2_legacy", "legacy-pp2:llama", "fully_reshardable"),
+           ("pp2_flat", "dp_reshardable-pp2:llama", "fully_reshardable"),
+           ("pp2_legacy_plain_gpt", "legacy_plain-pp2:gpt", "gpt")]
 # Tensors whose step 4 is compared loosely (1e-2 of their scale), and why. k_proj's bias has a
 # zero gradient in exact arithmetic (it adds the same to all of a query's scores): Adam divides
 # its rounding noise by its own size (1.0e-3 off; the GPT's other tensors within 5.2e-7). In the
@@ -86,7 +93,9 @@ def pre014_installed():
 @pytest.fixture(scope="module")
 def saves(tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron_optimizer")
-    launches = [(ranks, jobs, {}) for ranks, jobs in RUNS.items()]
+    launches = [(ranks, list(jobs), {}) for ranks, jobs in RUNS.items()]
+    launches[-1][1].extend(f"{name}:{sharding}:{out / source}:resave"  # (after their sources)
+                           for name, sharding, source in RESAVED)
     if pre014_installed():
         launches.append((2, PRE014_RUNS, {"PYTHONPATH": PRE014}))
     for i, (ranks, jobs, env) in enumerate(launches):
@@ -198,7 +207,9 @@ def test_pretrain_gpt_resumes_the_import_with_its_optimizer(saves, tmp_path):
 
 @pytest.mark.parametrize("flat,full", [("dp_reshardable", "fully_reshardable"),
                                        ("bf16_flat", "bf16_full"), ("legacy_tp2", "tp2"),
-                                       ("legacy_ep2", "ep2"),
+                                       ("legacy_ep2", "ep2"), ("pp2_legacy", "fully_reshardable"),
+                                       ("pp2_flat", "fully_reshardable"),
+                                       ("pp2_legacy_plain_gpt", "gpt"),
                                        pre014("fsms_bf16", "bf16_full"),
                                        pre014("dpz_buckets", "fsms_gpt"),
                                        pre014("dpz_ep2", "ep2")])
@@ -207,8 +218,9 @@ def test_flat_state_is_the_per_parameter_state(saves, flat, full):
     parameter, of the same run, import the same tensors, Adam's included, bit for bit: f32, and
     bf16 weights (the flat buffers' f32 main parameters rounded to match them; braid's masters
     the main parameters). So do the legacy format's (its distrib_optim.pt per rank, placed by
-    value in that rank's parameters, then joined over TP as the weights are), and megatron-core
-    0.13's saves, flattened and gathered, of the same runs as megatron-core 0.16's."""
+    value in that rank's parameters, then joined over TP as the weights are), megatron-core
+    0.13's saves, flattened and gathered, of the same runs as megatron-core 0.16's, and saves
+    resharded to two pipeline stages."""
     meta, flat = read_checkpoint(str(convert(saves / flat)), optimizer=True)
     _, full = read_checkpoint(str(convert(saves / full)), optimizer=True)
     assert any(n.startswith("optimizer.exp_avg_sq.") for n in full) and set(flat) == set(full)
