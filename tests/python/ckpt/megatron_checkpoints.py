@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import random
+import socket
 import sys
 
 import numpy as np
@@ -505,12 +506,20 @@ def expert_tp(a, tp):
     return 1 if a.num_experts and a.add_bias_linear else tp
 
 
+def free_port():
+    """A TCP port no one listens on now, for torch.distributed's rendezvous (tests run two at a
+    time under make test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def init(tp=1, pp=1, vp=None, ep=1, etp=None):
     import torch
     from megatron.core import parallel_state
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 2000))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("WORLD_SIZE", "1")
         torch.distributed.init_process_group("gloo")

@@ -26,7 +26,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -36,7 +35,7 @@ import pytest
 import braid
 from braid.generate import config_from_metadata, load_model
 from megatron_checkpoints import (BASE_ARGS, CONSUMED, IDS, ITERATION, MODELS, PADDED_VOCAB,
-                                  TARGETS, VOCAB)
+                                  TARGETS, VOCAB, free_port)
 from sharded_saves import reshard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -130,12 +129,6 @@ def imported(megatron, name, save, *flags):
     code, err = tool("import", "--megatron-dir", megatron / name, "--save", save, *flags)
     assert code == 0, err
     return save
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def helper(*args, ranks=1):

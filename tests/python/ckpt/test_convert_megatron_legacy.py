@@ -27,12 +27,12 @@ import numpy as np
 import pytest
 
 from braid.generate import load_model
-from megatron_checkpoints import CONSUMED, ITERATION, PADDED_VOCAB
+from megatron_checkpoints import CONSUMED, ITERATION, PADDED_VOCAB, free_port
 from megatron_legacy_saves import (FOUR_RANK_LAYOUTS, LAYOUTS, MODELS, RANK_FILE,
                                    SCHEDULER_STEPS)
 from test_convert_megatron import (ITER, LOGITS_RTOL, assert_mtp_matches, assert_refused,
                                    assert_same_tensors, braid_logits, braid_mtp_losses,
-                                   free_port, imported, metadata, model_tensors,
+                                   imported, metadata, model_tensors,
                                    mtp_cross_entropies, relative_error, tool)
 
 HERE = os.path.dirname(os.path.abspath(__file__))

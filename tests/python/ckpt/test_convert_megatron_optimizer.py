@@ -24,6 +24,7 @@ import pytest
 
 import braid
 from braid.generate import config_from_metadata
+from megatron_checkpoints import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -101,7 +102,7 @@ def saves(tmp_path_factory):
     for i, (ranks, jobs, env) in enumerate(launches):
         r = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-             "--master-port", str(29700 + os.getpid() % 200 + 4 * i),
+             "--master-port", str(free_port()),
              os.path.join(HERE, "megatron_optimizer_saves.py"), str(out), *jobs],
             capture_output=True, text=True, timeout=600,
             env=dict(os.environ, OMP_NUM_THREADS="1", **env))
@@ -357,7 +358,7 @@ def exported(saves, tmp_path_factory):
     jobs.append(f"moe:fully_reshardable-ep2:mixtral:{out / 'megatron_moe'}")
     r = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", str(29700 + os.getpid() % 200 + 3),
+         "--master-port", str(free_port()),
          os.path.join(HERE, "megatron_optimizer_saves.py"), str(out), *jobs],
         capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
