@@ -1,14 +1,16 @@
-# braid_add_test(NAME <name> LABEL <layer> SOURCES <files...> [LINK <targets...>])
+# braid_add_test(NAME <name> LABEL <layer> [gpu] SOURCES <files...> [LINK <targets...>])
 #   A GoogleTest executable registered as one ctest entry labelled with its layer
-#   (core, kernels, model, comm, tp, pp, dp, data, ckpt, cli, planner). LINK: the braid
-#   libraries it needs (default: all of braid; a lower layer's tests name only that layer).
-# braid_add_pytest(NAME <name> LABEL <layer> FILE <tests/python/test_x.py> [TIMEOUT s])
+#   (core, kernels, model, comm, tp, pp, dp, data, ckpt, cli, planner), and with `gpu` where
+#   its cases run on the GPU under BRAID_TEST_DEVICE=cuda (scripts/gpu_check.sh runs those
+#   first). LINK: the braid libraries it needs (default: all of braid; a lower layer's tests
+#   name only that layer).
+# braid_add_pytest(NAME <name> LABEL <layer> [gpu] FILE <tests/python/test_x.py> [TIMEOUT s])
 #   A pytest file run by the project's Python with PYTHONPATH=python.
 find_package(GTest REQUIRED)
 include(GoogleTest)
 
 function(braid_add_test)
-  cmake_parse_arguments(T "" "NAME;LABEL;TIMEOUT" "SOURCES;LINK" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "LABEL;SOURCES;LINK" ${ARGN})
   if(NOT T_LINK)
     set(T_LINK braid)
   endif()
@@ -20,12 +22,12 @@ function(braid_add_test)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
-  set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABEL}" TIMEOUT ${T_TIMEOUT}
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive;OPENBLAS_NUM_THREADS=1")
 endfunction()
 
 function(braid_add_pytest)
-  cmake_parse_arguments(T "" "NAME;LABEL;FILE;TIMEOUT" "" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;FILE;TIMEOUT" "LABEL" ${ARGN})
   if(NOT BRAID_PYTHON)
     return()
   endif()
@@ -36,12 +38,12 @@ function(braid_add_pytest)
     COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider ${PROJECT_SOURCE_DIR}/${T_FILE}
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
   # PYTHONPATH is prepended to, not replaced: scripts/gpu_check.sh puts carried wheels there.
-  set_tests_properties(${T_NAME} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+  set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABEL}" TIMEOUT ${T_TIMEOUT}
     ENVIRONMENT "OMP_NUM_THREADS=2;OMP_WAIT_POLICY=passive;OPENBLAS_NUM_THREADS=1"
     ENVIRONMENT_MODIFICATION "PYTHONPATH=path_list_prepend:${PROJECT_SOURCE_DIR}/python")
 endfunction()
 
-# braid_add_mpi_test(NAME <name> LABEL <layer> SOURCES <files...> RANKS <n...>
+# braid_add_mpi_test(NAME <name> LABEL <layer> [gpu] SOURCES <files...> RANKS <n...>
 #                    [ARGS <args...>] [TIMEOUT s] [MAIN] [LINK <targets...>])
 #   One executable, run as a real MPI job for each rank count: ctest entries <name>_np<n>,
 #   `mpirun -np <n> --oversubscribe <exe> <args>`, one OpenMP/OpenBLAS thread per rank so
@@ -58,7 +60,7 @@ if(BRAID_SANITIZE)
 endif()
 
 function(braid_add_mpi_test)
-  cmake_parse_arguments(T "MAIN" "NAME;LABEL;TIMEOUT" "SOURCES;RANKS;ARGS;LINK" ${ARGN})
+  cmake_parse_arguments(T "MAIN" "NAME;TIMEOUT" "LABEL;SOURCES;RANKS;ARGS;LINK" ${ARGN})
   if(NOT T_LINK)
     set(T_LINK braid)
   endif()
@@ -76,7 +78,7 @@ function(braid_add_mpi_test)
     add_test(NAME ${T_NAME}_np${n}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} --oversubscribe
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
-    set_tests_properties(${T_NAME}_np${n} PROPERTIES LABELS ${T_LABEL} TIMEOUT ${T_TIMEOUT}
+    set_tests_properties(${T_NAME}_np${n} PROPERTIES LABELS "${T_LABEL}" TIMEOUT ${T_TIMEOUT}
       PROCESSORS ${n}
       ENVIRONMENT "${BRAID_MPI_TEST_ENV}")
   endforeach()

@@ -19,18 +19,23 @@ inline bool cuda_required() {
   return env != nullptr && std::string(env) == "cuda";
 }
 
+inline void require_cuda_if_asked() {
+  if (cuda_required() && !cuda_available())
+    throw std::runtime_error("BRAID_TEST_DEVICE=cuda but no CUDA device");
+}
+
+// Called where the parametrized suites are instantiated, before main: the throw ends the
+// program with its message rather than letting the suites pass on the CPU alone.
 inline std::vector<Device> test_devices() {
+  require_cuda_if_asked();
   std::vector<Device> devices{Device::cpu()};
   if (cuda_available()) devices.push_back(Device::cuda(0));
   return devices;
 }
 
 inline Device default_test_device() {
-  if (cuda_required()) {
-    if (!cuda_available()) throw std::runtime_error("BRAID_TEST_DEVICE=cuda but no CUDA device");
-    return Device::cuda(0);
-  }
-  return Device::cpu();
+  require_cuda_if_asked();
+  return cuda_required() ? Device::cuda(0) : Device::cpu();
 }
 
 inline std::string device_test_name(const ::testing::TestParamInfo<Device>& info) {
