@@ -19,6 +19,13 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 EXAMPLE = os.path.join(REPO, "examples", "torch_dataloader.py")
 
 
+# On the GPU machine (BRAID_TEST_DEVICE=cuda, scripts/gpu_check.sh) a missing CUDA is a failure.
+needs_cuda = pytest.mark.skipif(
+    os.environ.get("BRAID_TEST_DEVICE") != "cuda"
+    and not (braid.cuda_available() and torch.cuda.is_available()),
+    reason="needs braid and torch with CUDA")
+
+
 def tiny_model(seed: int = 7, device: str = "cpu") -> braid.GPTModel:
     return braid.GPTModel(braid.TransformerConfig.preset("gpt2-tiny"), device=device, seed=seed)
 
@@ -163,8 +170,7 @@ def test_bad_token_inputs_are_value_errors():
         model.forward(torch.zeros(1, 4, dtype=torch.int32), torch.full((1, 4), -2**32))
 
 
-@pytest.mark.skipif(not (braid.cuda_available() and torch.cuda.is_available()),
-                    reason="needs braid and torch with CUDA")
+@needs_cuda
 def test_cuda_torch_batches_train_like_host_batches():
     rows = token_rows(16, 33, seed=5)
     schedule = braid.LRSchedule(lr=1e-3, style="constant")
@@ -192,8 +198,7 @@ def test_cuda_torch_batches_train_like_host_batches():
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not (braid.cuda_available() and torch.cuda.is_available()),
-                    reason="needs braid and torch with CUDA")
+@needs_cuda
 def test_cuda_batch_written_on_a_side_stream_is_read_after_the_write():
     # braid asks torch for the batch on the legacy default stream (DLPack stream=1), so torch
     # makes that stream wait for the side stream's write, which lands ~30 ms late here.
