@@ -181,9 +181,3 @@ def greedy_answers(logits_fn, problems: list[tuple[int, int]], width: int = 0,
 
 def expected_answer(a: int, b: int, width: int = 0) -> str:
     return problem_text(a, b, width)[1].rstrip("\n")
-
-
-def accuracy(logits_fn, problems: list[tuple[int, int]], width: int = 0) -> float:
-    answers = greedy_answers(logits_fn, problems, width)
-    correct = sum(ans == expected_answer(a, b, width) for ans, (a, b) in zip(answers, problems))
-    return correct / max(len(problems), 1)

@@ -285,20 +285,6 @@ def read(tokenizer_type: str, *, vocab_file: str | None = None, merge_file: str 
                         vocab_size_arg))
 
 
-def vocab_size(tokenizer_type: str, **files) -> int:
-    """read(...).size."""
-    return read(tokenizer_type, **files).size
-
-
-def eod_id(tokenizer_type: str, **files) -> int:
-    """read(...).eod, or VocabError when the tokenizer has none."""
-    vocab = read(tokenizer_type, **files)
-    if vocab.eod is None:
-        raise VocabError(f"--tokenizer-type {tokenizer_type}: the tokenizer has no "
-                         f"end-of-document token (looked for {vocab.eod_looked_for})")
-    return vocab.eod
-
-
 def _read(tokenizer_type, vocab_file, merge_file, tokenizer_model, vocab_size_arg):
     """(vocabulary size, end-of-document id or None, what was looked for) of checked
     arguments."""

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "python"))
 
-from braid.vocab import VocabError, eod_id, vocab_size  # noqa: E402
+from braid.vocab import VocabError, read  # noqa: E402
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -44,38 +44,38 @@ def test_hugging_face_counts_added_tokens_like_the_library(trained):
     tmp, tok, base = trained
     want = tok.get_vocab_size(with_added_tokens=True)
     assert want == base + 2
-    assert vocab_size("HuggingFaceTokenizer", tokenizer_model=str(tmp / "hf")) == want
-    assert vocab_size("HuggingFaceTokenizer",
-                      tokenizer_model=str(tmp / "hf" / "tokenizer.json")) == want
+    assert read("HuggingFaceTokenizer", tokenizer_model=str(tmp / "hf")).size == want
+    assert read("HuggingFaceTokenizer",
+                tokenizer_model=str(tmp / "hf" / "tokenizer.json")).size == want
 
 
 def test_gpt2_bpe_is_the_vocab_files_entries(trained):
     tmp, _, base = trained
-    assert vocab_size("GPT2BPETokenizer", vocab_file=str(tmp / "vocab.json"),
-                      merge_file=str(tmp / "merges.txt")) == base
+    assert read("GPT2BPETokenizer", vocab_file=str(tmp / "vocab.json"),
+                merge_file=str(tmp / "merges.txt")).size == base
 
 
 def test_end_of_document_tokens(trained, tmp_path):
     tmp, tok, _ = trained
     eos = tok.token_to_id("<|endoftext|>")
-    assert eod_id("GPT2BPETokenizer", vocab_file=str(tmp / "vocab.json"),
-                  merge_file=str(tmp / "merges.txt")) == eos
-    assert eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp / "hf")) == eos  # a candidate
+    assert read("GPT2BPETokenizer", vocab_file=str(tmp / "vocab.json"),
+                merge_file=str(tmp / "merges.txt")).eod == eos
+    assert read("HuggingFaceTokenizer", tokenizer_model=str(tmp / "hf")).eod == eos  # a candidate
     # A tokenizer_config.json's eos_token wins over the candidates.
     (tmp_path / "tokenizer.json").write_text((tmp / "hf" / "tokenizer.json").read_text())
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_start|>"}))
-    assert eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp_path)) == \
+    assert read("HuggingFaceTokenizer", tokenizer_model=str(tmp_path)).eod == \
         tok.token_to_id("<|im_start|>")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<nope>"}))
-    with pytest.raises(VocabError, match="no end-of-document token"):
-        eod_id("HuggingFaceTokenizer", tokenizer_model=str(tmp_path))
-    assert eod_id("NullTokenizer", vocab_size_arg=300) == 300
-    assert eod_id("ByteLevel") == 256
+    vocab = read("HuggingFaceTokenizer", tokenizer_model=str(tmp_path))
+    assert vocab.eod is None and "<nope>" in vocab.eod_looked_for, vocab.eod_looked_for
+    assert read("NullTokenizer", vocab_size_arg=300).eod == 300
+    assert read("ByteLevel").eod == 256
 
 
 def test_null_and_byte_level():
-    assert vocab_size("NullTokenizer", vocab_size_arg=300) == 301  # Megatron's EOD is 300
-    assert vocab_size("ByteLevel") == 257
+    assert read("NullTokenizer", vocab_size_arg=300).size == 301  # Megatron's EOD is 300
+    assert read("ByteLevel").size == 257
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -104,5 +104,5 @@ def test_bad_arguments_name_what_is_wrong(kwargs, message, trained, tmp_path):
             "NOT_JSON": str(tmp_path / "bad.json"), "TOKENIZER": str(tmp / "hf")}
     kwargs = {k: real.get(v, v) for k, v in kwargs.items()}
     with pytest.raises(VocabError) as e:
-        vocab_size(kwargs.pop("tokenizer_type"), **kwargs)
+        read(kwargs.pop("tokenizer_type"), **kwargs)
     assert message in str(e.value)
