@@ -353,8 +353,6 @@ def test_vocabulary_refusals_name_what_is_wrong(models, tiktoken_json, tmp_path,
     # A model without an eos piece (megatron-core's eod would be -1): no end of document.
     no_eos = vocab.read("Llama2Tokenizer", tokenizer_model=str(models / "no_eos.model"))
     assert no_eos.eod is None and "eos_id -1" in no_eos.eod_looked_for
-    with pytest.raises(VocabError, match="no end-of-document token"):
-        vocab.eod_id("Llama2Tokenizer", tokenizer_model=str(models / "no_eos.model"))
     # The libraries are imported for these types only, and their absence says what to install.
     spec = importlib.util.spec_from_file_location("preprocess_data", TOOL)
     tool = importlib.util.module_from_spec(spec)
