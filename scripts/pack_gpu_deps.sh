@@ -119,3 +119,8 @@ mv "$work"/wheels/*.whl "$deps/wheels/"
 size_kib=$(du -sk "$deps" | cut -f1)
 say "$(du -sh "$deps/root.tar.xz" | cut -f1) prefix + $(du -sh "$deps/wheels" | cut -f1) wheels = $((size_kib / 1024)) MiB in .deps/"
 [ "$size_kib" -le $((limit_mib * 1024)) ] || fail ".deps is over $limit_mib MiB"
+# The tree travels with it: its tracked files too must fit under the 64 MiB.
+tree_kib=$(( $(git -C "$repo" ls-files -z | (cd "$repo" && xargs -0 du -cb 2>/dev/null) | tail -n 1 | cut -f1) / 1024 ))
+say "with the tracked tree ($((tree_kib / 1024)) MiB): $(( (size_kib + tree_kib) / 1024 )) MiB of the 64 MiB a device call carries"
+[ $((size_kib + tree_kib)) -le $((64 * 1024 - 1024)) ] ||
+  fail ".deps and the tracked tree are $(( (size_kib + tree_kib) / 1024 )) MiB, over the 63 MiB kept for a device call"
