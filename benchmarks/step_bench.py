@@ -107,7 +107,12 @@ def run_torch(args):
 def child(args):
     times, peak, nparams = (run_braid if args.impl == "braid" else run_torch)(args)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"times": times, "peak_bytes": peak, "rss_bytes": rss, "params": nparams}))
+    blas = None
+    if args.impl == "braid" and args.device == "cpu":
+        import braid
+        blas = braid.cpu_blas()
+    print(json.dumps({"times": times, "peak_bytes": peak, "rss_bytes": rss, "params": nparams,
+                      "cpu_blas": blas}))
 
 
 def measure(impl, argv):
@@ -136,6 +141,9 @@ def main(argv=None):
         mem = f"peak alloc {r['peak_bytes'] / 2**20:8.1f} MiB, " if r["peak_bytes"] else ""
         print(f"{impl:>6}: {r['params']:,} params | step {step * 1e3:8.1f} ms | {tokens / step:9.0f} tokens/s | "
               f"{mem}peak RSS {r['rss_bytes'] / 2**20:8.1f} MiB")
+        if r.get("cpu_blas"):
+            print(f"        OpenBLAS {r['cpu_blas']['kernels']} kernels "
+                  f"({r['cpu_blas']['chosen_by']})")
     print(f"ratio braid/pytorch tokens/s: {results['braid'] / results['torch']:.2f}")
 
 

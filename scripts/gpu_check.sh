@@ -241,7 +241,7 @@ if ! cmake "${args[@]}" >>"$out/setup.log" 2>&1; then
   tail -n 25 "$out/setup.log" | sed 's/^/  | /' >>"$summary"
   finish 1
 fi
-for var in OPENBLAS_LIBRARY GTest_DIR DLPACK_INCLUDE_DIR CUDNN_FRONTEND_INCLUDE_DIR CUDNN_LIBRARY NCCL_LIBRARY \
+for var in BRAID_OPENBLAS_LIBRARY GTest_DIR DLPACK_INCLUDE_DIR CUDNN_FRONTEND_INCLUDE_DIR CUDNN_LIBRARY NCCL_LIBRARY \
            MPI_C_COMPILER MPI_mpi_LIBRARY MPIEXEC_EXECUTABLE; do
   note "  $var = $(sed -n "s/^$var:[A-Z]*=//p" "$build/CMakeCache.txt")"
 done

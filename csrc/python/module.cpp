@@ -6,6 +6,7 @@
 #include "bindings.h"
 #include "braid/core/allocator.h"
 #include "braid/core/log.h"
+#include "braid/kernels/ops.h"
 
 namespace braid::python {
 
@@ -53,6 +54,18 @@ void bind_core(py::module_& m) {
 
   m.def("from_dlpack", &from_dlpack, py::arg("obj"),
         "A braid Tensor sharing memory with any DLPack producer (numpy array, torch tensor).");
+  m.def(
+      "cpu_blas",
+      [] {
+        const ops::CpuBlas blas = ops::cpu_blas();
+        py::dict d;
+        d["library"] = blas.library;
+        d["kernels"] = blas.kernels;
+        d["chosen_by"] = blas.chosen_by;
+        return d;
+      },
+      "OpenBLAS, the CPU GEMM, as braid loaded it (loading it first if no GEMM has yet): the "
+      "file, its kernels (openblas_get_corename) and how they were chosen.");
   m.def("cuda_available", &cuda_available);
   m.def("cuda_device_count", &cuda_device_count);
   m.def("cuda_device_name", &cuda_device_name, py::arg("index") = 0);

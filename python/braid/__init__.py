@@ -56,6 +56,7 @@ from braid._C import (  # noqa: F401
     TransformerConfig,
     WeightDecaySchedule,
     abort,
+    cpu_blas,
     cuda_available,
     cuda_device_count,
     cuda_device_name,

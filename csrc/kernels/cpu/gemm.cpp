@@ -5,13 +5,12 @@
 // thread pool. With OpenBLAS's own (pthread) pool instead, a GEMM that follows an OpenMP loop
 // competes with the OpenMP workers, which spin-wait after each loop before they sleep (measured:
 // a GEMM right after a layernorm took up to three times as long).
-#include <cblas.h>
-
 #include <climits>
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/cpu/openblas.h"
 
 namespace braid::ops::cpu {
 namespace {
@@ -53,9 +52,9 @@ void gemm_block(const GemmArgs& g, int64_t r0, int64_t r1, int64_t c0, int64_t c
   }
   const float* a = g.trans_a ? g.a + r0 : g.a + r0 * g.lda;
   const float* b = g.trans_b ? g.b + c0 * g.ldb : g.b + c0;
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-              g.trans_b ? CblasTrans : CblasNoTrans, int(r1 - r0), int(c1 - c0), int(g.k), g.alpha,
-              a, int(g.lda), b, int(g.ldb), beta, c, int(g.n));
+  openblas().sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                   g.trans_b ? CblasTrans : CblasNoTrans, int(r1 - r0), int(c1 - c0), int(g.k),
+                   g.alpha, a, int(g.lda), b, int(g.ldb), beta, c, int(g.n));
 }
 
 // Splits the longer side of out into blocks of 16 (whole cache lines of a row), contiguous
@@ -64,7 +63,7 @@ void gemm(const GemmArgs& g) {
   // A pthreads OpenBLAS is told to stay on the calling thread; an OpenMP one does that by
   // itself inside a parallel region (and its set_num_threads would resize braid's pool).
   static const bool blas_on_caller = [] {
-    if (openblas_get_parallel() == 1) openblas_set_num_threads(1);
+    if (openblas().get_parallel() == 1) openblas().set_num_threads(1);
     return true;
   }();
   (void)blas_on_caller;

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "braid/core/stream.h"
@@ -379,5 +380,15 @@ void sum_of_squares(Tensor out, std::span<const Tensor> tensors, Stream stream =
 // out [1] i64 = how many elements of all the tensors are zero (f32/bf16/f16 inputs; -0 counts;
 // Megatron's --log-num-zeros-in-grad).
 void count_zeros(Tensor out, std::span<const Tensor> tensors, Stream stream = {});
+
+// ---------------------------------------------------------------- the CPU's BLAS
+struct CpuBlas {
+  std::string library;  // the OpenBLAS file loaded
+  std::string kernels;  // its kernels (openblas_get_corename): SkylakeX, Haswell, Prescott, ...
+  std::string chosen_by;
+};
+// OpenBLAS as the CPU GEMM loaded it (loading it now if no GEMM has run yet), and how its
+// kernels were chosen (csrc/kernels/cpu/openblas.h); braid::Error when it cannot be loaded.
+CpuBlas cpu_blas();
 
 }  // namespace braid::ops
