@@ -39,6 +39,20 @@ F symbol(void* library, const char* name, const std::string& file) {
   return reinterpret_cast<F>(found);
 }
 
+// The OPENBLAS_CORETYPE braid gives OpenBLAS on this CPU where the environment has none ("":
+// OpenBLAS's own choice stands: no AVX2, or not x86-64).
+std::string openblas_coretype_for_this_cpu() {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+#endif
+  return "";
+}
+
 OpenBlas load() {
   // The library braid was built against first (BRAID_OPENBLAS_LIBRARY, from CMake), then the
   // one the dynamic loader finds by its soname (an installed wheel on another machine).
@@ -67,38 +81,26 @@ OpenBlas load() {
       tried += "\n  " + file + ": " + (error ? error : "not found");
     }
   }
-  BRAID_CHECK(library != nullptr, "cannot load OpenBLAS, braid's CPU GEMM (Debian: apt-get "
-              "install libopenblas0-pthread); tried:", tried);
+  BRAID_CHECK(library != nullptr, "cannot load OpenBLAS, braid's CPU GEMM (on Debian: ",
+              "apt-get install libopenblas0-pthread); tried:", tried);
   blas.sgemm = symbol<decltype(&cblas_sgemm)>(library, "cblas_sgemm", blas.info.library);
   blas.get_parallel =
       symbol<decltype(&openblas_get_parallel)>(library, "openblas_get_parallel", blas.info.library);
   blas.set_num_threads = symbol<decltype(&openblas_set_num_threads)>(
       library, "openblas_set_num_threads", blas.info.library);
-  blas.info.kernels = symbol<decltype(&openblas_get_corename)>(
-      library, "openblas_get_corename", blas.info.library)();
+  blas.info.kernels = symbol<decltype(&openblas_get_corename)>(library, "openblas_get_corename",
+                                                               blas.info.library)();
   if (blas.info.chosen_by.empty()) {
-    blas.info.chosen_by = user_core ? "OPENBLAS_CORETYPE=" + std::string(user_core) + " (yours)"
-               : chosen.empty()
-                   ? "OpenBLAS's own choice"
-                   : "OPENBLAS_CORETYPE=" + chosen + ", chosen by braid from the CPU's " +
-                         (chosen == "SkylakeX" ? "AVX-512" : "AVX2 and FMA");
+    blas.info.chosen_by =
+        user_core        ? "OPENBLAS_CORETYPE=" + std::string(user_core) + " (yours)"
+        : chosen.empty() ? "OpenBLAS's own choice"
+                         : "OPENBLAS_CORETYPE=" + chosen + ", chosen by braid from the CPU's " +
+                               (chosen == "SkylakeX" ? "AVX-512" : "AVX2 and FMA");
   }
   return blas;
 }
 
 }  // namespace
-
-std::string openblas_coretype_for_this_cpu() {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-#endif
-  return "";
-}
 
 const OpenBlas& openblas() {
   static const OpenBlas blas = load();
@@ -111,4 +113,4 @@ namespace braid::ops {
 
 CpuBlas cpu_blas() { return cpu::openblas().info; }
 
-}  // namespace braid::ops::cpu
+}  // namespace braid::ops

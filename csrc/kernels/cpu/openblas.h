@@ -26,8 +26,4 @@ struct OpenBlas {
 // Loads OpenBLAS once (thread-safe); a braid::Error naming the files tried when none loads.
 const OpenBlas& openblas();
 
-// What OPENBLAS_CORETYPE braid gives OpenBLAS on this CPU where the environment has none
-// ("" where OpenBLAS's own choice stands: no AVX2, or not x86-64).
-std::string openblas_coretype_for_this_cpu();
-
 }  // namespace braid::ops::cpu
