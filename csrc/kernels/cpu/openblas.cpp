@@ -59,6 +59,7 @@ OpenBlas load() {
   const std::string candidates[] = {BRAID_OPENBLAS_LIBRARY, "libopenblas.so.0"};
   OpenBlas blas;
   const char* user_core = std::getenv("OPENBLAS_CORETYPE");
+  if (user_core != nullptr && *user_core == '\0') user_core = nullptr;  // set empty: unset
   const std::string chosen = user_core ? "" : openblas_coretype_for_this_cpu();
   std::string tried;
   void* library = nullptr;

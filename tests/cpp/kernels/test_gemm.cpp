@@ -169,15 +169,17 @@ BRAID_KERNEL_TEST_SUITE(Gemm);
 // does not know for recent Xeons (it then falls back to its SSE3 kernels, Prescott, 4.6x slower
 // here); braid's choice is not left in the environment, and the user's OPENBLAS_CORETYPE wins.
 TEST(CpuBlas, KernelsFollowTheCpuFeatures) {
-  const char* user = std::getenv("OPENBLAS_CORETYPE");
-  const std::string user_core = user ? user : "";
+  const char* before = std::getenv("OPENBLAS_CORETYPE");  // set empty counts as unset
+  const std::string user_core = before ? before : "";
   const ops::CpuBlas blas = ops::cpu_blas();
   EXPECT_FALSE(blas.library.empty());
-  if (user != nullptr) {
+  if (!user_core.empty()) {
     EXPECT_EQ(blas.chosen_by, "OPENBLAS_CORETYPE=" + user_core + " (yours)");
     return;
   }
-  EXPECT_EQ(std::getenv("OPENBLAS_CORETYPE"), nullptr) << "left in the environment";
+  const char* after = std::getenv("OPENBLAS_CORETYPE");
+  EXPECT_EQ(after == nullptr, before == nullptr) << "braid's choice left in the environment";
+  EXPECT_STREQ(after ? after : "", "");
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
