@@ -578,7 +578,15 @@ std::shared_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
     }
     // The parent first: it is busy until the split has been agreed, and only then does NCCL
     // write the child's handle (whatever the call returned). Then the child, until it is ready.
-    state_->settle_locked(parent, ncclInProgress, info, deadline, timeout());
+    try {
+      state_->settle_locked(parent, ncclInProgress, info, deadline, timeout());
+    } catch (...) {
+      // The split failed on the parent: a child handle NCCL already wrote is half-built, so
+      // abort it here rather than let ~State wait out a finalize on it.
+      std::lock_guard child_lock(child->mutex);
+      child->abort_locked(child->comm);
+      throw;
+    }
     std::lock_guard child_lock(child->mutex);
     if (child->comm != nullptr) child->settle_locked(ncclInProgress, info, deadline, timeout());
   }
