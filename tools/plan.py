@@ -23,7 +23,8 @@ The model behind the numbers is in docs/planner.md (python/braid/planner.py).
 
 Or the run's own training arguments after `--`, as pretrain_gpt.py takes them: the model, the
 layout, the batch, the recomputation, the iterations (-> tokens) and --gpu-hour-price all come
-from them, and the prediction is for exactly that run (--search: every layout for its model
+from them (giving one here as well is an error; --gpu-hour-price may come here when they have
+none), and the prediction is for exactly that run (--search: every layout for its model
 and batch instead):
 
     python tools/plan.py --gpu h100-80g --num-gpus 64 --nvlink-bw 450GB/s --net-bw 400Gb/s \\
@@ -389,8 +390,9 @@ def data_ranks(a) -> int | None:
 def moe_error(shape, expert_parallel: int, tp: int, freq=1, data=None, etp=None, sp=True):
     """pretrain_gpt.py's verdict (moe_args.check, its rules and words) on the planned model's
     experts, --moe-layer-freq, --expert-model-parallel-size and --expert-tensor-parallel-size
-    `etp` (with `data`, the dp x cp ranks where known; `sp`, sequence parallelism), or None."""
-    return moe_args.check(argparse.Namespace(
+    `etp` (with `data`, the dp x cp ranks where known; `sp`, sequence parallelism), or None;
+    its TP size named as plan.py's --tp (given, or the --expert-tensor-parallel-size it follows)."""
+    error = moe_args.check(argparse.Namespace(
         num_experts=shape.num_experts or None,
         moe_ffn_hidden_size=shape.moe_ffn_hidden_size or None,
         moe_router_topk=shape.moe_router_topk, moe_router_pre_softmax=False,
@@ -405,6 +407,7 @@ def moe_error(shape, expert_parallel: int, tp: int, freq=1, data=None, etp=None,
         expert_model_parallel_size=expert_parallel, expert_tensor_parallel_size=etp,
         sequence_parallel=sp, micro_batch_size=1, context_parallel_size=1,
         num_layers=shape.num_layers, ffn_hidden_size=shape.ffn_hidden_size), tp, data)
+    return error and error.replace("--tensor-model-parallel-size", "--tp")
 
 
 MODEL_FLAGS = ("model", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
@@ -429,6 +432,11 @@ def _from_training_arguments(ap, a, training):
     if given:
         ap.error(f"--{given[0].replace('_', '-')}: with training arguments after --, the model "
                  "and the layout are theirs")
+    for flag, theirs in (("global_batch", "--global-batch-size"),
+                         ("train_tokens", "--train-iters or --train-samples")):
+        if getattr(a, flag) is not None:
+            ap.error(f"--{flag.replace('_', '-')}: with training arguments after --, the run's "
+                     f"{theirs} gives it")
     if "--device" not in training:
         training = [*training, "--device", "cuda"]  # a GPU run, planned from anywhere
     try:
@@ -454,8 +462,11 @@ def _from_training_arguments(ap, a, training):
     a.global_batch = t.global_batch_size
     # The samples the run's iterations read; those of a --rampup-batch-size phase at their own
     # batches' step times, for the run's layout (docs/planner.md).
-    a.train_tokens = a.train_tokens or t.train_end_samples * t.seq_length
+    a.train_tokens = t.train_end_samples * t.seq_length
     a.rampup = None if a.search else rampup_phases(t.batch_layout, t.train_end_samples)
+    if a.gpu_hour_price is not None and t.gpu_hour_price is not None:
+        ap.error(f"--gpu-hour-price {a.gpu_hour_price:g} here and {t.gpu_hour_price:g} in the "
+                 "training arguments: give it once")
     a.gpu_hour_price = a.gpu_hour_price or t.gpu_hour_price
     a.grad_reduce_in_bf16 = t.grad_reduce_in_bf16  # numerics, not layout: --search keeps it
     if not a.search:

@@ -53,6 +53,7 @@ from braid import planner_mla as _mla
 from braid import planner_moe as _moe
 from braid import planner_mtp as _mtp
 from braid import planner_split as _split
+from braid.planner_split import in_flight, peak_kept, schedule  # noqa: F401
 from braid.planner_inputs import (GPUS, PRESETS, Cluster, GPUType, Layout,  # noqa: F401
                                   ModelShape, parse_bandwidth, stage_splits)
 
@@ -284,38 +285,6 @@ def chunk_params(model: ModelShape, lay: Layout):
     return out
 
 
-@functools.lru_cache(maxsize=256)
-def _schedule(pp: int, microbatches: int, virtual_stages: int):
-    """braid's schedule for the layout (shared: the search times thousands of layouts on a few
-    schedules, and a schedule is never modified)."""
-    if pp == 1:
-        return _C.make_1f1b(1, microbatches)
-    return _C.make_interleaved_1f1b(pp, microbatches, virtual_stages)
-
-
-def in_flight(lay: Layout, microbatches: int):
-    """(chunk, microbatch) activations each rank keeps at most under braid's schedule."""
-    if lay.pp == 1:
-        return [1]
-    if lay.virtual_stages == 1:
-        return [min(lay.pp - r, microbatches) for r in range(lay.pp)]
-    return [min(_C.interleaved_warmup_steps(lay.pp, microbatches, lay.virtual_stages, r) + 1,
-                lay.virtual_stages * microbatches) for r in range(lay.pp)]
-
-
-def peak_kept(schedule, rank: int, kept: list) -> float:
-    """The most bytes rank `rank` keeps at once under `schedule`, each forward of chunk c
-    keeping kept[c] until its backward."""
-    now = peak = 0.0
-    for action in schedule.ranks[rank]:
-        if action.kind == _C.ActionKind.forward:
-            now += kept[action.chunk]
-            peak = max(peak, now)
-        elif action.kind == _C.ActionKind.backward:
-            now -= kept[action.chunk]
-    return peak
-
-
 def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
     """Per-GPU memory parts (GB) of the rank that needs the most, each rank's own layers
     counted: its chunks' activations, and (chunks of different kinds of layers) as many of
@@ -334,7 +303,7 @@ def memory(model: ModelShape, cluster: Cluster, lay: Layout, microbatches: int):
             acts[-1] = _mtp.kept(model, lay, acts[-1])
         kept = [k for k, _ in acts]  # chunks that keep different amounts: walk the schedule
         act = kept[0] * n if len(set(kept)) == 1 else peak_kept(
-            _schedule(lay.pp, microbatches, lay.virtual_stages), r, kept)
+            schedule(lay.pp, microbatches, lay.virtual_stages), r, kept)
         act += max(t for _, t in acts)
         if r == lay.pp - 1:          # bf16 logits and their f32 softmax / gradient
             act += T * model.vocab_size / lay.tp * (2 + 4)
@@ -362,7 +331,7 @@ def check_layout(model: ModelShape, cluster: Cluster, lay: Layout, global_batch:
         cp_term = f" x cp {c}" if c > 1 else ""
         raise ValueError(f"tp {t}{cp_term} x pp {p} x dp {d} = {t * c * p * d} != "
                          f"{cluster.num_gpus} GPUs")
-    if c < 1 or model.seq_length % (2 * c):
+    if c < 1 or (c > 1 and model.seq_length % (2 * c)):
         raise ValueError(f"cp {c}: the sequence ({model.seq_length}) does not split into 2 x cp "
                          "chunks")
     if model.num_attention_heads % t:
@@ -430,7 +399,7 @@ def predict(model: ModelShape, cluster: Cluster, lay: Layout, global_batch: int,
     p2p_bytes = T * model.hidden_size * 2 / (t if lay.sequence_parallel else 1)
     bw, alpha = _link(cluster, t * cp * d * p)
     p2p = alpha + p2p_bytes / bw if p > 1 else 0.0
-    sim = _C.simulate(_schedule(p, m, v), forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
+    sim = _C.simulate(schedule(p, m, v), forward_by_chunk=fwd, backward_by_chunk=bwd, p2p=p2p)
     if not sim.ok:
         raise RuntimeError(f"braid's schedule failed to simulate: {sim.error}")
     # DP: each model chunk's gradients, f32 (bf16: --grad-reduce-in-bf16), are reduced (ZeRO:
@@ -567,6 +536,8 @@ def search(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict |
             continue
         if sp and t == 1 and "sequence_parallel" not in fixed:
             continue
+        if z and d * c == 1 and "zero" not in fixed:
+            continue  # ZeRO over one rank shards nothing: the row without it, twice
         splits, why = _split.splits(model, p, v, fixed)  # [(first, last, model chunk layers)]
         experts = _moe.expert_choices(model, t, d * c, sp, fixed)  # [(etp, ep)]
         for (first, last, chunks), (w, e) in itertools.product(splits, experts):
@@ -653,7 +624,7 @@ def _add_time_and_cost(r, cluster, train_tokens, price, rampup_cost=(0.0, 0)):
 
 
 def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fixed: dict) -> str:
-    """The smallest-memory valid layout's breakdown, to say why none fits."""
+    """Why none fits: the smallest valid layout's memory, or the rule the first one tried breaks."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     best, first_error = None, None
     n = cluster.num_gpus
@@ -661,19 +632,21 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
     cps = [fixed["cp"]] if "cp" in fixed else _cp_choices(model)
     for t, c in itertools.product(tps, cps):
         for p in ([fixed["pp"]] if "pp" in fixed else _divisors(n)):
-            if n % (t * c * p):
-                continue
-            v = fixed.get("virtual_stages", 1)
+            d, v = fixed.get("dp", max(1, n // (t * c * p))), fixed.get("virtual_stages", 1)
+            splits, why = _split.splits(model, p, v, fixed)
+            if not splits:
+                first_error = first_error or f"tp {t} cp {c} pp {p} v {v}: {why}"
             for (first, last, chunks), (w, ep) in itertools.product(  # fewest experts a rank
-                    _split.splits(model, p, v, fixed)[0],
-                    _moe.fewest_experts(model, t, n // (t * p), fixed)):
-                lay = Layout(t, p, n // (t * c * p), fixed.get("micro_batch_size", 1), v,
-                             fixed.get("recompute", "full"), fixed.get("sequence_parallel", t > 1),
-                             fixed.get("zero", True), first_stage_layers=first,
-                             last_stage_layers=last, cp=c, ep=ep, etp=w,
+                    splits, _moe.fewest_experts(model, t, d * c, fixed)):
+                get = fixed.get
+                lay = Layout(t, p, d, get("micro_batch_size", 1), v, get("recompute", "full"),
+                             get("sequence_parallel", t > 1), get("zero", True),
+                             first_stage_layers=first, last_stage_layers=last, cp=c, ep=ep, etp=w,
                              model_chunk_layers=chunks,
-                             recompute_mla_up_proj=fixed.get("recompute_mla_up_proj", False),
-                             grad_reduce_in_bf16=fixed.get("grad_reduce_in_bf16", False))
+                             recompute_method=get("recompute_method", "uniform"),
+                             recompute_num_layers=get("recompute_num_layers", 1),
+                             recompute_mla_up_proj=get("recompute_mla_up_proj", False),
+                             grad_reduce_in_bf16=get("grad_reduce_in_bf16", False))
                 try:
                     m = check_layout(model, cluster, lay, global_batch)
                 except ValueError as e:
@@ -692,7 +665,9 @@ def why_nothing_fits(model: ModelShape, cluster: Cluster, global_batch: int, fix
             f"smallest, tp {lay.tp}{f' cp {lay.cp}' if lay.cp > 1 else ''} pp {lay.pp} dp "
             f"{lay.dp}{_moe.ep_label(model, lay)} micro batch "
             f"{lay.micro_batch_size} recompute {lay.recompute}"
-            f"{'+up' if lay.recompute_mla_up_proj else ''} ZeRO {lay.zero}, needs "
+            f"{'+up' if lay.recompute_mla_up_proj else ''}"
+            f"{f' block {lay.recompute_num_layers}' if lay.recompute_method == 'block' else ''}"
+            f" ZeRO {lay.zero}, needs "
             f"{total:.1f} GB (params {parts['params']:.1f}, grads {parts['grads']:.1f}, "
             f"optimizer {parts['optimizer']:.1f}, activations {parts['activations']:.1f}, "
             f"reserved {parts['reserved']:.1f}); {model.num_params() / 1e9:.1f}B parameters "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import re
 
 from braid import planner_mla as _mla
@@ -392,7 +393,7 @@ def parse_bandwidth(text: str, flag: str) -> float:
     """'300GB/s' -> 3e11 bytes/s, '200Gb/s' -> 2.5e10 bytes/s (B bytes, b bits; GiB/s too).
     A bare number is an error naming the flag, as the unit decides a factor of 8."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgGtT]?)(i?)([Bb])"
-                     r"(?:/s|ps)\s*", str(text))
+                     r"(?:/[sS]|ps)\s*", str(text))
     if not m:
         raise ValueError(f"{flag} {text!r}: give a bandwidth with its unit, e.g. 300GB/s "
                          "(bytes) or 200Gb/s (bits)")
@@ -401,8 +402,8 @@ def parse_bandwidth(text: str, flag: str) -> float:
     if binary:
         scale = 1024.0 ** " kmgt".index(prefix.lower())
     out = float(value) * scale / (8.0 if unit == "b" else 1.0)
-    if out <= 0:
-        raise ValueError(f"{flag} {text!r}: the bandwidth must be positive")
+    if not 0 < out < math.inf:
+        raise ValueError(f"{flag} {text!r}: the bandwidth must be positive and finite")
     return out
 
 

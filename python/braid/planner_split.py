@@ -3,7 +3,8 @@ braid's engine splits the layers (engine::stage_layers, docs/pipeline.md "Layer 
 split, uneven first and last stages (planner_inputs.stage_splits, Megatron's
 --decoder-first/last-pipeline-num-layers), Megatron's --account-for-embedding/loss-in-pipeline-
 split and a --pipeline-model-parallel-layout's model chunks (braid.pipeline_args). A split is
-(first, last, model chunk layers), as planner_inputs.Layout takes them."""
+(first, last, model chunk layers), as planner_inputs.Layout takes them. And the schedule the
+planner simulates a layout's pipeline with, and the activations it keeps in flight."""
 
 from __future__ import annotations
 
@@ -70,3 +71,35 @@ def splits(model, pp: int, v: int, fixed: dict) -> tuple[list, str]:
         return [(None, None, ())], ""
     return list(searched(n, pp, v)), (f"{n} layers do not split over pp {pp} x v {v}, evenly "
                                       "or with lighter first/last stages")
+
+
+@functools.lru_cache(maxsize=256)
+def schedule(pp: int, microbatches: int, virtual_stages: int):
+    """braid's schedule for the layout (shared: the search times thousands of layouts on a few
+    schedules, and a schedule is never modified)."""
+    if pp == 1:
+        return _C.make_1f1b(1, microbatches)
+    return _C.make_interleaved_1f1b(pp, microbatches, virtual_stages)
+
+
+def in_flight(lay, microbatches: int):
+    """(chunk, microbatch) activations each rank keeps at most under braid's schedule."""
+    if lay.pp == 1:
+        return [1]
+    if lay.virtual_stages == 1:
+        return [min(lay.pp - r, microbatches) for r in range(lay.pp)]
+    return [min(_C.interleaved_warmup_steps(lay.pp, microbatches, lay.virtual_stages, r) + 1,
+                lay.virtual_stages * microbatches) for r in range(lay.pp)]
+
+
+def peak_kept(schedule, rank: int, kept: list) -> float:
+    """The most bytes rank `rank` keeps at once under `schedule`, each forward of chunk c
+    keeping kept[c] until its backward."""
+    now = peak = 0.0
+    for action in schedule.ranks[rank]:
+        if action.kind == _C.ActionKind.forward:
+            now += kept[action.chunk]
+            peak = max(peak, now)
+        elif action.kind == _C.ActionKind.backward:
+            now -= kept[action.chunk]
+    return peak

@@ -230,7 +230,7 @@ def test_plan_cli_takes_the_experts_as_pretrain_gpt_does():
         ([*SHAPE, "--num-experts", "2", "--moe-router-topk", "4"],
          "--moe-router-topk 4 is more than --num-experts 2"),
         ([*SHAPE, "--num-experts", "8", "--moe-ffn-hidden-size", "1001", "--tp", "2"],
-         "--moe-ffn-hidden-size 1001 is not divisible by --tensor-model-parallel-size 2"),
+         "--moe-ffn-hidden-size 1001 is not divisible by --tp 2"),
     ]
     for args, message in refusals:
         out = _plan(*CLUSTER, "--global-batch", "256", *args)
@@ -377,8 +377,7 @@ def test_plan_cli_takes_the_shared_expert_as_pretrain_gpt_does():
         ([*SHAPE, "--moe-shared-expert-intermediate-size", "4096"],
          "--moe-shared-expert-intermediate-size needs --num-experts"),
         ([*SHAPE, "--num-experts", "8", "--moe-shared-expert-intermediate-size", "1001", "--tp",
-          "2"], "--moe-shared-expert-intermediate-size 1001 is not divisible by "
-                "--tensor-model-parallel-size 2"),
+          "2"], "--moe-shared-expert-intermediate-size 1001 is not divisible by --tp 2"),
     ]
     for args, message in refusals:
         out = _plan(*cluster, "--global-batch", "256", *args)

@@ -111,26 +111,9 @@ sys.path.insert(0, os.path.join(REPO, "tools"))
 import plan  # noqa: E402
 
 
-def test_bandwidth_units():
-    assert planner.parse_bandwidth("300GB/s", "--nvlink-bw") == pytest.approx(300e9)
-    assert planner.parse_bandwidth("200Gb/s", "--net-bw") == pytest.approx(25e9)
-    assert planner.parse_bandwidth("100 Gbps", "--net-bw") == pytest.approx(12.5e9)
-    assert planner.parse_bandwidth("1.5TB/s", "--nvlink-bw") == pytest.approx(1.5e12)
-    assert planner.parse_bandwidth("1GiB/s", "--net-bw") == pytest.approx(2 ** 30)
-    for bad in ["300", "300G", "fast", "-3GB/s", ""]:
-        with pytest.raises(ValueError, match="--net-bw"):
-            planner.parse_bandwidth(bad, "--net-bw")
-
-
 def _plan(*args):
     return subprocess.run([sys.executable, PLAN, *args], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=os.path.join(REPO, "python")))
-
-
-def test_plan_cli_rejects_a_bare_number_naming_the_flag():
-    out = _plan("--model", "llama2-7b", "--gpu", "h100-80g", "--num-gpus", "8",
-                "--nvlink-bw", "450", "--net-bw", "400Gb/s", "--global-batch", "64")
-    assert out.returncode == 2 and "--nvlink-bw" in out.stderr and "unit" in out.stderr
 
 
 def test_plan_cli_json_best_first_with_the_fields():
@@ -165,48 +148,6 @@ def test_a_layout_that_cannot_fit_is_never_proposed():
     assert results and rejected.get("out of memory", 0) > 0
     assert all((r["tp"], r["pp"]) != (1, 1) for r in results)
     assert all(r["memory_gb_per_gpu"] <= 80 for r in results)
-
-
-def test_none_fits_says_why():
-    model = planner.PRESETS["llama3-405b"]
-    small = planner.Cluster(planner.GPUS["a100-40g"], 8, 8, 300e9, 25e9)
-    results, _ = planner.search(model, small, 8)
-    assert results == []
-    why = planner.why_nothing_fits(model, small, 8, {})
-    assert "no layout fits in 40 GB" in why and "optimizer" in why and "more GPUs" in why
-    out = _plan("--model", "llama3-405b", "--gpu", "a100-40g", "--num-gpus", "8",
-                "--nvlink-bw", "300GB/s", "--net-bw", "200Gb/s", "--global-batch", "8")
-    assert out.returncode == 1 and "no layout fits" in out.stderr
-
-
-def test_invalid_fixed_layout_says_why():
-    out = _plan("--model", "llama2-7b", "--gpu", "h100-80g", "--num-gpus", "16",
-                "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
-                "--tp", "3", "--pp", "1", "--micro-batch-size", "1", "--virtual-stages", "1")
-    assert out.returncode == 1 and "tp 3" in out.stderr
-
-
-@pytest.mark.parametrize("flags,message", [
-    (["--tp", "0"], "argument --tp: must be > 0, got 0"),
-    (["--global-batch", "-64"], "argument --global-batch: must be > 0, got -64"),
-    (["--num-gpus", "0"], "argument --num-gpus: must be > 0, got 0"),
-    (["--top", "-1"], "argument --top: must be > 0, got -1"),
-    (["--train-tokens=-1e9"], "argument --train-tokens: must be > 0 and finite, got -1e9"),
-    (["--gpu-hour-price", "nan"], "argument --gpu-hour-price: must be > 0 and finite, got nan"),
-    (["--num-attention-heads", "7"], "error: --hidden-size 4096 is not divisible by "
-     "--num-attention-heads 7 (or give the head width with --kv-channels)"),
-    (["--num-query-groups", "3"], "error: --num-attention-heads 32 is not divisible by "
-     "--num-query-groups 3"),
-    (["--gpus-per-node", "3"], "error: --num-gpus 16 is not a whole number of nodes of "
-     "--gpus-per-node 3"),
-])
-def test_plan_cli_refuses_bad_numbers_up_front(flags, message, capsys):
-    with pytest.raises(SystemExit) as e:
-        plan.parse_args(["--model", "llama3-8b", "--gpu", "h100-80g", "--num-gpus", "16",
-                         "--nvlink-bw", "450GB/s", "--net-bw", "400Gb/s", "--global-batch", "64",
-                         *flags])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and err.startswith("usage: ") and message in err, err
 
 
 @pytest.mark.parametrize("pp,v", [(4, 1), (4, 2), (8, 2)])
