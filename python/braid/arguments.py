@@ -571,7 +571,7 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
             a.window_size, window_args.window_layers(a.window_attn_skip_freq, a.num_layers))
     except ValueError as e:
         raise ArgumentError(str(e)) from None
-    _check(a.seq_length % (2 * cp) == 0,
+    _check(cp == 1 or a.seq_length % (2 * cp) == 0,
            f"--context-parallel-size {cp}: --seq-length {a.seq_length} is not divisible by "
            f"2 x {cp} (each rank holds 2 chunks of every sequence)")
     _check(not a.sequence_parallel or a.seq_length % (tp * cp) == 0,

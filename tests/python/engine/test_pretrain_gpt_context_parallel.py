@@ -47,6 +47,19 @@ def test_a_context_parallel_checkpoint_resumes_in_one_process(one_process, tmp_p
                                rtol=2e-4)
 
 
+def test_an_odd_sequence_length_needs_no_context_parallelism(tmp_path):
+    # Only context parallelism splits each sequence into 2 x cp chunks (Megatron asks it only
+    # then): without it --seq-length 31 trains, and under tp 2 (no sequence parallelism) alike.
+    odd = [*MODEL, "--seq-length", "31", "--train-iters", "5"]
+    got = {}
+    for ranks in (1, 2):
+        tb = str(tmp_path / f"tb{ranks}")
+        r = run(ranks, [*odd, "--tensor-model-parallel-size", str(ranks), "--tensorboard-dir", tb])
+        assert r.returncode == 0, r.stdout + r.stderr
+        got[ranks] = losses(jsonl(os.path.join(tb, "metrics.jsonl")))
+    assert sorted(got[1]) == [1, 2, 3, 4, 5] and got[2] == pytest.approx(got[1], rel=1e-4)
+
+
 @pytest.mark.parametrize("ranks, flags, message", [
     (4, [*CP2, "--seq-length", "30"],
      "--context-parallel-size 2: --seq-length 30 is not divisible by 2 x 2"),
