@@ -414,10 +414,13 @@ def import_hf(hf_dir, save, mtp=True):
     if arch == "deepseek_v2":
         config.update(softmax_moe_config_from_hf(hf))
     config.update(mtp_config_from_hf(hf, config, depths))
-    for key in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
-                "max_position_embeddings"):
-        check(isinstance(config[key], int) and config[key] > 0, f"config.json: {key} should be a "
-              f"positive integer, is {config[key]!r}")
+    hf_keys = ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions") if arch == "gpt2" \
+        else ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size",
+              "max_position_embeddings")
+    for key, hf_key in zip(("num_layers", "hidden_size", "num_attention_heads", "vocab_size",
+                            "max_position_embeddings"), hf_keys):
+        check(isinstance(config[key], int) and config[key] > 0, f"config.json: {hf_key} should "
+              f"be a positive integer, is {config[key]!r}")
     check(arch in LLAMA_LIKE or config["hidden_size"] % config["num_attention_heads"] == 0,
           "config.json: the hidden size is not a multiple of the number of attention heads")
     if not latent:  # (MLA's widths: latent_attention_config_from_hf)

@@ -29,6 +29,7 @@ ones (merging their TP/PP/EP shards).
 """
 
 import argparse
+import json
 import os
 import sys
 
@@ -89,16 +90,21 @@ def check_format(folder):
     meta = os.path.join(folder, "metadata.json")
     if os.path.isfile(meta):
         with open(meta) as f:
-            braid = '"braid-checkpoint"' in f.read()
-        check(not braid, f"{folder}: a braid checkpoint; convert it with export")
+            text = f.read()
+        check('"braid-checkpoint"' not in text, f"{folder}: a braid checkpoint; convert it with "
+              "export")
+        try:
+            backend = json.loads(text).get("sharded_backend")
+        except (ValueError, AttributeError) as e:
+            raise ConvertError(f"{meta}: not megatron-core's metadata.json ({e})") from None
+        raise ConvertError(f"{folder}/metadata.json: sharded_backend is {backend!r}, not "
+                           "'torch_dist' (zarr and the others are not read)")
     if ".metadata" in names:
         raise ConvertError(f"{folder}: a PyTorch distributed checkpoint without megatron-core's "
                            "metadata.json (Megatron-LM's torch_dcp or fsdp_dtensor format?); "
                            "this tool reads the torch_dist format")
-    check(os.path.isfile(meta), f"{folder}: no metadata.json and no mp_rank_* folders (neither "
-          "a torch_dist nor a legacy torch checkpoint)")
-    raise ConvertError(f"{folder}/metadata.json: sharded_backend is not torch_dist (zarr and "
-                       "the others are not read)")
+    raise ConvertError(f"{folder}: no metadata.json and no mp_rank_* folders (neither a "
+                       "torch_dist nor a legacy torch checkpoint)")
 
 
 # ---- import ----------------------------------------------------------------------------------

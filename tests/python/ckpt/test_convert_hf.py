@@ -510,6 +510,17 @@ def test_refuses_what_braid_cannot_represent(tmp_path, make, changes, field):
                  "not supported")
 
 
+@pytest.mark.parametrize("make,key", [(llama, "num_hidden_layers"), (gpt2, "n_layer"),
+                                      (gpt2, "n_positions")])
+def test_a_size_that_is_not_a_positive_integer_is_named_as_config_json_names_it(tmp_path, make,
+                                                                               key):
+    hf_dir = make(tmp_path / "hf")
+    edit_config(hf_dir, **{key: "2"})
+    assert_fails(run_tool("import", "--hf-dir", hf_dir, "--save", tmp_path / "c"),
+                 f"config.json: {key} should be a positive integer, is '2'")
+    assert not (tmp_path / "c").exists()
+
+
 def test_head_dim_must_agree_with_the_weights_and_be_even(tmp_path):
     hf_dir = llama(tmp_path / "hf")  # 4 heads of 16 on hidden 64
     edit_config(hf_dir, head_dim=32)

@@ -563,6 +563,9 @@ def test_refuses_what_it_does_not_read(megatron, exported, tmp_path):
     (dcp.parent / "latest_checkpointed_iteration.txt").write_text("5")
     assert_refused(["import", "--megatron-dir", dcp.parent, "--save", tmp_path / "c"],
                    "without megatron-core's metadata.json", "torch_dcp")
+    (dcp / "metadata.json").write_text('{"sharded_backend": "zarr"}')  # an older backend
+    assert_refused(["import", "--megatron-dir", dcp.parent, "--save", tmp_path / "c"],
+                   "metadata.json: sharded_backend is 'zarr', not 'torch_dist'")
     assert_refused(["import", "--megatron-dir", exported["gpt"]["braid"], "--save",
                     tmp_path / "d"], "a braid checkpoint; convert it with export")
     assert_refused(["import", "--megatron-dir", megatron / "llama", "--save", tmp_path / "e",
