@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import time
 
@@ -284,6 +285,7 @@ _worker = {}
 def init_worker(args, pooled=False):
     if pooled:  # a process per core already: no thread pool per process on top
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     _worker["args"] = args
     _worker["tokenizer"] = build_tokenizer(args)
 
@@ -646,4 +648,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # main() has discarded its partial outputs
+        sys.stderr.write("preprocess_data: interrupted; wrote nothing, earlier outputs kept\n")
+        sys.exit(130)
