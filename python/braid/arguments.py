@@ -514,6 +514,14 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
     _check(not ((a.data_path or per_split) and a.mock_data),
            "--mock-data excludes --data-path and --train-data-path")
     a.addition_data = not a.data_path and not per_split and not a.mock_data
+    if a.data_path:
+        from braid.data import parse_split
+        try:
+            train_share = parse_split(a.split)[0]
+        except ValueError as e:
+            raise ArgumentError(without_source(e)) from None
+        _check(train_share > 0 or a.skip_train, f"--split {a.split} leaves no documents to train "
+               "on (give the training split a weight, or --skip-train to evaluate only)")
     for flag in ("--data-path", "--train-data-path", "--valid-data-path", "--test-data-path"):
         if check_files:
             _check_data_files(flag, getattr(a, flag[2:].replace("-", "_")))

@@ -6,8 +6,26 @@ rank, before any collective): a --load that holds something else than braid chec
 from __future__ import annotations
 
 import os
+import re
 
 from braid.checkpoint_flags import TRACKER  # braid's and Megatron-LM's
+
+
+def _tracker(directory: str) -> str | None:
+    """The tracker's text, stripped (bytes that are not UTF-8 shown replaced); None without one."""
+    path = os.path.join(directory, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace").strip()
+
+
+def _iterations(directory: str) -> str:
+    """The iteration folders `directory` holds (not a save's staging folders), named: "" if none,
+    else e.g. "iter_0000004 and iter_0000008"."""
+    held = sorted(n for n in os.listdir(directory) if re.fullmatch(r"iter_[0-9]{7,}", n)
+                  and os.path.isdir(os.path.join(directory, n)))
+    return " and ".join([", ".join(held[:-1]), held[-1]] if len(held) > 1 else held)
 
 
 def save_directory_problem(a) -> str | None:
@@ -22,14 +40,17 @@ def save_directory_problem(a) -> str | None:
         return f"--save {a.save}: cannot create the directory ({e.strerror})"
     if not os.access(a.save, os.W_OK | os.X_OK):
         return f"--save {a.save}: cannot write there"
-    tracker = os.path.join(a.save, TRACKER)
+    saved = _tracker(a.save)
     continued = a.load and os.path.realpath(a.load) == os.path.realpath(a.save)
-    if os.path.isfile(tracker) and not continued:
-        with open(tracker) as f:
-            saved = f.read().strip()
+    if saved is not None and not continued:
         return (f"--save {a.save} holds a checkpoint (iteration {saved}) that this run does not "
                 f"load, and its saves would overwrite it: pass --load {a.save} to continue it, "
                 "or --save another directory")
+    held = _iterations(a.save) if saved is None and not continued else ""
+    if held:  # a first save stopped between its folder's rename and the tracker's
+        return (f"--save {a.save} holds {held} but no {TRACKER}, and this run's saves could "
+                f"overwrite them: pass --load {a.save} --ckpt-step N to continue one, or --save "
+                "another directory")
     return None
 
 
@@ -43,11 +64,18 @@ def load_directory_problem(a) -> str | None:
         return f"--load {a.load} is a file, not a checkpoint directory"
     where, names = a.load, set(os.listdir(a.load))
     tracker = os.path.join(a.load, TRACKER)
-    if os.path.isfile(tracker):  # the iteration's folder tells whose checkpoint it is
-        with open(tracker) as f:
-            text = f.read().strip()
+    text = _tracker(a.load)
+    number = text is not None and re.fullmatch(r"[0-9]+", text) is not None
+    if text is None and a.ckpt_step is None and _iterations(a.load):
+        return (f"--load {a.load} holds {_iterations(a.load)} but no {TRACKER} (a first save "
+                "stopped before it committed?): give --ckpt-step N to load iteration N")
+    if text is not None and text != "release" and not number and a.ckpt_step is None:
+        return (f"--load {a.load}: its {TRACKER} should hold an iteration number, holds "
+                f"{text[:40]!r}" + (f" (the iterations there: {_iterations(a.load)}; --ckpt-step N "
+                                    "loads iteration N)" if _iterations(a.load) else ""))
+    if text is not None:  # the iteration's folder tells whose checkpoint it is
         folder = os.path.join(a.load, "release" if text == "release" else
-                              f"iter_{int(text):07d}" if text.isdigit() else "")
+                              f"iter_{int(text):07d}" if number else "")
         where, names = folder, set(os.listdir(folder)) if os.path.isdir(folder) else set()
     convert = "; convert it first: tools/{} import, then --load what it saves".format
     # torch_dist's files, or the legacy format's folder per model-parallel rank (braid's

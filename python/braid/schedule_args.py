@@ -7,6 +7,7 @@ does on --load (Megatron's --override-opt_param-scheduler and
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Callable
 
 import numpy as np
@@ -199,11 +200,15 @@ def take_checkpoints(a: argparse.Namespace, saved: dict,
             f"{a.lr_warmup_iters:g} and decay {a.lr_decay_iters:g} iterations"]
 
 
-def differences(a: argparse.Namespace, saved: dict | None) -> str | None:
+def differences(a: argparse.Namespace, saved: dict | None,
+                saved_batch: int | None = None) -> str | None:
     """Megatron's OptimizerParamScheduler rule for a run that continues a checkpoint with its
     optimizer, without --override-opt_param-scheduler or --use-checkpoint-opt_param-scheduler:
     its learning rate, floor, warmup, decay length and style and weight-decay schedule must be
-    the checkpoint's (`saved`). The error naming what differs, or None."""
+    the checkpoint's (`saved`). Megatron keeps the warmup and decay in samples, so under another
+    global batch than the checkpoint's (`saved_batch`) they compare as samples: iterations that
+    the new batch would turn into another schedule are refused. The error naming what differs,
+    or None."""
     if saved is None or a.override_opt_param_scheduler or a.use_checkpoint_opt_param_scheduler:
         return None
     def shown(v):  # the checkpoint keeps float32 rates and fractional iterations
@@ -211,6 +216,15 @@ def differences(a: argparse.Namespace, saved: dict | None) -> str | None:
     differ = [f"{name}: {shown(getattr(a, dest))} (the checkpoint: {shown(saved[key])})"
               for name, dest, key, same in SCHEDULE_FIELDS
               if not same(getattr(a, dest), saved[key])]
+    batch = a.global_batch_size
+    if saved_batch and saved_batch != batch:
+        for name, dest, key in (("warmup", "lr_warmup_iters", "warmup_iters"),
+                                ("decay", "lr_decay_iters", "decay_iters")):
+            mine, theirs = getattr(a, dest) * batch, saved[key] * saved_batch
+            if not math.isclose(mine, theirs, rel_tol=1e-9):
+                differ.append(f"the {name} in samples: {shown(getattr(a, dest))} iterations x "
+                              f"global batch {batch} = {mine:g} (the checkpoint: "
+                              f"{shown(saved[key])} x {saved_batch} = {theirs:g})")
     mine, theirs = _weight_decay(a), saved.get("weight_decay")
     if theirs is not None and not (
             theirs.keys() == mine.keys() and theirs["style"] == mine["style"]

@@ -31,6 +31,7 @@ import math
 import os
 import sys
 import time
+from typing import NoReturn
 
 import numpy as np
 
@@ -66,6 +67,17 @@ def error_exit(message: str) -> int:
     sys.stderr.write(f"braid: error: {message}\n")
     sys.stderr.flush()
     return 2
+
+
+def abort_job(message: str) -> NoReturn:
+    """An error some ranks may find alone (a token in one rank's batch, the datasets rank 0
+    builds while the others wait, a full disk while saving): its line, then the whole job ends
+    (MPI_Abort, exit 1) rather than the other ranks waiting out --distributed-timeout-minutes in
+    their next collective; one process exits 2 as error_exit's callers do."""
+    if launched_processes() > 1:
+        braid._C.abort(f"braid: error: {message}")
+    error_exit(message)
+    raise SystemExit(2)
 
 
 # ---- model ------------------------------------------------------------------------------------
@@ -275,7 +287,8 @@ def run(argv=None) -> int:
                 return error_exit(str(e))
             meta = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None else a.ckpt_step)
             if schedule_args.continues_optimizer(a, meta):
-                problem = schedule_args.differences(a, meta.get("lr_schedule"))
+                problem = schedule_args.differences(
+                    a, meta.get("lr_schedule"), meta.get("trainer", {}).get("global_batch_size"))
                 if problem is not None:  # found alike on every rank, before any step
                     return error_exit(problem)
             for line in numerics_warnings(meta.get("config", {}), cfg):
@@ -300,8 +313,8 @@ def run(argv=None) -> int:
     try:
         data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier,
                     valid_consumed)
-    except ValueError as e:  # from the datasets' sizes, which every rank builds alike
-        return error_exit(str(e))
+    except ValueError as e:  # rank 0 builds the datasets while the others wait in a barrier
+        abort_job(str(e))
     for line in data.notes:
         log(line)
     device_name = braid.cuda_device_name(int(device[5:])) if device != "cpu" and rank == 0 \
@@ -324,7 +337,8 @@ def run(argv=None) -> int:
     saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
     # --save-retain-interval: rank 0 deletes after each commit, never during a save.
     retention = Retention(a.save, a.save_retain_interval, log, enabled=rank == 0)
-    saved = trainer.iteration if a.load and a.save == a.load else -1
+    saved = trainer.iteration if a.load and a.save and \
+        os.path.realpath(a.save) == os.path.realpath(a.load) else -1
     exits = None
     duration = a.exit_duration_in_mins
     budget_binds = False  # --exit-cost comes before --exit-duration-in-mins
@@ -345,20 +359,30 @@ def run(argv=None) -> int:
                                      exit_duration_minutes=duration or 0.0,
                                      signals=bool(a.save))
 
+    def saving(step):
+        """A save's step (writing, or committing an async save); a full disk or a lost mount
+        ends the job with one line, the committed checkpoints as they were."""
+        try:
+            return step()
+        except (OSError, RuntimeError) as e:
+            abort_job(f"saving a checkpoint to {a.save}: {e} (the checkpoints committed before "
+                      "stay as they were)")
+
     def save(iteration):
         nonlocal saved
         if saver is not None and saved != iteration:
-            saver.save(trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
-                       save_rng=not a.no_save_rng, device_seconds=device_seconds(),
-                       skipped_train_samples=report.skipped_train_samples,
-                       consumed_valid_samples=data.valid_consumed)
+            saving(lambda: saver.save(
+                trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
+                save_rng=not a.no_save_rng, device_seconds=device_seconds(),
+                skipped_train_samples=report.skipped_train_samples,
+                consumed_valid_samples=data.valid_consumed))
             saved = iteration
             retention.committed(saver.last_committed)  # this save, or (async) the one before
 
     def finish_saves():
         """Commits the save in flight and waits for retention's deletions (before exiting)."""
         if saver is not None:
-            saver.wait(trainer)
+            saving(lambda: saver.wait(trainer))
             retention.committed(saver.last_committed)
             retention.close()
 
@@ -378,8 +402,13 @@ def run(argv=None) -> int:
         else:
             return
         for suffix, batches in sets:
-            loss = float(np.mean([trainer.evaluate(batch.tokens, data.targets(batch),
-                                                   batch.num_microbatches) for batch in batches]))
+            try:
+                loss = float(np.mean([trainer.evaluate(batch.tokens, data.targets(batch),
+                                                       batch.num_microbatches)
+                                      for batch in batches]))
+            except ValueError as e:  # a batch's (a token past the vocabulary), maybe one rank's
+                abort_job(f"{'test' if test else 'validation'}{suffix} at iteration "
+                          f"{iteration}: {e}")
             if a.empty_unused_memory_level >= 1:
                 braid.empty_cache(device)
             ppl = math.exp(min(loss, 20.0))
@@ -467,8 +496,8 @@ def run(argv=None) -> int:
             continue
         try:
             stats = trainer.train_step(batch.tokens, data.targets(batch), batch.num_microbatches)
-        except ValueError as e:  # the batch's (a token past the vocabulary): mpirun ends the job
-            return error_exit(f"iteration {it}: {e}")
+        except ValueError as e:  # the batch's (a token past the vocabulary), maybe one rank's
+            abort_job(f"iteration {it}: {e}")
         if a.empty_unused_memory_level >= 1:
             braid.empty_cache(device)
         if timers is not None:
@@ -481,7 +510,7 @@ def run(argv=None) -> int:
         report.step(it, stats, batch_size, data.train.consumed_samples, done_samples,
                     job_samples)
         bar.show(it, train_start, done_samples, job_samples)
-        if saver is not None and a.async_save and saver.poll(trainer):  # collective
+        if saver is not None and a.async_save and saving(lambda: saver.poll(trainer)):
             retention.committed(saver.last_committed)  # a background save just committed
         if a.validates and it % a.eval_interval == 0 and it != a.train_iters:
             evaluate(it)

@@ -124,3 +124,96 @@ def test_load_of_something_else_than_a_braid_checkpoint_says_what_it_is(tmp_path
     (tmp_path / "file").write_text("")
     clean_error(run(1, [*TINY, "--load", str(tmp_path / "file")]),
                 f"--load {tmp_path / 'file'} is a file, not a checkpoint directory")
+
+
+def test_an_error_one_rank_finds_ends_every_rank(tmp_path):
+    # Found by some ranks alone, an error ends the job at once (MPI_Abort) rather than leaving the
+    # others in their next collective for --distributed-timeout-minutes (10 here: a wait would
+    # outlast the test's 120 s).
+    prefix = str(tmp_path / "docs")
+    write_documents(prefix, 40, high=200, seed=3)
+    data = [*(a for a in TINY if a != "--mock-data"), "--data-path", prefix,
+            "--distributed-timeout-minutes", "10"]
+    # Tokens past the vocabulary (128) reach the first pipeline stage; the last waits for it.
+    r = run(2, [*data, "--split", "100,0,0", "--pipeline-model-parallel-size", "2"], timeout=120)
+    assert r.returncode != 0 and "braid: error: iteration 1: GPTModel: token id" in r.stderr, \
+        r.stdout + r.stderr
+    # Rank 0 builds the datasets while the other waits: a validation split without documents.
+    r = run(2, [*data, "--vocab-size", "256", "--split", "99,1,0", "--eval-iters", "1"],
+            timeout=120)
+    assert r.returncode != 0 and "the valid split has no documents" in r.stderr, \
+        r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("split, message", [
+    ("0,50,50", "--split 0,50,50 leaves no documents to train on"),
+    ("abc", '--split "abc": expected one to three weights'),
+])
+def test_a_split_without_training_documents_is_an_argument_error(tmp_path, split, message):
+    prefix = str(tmp_path / "docs")
+    write_documents(prefix, 40, high=100, seed=3)
+    args = [a for a in TINY if a != "--mock-data"]
+    clean_error(run(1, [*args, "--data-path", prefix, "--split", split]), message)
+
+
+def test_iterations_without_a_tracker_are_not_trained_over(tmp_path):
+    # A first save stopped between its folder's rename and the tracker's write: neither a run
+    # loading the directory nor one saving there starts from scratch over those iterations.
+    ckpt = tmp_path / "ckpt"
+    assert run(1, [*TINY, "--save", str(ckpt), "--save-interval", "1"]).returncode == 0
+    (ckpt / "latest_checkpointed_iteration.txt").unlink()
+    before = digest(ckpt)
+    held = "iter_0000001, iter_0000002 and iter_0000003 but no latest_checkpointed_iteration.txt"
+    clean_error(run(1, [*TINY, "--load", str(ckpt), "--save", str(ckpt)]),
+                f"--load {ckpt} holds {held}")
+    clean_error(run(1, [*TINY, "--save", str(ckpt)]), f"--save {ckpt} holds {held}")
+    assert digest(ckpt) == before
+    r = run(1, [*TINY, "--train-iters", "4", "--load", str(ckpt), "--ckpt-step", "3",
+                "--save", str(ckpt), "--override-opt_param-scheduler"])
+    assert r.returncode == 0 and "loaded iteration 3" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_damaged_tracker_is_named(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    assert run(1, [*TINY, "--save", str(ckpt), "--save-interval", "3"]).returncode == 0
+    for text in (b"garbage\n", b"\xff\xfe", "\u00b2".encode()):  # "²" is a digit to str.isdigit
+        (ckpt / "latest_checkpointed_iteration.txt").write_bytes(text)
+        clean_error(run(1, [*TINY, "--train-iters", "4", "--load", str(ckpt)]),
+                    f"--load {ckpt}: its latest_checkpointed_iteration.txt should hold an "
+                    "iteration number")
+        clean_error(run(1, [*TINY, "--save", str(ckpt)]), f"--save {ckpt} holds a checkpoint")
+
+
+def test_another_global_batch_is_another_learning_rate_schedule(tmp_path):
+    # Megatron keeps the warmup and decay in samples and refuses a resume whose batch changes
+    # them; braid did not, and rewound the learning rate (4 iterations of 4 samples, resumed with
+    # 8 a step: 2 iterations' worth of samples done, so the cosine went back to its middle).
+    ckpt = tmp_path / "ckpt"
+    run4 = [*TINY, "--train-iters", "4"]
+    assert run(1, [*run4, "--save", str(ckpt), "--exit-interval", "2"]).returncode == 0
+    clean_error(run(1, [*run4, "--global-batch-size", "8", "--load", str(ckpt)]),
+                "the learning-rate schedule differs from the checkpoint's: the decay in samples: "
+                "4 iterations x global batch 8 = 32 (the checkpoint: 4 x 4 = 16)")
+    r = run(1, [*run4, "--global-batch-size", "8", "--load", str(ckpt),
+                "--override-opt_param-scheduler"])
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_save_that_fails_keeps_the_committed_checkpoints(tmp_path):
+    # A full disk, as a file-size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write
+    # fails with EFBIG): the run ends with one line, the checkpoint committed before intact.
+    import resource
+    ckpt = tmp_path / "ckpt"
+    wide = [*TINY, "--hidden-size", "256", "--train-iters", "5"]  # a checkpoint of ~19 MB
+    assert run(1, [*wide, "--save", str(ckpt), "--exit-interval", "3"]).returncode == 0
+    before = digest(ckpt)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+    r = subprocess.run([sys.executable, SCRIPT, *wide, "--load", str(ckpt),
+                        "--save", str(ckpt), "--save-interval", "1"], env=mpi_env(), cwd=REPO,
+                       capture_output=True, text=True, timeout=180, preexec_fn=limit)
+    clean_error(r, f"saving a checkpoint to {ckpt}: safetensors: writing ")
+    assert "File too large" in r.stderr and "the checkpoints committed before stay" in r.stderr
+    assert digest(ckpt) == before and sorted(os.listdir(ckpt)) == [
+        "iter_0000003", "latest_checkpointed_iteration.txt"]

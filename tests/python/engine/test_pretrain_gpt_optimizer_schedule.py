@@ -116,7 +116,7 @@ def test_tied_embeddings_both_copies_take_the_decoupled_rate(tmp_path):
 # ---- the checkpoint's schedule on --load -----------------------------------------------------
 
 BASE = {"--lr": "3e-3", "--min-lr": "3e-4", "--lr-warmup-iters": "3", "--lr-decay-iters": "12",
-        "--lr-decay-style": "cosine", "--weight-decay": "0.01"}
+        "--lr-decay-style": "cosine", "--weight-decay": "0.01", "--global-batch-size": "16"}
 
 
 def flags(changes: dict) -> list[str]:
@@ -134,14 +134,15 @@ def megatron_refuses(changes: dict) -> bool:
     class Groups:
         param_groups = [{"params": [torch.zeros(1)]}]
 
-    def scheduler(values):
+    def scheduler(values):  # in samples, as Megatron-LM's training.py builds it
         v = {**BASE, **values}
-        wd = float(v["--weight-decay"])
+        wd, batch = float(v["--weight-decay"]), int(v["--global-batch-size"])
         return OptimizerParamScheduler(
             Groups(), init_lr=0.0, max_lr=float(v["--lr"]), min_lr=float(v["--min-lr"]),
-            lr_warmup_steps=int(v["--lr-warmup-iters"]),
-            lr_decay_steps=int(v["--lr-decay-iters"]), lr_decay_style=v["--lr-decay-style"],
-            start_wd=wd, end_wd=wd, wd_incr_steps=20, wd_incr_style="constant",
+            lr_warmup_steps=int(v["--lr-warmup-iters"]) * batch,
+            lr_decay_steps=int(v["--lr-decay-iters"]) * batch,
+            lr_decay_style=v["--lr-decay-style"], start_wd=wd, end_wd=wd,
+            wd_incr_steps=20 * batch, wd_incr_style="constant",
             use_checkpoint_opt_param_scheduler=False, override_opt_param_scheduler=False)
 
     saved = scheduler({}).state_dict()
@@ -169,7 +170,7 @@ def saved_run(tmp_path_factory):
 
 CHANGES = [{}, {"--lr": "1e-3"}, {"--min-lr": "1e-4"}, {"--lr-warmup-iters": "2"},
            {"--lr-decay-iters": "14"}, {"--lr-decay-style": "linear"},
-           {"--weight-decay": "0.05"}]
+           {"--weight-decay": "0.05"}, {"--global-batch-size": "32"}]
 
 
 @pytest.mark.parametrize("changes", CHANGES, ids=lambda c: ",".join(c) or "same")
@@ -190,7 +191,9 @@ def test_a_changed_schedule_is_refused_where_megatron_refuses_it(tmp_path, saved
                 "--lr-warmup-iters": "warmup iterations: 2",
                 "--lr-decay-iters": "total number of iterations: 14",
                 "--lr-decay-style": "learning rate decay style: linear",
-                "--weight-decay": "weight decay"}[next(iter(changes))]
+                "--weight-decay": "weight decay",
+                "--global-batch-size": "the decay in samples: 12 iterations x global batch 32 = "
+                "384 (the checkpoint: 12 x 16 = 192)"}[next(iter(changes))]
         assert name in r.stderr, r.stderr
         sys.path.insert(0, os.path.join(REPO, "python"))
         import braid

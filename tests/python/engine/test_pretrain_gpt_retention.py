@@ -151,15 +151,18 @@ def test_links_files_and_later_checkpoints_stay(tmp_path):
     # What retention does not judge: a symbolic link (a checkpoint pinned elsewhere, as
     # Megatron skips links), a file, a later iteration than the one saved (from a run that went
     # further). An earlier directory not a multiple of N goes even if this run never made it.
+    # (A --save directory of iterations without a tracker is refused: the run continues one.)
     ckpt = tmp_path / "ckpt"
     pinned = tmp_path / "pinned"
+    r = run(1, [*TRAIN, "--save", str(ckpt), "--exit-interval", "5", "--train-iters", "12"])
+    assert r.returncode == 0, r.stdout + r.stderr
     for d in (ckpt / "iter_0000004", ckpt / "iter_0000101", pinned):
         d.mkdir(parents=True)
         (d / "metadata.json").write_text("{}")
     (ckpt / "iter_0000003").symlink_to(pinned)
     (ckpt / "iter_0000007").write_text("not a directory")
-    r = run(1, [*TRAIN, "--save", str(ckpt), "--save-interval", "5", "--save-retain-interval",
-                "10", "--train-iters", "12"])
+    r = run(1, [*TRAIN, "--load", str(ckpt), "--save", str(ckpt), "--save-interval", "5",
+                "--save-retain-interval", "10", "--train-iters", "12"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(os.listdir(ckpt)) == [
         "iter_0000003", "iter_0000007", "iter_0000010", "iter_0000012", "iter_0000101",
