@@ -50,6 +50,10 @@ Blend parse_data_path(const std::vector<std::string>& args) {
       return blend;
     }
   }
+  // Not WEIGHT PREFIX pairs: prefixes alone (Megatron's reading), unless a number comes first.
+  BRAID_CONFIG_CHECK(args.size() == 1 || !parse_number(args[0]), "--data-path: ", args.size(),
+                     " words starting with the weight ", args[0],
+                     ": give WEIGHT PREFIX pairs, or prefixes alone");
   for (const std::string& a : args) blend.prefixes.push_back(strip(a));
   for (const std::string& p : blend.prefixes)
     BRAID_CONFIG_CHECK(!p.empty(), "--data-path: an empty dataset prefix");

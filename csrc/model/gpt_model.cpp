@@ -364,8 +364,8 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets,
   const int32_t* id = host_ids.data_ptr<int32_t>();
   for (int64_t i = 0; i < b * s; ++i)
     BRAID_CONFIG_CHECK(id[i] >= 0 && id[i] < config_.vocab_size, "GPTModel: token id ", id[i],
-                       " at position ", i, " is outside the vocabulary [0, ", config_.vocab_size,
-                       ")");
+                       " (sample ", i / s, ", position ", i % s, ") is outside the vocabulary [0, ",
+                       config_.vocab_size, ")");
   Microbatch mb;
   // Copies, not views: the caller may refill its buffers before backward reads them.
   mb.ids = cp_.active() ? split_sequence(cp_, ids).to(device_) : ids.to(device_);
@@ -377,8 +377,9 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets,
     const Tensor host_targets = host_copy(targets);
     const int32_t* t = host_targets.data_ptr<int32_t>();
     for (int64_t i = 0; i < b * s; ++i) {
-      BRAID_CONFIG_CHECK(t[i] < config_.vocab_size, "GPTModel: target ", t[i], " at position ", i,
-                         " is outside the vocabulary [0, ", config_.vocab_size, ")");
+      BRAID_CONFIG_CHECK(t[i] < config_.vocab_size, "GPTModel: target ", t[i], " (sample ", i / s,
+                         ", position ", i % s, ") is outside the vocabulary [0, ",
+                         config_.vocab_size, ")");
       mb.head.count += t[i] >= 0;
     }
     mb.head.targets = cp_.active() ? split_sequence(cp_, targets).to(device_) : targets.to(device_);

@@ -70,10 +70,10 @@ def error_exit(message: str) -> int:
 
 
 def abort_job(message: str) -> NoReturn:
-    """An error some ranks may find alone (a token in one rank's batch, the datasets rank 0
-    builds while the others wait, a full disk while saving): its line, then the whole job ends
-    (MPI_Abort, exit 1) rather than the other ranks waiting out --distributed-timeout-minutes in
-    their next collective; one process exits 2 as error_exit's callers do."""
+    """An error some ranks may find alone (a token in one rank's batch, a full disk while
+    saving): its line, then the whole job ends (MPI_Abort, exit 1) rather than the other ranks
+    waiting out --distributed-timeout-minutes in their next collective; one process exits 2 as
+    error_exit's callers do."""
     if launched_processes() > 1:
         braid._C.abort(f"braid: error: {message}")
     error_exit(message)
@@ -313,8 +313,8 @@ def run(argv=None) -> int:
     try:
         data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier,
                     valid_consumed)
-    except ValueError as e:  # rank 0 builds the datasets while the others wait in a barrier
-        abort_job(str(e))
+    except ValueError as e:  # from the datasets, alike on every rank (Data)
+        return error_exit(str(e))
     for line in data.notes:
         log(line)
     device_name = braid.cuda_device_name(int(device[5:])) if device != "cpu" and rank == 0 \
@@ -368,22 +368,36 @@ def run(argv=None) -> int:
             abort_job(f"saving a checkpoint to {a.save}: {e} (the checkpoints committed before "
                       "stay as they were)")
 
+    announced = -1  # the last commit logged
+
+    def committed():
+        """Hands a commit to retention and logs it as Megatron does."""
+        nonlocal announced
+        retention.committed(saver.last_committed)  # this save, or (async) the one before
+        if saver.last_committed != announced:
+            announced = saver.last_committed
+            bar.clear()
+            log(f"  successfully saved checkpoint from iteration {announced:7d} to {a.save}")
+
     def save(iteration):
         nonlocal saved
         if saver is not None and saved != iteration:
+            bar.clear()
+            log(f"saving checkpoint at iteration {iteration:7d} to {a.save}"
+                + (" (in the background)" if a.async_save else ""))
             saving(lambda: saver.save(
                 trainer, data.train.consumed_samples, save_optim=not a.no_save_optim,
                 save_rng=not a.no_save_rng, device_seconds=device_seconds(),
                 skipped_train_samples=report.skipped_train_samples,
                 consumed_valid_samples=data.valid_consumed))
             saved = iteration
-            retention.committed(saver.last_committed)  # this save, or (async) the one before
+            committed()
 
     def finish_saves():
         """Commits the save in flight and waits for retention's deletions (before exiting)."""
         if saver is not None:
             saving(lambda: saver.wait(trainer))
-            retention.committed(saver.last_committed)
+            committed()
             retention.close()
 
     def evaluate(iteration, test=False, advances=True):
@@ -511,7 +525,7 @@ def run(argv=None) -> int:
                     job_samples)
         bar.show(it, train_start, done_samples, job_samples)
         if saver is not None and a.async_save and saving(lambda: saver.poll(trainer)):
-            retention.committed(saver.last_committed)  # a background save just committed
+            committed()  # a background save's
         if a.validates and it % a.eval_interval == 0 and it != a.train_iters:
             evaluate(it)
         # The last iteration saves after its evaluation, below (Megatron's order).

@@ -96,10 +96,18 @@ class Data:
         if self.no_test or not a.eval_iters or (a.data_path and parse_split(a.split)[2] == 0):
             test_samples = 0
         samples = (train_samples, valid_samples, test_samples)
-        # Rank 0 writes the data and the sample indices first; the others then map them.
+        # Rank 0 writes the data and the sample indices first; the others then map them. Its
+        # error waits past the barrier, where the others meet it too: every rank exits alike
+        # instead of the others waiting at the barrier for a rank that has left.
+        error = None
         if rank == 0:
-            datasets = self._datasets(a, samples)
+            try:
+                datasets = self._datasets(a, samples)
+            except ValueError as e:
+                error = e
         barrier()
+        if error is not None:
+            raise error
         if rank != 0:
             datasets = self._datasets(a, samples)
         train, valid, test = datasets

@@ -88,6 +88,11 @@ def test_weighted_blend_matches_megatron(tmp_path):
     b = write_corpus(tmp_path / "b", 700, 60, seed=3, offset=30000)
     words = ["0.3", a, "0.7", b]
     assert parse_data_path(words) == ([a, b], [0.3, 0.7])
+    assert parse_data_path([a, b, a]) == ([a, b, a], None)  # Megatron's: prefixes alone
+    for broken in (["0.3", a, "0.7"], ["0.3", a, b, "0.7"]):  # a weight without its pair
+        with pytest.raises(ValueError, match="starting with the weight 0.3: give WEIGHT PREFIX "
+                           "pairs, or prefixes alone"):
+            parse_data_path(broken)
     sizes = [3000, 100, 0]
     # megatron-core's BlendedDataset caches only under torch.distributed; its members cache
     # under each prefix.

@@ -127,7 +127,7 @@ def test_load_of_something_else_than_a_braid_checkpoint_says_what_it_is(tmp_path
 
 
 def test_an_error_one_rank_finds_ends_every_rank(tmp_path):
-    # Found by some ranks alone, an error ends the job at once (MPI_Abort) rather than leaving the
+    # An error some ranks meet alone ends the job at once (MPI_Abort) rather than leaving the
     # others in their next collective for --distributed-timeout-minutes (10 here: a wait would
     # outlast the test's 120 s).
     prefix = str(tmp_path / "docs")
@@ -136,12 +136,14 @@ def test_an_error_one_rank_finds_ends_every_rank(tmp_path):
             "--distributed-timeout-minutes", "10"]
     # Tokens past the vocabulary (128) reach the first pipeline stage; the last waits for it.
     r = run(2, [*data, "--split", "100,0,0", "--pipeline-model-parallel-size", "2"], timeout=120)
-    assert r.returncode != 0 and "braid: error: iteration 1: GPTModel: token id" in r.stderr, \
+    assert r.returncode != 0 and "braid: error: iteration 1: GPTModel: token id" in r.stderr \
+        and "(sample 0, position " in r.stderr, \
         r.stdout + r.stderr
-    # Rank 0 builds the datasets while the other waits: a validation split without documents.
+    # Rank 0 builds the datasets while the other waits: a validation split without documents
+    # is met by both ranks (rank 0's error held past the barrier), each saying so.
     r = run(2, [*data, "--vocab-size", "256", "--split", "99,1,0", "--eval-iters", "1"],
             timeout=120)
-    assert r.returncode != 0 and "the valid split has no documents" in r.stderr, \
+    assert r.returncode == 2 and r.stderr.count("the valid split has no documents") == 2, \
         r.stdout + r.stderr
 
 

@@ -97,6 +97,11 @@ def test_retention_keeps_multiples_and_the_latest_and_resumes(tmp_path, ranks, a
     assert braid.latest_iteration(ckpt) == 27
     assert sorted(deleted(r.stdout)) == [5, 15, 25], r.stdout  # each once, by rank 0
     assert not [n for n in os.listdir(ckpt) if ".deleting-" in n or ".tmp-" in n]
+    # Megatron's lines, once each (rank 0): the save started, and (async: later) committed.
+    for n in (5, 10, 15, 20, 25, 27):
+        for line in (f"saving checkpoint at iteration {n:7d} to {ckpt}",
+                     f"  successfully saved checkpoint from iteration {n:7d} to {ckpt}\n"):
+            assert r.stdout.count(line) == 1, (line, r.stdout)
 
     r = run(ranks, [*TRAIN, *flags, "--load", ckpt, "--train-iters", "33",
                     "--override-opt_param-scheduler"])
