@@ -458,6 +458,11 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            f" x --pipeline-model-parallel-size {pp}")
     a.dp = world_size // (tp * cp * pp)
     a.world_size = world_size
+    sizes = a.hierarchical_context_parallel_sizes  # no effect, but Megatron's assertion holds
+    _check(sizes is None or (all(re.fullmatch(r"[0-9]+", x) for x in sizes)
+                             and math.prod(int(x) for x in sizes) == cp),
+           f"--hierarchical-context-parallel-sizes {' '.join(sizes or [])}: their product must "
+           f"be --context-parallel-size {cp}, as Megatron asserts")
     error = only_value_error(a)  # Megatron flags braid takes at its own value only
     _check(error is None, error)
 

@@ -314,6 +314,9 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
     (["--weight-decay-incr-style", "cosine", "--end-weight-decay", "0.1"],
      "--weight-decay-incr-style cosine needs --start-weight-decay and --end-weight-decay"),
     (["--lr-decay-style", "WSD"], "--lr-decay-style WSD needs --lr-wsd-decay-iters"),
+    (["--hierarchical-context-parallel-sizes", "2", "2"],
+     "--hierarchical-context-parallel-sizes 2 2: their product must be --context-parallel-size "
+     "1, as Megatron asserts"),
     (["--train-samples", "64", "--lr-decay-iters", "10"],
      "--lr-decay-iters is for --train-iters; with --train-samples give --lr-decay-samples"),
     (["--lr-warmup-samples", "10"],
