@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <sstream>
 
 #include "braid/comm/mpi_communicator.h"
 #include "braid/core/log.h"
@@ -160,6 +161,12 @@ void ParallelModel::gather_into(model::GPTModel& whole) {
   // every rank every value (adding zeros is exact).
   Tensor global = Tensor::zeros({target.num_elements}, DType::f32);
   float* out = global.data_ptr<float>();
+  // Which of the target's parameters some rank wrote, and (last) whether a rank found one that
+  // differs from the target's: summed over the world before any value is, so that every rank
+  // refuses a target of another config (each rank sees only its stage's parameters).
+  const size_t n = target.specs.size();
+  Tensor written = Tensor::zeros({int64_t(n + 1)}, DType::f32);
+  std::string problem;
   const bool writes_dense = state_ == nullptr || (state_->dp_rank() == 0 && state_->cp_rank() == 0);
   const bool writes_experts = state_ == nullptr || state_->expert_dp_rank() == 0;
   for (model::GPTModel* m : chunks_) {
@@ -167,11 +174,21 @@ void ParallelModel::gather_into(model::GPTModel& whole) {
     for (size_t i = 0; i < layout.specs.size(); ++i) {
       const model::ParamSpec& spec = layout.specs[i];
       const model::ParamShard& shard = layout.shards[i];
-      if (!(spec.expert >= 0 ? writes_experts : writes_dense)) continue;
-      if (layout.tp_rank % shard.replicas != 0) continue;
       if (spec.name == "model.embed_tokens.weight" && !m->chunk().embedding) continue;
       auto it = index.find(spec.name);
-      BRAID_CHECK(it != index.end(), "gather_into: the target has no ", spec.name);
+      if (it == index.end() || target.specs[it->second].shape != spec.shape) {
+        std::ostringstream what;
+        what << spec.name << " is " << spec.shape << " in this model and ";
+        if (it == index.end())
+          what << "absent from the target";
+        else
+          what << target.specs[it->second].shape << " in the target";
+        if (problem.empty()) problem = what.str();
+        continue;
+      }
+      written.data_ptr<float>()[it->second] = 1.0f;
+      if (!(spec.expert >= 0 ? writes_experts : writes_dense)) continue;
+      if (layout.tp_rank % shard.replicas != 0) continue;
       Tensor value = Tensor::empty(m->parameters()[i].value.shape(), DType::f32);
       ops::cast(value, m->parameters()[i].value.to(Device::cpu()));
       const float* in = value.data_ptr<float>();
@@ -186,11 +203,26 @@ void ParallelModel::gather_into(model::GPTModel& whole) {
       }
     }
   }
-  if (state_ != nullptr && state_->world().size() > 1) {
-    Tensor on_device = global.to(state_->world().device());
+  written.data_ptr<float>()[n] = problem.empty() ? 0.0f : 1.0f;
+  const bool many = state_ != nullptr && state_->world().size() > 1;
+  auto sum_over_world = [&](Tensor& t) {
+    Tensor on_device = t.to(state_->world().device());
     state_->world().all_reduce(on_device)->wait();
-    global = on_device.to(Device::cpu());
+    t = on_device.to(Device::cpu());
+  };
+  if (many) sum_over_world(written);
+  const float* seen = written.data_ptr<float>();
+  BRAID_CONFIG_CHECK(problem.empty(),
+                     "ParallelModel::gather_into: the target is another model: ", problem);
+  BRAID_CONFIG_CHECK(seen[n] == 0.0f,
+                     "ParallelModel::gather_into: the target is another model "
+                     "(another rank found a parameter that differs)");
+  for (size_t j = 0; j < n; ++j) {
+    BRAID_CONFIG_CHECK(seen[j] > 0.0f, "ParallelModel::gather_into: the target is another model: ",
+                       target.specs[j].name, " is ", target.specs[j].shape,
+                       " in the target and absent from this model");
   }
+  if (many) sum_over_world(global);
   ops::cast(whole.flat_params().slice(0, {target.num_elements}), global.to(whole.device()));
 }
 

@@ -364,8 +364,8 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets,
   const int32_t* id = host_ids.data_ptr<int32_t>();
   for (int64_t i = 0; i < b * s; ++i)
     BRAID_CONFIG_CHECK(id[i] >= 0 && id[i] < config_.vocab_size, "GPTModel: token id ", id[i],
-                       " (sample ", i / s, ", position ", i % s, ") is outside the vocabulary [0, ",
-                       config_.vocab_size, ")");
+                       " (sample ", i / s, " of the microbatch, position ", i % s,
+                       ") is outside the vocabulary [0, ", config_.vocab_size, ")");
   Microbatch mb;
   // Copies, not views: the caller may refill its buffers before backward reads them.
   mb.ids = cp_.active() ? split_sequence(cp_, ids).to(device_) : ids.to(device_);
@@ -378,7 +378,7 @@ GPTModel::Microbatch GPTModel::prepare(const Tensor& ids, const Tensor& targets,
     const int32_t* t = host_targets.data_ptr<int32_t>();
     for (int64_t i = 0; i < b * s; ++i) {
       BRAID_CONFIG_CHECK(t[i] < config_.vocab_size, "GPTModel: target ", t[i], " (sample ", i / s,
-                         ", position ", i % s, ") is outside the vocabulary [0, ",
+                         " of the microbatch, position ", i % s, ") is outside the vocabulary [0, ",
                          config_.vocab_size, ")");
       mb.head.count += t[i] >= 0;
     }

@@ -16,8 +16,14 @@ KVCache::KVCache(int layers, int64_t batch, int64_t capacity, int64_t kv_heads, 
   }
 }
 
+size_t KVCache::check_layer(int layer) const {
+  BRAID_CONFIG_CHECK(layer >= 0 && layer < layers(), "KVCache: layer ", layer,
+                     " is outside the cache's layers [0, ", layers(), ")");
+  return size_t(layer);
+}
+
 void KVCache::write(int layer, const Tensor& k, const Tensor& v) {
-  const Tensor& keys = keys_.at(size_t(layer));
+  const Tensor& keys = keys_[check_layer(layer)];
   const int64_t n = k.size(1), row = keys.size(2) * keys.size(3);
   BRAID_CHECK(k.dim() == 4 && k.size(0) == batch_ && k.size(2) == keys.size(2) &&
                   k.size(3) == keys.size(3) && v.shape() == k.shape(),

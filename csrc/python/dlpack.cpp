@@ -86,8 +86,15 @@ Imported import_dlpack(py::handle object) {
     cuda_producer = where[0].cast<int>() == kDLCUDA;
   }
   Imported in;
-  in.capsule = cuda_producer ? object.attr("__dlpack__")(py::arg("stream") = kLegacyDefaultStream)
-                             : object.attr("__dlpack__")();
+  try {
+    in.capsule = cuda_producer ? object.attr("__dlpack__")(py::arg("stream") = kLegacyDefaultStream)
+                               : object.attr("__dlpack__")();
+  } catch (py::error_already_set& e) {
+    // numpy exports no read-only array (a np.memmap of a token file) over DLPack before 1.0,
+    // which braid speaks: braid takes a writable copy instead, never a view of that memory.
+    if (cuda_producer || !e.matches(PyExc_BufferError)) throw;
+    in.capsule = py::module_::import("numpy").attr("array")(object).attr("__dlpack__")();
+  }
   PyObject* raw = in.capsule.ptr();
   BRAID_CONFIG_CHECK(PyCapsule_IsValid(raw, "dltensor"),
                      "from_dlpack: the producer returned no unconsumed 'dltensor' capsule");

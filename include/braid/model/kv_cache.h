@@ -23,8 +23,9 @@ class KVCache {
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return capacity_; }
   int64_t length() const { return length_; }  // positions filled, in every layer
-  const Tensor& keys(int layer) const { return keys_.at(size_t(layer)); }
-  const Tensor& values(int layer) const { return values_.at(size_t(layer)); }
+  // Layer `layer`'s buffers; a layer outside [0, layers()) is a ConfigError naming the range.
+  const Tensor& keys(int layer) const { return keys_[check_layer(layer)]; }
+  const Tensor& values(int layer) const { return values_[check_layer(layer)]; }
 
   // Writes k, v [batch, n, kv_heads, head_dim] at positions [length(), length() + n) of `layer`
   // (the caller checked that they fit); length() moves on at advance().
@@ -35,6 +36,8 @@ class KVCache {
   void reset() { length_ = 0; }
 
  private:
+  size_t check_layer(int layer) const;
+
   int64_t batch_ = 0, capacity_ = 0, length_ = 0;
   std::vector<Tensor> keys_, values_;
 };

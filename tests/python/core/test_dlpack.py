@@ -28,6 +28,21 @@ def test_torch_in_and_out_share_memory():
     assert braid.from_dlpack(bf).dtype == "bf16"
 
 
+def test_a_read_only_array_is_copied(tmp_path):
+    # numpy exports no read-only array over DLPack 0.x: braid copies it (a memmap'd token file
+    # is the usual case) and never hands out a writable view of that memory.
+    np.save(tmp_path / "ids.npy", np.arange(16, dtype=np.int32).reshape(2, 8))
+    ids = np.load(tmp_path / "ids.npy", mmap_mode="r")
+    assert not ids.flags.writeable
+    t = braid.from_dlpack(ids)
+    assert t.shape == [2, 8] and np.array_equal(np.from_dlpack(t), ids)
+    assert np.from_dlpack(t).__array_interface__["data"][0] != \
+        ids.__array_interface__["data"][0]
+    model = braid.GPTModel(braid.TransformerConfig.preset("gpt2-tiny"), device="cpu", seed=1)
+    assert np.array_equal(np.from_dlpack(model.logits(ids)),
+                          np.from_dlpack(model.logits(np.array(ids))))
+
+
 def test_buffer_protocol_is_a_writable_view():
     t = braid.from_dlpack(np.zeros(4, dtype=np.float32))
     v = np.asarray(t)

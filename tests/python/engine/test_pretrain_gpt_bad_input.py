@@ -137,7 +137,7 @@ def test_an_error_one_rank_finds_ends_every_rank(tmp_path):
     # Tokens past the vocabulary (128) reach the first pipeline stage; the last waits for it.
     r = run(2, [*data, "--split", "100,0,0", "--pipeline-model-parallel-size", "2"], timeout=120)
     assert r.returncode != 0 and "braid: error: iteration 1: GPTModel: token id" in r.stderr \
-        and "(sample 0, position " in r.stderr, \
+        and "(sample 0 of the microbatch, position " in r.stderr, \
         r.stdout + r.stderr
     # Rank 0 builds the datasets while the other waits: a validation split without documents
     # is met by both ranks (rank 0's error held past the barrier), each saying so.

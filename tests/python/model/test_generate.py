@@ -109,6 +109,10 @@ def test_past_max_position_embeddings_is_a_clear_error():
         model.decode(random_ids(model, (1, 5)), small)
     with pytest.raises(ValueError, match="the cache holds 1 sequences"):
         model.decode(random_ids(model, (2, 1)), model.kv_cache(1))
+    for layer in (-1, 2):  # gpt2-tiny's 2 layers
+        with pytest.raises(ValueError, match=rf"layer {layer} is outside the cache's layers "
+                                             r"\[0, 2\)"):
+            cache.keys(layer)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         model.decode(np.array([[model.config.vocab_size]], dtype=np.int32), model.kv_cache(1))
     with pytest.raises(ValueError, match="max_position_embeddings 8"):
@@ -213,7 +217,9 @@ def test_top_k_then_top_p_and_temperature():
 def test_bad_sampling_is_a_value_error():
     model = tiny("gpt2-tiny")
     for sampling, match in ((gen.Sampling(top_p=0.0), "top_p"), (gen.Sampling(top_k=-1), "top_k"),
-                            (gen.Sampling(temperature=-1.0), "temperature")):
+                            (gen.Sampling(temperature=-1.0), "temperature"),
+                            (gen.Sampling(temperature=float("nan")), "finite"),
+                            (gen.Sampling(temperature=float("inf")), "finite")):
         with pytest.raises(ValueError, match=match):
             gen.generate(model, [[1, 2]], 2, sampling)
     with pytest.raises(ValueError, match="empty prompt"):
