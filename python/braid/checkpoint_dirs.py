@@ -64,15 +64,15 @@ def load_directory_problem(a) -> str | None:
         return f"--load {a.load} is a file, not a checkpoint directory"
     where, names = a.load, set(os.listdir(a.load))
     tracker = os.path.join(a.load, TRACKER)
-    text = _tracker(a.load)
+    text, held = _tracker(a.load), _iterations(a.load)
     number = text is not None and re.fullmatch(r"[0-9]+", text) is not None
-    if text is None and a.ckpt_step is None and _iterations(a.load):
-        return (f"--load {a.load} holds {_iterations(a.load)} but no {TRACKER} (a first save "
-                "stopped before it committed?): give --ckpt-step N to load iteration N")
+    if text is None and a.ckpt_step is None and held:
+        return (f"--load {a.load} holds {held} but no {TRACKER} (a first save stopped before it "
+                "committed?): give --ckpt-step N to load iteration N")
     if text is not None and text != "release" and not number and a.ckpt_step is None:
         return (f"--load {a.load}: its {TRACKER} should hold an iteration number, holds "
-                f"{text[:40]!r}" + (f" (the iterations there: {_iterations(a.load)}; --ckpt-step N "
-                                    "loads iteration N)" if _iterations(a.load) else ""))
+                f"{text[:40]!r}" + (f" (the iterations there: {held}; --ckpt-step N loads "
+                                    "iteration N)" if held else ""))
     if text is not None:  # the iteration's folder tells whose checkpoint it is
         folder = os.path.join(a.load, "release" if text == "release" else
                               f"iter_{int(text):07d}" if number else "")
