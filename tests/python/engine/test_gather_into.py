@@ -13,7 +13,8 @@ from mpi_job import mpi_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 
-# Each rank prints one line per target: "<rank> <case> ok" or "<rank> <case> ValueError <text>".
+# Each rank writes one line per target to its own file (mpirun may interleave the ranks' stdout):
+# "<rank> <case> ok" or "<rank> <case> ValueError <text>".
 SCRIPT = r'''
 import sys
 import numpy as np
@@ -25,6 +26,7 @@ model = braid.ParallelModel(cfg, "cpu", 1, braid.ParallelState(tp=1, pp=int(sys.
 cases = {"narrower": {"hidden_size": 32, "ffn_hidden_size": 128},
          "more-vocab": {"vocab_size": 300},
          "deeper": {"num_layers": cfg.num_layers + 1}, "same": {}}
+out = open(f"{sys.argv[2]}/rank{job.rank}.txt", "w")
 for name, changes in cases.items():
     c = braid.TransformerConfig.preset("gpt2-tiny")
     for key, value in changes.items():
@@ -35,22 +37,23 @@ for name, changes in cases.items():
         ids = np.array([[1, 2, 3, 4]], dtype=np.int32)
         fresh = braid.GPTModel(cfg, device="cpu", seed=1)  # the parallel model's initial values
         same = np.array_equal(np.from_dlpack(whole.logits(ids)), np.from_dlpack(fresh.logits(ids)))
-        print(job.rank, name, "ok" if same else "differs", flush=True)
+        print(job.rank, name, "ok" if same else "differs", file=out, flush=True)
     except ValueError as e:
-        print(job.rank, name, "ValueError", e, flush=True)
+        print(job.rank, name, "ValueError", e, file=out, flush=True)
 '''
 
 
 def outcomes(tmp_path, ranks, pp):
     path = tmp_path / "gather.py"
     path.write_text(SCRIPT)
-    cmd = [sys.executable, str(path), str(pp)]
+    cmd = [sys.executable, str(path), str(pp), str(tmp_path)]
     if ranks > 1:
         cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", *cmd]
     r = subprocess.run(cmd, env=dict(mpi_env(), PYTHONPATH=os.path.join(REPO, "python")),
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = [line.split(" ", 2) for line in r.stdout.splitlines() if line[:1].isdigit()]
+    lines = [line.split(" ", 2) for rank in range(ranks)
+             for line in (tmp_path / f"rank{rank}.txt").read_text().splitlines()]
     return {(int(rank), name): rest for rank, name, rest in lines}
 
 
