@@ -74,18 +74,28 @@ int main(int argc, char** argv) {
     std::string dir = (fs::temp_directory_path() / "braid_checkpoint_bench").string();
     int64_t layers = 4, hidden = 1024, vocab = 32000;
     int repeats = 3;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
+      if (flag == "-h" || flag == "--help") {
+        std::printf(
+            "checkpoint_bench [--dir DIR] [--layers L] [--hidden H] [--vocab V] "
+            "[--repeats N]\n  writes checkpoints of a GPT (about 1 GB at the defaults) under "
+            "DIR (default %s), then removes them\n",
+            dir.c_str());
+        return 0;
+      }
+      BRAID_CONFIG_CHECK(i + 1 < argc, "checkpoint_bench: ", flag, " needs a value");
+      const char* value = argv[++i];
       if (flag == "--dir")
-        dir = argv[i + 1];
+        dir = value;
       else if (flag == "--layers")
-        layers = std::atoll(argv[i + 1]);
+        layers = std::atoll(value);
       else if (flag == "--hidden")
-        hidden = std::atoll(argv[i + 1]);
+        hidden = std::atoll(value);
       else if (flag == "--vocab")
-        vocab = std::atoll(argv[i + 1]);
+        vocab = std::atoll(value);
       else if (flag == "--repeats")
-        repeats = std::atoi(argv[i + 1]);
+        repeats = std::atoi(value);
       else
         BRAID_CONFIG_CHECK(false, "checkpoint_bench: unknown flag ", flag);
     }

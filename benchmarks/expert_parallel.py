@@ -31,7 +31,7 @@ REPO = os.path.dirname(HERE)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--ep", type=int, default=None, help="the expert-parallel size (default: ranks)")
     p.add_argument("--tp", type=int, default=1,

@@ -626,7 +626,7 @@ def note_mtp_layers_absent(hf_dir, arch, c):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="See docs/convert_hf.md.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -320,7 +320,7 @@ def export_megatron(load, out, step=None, expert_parallel=False):
 # ---- command line ----------------------------------------------------------------------------
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="See docs/convert_megatron.md.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -71,7 +71,7 @@ _positive_int, _positive_float = _positive(int), _positive(float)
 
 
 def parse_args(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     g = ap.add_argument_group("model (a preset, or the shape)")
     g.add_argument("--model", choices=sorted(planner.PRESETS))
     g.add_argument("--num-layers", type=_positive_int)

@@ -157,6 +157,28 @@ class HuggingFaceTokenizer:
             return RecordError(f"the tokenizer rejects the text: {e}")
 
 
+class GPT2BPETokenizer(HuggingFaceTokenizer):
+    """Megatron's GPT2BPETokenizer: GPT-2's byte-level BPE of a vocab.json and a merges.txt (the
+    `tokenizers` library's ByteLevelBPETokenizer, which splits and merges as GPT-2's own
+    encoder); the end of document is <|endoftext|>."""
+
+    def __init__(self, vocab_file, merge_file):  # its own reading, not a tokenizer.json's
+        from tokenizers import ByteLevelBPETokenizer
+
+        try:  # braid's reading first: pretrain_gpt.py's checks and words for a bad file
+            vocab = read("GPT2BPETokenizer", vocab_file=vocab_file, merge_file=merge_file)
+            self.tokenizer = ByteLevelBPETokenizer(vocab_file, merge_file)
+        except VocabError as e:
+            raise SystemExit(f"preprocess_data: error: {e}") from None
+        except Exception as e:  # a merges.txt the library does not read, say
+            raise SystemExit(f"preprocess_data: error: --vocab-file {vocab_file}, --merge-file "
+                             f"{merge_file}: not GPT-2 BPE files the tokenizers library reads "
+                             f"({e})") from None
+        self.special = False
+        self.vocab_size, self.eod = vocab.size, vocab.eod
+        self.eod_missing = f"no <|endoftext|> in {vocab_file}"
+
+
 def surrogate_error(text):
     """A RecordError for a text no UTF-8 encoder takes, else None."""
     try:
@@ -258,6 +280,11 @@ def build_tokenizer(args):
             raise SystemExit("preprocess_data: error: NullTokenizer needs --vocab-size N (the "
                              "tokens are 0..N-1, the end of document N)")
         return NullTokenizer(args.vocab_size)
+    if args.tokenizer_type == "GPT2BPETokenizer":
+        if args.vocab_file is None or args.merge_file is None:
+            raise SystemExit("preprocess_data: error: GPT2BPETokenizer needs --vocab-file "
+                             "vocab.json and --merge-file merges.txt")
+        return GPT2BPETokenizer(args.vocab_file, args.merge_file)
     if not args.tokenizer_model:
         raise SystemExit(f"preprocess_data: error: {args.tokenizer_type} needs --tokenizer-model")
     if args.tokenizer_type == "HuggingFaceTokenizer":
@@ -496,12 +523,16 @@ def get_args(argv=None):
                        help="auto: JSONL for *.jsonl/*.json/*.ndjson(.gz), plain text otherwise")
     group.add_argument("--split-sentences", action="store_true",
                        help="not supported (Megatron splits with NLTK); give lists of strings")
+    group.add_argument("--keep-newlines", action="store_true",
+                       help="Megatron's, for --split-sentences only: no effect")
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", required=True,
-                       choices=["ByteLevel", "HuggingFaceTokenizer", *SENTENCEPIECE,
-                                "TikTokenizer", "NullTokenizer"],
+                       choices=["ByteLevel", "GPT2BPETokenizer", "HuggingFaceTokenizer",
+                                *SENTENCEPIECE, "TikTokenizer", "NullTokenizer"],
                        help="ByteLevel: a token per UTF-8 byte, end of document 256; "
-                            "HuggingFaceTokenizer: a local tokenizer.json; "
+                            "GPT2BPETokenizer: GPT-2's vocab.json and merges.txt, end of "
+                            "document <|endoftext|>; HuggingFaceTokenizer: a local "
+                            "tokenizer.json; "
                             f"{tokenizer_args.SENTENCEPIECE_TYPES}: a SentencePiece .model "
                             "(megatron-core encodes all three alike: no BOS), end of document "
                             "its eos piece; TikTokenizer: Megatron's .json vocabulary, end of "
@@ -509,6 +540,8 @@ def get_args(argv=None):
                             "separated by spaces), --vocab-size N, end of document N")
     group.add_argument("--tokenizer-model", metavar="PATH",
                        help="tokenizer.json or a folder holding it; a .model; a .json")
+    group.add_argument("--vocab-file", metavar="PATH", help="GPT2BPETokenizer's vocab.json")
+    group.add_argument("--merge-file", metavar="PATH", help="GPT2BPETokenizer's merges.txt")
     group.add_argument("--vocab-size", type=int, metavar="N",
                        help="TikTokenizer: its vocabulary, special tokens included (default "
                             "2^17, megatron-core's); NullTokenizer: N, the ids below the end of "
@@ -530,6 +563,9 @@ def get_args(argv=None):
     group.add_argument("--workers", type=int, default=1,
                        help="tokenizing processes (default 1); the output order never depends "
                             "on it")
+    group.add_argument("--partitions", type=int, default=1, metavar="N",
+                       help="Megatron's input partitions, tokenized in parallel and merged: no "
+                            "effect (--workers tokenize in parallel, in input order)")
     group.add_argument("--chunk-bytes", type=int, default=1 << 20, metavar="N",
                        help="input bytes per task sent to a worker (default 1 MiB)")
     group.add_argument("--log-interval", type=float, default=30.0, metavar="SECONDS",
@@ -546,8 +582,8 @@ def get_args(argv=None):
     if not os.path.basename(args.output_prefix):
         parser.error(f"--output-prefix {args.output_prefix!r}: give a path ending in a file name "
                      "prefix, e.g. data/corpus (writes data/corpus_text_document.bin/.idx)")
-    if args.workers < 1:
-        parser.error("--workers must be at least 1")
+    if args.workers < 1 or args.partitions < 1:
+        parser.error("--workers and --partitions must be at least 1")
     if args.chunk_bytes < 1:
         parser.error("--chunk-bytes must be at least 1")
     if len(set(args.json_keys)) != len(args.json_keys):
@@ -558,7 +594,9 @@ def get_args(argv=None):
     hugging_face = args.tokenizer_type == "HuggingFaceTokenizer"
     for flag, given, wanted in (
             ("--tokenizer-model", args.tokenizer_model,
-             args.tokenizer_type not in ("ByteLevel", "NullTokenizer")),
+             args.tokenizer_type not in ("ByteLevel", "NullTokenizer", "GPT2BPETokenizer")),
+            ("--vocab-file", args.vocab_file, args.tokenizer_type == "GPT2BPETokenizer"),
+            ("--merge-file", args.merge_file, args.tokenizer_type == "GPT2BPETokenizer"),
             ("--vocab-size", args.vocab_size,
              args.tokenizer_type in ("TikTokenizer", "NullTokenizer")),
             ("--eod-token", args.eod_token, hugging_face),

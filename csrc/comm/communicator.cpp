@@ -102,14 +102,14 @@ std::string deadline_message(const OpInfo& info, Duration timeout) {
                         "call or is stuck; aborting the job");
 }
 
-void abort_job(const std::string& message) {
+void abort_job(const std::string& message, int exit_code) {
   std::fprintf(stderr, "%s\n", message.c_str());
   std::fflush(stderr);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
-  std::abort();
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // no job to end, or MPI_Abort returned
 }
 
 }  // namespace braid::comm

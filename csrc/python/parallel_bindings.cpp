@@ -53,13 +53,13 @@ void bind_parallel(py::module_& m) {
       "finalised when the interpreter exits.");
   m.def(
       "abort",
-      [](const std::string& message) {
+      [](const std::string& message, int exit_code) {
         py::gil_scoped_release release;
-        comm::abort_job(message);
+        comm::abort_job(message, exit_code);
       },
-      py::arg("message"),
-      "Prints message as one line and ends the whole job (MPI_Abort), so that an error on one "
-      "rank cannot leave the others waiting in a collective.");
+      py::arg("message"), py::arg("exit_code") = 1,
+      "Prints message as one line and ends the whole job (MPI_Abort) with exit_code, so that "
+      "an error on one rank cannot leave the others waiting in a collective.");
 
   py::class_<comm::ParallelLayout>(m, "ParallelLayout")
       .def(py::init([](int tp, int pp, int dp, int cp, int ep, int etp) {

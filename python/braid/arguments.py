@@ -148,8 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the word and position embeddings' init std (default: "
                         "--init-method-std)")
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
-    g.add_argument("--attention-dropout", type=nonneg_float, default=0.0,
-                   help="must be 0: braid's flash-style attention keeps no probabilities")
+    g.add_argument("--attention-dropout", type=nonneg_float, default=None,
+                   help="must be 0: braid's flash-style attention keeps no probabilities "
+                        "(Megatron's default 0.1: left out, the run notes that it uses 0)")
     g.add_argument("--vocab-size", type=pos_int, default=None,
                    help="the tokenizer's vocabulary (with --data-path / --mock-data: this, or "
                         "a --tokenizer-type)")
@@ -257,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the global norm of the parameters in the log line and the metrics "
                         "(params-norm): one all-reduce more per logged or recorded iteration")
     g.add_argument("--log-throughput", action="store_true",
-                   help="accepted for Megatron scripts: braid always logs throughput and MFU")
+                   help="Megatron's 'throughput per GPU (TFLOP/s/GPU)' field in the log line "
+                        "(braid's own throughput and MFU end every line anyway)")
     g.add_argument("--timing-log-level", type=int, default=0, choices=[0, 1, 2],
                    help="where each rank's step time went, every --log-interval: 1: compute, "
                         "pipeline wait, communication wait; 2: the wait by group (tp, dp, "
@@ -312,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (takes_value, why) in NO_EFFECT.items():
         if takes_value == "+":
             g.add_argument(flag, nargs="+", default=None, metavar="VALUE", help=why)
+        elif isinstance(takes_value, list):  # one of Megatron's values, a typo refused
+            g.add_argument(flag, default=None, choices=takes_value, help=why)
         elif takes_value:
             g.add_argument(flag, default=None, metavar="VALUE", help=why)
         else:
@@ -501,6 +505,9 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            "--no-position-embedding with --position-embedding-type "
            f"{a.position_embedding_type}: a model without positions (NoPE) is not one of "
            "braid's; with --position-embedding-type rope it changes nothing")
+    # Megatron's default is 0.1; a script that leaves the flag out trains without it (noted).
+    a.attention_dropout_given = a.attention_dropout is not None
+    a.attention_dropout = a.attention_dropout or 0.0
     _check(a.attention_dropout == 0.0,
            f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
            f"probabilities to drop), got {a.attention_dropout}")

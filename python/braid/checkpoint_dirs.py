@@ -1,12 +1,16 @@
 """pretrain_gpt.py's --load and --save directories, checked before training (the same on every
 rank, before any collective): a --load that holds something else than braid checkpoints, a
---save that cannot be written or holds a checkpoint the run would overwrite
+--save that cannot be written or holds a checkpoint the run would overwrite; and the job's
+claim on --save, which keeps a second job from saving there at the same time
 (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
+import socket
 
 from braid.checkpoint_flags import TRACKER  # braid's and Megatron-LM's
 
@@ -90,3 +94,35 @@ def load_directory_problem(a) -> str | None:
     if "config.json" in names and any(n.endswith(".safetensors") for n in names):
         return f"--load {a.load} holds a Hugging Face model" + convert("convert_hf.py")
     return None
+
+
+SAVE_LOCK = ".braid-save.lock"
+
+
+def claim_save_directory(save: str):
+    """Rank 0's claim on --save for the job's life: an exclusive flock(2) on DIR/.braid-save.lock
+    (the kernel drops it when the process ends, killed too), so that two jobs cannot save to one
+    directory and overwrite each other's iterations. Returns the open lock file (keep it open),
+    False when another job holds it, or None where the file system has no locks."""
+    f = open(os.path.join(save, SAVE_LOCK), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        f.close()
+        return False if e.errno in (errno.EAGAIN, errno.EACCES) else None
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f
+
+
+def save_directory_in_use(save: str) -> str:
+    """The error of a --save another job holds, naming that job (its lock file's line)."""
+    try:
+        with open(os.path.join(save, SAVE_LOCK), encoding="utf-8") as f:
+            holder = f.read().strip()
+    except OSError:
+        holder = ""
+    return (f"--save {save} is in use by another job" + (f" ({holder})" if holder else "")
+            + ": two jobs saving to one directory overwrite each other's checkpoints; wait for "
+            "it to end, or --save another directory")

@@ -27,6 +27,7 @@ import numpy as np
 
 import braid
 from braid import addition
+from braid.arguments import without_source
 from braid.data import DataLoader, build_gpt_datasets
 from braid.training import default_cache_dir, error_exit, launched_processes
 
@@ -270,7 +271,7 @@ def main(argv=None) -> int:
             raise ValueError(error)
         job = Job(args, cfg)
     except ValueError as e:
-        return error_exit(str(e))  # found alike on every rank, before any collective
+        return error_exit(without_source(e))  # alike on every rank, before any collective
     log = print if job.rank == 0 else (lambda *a, **k: None)
 
     # --load: the iteration, optimizer, RNG and data position of the latest checkpoint (any
@@ -286,7 +287,7 @@ def main(argv=None) -> int:
                     load_rng=not args.no_load_rng, finetune=args.finetune,
                     iteration=-1 if args.ckpt_step is None else args.ckpt_step)
             except ValueError as e:  # every rank reads the same metadata: all fail alike
-                return error_exit(str(e))
+                return error_exit(without_source(e))
             log(f"demo: loaded iteration {job.trainer.iteration} from {args.load} "
                 f"({consumed} samples consumed)", flush=True)
     first = job.trainer.iteration + 1

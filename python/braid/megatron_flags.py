@@ -51,7 +51,8 @@ UNSUPPORTED = {
 # Megatron arguments that choose an implementation (a kernel fusion, an attention backend, a
 # communication library) where braid has one, or that ask for what braid always does: accepted
 # so Megatron launch scripts run unchanged, with no effect; the run's log names each one given.
-# flag -> (takes a value: False, True, or "+" for one or more; why it changes nothing in braid)
+# flag -> (takes a value: False, True, "+" for one or more, or a list of Megatron's choices;
+#          why it changes nothing in braid)
 NO_EFFECT = {
     "--use-mcore-models": (False, "braid has one GPT model (megatron-core's layout and names)"),
     "--transformer-impl": (True, "braid runs its own kernels"),
@@ -63,10 +64,11 @@ NO_EFFECT = {
     "--cp-comm-type": ("+", "braid's context parallelism all-gathers the keys and values "
                              "(Llama 3's scheme); Megatron's p2p, a2a and allgather compute the "
                              "same attention"),
-    "--calculate-per-token-loss": (False, "braid's loss is always the mean over the global "
-                                          "batch's tokens (Megatron's default, the mean of the "
-                                          "microbatches' means, is the same when every token "
-                                          "counts)"),
+    "--calculate-per-token-loss": (False, "it asks for what braid always does: the loss is "
+                                          "the mean over the global batch's counted tokens "
+                                          "(Megatron's default, the mean of the microbatches' "
+                                          "means, differs only where tokens are masked, as by "
+                                          "--eod-mask-loss)"),
     "--use-cpu-initialization": (False, "every rank initialises its shard from the same seeded "
                                         "streams on any device"),
     "--distributed-backend": (True, "braid chooses NCCL for CUDA tensors and MPI on the CPU"),
@@ -133,9 +135,10 @@ NO_EFFECT = {
                                                "moments (braid's, and --main-grads-dtype's, "
                                                "--exp-avg-dtype's ... defaults) it changes only "
                                                "which kernel casts them"),
-    "--ckpt-format": (True, "braid writes its own checkpoints, safetensors shards that load "
-                            "under any layout (docs/checkpoints.md); tools/convert_megatron.py "
-                            "converts them to and from Megatron's torch_dist"),
+    "--ckpt-format": (["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"],
+                      "braid writes its own checkpoints, safetensors shards that load under "
+                      "any layout (docs/checkpoints.md); tools/convert_megatron.py converts them "
+                      "to and from Megatron's torch_dist"),
     "--te-rng-tracker": (False, "Transformer Engine's RNG tracker: braid's dropout streams "
                                 "are its own, seeded per rank"),
     "--no-check-for-nan-in-loss-and-grad": (False, "Megatron's check stops the run at a "

@@ -30,6 +30,7 @@ import json
 import os
 import socket
 import struct
+import sys
 import time
 
 __all__ = ["MetricsWriter", "read_event_file", "read_jsonl", "read_metrics", "crc32c"]
@@ -271,10 +272,14 @@ class MetricsWriter:
     """Writes scalars to a TensorBoard event file in ``tensorboard_dir`` and/or one JSON line
     per call to ``jsonl_path`` (appended to, so a resumed job continues its file) and/or the
     W&B run ``wandb_run`` (``wandb.init``'s, which ``close`` finishes). All are optional; with
-    ``enabled=False`` (every rank but the one that logs) nothing is created."""
+    ``enabled=False`` (every rank but the one that logs) nothing is created. ``keep_going``: a
+    write that fails (a full disk) stops the files with one warning on stderr instead of
+    raising, so that a training run goes on to its next checkpoint."""
 
-    def __init__(self, tensorboard_dir=None, jsonl_path=None, *, enabled=True, wandb_run=None):
+    def __init__(self, tensorboard_dir=None, jsonl_path=None, *, enabled=True, wandb_run=None,
+                 keep_going=False):
         global _file_counter
+        self.keep_going = keep_going
         self._events = self._jsonl = None
         self._wandb = wandb_run
         self.event_path = None
@@ -310,15 +315,24 @@ class MetricsWriter:
         if not values or (self._events is None and self._jsonl is None and self._wandb is None):
             return
         now = time.time()
-        if self._events is not None:
-            items = [(str(name), float(value)) for name, value in values.items()]
-            self._events.write(_record(_event(now, int(step), values=items)))
-            self._events.flush()
         scalars = {str(name): value if isinstance(value, int) else float(value)
                    for name, value in values.items()}
-        if self._jsonl is not None:
-            self._jsonl.write(json.dumps({"step": int(step), "time": now, **scalars}) + "\n")
-            self._jsonl.flush()
+        try:
+            if self._events is not None:
+                items = [(str(name), float(value)) for name, value in values.items()]
+                self._events.write(_record(_event(now, int(step), values=items)))
+                self._events.flush()
+            if self._jsonl is not None:
+                self._jsonl.write(json.dumps({"step": int(step), "time": now, **scalars}) + "\n")
+                self._jsonl.flush()
+        except OSError as e:
+            if not self.keep_going:
+                raise
+            sys.stderr.write(f"braid: warning: writing the metrics at step {step} failed ({e}); "
+                             "no more TensorBoard or metrics.jsonl records in this job, "
+                             "training goes on\n")
+            sys.stderr.flush()
+            self._drop_files()
         if self._wandb is not None:
             self._wandb.log(scalars, step=int(step))
 
@@ -328,12 +342,25 @@ class MetricsWriter:
             if f is not None:
                 f.flush()
 
-    def close(self) -> None:
-        """Closes the files and finishes the W&B run (W&B writes out the run's last step)."""
+    def _drop_files(self) -> None:
+        """Closes the files, whatever their last buffered bytes do (a full disk)."""
         for f in (self._events, self._jsonl):
             if f is not None:
-                f.close()
+                try:
+                    f.close()
+                except OSError:
+                    pass
         self._events = self._jsonl = None
+
+    def close(self) -> None:
+        """Closes the files and finishes the W&B run (W&B writes out the run's last step)."""
+        if self.keep_going:
+            self._drop_files()
+        else:
+            for f in (self._events, self._jsonl):
+                if f is not None:
+                    f.close()
+            self._events = self._jsonl = None
         self.closed = True
         if self._wandb is not None:
             run, self._wandb = self._wandb, None

@@ -19,7 +19,7 @@ def add_arguments(p: argparse.ArgumentParser, pos_float, nonneg_float, pos_int, 
                    help="AdamW with decoupled weight decay (Megatron's adam); no SGD")
     g.add_argument("--lr", type=pos_float, default=1e-3)
     g.add_argument("--min-lr", type=nonneg_float, default=0.0)
-    g.add_argument("--lr-decay-style", default="cosine",
+    g.add_argument("--lr-decay-style", default="linear",
                    choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
     g.add_argument("--lr-wsd-decay-style", default="exponential",
                    choices=["exponential", "linear", "cosine", "minus_sqrt"],

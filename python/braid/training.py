@@ -38,9 +38,10 @@ import numpy as np
 import braid
 from braid import (activation_args, attention_args, flops, moe_args, schedule_args,
                    tokenizer_args, wandb_log)
-from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args
+from braid.arguments import MTP_LOSS_SCALING_FACTOR, ArgumentError, parse_args, without_source
 from braid.checkpoint_args import MEGATRON_ROPE_SCALING, numerics_warnings
-from braid.checkpoint_dirs import load_directory_problem, save_directory_problem
+from braid.checkpoint_dirs import (claim_save_directory, load_directory_problem,
+                                   save_directory_in_use, save_directory_problem)
 from braid.checkpoint_flags import Retention
 from braid.megatron_flags import activation, no_effect_given
 from braid.training_data import Data, default_cache_dir  # noqa: F401 (braid.demo's too)
@@ -163,10 +164,21 @@ def trainer_config(a) -> braid.TrainerConfig:
                                log_num_zeros_in_grad=a.log_num_zeros_in_grad)
 
 
-def device_and_position_notes(a) -> list[str]:
-    """--bf16 on the CPU runs in float32, so that a GPU job's script debugs unchanged there;
+def megatron_difference_notes(a) -> list[str]:
+    """Where this run trains otherwise than Megatron-LM would on the same command line: --bf16
+    on the CPU runs in float32, so that a GPU job's script debugs unchanged there; no attention
+    dropout (Megatron's default 0.1); --eod-mask-loss weights every counted token alike;
     --reset-position-ids turns rope, which megatron-core's ignores."""
     notes = []
+    if not a.attention_dropout_given:
+        notes.append("braid: --attention-dropout not given: Megatron-LM's default is 0.1, "
+                     "braid's attention has no dropout, so this run uses 0 (give "
+                     "--attention-dropout 0 to say so)")
+    if a.eod_mask_loss and not a.calculate_per_token_loss:
+        notes.append("braid: --eod-mask-loss: braid's loss is the mean over the global batch's "
+                     "counted tokens (Megatron's --calculate-per-token-loss); Megatron's default "
+                     "averages each microbatch's mean instead, which weights tokens otherwise "
+                     "when the masked ones spread unevenly (docs/arguments.md)")
     if a.bf16 and a.device == "cpu":
         notes.append("braid: --bf16 on the CPU: braid's CPU kernels compute in float32, so this "
                      "run's parameters and activations are float32 (bf16 on a CUDA device); its "
@@ -192,8 +204,10 @@ def main(argv=None) -> int:
     try:
         return run(argv)
     except KeyboardInterrupt:  # Ctrl-C: what was committed stays (saves are atomic)
-        sys.stderr.write("braid: interrupted; the checkpoints committed before stay as they "
-                         "were\n")
+        message = "braid: interrupted; the checkpoints committed before stay as they were"
+        if launched_processes() > 1:  # the other ranks would wait in their next collective
+            braid._C.abort(message, 130)
+        sys.stderr.write(message + "\n")
         return 130
 
 
@@ -205,21 +219,32 @@ def run(argv=None) -> int:
         config = trainer_config(a)
         wandb = wandb_log.module(a)  # every rank imports it: without it, all fail alike
     except (ArgumentError, ValueError) as e:
-        return error_exit(str(e))  # found alike on every rank, before any collective
+        return error_exit(without_source(e))  # found alike on every rank, before any collective
     problem = load_directory_problem(a) or save_directory_problem(a)
     if problem is not None:
         return error_exit(problem)
 
-    job = braid.init_distributed(a.distributed_timeout_minutes)
+    try:  # the launcher's variables against MPI's view: each process checks its own
+        job = braid.init_distributed(a.distributed_timeout_minutes)
+    except ValueError as e:
+        return error_exit(without_source(e))
     state = braid.ParallelState(tp=a.tensor_model_parallel_size,
                                 pp=a.pipeline_model_parallel_size, cp=a.context_parallel_size,
                                 ep=a.expert_model_parallel_size,
                                 etp=a.expert_tensor_parallel_size or 0)
     rank = state.rank
     log = (lambda *x, **k: print(*x, **k, flush=True)) if rank == 0 else (lambda *x, **k: None)
+    # Rank 0 claims --save for the job's life (kept open until run() returns); every rank learns
+    # whether another job holds it, before anything is saved.
+    save_lock = claim_save_directory(a.save) if a.save and rank == 0 else None
+    if a.save and state.all_gather([float(save_lock is False)])[0][0]:
+        return error_exit(save_directory_in_use(a.save))
     print_arguments(a, log)
+    if a.save and rank == 0 and save_lock is None:
+        log(f"braid: --save {a.save}: its file system takes no locks, so nothing keeps a second "
+            "job from saving there too")
     for line in a.checkpoint_args + no_effect_given(a) + moe_args.notes(a) + \
-            tokenizer_args.notes(a) + device_and_position_notes(a) + wandb_log.notes(a):
+            tokenizer_args.notes(a) + megatron_difference_notes(a) + wandb_log.notes(a):
         log(line)
     device = "cpu"
     if a.device == "cuda":  # one GPU per process of a node, by local rank (braid's launch rule)
@@ -279,12 +304,14 @@ def run(argv=None) -> int:
                 return 1
             log(f"braid: no checkpoint in {a.load} yet; training from scratch")
         else:
+            at = braid.latest_iteration(a.load) if a.ckpt_step is None else a.ckpt_step
+            log(f" loading checkpoint from {a.load} at iteration {at}")  # Megatron's lines
             try:
                 consumed = braid.load_checkpoint(
                     a.load, trainer, load_optim=not a.no_load_optim, load_rng=not a.no_load_rng,
                     finetune=a.finetune, iteration=-1 if a.ckpt_step is None else a.ckpt_step)
             except ValueError as e:  # every rank reads the same metadata: all fail alike
-                return error_exit(str(e))
+                return error_exit(without_source(e))
             meta = braid.checkpoint_metadata(a.load, -1 if a.ckpt_step is None else a.ckpt_step)
             if schedule_args.continues_optimizer(a, meta):
                 problem = schedule_args.differences(
@@ -297,6 +324,8 @@ def run(argv=None) -> int:
                 earlier_device_seconds = meta.get("device_seconds", 0.0)
                 earlier_skipped_samples = meta.get("skipped_train_samples", 0)
                 valid_consumed = meta.get("consumed_valid_samples")
+            log(f"  successfully loaded checkpoint from {a.load} [ t 1/{state.tp}, "
+                f"p 1/{state.pp} ] at iteration {trainer.iteration}")
             log(f"braid: loaded iteration {trainer.iteration} from {a.load} "
                 f"({consumed} samples consumed"
                 + (f", {earlier_device_seconds / 3600:.4f} device-hours used"
@@ -314,7 +343,7 @@ def run(argv=None) -> int:
         data = Data(a, state.dp_rank, consumed, trainer.iteration, rank, state.barrier,
                     valid_consumed)
     except ValueError as e:  # from the datasets, alike on every rank (Data)
-        return error_exit(str(e))
+        return error_exit(without_source(e))
     for line in data.notes:
         log(line)
     device_name = braid.cuda_device_name(int(device[5:])) if device != "cpu" and rank == 0 \
@@ -331,9 +360,11 @@ def run(argv=None) -> int:
             f"{a.global_batch_size} over {ramp_samples} samples: {a.train_iters} iterations for "
             f"{a.train_samples} samples")
     wandb_run = wandb_log.start(wandb, a) if rank == 0 else None  # rank 0 has every scalar
+    # A full metrics disk warns and training goes on (to its next checkpoint).
     metrics = MetricsWriter(a.tensorboard_dir, a.metrics_jsonl, wandb_run=wandb_run,
                             enabled=rank == 0 and bool(a.tensorboard_dir or a.metrics_jsonl
-                                                       or wandb_run is not None))
+                                                       or wandb_run is not None),
+                            keep_going=True)
     saver = braid.CheckpointSaver(a.save, async_save=a.async_save) if a.save else None
     # --save-retain-interval: rank 0 deletes after each commit, never during a save.
     retention = Retention(a.save, a.save_retain_interval, log, enabled=rank == 0)
@@ -400,18 +431,19 @@ def run(argv=None) -> int:
             committed()
             retention.close()
 
-    def evaluate(iteration, test=False, advances=True):
-        """Each validation set's batches (braid.validation_sets), or at the end --eval-iters
+    def evaluate(iteration, test=False, final=False):
+        """Each validation set's next batches (braid.validation_sets), or at the end --eval-iters
         batches of the test split: Megatron's block and tags, `-{index}` per set with
-        --multiple-validation-sets. `advances`: whether it counts in the validation position the
-        checkpoints save."""
+        --multiple-validation-sets. The `final` one after training (Megatron's "on validation
+        set") comes after the last save, so the position the checkpoints save does not count
+        it."""
         if test and data.test is not None and a.eval_iters:
             sets = [("", (data.test.next() for _ in range(a.eval_iters)))]
         elif not test and data.valid is not None:
             sets = [(s.suffix, s.evaluation()) for s in data.valid]
-            # Each set reads its next --eval-iters batches; the position saved counts Megatron's
-            # evaluations every --eval-interval (`advances`), not its extra one at the end.
-            if advances and not a.full_validation:
+            # Each set reads its next --eval-iters batches; the position saved counts the
+            # evaluations every --eval-interval, not the final one after the last save.
+            if not final and not a.full_validation:
                 data.valid_consumed += a.eval_iters * a.global_batch_size
         else:
             return
@@ -427,12 +459,13 @@ def run(argv=None) -> int:
                 braid.empty_cache(device)
             ppl = math.exp(min(loss, 20.0))
             bar.clear()
-            where = f"iteration {iteration}" + (" on test set" if test else "")
+            where = f"iteration {iteration}" + (" on test set" if test else
+                                                " on validation set" if final else "")
             line = (f" validation{suffix} loss at {where} | lm loss value: {loss:.6E} | "
                     f"lm loss PPL: {ppl:.6E} | ")
-            log("-" * len(line))
+            log("-" * (len(line) + 1))  # Megatron's rule, a character longer
             log(line)
-            log("-" * len(line))
+            log("-" * (len(line) + 1))
             name = "lm loss test" if test else f"lm loss validation{suffix}"
             metrics.scalars(iteration, {name: loss, f"{name} ppl": ppl})
 
@@ -471,7 +504,7 @@ def run(argv=None) -> int:
         print(f"braid: rank {rank} traced iterations {profile_start} to {it}: {path}", flush=True)
 
     if a.skip_train:  # Megatron's: evaluation alone
-        evaluate(trainer.iteration)
+        evaluate(trainer.iteration, final=True)
         evaluate(trainer.iteration, test=True)
         if data.no_test:
             log(f"braid: no test evaluation: {data.no_test}")
@@ -479,8 +512,26 @@ def run(argv=None) -> int:
         state.barrier()
         return 0
     train_start = time.time()
-    report = IterationLog(a, cfg, trainer=trainer, state=state, device=device, meter=meter,
-                          metrics=metrics, timers=timers, log=log, bar=bar,
+
+    def summary():
+        """The job's last lines (rank 0): dropped iterations, then what it trained and cost."""
+        report.dropped_summary()
+        if meter is None:
+            return
+        seconds = time.time() - start
+        iterations = trainer.iteration - first + 1 - report.dropped
+        cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1),
+                          earlier_device_seconds)
+        earlier = (f" + {earlier_device_seconds / 3600:.4f} device-hours of the run's earlier "
+                   "jobs") if earlier_device_seconds else ""
+        log(f"braid: trained {iterations} iterations in {hms(seconds)} "
+            f"({seconds:.1f} s, {state.world_size} x {device})"
+            + (f"; final lm loss {stats.loss:.6E}" if stats is not None else "")
+            + (f"; cost {cost[0]:.4f} ({a.gpu_hour_price} per device-hour x "
+               f"{state.world_size} devices x {seconds / 3600:.4f} h{earlier})" if cost else ""))
+
+    report = IterationLog(a, cfg, trainer=trainer, schedule=config.schedule, state=state,
+                          device=device, meter=meter, metrics=metrics, timers=timers, log=log, bar=bar,
                           train_start=train_start, earlier_device_seconds=earlier_device_seconds,
                           skipped_train_samples=earlier_skipped_samples)
     start_samples = data.train.consumed_samples
@@ -526,10 +577,9 @@ def run(argv=None) -> int:
         bar.show(it, train_start, done_samples, job_samples)
         if saver is not None and a.async_save and saving(lambda: saver.poll(trainer)):
             committed()  # a background save's
-        if a.validates and it % a.eval_interval == 0 and it != a.train_iters:
+        if a.validates and it % a.eval_interval == 0:
             evaluate(it)
-        # The last iteration saves after its evaluation, below (Megatron's order).
-        if a.save_interval and it % a.save_interval == 0 and it != a.train_iters:
+        if a.save_interval and it % a.save_interval == 0:
             save(it)
         reason = exits.check(trainer, it) if exits is not None else ""
         if reason == "--exit-duration-in-mins" and budget_binds:
@@ -541,31 +591,20 @@ def run(argv=None) -> int:
             bar.clear()
             where = f"; checkpoint saved to {a.save}" if saver is not None else ""
             log(f"braid: exiting at iteration {it} ({reason}){where}")
+            summary()
             metrics.close()
             return 0
     bar.clear()
+    # Megatron's end: the last save, then the evaluations "on validation set" and "on test set".
+    if saver is not None:
+        save(trainer.iteration)
     if a.validates and trainer.iteration >= first:
-        last = trainer.iteration  # Megatron evaluates it in its loop too unless dropped
-        evaluate(last, advances=last % a.eval_interval == 0 and last - 1 not in to_skip)
+        evaluate(trainer.iteration, final=True)
         evaluate(trainer.iteration, test=True)
         if data.no_test:
             log(f"braid: no test evaluation: {data.no_test}")
-    if saver is not None:
-        save(trainer.iteration)
-        finish_saves()
-    report.dropped_summary()
-    if meter is not None:
-        seconds = time.time() - start
-        iterations = trainer.iteration - first + 1 - report.dropped
-        cost = meter.cost(time.time(), train_start, max(iterations, 1), max(iterations, 1),
-                          earlier_device_seconds)
-        earlier = (f" + {earlier_device_seconds / 3600:.4f} device-hours of the run's earlier "
-                   "jobs") if earlier_device_seconds else ""
-        log(f"braid: trained {iterations} iterations in {hms(seconds)} "
-            f"({seconds:.1f} s, {state.world_size} x {device})"
-            + (f"; final lm loss {stats.loss:.6E}" if stats is not None else "")
-            + (f"; cost {cost[0]:.4f} ({a.gpu_hour_price} per device-hour x "
-               f"{state.world_size} devices x {seconds / 3600:.4f} h{earlier})" if cost else ""))
+    finish_saves()
+    summary()
     state.barrier()
     metrics.close()  # after the barrier: finishing a W&B run may upload for a while
     return 0

@@ -155,14 +155,16 @@ class IterationLog:
     meter and writes; every rank calls step(), since --log-params-norm and the timers gather
     across the job."""
 
-    def __init__(self, a, cfg, *, trainer, state, device, meter, metrics, timers, log, bar,
-                 train_start, earlier_device_seconds, skipped_train_samples=0):
+    def __init__(self, a, cfg, *, trainer, schedule, state, device, meter, metrics, timers, log,
+                 bar, train_start, earlier_device_seconds, skipped_train_samples=0):
         self.a, self.trainer, self.state, self.device = a, trainer, state, device
+        self.schedule = schedule  # the trainer's LRSchedule
         self.meter, self.metrics, self.timers, self.log, self.bar = meter, metrics, timers, log, bar
         self.train_start, self.earlier = train_start, earlier_device_seconds
-        # The router losses Megatron logs, each without its coefficient (seq_aux_loss's under
-        # the key load_balancing_loss: Megatron's seq_load_balancing_loss).
+        # The router losses Megatron logs, each without its coefficient, under its names.
         self.balancing = cfg.num_experts > 0 and cfg.moe_aux_loss_coeff > 0
+        self.balancing_name = "seq_load_balancing_loss" \
+            if a.moe_router_load_balancing_type == "seq_aux_loss" else "load_balancing_loss"
         self.z_loss = cfg.num_experts > 0 and cfg.moe_z_loss_coeff > 0
         # Multi-token prediction: each depth's loss (Megatron's "mtp_1 loss", ...). An MTP layer
         # is of the model's last layer's kind, and its router losses follow the model's layers'
@@ -174,6 +176,7 @@ class IterationLog:
                            if a.moe_per_layer_logging and cfg.num_experts > 0 and experts]
         self.interval_start = train_start
         self.interval_iters = self.interval_samples = self.skipped = self.nans = 0
+        self.loss_sums = {}  # the interval's advanced (not skipped) iterations' losses, summed
         # Megatron's skipped_train_samples: the samples of the batches --iterations-to-skip
         # dropped over the run (the checkpoint's, then this job's: drop()). A dropped iteration
         # is not reported, nor counted in the interval.
@@ -209,29 +212,52 @@ class IterationLog:
         # Collective (every rank, the same iterations): Megatron's --log-params-norm.
         params_norm = self.trainer.params_norm() if a.log_params_norm and (logged or recorded) \
             else None
-        mtp_losses = stats.mtp_losses if self.mtp else []  # each depth's mean cross-entropy
+        losses = self._losses(stats)
+        if not stats.skipped:
+            for name, value in losses.items():
+                self.loss_sums[name] = self.loss_sums.get(name, 0.0) + value
+        # As Megatron logs it: the rate the scheduler holds after this step's update (the next
+        # step's), not the one this step used.
+        at = self.trainer.schedule_iterations
+        rates = (self.schedule.lr_at(at), self.schedule.decoupled_lr_at(at))
         if self.meter is not None and recorded:
-            self.metrics.scalars(it, self._scalars(stats, batch_size, params_norm, mtp_losses,
+            self.metrics.scalars(it, self._scalars(stats, losses, rates, batch_size, params_norm,
                                                    done_samples, job_samples))
         if logged:
             now = time.time()
             per_rank = self.timers.gather(self.state) if self.timers is not None else None
             if self.meter is not None:
-                self._line(it, now, stats, batch_size, consumed_samples, params_norm,
-                           mtp_losses, done_samples, job_samples)
+                # Megatron's: each loss's mean over the interval's advanced iterations.
+                advanced = self.interval_iters - self.skipped
+                means = {name: total / advanced for name, total in self.loss_sums.items()} \
+                    if advanced else losses
+                self._line(it, now, stats, means, rates, batch_size, consumed_samples,
+                           params_norm, done_samples, job_samples)
                 if per_rank is not None:
                     self.log("\n".join(self.timers.lines(per_rank)))
                     if a.log_timers_to_tensorboard:
                         self.metrics.scalars(it, Timers.metrics(per_rank))
             self.interval_start = now
             self.interval_iters = self.interval_samples = self.skipped = self.nans = 0
+            self.loss_sums = {}
 
-    def _scalars(self, stats, batch_size, params_norm, mtp_losses, done_samples, job_samples):
+    def _losses(self, stats) -> dict[str, float]:
+        """The step's losses by Megatron's names, in its log line's order: the LM loss, the
+        router losses without their coefficients and each MTP depth's mean cross-entropy."""
+        losses = {"lm loss": stats.loss}
+        if self.balancing:
+            losses[self.balancing_name] = stats.load_balancing_loss
+        if self.z_loss:
+            losses["z_loss"] = stats.z_loss
+        for depth, loss in enumerate(stats.mtp_losses if self.mtp else [], 1):
+            losses[f"mtp_{depth} loss"] = loss
+        return losses
+
+    def _scalars(self, stats, losses, rates, batch_size, params_norm, done_samples, job_samples):
         a = self.a
         tokens_per_s, tflops, mfu = self.meter.rates(stats.seconds, batch_size)
-        values = {"lm loss": stats.loss, "learning-rate": stats.lr,
-                  **({"decoupled-learning-rate": stats.decoupled_lr}
-                     if a.decoupled_lr is not None else {}),
+        values = {**losses, "learning-rate": rates[0],
+                  **({"decoupled-learning-rate": rates[1]} if a.decoupled_lr is not None else {}),
                   "grad-norm": stats.grad_norm, "loss-scale": stats.loss_scale,
                   "batch-size": batch_size, "iteration-time": stats.seconds,
                   "throughput": tflops, "tokens-per-sec": tokens_per_s, "mfu": mfu,
@@ -239,15 +265,9 @@ class IterationLog:
                   "skipped-iterations": self.trainer.skipped_iterations}
         if self.skipped_train_samples:  # Megatron's tag, once there are any
             values["skipped-train-samples"] = self.skipped_train_samples
-        if self.balancing:
-            values["load_balancing_loss"] = stats.load_balancing_loss
-        if self.z_loss:
-            values["z_loss"] = stats.z_loss
-        for depth, loss in enumerate(mtp_losses, 1):
-            values[f"mtp_{depth} loss"] = loss
         for layer in self.moe_layers:  # --moe-per-layer-logging, Megatron's names
             if self.balancing:
-                values[f"moe/load_balancing_loss_layer_{layer}"] = \
+                values[f"moe/{self.balancing_name}_layer_{layer}"] = \
                     stats.layer_load_balancing_loss[layer]
             if self.z_loss:
                 values[f"moe/z_loss_layer_{layer}"] = stats.layer_z_loss[layer]
@@ -268,7 +288,7 @@ class IterationLog:
             values["cost"] = cost[0]
         return values
 
-    def _line(self, it, now, stats, batch_size, consumed_samples, params_norm, mtp_losses,
+    def _line(self, it, now, stats, losses, rates, batch_size, consumed_samples, params_norm,
               done_samples, job_samples):
         a = self.a
         per_iteration = (now - self.interval_start) / self.interval_iters
@@ -281,16 +301,13 @@ class IterationLog:
             f"{consumed_samples:12d} | "
             + (f"skipped samples: {self.skipped_train_samples:12d} | "
                if self.skipped_train_samples else "")
-            + f"elapsed time per iteration (ms): "
-            f"{per_iteration * 1e3:.1f} | learning rate: {stats.lr:.6E} | "
-            + (f"decoupled learning rate: {stats.decoupled_lr:.6E} | "
-               if a.decoupled_lr is not None else "")
-            + f"global batch size: {batch_size:5d} | lm loss: {stats.loss:.6E} | "
-            + (f"load_balancing_loss: {stats.load_balancing_loss:.6E} | "
-               if self.balancing else "")
-            + (f"z_loss: {stats.z_loss:.6E} | " if self.z_loss else "")
-            + "".join(f"mtp_{depth} loss: {loss:.6E} | "
-                      for depth, loss in enumerate(mtp_losses, 1))
+            + f"elapsed time per iteration (ms): {per_iteration * 1e3:.1f} | "
+            + (f"throughput per GPU (TFLOP/s/GPU): {tflops:.1f} | " if a.log_throughput else "")
+            + f"learning rate: {rates[0]:.6E} | "
+            + (f"decoupled learning rate: {rates[1]:.6E} | " if a.decoupled_lr is not None
+               else "")
+            + f"global batch size: {batch_size:5d} | "
+            + "".join(f"{name}: {value:.6E} | " for name, value in losses.items())
             + f"loss scale: {stats.loss_scale:.1f} | grad norm: {stats.grad_norm:.3f} | "
             + (f"num zeros: {stats.num_zeros_in_grads:.1f} | "
                if a.log_num_zeros_in_grad else "")

@@ -161,9 +161,9 @@ class WaitSpan {
 // The one line printed when `info` passed its deadline `timeout`.
 std::string deadline_message(const OpInfo& info, Duration timeout);
 
-// Prints `message` as one line on stderr and ends the whole job with a non-zero exit
-// (MPI_Abort on MPI_COMM_WORLD when MPI is up, else std::abort). Used when a deadline
-// passes; callable from any thread.
-[[noreturn]] void abort_job(const std::string& message);
+// Prints `message` as one line on stderr and ends the whole job with exit code `exit_code`
+// (MPI_Abort on MPI_COMM_WORLD when MPI is up, else this process alone). Used when a deadline
+// passes or one rank alone must stop (Ctrl-C on it: 130); callable from any thread.
+[[noreturn]] void abort_job(const std::string& message, int exit_code = 1);
 
 }  // namespace braid::comm

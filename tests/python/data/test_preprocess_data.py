@@ -167,6 +167,40 @@ def test_eod_token_from_tokenizer_config_and_lists_of_sentences(tmp_path, tokeni
         tok.token_to_id("<pad>")]
 
 
+def test_gpt2_bpe_vocab_and_merges_encode_as_gpt2s_tokenizer(tmp_path):
+    # Megatron's standard preprocessing command (--tokenizer-type GPT2BPETokenizer --vocab-file
+    # --merge-file), checked against transformers' GPT2Tokenizer - GPT-2's own Python encoder,
+    # not the tokenizers library braid encodes with - on files trained here (no download).
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Tokenizer
+
+    trained = ByteLevelBPETokenizer()
+    trained.train_from_iterator(TEXTS * 20, vocab_size=320, special_tokens=["<|endoftext|>"])
+    trained.save_model(str(tmp_path))
+    vocab, merges = tmp_path / "vocab.json", tmp_path / "merges.txt"
+    gpt2 = GPT2Tokenizer(str(vocab), str(merges))
+    texts = [*TEXTS, "  it's they're we'll    spaced\n\n  out", "Hello world! 123 4567"]
+    src = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts])
+    r = run("--input", src, "--output-prefix", tmp_path / "out", "--tokenizer-type",
+            "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges, "--append-eod",
+            "--workers", 2, "--partitions", 2, "--keep-newlines")
+    eod = json.loads(vocab.read_text())["<|endoftext|>"]
+    assert documents(tmp_path / "out_text_document") == \
+        [gpt2.encode(t) + [eod] if t else [] for t in texts]
+    assert f"tokenizer GPT2BPETokenizer ({len(json.loads(vocab.read_text()))} tokens" in r.stderr
+    # Each file's flag belongs to its type; a missing one is named.
+    for args, said in ((["--tokenizer-model", vocab], "--tokenizer-model is not read by "
+                        "--tokenizer-type GPT2BPETokenizer"),
+                       (["--vocab-file", vocab], "GPT2BPETokenizer needs --vocab-file vocab.json "
+                        "and --merge-file merges.txt")):
+        bad = run("--input", src, "--output-prefix", tmp_path / "bad", "--tokenizer-type",
+                  "GPT2BPETokenizer", *args, check_rc=None)
+        assert bad.returncode != 0 and said in bad.stderr, bad.stderr
+    bad = run("--input", src, "--output-prefix", tmp_path / "bad", "--tokenizer-type",
+              "ByteLevel", "--merge-file", merges, check_rc=2)
+    assert "--merge-file is not read by --tokenizer-type ByteLevel" in bad.stderr
+
+
 def test_plain_text_and_gzip(tmp_path):
     (tmp_path / "book.txt").write_text("first line\n\nsecond line\r\n", encoding="utf-8")
     with gzip.open(tmp_path / "more.jsonl.gz", "wt", encoding="utf-8") as f:

@@ -77,7 +77,10 @@ def validation(records: list[dict]) -> dict[int, float]:
 
 
 def balancing(records: list[dict]) -> dict[int, float]:
-    return {r["step"]: r["load_balancing_loss"] for r in records if "load_balancing_loss" in r}
+    """The load-balancing loss by step, under either of Megatron's names (seq_aux_loss's is
+    seq_load_balancing_loss)."""
+    return {r["step"]: r[key] for r in records
+            for key in ("load_balancing_loss", "seq_load_balancing_loss") if key in r}
 
 
 def log_lines(stdout: str) -> list[str]:

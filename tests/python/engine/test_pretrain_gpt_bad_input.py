@@ -3,6 +3,7 @@
 in test_pretrain_gpt.py.)"""
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -26,10 +27,11 @@ def clean_error(r, message):
 
 
 def digest(directory):
-    """The bytes of every file under `directory`, as one hash."""
+    """The bytes of every file under `directory`, as one hash (not the lock file a job's rank 0
+    writes its pid and host into)."""
     h = hashlib.sha256()
     for root, _, files in sorted(os.walk(directory)):
-        for name in sorted(files):
+        for name in sorted(set(files) - {".braid-save.lock"}):
             h.update(name.encode())
             with open(os.path.join(root, name), "rb") as f:
                 h.update(f.read())
@@ -49,6 +51,40 @@ def test_a_save_directory_holding_another_checkpoint_is_left_alone(tmp_path):
     r = run(1, [*TINY, "--train-iters", "4", "--load", ckpt, "--save", ckpt,
                 "--override-opt_param-scheduler"])
     assert r.returncode == 0 and "loaded iteration 3" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_launcher_that_disagrees_with_mpi_is_one_line():
+    # torchrun's variables without MPI behind them: MPI sees one process, not rank 3 of 8 (it
+    # was a traceback from pretrain_gpt.py, one line from the demo).
+    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--global-batch-size", "16"], cwd=REPO,
+                       capture_output=True, text=True, timeout=120,
+                       env={**mpi_env(), "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "3"})
+    clean_error(r, "launch (torchrun): the environment says rank 3 of 8 but MPI sees rank 0 of "
+                "1: braid connects its processes through MPI")
+
+
+def test_a_save_directory_another_job_holds_is_refused(tmp_path):
+    # Two jobs saving to one directory overwrite each other's iterations (the second passes the
+    # check for a checkpoint there while the first has saved none yet). A job's rank 0 holds an
+    # flock on DIR/.braid-save.lock - here this process, as another job would - and a second
+    # job stops on every rank before training.
+    import fcntl
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with open(ckpt / ".braid-save.lock", "w", encoding="utf-8") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("pid 12345 on otherhost\n")
+        held.flush()
+        for ranks in (1, 2):
+            r = run(ranks, [*TINY, "--save", str(ckpt)])
+            clean_error(r, f"--save {ckpt} is in use by another job (pid 12345 on otherhost): "
+                        "two jobs saving to one directory overwrite each other's checkpoints")
+            assert " iteration " not in r.stdout
+    assert not any(name.startswith("iter_") for name in os.listdir(ckpt))
+    # The other job ended (its lock with it): this one saves there, and names itself.
+    r = run(1, [*TINY, "--save", str(ckpt)])
+    assert r.returncode == 0 and os.path.isdir(ckpt / "iter_0000003"), r.stdout + r.stderr
+    assert (ckpt / ".braid-save.lock").read_text().startswith("pid ")
 
 
 def test_a_save_directory_that_cannot_be_written_stops_before_training(tmp_path):
@@ -99,6 +135,38 @@ def test_ctrl_c_ends_the_run_without_a_traceback_and_keeps_its_checkpoints(tmp_p
     r = run(1, [*TINY, "--train-iters", str(int(tracker) + 1), "--load", str(ckpt),
                 "--override-opt_param-scheduler"])
     assert r.returncode == 0 and f"loaded iteration {tracker}" in r.stdout, r.stdout + r.stderr
+
+
+def test_ctrl_c_on_one_rank_ends_the_whole_job(tmp_path):
+    # SIGINT to rank 1 alone: it used to return 130 and then wait in MPI_Finalize while rank 0
+    # waited in its next collective, until --distributed-timeout-minutes. Now it ends the job.
+    ckpt = tmp_path / "ckpt"
+    args = [*TINY, "--train-iters", "100000", "--save", str(ckpt), "--log-interval", "1",
+            "--distributed-timeout-minutes", "5"]
+    p = subprocess.Popen(["mpirun", "-np", "2", "--oversubscribe", sys.executable, SCRIPT, *args],
+                         env=mpi_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        for line in p.stdout:  # training runs
+            if " iteration        3/" in line:
+                break
+        ranks = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if SCRIPT.encode() in argv and str(ckpt).encode() in argv and \
+                    b"mpirun" not in argv[0]:
+                ranks.append(int(entry))
+        assert len(ranks) == 2, ranks
+        os.kill(max(ranks), signal.SIGINT)
+        out, err = p.communicate(timeout=90)  # not the 5 minutes of a collective's deadline
+    finally:
+        p.kill()
+    assert p.returncode != 0 and "braid: interrupted" in err, out + err
+    assert "did not complete within" not in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("layout, message", [
@@ -189,7 +257,7 @@ def test_a_damaged_tracker_is_named(tmp_path):
 def test_another_global_batch_is_another_learning_rate_schedule(tmp_path):
     # Megatron keeps the warmup and decay in samples and refuses a resume whose batch changes
     # them; braid did not, and rewound the learning rate (4 iterations of 4 samples, resumed with
-    # 8 a step: 2 iterations' worth of samples done, so the cosine went back to its middle).
+    # 8 a step: 2 iterations' worth of samples done, so the decay went back to its middle).
     ckpt = tmp_path / "ckpt"
     run4 = [*TINY, "--train-iters", "4"]
     assert run(1, [*run4, "--save", str(ckpt), "--exit-interval", "2"]).returncode == 0
@@ -199,6 +267,26 @@ def test_another_global_batch_is_another_learning_rate_schedule(tmp_path):
     r = run(1, [*run4, "--global-batch-size", "8", "--load", str(ckpt),
                 "--override-opt_param-scheduler"])
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_full_metrics_disk_warns_and_training_goes_on(tmp_path):
+    # A full disk under --tensorboard-dir used to end the run with a traceback, before its next
+    # save. Here a file-size limit of 4 MiB (MPI's start-up needs files that large) and a
+    # metrics.jsonl 2 KiB short of it, which a resumed job appends to: a few iterations fill it.
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+    (tmp_path / "tb").mkdir()
+    line = json.dumps({"step": 0, "padding": "x" * 1000}) + "\n"
+    (tmp_path / "tb" / "metrics.jsonl").write_text(line * ((4 << 20) // len(line) - 2))
+    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--train-iters", "30", "--log-interval",
+                        "10", "--tensorboard-dir", str(tmp_path / "tb")], env=mpi_env(),
+                       cwd=REPO, capture_output=True, text=True, timeout=180, preexec_fn=limit)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.count("braid: warning: writing the metrics at step ") == 1, r.stderr
+    assert "File too large" in r.stderr and "training goes on" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "braid: trained 30 iterations" in r.stdout, r.stdout
 
 
 def test_a_save_that_fails_keeps_the_committed_checkpoints(tmp_path):
@@ -218,4 +306,4 @@ def test_a_save_that_fails_keeps_the_committed_checkpoints(tmp_path):
     clean_error(r, f"saving a checkpoint to {ckpt}: safetensors: writing ")
     assert "File too large" in r.stderr and "the checkpoints committed before stay" in r.stderr
     assert digest(ckpt) == before and sorted(os.listdir(ckpt)) == [
-        "iter_0000003", "latest_checkpointed_iteration.txt"]
+        ".braid-save.lock", "iter_0000003", "latest_checkpointed_iteration.txt"]

@@ -47,7 +47,7 @@ def test_deepseek_v3_recipe_trains_like_one_process_and_resumes(tmp_path):
         ("tp4", 8, ["--load", ckpt, "--tensor-model-parallel-size", "4", "--sequence-parallel",
                     "--expert-model-parallel-size", "2"])), timeout=300)
     assert_like_one_process(runs, {"8_ranks": range(1, 11), "tp4": range(11, 21)},
-                            ["lm loss", "mtp_1 loss", "load_balancing_loss", "grad-norm"])
+                            ["lm loss", "mtp_1 loss", "seq_load_balancing_loss", "grad-norm"])
     out = stdout["8_ranks"]
     assert "tp=2 pp=2 dp=2 ep=2 etp=1, 2 virtual stages, layers per stage 2 | 2" in out, out
     assert "1 multi-token prediction layer" in out, out

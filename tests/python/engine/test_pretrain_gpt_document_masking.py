@@ -154,11 +154,12 @@ def test_position_ids_alone_under_rope_say_how_megatron_differs(data):
     # megatron-core's rope ignores position ids: with the mask too nothing differs (rope is
     # relative), alone braid's rope turns by restarted positions and Megatron's does not.
     from braid.arguments import parse_args
-    from braid.training import device_and_position_notes
+    from braid.training import megatron_difference_notes
 
     def notes(position, *flags):
-        return device_and_position_notes(parse_args([*model_args(data, position), *flags,
-                                           "--train-iters", "20"], 1))
+        return [n for n in megatron_difference_notes(parse_args(
+            [*model_args(data, position), *flags, "--train-iters", "20"], 1))
+                if "--reset-position-ids" in n]
     said = "braid: --reset-position-ids turns rope by each token's position in its document"
     assert any(n.startswith(said) for n in notes("rope", BOTH[1])), notes("rope", BOTH[1])
     assert notes("rope", *BOTH) == notes("learned_absolute", BOTH[1]) == []

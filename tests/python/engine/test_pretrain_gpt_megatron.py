@@ -35,6 +35,9 @@ def test_exit_cost_stops_the_run_and_counts_over_its_jobs(tmp_path):
     stop = re.search(r"braid: exiting at iteration (\d+) \(--exit-cost 8.0\); checkpoint saved",
                      first.stdout)
     assert stop and 0 < int(stop.group(1)) < 100000, first.stdout
+    # A run stopped by its budget still ends with what it trained and cost.
+    assert re.search(rf"^braid: trained {stop.group(1)} iterations in .*; cost [0-9.]+ \(36000",
+                     first.stdout, re.MULTILINE), first.stdout
     spent = braid.checkpoint_metadata(ckpt)["device_seconds"]
     assert spent >= 0.8  # the stop comes once the budget is reached, the save after it
     again = run(1, [*budget, "--train-iters", "100000", "--exit-cost", "8", "--load", ckpt])
@@ -74,17 +77,19 @@ def test_no_save_optim_and_rng(tmp_path):
 
 def test_sample_based_learning_rate_schedule(tmp_path):
     # Megatron's --train-samples with --lr-warmup-samples / --lr-decay-samples that global batches
-    # of 16 do not divide: its scheduler counts samples, and step s runs at (s - 1) x 16 of them.
+    # of 16 do not divide: its scheduler counts samples, and step s logs the rate after its
+    # update, at s x 16 of them (the next step's).
     tb = str(tmp_path / "tb")
     r = run(1, [*[x for x in MODEL if x not in ("--lr-warmup-iters", "3")], "--train-samples",
                 "200", "--lr-warmup-samples", "40", "--lr-decay-samples", "150", "--min-lr",
-                "3e-4", "--eval-iters", "0", "--tensorboard-dir", tb])
+                "3e-4", "--lr-decay-style", "cosine", "--eval-iters", "0", "--tensorboard-dir",
+                tb])
     assert r.returncode == 0, r.stdout + r.stderr
     lrs = {rec["step"]: rec["learning-rate"] for rec in jsonl(os.path.join(tb, "metrics.jsonl"))
            if "learning-rate" in rec}
     assert sorted(lrs) == list(range(1, 13))  # 200 // 16 iterations
     for step, lr in lrs.items():
-        samples = (step - 1) * 16
+        samples = step * 16
         if samples <= 40:
             want = 3e-3 * samples / 40
         elif samples > 150:
@@ -97,7 +102,8 @@ def test_sample_based_learning_rate_schedule(tmp_path):
 
 def test_warmup_stable_decay_schedule(tmp_path):
     # Megatron's --lr-decay-style WSD: warm up from --lr-warmup-init, hold the peak, anneal over
-    # the last --lr-wsd-decay-iters (here cosine) down to --min-lr. Step s runs at s - 1.
+    # the last --lr-wsd-decay-iters (here cosine) down to --min-lr. Step s logs the rate after
+    # its update (Megatron's), step s + 1's.
     tb = str(tmp_path / "tb")
     args = [x for x in MODEL if x not in ("--lr-warmup-iters", "3")]
     r = run(1, [*args, "--train-iters", "12", "--lr-warmup-iters", "2", "--lr-warmup-init",
@@ -108,7 +114,7 @@ def test_warmup_stable_decay_schedule(tmp_path):
     lrs = {rec["step"]: rec["learning-rate"] for rec in jsonl(os.path.join(tb, "metrics.jsonl"))
            if "learning-rate" in rec}
     for step, lr in lrs.items():
-        it = step - 1
+        it = step
         if it <= 2:
             want = 1e-4 + (3e-3 - 1e-4) * it / 2
         elif it <= 12 - 4:
@@ -169,7 +175,7 @@ def test_skip_train_with_a_validation_path_alone(tmp_path):
                 "--micro-batch-size", "4", "--eval-iters", "2", "--valid-data-path", prefix,
                 "--skip-train", "--data-cache-path", str(tmp_path / "cache")])
     assert r.returncode == 0, r.stdout + r.stderr
-    assert re.findall(r"validation loss at iteration 0 \|", r.stdout) and \
+    assert re.findall(r"validation loss at iteration 0 on validation set \|", r.stdout) and \
         not log_lines(r.stdout), r.stdout
     assert not any("train" in f for f in os.listdir(tmp_path / "cache")), \
         os.listdir(tmp_path / "cache")

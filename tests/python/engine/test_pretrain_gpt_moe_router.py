@@ -25,7 +25,7 @@ ROUTER = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size
           # 20 x Megatron's default: a few steps move the biases enough to change the experts
           # chosen, so a resume without them would show in the losses.
           "--moe-router-bias-update-rate", str(RATE), "--moe-per-layer-logging"]
-PER_LAYER = [f"moe/{loss}_layer_{i}" for loss in ("load_balancing_loss", "z_loss")
+PER_LAYER = [f"moe/{loss}_layer_{i}" for loss in ("seq_load_balancing_loss", "z_loss")
              for i in (0, 1, 3)]  # the expert layers of --moe-layer-freq [1,1,0,1]
 
 
@@ -63,20 +63,21 @@ def test_deepseek_router_trains_like_one_process_and_resumes_in_another_layout(t
         r = run(n, [*MODEL, *ROUTER, *extra, "--train-iters", "10", "--eval-iters", "0",
                     "--tensorboard-dir", tb])
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "| load_balancing_loss: " in r.stdout and "| z_loss: " in r.stdout, r.stdout
+        # seq_aux_loss's under Megatron's name for it
+        assert "| seq_load_balancing_loss: " in r.stdout and "| z_loss: " in r.stdout, r.stdout
         runs[name] = jsonl(os.path.join(tb, "metrics.jsonl"))
     one = {key: metric(runs["one"], key)
-           for key in ("lm loss", "load_balancing_loss", "z_loss", *PER_LAYER)}
+           for key in ("lm loss", "seq_load_balancing_loss", "z_loss", *PER_LAYER)}
     assert all(sorted(v) == list(range(1, 11)) for v in one.values()), one
     # --moe-per-layer-logging: each expert layer's losses (none for the dense layer 2), whose
     # mean is the logged one; the 3D run's pipeline stages each report their own layers.
     assert not any("layer_2" in key for r in runs["one"] for key in r)
-    for loss in ("load_balancing_loss", "z_loss"):
+    for loss in ("seq_load_balancing_loss", "z_loss"):
         for step, value in one[loss].items():
             layers = [one[f"moe/{loss}_layer_{i}"][step] for i in (0, 1, 3)]
             assert abs(sum(layers) / 3 - value) <= 1e-6 * value, (loss, step, layers, value)
     # Perfect balance gives 1; top-2 of 4 experts at most 2 (every token on the same two).
-    assert all(0.5 < v < 2.0 for v in one["load_balancing_loss"].values()), one
+    assert all(0.5 < v < 2.0 for v in one["seq_load_balancing_loss"].values()), one
     # logsumexp(logits)^2: (log 4)^2 = 1.92 for logits of 0, which the initialisation is close to.
     assert all(1.0 < v < 3.0 for v in one["z_loss"].values()), one
     for name, steps in (("3d", range(1, 11)), ("tp_cp", range(1, 11)),

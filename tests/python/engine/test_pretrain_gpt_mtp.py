@@ -51,6 +51,14 @@ def logged(stdout: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def interval_mean(records: list[dict], key: str, logged_steps, step: int) -> float:
+    """What the log line at `step` shows of `key`, as Megatron logs it: the mean of the
+    iterations since the job's previous line (or its start)."""
+    values = series(records, key)
+    after = max((s for s in logged_steps if s < step), default=min(values) - 1)
+    return float(np.mean([values[s] for s in range(after + 1, step + 1)]))
+
+
 def test_mtp_layouts_train_like_one_process_and_resume(tmp_path):
     # A Llama-style model (untied output layer) with one MTP layer: one process trains 20
     # iterations, saving at 10; tp 2 with sequence parallelism, pp 2 (the MTP layer on the last
@@ -84,7 +92,8 @@ def test_mtp_layouts_train_like_one_process_and_resume(tmp_path):
     first = series(runs["one"], "mtp_1 loss")[1]
     assert 5.0 < first < 6.5, first
     assert "mtp_2 loss" not in runs["one"][0]
-    # The log line: Megatron's "mtp_1 loss: X |" after the lm loss, the metrics' values.
+    # The log line: Megatron's "mtp_1 loss: X |" after the lm loss, the metrics' values
+    # averaged over the iterations since the previous line.
     for name, out in stdout.items():
         assert ", 1 multi-token prediction layer (loss scaling factor 0.1)) on" in out, out
         lines = logged(out)
@@ -93,7 +102,8 @@ def test_mtp_layouts_train_like_one_process_and_resume(tmp_path):
         for step, losses in lines.items():
             assert list(losses) == ["lm loss", "mtp_1 loss"], (name, losses)
             for key, value in losses.items():
-                assert value == pytest.approx(series(runs[name], key)[step], rel=1e-6)
+                assert value == pytest.approx(interval_mean(runs[name], key, lines, step),
+                                              rel=1e-6)
     assert "braid: --mtp-num-layers 1 from the checkpoint" in stdout["pp2_to_one"]
 
     # HF DeepSeek-V3's names for the MTP layer after the 4 of the model: layer 4.
@@ -185,7 +195,8 @@ def test_two_mtp_layers_with_tied_embeddings(tmp_path):
         for step, losses in lines.items():
             assert list(losses) == ["lm loss", "mtp_1 loss", "mtp_2 loss"], losses
             for key, value in losses.items():
-                assert value == pytest.approx(series(runs[name], key)[step], rel=1e-6)
+                assert value == pytest.approx(interval_mean(runs[name], key, lines, step),
+                                              rel=1e-6)
 
 
 def test_mtp_with_experts_and_expert_parallelism(tmp_path):

@@ -22,9 +22,10 @@ DECOUPLED = ["--min-lr", "3e-4", "--decoupled-lr", "1e-2", "--decoupled-min-lr",
 
 
 def megatron_rates(args: dict, steps: int, decoupled: bool = True) -> list[tuple[float, float]]:
-    """(learning rate, decoupled learning rate) of steps 1..steps by megatron-core's
+    """(learning rate, decoupled learning rate) logged at steps 1..steps by megatron-core's
     OptimizerParamScheduler over two parameter groups, Megatron-LM's default one and its
-    is_embedding_or_output_parameter one; step s runs at s - 1 scheduler steps."""
+    is_embedding_or_output_parameter one: Megatron-LM logs the optimizer's rate after
+    train_step's scheduler step, so step s shows s scheduler steps' (step s + 1's rate)."""
     torch = pytest.importorskip("torch")
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -45,8 +46,8 @@ def megatron_rates(args: dict, steps: int, decoupled: bool = True) -> list[tuple
         override_opt_param_scheduler=False)
     rates = []
     for _ in range(steps):
-        rates.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[1]["lr"]))
         scheduler.step(increment=1)
+        rates.append((optimizer.param_groups[0]["lr"], optimizer.param_groups[1]["lr"]))
     return rates
 
 
@@ -61,13 +62,14 @@ def train(tmp_path, name: str, ranks: int, args: list[str]) -> list[dict]:
     return jsonl(os.path.join(tb, "metrics.jsonl"))
 
 
-@pytest.mark.parametrize("style", ["cosine", "linear", "inverse-square-root"])
+@pytest.mark.parametrize("style", ["cosine", "linear", "inverse-square-root", None])
 def test_decoupled_rates_are_megatrons(tmp_path, style):
-    records = train(tmp_path, "tb", 1, [*DECOUPLED, "--lr-decay-style", style,
-                                        "--lr-decay-iters", "16"])
+    # None: no --lr-decay-style, whose default is Megatron-LM's, linear.
+    records = train(tmp_path, "tb", 1, [*DECOUPLED, "--lr-decay-iters", "16",
+                                        *(["--lr-decay-style", style] if style else [])])
     want = megatron_rates({"lr": 3e-3, "min_lr": 3e-4, "decoupled_lr": 1e-2,
                            "decoupled_min_lr": 1e-4, "init": 1e-4, "warmup": 3, "decay": 16,
-                           "style": style}, 20)
+                           "style": style or "linear"}, 20)
     np.testing.assert_allclose(rates(records, "learning-rate"), [w[0] for w in want],
                                rtol=1e-6)
     np.testing.assert_allclose(rates(records, "decoupled-learning-rate"),

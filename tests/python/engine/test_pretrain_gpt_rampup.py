@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mp
 
 # From 4 by 4 to --global-batch-size 16 over the first 100 of 320 samples, warming up over 48.
 RAMP = ["--rampup-batch-size", "4", "4", "100", "--train-samples", "320",
-        "--lr-warmup-samples", "48", "--log-interval", "1"]
+        "--lr-warmup-samples", "48", "--lr-decay-style", "cosine", "--log-interval", "1"]
 RAMPED = [x for x in MODEL if x not in ("--lr-warmup-iters", "3")] + RAMP
 
 
@@ -99,9 +99,10 @@ def test_ramp_follows_megatron_and_3d_trains_like_one_process(tmp_path):
         for it, (batch, consumed) in enumerate(want, start=1):
             got_batch, got_consumed, got_lr, _ = steps[it]
             assert (got_batch, got_consumed) == (batch, consumed), f"iteration {it}"
-            # The LR of a step is the schedule's at the samples of the updates before it.
-            assert got_lr == pytest.approx(megatron_lr(update_samples), rel=1e-5, abs=1e-12), it
+            # The LR a step logs is the schedule's at the samples of its update and those
+            # before (Megatron's: the rate after the step, which the next step trains at).
             update_samples += batch
+            assert got_lr == pytest.approx(megatron_lr(update_samples), rel=1e-5, abs=1e-12), it
         records = jsonl(os.path.join(tb, "metrics.jsonl"))
         assert {r["step"]: r["batch-size"] for r in records if "batch-size" in r} == \
             {it: b for it, (b, _) in enumerate(want, start=1)}

@@ -147,8 +147,9 @@ retention.close()
                 "--override-opt_param-scheduler"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert "braid: loaded iteration 12" in r.stdout, r.stdout
-    assert sorted(os.listdir(ckpt)) == ["iter_0000004", "iter_0000008", "iter_0000012",
-                                        "iter_0000014", "latest_checkpointed_iteration.txt"]
+    assert sorted(os.listdir(ckpt)) == [".braid-save.lock", "iter_0000004", "iter_0000008",
+                                        "iter_0000012", "iter_0000014",
+                                        "latest_checkpointed_iteration.txt"]
     assert braid.latest_iteration(ckpt) == 14
 
 
@@ -170,8 +171,8 @@ def test_links_files_and_later_checkpoints_stay(tmp_path):
                 "--save-retain-interval", "10", "--train-iters", "12"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(os.listdir(ckpt)) == [
-        "iter_0000003", "iter_0000007", "iter_0000010", "iter_0000012", "iter_0000101",
-        "latest_checkpointed_iteration.txt"]
+        ".braid-save.lock", "iter_0000003", "iter_0000007", "iter_0000010", "iter_0000012",
+        "iter_0000101", "latest_checkpointed_iteration.txt"]
     assert (pinned / "metadata.json").exists()
     assert deleted(r.stdout) == [4, 5], r.stdout
 

@@ -96,7 +96,13 @@ def evaluations(stdout):
 
 
 def metric(records, tag):
-    return {r["step"]: r[tag] for r in records if tag in r}
+    """{step: value}; at a step evaluated twice (the last iteration, then Megatron's final
+    "on validation set"), the first."""
+    out = {}
+    for r in records:
+        if tag in r:
+            out.setdefault(r["step"], r[tag])
+    return out
 
 
 def test_each_set_has_its_own_loss_line_and_tags(runs):
@@ -105,6 +111,9 @@ def test_each_set_has_its_own_loss_line_and_tags(runs):
     assert sorted(lines) == [("-0", 2, False), ("-0", 4, False), ("-1", 2, False),
                              ("-1", 4, False)], stdout
     assert " validation loss at" not in stdout  # no blended, unsuffixed loss
+    # After the last save, Megatron's final evaluation of each set (on its next batches).
+    assert all(f" validation-{i} loss at iteration 4 on validation set | " in stdout
+               for i in (0, 1)), stdout
     tags = {tag for r in records for tag in r if "validation" in tag}
     assert tags == {"lm loss validation-0", "lm loss validation-0 ppl",
                     "lm loss validation-1", "lm loss validation-1 ppl"}
