@@ -354,13 +354,10 @@ class MetricsWriter:
 
     def close(self) -> None:
         """Closes the files and finishes the W&B run (W&B writes out the run's last step)."""
-        if self.keep_going:
-            self._drop_files()
-        else:
-            for f in (self._events, self._jsonl):
-                if f is not None:
-                    f.close()
-            self._events = self._jsonl = None
+        for f in (self._events, self._jsonl):  # each write is flushed: nothing left to fail
+            if f is not None:
+                f.close()
+        self._events = self._jsonl = None
         self.closed = True
         if self._wandb is not None:
             run, self._wandb = self._wandb, None
