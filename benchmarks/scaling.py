@@ -124,6 +124,8 @@ def training_args(a, tp, pp, layers, batch, metrics, trace_dir=None, ranks=1, la
             "--micro-batch-size", "1", "--global-batch-size", str(batch),
             "--train-iters", str(a.train_iters), "--log-interval", str(a.train_iters // 2),
             "--lr", "1e-4", "--eval-iters", "0", "--device", a.device,
+            # cuDNN's attention on a GPU: with attention dropout braid's own kernels run
+            "--attention-dropout", "0",
             "--timing-log-level", "2", "--timing-log-option", "all",
             "--log-timers-to-tensorboard", "--metrics-jsonl", metrics]
     if a.device == "cuda":

@@ -6,6 +6,7 @@ each, and as the last line the ratio braid/PyTorch of tokens/s.
 
     python benchmarks/step_bench.py                       # CPU, f32 (the issue's config)
     python benchmarks/step_bench.py --device cuda --dtype bf16
+    python benchmarks/step_bench.py --attention-dropout 0.1   # both drop attention probabilities
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--seq-length", type=int, default=256)
     p.add_argument("--micro-batch-size", type=int, default=4)
     p.add_argument("--vocab-size", type=int, default=50304)
+    p.add_argument("--attention-dropout", type=float, default=0.0,
+                   help="dropout of the attention probabilities, in both (PyTorch's attn_pdrop)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=os.cpu_count())
@@ -57,6 +60,7 @@ def run_braid(args):
     cfg.num_attention_heads = cfg.num_query_groups = args.num_attention_heads
     cfg.ffn_hidden_size, cfg.vocab_size = 4 * args.hidden_size, args.vocab_size
     cfg.max_position_embeddings = args.seq_length
+    cfg.attention_dropout = args.attention_dropout
     cfg.params_dtype = args.dtype
     device = "cuda:0" if args.device == "cuda" else "cpu"
     model = braid.GPTModel(cfg, device=device, seed=1)
@@ -81,7 +85,7 @@ def run_torch(args):
     hf_cfg = transformers.GPT2Config(
         vocab_size=args.vocab_size, n_positions=args.seq_length, n_embd=args.hidden_size,
         n_layer=args.num_layers, n_head=args.num_attention_heads, resid_pdrop=0.0,
-        embd_pdrop=0.0, attn_pdrop=0.0, activation_function="gelu_new")
+        embd_pdrop=0.0, attn_pdrop=args.attention_dropout, activation_function="gelu_new")
     hf_cfg._attn_implementation = "sdpa"
     model = transformers.GPT2LMHeadModel(hf_cfg).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
@@ -132,7 +136,8 @@ def main(argv=None):
     tokens = args.micro_batch_size * args.seq_length
     print(f"step_bench: GPT {args.num_layers} layers, hidden {args.hidden_size}, heads "
           f"{args.num_attention_heads}, seq {args.seq_length}, batch {args.micro_batch_size}, vocab "
-          f"{args.vocab_size}, {args.dtype} on {args.device}, {args.threads} threads, median of {args.steps} steps")
+          f"{args.vocab_size}, {args.dtype} on {args.device}, {args.threads} threads, median of {args.steps} steps"
+          + (f", attention dropout {args.attention_dropout:g}" if args.attention_dropout else ""))
     results = {}
     for impl in ("braid", "torch"):
         r = measure(impl, argv)

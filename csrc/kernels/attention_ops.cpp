@@ -39,6 +39,18 @@ void check_attention(const char* op, Device device, const Tensor& q, const Tenso
   check_token_table(op, "key_start", key_start, device, q.size(0), k.size(1), true);
 }
 
+// keys: Sk. The mask's Philox counter holds a query position in 32 bits.
+void check_dropout(const char* op, const AttentionDropout& dropout, int64_t keys) {
+  BRAID_CHECK(dropout.p >= 0.0f && dropout.p < 1.0f, op, ": dropout probability ", dropout.p,
+              " must lie in [0, 1)");
+  BRAID_CHECK(dropout.first_position + keys <= (int64_t(1) << 32), op,
+              ": dropout's positions reach ", dropout.first_position + keys,
+              ", beyond the mask's 2^32");
+  BRAID_CHECK(dropout.first_sequence >= 0 && dropout.first_head >= 0 && dropout.first_position >= 0,
+              op, ": dropout's first sequence, head and position (", dropout.first_sequence, ", ",
+              dropout.first_head, ", ", dropout.first_position, ") must be >= 0");
+}
+
 // sinks [Hq] (one logit per query head) of the reference argument's dtype.
 void check_sinks(const char* op, const Tensor& sinks, const char* ref_name, const Tensor& ref,
                  int64_t heads) {
@@ -59,19 +71,22 @@ void check_sink_softmax(const char* op, Device device, const Tensor& out, const 
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, const Tensor& key_start, Stream stream) {
+                       int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                       Stream stream) {
   const char* op = "attention_forward";
   Device device = device_of(op, {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
   check_attention(op, device, q, k, v, lse, window, key_start);
+  check_dropout(op, dropout, k.size(1));
   check_like(op, "out", out, "q", q);
   if (out.numel() == 0 && lse.numel() == 0) return;
   BRAID_DISPATCH(device, attention_forward, out, lse, q, k, v, effective_window(window, k.size(1)),
-                 key_start, stream);
+                 key_start, dropout, stream);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, const Tensor& key_start, Stream stream) {
+                        int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                        Stream stream) {
   const char* op = "attention_backward";
   Device device = device_of(op, {{"dq", dq},
                                  {"dk", dk},
@@ -83,6 +98,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                                  {"out", out},
                                  {"lse", lse}});
   check_attention(op, device, q, k, v, lse, window, key_start);
+  check_dropout(op, dropout, k.size(1));
   for (const auto& [name, t] :
        {std::pair<const char*, const Tensor&>{"dq", dq}, {"dout", dout}, {"out", out}}) {
     check_like(op, name, t, "q", q);
@@ -92,7 +108,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   }
   if (dq.numel() == 0 && dk.numel() == 0) return;
   BRAID_DISPATCH(device, attention_backward, dq, dk, dv, dout, q, k, v, out, lse,
-                 effective_window(window, k.size(1)), key_start, stream);
+                 effective_window(window, k.size(1)), key_start, dropout, stream);
 }
 
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,

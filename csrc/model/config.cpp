@@ -473,9 +473,8 @@ void TransformerConfig::validate() const {
                      "vanilla softmax only");
   BRAID_CONFIG_CHECK(hidden_dropout >= 0 && hidden_dropout < 1,
                      "TransformerConfig.hidden_dropout must be in [0, 1), got ", hidden_dropout);
-  BRAID_CONFIG_CHECK(attention_dropout == 0,
-                     "TransformerConfig.attention_dropout must be 0 (attention keeps only the ",
-                     "log-sum-exp, not the probabilities a dropout mask applies to), got ",
+  BRAID_CONFIG_CHECK(attention_dropout >= 0 && attention_dropout < 1,
+                     "TransformerConfig.attention_dropout must be in [0, 1), got ",
                      attention_dropout);
   BRAID_CONFIG_CHECK(params_dtype == DType::f32 || params_dtype == DType::bf16,
                      "TransformerConfig.params_dtype must be f32 or bf16, got ",

@@ -97,6 +97,12 @@ struct ChunkView {
   Tensor key_start(const Tensor& t) const {
     return t.defined() ? t.slice(sequence * t.size(1), {1, t.size(1)}) : Tensor();
   }
+  // The whole sequences' dropout mask at this chunk's sequence and keys.
+  ops::AttentionDropout dropout(ops::AttentionDropout d) const {
+    d.first_sequence += sequence;
+    d.first_position += first_key;
+    return d;
+  }
 };
 
 template <typename F>
@@ -115,17 +121,18 @@ void for_each_local_chunk(const ContextParallel& cp, const Tensor& q, int64_t wi
 
 void context_attention_forward(const ContextParallel& cp, Tensor out, Tensor lse, const Tensor& q,
                                const Tensor& k, const Tensor& v, int64_t window,
-                               const Tensor& key_start) {
+                               const Tensor& key_start, const ops::AttentionDropout& dropout) {
   for_each_local_chunk(cp, q, window, key_start, [&](const ChunkView& c) {
     ops::attention_forward(c.rows(out), c.lse(lse), c.rows(q), c.keys(k), c.keys(v), window,
-                           c.key_start(key_start));
+                           c.key_start(key_start), c.dropout(dropout));
   });
 }
 
 void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk, Tensor dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                int64_t window, const Tensor& key_start) {
+                                int64_t window, const Tensor& key_start,
+                                const ops::AttentionDropout& dropout) {
   dk.zero_();
   dv.zero_();
   // Adds a chunk's share (the activation dtype) into the f32 sum.
@@ -142,7 +149,8 @@ void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk,
     Tensor dk_part = Tensor::empty(k_seen.shape(), k.dtype(), k.device());
     Tensor dv_part = Tensor::empty(v_seen.shape(), v.dtype(), v.device());
     ops::attention_backward(c.rows(dq), dk_part, dv_part, c.rows(dout), c.rows(q), k_seen, v_seen,
-                            c.rows(out), c.lse(lse), window, c.key_start(key_start));
+                            c.rows(out), c.lse(lse), window, c.key_start(key_start),
+                            c.dropout(dropout));
     accumulate(c.keys(dk), dk_part);
     accumulate(c.keys(dv), dv_part);
   });

@@ -239,23 +239,6 @@ int64_t GPTModel::region_tokens(const Microbatch& mb) const {
   return tokens_of(mb).count() / (tp_.sharded_tokens() ? tp_.size() : 1);
 }
 
-DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool training) const {
-  DropoutContext d;
-  if (!training || config_.hidden_dropout == 0.0f) return d;
-  d.p = config_.hidden_dropout;
-  d.seed = seed_ ^ kDropoutSeedSalt;
-  d.attention_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 1);
-  d.mlp_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 2);
-  // A sequence-parallel shard draws its slice of the whole activation's mask, so every
-  // layout drops exactly the elements the single-rank model drops. Context-parallel ranks draw
-  // disjoint parts of one mask of the microbatch (not the single-rank model's: their tokens are
-  // in another order).
-  int64_t first_token = cp_.rank() * tokens_of(mb).count();
-  if (tp_.sharded_tokens()) first_token += tp_.rank() * region_tokens(mb);
-  d.first_element = first_token * config_.hidden_size;
-  return d;
-}
-
 Tensor GPTModel::lookup_tokens(const Tensor& ids) const {
   const int64_t t = ids.numel();
   Tensor x = Tensor::empty({t, config_.hidden_size}, config_.params_dtype, device_);
@@ -267,24 +250,6 @@ Tensor GPTModel::lookup_tokens(const Tensor& ids) const {
 void GPTModel::lookup_tokens_backward(const Tensor& dx, const Tensor& ids) {
   ops::embedding_backward(parameter("model.embed_tokens.weight").grad, exit_tp_backward(tp_, dx),
                           ids.view({ids.numel()}), vocab_start());
-}
-
-Tensor GPTModel::dropout(const Microbatch& mb, Tensor x, uint64_t site, bool training) const {
-  const DropoutContext drop = dropout_context(mb, 0, training);
-  if (drop.p == 0) return x;
-  Tensor dropped = Tensor::empty(x.shape(), x.dtype(), device_);
-  ops::dropout_forward(dropped, x, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
-                       drop.first_element);
-  return dropped;
-}
-
-Tensor GPTModel::dropout_backward(const Microbatch& mb, Tensor dx, uint64_t site) const {
-  const DropoutContext drop = dropout_context(mb, 0, true);
-  if (drop.p == 0) return dx;
-  Tensor d = Tensor::empty(dx.shape(), dx.dtype(), device_);
-  ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
-                        drop.first_element);
-  return d;
 }
 
 Tensor GPTModel::embed(Microbatch& mb, bool training, int64_t position_offset) {

@@ -59,7 +59,9 @@ inline Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to
 // The Philox stream of one dropout site of one training forward: the embedding output is
 // site 0; block l's attention and MLP outputs are sites 2l + 1 and 2l + 2 (MTP depth k's layer
 // is block num_layers + k - 1); MTP depth k's embedding output is site
-// 2 (num_layers + mtp_num_layers) + k.
+// 2 (num_layers + mtp_num_layers) + k. Block l's attention probabilities are site 2^31 + l
+// (ops::AttentionDropout's stream, split further per sequence and head).
+constexpr uint64_t kAttentionProbsSite = uint64_t(1) << 31;
 inline uint64_t dropout_stream(uint64_t forward_index, uint64_t site) {
   return (forward_index << 32) + site;
 }

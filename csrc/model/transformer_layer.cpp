@@ -263,12 +263,13 @@ void TransformerLayer::rotate(Tensor x, const Tokens& tokens, int64_t position_o
 }
 
 void TransformerLayer::attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
-                                         const Tensor& v, const Tokens& tokens) const {
+                                         const Tensor& v, const Tokens& tokens,
+                                         const ops::AttentionDropout& dropout) const {
   if (!cp_.active()) {
-    ops::attention_forward(out, lse, q, k, v, window_, tokens.key_start);
+    ops::attention_forward(out, lse, q, k, v, window_, tokens.key_start, dropout);
   } else {
     context_attention_forward(cp_, out, lse, q, gather_sequence(cp_, k), gather_sequence(cp_, v),
-                              window_, tokens.key_start);
+                              window_, tokens.key_start, dropout);
   }
   if (sinks().defined()) ops::attention_sink_forward(out, lse, sinks());
 }
@@ -276,18 +277,20 @@ void TransformerLayer::attention_forward(Tensor out, Tensor lse, const Tensor& q
 void TransformerLayer::attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                                           const Tensor& q, const Tensor& k, const Tensor& v,
                                           const Tensor& out, const Tensor& lse,
-                                          const Tokens& tokens) const {
+                                          const Tokens& tokens,
+                                          const ops::AttentionDropout& dropout) const {
   // out and lse are the sink softmax's: the backward below recomputes its probabilities.
   if (g_.sinks.defined()) ops::attention_sink_backward(g_.sinks, dout, out, lse, w_.sinks);
   if (!cp_.active()) {
-    return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window_, tokens.key_start);
+    return ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window_, tokens.key_start,
+                                   dropout);
   }
   // The keys and values are gathered again rather than kept: cp times their local size.
   const Tensor k_all = gather_sequence(cp_, k), v_all = gather_sequence(cp_, v);
   Tensor dk_all = Tensor::empty(k_all.shape(), DType::f32, k_all.device());
   Tensor dv_all = Tensor::empty(v_all.shape(), DType::f32, v_all.device());
   context_attention_backward(cp_, dq, dk_all, dv_all, dout, q, k_all, v_all, out, lse, window_,
-                             tokens.key_start);
+                             tokens.key_start, dropout);
   // Summed over the group in f32, rounded to the activation dtype once.
   auto to_local = [&](const Tensor& all, const Tensor& like) {
     const Tensor summed = scatter_sequence(cp_, all);
@@ -348,7 +351,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   const Tensor &q = qkv.q, &k = qkv.k, &v = qkv.v;
   Tensor attn = Tensor::empty({b, s, n.q_heads, d}, dt, dev);
   Tensor lse = Tensor::empty({b, n.q_heads, s}, DType::f32, dev);
-  attention_forward(attn, lse, q, k, v, tokens);
+  attention_forward(attn, lse, q, k, v, tokens, drop.attention_probs);
 
   Tensor a = Tensor::empty({t, c.hidden_size}, dt, dev);
   linear_forward(a, o_input(attn), w_.o_weight, row_bias(w_.o_bias));
@@ -522,7 +525,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   Tensor d_attn = o_input_grad(d_o_in, tokens);
   release(d_o_in);
   Tensor dq = empty_like(a.q), dk = empty_like(a.k), dv = empty_like(a.v);
-  attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse, tokens);
+  attention_backward(dq, dk, dv, d_attn, a.q, a.k, a.v, a.attn_out, a.lse, tokens,
+                     drop.attention_probs);
   release(d_attn, a.q, a.k, a.v);
   release(a.attn_out, a.lse);
   const Tensor h1 = attention_input(a.input_norm_out);

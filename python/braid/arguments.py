@@ -148,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the word and position embeddings' init std (default: "
                         "--init-method-std)")
     g.add_argument("--hidden-dropout", type=nonneg_float, default=0.1)
-    g.add_argument("--attention-dropout", type=nonneg_float, default=None,
-                   help="must be 0: braid's flash-style attention keeps no probabilities "
-                        "(Megatron's default 0.1: left out, the run notes that it uses 0)")
+    g.add_argument("--attention-dropout", type=nonneg_float, default=0.1,
+                   help="dropout of the attention probabilities (Megatron's default 0.1); on "
+                        "a GPU a value above 0 runs braid's own attention kernels in place "
+                        "of cuDNN's")
     g.add_argument("--vocab-size", type=pos_int, default=None,
                    help="the tokenizer's vocabulary (with --data-path / --mock-data: this, or "
                         "a --tokenizer-type)")
@@ -505,13 +506,9 @@ def validate(a: argparse.Namespace, world_size: int, check_files: bool = True):
            "--no-position-embedding with --position-embedding-type "
            f"{a.position_embedding_type}: a model without positions (NoPE) is not one of "
            "braid's; with --position-embedding-type rope it changes nothing")
-    # Megatron's default is 0.1; a script that leaves the flag out trains without it (noted).
-    a.attention_dropout_given = a.attention_dropout is not None
-    a.attention_dropout = a.attention_dropout or 0.0
-    _check(a.attention_dropout == 0.0,
-           f"--attention-dropout must be 0 (braid's flash-style attention keeps no "
-           f"probabilities to drop), got {a.attention_dropout}")
     _check(a.hidden_dropout < 1.0, f"--hidden-dropout must be < 1, got {a.hidden_dropout}")
+    _check(a.attention_dropout < 1.0,
+           f"--attention-dropout must be < 1, got {a.attention_dropout}")
     recompute_args.validate(a, _check)
     _check(a.adam_beta1 < 1.0 and a.adam_beta2 < 1.0,
            f"--adam-beta1 and --adam-beta2 must be < 1, got {a.adam_beta1}, {a.adam_beta2}")

@@ -139,8 +139,9 @@ NO_EFFECT = {
                       "braid writes its own checkpoints, safetensors shards that load under "
                       "any layout (docs/checkpoints.md); tools/convert_megatron.py converts them "
                       "to and from Megatron's torch_dist"),
-    "--te-rng-tracker": (False, "Transformer Engine's RNG tracker: braid's dropout streams "
-                                "are its own, seeded per rank"),
+    "--te-rng-tracker": (False, "Transformer Engine's RNG tracker: braid's dropout masks are "
+                                "its own, drawn from the seed and the global positions "
+                                "(docs/parallel.md#randomness)"),
     "--no-check-for-nan-in-loss-and-grad": (False, "Megatron's check stops the run at a "
                                                    "non-finite loss or gradient norm; braid "
                                                    "never stops there: it skips the step (no "

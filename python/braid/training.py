@@ -166,14 +166,15 @@ def trainer_config(a) -> braid.TrainerConfig:
 
 def megatron_difference_notes(a) -> list[str]:
     """Where this run trains otherwise than Megatron-LM would on the same command line: --bf16
-    on the CPU runs in float32, so that a GPU job's script debugs unchanged there; no attention
-    dropout (Megatron's default 0.1); --eod-mask-loss weights every counted token alike;
-    --reset-position-ids turns rope, which megatron-core's ignores."""
+    on the CPU runs in float32, so that a GPU job's script debugs unchanged there;
+    --eod-mask-loss weights every counted token alike; --reset-position-ids turns rope, which
+    megatron-core's ignores; attention dropout on a GPU runs braid's own attention kernels."""
     notes = []
-    if not a.attention_dropout_given:
-        notes.append("braid: --attention-dropout not given: Megatron-LM's default is 0.1, "
-                     "braid's attention has no dropout, so this run uses 0 (give "
-                     "--attention-dropout 0 to say so)")
+    if a.device == "cuda" and a.attention_dropout > 0:
+        notes.append(f"braid: --attention-dropout {a.attention_dropout:g} on a GPU: attention "
+                     "runs braid's own kernels, whose mask every layout draws alike, not "
+                     "cuDNN's (Megatron's default is 0.1; --attention-dropout 0, as Llama-style "
+                     "scripts give, keeps cuDNN's)")
     if a.eod_mask_loss and not a.calculate_per_token_loss:
         notes.append("braid: --eod-mask-loss: braid's loss is the mean over the global batch's "
                      "counted tokens (Megatron's --calculate-per-token-loss); Megatron's default "

@@ -9,10 +9,15 @@
 // Work is split over (batch, head) pairs, one OpenMP loop per call. Within a pair, query rows
 // are processed in blocks of four so that each pass over the keys (held transposed, [D][S],
 // in a per-thread buffer) and each rank-4 update of dK/dV serves four rows.
+//
+// Attention dropout multiplies each row's probabilities by the mask (attention_dropout.h) after
+// their sum is taken: the forward's weights of V, and in the backward both dP (before dS) and P
+// (after dS, for dV); dS = P o (dP o mask - rowsum(dO o O)), O being the dropped output.
 #include <cmath>
 #include <vector>
 
 #include "braid/core/error.h"
+#include "kernels/attention_dropout.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/loops.h"
 
@@ -30,6 +35,7 @@ struct Dims {
   int64_t b, sq, sk, hq, hkv, d, window;
   const int32_t* key_start = nullptr;
   int64_t key_ld = 0;
+  AttentionDropout dropout;
   int64_t offset() const { return sk - sq; }  // the position of query row 0
   // The first key query row i of sequence `batch` sees (its last is offset() + i). Rows past
   // the queries (a block's padding) take the last query's.
@@ -152,6 +158,20 @@ BRAID_CPU_MULTIVERSION float dot(const float* a, const float* b, int64_t n) {
   return sum;
 }
 
+// Attention dropout of query row i of (batch, head): f(j, multiplier) for the keys j in
+// [j0, j1), the mask's multiplier of each. One Philox call serves four keys.
+template <typename F>
+void for_each_multiplier(const Dims& m, int64_t batch, int64_t head, int64_t i, int64_t j0,
+                         int64_t j1, F&& f) {
+  const auto mask = ops::detail::HeadDropout::of(m.dropout, batch, head);
+  const int64_t qp = mask.first_position + m.offset() + i;
+  for (int64_t j = j0; j < j1;) {
+    const int64_t kp = mask.first_position + j;
+    const philox::Words4 w = mask.words(qp, kp / 4);
+    for (int64_t l = kp % 4; l < 4 && j < j1; ++l, ++j) f(j, mask.multiplier(w.x[l]));
+  }
+}
+
 // Per-thread buffers, zero-filled once: the padding (columns >= Sk of the [.][Sk] buffers,
 // columns >= D of the [.][D] ones) is never written and stays zero.
 struct Scratch {
@@ -235,6 +255,10 @@ void forward_head(const Dims& m, int64_t batch, int64_t head, float* out, float*
       const int64_t first = std::min(m.first_key(batch, i0 + r), seen);
       float mx = max_of(p + first, seen - first);
       float sum = exp_shifted(p + first, seen - first, mx);
+      if (m.dropout.p > 0.0f && i0 + r < sq) {
+        for_each_multiplier(m, batch, head, i0 + r, first, seen,
+                            [p](int64_t j, float keep) { p[j] *= keep; });
+      }
       std::fill(p + lo, p + first, 0.0f);
       std::fill(p + seen, p + n, 0.0f);
       inv_sum[r] = 1.0f / sum;
@@ -276,7 +300,15 @@ void backward_kv_head(const Dims& m, int64_t batch, int64_t kvh, float* dq, floa
         if (i < sq) {
           exp_shifted(p + first, seen - first, lse[(batch * m.hq + head) * sq + i]);
           float delta = dot(w.xdo.data() + r * dpad, out + m.q_at(batch, i, head), d);
-          softmax_grad(ds + first, p + first, seen - first, delta);
+          if (m.dropout.p > 0.0f) {
+            // dS = P o (dP o mask - delta); then P o mask, which weighs dO into dV
+            for_each_multiplier(m, batch, head, i, first, seen, [&](int64_t j, float keep) {
+              ds[j] = p[j] * (ds[j] * keep - delta);
+              p[j] *= keep;
+            });
+          } else {
+            softmax_grad(ds + first, p + first, seen - first, delta);
+          }
         }
         for (float* row : {p, ds}) {
           std::fill(row + lo, row + first, 0.0f);
@@ -304,8 +336,10 @@ int64_t heads_per_thread(const Dims& m) {
   return std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m.sq * keys * m.d));
 }
 
-Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start) {
-  Dims m{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), window};
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start,
+             const AttentionDropout& dropout) {
+  Dims m{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2),
+         q.size(3), window,    nullptr,   0,         dropout};
   if (key_start.defined()) {
     m.key_start = key_start.data_ptr<int32_t>();
     m.key_ld = key_start.size(1);
@@ -326,8 +360,9 @@ Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, const Tensor& key_start, Stream) {
-  const Dims m = dims_of(q, k, window, key_start);
+                       int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                       Stream) {
+  const Dims m = dims_of(q, k, window, key_start, dropout);
   float* o = out.data_ptr<float>();
   float* l = lse.data_ptr<float>();
   const float* pq = q.data_ptr<float>();
@@ -341,8 +376,9 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, const Tensor& key_start, Stream) {
-  const Dims m = dims_of(q, k, window, key_start);
+                        int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                        Stream) {
+  const Dims m = dims_of(q, k, window, key_start, dropout);
   float* pdq = dq.data_ptr<float>();
   float* pdk = dk.data_ptr<float>();
   float* pdv = dv.data_ptr<float>();

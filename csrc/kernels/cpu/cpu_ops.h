@@ -52,10 +52,12 @@ void embedding_forward(Tensor out, const Tensor& ids, const Tensor& weight, int6
 void embedding_backward(Tensor dweight, const Tensor& dout, const Tensor& ids, int64_t vocab_offset,
                         Stream stream);
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, const Tensor& key_start, Stream stream);
+                       int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                       Stream stream);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, const Tensor& key_start, Stream stream);
+                        int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                        Stream stream);
 void attention_cached_forward(Tensor out, const Tensor& q, const Tensor& k_cache,
                               const Tensor& v_cache, int64_t length, int64_t window,
                               const Tensor& sinks, Stream stream);

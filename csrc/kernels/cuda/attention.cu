@@ -12,8 +12,13 @@
 // lse); dK and dV by key blocks, each looping over the query heads of its kv head and over
 // the queries that see its keys. Every gradient element has one writer: no atomics, and the
 // result does not depend on scheduling.
+// Attention dropout (cuDNN's own draws another mask, so these kernels run it): each visible
+// probability is multiplied by the mask of attention_dropout.h (one Philox call per element)
+// where it weighs V (forward, dV) and where dP meets it (dS = P o (dP o mask - delta)); the
+// row sums and lse stay the undropped softmax's.
 
 #include "braid/core/error.h"
+#include "kernels/attention_dropout.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -34,6 +39,15 @@ constexpr int kBlockRows = kWarps * kRowsPerWarp;  // query (or key) rows a bloc
 constexpr int kTile = 32;                          // keys (or queries) streamed: one per lane
 constexpr int kMaxHeadDim = 256;
 
+// Attention dropout's multiplier of query row i's probability of key j within one (batch,
+// head): 1 without dropout.
+struct HeadMask {
+  ops::detail::HeadDropout drop;
+  bool on;
+  int64_t offset;  // Sk - Sq
+  __device__ float keep(int64_t i, int64_t j) const { return on ? drop.at(offset, i, j) : 1.0f; }
+};
+
 // q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D], Sq <= Sk: query row i of sequence b sits at position
 // offset + i and sees keys first_key(b, i) .. offset + i (window -1 and no key_start: from 0).
 // key_start: nullptr or [B][key_ld], non-decreasing along each row with key_start[p] <= p
@@ -45,7 +59,12 @@ struct Dims {
   float scale;
   const int32_t* key_start;
   int64_t key_ld;
+  AttentionDropout dropout;
   __host__ __device__ int64_t offset() const { return sk - sq; }
+  // The dropout mask of (batch, head), built once per block (or per head of a kv group).
+  __device__ HeadMask head_mask(int64_t batch, int64_t head) const {
+    return {ops::detail::HeadDropout::of(dropout, batch, head), dropout.p > 0.0f, offset()};
+  }
   __device__ int64_t first_key(int64_t batch, int64_t i) const {
     const int64_t p = offset() + i;
     const int64_t first = window < 0 || p < window ? 0 : p - window;
@@ -126,6 +145,7 @@ __global__ void __launch_bounds__(kThreads)
   float* k_s = q_s + kBlockRows * d;
   float* v_s = k_s + kTile * (d + 1);
   const int64_t b = blockIdx.x / m.hq, h = blockIdx.x % m.hq, kvh = h / (m.hq / m.hkv);
+  const HeadMask mask = m.head_mask(b, h);
   const int64_t row0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBlockRows;  // longest first
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   load_rows(q_s, d, q, m, m.sq, b, row0, kBlockRows, h, m.hq, m.scale);
@@ -159,7 +179,7 @@ __global__ void __launch_bounds__(kThreads)
       l[rr] = l[rr] * correction + warp_sum(p);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) acc[rr][c] *= correction;
-      add_weighted_rows(acc[rr], p, v_s, d, d);
+      add_weighted_rows(acc[rr], visible ? p * mask.keep(i, j) : 0.0f, v_s, d, d);
       mx[rr] = m_new;
     }
   }
@@ -210,6 +230,7 @@ __global__ void __launch_bounds__(kThreads)
   float* k_s = do_s + kBlockRows * d;
   float* v_s = k_s + kTile * (d + 1);
   const int64_t b = blockIdx.x / m.hq, h = blockIdx.x % m.hq, kvh = h / (m.hq / m.hkv);
+  const HeadMask mask = m.head_mask(b, h);
   const int64_t row0 = int64_t(gridDim.y - 1 - blockIdx.y) * kBlockRows;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   load_rows(q_s, d, q, m, m.sq, b, row0, kBlockRows, h, m.hq, m.scale);
@@ -241,7 +262,7 @@ __global__ void __launch_bounds__(kThreads)
       float ds = 0.0f;
       if (visible) {
         const float p = expf(dot(q_s + r * d, k_s + lane * (d + 1), d) - row_lse[rr]);
-        const float dp = dot(do_s + r * d, v_s + lane * (d + 1), d);
+        const float dp = dot(do_s + r * d, v_s + lane * (d + 1), d) * mask.keep(i, j);
         ds = p * (dp - row_delta[rr]);
       }
       add_weighted_rows(acc[rr], ds, k_s, d + 1, d);
@@ -294,6 +315,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < kChunks; ++c) dk_acc[rr][c] = dv_acc[rr][c] = 0.0f;
   }
   for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const HeadMask mask = m.head_mask(b, h);
     for (int64_t i0 = first_query; i0 < query_end; i0 += kTile) {
       __syncthreads();
       load_rows(q_s, d + 1, q, m, m.sq, b, i0, kTile, h, m.hq, m.scale);
@@ -313,8 +335,10 @@ __global__ void __launch_bounds__(kThreads)
         float p = 0.0f, ds = 0.0f;
         if (i < m.sq && m.sees(b, i, j)) {
           p = expf(dot(q_s + lane * (d + 1), k_s + r * d, d) - lse_s[lane]);
-          const float dp = dot(do_s + lane * (d + 1), v_s + r * d, d);
+          const float keep = mask.keep(i, j);
+          const float dp = dot(do_s + lane * (d + 1), v_s + r * d, d) * keep;
           ds = p * (dp - delta_s[lane]);
+          p *= keep;  // P o mask weighs dO into dV
         }
         add_weighted_rows(dv_acc[rr], p, do_s, d + 1, d);
         add_weighted_rows(dk_acc[rr], ds, q_s, d + 1, d);
@@ -338,7 +362,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start) {
+Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start,
+             const AttentionDropout& dropout) {
   return {q.size(0),
           q.size(1),
           k.size(1),
@@ -348,7 +373,8 @@ Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key
           int(q.size(3)),
           1.0f / std::sqrt(float(q.size(3))),
           key_start.defined() ? key_start.data_ptr<int32_t>() : nullptr,
-          key_start.defined() ? key_start.size(1) : 0};
+          key_start.defined() ? key_start.size(1) : 0,
+          dropout};
 }
 
 // Calls f(std::integral_constant<int, kChunks>) with the smallest kChunks covering d.
@@ -385,14 +411,15 @@ void check_dims(const Dims& m, const char* op) {
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window, const Tensor& key_start, Stream stream) {
+                       int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                       Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  if (q.size(1) == k.size(1) && !key_start.defined() &&
+  if (q.size(1) == k.size(1) && !key_start.defined() && dropout.p == 0.0f &&
       detail::cudnn_attention_forward(out, lse, q, k, v, window, s)) {
     return;
   }
-  const Dims m = dims_of(q, k, window, key_start);
+  const Dims m = dims_of(q, k, window, key_start, dropout);
   check_dims(m, "attention_forward");
   const int device = q.device().index;
   const dim3 grid(unsigned(m.b * m.hq), unsigned(detail::ceil_div(m.sq, kBlockRows)));
@@ -412,14 +439,15 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window, const Tensor& key_start, Stream stream) {
+                        int64_t window, const Tensor& key_start, const AttentionDropout& dropout,
+                        Stream stream) {
   detail::DeviceGuard guard(q.device());
   cudaStream_t s = detail::cuda_stream(stream);
-  if (q.size(1) == k.size(1) && !key_start.defined() &&
+  if (q.size(1) == k.size(1) && !key_start.defined() && dropout.p == 0.0f &&
       detail::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, window, s)) {
     return;
   }
-  const Dims m = dims_of(q, k, window, key_start);
+  const Dims m = dims_of(q, k, window, key_start, dropout);
   check_dims(m, "attention_backward");
   const int device = q.device().index;
   float* delta = static_cast<float*>(

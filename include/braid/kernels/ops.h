@@ -232,12 +232,33 @@ void sum_heads(Tensor dx, const Tensor& dout, int64_t column, Stream stream = {}
 // defined, is i32 [B, L] with L >= Sk on q's device: the query at position p sees no key before
 // key_start[b][p] (its document's first position); it must be non-decreasing along each row with
 // key_start[b][p] <= p. Backward overwrites dq [B, Sq, Hq, D] and dk, dv [B, Sk, Hkv, D] (q's
-// dtype); `out` and `lse` are the forward's, `window` and `key_start` the forward's.
+// dtype); `out` and `lse` are the forward's, `window`, `key_start` and `dropout` the forward's.
+//
+// Attention dropout (Megatron's --attention-dropout; `dropout.p` > 0): each softmax probability
+// is dropped with probability p and the kept ones are multiplied by the f32 value
+// 1.0f / (1.0f - p) before they weigh their values; lse stays the undropped softmax's. The mask
+// is never stored: backward draws it again. The probability of query head h of sequence b at
+// query position qp for the key at position kp is kept iff
+//   philox::uniform_from_word(word kp % 4 of philox::random_words(dropout.seed,
+//       philox::substream(dropout.stream, dropout.first_sequence + b, dropout.first_head + h),
+//       (uint64_t(qp) << 32) | uint64_t(kp / 4))) > p
+// with kp = dropout.first_position + the key's row in k and qp = kp of query row i's own key
+// (dropout.first_position + Sk - Sq + i). The mask is a function of the global sequence, head
+// and positions alone, so a call over a shard of the heads (tensor parallelism: first_head) or
+// over a chunk of queries with the keys they see (context parallelism: first_sequence,
+// first_position) draws exactly the mask of the unsplit call there.
+struct AttentionDropout {
+  float p = 0.0f;  // 0: no dropout (evaluation, or --attention-dropout 0); p < 1
+  uint64_t seed = 0, stream = 0;
+  int64_t first_sequence = 0, first_head = 0, first_position = 0;
+};
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       int64_t window = -1, const Tensor& key_start = {}, Stream stream = {});
+                       int64_t window = -1, const Tensor& key_start = {},
+                       const AttentionDropout& dropout = {}, Stream stream = {});
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                        int64_t window = -1, const Tensor& key_start = {}, Stream stream = {});
+                        int64_t window = -1, const Tensor& key_start = {},
+                        const AttentionDropout& dropout = {}, Stream stream = {});
 
 // Inference over a KV cache (no backward): q [B, Sq, Hq, D] holds the queries of positions
 // length - Sq .. length - 1; k_cache, v_cache [B, C, Hkv, D] the keys and values of positions

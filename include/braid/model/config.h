@@ -187,7 +187,7 @@ struct TransformerConfig {
   // --embedding-init-method-std); 0: init_std.
   float embedding_init_std = 0.0f;
   float hidden_dropout = 0.0f;
-  float attention_dropout = 0.0f;  // must be 0: flash-style attention keeps no probabilities
+  float attention_dropout = 0.0f;  // of the softmax probabilities (ops::AttentionDropout)
   DType params_dtype = DType::f32;
   // The vocabulary is padded to a multiple of this × tensor-parallel size (Megatron's rule).
   int64_t make_vocab_size_divisible_by = 128;

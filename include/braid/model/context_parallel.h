@@ -21,6 +21,7 @@
 
 #include "braid/comm/communicator.h"
 #include "braid/core/tensor.h"
+#include "braid/kernels/ops.h"
 
 namespace braid::model {
 
@@ -57,15 +58,19 @@ Tensor scatter_sequence(const ContextParallel& cp, const Tensor& full);
 // from the first its window reaches (ops::attention_forward's window; -1: from the start), and
 // with key_start (i32 [B, S], document masking: ops::attention_forward's, over the whole
 // sequences) from the query's document's first. out [2B, L, Hq, D]; lse [2B, Hq, L] f32.
+// Attention dropout (`dropout`, its first_sequence and first_position 0) draws the mask of the
+// whole sequences: each chunk's at its sequence and positions.
 void context_attention_forward(const ContextParallel& cp, Tensor out, Tensor lse, const Tensor& q,
                                const Tensor& k, const Tensor& v, int64_t window,
-                               const Tensor& key_start = {});
+                               const Tensor& key_start = {},
+                               const ops::AttentionDropout& dropout = {});
 // dq [2B, L, Hq, D]; dk, dv [B, S, Hkv, D] f32: this rank's queries' share of the key and
 // value gradients, summed in f32 (scatter_sequence sums the ranks' shares, in f32 too, so a
 // key's gradient is rounded to the activation dtype once, as without CP).
 void context_attention_backward(const ContextParallel& cp, Tensor dq, Tensor dk, Tensor dv,
                                 const Tensor& dout, const Tensor& q, const Tensor& k,
                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                int64_t window, const Tensor& key_start = {});
+                                int64_t window, const Tensor& key_start = {},
+                                const ops::AttentionDropout& dropout = {});
 
 }  // namespace braid::model

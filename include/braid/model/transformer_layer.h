@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "braid/core/tensor.h"
+#include "braid/kernels/ops.h"
 #include "braid/model/config.h"
 #include "braid/model/context_parallel.h"
 #include "braid/model/expert_parallel.h"
@@ -143,14 +144,17 @@ struct LayerActivations {
   Tensor shared_fc1_out, shared_act_out, shared_out, shared_gate_logit;
 };
 
-// Hidden dropout of one block in one forward pass. The mask is never stored: backward
-// draws it again from (seed, offset).
+// Hidden and attention dropout of one block in one forward pass. The masks are never stored:
+// backward draws them again from (seed, offset) and from `attention_probs`.
 struct DropoutContext {
-  float p = 0.0f;  // 0: off (evaluation, or hidden_dropout = 0)
+  float p = 0.0f;  // hidden dropout; 0: off (evaluation, or hidden_dropout = 0)
   uint64_t seed = 0;
   uint64_t attention_offset = 0;  // Philox stream of the attention output's mask
   uint64_t mlp_offset = 0;        // Philox stream of the MLP output's mask
   int64_t first_element = 0;      // sequence parallelism: where this rank's shard starts
+  // Dropout of the softmax probabilities (attention_dropout; p 0: off). first_head is this
+  // rank's first query head; context parallelism sets the sequence and position per chunk.
+  ops::AttentionDropout attention_probs;
 };
 
 class TransformerLayer {
@@ -233,12 +237,12 @@ class TransformerLayer {
               int64_t first_channel = 0) const;
   // Causal attention (in window_, within tokens.key_start's documents) over this rank's tokens;
   // with context parallelism over the whole sequences' keys and values, gathered from the CP
-  // group.
+  // group. `dropout`: the probabilities' (DropoutContext::attention_probs).
   void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const Tokens& tokens) const;
+                         const Tokens& tokens, const ops::AttentionDropout& dropout) const;
   void attention_backward(Tensor dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                           const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                          const Tokens& tokens) const;
+                          const Tokens& tokens, const ops::AttentionDropout& dropout) const;
   // The attention sinks of this rank's heads [Hq] (the parameter, or off-by-one's zeros), or
   // undefined for the vanilla softmax.
   const Tensor& sinks() const { return w_.sinks.defined() ? w_.sinks : zero_sinks_; }

@@ -86,12 +86,14 @@ std::pair<std::vector<double>, std::vector<double>> sink_reference(
 // Sinks [Hq] spread over [-3, 3]: some outweigh every key, some hardly count.
 Tensor sinks_of(int64_t hq, uint64_t seed) { return random_tensor({hq}, seed, 3.0f); }
 
-// attention_forward then attention_sink_forward on device tensors; returns {out, lse}.
+// attention_forward (with attention dropout when `drop` has p > 0) then attention_sink_forward
+// on device tensors; returns {out, lse}.
 Tensors sink_attention(const SinkShape& a, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const Tensor& sinks, const Tensor& key_start) {
+                       const Tensor& sinks, const Tensor& key_start,
+                       const ops::AttentionDropout& drop = {}) {
   Tensor out = empty_as(q, {a.b, a.sq(), a.hq, a.d}), lse = f32_as(q, {a.b, a.hq, a.sq()});
   const Tensor ks = key_start.defined() ? key_start.to(q.device()) : Tensor();
-  ops::attention_forward(out, lse, q, k, v, a.window, ks);
+  ops::attention_forward(out, lse, q, k, v, a.window, ks, drop);
   ops::attention_sink_forward(out, lse, sinks);
   return {out, lse};
 }
@@ -125,7 +127,8 @@ TEST_P(AttentionSink, ForwardMatchesReference) {
 
 TEST_P(AttentionSink, BackwardMatchesFiniteDifferences) {
   // dq, dk, dv from attention_backward given the sink-corrected out and lse, and dsinks from
-  // attention_sink_backward, against finite differences of sum(out * R) through both forwards.
+  // attention_sink_backward, against finite differences of sum(out * R) through both forwards;
+  // each shape also with attention dropout (GPT-OSS trained with none, Megatron's default has it).
   const std::vector<SinkShape> shapes = {{1, 9, 4, 2, 8},
                                          {2, 13, 4, 2, 8, 5},
                                          {1, 21, 2, 1, 8, 0, 4},
@@ -134,30 +137,38 @@ TEST_P(AttentionSink, BackwardMatchesFiniteDifferences) {
                                          {1, 16, 2, 1, 16, 7, 3, true}};
   int seed = 40;
   for (const SinkShape& a : shapes) {
-    SCOPED_TRACE(::testing::Message() << a);
-    const Tensor key_start = key_start_of(a);
-    GradCheck g;
-    g.inputs = {random_tensor({a.b, a.sq(), a.hq, a.d}, seed++, 1.5f),
-                random_tensor({a.b, a.s, a.hkv, a.d}, seed++, 1.5f),
-                random_tensor({a.b, a.s, a.hkv, a.d}, seed++), sinks_of(a.hq, seed++)};
-    g.wrt = {0, 1, 2, 3};
-    g.samples = 32;
-    g.forward = [a, key_start](const Tensors& in) {
-      return sink_attention(a, in[0], in[1], in[2], in[3], key_start)[0];
-    };
-    g.backward = [a, key_start](const Tensors& in, const Tensor& dout) {
-      Tensors fwd = sink_attention(a, in[0], in[1], in[2], in[3], key_start);
-      const Tensor ks = key_start.defined() ? key_start.to(in[0].device()) : Tensor();
-      Tensor dq = empty_as(in[0], in[0].shape()), dk = empty_as(in[0], in[1].shape()),
-             dv = empty_as(in[0], in[2].shape());
-      ops::attention_backward(dq, dk, dv, dout, in[0], in[1], in[2], fwd[0], fwd[1], a.window, ks);
-      Tensor dsinks = zeros_f32_as(in[0], {a.hq});
-      ops::attention_sink_backward(dsinks, dout, fwd[0], fwd[1], in[3]);
-      return Tensors{dq, dk, dv, dsinks};
-    };
-    g.step = 1e-2;
-    g.f32_tol = {2e-3, 3e-3};
-    check_gradients(GetParam(), g);
+    for (const float p : {0.0f, 0.3f}) {
+      SCOPED_TRACE(::testing::Message() << a << " attention dropout " << p);
+      ops::AttentionDropout drop;
+      drop.p = p;
+      drop.seed = 77;
+      drop.stream = uint64_t(seed);
+      drop.first_head = 1;
+      const Tensor key_start = key_start_of(a);
+      GradCheck g;
+      g.inputs = {random_tensor({a.b, a.sq(), a.hq, a.d}, seed++, 1.5f),
+                  random_tensor({a.b, a.s, a.hkv, a.d}, seed++, 1.5f),
+                  random_tensor({a.b, a.s, a.hkv, a.d}, seed++), sinks_of(a.hq, seed++)};
+      g.wrt = {0, 1, 2, 3};
+      g.samples = 32;
+      g.forward = [a, key_start, drop](const Tensors& in) {
+        return sink_attention(a, in[0], in[1], in[2], in[3], key_start, drop)[0];
+      };
+      g.backward = [a, key_start, drop](const Tensors& in, const Tensor& dout) {
+        Tensors fwd = sink_attention(a, in[0], in[1], in[2], in[3], key_start, drop);
+        const Tensor ks = key_start.defined() ? key_start.to(in[0].device()) : Tensor();
+        Tensor dq = empty_as(in[0], in[0].shape()), dk = empty_as(in[0], in[1].shape()),
+               dv = empty_as(in[0], in[2].shape());
+        ops::attention_backward(dq, dk, dv, dout, in[0], in[1], in[2], fwd[0], fwd[1], a.window, ks,
+                                drop);
+        Tensor dsinks = zeros_f32_as(in[0], {a.hq});
+        ops::attention_sink_backward(dsinks, dout, fwd[0], fwd[1], in[3]);
+        return Tensors{dq, dk, dv, dsinks};
+      };
+      g.step = 1e-2;
+      g.f32_tol = {2e-3, 3e-3};
+      check_gradients(GetParam(), g);
+    }
   }
 }
 

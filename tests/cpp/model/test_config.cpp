@@ -79,7 +79,8 @@ TEST(TransformerConfig, InvalidFieldsAreNamed) {
   expect_rejected([](auto& c) { c.norm_eps = 0; }, "norm_eps");
   expect_rejected([](auto& c) { c.init_std = -1; }, "init_std");
   expect_rejected([](auto& c) { c.hidden_dropout = 1.0f; }, "hidden_dropout");
-  expect_rejected([](auto& c) { c.attention_dropout = 0.1f; }, "attention_dropout");
+  expect_rejected([](auto& c) { c.attention_dropout = 1.0f; }, "attention_dropout");
+  expect_rejected([](auto& c) { c.attention_dropout = -0.1f; }, "attention_dropout");
   expect_rejected([](auto& c) { c.params_dtype = DType::i32; }, "params_dtype");
   expect_rejected([](auto& c) { c.mtp_num_layers = -1; }, "mtp_num_layers", "llama-tiny");
   expect_rejected(

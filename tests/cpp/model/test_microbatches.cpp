@@ -95,17 +95,26 @@ TEST(Microbatches, Bf16ParametersNeedCuda) {
   EXPECT_THROW({ GPTModel model(c, Device::cpu(), 1); }, ConfigError);
 }
 
+// Hidden and attention dropout, each alone: a training forward draws a new mask every time;
+// evaluation (logits(), and forward with training = false) applies none.
 TEST(Microbatches, DropoutChangesTheTrainingLossOnly) {
-  TransformerConfig c = small_gpt2();
-  c.hidden_dropout = 0.3f;
-  GPTModel model(c, testing::default_test_device(), 2);
-  const Batch batch = make_batch(2, 8, c.vocab_size, 1);
-  const float train = model.forward(batch.ids, batch.targets);
-  model.backward();
-  const float again = model.forward(batch.ids, batch.targets);
-  model.backward();
-  EXPECT_NE(train, float(reference_loss(model, batch)));  // logits() applies no dropout
-  EXPECT_NE(train, again);                                // a new mask every forward
+  for (const bool attention : {false, true}) {
+    SCOPED_TRACE(attention ? "attention dropout" : "hidden dropout");
+    TransformerConfig c = small_gpt2();
+    (attention ? c.attention_dropout : c.hidden_dropout) = 0.3f;
+    GPTModel model(c, testing::default_test_device(), 2);
+    const Batch batch = make_batch(2, 8, c.vocab_size, 1);
+    const float train = model.forward(batch.ids, batch.targets);
+    model.backward();
+    const float again = model.forward(batch.ids, batch.targets);
+    model.backward();
+    const float reference = float(reference_loss(model, batch));
+    EXPECT_NE(train, reference);  // logits() applies no dropout
+    EXPECT_NE(train, again);      // a new mask every forward
+    float evaluated = 0.0f;
+    model.forward_stage(batch.ids, batch.targets, Tensor(), 0, &evaluated, false);
+    EXPECT_NEAR(evaluated, reference, 1e-5f * std::abs(reference));
+  }
 }
 
 }  // namespace

@@ -152,7 +152,8 @@ TEST(Recompute, ExpertPoliciesAgreeAndSaveMemory) {
 TEST(Recompute, Gpt2PoliciesAgreeAndSaveMemory) {
   TransformerConfig c = TransformerConfig::preset("gpt2-tiny");
   c.num_layers = 4;
-  c.hidden_dropout = 0.1f;  // masks must be drawn again identically when recomputing
+  c.hidden_dropout = 0.1f;     // masks must be drawn again identically when recomputing
+  c.attention_dropout = 0.1f;  // the probabilities' too
   check_policies(c);
 }
 
@@ -203,6 +204,7 @@ TEST(Recompute, LatentAttentionPoliciesAgreeAndSaveMemory) {
   TransformerConfig c = latent_attention();
   c.qk_layernorm = true;
   c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.1f;
   check_policies(c);
 }
 
@@ -276,6 +278,7 @@ TEST(Recompute, UniformGroupsAndBlockAgreeAndKeepWhatTheySay) {
   TransformerConfig gpt2 = TransformerConfig::preset("gpt2-tiny");
   gpt2.num_layers = 4;
   gpt2.hidden_dropout = 0.1f;  // a rerun group draws every block's masks again
+  gpt2.attention_dropout = 0.1f;
   check_methods(gpt2);
   TransformerConfig llama = TransformerConfig::preset("llama-tiny");
   llama.num_layers = 4;

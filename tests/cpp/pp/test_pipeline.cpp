@@ -27,6 +27,7 @@ TransformerConfig gpt2() {  // tied embeddings, learned positions, dropout
   c.make_vocab_size_divisible_by = 32;
   c.max_position_embeddings = 16;
   c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.1f;
   c.init_std = 0.1f;
   return c;
 }

@@ -27,7 +27,8 @@ TransformerConfig gpt2() {
   c.vocab_size = 200;  // 2 ranks' slices hold real rows, 4 ranks' last two only padding
   c.make_vocab_size_divisible_by = 64;
   c.max_position_embeddings = 16;
-  c.hidden_dropout = 0.1f;  // sequence-parallel shards must draw the single-rank masks
+  c.hidden_dropout = 0.1f;     // sequence-parallel shards must draw the single-rank masks
+  c.attention_dropout = 0.2f;  // and each rank its heads' single-rank masks
   c.init_std = 0.1f;
   return c;
 }
@@ -149,6 +150,7 @@ TransformerConfig latent_attention_no_q_latent() {
   c.qk_pos_emb_head_dim = 8;
   c.v_head_dim = 16;
   c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.2f;
   return c;
 }
 

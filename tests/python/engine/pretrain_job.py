@@ -21,6 +21,7 @@ MODEL = ["--device", "cpu", "--num-layers", "4", "--hidden-size", "64", "--num-a
          "--group-query-attention", "--num-query-groups", "2", "--swiglu",
          "--normalization", "RMSNorm", "--position-embedding-type", "rope",
          "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--hidden-dropout", "0",
+         "--attention-dropout", "0",
          "--mock-data", "--vocab-size", "300", "--seq-length", "32",
          "--micro-batch-size", "2", "--global-batch-size", "16", "--lr", "3e-3",
          "--lr-warmup-iters", "3", "--distributed-timeout-minutes", "1", "--log-interval", "5",

@@ -387,7 +387,7 @@ def test_profile_writes_each_ranks_trace_of_the_window(tmp_path):
      "--recompute-modules needs --recompute-granularity selective"),
     (["--no-position-embedding"], "--no-position-embedding with --position-embedding-type "
      "learned_absolute: a model without positions (NoPE)"),
-    (["--attention-dropout", "0.1"], "--attention-dropout must be 0"),
+    (["--attention-dropout", "1"], "--attention-dropout must be < 1, got 1.0"),
     (["--window-attn-skip-freq", "2"], "--window-attn-skip-freq needs --window-size"),
     (["--mock-data", "--seq-length", "32"], "--mock-data needs --vocab-size"),
     (["--save-interval", "5"], "--save-interval needs --save DIR"),

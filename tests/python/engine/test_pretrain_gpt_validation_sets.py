@@ -33,7 +33,8 @@ SEQ, GBS = 32, 16
 DATASETS = {"train": (200, 100, 0), "A": (60, 1000, 1), "B": (40, 100, 2), "tiny": (6, 100, 3)}
 EPOCH = {}  # name -> samples of one epoch (Megatron's: (tokens - 1) // seq_length)
 COMMON = ["--device", "cpu", "--num-layers", "2", "--hidden-size", "32",
-          "--num-attention-heads", "2", "--hidden-dropout", "0", "--vocab-size", "1000",
+          "--num-attention-heads", "2", "--hidden-dropout", "0", "--attention-dropout", "0",
+          "--vocab-size", "1000",
           "--seq-length", str(SEQ),
           "--micro-batch-size", "4", "--global-batch-size", str(GBS), "--lr", "1e-2",
           "--lr-warmup-iters", "1", "--lr-decay-iters", "4", "--log-interval", "2",

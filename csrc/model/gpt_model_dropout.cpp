@@ -1,0 +1,56 @@
+// GPTModel's dropout: the masks' Philox streams of each training forward (hidden dropout on the
+// embedding output and the blocks' outputs, attention dropout on their probabilities), and the
+// embedding output's dropout.
+#include "braid/kernels/ops.h"
+#include "braid/model/gpt_model.h"
+#include "model/gpt_model_internal.h"
+
+namespace braid::model {
+
+using namespace gpt_model_detail;
+
+DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool training) const {
+  DropoutContext d;
+  if (!training) return d;
+  d.seed = seed_ ^ kDropoutSeedSalt;
+  if (config_.attention_dropout > 0.0f) {
+    // The mask of the unsplit model: under TP this rank's heads are heads from first_head on.
+    d.attention_probs.p = config_.attention_dropout;
+    d.attention_probs.seed = d.seed;
+    d.attention_probs.stream =
+        dropout_stream(mb.forward_index, kAttentionProbsSite + uint64_t(layer));
+    d.attention_probs.first_head = tp_.rank() * (config_.num_attention_heads / tp_.size());
+  }
+  if (config_.hidden_dropout == 0.0f) return d;
+  d.p = config_.hidden_dropout;
+  d.attention_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 1);
+  d.mlp_offset = dropout_stream(mb.forward_index, 2 * uint64_t(layer) + 2);
+  // A sequence-parallel shard draws its slice of the whole activation's mask, so every
+  // layout drops exactly the elements the single-rank model drops. Context-parallel ranks draw
+  // disjoint parts of one mask of the microbatch (not the single-rank model's: their tokens are
+  // in another order).
+  int64_t first_token = cp_.rank() * tokens_of(mb).count();
+  if (tp_.sharded_tokens()) first_token += tp_.rank() * region_tokens(mb);
+  d.first_element = first_token * config_.hidden_size;
+  return d;
+}
+
+Tensor GPTModel::dropout(const Microbatch& mb, Tensor x, uint64_t site, bool training) const {
+  const DropoutContext drop = dropout_context(mb, 0, training);
+  if (drop.p == 0) return x;
+  Tensor dropped = Tensor::empty(x.shape(), x.dtype(), device_);
+  ops::dropout_forward(dropped, x, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
+                       drop.first_element);
+  return dropped;
+}
+
+Tensor GPTModel::dropout_backward(const Microbatch& mb, Tensor dx, uint64_t site) const {
+  const DropoutContext drop = dropout_context(mb, 0, true);
+  if (drop.p == 0) return dx;
+  Tensor d = Tensor::empty(dx.shape(), dx.dtype(), device_);
+  ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
+                        drop.first_element);
+  return d;
+}
+
+}  // namespace braid::model
