@@ -13,6 +13,10 @@
 //   async  CheckpointSaver::save() returns after the gather and the host copy; training steps
 //          run (each followed by poll()) until the save is committed. "blocked" is the time
 //          save() kept the caller; "to commit" the time from its start to the commit.
+//   load   load_checkpoint() of the sync save (every rank: its ZeRO part), against rank 0
+//          reading the raw file back; both come from the page cache, so this compares the CPU
+//          work: parsing, checking each tensor's CRC-32C, scattering into the shards. The
+//          CRC-32C of the raw file's bytes is timed alone too.
 // Throughput is checkpoint bytes / time; the ratios compare with raw in the same run (medians
 // over the repeats). The disk's page cache makes every figure optimistic alike: each write
 // ends with fsync, so what is timed reached the device.
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/ckpt/crc32c.h"
 #include "braid/comm/launch.h"
 #include "braid/comm/parallel_state.h"
 #include "braid/engine/checkpoint.h"
@@ -65,6 +70,29 @@ void raw_write(const fs::path& path, int64_t bytes) {
   }
   BRAID_CHECK(::fsync(fd) == 0, "fsync failed on ", path.string());
   ::close(fd);
+}
+
+// Reads `path` in 64 MiB read() calls; returns the seconds reading took and, in *crc_s, those
+// the CRC-32C of what was read took.
+double raw_read(const fs::path& path, double* crc_s) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  BRAID_CHECK(fd >= 0, "cannot open ", path.string());
+  std::vector<uint8_t> chunk(size_t(64) << 20);
+  double read_s = 0;
+  uint32_t crc = 0;
+  *crc_s = 0;
+  for (;;) {
+    auto start = std::chrono::steady_clock::now();
+    const ssize_t n = ::read(fd, chunk.data(), chunk.size());
+    read_s += seconds_since(start);
+    BRAID_CHECK(n >= 0, "read failed on ", path.string());
+    if (n == 0) break;
+    start = std::chrono::steady_clock::now();
+    crc = ckpt::crc32c({chunk.data(), size_t(n)}, crc);
+    *crc_s += seconds_since(start);
+  }
+  ::close(fd);
+  return read_s;
 }
 
 }  // namespace
@@ -122,7 +150,7 @@ int main(int argc, char** argv) {
     if (root) fs::remove_all(dir);
     world->barrier()->wait();
 
-    std::vector<double> raw_s, sync_s, blocked_s, commit_s, steps_during;
+    std::vector<double> raw_s, sync_s, blocked_s, commit_s, steps_during, load_s, read_s, crc_s;
     int64_t bytes = 0;
     for (int r = 0; r < repeats; ++r) {
       // sync
@@ -138,8 +166,16 @@ int main(int argc, char** argv) {
         start = std::chrono::steady_clock::now();
         raw_write(fs::path(dir) / "raw.bin", bytes);
         raw_s.push_back(seconds_since(start));
+        double crc = 0;
+        read_s.push_back(raw_read(fs::path(dir) / "raw.bin", &crc));
+        crc_s.push_back(crc);
         fs::remove(fs::path(dir) / "raw.bin");
       }
+      // load the sync save back
+      world->barrier()->wait();
+      start = std::chrono::steady_clock::now();
+      engine::load_checkpoint(dir + "/sync", trainer);
+      load_s.push_back(seconds_since(start));
       // async, training on
       world->barrier()->wait();
       engine::CheckpointSaver saver(dir + "/async", true);
@@ -172,6 +208,10 @@ int main(int argc, char** argv) {
       std::printf("%-28s %10.3f %12.3f %12.2f\n", "async: start to commit", commit, gb / commit,
                   raw / commit);
       std::printf("%-28s %10.3f %12s %12s\n", "async: training blocked", blocked, "", "");
+      const double read = median(read_s), load = median(load_s), crc = median(crc_s);
+      std::printf("%-28s %10.3f %12.3f %12.2f\n", "raw read (page cache)", read, gb / read, 1.0);
+      std::printf("%-28s %10.3f %12.3f %12.2f\n", "load_checkpoint", load, gb / load, read / load);
+      std::printf("%-28s %10.3f %12.3f %12.2f\n", "crc32c of the bytes", crc, gb / crc, read / crc);
       std::printf(
           "async: training was blocked for %.1f%% of the synchronous save's time and ran "
           "%.0f steps while the save was written\n",

@@ -10,9 +10,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "braid/ckpt/crc32c.h"
 #include "ckpt/safetensors_internal.h"
 
 namespace braid::ckpt {
@@ -30,6 +32,24 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     p += w;
     n -= size_t(w);
   }
+}
+
+void pwrite_all(int fd, const std::string& data, off_t at, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t w = ::pwrite(fd, data.data() + done, data.size() - done, at + off_t(done));
+    if (w < 0 && errno == EINTR) continue;
+    BRAID_CHECK(w > 0, "safetensors: writing ", path, ": ", errno_text());
+    done += size_t(w);
+  }
+}
+
+std::string checksum_key(const std::string& name) { return "crc32c." + name; }
+
+std::string hex8(uint32_t v) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", v);
+  return text;
 }
 
 }  // namespace
@@ -87,8 +107,16 @@ std::vector<const SafetensorsWriter::Entry*> SafetensorsWriter::ordered() const 
 }
 
 std::string SafetensorsWriter::header() const {
+  std::map<std::string, std::string> metadata = metadata_;
+  if (checksums_)
+    for (const Entry& e : entries_) metadata[checksum_key(e.name)] = hex8(0);
+  return header_with(metadata);
+}
+
+std::string SafetensorsWriter::header_with(
+    const std::map<std::string, std::string>& metadata) const {
   nlohmann::ordered_json json = nlohmann::ordered_json::object();
-  if (!metadata_.empty()) json["__metadata__"] = metadata_;
+  if (!metadata.empty()) json["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const Entry* e : ordered()) {
     nlohmann::ordered_json entry;
@@ -118,20 +146,33 @@ void SafetensorsWriter::write(const std::string& path) const {
   try {
     write_all(fd, head.data(), head.size(), path);
     constexpr int64_t kChunkBytes = int64_t(64) << 20;  // host staging for device tensors
+    std::map<std::string, std::string> metadata = metadata_;
     for (const Entry* e : ordered()) {
+      uint32_t crc = 0;
+      auto put = [&](const void* data, size_t n) {
+        write_all(fd, data, n, path);
+        if (checksums_) crc = crc32c({static_cast<const uint8_t*>(data), n}, crc);
+      };
       if (!e->tensor.defined()) {
-        write_all(fd, e->bytes.data(), e->bytes.size(), path);
+        put(e->bytes.data(), e->bytes.size());
       } else if (e->tensor.device().is_cpu()) {
-        if (e->nbytes > 0) write_all(fd, e->tensor.data(), e->nbytes, path);
+        if (e->nbytes > 0) put(e->tensor.data(), e->nbytes);
       } else {
         const Tensor flat = e->tensor.view({e->tensor.numel()});
         const int64_t step = std::max<int64_t>(1, kChunkBytes / int64_t(dtype_size(flat.dtype())));
         for (int64_t at = 0; at < flat.numel(); at += step) {
           const int64_t count = std::min(step, flat.numel() - at);
           Tensor host = flat.slice(at, {count}).to(Device::cpu());
-          write_all(fd, host.data(), host.nbytes(), path);
+          put(host.data(), host.nbytes());
         }
       }
+      if (checksums_) metadata[checksum_key(e->name)] = hex8(crc);
+    }
+    if (checksums_) {
+      const std::string final_head = header_with(metadata);
+      BRAID_CHECK(final_head.size() == head.size(), "safetensors: ", path,
+                  ": the header with the checksums changed length");
+      pwrite_all(fd, final_head, 0, path);
     }
     BRAID_CHECK(::fsync(fd) == 0, "safetensors: fsync of ", path, ": ", errno_text());
   } catch (...) {
@@ -201,6 +242,16 @@ std::span<const uint8_t> SafetensorsFile::bytes(const std::string& name) const {
   const auto* base = static_cast<const uint8_t*>(mapping_->data);
   if (i.nbytes() == 0) return {};
   return {base + header_.data_start + i.begin, size_t(i.nbytes())};
+}
+
+bool SafetensorsFile::check_checksum(const std::string& name) const {
+  const auto it = header_.metadata.find(checksum_key(name));
+  if (it == header_.metadata.end()) return false;
+  const std::string found = hex8(crc32c(bytes(name)));
+  BRAID_CONFIG_CHECK(found == it->second, "safetensors file ", path_, ": tensor '", name,
+                     "' does not match the CRC-32C saved with it (saved ", it->second, ", read ",
+                     found, "): the file was damaged after it was written");
+  return true;
 }
 
 namespace {

@@ -12,6 +12,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -111,6 +113,19 @@ void on_every_rank(const ParallelModel& model, const char* what, Body&& body) {
 
 void barrier(const ParallelModel& model) {
   if (model.state() != nullptr) model.state()->world().barrier()->wait();
+}
+
+// A save's id: 16 random hex digits, in metadata.json ("save_id") and in every file the save
+// writes (its safetensors metadata "braid.save_id"), so that a load can tell a file of another
+// save (another run, or another save of this iteration) that was copied in.
+constexpr const char* kSaveIdKey = "braid.save_id";
+
+std::string new_save_id() {
+  std::random_device device;
+  const uint64_t id = (uint64_t(device()) << 32) ^ uint64_t(device());
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
+  return text;
 }
 
 // `text` from world rank 0 on every rank.
@@ -226,8 +241,8 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
   p.dir = dir_;
   p.final_dir = iteration_directory(dir_, p.iteration);
 
-  // Rank 0 opens the temporary directory every rank writes into.
-  std::string tmp_name;
+  // Rank 0 opens the temporary directory every rank writes into and draws the save's id.
+  std::string tmp_name, save_id;
   on_every_rank(model, "saving the checkpoint", [&] {
     if (!root) return;
     fs::create_directories(dir_);
@@ -235,9 +250,13 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
     p.staging = std::make_unique<ckpt::AtomicDirectory>(p.final_dir,
                                                         ckpt::AtomicDirectory::Existing::replace);
     tmp_name = p.staging->path().string();
-    p.metadata = checkpoint_metadata(trainer, loop, options).dump(1) + "\n";
+    save_id = new_save_id();
+    json meta = checkpoint_metadata(trainer, loop, options);
+    meta["save_id"] = save_id;
+    p.metadata = meta.dump(1) + "\n";
   });
   p.tmp_dir = broadcast_string(model, tmp_name);
+  save_id = broadcast_string(model, save_id);
 
   // The chunks' optimizer state, gathered over (expert) DP (collective: every rank, writer or
   // not).
@@ -252,6 +271,8 @@ std::string CheckpointSaver::save(Trainer& trainer, const LoopState& loop,
       return t.device().is_cpu() ? t.clone() : t.to(Device::cpu());
     };
     p.file = std::make_unique<ckpt::SafetensorsWriter>();
+    p.file->set_metadata(kSaveIdKey, save_id);
+    p.file->record_checksums();  // each tensor's CRC-32C, checked by every load that reads it
     const int tp_rank = state != nullptr ? state->tp_rank() : 0;
     const int pp_rank = state != nullptr ? state->pp_rank() : 0;
     const int ep_rank = state != nullptr ? state->ep_rank() : 0;
@@ -339,10 +360,14 @@ std::string save_checkpoint(const std::string& dir, Trainer& trainer, const Loop
 namespace {
 
 // Reads the saved pieces of one tensor that overlap [start, start + length) along split_dim
-// (the whole tensor when replicated) into `dst` (host f32 of that slice's shape).
+// (the whole tensor when replicated) into `dst` (host f32 of that slice's shape). Every file
+// must be of the save metadata.json names (save_id; none to check in checkpoints from before
+// it, or written by the converters), and every piece read must match its CRC-32C where the
+// file records one.
 class CheckpointReader {
  public:
-  CheckpointReader(fs::path dir, const json& tensors) : dir_(std::move(dir)), tensors_(tensors) {}
+  CheckpointReader(fs::path dir, const json& tensors, std::string save_id)
+      : dir_(std::move(dir)), tensors_(tensors), save_id_(std::move(save_id)) {}
 
   bool has(const std::string& key) const { return tensors_.contains(key); }
 
@@ -392,9 +417,21 @@ class CheckpointReader {
   // The saved piece `key` of `file` as host f32 [rows, cols].
   Tensor tensor(const std::string& file, const std::string& key, const Shape& rows_cols) {
     auto it = files_.find(file);
-    if (it == files_.end())
+    if (it == files_.end()) {
       it = files_.emplace(file, ckpt::SafetensorsFile::open((dir_ / file).string())).first;
+      if (!save_id_.empty()) {
+        const auto& saved = it->second.metadata();
+        const auto id = saved.find(kSaveIdKey);
+        const std::string its = id == saved.end() ? "none" : id->second;
+        BRAID_CONFIG_CHECK(its == save_id_, "checkpoint ", (dir_ / file).string(),
+                           " was written by another save (its save id ", its, ", ", kMetadata,
+                           "'s ", save_id_,
+                           "): the directory mixes the files of two checkpoints; put back the "
+                           "file this save wrote");
+      }
+    }
     const ckpt::SafetensorsFile& f = it->second;
+    if (checked_.insert({file, key}).second) f.check_checksum(key);
     Tensor t = host_f32(f.view(key));
     BRAID_CONFIG_CHECK(t.numel() == rows_cols.numel(), "checkpoint ", (dir_ / file).string(), ": ",
                        key, " holds ", t.shape(), ", the index says ", rows_cols);
@@ -403,7 +440,9 @@ class CheckpointReader {
 
   fs::path dir_;
   const json& tensors_;
+  std::string save_id_;
   std::map<std::string, ckpt::SafetensorsFile> files_;
+  std::set<std::pair<std::string, std::string>> checked_;  // (file, tensor) checksums checked
 };
 
 }  // namespace
@@ -440,7 +479,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
         !with_rng || meta.contains("rng") || meta.at("iteration").get<int64_t>() == 0, where,
         ": saved without RNG state at iteration ", meta.at("iteration").get<int64_t>(),
         "; load with --no-load-rng (the dropout streams restart) or --finetune");
-    CheckpointReader reader(path, meta.at("tensors"));
+    CheckpointReader reader(path, meta.at("tensors"), meta.value("save_id", ""));
     const bool master_saved =
         !meta.at("tensors").empty() &&
         reader.has("optimizer.master." + model.chunk(0).parameters().front().spec.name);

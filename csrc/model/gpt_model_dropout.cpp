@@ -45,12 +45,7 @@ Tensor GPTModel::dropout(const Microbatch& mb, Tensor x, uint64_t site, bool tra
 }
 
 Tensor GPTModel::dropout_backward(const Microbatch& mb, Tensor dx, uint64_t site) const {
-  const DropoutContext drop = dropout_context(mb, 0, true);
-  if (drop.p == 0) return dx;
-  Tensor d = Tensor::empty(dx.shape(), dx.dtype(), device_);
-  ops::dropout_backward(d, dx, drop.p, drop.seed, dropout_stream(mb.forward_index, site),
-                        drop.first_element);
-  return d;
+  return dropout(mb, dx, site, true);  // d out / d x: the same mask and scale
 }
 
 }  // namespace braid::model

@@ -77,8 +77,13 @@ class SafetensorsWriter {
   void add_bytes(const std::string& name, std::string_view dtype, std::span<const int64_t> shape,
                  std::span<const uint8_t> bytes);
   void set_metadata(const std::string& key, const std::string& value);
+  // write() also records each tensor's CRC-32C (braid/ckpt/crc32c.h) of the bytes it writes, as
+  // the metadata "crc32c.<name>" = 8 lowercase hex digits: it writes the header with zeros
+  // there, the data, then the header again with the values (the same length).
+  void record_checksums() { checksums_ = true; }
 
-  // The header (length prefix and padding included) that write() would write.
+  // The header (length prefix and padding included) that write() writes first (with
+  // record_checksums(), every checksum 00000000).
   std::string header() const;
   // Writes the file (created or truncated; mode 0644) and fsyncs it. Not atomic by itself:
   // write into an AtomicDirectory (braid/ckpt/atomic_dir.h) for that.
@@ -95,9 +100,11 @@ class SafetensorsWriter {
   };
   std::vector<const Entry*> ordered() const;
   void check_new_name(const std::string& name) const;
+  std::string header_with(const std::map<std::string, std::string>& metadata) const;
 
   std::vector<Entry> entries_;
   std::map<std::string, std::string> metadata_;
+  bool checksums_ = false;
 };
 
 // A safetensors file mapped into memory and validated on open.
@@ -113,6 +120,10 @@ class SafetensorsFile {
 
   // The tensor's bytes inside the mapping (valid while this object or a view lives).
   std::span<const uint8_t> bytes(const std::string& name) const;
+  // Where the file records a CRC-32C for `name` (SafetensorsWriter::record_checksums), checks
+  // its bytes against it: ConfigError naming the file and the tensor when they differ (the
+  // file was damaged after it was written). Nothing to check: returns false.
+  bool check_checksum(const std::string& name) const;
   // A copy on `device`; braid dtypes only, at most kMaxDims dims.
   Tensor read(const std::string& name, Device device = Device::cpu()) const;
   // A zero-copy host tensor over the mapping, which it keeps alive. The mapping is private:

@@ -1,6 +1,7 @@
 // SafetensorsWriter / SafetensorsFile: round trips of every dtype (empty and 0-dim tensors
-// too), the exact bytes of a small file, alignment, metadata, and one real corrupt file on
-// disk per validation rule.
+// too), the exact bytes of a small file, alignment, metadata, one real corrupt file on disk per
+// validation rule, and the CRC-32C of each tensor (against RFC 3720's test vectors) that
+// record_checksums() writes and check_checksum() checks.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "braid/ckpt/crc32c.h"
 #include "braid/ckpt/safetensors.h"
 #include "braid/core/error.h"
 #include "test_devices.h"
@@ -351,6 +353,82 @@ TEST_P(SafetensorsDeviceTest, WritesAndReadsDeviceTensors) {
 
 INSTANTIATE_TEST_SUITE_P(Devices, SafetensorsDeviceTest,
                          ::testing::ValuesIn(testing::test_devices()), testing::device_test_name);
+
+std::span<const uint8_t> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+TEST(Crc32c, MatchesRfc3720TestVectors) {
+  std::string up(32, '\0'), down(32, '\0');
+  for (int i = 0; i < 32; ++i) {
+    up[size_t(i)] = char(i);
+    down[size_t(i)] = char(31 - i);
+  }
+  const std::vector<std::pair<std::string, uint32_t>> vectors = {
+      {std::string(32, '\0'), 0x8A9136AAu},
+      {std::string(32, '\xFF'), 0x62A8AB43u},
+      {up, 0x46DD794Eu},
+      {down, 0x113FDB5Cu},
+      {"123456789", 0xE3069283u},
+      {"", 0u}};
+  for (const auto& [data, want] : vectors) {
+    EXPECT_EQ(crc32c(as_bytes(data)), want) << data.size() << " bytes";
+    EXPECT_EQ(detail::crc32c_table(as_bytes(data), 0), want) << data.size() << " bytes";
+  }
+}
+
+TEST(Crc32c, InstructionAndTableAgreeAndContinue) {
+  std::string data(1000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = char((i * 2654435761u) >> 13);
+  for (size_t n : {size_t(1), size_t(7), size_t(8), size_t(9), size_t(63), size_t(1000)}) {
+    const auto part = as_bytes(data).first(n);
+    EXPECT_EQ(crc32c(part), detail::crc32c_table(part, 0)) << n << " bytes";
+    for (size_t cut : {size_t(0), n / 3, n}) {  // crc(a + b) = crc(b) continued from crc(a)
+      EXPECT_EQ(crc32c(part.subspan(cut), crc32c(part.first(cut))), crc32c(part))
+          << n << " bytes cut at " << cut;
+    }
+  }
+}
+
+TEST_F(SafetensorsTest, ChecksumsAreRecordedAndChecked) {
+  SafetensorsWriter w;
+  const Tensor a = filled({3, 5}, DType::f32, 0.5), b = filled({7}, DType::bf16, 2.0);
+  w.add("a", a);
+  w.add("b", b);
+  w.add("empty", Tensor::empty({0}, DType::f32));
+  w.set_metadata("note", "kept");
+  w.record_checksums();
+  w.write(path("sums.safetensors"));
+  const std::string bytes = read_bytes(path("sums.safetensors"));
+  {
+    const SafetensorsFile f = SafetensorsFile::open(path("sums.safetensors"));
+    EXPECT_EQ(f.metadata().at("note"), "kept");
+    for (const char* name : {"a", "b", "empty"}) {
+      char want[9];
+      std::snprintf(want, sizeof want, "%08x", crc32c(f.bytes(name)));
+      EXPECT_EQ(f.metadata().at(std::string("crc32c.") + name), want) << name;
+      EXPECT_TRUE(f.check_checksum(name)) << name;
+    }
+    expect_same(f.read("a"), a);
+  }
+  // One flipped bit in b's data: b is named as damaged, a still checks.
+  std::string damaged = bytes;
+  const SafetensorsHeader header = parse_safetensors_header(as_bytes(bytes));
+  const auto b_info = std::find_if(header.tensors.begin(), header.tensors.end(),
+                                   [](const TensorInfo& t) { return t.name == "b"; });
+  ASSERT_NE(b_info, header.tensors.end());
+  damaged[size_t(header.data_start + b_info->begin + 3)] ^= 0x10;
+  write_bytes(path("damaged.safetensors"), damaged);
+  const SafetensorsFile g = SafetensorsFile::open(path("damaged.safetensors"));
+  EXPECT_TRUE(g.check_checksum("a"));
+  expect_config_error([&] { g.check_checksum("b"); },
+                      {path("damaged.safetensors"), "tensor 'b'", "CRC-32C", "damaged"});
+  // A file without checksums has nothing to check.
+  SafetensorsWriter plain;
+  plain.add("a", a);
+  plain.write(path("plain.safetensors"));
+  EXPECT_FALSE(SafetensorsFile::open(path("plain.safetensors")).check_checksum("a"));
+}
 
 TEST(SafetensorsHeader, ParsesFromMemory) {
   std::string f = make_file(kOneTensor, std::string(8, '\0'));

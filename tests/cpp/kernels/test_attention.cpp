@@ -4,6 +4,7 @@
 // without a sliding window.
 #include <limits>
 
+#include "attention_reference.h"
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -27,41 +28,11 @@ std::ostream& operator<<(std::ostream& out, const AttnShape& a) {
 std::pair<std::vector<double>, std::vector<double>> attention_reference(
     const AttnShape& a, const std::vector<double>& q, const std::vector<double>& k,
     const std::vector<double>& v) {
-  const int64_t sq = a.sq(), offset = a.s - sq;
-  std::vector<double> out(size_t(a.b * sq * a.hq * a.d)), lse(size_t(a.b * a.hq * sq));
-  const double scale = 1.0 / std::sqrt(double(a.d));
-  for (int64_t b = 0; b < a.b; ++b) {
-    for (int64_t h = 0; h < a.hq; ++h) {
-      const int64_t kvh = h / (a.hq / a.hkv);
-      for (int64_t i = 0; i < sq; ++i) {
-        const int64_t last = offset + i;  // the query's position: it sees keys [first, last]
-        const int64_t first = a.window < 0 ? 0 : std::max<int64_t>(0, last - a.window);
-        std::vector<double> score(size_t(last + 1), -1e300);
-        double mx = -1e300;
-        for (int64_t j = first; j <= last; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < a.d; ++d) {
-            dot += q[size_t(((b * sq + i) * a.hq + h) * a.d + d)] *
-                   k[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
-          }
-          score[size_t(j)] = dot * scale;
-          mx = std::max(mx, score[size_t(j)]);
-        }
-        double sum = 0;
-        for (int64_t j = first; j <= last; ++j) sum += std::exp(score[size_t(j)] - mx);
-        lse[size_t((b * a.hq + h) * sq + i)] = mx + std::log(sum);
-        for (int64_t d = 0; d < a.d; ++d) {
-          double acc = 0;
-          for (int64_t j = first; j <= last; ++j) {
-            acc += std::exp(score[size_t(j)] - mx) / sum *
-                   v[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
-          }
-          out[size_t(((b * sq + i) * a.hq + h) * a.d + d)] = acc;
-        }
-      }
-    }
-  }
-  return {out, lse};
+  AttentionReference ref{a.b, a.sq(), a.s, a.hq, a.hkv, a.d};
+  ref.first_key = [w = a.window](int64_t, int64_t p) {
+    return w < 0 ? int64_t(0) : std::max<int64_t>(0, p - w);
+  };
+  return ref(q, k, v);
 }
 
 TEST_P(Attention, ForwardMatchesReference) {

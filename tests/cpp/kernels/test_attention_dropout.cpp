@@ -5,6 +5,7 @@
 // sequence of the batch or a chunk of the queries draws exactly the unsplit call's mask there.
 #include <cmath>
 
+#include "attention_reference.h"
 #include "braid/core/philox.h"
 #include "kernel_test_util.h"
 
@@ -54,43 +55,16 @@ Tensor document_starts(const Case& a) {
 std::vector<double> reference(const Case& a, const std::vector<double>& q,
                               const std::vector<double>& k, const std::vector<double>& v,
                               const Tensor& key_start, const ops::AttentionDropout& drop) {
-  const int64_t sq = a.sq(), offset = a.s - sq;
-  std::vector<double> out(size_t(a.b * sq * a.hq * a.d));
-  const double scale = 1.0 / std::sqrt(double(a.d));
-  for (int64_t b = 0; b < a.b; ++b) {
-    for (int64_t h = 0; h < a.hq; ++h) {
-      const int64_t kvh = h / (a.hq / a.hkv);
-      for (int64_t i = 0; i < sq; ++i) {
-        const int64_t last = offset + i;
-        int64_t first = a.window < 0 ? 0 : std::max<int64_t>(0, last - a.window);
-        if (key_start.defined()) {
-          first = std::max<int64_t>(first, key_start.data_ptr<int32_t>()[b * a.s + last]);
-        }
-        std::vector<double> score(size_t(last + 1));
-        double mx = -1e300, sum = 0;
-        for (int64_t j = first; j <= last; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < a.d; ++d) {
-            dot += q[size_t(((b * sq + i) * a.hq + h) * a.d + d)] *
-                   k[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
-          }
-          score[size_t(j)] = dot * scale;
-          mx = std::max(mx, score[size_t(j)]);
-        }
-        for (int64_t j = first; j <= last; ++j) sum += std::exp(score[size_t(j)] - mx);
-        for (int64_t j = first; j <= last; ++j) {
-          const double weight =
-              std::exp(score[size_t(j)] - mx) / sum *
-              multiplier(drop, b, h, drop.first_position + last, drop.first_position + j);
-          for (int64_t d = 0; d < a.d; ++d) {
-            out[size_t(((b * sq + i) * a.hq + h) * a.d + d)] +=
-                weight * v[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
-          }
-        }
-      }
-    }
-  }
-  return out;
+  AttentionReference ref{a.b, a.sq(), a.s, a.hq, a.hkv, a.d};
+  ref.first_key = [&](int64_t b, int64_t p) {
+    const int64_t first = a.window < 0 ? 0 : std::max<int64_t>(0, p - a.window);
+    if (!key_start.defined()) return first;
+    return std::max<int64_t>(first, key_start.data_ptr<int32_t>()[b * a.s + p]);
+  };
+  ref.multiplier = [&drop](int64_t b, int64_t h, int64_t p, int64_t j) {
+    return multiplier(drop, b, h, drop.first_position + p, drop.first_position + j);
+  };
+  return ref(q, k, v).first;
 }
 
 ops::AttentionDropout dropout_of(float p, uint64_t stream, int64_t first_sequence = 0,

@@ -4,6 +4,7 @@
 // the sink-corrected out and lse plus attention_sink_backward against finite differences of the
 // composition; a very negative sink is no sink; and attention_cached_forward with sinks equals
 // the two training ops on the same keys.
+#include "attention_reference.h"
 #include "kernel_test_util.h"
 
 namespace braid::testing {
@@ -41,46 +42,17 @@ Tensor key_start_of(const SinkShape& a) {
 std::pair<std::vector<double>, std::vector<double>> sink_reference(
     const SinkShape& a, const std::vector<double>& q, const std::vector<double>& k,
     const std::vector<double>& v, const std::vector<double>& sinks) {
-  const int64_t sq = a.sq(), offset = a.s - sq, doc_len_base = 5;
-  std::vector<double> out(size_t(a.b * sq * a.hq * a.d)), lse(size_t(a.b * a.hq * sq));
-  const double scale = 1.0 / std::sqrt(double(a.d));
-  for (int64_t b = 0; b < a.b; ++b) {
-    for (int64_t h = 0; h < a.hq; ++h) {
-      const int64_t kvh = h / (a.hq / a.hkv);
-      for (int64_t i = 0; i < sq; ++i) {
-        const int64_t last = offset + i;
-        int64_t first = a.window < 0 ? 0 : std::max<int64_t>(0, last - a.window);
-        if (a.documents) {
-          const int64_t len = doc_len_base + 4 * b;
-          first = std::max(first, last / len * len);
-        }
-        std::vector<double> score(size_t(last + 1));
-        double mx = sinks[size_t(h)];
-        for (int64_t j = first; j <= last; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < a.d; ++d) {
-            dot += q[size_t(((b * sq + i) * a.hq + h) * a.d + d)] *
-                   k[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
-          }
-          score[size_t(j)] = dot * scale;
-          mx = std::max(mx, score[size_t(j)]);
-        }
-        double sum = std::exp(sinks[size_t(h)] - mx);  // the sink's term: no value
-        for (int64_t j = first; j <= last; ++j) sum += std::exp(score[size_t(j)] - mx);
-        const double l = mx + std::log(sum);
-        lse[size_t((b * a.hq + h) * sq + i)] = l;
-        for (int64_t d = 0; d < a.d; ++d) {
-          double acc = 0;
-          for (int64_t j = first; j <= last; ++j) {
-            acc +=
-                std::exp(score[size_t(j)] - l) * v[size_t(((b * a.s + j) * a.hkv + kvh) * a.d + d)];
-          }
-          out[size_t(((b * sq + i) * a.hq + h) * a.d + d)] = acc;
-        }
-      }
+  AttentionReference ref{a.b, a.sq(), a.s, a.hq, a.hkv, a.d};
+  ref.first_key = [a](int64_t b, int64_t p) {
+    int64_t first = a.window < 0 ? 0 : std::max<int64_t>(0, p - a.window);
+    if (a.documents) {
+      const int64_t len = 5 + 4 * b;  // key_start_of's documents
+      first = std::max(first, p / len * len);
     }
-  }
-  return {out, lse};
+    return first;
+  };
+  ref.sink = [&sinks](int64_t h) { return sinks[size_t(h)]; };
+  return ref(q, k, v);
 }
 
 // Sinks [Hq] spread over [-3, 3]: some outweigh every key, some hardly count.
