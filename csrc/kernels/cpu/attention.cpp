@@ -35,7 +35,7 @@ struct Dims {
   int64_t b, sq, sk, hq, hkv, d, window;
   const int32_t* key_start = nullptr;
   int64_t key_ld = 0;
-  AttentionDropout dropout;
+  AttentionDropout dropout = {};
   int64_t offset() const { return sk - sq; }  // the position of query row 0
   // The first key query row i of sequence `batch` sees (its last is offset() + i). Rows past
   // the queries (a block's padding) take the last query's.
@@ -338,8 +338,8 @@ int64_t heads_per_thread(const Dims& m) {
 
 Dims dims_of(const Tensor& q, const Tensor& k, int64_t window, const Tensor& key_start,
              const AttentionDropout& dropout) {
-  Dims m{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2),
-         q.size(3), window,    nullptr,   0,         dropout};
+  Dims m{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), window};
+  m.dropout = dropout;
   if (key_start.defined()) {
     m.key_start = key_start.data_ptr<int32_t>();
     m.key_ld = key_start.size(1);
