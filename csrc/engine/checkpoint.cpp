@@ -552,7 +552,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     const int64_t update_samples = t.contains("update_samples")
                                        ? t.at("update_samples").get<int64_t>()
                                        : (steps - skipped) * trainer->config().global_batch_size;
-    trainer->set_iterations(steps, skipped, update_samples);
+    trainer->set_iterations(steps, skipped, update_samples, loop.consumed_samples);
     if (with_optim) {
       trainer->optimizer().set_step(t.at("optimizer_steps").get<int64_t>());
       const json& s = meta.at("loss_scaler");
@@ -560,11 +560,11 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
                                          s.at("growth_tracker").get<int>(),
                                          s.at("hysteresis_tracker").get<int>()});
     }
+    // The masks continue from the data position (set_iterations) under the saved seed. (Older
+    // saves also hold "dropout_forwards", the count of forwards their masks followed: unused.)
     if (with_rng && meta.contains("rng")) {
-      const json& rng = meta.at("rng");
       for (int c = 0; c < model.num_chunks(); ++c)
-        model.chunk(c).set_rng_state(rng.at("seed").get<uint64_t>(),
-                                     rng.at("dropout_forwards").get<uint64_t>());
+        model.chunk(c).set_dropout_seed(meta.at("rng").at("seed").get<uint64_t>());
     }
   };
   on_every_rank(model, "loading the checkpoint", [&] {

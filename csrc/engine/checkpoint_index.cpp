@@ -178,8 +178,7 @@ json checkpoint_metadata(Trainer& trainer, const LoopState& loop, const SaveOpti
   const AdamWConfig& adam = trainer.config().optimizer;
   meta["adam"] = {{"beta1", adam.beta1}, {"beta2", adam.beta2}, {"eps", adam.eps}};
   if (options.save_rng) {
-    meta["rng"] = {{"seed", model.chunk(0).seed()},
-                   {"dropout_forwards", model.chunk(0).dropout_forwards()}};
+    meta["rng"] = {{"seed", model.chunk(0).seed()}};
   }
   return meta;
 }

@@ -53,11 +53,14 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, std::vector<model::GPTMode
 }
 
 float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor> targets,
-                            std::span<const float> grad_scales) {
+                            std::span<const float> grad_scales,
+                            std::span<const int64_t> first_samples) {
   const size_t m = size_t(schedule_.microbatches);
-  BRAID_CONFIG_CHECK(ids.size() == m && targets.size() == m && grad_scales.size() == m,
+  BRAID_CONFIG_CHECK(ids.size() == m && targets.size() == m && grad_scales.size() == m &&
+                         (first_samples.empty() || first_samples.size() == m),
                      "pipeline: the schedule runs ", m, " microbatches, got ", ids.size(), " ids, ",
-                     targets.size(), " targets and ", grad_scales.size(), " gradient scales");
+                     targets.size(), " targets, ", grad_scales.size(), " gradient scales and ",
+                     first_samples.size(), " first samples");
   const Trace::Recording recording(trace_ != nullptr ? trace_ : Trace::current());
   std::map<Key, Tensor> inputs, outputs, grads_in, grads_out;
   double loss = 0;
@@ -78,7 +81,8 @@ float PipelineExecutor::run(std::span<const Tensor> ids, std::span<const Tensor>
         float microbatch_loss = 0;
         Tensor out =
             m.forward_stage(ids[size_t(a.microbatch)], targets[size_t(a.microbatch)], input,
-                            a.microbatch, &microbatch_loss, !schedule_.forward_only);
+                            a.microbatch, &microbatch_loss, !schedule_.forward_only,
+                            first_samples.empty() ? -1 : first_samples[size_t(a.microbatch)]);
         if (m.chunk().head) {
           loss += double(grad_scales[size_t(a.microbatch)]) * microbatch_loss;
         } else {

@@ -122,20 +122,28 @@ Trainer::Trainer(ParallelModel& model, TrainerConfig config)
 
 Trainer::~Trainer() = default;
 
-void Trainer::set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples) {
-  BRAID_CHECK(iteration >= 0 && skipped >= 0 && skipped <= iteration && update_samples >= 0,
+void Trainer::set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples,
+                             int64_t consumed_samples) {
+  BRAID_CHECK(iteration >= 0 && skipped >= 0 && skipped <= iteration && update_samples >= 0 &&
+                  consumed_samples >= 0,
               "Trainer: bad iteration counters ", iteration, " (", skipped, " skipped, ",
-              update_samples, " samples updated)");
+              update_samples, " samples updated, ", consumed_samples, " consumed)");
+  consumed_samples_ = consumed_samples;
   iteration_ = iteration;
   skipped_ = skipped;
   update_samples_ = update_samples;
 }
 
-void Trainer::pass_iteration() {
+void Trainer::pass_iteration(int64_t samples) {
   BRAID_CHECK(config_.global_batch_size > 0,
               "Trainer::pass_iteration needs TrainerConfig.global_batch_size (schedules that "
               "count samples), else the schedules would count the passed iteration as an update");
+  BRAID_CHECK(samples > 0,
+              "Trainer::pass_iteration: the passed batch's samples must be "
+              "positive, got ",
+              samples);
   ++iteration_;
+  consumed_samples_ += samples;
 }
 
 double Trainer::schedule_iterations() const {
@@ -168,7 +176,7 @@ float Trainer::run_microbatches(const Microbatches& batch, bool forward_only) {
   const comm::ParallelState* state = model_.state();
   if (state != nullptr && state->grid().pp() > 1)
     return executor(int(batch.ids.size()), forward_only)
-        .run(batch.ids, batch.targets, batch.scales);
+        .run(batch.ids, batch.targets, batch.scales, batch.first_samples);
   model::GPTModel& m = model_.chunk(0);
   double loss = 0;
   Trace* trace = forward_only ? nullptr : trace_;
@@ -177,7 +185,7 @@ float Trainer::run_microbatches(const Microbatches& batch, bool forward_only) {
     {
       Trace::Scope span(trace, "forward", "compute", int(i), 0);
       m.forward_stage(batch.ids[i], batch.targets[i], Tensor(), int(i), &microbatch_loss,
-                      !forward_only);
+                      !forward_only, forward_only ? -1 : batch.first_samples[i]);
     }
     loss += double(batch.scales[i]) * microbatch_loss;
     if (!forward_only) {
@@ -202,16 +210,21 @@ Trainer::Microbatches Trainer::split(const Tensor& ids, const Tensor& targets, i
   const model::GPTModel& m = model_.chunk(0);
   model::check_sequence_shards(m.config(), rows, m.tensor_parallel(),
                                m.expert_parallel().whole_experts, m.context_parallel());
+  // Microbatch m of DP rank d holds the global batch's rows (m·dp + d)·rows on (Megatron's
+  // sampler; data::BatchLayout::sample): their run-wide indices key the dropout masks.
+  const comm::ParallelState* state = model_.state();
+  const int64_t dp = state != nullptr ? state->grid().dp() : 1;
+  const int64_t dp_rank = state != nullptr ? state->dp_rank() : 0;
   std::vector<int64_t> counts;
   int64_t local = 0;
   for (int m = 0; m < num_microbatches; ++m) {
+    batch.first_samples.push_back(consumed_samples_ + (m * dp + dp_rank) * rows);
     batch.ids.push_back(ids.narrow(m * rows, rows));
     batch.targets.push_back(targets.narrow(m * rows, rows));
     counts.push_back(count_targets(batch.targets.back()));
     local += counts.back();
   }
   std::vector<int64_t> total{local};
-  const comm::ParallelState* state = model_.state();
   all_reduce_host(state != nullptr ? &state->dp() : nullptr, total, DType::i64);
   batch.tokens = total[0];
   for (int64_t count : counts)
@@ -346,6 +359,7 @@ StepStats Trainer::train_step(const Tensor& ids, const Tensor& targets, int num_
     update_samples_ += ids.size(0) * (state != nullptr ? state->grid().dp() : 1);
   }
   ++iteration_;
+  consumed_samples_ += ids.size(0) * (state != nullptr ? state->grid().dp() : 1);
 
   synchronize(device);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -429,12 +429,21 @@ void GPTModel::backward(int microbatch, float grad_scale) {
 }
 
 Tensor GPTModel::forward_stage(const Tensor& ids, const Tensor& targets, const Tensor& input,
-                               int microbatch, float* loss, bool training) {
+                               int microbatch, float* loss, bool training, int64_t first_sample) {
   BRAID_CHECK(!has_activations(microbatch), "GPTModel::forward: microbatch ", microbatch,
               " still holds the activations of a forward without backward");
   BRAID_CHECK(targets.defined() || !chunk().head, "GPTModel::forward: targets are required");
   auto mb = std::make_unique<Microbatch>(prepare(ids, chunk().head ? targets : Tensor()));
-  mb->forward_index = training ? forward_count_++ : forward_count_;
+  if (training) {
+    BRAID_CHECK(first_sample >= -1, "GPTModel::forward_stage: first_sample must be a sample ",
+                "index or -1, got ", first_sample);
+    if (first_sample < 0) {
+      first_sample = dropout_samples_;
+      dropout_samples_ += ids.size(0);
+    }
+    mb->first_sample = first_sample;
+    mb->first_token = first_sample * ids.size(1);
+  }
   const int64_t h = config_.hidden_size;
   const bool mtp = training && chunk().head && config_.mtp_num_layers > 0;
   if (mtp) mtp_prepare(*mb, ids, targets);

@@ -40,7 +40,9 @@ struct GPTModel::Microbatch {
   // on the host (learned position embeddings read it there). Undefined when the microbatch's
   // sequences hold one document each.
   Tensor key_start, doc_positions, doc_positions_host;
-  uint64_t forward_index = 0;
+  // Training forwards: the run-wide index of the microbatch's first sequence and of its first
+  // token (first_sample × S), the key of its dropout masks (forward_stage's first_sample).
+  int64_t first_sample = 0, first_token = 0;
   std::vector<LayerActivations> layers;
   Tensor trunk_out;           // [T_region, H] the last block's output: the final norm's input
   NormStats final_stats;      // Recompute::none, or with MTP
@@ -56,15 +58,13 @@ constexpr uint64_t kDropoutSeedSalt = 0xD6E8FEB86659FD93ull;
 
 inline Tensor host_copy(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
 
-// The Philox stream of one dropout site of one training forward: the embedding output is
-// site 0; block l's attention and MLP outputs are sites 2l + 1 and 2l + 2 (MTP depth k's layer
-// is block num_layers + k - 1); MTP depth k's embedding output is site
-// 2 (num_layers + mtp_num_layers) + k. Block l's attention probabilities are site 2^31 + l
-// (ops::AttentionDropout's stream, split further per sequence and head).
+// The Philox streams of the dropout sites, each one mask over every token the run trains on
+// (its element index: run-wide token × H + channel): the embedding output is stream 0; block
+// l's attention and MLP outputs are 2l + 1 and 2l + 2 (MTP depth k's layer is block
+// num_layers + k - 1); MTP depth k's embedding output is 2 (num_layers + mtp_num_layers) + k.
+// Block l's attention probabilities are stream 2^31 + l (ops::AttentionDropout's, split further
+// per sequence and head).
 constexpr uint64_t kAttentionProbsSite = uint64_t(1) << 31;
-inline uint64_t dropout_stream(uint64_t forward_index, uint64_t site) {
-  return (forward_index << 32) + site;
-}
 
 inline Tensor filled(const Shape& shape, float value, Device device) {
   Tensor host = Tensor::empty(shape, DType::f32);

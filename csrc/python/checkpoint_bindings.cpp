@@ -10,6 +10,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 
 #include "bindings.h"
 #include "braid/engine/checkpoint.h"
@@ -39,22 +40,24 @@ void bind_checkpoint(py::module_& m) {
         "dir/iter_0000100 for iteration 100: where that iteration's checkpoint lives.");
   m.def(
       "save_checkpoint",
-      [](const std::string& dir, Trainer& trainer, int64_t consumed_samples, bool save_optim,
-         bool save_rng, double device_seconds, int64_t skipped_train_samples,
+      [](const std::string& dir, Trainer& trainer, std::optional<int64_t> consumed_samples,
+         bool save_optim, bool save_rng, double device_seconds, int64_t skipped_train_samples,
          int64_t consumed_valid_samples) {
         py::gil_scoped_release release;
-        return save_checkpoint(dir, trainer,
-                               LoopState{consumed_samples, device_seconds, skipped_train_samples,
-                                         consumed_valid_samples},
-                               save_options(save_optim, save_rng));
+        return save_checkpoint(
+            dir, trainer,
+            LoopState{consumed_samples.value_or(trainer.consumed_samples()), device_seconds,
+                      skipped_train_samples, consumed_valid_samples},
+            save_options(save_optim, save_rng));
       },
-      py::arg("dir"), py::arg("trainer"), py::arg("consumed_samples") = 0,
+      py::arg("dir"), py::arg("trainer"), py::arg("consumed_samples") = py::none(),
       py::arg("save_optim") = true, py::arg("save_rng") = true, py::arg("device_seconds") = 0.0,
       py::arg("skipped_train_samples") = 0, py::arg("consumed_valid_samples") = -1,
       "Collective over the model's world (every rank, the same arguments): saves the trainer at "
       "its current iteration into dir/iter_<7-digit iteration> (atomically) and returns that "
       "directory. "
-      "consumed_samples: the data loader's position over all DP ranks; device_seconds: the "
+      "consumed_samples: the data loader's position over all DP ranks (None: the trainer's "
+      "count, Trainer.consumed_samples); device_seconds: the "
       "device time the run has used so far; skipped_train_samples: the samples of the batches "
       "--iterations-to-skip dropped so far; consumed_valid_samples: the validation data's "
       "position (-1: not counted, not saved). All in metadata.json; checkpoint_metadata reads "
@@ -107,17 +110,17 @@ void bind_checkpoint(py::module_& m) {
       .def(py::init<std::string, bool>(), py::arg("dir"), py::arg("async_save") = false)
       .def(
           "save",
-          [](CheckpointSaver& s, Trainer& trainer, int64_t consumed_samples, bool save_optim,
-             bool save_rng, double device_seconds, int64_t skipped_train_samples,
+          [](CheckpointSaver& s, Trainer& trainer, std::optional<int64_t> consumed_samples,
+             bool save_optim, bool save_rng, double device_seconds, int64_t skipped_train_samples,
              int64_t consumed_valid_samples) {
             py::gil_scoped_release release;
             return s.save(trainer,
-                          LoopState{consumed_samples, device_seconds, skipped_train_samples,
-                                    consumed_valid_samples},
+                          LoopState{consumed_samples.value_or(trainer.consumed_samples()),
+                                    device_seconds, skipped_train_samples, consumed_valid_samples},
                           save_options(save_optim, save_rng));
           },
-          py::arg("trainer"), py::arg("consumed_samples") = 0, py::arg("save_optim") = true,
-          py::arg("save_rng") = true, py::arg("device_seconds") = 0.0,
+          py::arg("trainer"), py::arg("consumed_samples") = py::none(),
+          py::arg("save_optim") = true, py::arg("save_rng") = true, py::arg("device_seconds") = 0.0,
           py::arg("skipped_train_samples") = 0, py::arg("consumed_valid_samples") = -1,
           py::keep_alive<1, 2>(),
           "Collective. Starts (async) or does a save of the trainer's current iteration; returns "

@@ -229,7 +229,9 @@ void bind_engine(py::module_& m) {
       .def("train_step", on_batch(&Trainer::train_step), py::arg("ids"), py::arg("targets"),
            py::arg("num_microbatches") = 1,
            "ids, targets [B, S]: this DP rank's share of the global batch (the same on every TP "
-           "and PP rank of it), B split into num_microbatches. The loss is the global batch's.")
+           "and PP rank of it), B split into num_microbatches. The loss is the global batch's. "
+           "The global batch is samples consumed_samples on in Megatron's sampler's order (as "
+           "DataLoader gives them): their indices key the dropout masks.")
       .def("evaluate", on_batch(&Trainer::evaluate), py::arg("ids"), py::arg("targets"),
            py::arg("num_microbatches") = 1,
            "The global batch's loss without training on it (validation): forwards only, no "
@@ -241,13 +243,18 @@ void bind_engine(py::module_& m) {
           py::return_value_policy::reference_internal,
           "The ParallelModel it trains (for the one-process constructor, its internal "
           "one-rank wrapper of the GPTModel).")
-      .def("pass_iteration", &Trainer::pass_iteration,
-           "Counts an iteration that trains on nothing (--iterations-to-skip): the iteration "
-           "advances; parameters, optimizer state, the schedules' position and the skipped "
-           "count stay. Not collective.")
+      .def("pass_iteration", &Trainer::pass_iteration, py::arg("samples"),
+           "Counts an iteration that trains on nothing (--iterations-to-skip): its batch of "
+           "`samples` (over all DP ranks) is read and dropped; the iteration and "
+           "consumed_samples advance; parameters, optimizer state, the schedules' position and "
+           "the skipped count stay. Not collective.")
       .def_property_readonly("skipped_iterations", &Trainer::skipped_iterations)
       .def_property_readonly("update_samples", &Trainer::update_samples,
                              "Samples (over all DP ranks) of the updates taken.")
+      .def_property_readonly("consumed_samples", &Trainer::consumed_samples,
+                             "Samples (over all DP ranks) of every step so far, skipped and "
+                             "passed ones too, from a loaded checkpoint's: the next step's first "
+                             "sample, the key of its dropout masks.")
       .def_property_readonly("schedule_iterations", &Trainer::schedule_iterations,
                              "Where the LR schedule stands: updates, each counted as its share "
                              "of a full global batch.")

@@ -554,7 +554,7 @@ def run(argv=None) -> int:
                 f"{batch.global_batch_size} at iteration {it}")
         batch_size = batch.global_batch_size
         if it - 1 in to_skip:  # Megatron's: no step, schedule, log line, evaluation, save, exit
-            trainer.pass_iteration()
+            trainer.pass_iteration(batch_size)
             report.drop(it, batch_size)
             if it == profile_end - 1:
                 profile_done(it)

@@ -60,16 +60,16 @@ BRAID_HOST_DEVICE float normal_from_words(uint32_t w0, uint32_t w1) {
   return float(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-// A stream id for part (a, b) of stream `stream` (splitmix64's finaliser, applied twice): the
-// parts' streams are as unrelated as distinct seeds (attention dropout's: one per sequence and
-// head of a dropout site).
+// A stream id for part (a, b) of stream `stream` (splitmix64's finaliser, nested): the parts'
+// streams are as unrelated as distinct seeds, for any 64-bit a and b (attention dropout's: one
+// per run-wide sequence index and head of a dropout site).
 BRAID_HOST_DEVICE uint64_t mix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
 BRAID_HOST_DEVICE uint64_t substream(uint64_t stream, uint64_t a, uint64_t b) {
-  return mix64(stream ^ mix64((a << 32) ^ b ^ 0x9E3779B97F4A7C15ull));
+  return mix64(stream ^ mix64(a ^ mix64(b ^ 0x9E3779B97F4A7C15ull)));
 }
 
 // FNV-1a of a name: the stream id of a parameter's initialisation.

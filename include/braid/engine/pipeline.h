@@ -29,9 +29,11 @@ class PipelineExecutor {
   // grad_scales[m] in backward: 1/M each for the mean over M microbatches, or m's share of the
   // batch's tokens for the mean over tokens. Returns sum_m grad_scales[m] · loss_m - the
   // scalar whose gradient the chunks accumulate - on the stage that holds the head, 0 on the
-  // others. Call each chunk's finalize_grads() afterwards.
+  // others. Call each chunk's finalize_grads() afterwards. first_samples[m]: microbatch m's
+  // first sequence's run-wide index, its dropout masks' key (GPTModel::forward_stage); empty:
+  // each chunk's own count.
   float run(std::span<const Tensor> ids, std::span<const Tensor> targets,
-            std::span<const float> grad_scales);
+            std::span<const float> grad_scales, std::span<const int64_t> first_samples = {});
 
   const Schedule& schedule() const { return schedule_; }
 

@@ -93,7 +93,11 @@ class Trainer {
   ~Trainer();
 
   // ids, targets [B, S] i32 (any device): this DP rank's share of the global batch, the same
-  // on every TP and PP rank of it. B splits into num_microbatches equal microbatches.
+  // on every TP and PP rank of it. B splits into num_microbatches equal microbatches. The
+  // global batch is samples consumed_samples() on, in Megatron's sampler's order
+  // (data::BatchLayout::sample: microbatch m of DP rank d holds rows (m·dp + d)·B/M on), and
+  // its sequences' indices key their dropout masks: any layout and micro-batch size drops the
+  // same elements of each sample.
   StepStats train_step(const Tensor& ids, const Tensor& targets, int num_microbatches = 1);
   // The loss of a batch without training on it (validation): the mean over the global batch's
   // non-ignored targets, on every rank, like train_step's. Forwards only (Megatron's
@@ -104,6 +108,9 @@ class Trainer {
   int64_t iteration() const { return iteration_; }  // steps attempted (skipped ones included)
   int64_t skipped_iterations() const { return skipped_; }
   int64_t update_samples() const { return update_samples_; }  // samples of the updates taken
+  // Samples of every step so far, over all DP ranks: skipped and passed ones too (Megatron's
+  // consumed_train_samples); a loaded checkpoint's consumed_samples.
+  int64_t consumed_samples() const { return consumed_samples_; }
   // Where the LR and weight-decay schedules stand: the updates taken, each counted as its
   // share of a full global batch (TrainerConfig::global_batch_size).
   double schedule_iterations() const;
@@ -114,12 +121,14 @@ class Trainer {
   LossScaler& loss_scaler() { return scaler_; }
   const TrainerConfig& config() const { return config_; }
   // A loaded checkpoint's counters (checkpoint.h).
-  void set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples);
-  // Counts an iteration that trains on nothing (Megatron's --iterations-to-skip: its batch is
-  // read and dropped): the iteration advances; parameters, optimizer state, the schedules'
-  // position (update_samples) and the skipped count stay. Needs schedules that count samples
-  // (TrainerConfig::global_batch_size), since an iteration count would take it as an update.
-  void pass_iteration();
+  void set_iterations(int64_t iteration, int64_t skipped, int64_t update_samples,
+                      int64_t consumed_samples);
+  // Counts an iteration that trains on nothing (Megatron's --iterations-to-skip: its batch of
+  // `samples`, over all DP ranks, is read and dropped): the iteration and consumed_samples
+  // advance; parameters, optimizer state, the schedules' position (update_samples) and the
+  // skipped count stay. Needs schedules that count samples (TrainerConfig::global_batch_size),
+  // since an iteration count would take it as an update.
+  void pass_iteration(int64_t samples);
 
   // Records each train_step on `trace` (null: none, the default): a "step" span on lane
   // "step", forwards, backwards and the optimizer on "compute", the pipeline's exchanges on
@@ -135,6 +144,7 @@ class Trainer {
   struct Microbatches {
     std::vector<Tensor> ids, targets;
     std::vector<float> scales;
+    std::vector<int64_t> first_samples;  // the run-wide index of each one's first row
     int64_t tokens = 0;
   };
   Microbatches split(const Tensor& ids, const Tensor& targets, int num_microbatches,
@@ -160,6 +170,7 @@ class Trainer {
   int64_t iteration_ = 0;
   int64_t skipped_ = 0;
   int64_t update_samples_ = 0;
+  int64_t consumed_samples_ = 0;
 };
 
 }  // namespace braid::engine

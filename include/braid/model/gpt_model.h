@@ -115,9 +115,12 @@ class GPTModel {
   // backward_stage: `dout` is the output activation's gradient (undefined on the last stage);
   // returns the input activation's gradient (undefined on the first stage).
   // training = false (evaluation): no dropout, nothing kept for a backward, and the dropout
-  // random state does not advance.
+  // random state does not advance. first_sample: the run-wide index of the microbatch's first
+  // sequence, the key of its dropout masks (Trainer passes the data position); -1 (forward, and
+  // the default): the next ids.size(0) of this model's count of training sequences.
   Tensor forward_stage(const Tensor& ids, const Tensor& targets, const Tensor& input,
-                       int microbatch, float* loss = nullptr, bool training = true);
+                       int microbatch, float* loss = nullptr, bool training = true,
+                       int64_t first_sample = -1);
   Tensor backward_stage(const Tensor& dout, int microbatch, float grad_scale = 1.0f);
   // The first and last stages of this model's pipeline (tied embeddings): finalize_grads sums
   // the embed_tokens gradients over it. nullptr (the default) or one rank: nothing to sum.
@@ -196,13 +199,12 @@ class GPTModel {
   // resets the counts. Collective over `group` when the chunk has biases.
   void update_expert_bias(comm::Communicator* group);
 
-  // Dropout's random state: masks are Philox streams of (seed, training forwards so far,
-  // layer). Checkpoints save it and set it back; setting the seed does not re-initialise.
-  uint64_t dropout_forwards() const { return forward_count_; }
-  void set_rng_state(uint64_t seed, uint64_t dropout_forwards) {
-    seed_ = seed;
-    forward_count_ = dropout_forwards;
-  }
+  // Dropout's random state: each mask is a Philox stream of (seed, site) at its sequences'
+  // run-wide indices (forward_stage's first_sample), or, for forwards without one, at this
+  // model's count of the training sequences it forwarded. Checkpoints save the seed and set it
+  // back (the Trainer the data position); setting it does not re-initialise the parameters.
+  int64_t dropout_samples() const { return dropout_samples_; }
+  void set_dropout_seed(uint64_t seed) { seed_ = seed; }
 
  private:
   // What one forward keeps for its backward (model/gpt_model_internal.h).
@@ -296,7 +298,7 @@ class GPTModel {
   ParamUseHook param_use_;
   GradsDoneHook grads_done_;
   std::map<int, std::unique_ptr<Microbatch>> activations_;
-  uint64_t forward_count_ = 0;       // numbers the dropout streams of each training forward
+  int64_t dropout_samples_ = 0;      // training sequences forwarded without a first_sample
   std::vector<MoeStats> moe_stats_;  // per held layer
   std::vector<std::pair<std::string, Tensor>> expert_biases_;
   std::vector<MtpLoss> mtp_losses_;  // per MTP depth, since take_mtp_losses

@@ -101,10 +101,10 @@ struct Job {
 
   float step(const TransformerConfig& config) {
     const tp_testing::Batch b = global_batch(config.vocab_size, trainer->iteration());
-    const int64_t rows = kGlobalRows / dp, first = dp_rank * rows;
+    const int64_t rows = kGlobalRows / dp;
     return trainer
-        ->train_step(b.ids.narrow(first, rows).clone(), b.targets.narrow(first, rows).clone(),
-                     int(rows))
+        ->train_step(parallel_testing::dp_share(b.ids, dp, dp_rank),
+                     parallel_testing::dp_share(b.targets, dp, dp_rank), int(rows))
         .loss;
   }
 };
@@ -167,6 +167,11 @@ TEST(CheckpointReshard, SavedAt222WithZeroLoadsEverywhere) {
                                                                 // layers
   check_reshard("gpt2", gpt2(), saving, loading);
   check_reshard("llama", llama(), saving, loading);
+  // Dropout masks follow the samples: the same drops on any number of ranks.
+  TransformerConfig dropout = gpt2(0.1f);
+  dropout.attention_dropout = 0.1f;
+  check_reshard("gpt2 with dropout", dropout, saving,
+                {{1, 1, 1, false}, {1, 4, 2, true}, {2, 1, 4, true}, {1, 1, 8, false}});
 }
 
 // Uneven stages saved (5 | 3 layers) load under even stages, one process included, and under

@@ -42,5 +42,22 @@ TEST(Philox, StreamsDiffer) {
   EXPECT_EQ(philox::uniform_from_word(0xffffffff), 1.0f);
 }
 
+// Attention dropout's streams, one per (run-wide sequence, head): sequences 2^32 apart, and
+// swapped parts, are other streams (the parts are mixed, not packed into one word).
+TEST(Philox, SubstreamsOfEveryPartDiffer) {
+  const uint64_t stream = (uint64_t(1) << 31) + 3, far = uint64_t(1) << 32;
+  for (uint64_t sequence : {uint64_t(0), uint64_t(7), far - 1, uint64_t(3) << 40}) {
+    for (uint64_t head : {0, 1, 5}) {
+      const uint64_t s = philox::substream(stream, sequence, head);
+      EXPECT_NE(s, philox::substream(stream, sequence + far, head)) << sequence << " " << head;
+      EXPECT_NE(s, philox::substream(stream, sequence, head + 1)) << sequence << " " << head;
+      EXPECT_NE(s, philox::substream(stream + 1, sequence, head)) << sequence << " " << head;
+      if (sequence != head) {
+        EXPECT_NE(s, philox::substream(stream, head, sequence)) << sequence << " " << head;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace braid

@@ -54,6 +54,17 @@ inline model::TransformerConfig llama_mtp(bool tied = false, float dropout = 0.0
   return c;
 }
 
+// DP rank d's share of a global batch [rows, S] in Megatron's sampler's order, which
+// engine::Trainer::train_step assumes (the rows' indices key the dropout masks): its microbatch
+// m holds rows (m·dp + d)·mbs on.
+inline Tensor dp_share(const Tensor& global, int dp, int d, int64_t mbs = 1) {
+  const int64_t rows = global.size(0) / dp;
+  Tensor share = Tensor::empty({rows, global.size(1)}, global.dtype());
+  for (int64_t m = 0; m < rows / mbs; ++m)
+    share.narrow(m * mbs, mbs).copy_from(global.narrow((m * dp + d) * mbs, mbs));
+  return share;
+}
+
 // AdamW with weight decay and a clip that engages (the global norm must be right too), a
 // warmup-cosine schedule over `decay_iters`.
 inline engine::TrainerConfig trainer_config(int64_t decay_iters) {

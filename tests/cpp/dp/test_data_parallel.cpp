@@ -33,16 +33,23 @@ namespace {
 
 constexpr int kSteps = 5;
 constexpr int64_t kGlobalRows = 16;
+using parallel_testing::dp_share;
 using parallel_testing::gpt2;
 using parallel_testing::kSeq;
 using parallel_testing::llama;
 using parallel_testing::llama_mtp;
 
+TransformerConfig with_attention_dropout(TransformerConfig c) {
+  c.attention_dropout = 0.1f;
+  return c;
+}
+
 TransformerConfig model_named(const std::string& name) {
   if (name == "llama") return llama();
   if (name == "gpt2") return gpt2();
   if (name == "mtp") return llama_mtp();
-  if (name == "mtp_tied_dropout") return llama_mtp(true, 0.1f);
+  if (name == "mtp_tied_dropout") return with_attention_dropout(llama_mtp(true, 0.1f));
+  if (name == "gpt2_dropout") return with_attention_dropout(gpt2(0.1f));
   throw std::invalid_argument("no test model " + name);
 }
 
@@ -101,6 +108,7 @@ const Run& reference(const std::string& name, const TransformerConfig& config) {
 struct Layout {
   int tp, pp, dp;
   int virtual_stages = 1;
+  int micro_batch_size = 1;
   bool zero = false;
   bool overlap = false;
   bool sequence_parallel = false;
@@ -110,8 +118,8 @@ struct Layout {
   std::vector<int> rank_layers = {};         // the layers each pipeline rank must hold, when given
   std::string str() const {
     return "tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " + std::to_string(dp) +
-           " v " + std::to_string(virtual_stages) + (zero ? " zero" : "") +
-           (overlap ? " overlap" : "") + (sequence_parallel ? " sp" : "") +
+           " v " + std::to_string(virtual_stages) + " mbs " + std::to_string(micro_batch_size) +
+           (zero ? " zero" : "") + (overlap ? " overlap" : "") + (sequence_parallel ? " sp" : "") +
            (first_stage_layers ? " first " + std::to_string(*first_stage_layers) : "") +
            (last_stage_layers ? " last " + std::to_string(*last_stage_layers) : "") +
            (model_chunk_layers.empty() ? "" : " layout " + layout_str());
@@ -151,12 +159,13 @@ void check_layout(const std::string& name, const Layout& l) {
   }
   Trainer trainer(model, trainer_config());
 
-  const int64_t rows = kGlobalRows / l.dp;  // this DP rank's contiguous share, one per microbatch
+  const int64_t rows = kGlobalRows / l.dp;  // this DP rank's share
+  const int microbatches = int(rows / l.micro_batch_size);
   for (int s = 0; s < kSteps; ++s) {
     const tp_testing::Batch b = global_batch(config.vocab_size, s);
-    const int64_t first = state.dp_rank() * rows;
-    const StepStats stats = trainer.train_step(b.ids.narrow(first, rows).clone(),
-                                               b.targets.narrow(first, rows).clone(), int(rows));
+    const StepStats stats = trainer.train_step(
+        dp_share(b.ids, l.dp, state.dp_rank(), l.micro_batch_size),
+        dp_share(b.targets, l.dp, state.dp_rank(), l.micro_batch_size), microbatches);
     EXPECT_FALSE(stats.skipped);
     for (int c = 0; c < model.num_chunks() && l.dp > 1; ++c) {
       // Every bucket reduced once; with overlap, each posted by the backward as it finished it.
@@ -177,20 +186,23 @@ void check_layout(const std::string& name, const Layout& l) {
           << "step " << s + 1 << " depth " << k + 1;
     }
   }
+  EXPECT_EQ(trainer.consumed_samples(), kSteps * kGlobalRows);
   // Validation: forwards only (the forward-only pipeline schedule under pp > 1), the same loss
   // as one process, twice alike; no counter or dropout state moves (the parameters are
   // compared below).
   {
     const tp_testing::Batch valid = global_batch(config.vocab_size, kValidStep);
     const int64_t first = state.dp_rank() * rows;
-    const uint64_t forwards = model.chunk(0).dropout_forwards();
+    const int64_t consumed = trainer.consumed_samples();
+    const int64_t forwarded = model.chunk(0).dropout_samples();
     const float eval_loss = trainer.evaluate(valid.ids.narrow(first, rows).clone(),
                                              valid.targets.narrow(first, rows).clone(), int(rows));
     EXPECT_NEAR(eval_loss, want.eval_loss, 2e-5 * std::abs(want.eval_loss));
     EXPECT_EQ(trainer.evaluate(valid.ids.narrow(first, rows).clone(),
                                valid.targets.narrow(first, rows).clone(), int(rows)),
               eval_loss);
-    EXPECT_EQ(model.chunk(0).dropout_forwards(), forwards);
+    EXPECT_EQ(trainer.consumed_samples(), consumed);
+    EXPECT_EQ(model.chunk(0).dropout_samples(), forwarded);
     EXPECT_EQ(trainer.iteration(), kSteps);
     for (int c = 0; c < model.num_chunks(); ++c) EXPECT_FALSE(model.chunk(c).has_activations(0));
   }
@@ -229,6 +241,11 @@ TEST(DataParallelEqualsOneRank, ZeroAndOverlapOnAndOff) {
       check_layout("gpt2", {.tp = 1, .pp = 1, .dp = dp, .zero = zero, .overlap = overlap});
       check_layout("mtp", {.tp = 1, .pp = 1, .dp = dp, .zero = zero, .overlap = overlap});
     }
+  // Dropout masks follow the samples, wherever and in whichever microbatch they are: every
+  // DP and micro-batch size drops what one process drops, one row per microbatch.
+  for (int mbs : {1, 2})
+    check_layout("gpt2_dropout",
+                 {.tp = 1, .pp = 1, .dp = dp, .micro_batch_size = mbs, .zero = mbs == 2});
 }
 
 TEST(DataParallelEqualsOneRank, WithTensorAndPipelineParallelism) {
@@ -249,12 +266,14 @@ TEST(DataParallelEqualsOneRank, MultiTokenPrediction) {
   if (world_size() != 4) GTEST_SKIP() << "runs on 4 ranks";
   check_layout("mtp", {.tp = 1, .pp = 2, .dp = 2, .zero = true, .overlap = true});
   check_layout("mtp", {.tp = 2, .pp = 1, .dp = 2, .zero = true, .overlap = true});
-  // Dropout masks follow each rank's forwards, which data parallelism splits: one DP rank here.
   for (const char* name : {"mtp", "mtp_tied_dropout"}) {
     check_layout(name, {.tp = 2, .pp = 2, .dp = 1, .sequence_parallel = true});
     check_layout(name, {.tp = 1, .pp = 4, .dp = 1, .virtual_stages = 2});
     check_layout(name, {.tp = 4, .pp = 1, .dp = 1, .sequence_parallel = true});
   }
+  check_layout("mtp_tied_dropout",
+               {.tp = 1, .pp = 2, .dp = 2, .micro_batch_size = 2, .zero = true, .overlap = true});
+  check_layout("mtp_tied_dropout", {.tp = 2, .pp = 1, .dp = 2, .sequence_parallel = true});
 }
 
 // Uneven stages (Megatron's --decoder-first/last-pipeline-num-layers) of the 8 layers: the
@@ -328,11 +347,23 @@ TEST(ThreeDParallelEqualsOneRank, Matrix) {
     for (bool zero : {false, true}) {
       // Interleaving where there are stages to interleave; overlap with ZeRO; SP with TP.
       for (int v : pp > 1 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
-        const Layout l{tp, pp, dp, v, zero, zero, zero && tp > 1};
+        const Layout l{.tp = tp,
+                       .pp = pp,
+                       .dp = dp,
+                       .virtual_stages = v,
+                       .zero = zero,
+                       .overlap = zero,
+                       .sequence_parallel = zero && tp > 1};
         check_layout("llama", l);
         check_layout("gpt2", l);
       }
     }
+    // Hidden and attention dropout: the same masks in every layout.
+    check_layout("gpt2_dropout", {.tp = tp,
+                                  .pp = pp,
+                                  .dp = dp,
+                                  .micro_batch_size = dp < 8 ? 2 : 1,
+                                  .sequence_parallel = tp > 1});
   }
 }
 

@@ -92,8 +92,9 @@ TEST(Trainer, TracedStepsTrainAlikeAndAreAllCompute) {
   }
 }
 
-TEST(Trainer, MicrobatchesAccumulateToTheFullBatchStep) {
-  const TransformerConfig c = small_llama();
+// One microbatch of 4 rows and 4 of one row give the same step; with dropout too, since the
+// masks follow the samples' indices, not the microbatches.
+void check_microbatches_accumulate(const TransformerConfig& c) {
   const Device d = testing::default_test_device();
   const Batch batch = make_batch(4, 8, c.vocab_size, 4);
   GPTModel a(c, d, 6), b(c, d, 6);
@@ -104,6 +105,8 @@ TEST(Trainer, MicrobatchesAccumulateToTheFullBatchStep) {
   const StepStats sa = ta.train_step(batch.ids, batch.targets, 1);
   const StepStats sb = tb.train_step(batch.ids, batch.targets, 4);
   EXPECT_NEAR(sa.loss, sb.loss, 1e-5 * sa.loss);
+  EXPECT_EQ(ta.consumed_samples(), 4);
+  EXPECT_EQ(tb.consumed_samples(), 4);
   EXPECT_NEAR(sa.grad_norm, sb.grad_norm, 1e-4 * sa.grad_norm);
   // The accumulated gradients are still in the buffers after the step. (Parameters are not
   // compared: Adam's first step moves each by ~lr * sign(g), which amplifies f32 noise in
@@ -116,6 +119,26 @@ TEST(Trainer, MicrobatchesAccumulateToTheFullBatchStep) {
   }
   EXPECT_GT(max_abs, 0);
   EXPECT_LE(max_err, 1e-5 * max_abs);
+}
+
+TEST(Trainer, MicrobatchesAccumulateToTheFullBatchStep) {
+  check_microbatches_accumulate(small_llama());
+}
+
+TEST(Trainer, MicrobatchesAccumulateToTheFullBatchStepWithDropout) {
+  TransformerConfig c = small_llama();
+  c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.1f;
+  check_microbatches_accumulate(c);
+  // The same batch at another data position draws other masks.
+  const Device d = testing::default_test_device();
+  const Batch batch = make_batch(4, 8, c.vocab_size, 4);
+  GPTModel a(c, d, 6), b(c, d, 6);
+  const LRSchedule schedule = warmup_cosine(1e-3f, 0, 10);
+  Trainer ta(a, AdamWConfig{}, schedule), tb(b, AdamWConfig{}, schedule);
+  tb.set_iterations(0, 0, 0, 4);
+  EXPECT_NE(ta.train_step(batch.ids, batch.targets).loss,
+            tb.train_step(batch.ids, batch.targets).loss);
 }
 
 // bf16 parameters and activations, f32 gradients and master weights. CUDA only: activations
@@ -206,10 +229,12 @@ TEST(Trainer, SchedulesCountTheSamplesOfTheUpdates) {
   config.loss_scale.hysteresis = 1;
   Trainer trainer(wrapped, config);
   double position = 0;  // in global batches of 4
-  int64_t samples = 0;
+  int64_t samples = 0, consumed = 0;
   for (int64_t rows : {2, 2, 4, 2, 4, 4, 2, 4, 2, 4, 2, 4}) {
     const Batch batch = make_batch(rows, 8, c.vocab_size, 4 + rows);
     const StepStats s = trainer.train_step(batch.ids, batch.targets, 1);
+    consumed += rows;  // skipped steps too
+    EXPECT_EQ(trainer.consumed_samples(), consumed);
     EXPECT_EQ(s.lr, config.schedule.lr_at(position)) << "at " << position;
     EXPECT_EQ(trainer.optimizer().config().weight_decay,
               config.weight_decay_schedule->weight_decay_at(position));
@@ -222,19 +247,23 @@ TEST(Trainer, SchedulesCountTheSamplesOfTheUpdates) {
   }
   EXPECT_GT(trainer.skipped_iterations(), 0);
   EXPECT_GT(samples, 4);  // the scale came down and updates followed
-  trainer.set_iterations(9, 1, 22);
+  trainer.set_iterations(9, 1, 22, 30);
   EXPECT_EQ(trainer.schedule_iterations(), 5.5);
+  EXPECT_EQ(trainer.consumed_samples(), 30);
   // Without it (0) every update is one iteration, whatever its size.
   Trainer counting(model, AdamWConfig{}, warmup_cosine(1e-2f, 2, 10));
-  counting.set_iterations(9, 1, 22);
+  counting.set_iterations(9, 1, 22, 30);
   EXPECT_EQ(counting.schedule_iterations(), 8.0);
 }
 
-// A passed iteration (--iterations-to-skip) advances the iteration alone: the parameters, the
-// optimizer's state and step, the schedules' position and the skipped count stay, and the next
-// step trains as if the passed one had not been.
-TEST(Trainer, PassedIterationChangesNothingButTheCount) {
-  const TransformerConfig c = small_gpt2();
+// A passed iteration (--iterations-to-skip) advances the iteration and the data position alone:
+// the parameters, the optimizer's state and step, the schedules' position and the skipped count
+// stay, and the next step trains as a trainer that had not passed one trains at that data
+// position (the dropout masks are the next samples').
+TEST(Trainer, PassedIterationChangesNothingButTheCounts) {
+  TransformerConfig c = small_gpt2();
+  c.hidden_dropout = 0.1f;
+  c.attention_dropout = 0.1f;
   GPTModel passing(c, testing::default_test_device(), 6);
   GPTModel plain(c, testing::default_test_device(), 6);
   ParallelModel passing_wrapped(passing), plain_wrapped(plain);
@@ -244,22 +273,26 @@ TEST(Trainer, PassedIterationChangesNothingButTheCount) {
   with_pass.train_step(first.ids, first.targets);
   without.train_step(first.ids, first.targets);
   const std::vector<float> before = host_floats(passing.flat_params());
-  with_pass.pass_iteration();
+  with_pass.pass_iteration(4);
   EXPECT_EQ(with_pass.iteration(), 2);
+  EXPECT_EQ(with_pass.consumed_samples(), 8);
   EXPECT_EQ(with_pass.skipped_iterations(), 0);
   EXPECT_EQ(with_pass.update_samples(), 4);
   EXPECT_EQ(with_pass.schedule_iterations(), 1.0);
   EXPECT_EQ(with_pass.optimizer().step(), 1);
   EXPECT_EQ(host_floats(passing.flat_params()), before);
+  without.set_iterations(1, 0, 4, 8);
   const StepStats a = with_pass.train_step(second.ids, second.targets);
   const StepStats b = without.train_step(second.ids, second.targets);
   EXPECT_EQ(a.lr, b.lr);
   EXPECT_EQ(a.loss, b.loss);
   EXPECT_EQ(host_floats(passing.flat_params()), host_floats(plain.flat_params()));
   EXPECT_EQ(with_pass.iteration(), 3);
+  EXPECT_EQ(with_pass.consumed_samples(), 12);
+  EXPECT_THROW(with_pass.pass_iteration(0), Error);
   // Schedules that count iterations would take the passed one for an update: refused.
   Trainer counting(plain, AdamWConfig{}, warmup_cosine(1e-2f, 2, 10));
-  EXPECT_THROW(counting.pass_iteration(), Error);
+  EXPECT_THROW(counting.pass_iteration(4), Error);
 }
 
 TEST(Trainer, InvalidScheduleIsRejected) {

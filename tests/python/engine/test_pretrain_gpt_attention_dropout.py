@@ -53,8 +53,8 @@ def test_the_dropout_is_applied(runs):
 
 
 def test_a_tensor_parallel_checkpoint_resumes_in_one_process(runs, tmp_path):
-    # The dropout stream counts forwards: the checkpoint carries the count, so the resumed
-    # process draws the masks the uninterrupted one drew.
+    # The masks follow the samples: the checkpoint's data position puts the resumed process
+    # where the uninterrupted one drew them.
     ckpt, tb = str(tmp_path / "ckpt"), str(tmp_path / "tb")
     r = run(2, [*DROPPED, "--tensor-model-parallel-size", "2", "--train-iters", "20",
                 "--eval-iters", "0", "--exit-interval", "10", "--save", ckpt,
