@@ -3,6 +3,9 @@
 // probabilities), and the embedding output's dropout. A mask is a function of the seed, the site
 // and the run-wide sample and position, so every layout and micro-batch size drops the same
 // elements of the same sample.
+#include <algorithm>
+#include <vector>
+
 #include "braid/kernels/ops.h"
 #include "braid/model/gpt_model.h"
 #include "model/gpt_model_internal.h"
@@ -27,22 +30,37 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
   d.p = config_.hidden_dropout;
   d.attention_offset = 2 * uint64_t(layer) + 1;
   d.mlp_offset = 2 * uint64_t(layer) + 2;
-  // A sequence-parallel shard draws its slice of the whole activation's mask, so every
-  // layout drops exactly the elements the single-rank model drops. Context-parallel ranks draw
-  // disjoint parts of the microbatch's mask (not the single-rank model's: their tokens are
-  // in another order).
-  int64_t first_token = mb.first_token + cp_.rank() * tokens_of(mb).count();
-  if (tp_.sharded_tokens()) first_token += tp_.rank() * region_tokens(mb);
-  d.first_element = first_token * config_.hidden_size;
+  d.token_runs = token_runs(mb);
   return d;
 }
 
+std::vector<DropoutContext::TokenRun> GPTModel::token_runs(const Microbatch& mb) const {
+  // The rows of mb.ids are whole sequences, or under context parallelism this rank's two
+  // chunks of each: [2B, L], row j·B + i chunk cp.chunk(j) of sequence i. A sequence-parallel
+  // shard holds region_tokens of their tokens from tp_rank · region_tokens on.
+  const int64_t rows = mb.ids.size(0), len = mb.ids.size(1);
+  const int64_t seq = cp_.active() ? 2 * cp_.size() * len : len;
+  const int64_t region = region_tokens(mb);
+  const int64_t shard = tp_.sharded_tokens() ? tp_.rank() * region : 0;
+  std::vector<DropoutContext::TokenRun> runs;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t sequence = cp_.active() ? r % (rows / 2) : r;
+    const int64_t position = cp_.active() ? cp_.chunk(int(r / (rows / 2))) * len : 0;
+    const int64_t begin = std::max(r * len, shard), end = std::min((r + 1) * len, shard + region);
+    if (begin >= end) continue;
+    const int64_t first = mb.first_token + sequence * seq + position + (begin - r * len);
+    if (!runs.empty() && runs.back().local + runs.back().count == begin - shard &&
+        runs.back().first + runs.back().count == first) {
+      runs.back().count += end - begin;  // the next tokens of the run's too: one call
+    } else {
+      runs.push_back({begin - shard, end - begin, first});
+    }
+  }
+  return runs;
+}
+
 Tensor GPTModel::dropout(const Microbatch& mb, Tensor x, uint64_t site, bool training) const {
-  const DropoutContext drop = dropout_context(mb, 0, training);
-  if (drop.p == 0) return x;
-  Tensor dropped = Tensor::empty(x.shape(), x.dtype(), device_);
-  ops::dropout_forward(dropped, x, drop.p, drop.seed, site, drop.first_element);
-  return dropped;
+  return dropout_context(mb, 0, training).apply(x, site);
 }
 
 Tensor GPTModel::dropout_backward(const Microbatch& mb, Tensor dx, uint64_t site) const {

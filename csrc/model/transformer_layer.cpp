@@ -37,22 +37,6 @@ bool per_head_qk_norms(const TransformerConfig& c) {
   return c.qk_layernorm && !c.multi_latent_attention;
 }
 
-// Inverted dropout into a new tensor; `x` itself when dropout is off.
-Tensor dropout(const Tensor& x, float p, uint64_t seed, uint64_t offset, int64_t first_element) {
-  if (p == 0.0f) return x;
-  Tensor out = empty_like(x);
-  ops::dropout_forward(out, x, p, seed, offset, first_element);
-  return out;
-}
-
-Tensor dropout_grad(const Tensor& dout, float p, uint64_t seed, uint64_t offset,
-                    int64_t first_element) {
-  if (p == 0.0f) return dout;
-  Tensor dx = empty_like(dout);
-  ops::dropout_backward(dx, dout, p, seed, offset, first_element);
-  return dx;
-}
-
 // Row slices of the fused [q; k; v] weight or bias (dim 0): the q, k and v parts.
 struct QKV {
   Tensor q, k, v;
@@ -64,6 +48,20 @@ QKV split_qkv(const Tensor& fused, int64_t q_rows, int64_t kv_rows) {
 }
 
 }  // namespace
+
+Tensor DropoutContext::apply(const Tensor& x, uint64_t offset) const {
+  if (p == 0.0f) return x;
+  const int64_t per_token = x.numel() / x.size(0);
+  int64_t covered = 0;
+  for (const TokenRun& run : token_runs) covered += run.count;
+  BRAID_CHECK(covered == x.size(0), "DropoutContext: its token runs cover ", covered,
+              " tokens, the activation has ", x.size(0));
+  Tensor out = empty_like(x);
+  for (const TokenRun& run : token_runs)
+    ops::dropout_forward(out.narrow(run.local, run.count), x.narrow(run.local, run.count), p, seed,
+                         offset, run.first * per_token);
+  return out;
+}
 
 LayerShape LayerShape::of(const TransformerConfig& c, int tp) {
   LayerShape s;
@@ -356,7 +354,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   Tensor a = Tensor::empty({t, c.hidden_size}, dt, dev);
   linear_forward(a, o_input(attn), w_.o_weight, row_bias(w_.o_bias));
   a = exit_tp_forward(tp_, a);
-  a = dropout(a, drop.p, drop.seed, drop.attention_offset, drop.first_element);
+  a = drop.apply(a, drop.attention_offset);
   Tensor mid = a;  // the residual add writes over the branch output
   ops::add(mid, x, a);
 
@@ -364,7 +362,7 @@ Tensor TransformerLayer::forward(const Tensor& x, Tokens tokens, const DropoutCo
   Tensor h2 = norm_forward(c, s2, mid, w_.post_norm_weight, w_.post_norm_bias);
   LayerActivations mlp;
   Tensor m = mlp_block_forward(h2, tokens.batch, saved != nullptr ? &mlp : nullptr);
-  m = dropout(m, drop.p, drop.seed, drop.mlp_offset, drop.first_element);
+  m = drop.apply(m, drop.mlp_offset);
   Tensor out = m;
   ops::add(out, mid, m);
 
@@ -507,8 +505,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   }
 
   // MLP block.
-  Tensor dh2 = mlp_block_backward(
-      dropout_grad(dout, drop.p, drop.seed, drop.mlp_offset, drop.first_element), a, loss_scale);
+  Tensor dh2 = mlp_block_backward(drop.apply(dout, drop.mlp_offset), a, loss_scale);
   release(a.post_norm_out);
   Tensor dmid = empty_like(a.mid);
   norm_backward(c, dmid, g_.post_norm_weight, g_.post_norm_bias, dh2, a.mid, w_.post_norm_weight,
@@ -517,8 +514,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, Tokens tokens, const Dropo
   release(dh2, a.mid, a.post_norm_stats.mean, a.post_norm_stats.rstd);
 
   // Attention block.
-  Tensor da = exit_tp_backward(
-      tp_, dropout_grad(dmid, drop.p, drop.seed, drop.attention_offset, drop.first_element));
+  Tensor da = exit_tp_backward(tp_, drop.apply(dmid, drop.attention_offset));
   Tensor d_o_in = Tensor::empty({t, w_.o_weight.size(1)}, da.dtype(), da.device());
   linear_backward(d_o_in, g_.o_weight, g_.o_bias, da, o_input(a.attn_out), w_.o_weight);
   release(da);

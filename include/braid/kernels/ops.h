@@ -98,9 +98,9 @@ void glu_backward(Tensor dx, const Tensor& dout, const Tensor& x, const GluSpec&
 // index) reads word w = i % 4 of philox::random_words(seed, offset, i / 4) and is kept iff
 // philox::uniform_from_word(w) > p; kept elements are multiplied by the f32 value
 // 1.0f / (1.0f - p), dropped ones are 0 (p = 1 drops everything: out = 0).
-// first_element (a multiple of 4) numbers the elements from there: x is a shard of a larger
-// tensor that starts at that flat index, and gets exactly the larger tensor's mask there
-// (sequence-parallel shards draw the mask of the unsharded activation).
+// first_element numbers the elements from there: x is a part of a larger tensor that starts at
+// that flat index, and gets exactly the larger tensor's mask there (sequence-parallel shards
+// and context-parallel chunks draw the single-rank model's mask of the run's tokens).
 void dropout_forward(Tensor out, const Tensor& x, float p, uint64_t seed, uint64_t offset,
                      int64_t first_element = 0, Stream stream = {});
 void dropout_backward(Tensor dx, const Tensor& dout, float p, uint64_t seed, uint64_t offset,

@@ -145,16 +145,29 @@ struct LayerActivations {
 };
 
 // Hidden and attention dropout of one block in one forward pass. The masks are never stored:
-// backward draws them again from (seed, offset) and from `attention_probs`.
+// backward draws them again from (seed, offset, token_runs) and from `attention_probs`.
 struct DropoutContext {
+  // Rows [local, local + count) of this rank's activation [T_region, H] are the run's tokens
+  // from `first` on: each hidden mask is one Philox stream over the run's tokens, element
+  // token · H + channel, so a rank draws the single-rank model's mask at its tokens. One run;
+  // under context parallelism one per local chunk of each sequence (cut where a
+  // sequence-parallel shard starts or ends).
+  struct TokenRun {
+    int64_t local = 0, count = 0, first = 0;
+  };
+
   float p = 0.0f;  // hidden dropout; 0: off (evaluation, or hidden_dropout = 0)
   uint64_t seed = 0;
   uint64_t attention_offset = 0;  // Philox stream of the attention output's mask
   uint64_t mlp_offset = 0;        // Philox stream of the MLP output's mask
-  int64_t first_element = 0;      // sequence parallelism: where this rank's shard starts
+  std::vector<TokenRun> token_runs;
   // Dropout of the softmax probabilities (attention_dropout; p 0: off). first_head is this
   // rank's first query head; context parallelism sets the sequence and position per chunk.
   ops::AttentionDropout attention_probs;
+
+  // x [T_region, ...] with stream `offset`'s mask applied (inverted dropout), into a new
+  // tensor; x itself when p = 0. The gradient is the same operation on dout.
+  Tensor apply(const Tensor& x, uint64_t offset) const;
 };
 
 class TransformerLayer {

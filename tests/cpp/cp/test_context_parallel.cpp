@@ -110,19 +110,23 @@ TransformerConfig sinks_window_selective() {
   return c;
 }
 
-// Attention dropout: each chunk draws the whole sequences' mask at its queries and keys (a
-// window across chunks, sinks; selective recomputation keeps the dropped output, the backward
-// draws the mask again), and each TP rank its heads'.
-TransformerConfig attention_dropout_sinks() {
+// Hidden and attention dropout: each chunk draws the whole sequences' hidden masks at its
+// tokens (a sequence-parallel shard at its chunks' part of them) and their
+// attention mask at its queries and keys (a window across chunks, sinks; selective
+// recomputation keeps the dropped output, the backward draws the mask again), and each TP rank
+// its heads'.
+TransformerConfig dropout_sinks() {
   TransformerConfig c = sinks_window_selective();
+  c.hidden_dropout = 0.2f;
   c.attention_dropout = 0.3f;
   return c;
 }
 
-// ... under full recomputation, whose backward reruns the dropped attention first; MLA.
-TransformerConfig attention_dropout_latent_full() {
+// ... under full recomputation, whose backward reruns the dropped block first; MLA.
+TransformerConfig dropout_latent_full() {
   TransformerConfig c = latent_selective();
   c.recompute = Recompute::full;
+  c.hidden_dropout = 0.2f;
   c.attention_dropout = 0.3f;
   return c;
 }
@@ -140,29 +144,28 @@ struct Case {
   bool sequence_parallel;
 };
 
-const Case kCases[] = {
-    {"gpt2", gpt2, 1, false},
-    {"gpt2_selective", gpt2_selective, 1, false},
-    {"llama_gqa", llama, 1, false},
-    {"qk_norm_selective", qk_norm_selective, 1, false},
-    {"partial_rotary_full", partial_rotary_full, 1, false},
-    {"sliding_window", sliding_window, 1, false},
-    {"tp2_sliding_window_sp", sliding_window, 2, true},
-    {"tp2_llama_sp", llama, 2, true},
-    {"tp2_gpt2", gpt2, 2, false},
-    {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true},
-    {"latent_selective", latent_selective, 1, false},
-    {"tp2_latent_selective_sp", latent_selective, 2, true},
-    {"latent_up_selective", latent_up_selective, 1, false},
-    {"tp2_latent_up_selective_sp", latent_up_selective, 2, true},
-    {"mtp_window_full", mtp_window_full, 1, false},
-    {"tp2_mtp_window_full_sp", mtp_window_full, 2, true},
-    {"sinks_window_selective", sinks_window_selective, 1, false},
-    {"tp2_sinks_window_selective_sp", sinks_window_selective, 2, true},
-    {"attention_dropout_sinks", attention_dropout_sinks, 1, false},
-    {"tp2_attention_dropout_sinks_sp", attention_dropout_sinks, 2, true},
-    {"attention_dropout_latent_full", attention_dropout_latent_full, 1, false},
-    {"tp2_attention_dropout_latent_full", attention_dropout_latent_full, 2, false}};
+const Case kCases[] = {{"gpt2", gpt2, 1, false},
+                       {"gpt2_selective", gpt2_selective, 1, false},
+                       {"llama_gqa", llama, 1, false},
+                       {"qk_norm_selective", qk_norm_selective, 1, false},
+                       {"partial_rotary_full", partial_rotary_full, 1, false},
+                       {"sliding_window", sliding_window, 1, false},
+                       {"tp2_sliding_window_sp", sliding_window, 2, true},
+                       {"tp2_llama_sp", llama, 2, true},
+                       {"tp2_gpt2", gpt2, 2, false},
+                       {"tp2_qk_norm_selective_sp", qk_norm_selective, 2, true},
+                       {"latent_selective", latent_selective, 1, false},
+                       {"tp2_latent_selective_sp", latent_selective, 2, true},
+                       {"latent_up_selective", latent_up_selective, 1, false},
+                       {"tp2_latent_up_selective_sp", latent_up_selective, 2, true},
+                       {"mtp_window_full", mtp_window_full, 1, false},
+                       {"tp2_mtp_window_full_sp", mtp_window_full, 2, true},
+                       {"sinks_window_selective", sinks_window_selective, 1, false},
+                       {"tp2_sinks_window_selective_sp", sinks_window_selective, 2, true},
+                       {"dropout_sinks", dropout_sinks, 1, false},
+                       {"tp2_dropout_sinks_sp", dropout_sinks, 2, true},
+                       {"dropout_latent_full", dropout_latent_full, 1, false},
+                       {"tp2_dropout_latent_full", dropout_latent_full, 2, false}};
 
 class ContextParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

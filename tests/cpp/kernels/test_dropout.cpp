@@ -1,6 +1,10 @@
 // Dropout: the mask follows the rule documented in ops.h exactly (so every device draws the
 // same one), is reproducible from (seed, offset), differs across offsets and seeds, keeps
 // about 1 - p of the elements, and backward applies the same mask.
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "braid/core/philox.h"
 #include "kernel_test_util.h"
 
@@ -83,25 +87,32 @@ TEST_P(Dropout, BackwardAppliesTheForwardMask) {
   EXPECT_TRUE(all_close(dx, want, tol({0, 0}, {0, 1e-2})));
 }
 
-// A shard that starts at flat element `first` of a larger tensor draws that tensor's mask
-// there (how sequence-parallel shards match the unsharded run).
-TEST_P(Dropout, ShardsDrawTheirSliceOfTheWholeMask) {
-  const int64_t n = 1000, first = 364, width = 400;
+// A part that starts at flat element `first` of a larger tensor draws that tensor's mask there
+// (how sequence-parallel shards and context-parallel chunks match the unsharded run), wherever
+// it starts in a group of four and however short it is.
+TEST_P(Dropout, PartsDrawTheirSliceOfTheWholeMask) {
+  const int64_t n = 1000;
   const float p = 0.4f;
   Tensor x = ones_plus(n);
   Tensor whole = empty({n});
   ops::dropout_forward(whole, up(x), p, 11, 5);
   std::vector<double> xv = values(seen(x)), all = values(whole);
-  Tensor part = Tensor::empty({width}, DType::f32);
-  for (int64_t i = 0; i < width; ++i) part.data_ptr<float>()[i] = float(xv[size_t(first + i)]);
-  Tensor out = empty({width});
-  ops::dropout_forward(out, up(part), p, 11, 5, first);
-  EXPECT_TRUE(all_close(out, std::vector<double>(all.begin() + first, all.begin() + first + width),
-                        {0, 0}));
-  Tensor dx = empty({width});
-  ops::dropout_backward(dx, up(part), p, 11, 5, first);
-  EXPECT_TRUE(all_close(dx, values(out), {0, 0}));
-  EXPECT_THROW(ops::dropout_forward(out, up(part), p, 11, 5, 2), Error);  // not a multiple of 4
+  const std::vector<std::pair<int64_t, int64_t>> parts = {
+      {364, 400}, {2, 400}, {365, 399}, {367, 1}, {1, 2}, {998, 2}, {5, 3}};
+  for (const auto& [first, width] : parts) {
+    SCOPED_TRACE("first " + std::to_string(first) + " width " + std::to_string(width));
+    Tensor part = Tensor::empty({width}, DType::f32);
+    for (int64_t i = 0; i < width; ++i) part.data_ptr<float>()[i] = float(xv[size_t(first + i)]);
+    Tensor out = empty({width});
+    ops::dropout_forward(out, up(part), p, 11, 5, first);
+    EXPECT_TRUE(all_close(
+        out, std::vector<double>(all.begin() + first, all.begin() + first + width), {0, 0}));
+    Tensor dx = empty({width});
+    ops::dropout_backward(dx, up(part), p, 11, 5, first);
+    EXPECT_TRUE(all_close(dx, values(out), {0, 0}));
+  }
+  Tensor out = empty({4});
+  EXPECT_THROW(ops::dropout_forward(out, up(ones_plus(4)), p, 11, 5, -1), Error);
 }
 
 TEST_P(Dropout, ZeroKeepsEverythingOneDropsEverything) {
