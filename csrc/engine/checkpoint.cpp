@@ -454,6 +454,7 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
                     const LoadOptions& options) {
   model.finish_param_gather();
   LoopState loop;
+  loop.consumed_samples = 0;  // --finetune and load_parameters: from the start
   auto load = [&] {
     const int64_t iteration = options.iteration >= 0 ? options.iteration : latest_iteration(dir);
     BRAID_CONFIG_CHECK(iteration >= 0, "checkpoint: no ", kTracker, " in ", dir,
@@ -472,13 +473,13 @@ LoopState load_into(const std::string& dir, ParallelModel& model, Trainer* train
     const bool with_optim = trainer != nullptr && options.load_optim && !options.finetune;
     BRAID_CONFIG_CHECK(!with_optim || meta.at("optimizer").get<bool>(), where,
                        ": saved without optimizer state; load with --no-load-optim or --finetune");
-    // Resuming mid-run without the dropout streams' state would not continue them (Megatron
-    // refuses too); at iteration 0 (a converted model) the fresh state is the saved one.
+    // Resuming mid-run without the dropout seed might not continue the masks (Megatron refuses
+    // too); at iteration 0 (a converted model) the fresh state is the saved one.
     const bool with_rng = trainer != nullptr && options.load_rng && !options.finetune;
     BRAID_CONFIG_CHECK(
         !with_rng || meta.contains("rng") || meta.at("iteration").get<int64_t>() == 0, where,
         ": saved without RNG state at iteration ", meta.at("iteration").get<int64_t>(),
-        "; load with --no-load-rng (the dropout streams restart) or --finetune");
+        "; load with --no-load-rng (the dropout masks take this run's --seed) or --finetune");
     CheckpointReader reader(path, meta.at("tensors"), meta.value("save_id", ""));
     const bool master_saved =
         !meta.at("tensors").empty() &&

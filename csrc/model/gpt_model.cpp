@@ -60,11 +60,6 @@ GPTModel::GPTModel(const TransformerConfig& config, Device device, uint64_t seed
     BRAID_CHECK(cp_.group->device() == device_, "GPTModel: the CP group works on ",
                 cp_.group->device().str(), ", the model on ", device_.str());
   }
-  if ((tp_.sharded_tokens() || cp_.active()) && config_.hidden_dropout > 0) {
-    BRAID_CONFIG_CHECK(config_.hidden_size % 4 == 0, "sequence or context parallelism with ",
-                       "hidden dropout needs hidden_size divisible by 4, got ",
-                       config_.hidden_size);
-  }
   build_parameters(buffer_elements);
   if (tp_.size() > config_.kv_heads()) {
     const int sharing = tp_.size() / int(config_.kv_heads());

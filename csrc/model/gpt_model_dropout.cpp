@@ -3,9 +3,6 @@
 // probabilities), and the embedding output's dropout. A mask is a function of the seed, the site
 // and the run-wide sample and position, so every layout and micro-batch size drops the same
 // elements of the same sample.
-#include <algorithm>
-#include <vector>
-
 #include "braid/kernels/ops.h"
 #include "braid/model/gpt_model.h"
 #include "model/gpt_model_internal.h"
@@ -30,33 +27,13 @@ DropoutContext GPTModel::dropout_context(const Microbatch& mb, int layer, bool t
   d.p = config_.hidden_dropout;
   d.attention_offset = 2 * uint64_t(layer) + 1;
   d.mlp_offset = 2 * uint64_t(layer) + 2;
-  d.token_runs = token_runs(mb);
-  return d;
-}
-
-std::vector<DropoutContext::TokenRun> GPTModel::token_runs(const Microbatch& mb) const {
   // The rows of mb.ids are whole sequences, or under context parallelism this rank's two
-  // chunks of each: [2B, L], row j·B + i chunk cp.chunk(j) of sequence i. A sequence-parallel
-  // shard holds region_tokens of their tokens from tp_rank · region_tokens on.
-  const int64_t rows = mb.ids.size(0), len = mb.ids.size(1);
-  const int64_t seq = cp_.active() ? 2 * cp_.size() * len : len;
+  // chunks of each ([2B, L]); a sequence-parallel shard holds region_tokens of their tokens.
   const int64_t region = region_tokens(mb);
-  const int64_t shard = tp_.sharded_tokens() ? tp_.rank() * region : 0;
-  std::vector<DropoutContext::TokenRun> runs;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t sequence = cp_.active() ? r % (rows / 2) : r;
-    const int64_t position = cp_.active() ? cp_.chunk(int(r / (rows / 2))) * len : 0;
-    const int64_t begin = std::max(r * len, shard), end = std::min((r + 1) * len, shard + region);
-    if (begin >= end) continue;
-    const int64_t first = mb.first_token + sequence * seq + position + (begin - r * len);
-    if (!runs.empty() && runs.back().local + runs.back().count == begin - shard &&
-        runs.back().first + runs.back().count == first) {
-      runs.back().count += end - begin;  // the next tokens of the run's too: one call
-    } else {
-      runs.push_back({begin - shard, end - begin, first});
-    }
-  }
-  return runs;
+  d.token_runs = DropoutContext::token_runs_of(
+      mb.ids.size(0), mb.ids.size(1), cp_.rank(), cp_.size(),
+      tp_.sharded_tokens() ? tp_.rank() * region : 0, region, mb.first_token);
+  return d;
 }
 
 Tensor GPTModel::dropout(const Microbatch& mb, Tensor x, uint64_t site, bool training) const {

@@ -1,5 +1,7 @@
 #include "braid/model/transformer_layer.h"
 
+#include <algorithm>
+
 #include "braid/kernels/ops.h"
 #include "braid/model/linear.h"
 #include "model/layer_util.h"
@@ -49,15 +51,41 @@ QKV split_qkv(const Tensor& fused, int64_t q_rows, int64_t kv_rows) {
 
 }  // namespace
 
+std::vector<DropoutContext::TokenRun> DropoutContext::token_runs_of(int64_t rows, int64_t len,
+                                                                    int cp_rank, int cp_size,
+                                                                    int64_t shard, int64_t count,
+                                                                    int64_t first_token) {
+  const bool chunked = cp_size > 1;
+  const int64_t seq = chunked ? 2 * cp_size * len : len;
+  std::vector<TokenRun> runs;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t sequence = chunked ? r % (rows / 2) : r;
+    const int64_t position =
+        chunked ? ContextParallel::chunk_of(cp_rank, cp_size, int(r / (rows / 2))) * len : 0;
+    const int64_t begin = std::max(r * len, shard), end = std::min((r + 1) * len, shard + count);
+    if (begin >= end) continue;
+    const int64_t first = first_token + sequence * seq + position + (begin - r * len);
+    if (!runs.empty() && runs.back().local + runs.back().count == begin - shard &&
+        runs.back().first + runs.back().count == first) {
+      runs.back().count += end - begin;  // the next tokens of the run's too: one call
+    } else {
+      runs.push_back({begin - shard, end - begin, first});
+    }
+  }
+  return runs;
+}
+
 Tensor DropoutContext::apply(const Tensor& x, uint64_t offset) const {
   if (p == 0.0f) return x;
   const int64_t per_token = x.numel() / x.size(0);
+  const std::vector<TokenRun> runs =
+      token_runs.empty() ? std::vector<TokenRun>{{0, x.size(0), 0}} : token_runs;
   int64_t covered = 0;
-  for (const TokenRun& run : token_runs) covered += run.count;
+  for (const TokenRun& run : runs) covered += run.count;
   BRAID_CHECK(covered == x.size(0), "DropoutContext: its token runs cover ", covered,
               " tokens, the activation has ", x.size(0));
   Tensor out = empty_like(x);
-  for (const TokenRun& run : token_runs)
+  for (const TokenRun& run : runs)
     ops::dropout_forward(out.narrow(run.local, run.count), x.narrow(run.local, run.count), p, seed,
                          offset, run.first * per_token);
   return out;

@@ -60,7 +60,9 @@ struct LoadOptions {
 
 // What the training loop keeps besides the Trainer.
 struct LoopState {
-  int64_t consumed_samples = 0;  // the data loader's position, over all DP ranks
+  // The data loader's position, over all DP ranks. Saving -1: the Trainer's count
+  // (Trainer::consumed_samples, where the dropout masks stand).
+  int64_t consumed_samples = -1;
   // Device time the run has used up to this save, over every job that led to it (seconds x
   // devices): what pretrain_gpt.py's cost meter and --exit-cost count on. 0 after --finetune
   // and in checkpoints that predate it.

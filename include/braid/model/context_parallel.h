@@ -58,8 +58,8 @@ Tensor scatter_sequence(const ContextParallel& cp, const Tensor& full);
 // from the first its window reaches (ops::attention_forward's window; -1: from the start), and
 // with key_start (i32 [B, S], document masking: ops::attention_forward's, over the whole
 // sequences) from the query's document's first. out [2B, L, Hq, D]; lse [2B, Hq, L] f32.
-// Attention dropout (`dropout`, its first_sequence and first_position 0) draws the mask of the
-// whole sequences: each chunk's at its sequence and positions.
+// Attention dropout (`dropout`: first_sequence the microbatch's first sequence, first_position
+// 0) draws the mask of the whole sequences: each chunk's at its sequence and positions.
 void context_attention_forward(const ContextParallel& cp, Tensor out, Tensor lse, const Tensor& q,
                                const Tensor& k, const Tensor& v, int64_t window,
                                const Tensor& key_start = {},

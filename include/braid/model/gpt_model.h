@@ -260,8 +260,6 @@ class GPTModel {
   // The main layers this chunk holds (layers_ holds the MTP depths' after them).
   size_t trunk_layers() const { return size_t(layout_.chunk.end_layer - first_layer_); }
   DropoutContext dropout_context(const Microbatch& mb, int layer, bool training) const;
-  // Where this rank's activation rows of mb lie among the run's tokens (DropoutContext).
-  std::vector<DropoutContext::TokenRun> token_runs(const Microbatch& mb) const;
   // [T_region, H]; learned positions start at position_offset (decode: the cache's length).
   Tensor embed(Microbatch& mb, bool training, int64_t position_offset = 0);
   Tensor run_layers(Microbatch& mb, Tensor x, bool training);

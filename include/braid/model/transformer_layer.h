@@ -151,10 +151,18 @@ struct DropoutContext {
   // from `first` on: each hidden mask is one Philox stream over the run's tokens, element
   // token · H + channel, so a rank draws the single-rank model's mask at its tokens. One run;
   // under context parallelism one per local chunk of each sequence (cut where a
-  // sequence-parallel shard starts or ends).
+  // sequence-parallel shard starts or ends). Empty: one run, the rows from token 0.
   struct TokenRun {
     int64_t local = 0, count = 0, first = 0;
   };
+  // The runs of a rank's region: `rows` rows of `len` tokens - whole sequences, or under
+  // context parallelism (cp_size > 1) CP rank cp_rank's two chunks of each of rows / 2
+  // sequences, chunk-major (row j·rows/2 + i is chunk ContextParallel::chunk_of(cp_rank,
+  // cp_size, j) of sequence i) - of which it holds `count` tokens from `shard` on (a
+  // sequence-parallel shard; else all of them), when the first sequence's first token is the
+  // run's token `first_token`.
+  static std::vector<TokenRun> token_runs_of(int64_t rows, int64_t len, int cp_rank, int cp_size,
+                                             int64_t shard, int64_t count, int64_t first_token);
 
   float p = 0.0f;  // hidden dropout; 0: off (evaluation, or hidden_dropout = 0)
   uint64_t seed = 0;

@@ -131,6 +131,15 @@ TransformerConfig dropout_latent_full() {
   return c;
 }
 
+// ... in the MTP depths too: their layers' hidden and attention masks, and their embedding
+// outputs'.
+TransformerConfig dropout_mtp_window_full() {
+  TransformerConfig c = mtp_window_full();
+  c.hidden_dropout = 0.2f;
+  c.attention_dropout = 0.3f;
+  return c;
+}
+
 TransformerConfig gpt2_selective() {
   TransformerConfig c = gpt2();
   c.recompute = Recompute::selective;
@@ -165,7 +174,9 @@ const Case kCases[] = {{"gpt2", gpt2, 1, false},
                        {"dropout_sinks", dropout_sinks, 1, false},
                        {"tp2_dropout_sinks_sp", dropout_sinks, 2, true},
                        {"dropout_latent_full", dropout_latent_full, 1, false},
-                       {"tp2_dropout_latent_full", dropout_latent_full, 2, false}};
+                       {"tp2_dropout_latent_full", dropout_latent_full, 2, false},
+                       {"dropout_mtp_window_full", dropout_mtp_window_full, 1, false},
+                       {"tp2_dropout_mtp_window_full_sp", dropout_mtp_window_full, 2, true}};
 
 class ContextParallelEqualsOneRank : public ::testing::TestWithParam<Case> {};
 

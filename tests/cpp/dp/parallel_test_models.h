@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "braid/data/batch_layout.h"
 #include "braid/engine/trainer.h"
 #include "braid/model/config.h"
 
@@ -54,14 +55,16 @@ inline model::TransformerConfig llama_mtp(bool tied = false, float dropout = 0.0
   return c;
 }
 
-// DP rank d's share of a global batch [rows, S] in Megatron's sampler's order, which
-// engine::Trainer::train_step assumes (the rows' indices key the dropout masks): its microbatch
-// m holds rows (m·dp + d)·mbs on.
+// DP rank d's share of a global batch [rows, S] as braid's DataLoader gives it out
+// (data::BatchLayout::sample, Megatron's sampler's order), which engine::Trainer::train_step
+// assumes: the rows' indices key the dropout masks.
 inline Tensor dp_share(const Tensor& global, int dp, int d, int64_t mbs = 1) {
-  const int64_t rows = global.size(0) / dp;
-  Tensor share = Tensor::empty({rows, global.size(1)}, global.dtype());
-  for (int64_t m = 0; m < rows / mbs; ++m)
-    share.narrow(m * mbs, mbs).copy_from(global.narrow((m * dp + d) * mbs, mbs));
+  const data::BatchLayout layout{
+      .micro_batch_size = mbs, .global_batch_size = global.size(0), .dp_rank = d, .dp_size = dp};
+  Tensor share = Tensor::empty({layout.rows_per_step(), global.size(1)}, global.dtype());
+  for (int64_t m = 0; m < layout.num_microbatches(); ++m)
+    for (int64_t r = 0; r < mbs; ++r)
+      share.narrow(m * mbs + r, 1).copy_from(global.narrow(layout.sample(0, m, r), 1));
   return share;
 }
 

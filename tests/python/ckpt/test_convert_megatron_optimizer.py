@@ -152,6 +152,21 @@ def step_four(ckpt, batch, load_optim):
     return stats.loss, {n: np.from_dlpack(t) for n, t in model.parameters().items()}
 
 
+def values(t):
+    """A Tensor's values in float64 (bf16 from its 16 bits)."""
+    if t.dtype == "BF16":
+        return (t.array.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return t.array.astype(np.float64)
+
+
+def relative_error(got, want):
+    """||got - want|| / ||want|| of two Tensors (0 for two zero tensors). A state placed on
+    another parameter of the same shape is off by ~0.1 or more (0.13 the least seen)."""
+    a, b = values(got), values(want)
+    norm = np.linalg.norm(b)
+    return np.linalg.norm(a - b) / norm if norm > 0 else float(np.linalg.norm(a))
+
+
 def max_errors(got, want):
     """{name: max relative difference}: braid's weights against an imported Megatron step's."""
     errors = {n: np.abs(got[n] - w.array).max() / np.abs(w.array).max() for n, w in want.items()}
@@ -222,10 +237,20 @@ def test_flat_state_is_the_per_parameter_state(saves, flat, full):
     value in that rank's parameters, then joined over TP as the weights are), megatron-core
     0.13's saves, flattened and gathered, of the same runs as megatron-core 0.16's, and saves
     resharded to two pipeline stages."""
+    cross_version = flat in {name.split(":")[0] for name in PRE014_RUNS}
     meta, flat = read_checkpoint(str(convert(saves / flat)), optimizer=True)
     _, full = read_checkpoint(str(convert(saves / full)), optimizer=True)
     assert any(n.startswith("optimizer.exp_avg_sq.") for n in full) and set(flat) == set(full)
-    assert all(np.array_equal(flat[n].array, full[n].array) for n in full)
+    if cross_version:
+        # Two megatron-core versions' runs of the same steps: on some CPUs (AVX-512 BF16 ones
+        # seen) their reductions round the last bits otherwise (5e-7 of a norm seen). k_proj's
+        # bias has a true gradient of 0 (the softmax cancels it), so its moments are rounding
+        # noise, which differs wholly, and Adam's steps on that noise move the bias itself.
+        for n in full:
+            if not n.endswith("k_proj.bias"):
+                assert relative_error(flat[n], full[n]) <= 1e-5, n
+    else:
+        assert all(np.array_equal(flat[n].array, full[n].array) for n in full)
     masters = [n for n in full if n.startswith("optimizer.master.")]
     assert len(masters) == (len(full) // 4 if meta["config"]["params_dtype"] == "bf16" else 0)
 
@@ -233,16 +258,16 @@ def test_flat_state_is_the_per_parameter_state(saves, flat, full):
 def test_legacy_state_of_the_optimizer_not_distributed_in_bf16(saves):
     """The legacy format's optimizer not distributed in bf16 keeps its f32 main parameters
     (fp32_from_fp16_params) per param group: they become braid's masters. The same run with the
-    distributed optimizer reduces its gradients otherwise, so the two differ in the last bits
-    only; a state placed on the wrong parameter would differ by its whole size."""
+    distributed optimizer reduces its bf16 gradients otherwise, and Adam's steps amplify the
+    difference where a gradient is near 0 (up to 0.6% of a tensor's norm seen, on an AVX-512
+    BF16 CPU); a state placed on another parameter would differ by 13% or more."""
     meta, plain = read_checkpoint(str(convert(saves / "legacy_plain_bf16")), optimizer=True)
     _, full = read_checkpoint(str(convert(saves / "bf16_full")), optimizer=True)
     assert meta["config"]["params_dtype"] == "bf16" and set(plain) == set(full)
     assert len([n for n in plain if n.startswith("optimizer.master.")]) == len(plain) // 4
     for n, t in full.items():
         if t.dtype == "F32":
-            scale = np.abs(t.array).max()
-            assert np.abs(plain[n].array - t.array).max() <= 1e-4 * scale, n
+            assert relative_error(plain[n], t) <= 3e-2, n
 
 
 def test_flat_state_that_values_cannot_place_is_refused(saves):

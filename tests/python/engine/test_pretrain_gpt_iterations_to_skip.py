@@ -32,8 +32,10 @@ GBS = 16  # MODEL's --global-batch-size
 # Drops iterations 3 (the last of the 3-iteration job) and 5 (after its resume point). The
 # decay length is fixed so that the 3-iteration job's schedule is the 6-iteration one's.
 SKIP = ["--iterations-to-skip", "2", "4"]
+# With dropout: a dropped batch's samples pass, and the next step's masks are its own samples'
+# (the resumed job's come from the checkpoint's data position).
 COMMON = [*MODEL, "--log-interval", "1", "--eval-interval", "3", "--eval-iters", "1",
-          "--lr-decay-iters", "6"]
+          "--lr-decay-iters", "6", "--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
 PP_DP = ["--pipeline-model-parallel-size", "2", "--use-distributed-optimizer",
          "--overlap-grad-reduce"]
 
