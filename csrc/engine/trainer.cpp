@@ -138,10 +138,8 @@ void Trainer::pass_iteration(int64_t samples) {
   BRAID_CHECK(config_.global_batch_size > 0,
               "Trainer::pass_iteration needs TrainerConfig.global_batch_size (schedules that "
               "count samples), else the schedules would count the passed iteration as an update");
-  BRAID_CHECK(samples > 0,
-              "Trainer::pass_iteration: the passed batch's samples must be "
-              "positive, got ",
-              samples);
+  BRAID_CHECK(samples > 0, "Trainer::pass_iteration: the passed batch has ", samples,
+              " samples; it needs at least one");
   ++iteration_;
   consumed_samples_ += samples;
 }
